@@ -1,0 +1,54 @@
+// The data-plane seam: moves opaque bucket payloads from trainer processes to refitd.
+// Implementations live in src/transport/<name>/ (ucx/ now; nccl/, ipc/ later). The control plane
+// (Cap'n Proto) announces each bucket (tag, size, tensor descriptors, checksum); the data plane
+// only carries bytes matched by tag. The core (src/refit/) sees only this interface.
+//
+// Threading: a Receiver is used by one receiving thread at a time, except Cancel(), which any
+// thread may call. A Sender is used by one thread at a time.
+#ifndef REFIT_TRANSPORT_TRANSPORT_H_
+#define REFIT_TRANSPORT_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace refit::transport {
+
+// Receiving end, owned by refitd. Long-lived: one per daemon, shared by consecutive sessions.
+class Receiver {
+ public:
+  virtual ~Receiver() = default;
+
+  // An opaque string that a Sender passes to Connect (e.g. "ucx:tcp:127.0.0.1:40123"). Handed to
+  // trainers only over the authenticated control plane.
+  virtual std::string Endpoint() const = 0;
+
+  // Blocks until the next message with `tag` has fully arrived in dst[0, capacity). Returns its
+  // size. Errors: DeadlineExceeded (deadline passed), Cancelled (Cancel() called),
+  // InvalidArgument (the message is larger than capacity; the message is consumed and dropped),
+  // Unavailable (the transport failed).
+  virtual absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity,
+                                           absl::Time deadline) = 0;
+
+  // Makes a blocked or later Receive return Cancelled until Reset().
+  virtual void Cancel() = 0;
+  virtual void Reset() = 0;
+};
+
+// Sending end, owned by a trainer process; one per connection to one refitd.
+class Sender {
+ public:
+  virtual ~Sender() = default;
+  // Blocks until `src` may be reused (the bytes are on the wire or delivered).
+  // Errors: Unavailable when the peer is gone.
+  virtual absl::Status Send(uint64_t tag, const void* src, uint64_t bytes) = 0;
+};
+
+}  // namespace refit::transport
+
+#endif  // REFIT_TRANSPORT_TRANSPORT_H_
