@@ -1,0 +1,132 @@
+# refitd control plane. Trainers open refit sessions; engines register their parameters and a
+# control capability; operators read status. Bulk tensor bytes never travel here: buckets are
+# announced here and carried by the data plane (UCX/NCCL/CUDA IPC), matched by tag.
+@0xe41872c58a9bfa4a;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("refit::proto");
+
+struct TensorDesc {
+  name @0 :Text;            # HF tensor name, as the trainer names it
+  dtype @1 :Text;           # safetensors spelling: BF16, F32, F8_E4M3, ...
+  shape @2 :List(Int64);
+  offset @3 :UInt64;        # byte offset inside the bucket (bucket announcements only)
+  nbytes @4 :UInt64;
+}
+
+struct Manifest {
+  model @0 :Text;           # must equal the daemon's model spec name
+  tensors @1 :List(TensorDesc);
+  partial @2 :Bool;         # a partial refit: only whole parameters the spec marks updatable alone
+  deadlineMs @3 :UInt32;    # 0: the daemon's default session deadline
+}
+
+struct BucketHeader {
+  seq @0 :UInt32;           # 0, 1, 2, ... in send order
+  nbytes @1 :UInt64;        # payload bytes on the data plane
+  checksum @2 :UInt64;      # Checksum64 of the payload
+  tensors @3 :List(TensorDesc);
+}
+
+struct PhaseTimes {
+  receiveMs @0 :Float64;
+  convertMs @1 :Float64;
+  validateMs @2 :Float64;
+  commitMs @3 :Float64;     # whole commit step, pause to resume
+  pauseMs @4 :Float64;      # engine paused (the window the engine does not serve)
+  totalMs @5 :Float64;      # begin to commit reply
+}
+
+struct RefitReport {
+  sessionId @0 :UInt64;
+  version @1 :UInt64;
+  outcome @2 :Text;         # committed | refused | aborted | failed
+  reason @3 :Text;
+  bytesIn @4 :UInt64;
+  bytesOut @5 :UInt64;
+  buckets @6 :UInt32;
+  tensors @7 :UInt32;
+  times @8 :PhaseTimes;
+}
+
+interface Session {
+  announce @0 (header :BucketHeader) -> ();
+  # Queues a bucket for receipt. Returns once the daemon will accept its bytes on the data plane
+  # (send them after this returns), or fails if the session has already failed.
+
+  commit @1 () -> (report :RefitReport);
+  # Waits for every announced bucket, validates, and swaps into the engine. Fails (with the report
+  # in the error text) when validation refuses the refit; the engine is then untouched.
+
+  abort @2 (reason :Text) -> ();
+}
+
+struct EngineParam {
+  name @0 :Text;
+  dtype @1 :Text;
+  shape @2 :List(Int64);
+  nbytes @3 :UInt64;
+  storage :union {
+    shm :group {
+      name @4 :Text;        # POSIX shared memory object name ("/refit-engine-123")
+      offset @5 :UInt64;
+    }
+    cudaIpc :group {
+      handle @6 :Data;      # cudaIpcMemHandle_t bytes of the allocation holding the parameter
+      offset @7 :UInt64;
+      device @8 :Int32;
+    }
+  }
+}
+
+interface EngineControl {
+  pause @0 () -> ();
+  # Returns once the engine runs nothing that reads its parameters.
+  resume @1 (version :UInt64) -> ();
+  # The parameters now hold `version`; serving may continue.
+}
+
+interface Registration {
+  # Dropping this capability (or the connection) unregisters the engine.
+  version @0 () -> (version :UInt64);
+}
+
+struct DaemonStatus {
+  model @0 :Text;
+  engineRegistered @1 :Bool;
+  engineParams @2 :UInt32;
+  engineBytes @3 :UInt64;
+  version @4 :UInt64;
+  activeSession @5 :UInt64;          # 0 when none
+  stagingBytes @6 :UInt64;
+  stagingLimitBytes @7 :UInt64;
+  lastReport @8 :RefitReport;
+  committed @9 :UInt64;
+  refused @10 :UInt64;
+  aborted @11 :UInt64;
+  dataEndpoint @12 :Text;
+}
+
+interface Daemon {
+  begin @0 (manifest :Manifest) -> (session :Session, sessionId :UInt64, dataEndpoint :Text,
+                                    bucketBytes :UInt64);
+  # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
+  # are (sessionId << 32) | seq.
+
+  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64)
+      -> (registration :Registration, version :UInt64);
+  # `version` is what the engine holds now (0 for a fresh engine).
+
+  status @2 () -> (status :DaemonStatus);
+  abortActive @3 (reason :Text) -> (aborted :Bool);
+
+  checksums @4 () -> (version :UInt64, params :List(ParamChecksum));
+  # Checksum64 of every registered engine parameter, read from the engine's storage
+  # (for `refitctl verify` and tests). Fails while a commit is in its pause window.
+}
+
+struct ParamChecksum {
+  name @0 :Text;
+  checksum @1 :UInt64;
+  nbytes @2 :UInt64;
+}

@@ -1,0 +1,106 @@
+#include "proto/wire.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace refit::wire {
+
+absl::StatusOr<TensorDesc> FromWire(proto::TensorDesc::Reader r) {
+  TensorDesc d;
+  d.name = std::string(r.getName().cStr(), r.getName().size());
+  std::string dtype(r.getDtype().cStr(), r.getDtype().size());
+  absl::StatusOr<DType> t = ParseDType(dtype);
+  if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", d.name, "': ", t.status().message()));
+  d.dtype = *t;
+  for (int64_t v : r.getShape()) d.shape.push_back(v);
+  d.offset = r.getOffset();
+  d.nbytes = r.getNbytes();
+  return d;
+}
+
+absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r) {
+  Manifest m;
+  m.model = r.getModel().cStr();
+  m.partial = r.getPartial();
+  m.deadline_ms = r.getDeadlineMs();
+  for (auto t : r.getTensors()) {
+    absl::StatusOr<TensorDesc> d = FromWire(t);
+    if (!d.ok()) return d.status();
+    m.tensors.push_back(std::move(*d));
+  }
+  return m;
+}
+
+absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r) {
+  BucketHeader h;
+  h.seq = r.getSeq();
+  h.nbytes = r.getNbytes();
+  h.checksum = r.getChecksum();
+  for (auto t : r.getTensors()) {
+    absl::StatusOr<TensorDesc> d = FromWire(t);
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": ", d.status().message()));
+    h.tensors.push_back(std::move(*d));
+  }
+  return h;
+}
+
+RefitReport FromWire(proto::RefitReport::Reader r) {
+  RefitReport o;
+  o.session_id = r.getSessionId();
+  o.version = r.getVersion();
+  o.outcome = r.getOutcome().cStr();
+  o.reason = r.getReason().cStr();
+  o.bytes_in = r.getBytesIn();
+  o.bytes_out = r.getBytesOut();
+  o.buckets = r.getBuckets();
+  o.tensors = r.getTensors();
+  auto t = r.getTimes();
+  o.times = {t.getReceiveMs(), t.getConvertMs(), t.getValidateMs(), t.getCommitMs(), t.getPauseMs(), t.getTotalMs()};
+  return o;
+}
+
+void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b) {
+  b.setName(d.name);
+  b.setDtype(std::string(DTypeName(d.dtype)));
+  auto shape = b.initShape(static_cast<unsigned>(d.shape.size()));
+  for (size_t i = 0; i < d.shape.size(); ++i) shape.set(static_cast<unsigned>(i), d.shape[i]);
+  b.setOffset(d.offset);
+  b.setNbytes(d.nbytes);
+}
+
+void ToWire(const Manifest& m, proto::Manifest::Builder b) {
+  b.setModel(m.model);
+  b.setPartial(m.partial);
+  b.setDeadlineMs(m.deadline_ms);
+  auto list = b.initTensors(static_cast<unsigned>(m.tensors.size()));
+  for (size_t i = 0; i < m.tensors.size(); ++i) ToWire(m.tensors[i], list[static_cast<unsigned>(i)]);
+}
+
+void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b) {
+  b.setSeq(h.seq);
+  b.setNbytes(h.nbytes);
+  b.setChecksum(h.checksum);
+  auto list = b.initTensors(static_cast<unsigned>(h.tensors.size()));
+  for (size_t i = 0; i < h.tensors.size(); ++i) ToWire(h.tensors[i], list[static_cast<unsigned>(i)]);
+}
+
+void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
+  b.setSessionId(r.session_id);
+  b.setVersion(r.version);
+  b.setOutcome(r.outcome);
+  b.setReason(r.reason);
+  b.setBytesIn(r.bytes_in);
+  b.setBytesOut(r.bytes_out);
+  b.setBuckets(r.buckets);
+  b.setTensors(r.tensors);
+  auto t = b.initTimes();
+  t.setReceiveMs(r.times.receive_ms);
+  t.setConvertMs(r.times.convert_ms);
+  t.setValidateMs(r.times.validate_ms);
+  t.setCommitMs(r.times.commit_ms);
+  t.setPauseMs(r.times.pause_ms);
+  t.setTotalMs(r.times.total_ms);
+}
+
+}  // namespace refit::wire

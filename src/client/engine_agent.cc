@@ -1,0 +1,130 @@
+#include "client/engine_agent.h"
+
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "capnp/rpc-twoparty.h"
+#include "kj/async-io.h"
+#include "kj/mutex.h"
+#include "proto/refit.capnp.h"
+
+namespace refit::client {
+
+struct EngineAgent::Impl {
+  std::promise<absl::Status> registered;
+  kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
+  kj::Own<kj::PromiseFulfiller<void>> stop;  // touched only on the agent thread
+};
+
+namespace {
+
+class ControlImpl final : public proto::EngineControl::Server {
+ public:
+  ControlImpl(EngineCallbacks& cb, std::atomic<uint64_t>& version, std::atomic<bool>& paused,
+              std::atomic<bool>& dirty)
+      : cb_(cb), version_(version), paused_(paused), dirty_(dirty) {}
+
+ protected:
+  kj::Promise<void> pause(PauseContext) override {
+    if (!paused_.load()) {
+      if (cb_.pause) cb_.pause();
+      paused_ = true;
+    }
+    dirty_ = true;  // from here until resume, the parameters may hold a mix of versions
+    return kj::READY_NOW;
+  }
+  kj::Promise<void> resume(ResumeContext context) override {
+    uint64_t v = context.getParams().getVersion();
+    version_ = v;
+    dirty_ = false;
+    paused_ = false;
+    if (cb_.resume) cb_.resume(v);
+    return kj::READY_NOW;
+  }
+
+ private:
+  EngineCallbacks& cb_;
+  std::atomic<uint64_t>& version_;
+  std::atomic<bool>& paused_;
+  std::atomic<bool>& dirty_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<ShmParam> params,
+                                                                EngineCallbacks callbacks, uint64_t version) {
+  std::unique_ptr<EngineAgent> agent(new EngineAgent());
+  agent->callbacks_ = std::move(callbacks);
+  agent->version_ = version;
+  agent->impl_ = std::make_unique<Impl>();
+  std::future<absl::Status> registered = agent->impl_->registered.get_future();
+  EngineAgent* a = agent.get();
+  agent->thread_ = std::thread([a, address, params = std::move(params), version]() mutable {
+    a->Run(address, std::move(params), version);
+  });
+  absl::Status st = registered.get();
+  if (!st.ok()) return st;
+  return agent;
+}
+
+void EngineAgent::Run(std::string address, std::vector<ShmParam> params, uint64_t version) {
+  bool reported = false;
+  auto report = [&](absl::Status st) {
+    if (!reported) impl_->registered.set_value(std::move(st));
+    reported = true;
+  };
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    auto io = kj::setupAsyncIo();
+    auto conn = io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope);
+    capnp::TwoPartyClient rpc(*conn);
+    auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
+    auto req = daemon.registerEngineRequest();
+    auto list = req.initParams(static_cast<unsigned>(params.size()));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ShmParam& p = params[i];
+      auto b = list[static_cast<unsigned>(i)];
+      b.setName(p.name);
+      b.setDtype(std::string(DTypeName(p.dtype)));
+      auto shape = b.initShape(static_cast<unsigned>(p.shape.size()));
+      for (size_t d = 0; d < p.shape.size(); ++d) shape.set(static_cast<unsigned>(d), p.shape[d]);
+      absl::StatusOr<uint64_t> n = DenseBytes(p.dtype, p.shape);
+      b.setNbytes(n.ok() ? *n : 0);
+      b.getStorage().initShm().setName(p.shm_name);
+      b.getStorage().getShm().setOffset(p.offset);
+    }
+    req.setControl(kj::heap<ControlImpl>(callbacks_, version_, paused_, dirty_));
+    req.setVersion(version);
+    auto resp = req.send().wait(io.waitScope);
+    auto registration = resp.getRegistration();
+    connected_ = true;
+    auto stop = kj::newPromiseAndFulfiller<void>();
+    impl_->stop = kj::mv(stop.fulfiller);
+    *impl_->executor.lockExclusive() = kj::getCurrentThreadExecutor().addRef();
+    report(absl::OkStatus());
+    stop.promise.exclusiveJoin(rpc.onDisconnect()).wait(io.waitScope);
+    *impl_->executor.lockExclusive() = nullptr;
+    impl_->stop = nullptr;
+  })) {
+    std::string msg = e->getDescription().cStr();
+    constexpr std::string_view kPrefix = "remote exception: ";
+    if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
+    report(absl::UnavailableError(absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg)));
+  }
+  connected_ = false;
+  if (paused_.load()) dirty_ = true;  // disconnected inside the commit window: weights may be mixed
+}
+
+EngineAgent::~EngineAgent() {
+  kj::Own<const kj::Executor> executor = kj::mv(*impl_->executor.lockExclusive());
+  if (executor.get() != nullptr) {
+    // Throws DISCONNECTED if the agent's loop already ended (refitd went away first).
+    kj::runCatchingExceptions([&]() {
+      executor->executeSync([this]() {
+        if (impl_->stop) impl_->stop->fulfill();
+      });
+    });
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace refit::client

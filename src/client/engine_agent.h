@@ -1,0 +1,69 @@
+// Engine-side agent: registers the engine's parameters (shared-memory regions) with refitd and
+// serves refitd's pause/resume calls on its own thread, so the engine's serving threads never
+// block on the control plane.
+//
+// Contract with the engine (DESIGN.md invariants 1 and 7): `pause` must return only once nothing
+// reads the parameters; between pause and resume refitd writes them in place; `resume(v)` says
+// they hold version v. If refitd disconnects between pause and resume, the weights may be a mix:
+// the agent marks them dirty() and the engine must not serve them until a later resume.
+//
+// Threading: the public methods are thread-safe. Callbacks run on the agent's thread.
+#ifndef REFIT_CLIENT_ENGINE_AGENT_H_
+#define REFIT_CLIENT_ENGINE_AGENT_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+
+namespace refit::client {
+
+struct ShmParam {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::string shm_name;  // POSIX shm object holding it
+  uint64_t offset;
+};
+
+struct EngineCallbacks {
+  std::function<void()> pause;
+  std::function<void(uint64_t version)> resume;
+};
+
+class EngineAgent {
+ public:
+  // Connects, registers, and returns once refitd accepted the registration (or refused it,
+  // naming the parameter).
+  static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<ShmParam> params,
+                                                            EngineCallbacks callbacks, uint64_t version);
+  ~EngineAgent();
+
+  uint64_t version() const { return version_.load(); }
+  bool paused() const { return paused_.load(); }
+  bool dirty() const { return dirty_.load(); }
+  bool connected() const { return connected_.load(); }
+
+  struct Impl;
+
+ private:
+  EngineAgent() = default;
+  void Run(std::string address, std::vector<ShmParam> params, uint64_t version);
+
+  EngineCallbacks callbacks_;
+  std::atomic<uint64_t> version_{0};
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> dirty_{false};
+  std::atomic<bool> connected_{false};
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+};
+
+}  // namespace refit::client
+
+#endif  // REFIT_CLIENT_ENGINE_AGENT_H_

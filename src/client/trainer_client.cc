@@ -1,0 +1,207 @@
+#include "client/trainer_client.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "capnp/rpc-twoparty.h"
+#include "common/checksum.h"
+#include "kj/async-io.h"
+#include "proto/refit.capnp.h"
+#include "proto/wire.h"
+#include "transport/ucx/ucx_sender.h"
+
+namespace refit::client {
+namespace {
+
+// A remote failure as an absl::Status carrying refitd's own message.
+absl::Status FromException(const kj::Exception& e) {
+  std::string msg = e.getDescription().cStr();
+  constexpr std::string_view kPrefix = "remote exception: ";
+  if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
+  if (e.getType() == kj::Exception::Type::DISCONNECTED) return absl::UnavailableError(absl::StrCat("refitd disconnected: ", msg));
+  if (msg.rfind("refit refused", 0) == 0 || msg.rfind("manifest refused", 0) == 0) return absl::FailedPreconditionError(msg);
+  if (msg.rfind("busy", 0) == 0) return absl::UnavailableError(msg);
+  return absl::AbortedError(msg);
+}
+
+template <typename F>
+auto Call(F&& f) -> absl::StatusOr<decltype(f())> {
+  absl::StatusOr<decltype(f())> out = absl::UnknownError("no result");
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { out = f(); })) { return FromException(*e); }
+  return out;
+}
+
+}  // namespace
+
+struct TrainerClient::Impl {
+  kj::AsyncIoContext io = kj::setupAsyncIo();
+  kj::Own<kj::AsyncIoStream> conn;
+  kj::Own<capnp::TwoPartyClient> rpc;
+  proto::Daemon::Client daemon = nullptr;
+  std::unique_ptr<transport::UcxSender> sender;
+  std::string sender_endpoint;
+};
+
+struct RefitSession::Impl {
+  TrainerClient::Impl* client;
+  proto::Session::Client session = nullptr;
+  uint64_t id = 0;
+  uint64_t bucket_bytes = 0;
+  std::vector<uint8_t> bucket;
+  BucketHeader header;
+  uint32_t next_seq = 0;
+  bool done = false;
+};
+
+TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrainerClient::~TrainerClient() = default;
+
+absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std::string& address) {
+  auto impl = std::make_unique<Impl>();
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    auto addr = impl->io.provider->getNetwork().parseAddress(address).wait(impl->io.waitScope);
+    impl->conn = addr->connect().wait(impl->io.waitScope);
+    impl->rpc = kj::heap<capnp::TwoPartyClient>(*impl->conn);
+    impl->daemon = impl->rpc->bootstrap().castAs<proto::Daemon>();
+  })) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to refitd at '", address, "': ", e->getDescription().cStr()));
+  }
+  return std::unique_ptr<TrainerClient>(new TrainerClient(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Begin(const Manifest& manifest) {
+  auto s = std::make_unique<RefitSession::Impl>();
+  s->client = impl_.get();
+  std::string endpoint;
+  absl::StatusOr<bool> ok = Call([&]() {
+    auto req = impl_->daemon.beginRequest();
+    wire::ToWire(manifest, req.initManifest());
+    auto resp = req.send().wait(impl_->io.waitScope);
+    s->session = resp.getSession();
+    s->id = resp.getSessionId();
+    s->bucket_bytes = resp.getBucketBytes();
+    endpoint = resp.getDataEndpoint().cStr();
+    return true;
+  });
+  if (!ok.ok()) return ok.status();
+  if (!impl_->sender || impl_->sender_endpoint != endpoint) {
+    impl_->sender.reset();
+    absl::StatusOr<std::unique_ptr<transport::UcxSender>> sender = transport::UcxSender::Connect(endpoint, {});
+    if (!sender.ok()) return sender.status();
+    impl_->sender = std::move(*sender);
+    impl_->sender_endpoint = endpoint;
+  }
+  return std::make_unique<RefitSession>(std::move(s));
+}
+
+absl::StatusOr<DaemonStatus> TrainerClient::Status() {
+  return Call([&]() {
+    auto resp = impl_->daemon.statusRequest().send().wait(impl_->io.waitScope);
+    auto r = resp.getStatus();
+    DaemonStatus s;
+    s.model = r.getModel().cStr();
+    s.engine_registered = r.getEngineRegistered();
+    s.engine_params = r.getEngineParams();
+    s.engine_bytes = r.getEngineBytes();
+    s.version = r.getVersion();
+    s.active_session = r.getActiveSession();
+    s.staging_bytes = r.getStagingBytes();
+    s.staging_limit_bytes = r.getStagingLimitBytes();
+    s.committed = r.getCommitted();
+    s.refused = r.getRefused();
+    s.aborted = r.getAborted();
+    s.data_endpoint = r.getDataEndpoint().cStr();
+    s.last_report = wire::FromWire(r.getLastReport());
+    return s;
+  });
+}
+
+absl::StatusOr<bool> TrainerClient::AbortActive(const std::string& reason) {
+  return Call([&]() {
+    auto req = impl_->daemon.abortActiveRequest();
+    req.setReason(reason);
+    return req.send().wait(impl_->io.waitScope).getAborted();
+  });
+}
+
+absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> TrainerClient::Checksums() {
+  return Call([&]() {
+    auto resp = impl_->daemon.checksumsRequest().send().wait(impl_->io.waitScope);
+    std::vector<ParamChecksum> out;
+    for (auto p : resp.getParams()) out.push_back({p.getName().cStr(), p.getChecksum(), p.getNbytes()});
+    return std::make_pair(static_cast<uint64_t>(resp.getVersion()), std::move(out));
+  });
+}
+
+RefitSession::RefitSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RefitSession::~RefitSession() {
+  if (!impl_->done) (void)Abort("trainer closed the session without committing");
+}
+
+uint64_t RefitSession::id() const { return impl_->id; }
+uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
+
+absl::Status RefitSession::Push(const TensorRef& t) {
+  if (impl_->done) return absl::FailedPreconditionError("session already ended");
+  absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
+  if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
+  if (*nbytes > impl_->bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
+                                                   impl_->bucket_bytes, "-byte bucket"));
+  }
+  // Keep 16-byte alignment of every tensor inside the bucket.
+  uint64_t offset = (impl_->bucket.size() + 15) & ~uint64_t{15};
+  if (offset + *nbytes > impl_->bucket_bytes) {
+    absl::Status st = Flush();
+    if (!st.ok()) return st;
+    offset = 0;
+  }
+  impl_->bucket.resize(offset + *nbytes);
+  std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
+  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes});
+  return absl::OkStatus();
+}
+
+absl::Status RefitSession::Flush() {
+  if (impl_->header.tensors.empty()) return absl::OkStatus();
+  BucketHeader& h = impl_->header;
+  h.seq = impl_->next_seq++;
+  h.nbytes = impl_->bucket.size();
+  h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
+  auto* client = impl_->client;
+  absl::StatusOr<bool> ok = Call([&]() {
+    auto req = impl_->session.announceRequest();
+    wire::ToWire(h, req.initHeader());
+    req.send().wait(client->io.waitScope);
+    return true;
+  });
+  if (!ok.ok()) return ok.status();
+  absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, impl_->bucket.data(), impl_->bucket.size());
+  impl_->bucket.clear();
+  h.tensors.clear();
+  return sent;
+}
+
+absl::StatusOr<RefitReport> RefitSession::Commit() {
+  absl::Status st = Flush();
+  if (!st.ok()) return st;
+  impl_->done = true;
+  return Call([&]() {
+    auto resp = impl_->session.commitRequest().send().wait(impl_->client->io.waitScope);
+    return wire::FromWire(resp.getReport());
+  });
+}
+
+absl::Status RefitSession::Abort(const std::string& reason) {
+  impl_->done = true;
+  absl::StatusOr<bool> ok = Call([&]() {
+    auto req = impl_->session.abortRequest();
+    req.setReason(reason);
+    req.send().wait(impl_->client->io.waitScope);
+    return true;
+  });
+  return ok.status();
+}
+
+}  // namespace refit::client

@@ -1,0 +1,95 @@
+// Trainer-side client library: connects to refitd's control plane, opens a refit session,
+// packs tensors into buckets and sends them over the data plane, then commits.
+//
+//   auto client = TrainerClient::Connect("unix:/tmp/refitd.sock");
+//   auto session = (*client)->Begin(manifest);
+//   for (auto& t : tensors) session->Push(t);
+//   absl::StatusOr<RefitReport> report = session->Commit();
+//
+// Threading: a client and its sessions are used from one thread (they own a KJ event loop).
+// A session destroyed before Commit aborts.
+#ifndef REFIT_CLIENT_TRAINER_CLIENT_H_
+#define REFIT_CLIENT_TRAINER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "refit/types.h"
+
+namespace refit::client {
+
+struct TensorRef {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  const void* data;  // host memory, dense row-major
+};
+
+struct ParamChecksum {
+  std::string name;
+  uint64_t checksum;
+  uint64_t nbytes;
+};
+
+struct DaemonStatus {
+  std::string model;
+  bool engine_registered = false;
+  uint32_t engine_params = 0;
+  uint64_t engine_bytes = 0;
+  uint64_t version = 0;
+  uint64_t active_session = 0;
+  uint64_t staging_bytes = 0;
+  uint64_t staging_limit_bytes = 0;
+  uint64_t committed = 0, refused = 0, aborted = 0;
+  std::string data_endpoint;
+  RefitReport last_report;
+};
+
+class RefitSession;
+
+class TrainerClient {
+ public:
+  // `address`: "unix:/path" or "host:port".
+  static absl::StatusOr<std::unique_ptr<TrainerClient>> Connect(const std::string& address);
+  ~TrainerClient();
+
+  absl::StatusOr<std::unique_ptr<RefitSession>> Begin(const Manifest& manifest);
+  absl::StatusOr<DaemonStatus> Status();
+  absl::StatusOr<bool> AbortActive(const std::string& reason);
+  absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> Checksums();
+
+  struct Impl;
+
+ private:
+  explicit TrainerClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class RefitSession {
+ public:
+  ~RefitSession();
+  uint64_t id() const;
+  uint64_t bucket_bytes() const;
+  // Appends a tensor to the current bucket, sending the bucket first when it would overflow.
+  // The bytes are copied: `t.data` may be reused when Push returns.
+  absl::Status Push(const TensorRef& t);
+  // Sends the current bucket, if any.
+  absl::Status Flush();
+  // Flushes, then asks refitd to validate and swap. Refused refits return FailedPrecondition
+  // with refitd's message naming every offending tensor.
+  absl::StatusOr<RefitReport> Commit();
+  absl::Status Abort(const std::string& reason);
+
+  struct Impl;
+  explicit RefitSession(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace refit::client
+
+#endif  // REFIT_CLIENT_TRAINER_CLIENT_H_

@@ -1,0 +1,39 @@
+#include "refit/bucket_ring.h"
+
+namespace refit {
+
+BucketRing::BucketRing(uint32_t slots, uint64_t slot_bytes) : slot_bytes_(slot_bytes) {
+  for (uint32_t i = 0; i < slots; ++i) {
+    slots_.emplace_back(new uint8_t[slot_bytes == 0 ? 1 : slot_bytes]);
+    free_.push_back(static_cast<int>(i));
+  }
+}
+
+int BucketRing::Acquire() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](BucketRing* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return r->cancelled_ || !r->free_.empty(); }, this));
+  if (cancelled_) return -1;
+  int slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void BucketRing::Release(int slot) {
+  absl::MutexLock lock(&mu_);
+  free_.push_back(slot);
+}
+
+void BucketRing::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+}
+
+void BucketRing::Reset() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = false;
+  free_.clear();
+  for (size_t i = 0; i < slots_.size(); ++i) free_.push_back(static_cast<int>(i));
+}
+
+}  // namespace refit

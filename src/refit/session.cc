@@ -1,0 +1,236 @@
+#include "refit/session.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/status_macros.h"
+#include "formats/format.h"
+
+namespace refit {
+
+Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRing& ring, Options options)
+    : planner_(planner),
+      receiver_(receiver),
+      ring_(ring),
+      options_(std::move(options)),
+      ledger_(planner),
+      staging_(options_.limits.staging_bytes) {
+  receiver_.Reset();
+  ring_.Reset();
+  receiver_thread_ = std::thread([this] { ReceiveLoop(); });
+  converter_thread_ = std::thread([this] { ConvertLoop(); });
+}
+
+Session::~Session() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (failure_.ok()) failure_ = absl::CancelledError("session closed");
+  }
+  receiver_.Cancel();
+  ring_.Cancel();
+  receiver_thread_.join();
+  converter_thread_.join();
+}
+
+void Session::FailLocked(absl::Status status) {
+  if (!failure_.ok()) return;
+  failure_ = std::move(status);
+  receiver_.Cancel();
+  ring_.Cancel();
+}
+
+void Session::Abort(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  FailLocked(absl::AbortedError(reason));
+}
+
+absl::Status Session::failure() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
+absl::Status Session::CheckHeader(const BucketHeader& h) const {
+  const SessionLimits& l = options_.limits;
+  if (h.nbytes > l.bucket_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket ", h.seq, ": ", h.nbytes, " bytes exceeds bucket_bytes ", l.bucket_bytes));
+  }
+  if (h.tensors.size() > l.max_tensors) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": ", h.tensors.size(), " tensors exceeds the limit"));
+  }
+  for (const TensorDesc& t : h.tensors) {
+    if (t.name.empty() || t.name.size() > l.max_name_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": tensor name of ", t.name.size(),
+                                                     " bytes (limit ", l.max_name_bytes, ")"));
+    }
+    if (t.shape.size() > l.max_rank) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": tensor '", t.name, "' has rank ",
+                                                     t.shape.size(), " (limit ", l.max_rank, ")"));
+    }
+    absl::StatusOr<uint64_t> dense = DenseBytes(t.dtype, t.shape);
+    if (!dense.ok()) return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": tensor '", t.name, "': ", dense.status().message()));
+    if (*dense != t.nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": tensor '", t.name, "' declares ", t.nbytes,
+                                                     " bytes but ", DTypeName(t.dtype), ShapeString(t.shape), " is ",
+                                                     *dense));
+    }
+    if (t.offset > h.nbytes || t.nbytes > h.nbytes - t.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": tensor '", t.name, "' [", t.offset, ", +",
+                                                     t.nbytes, ") lies outside the bucket of ", h.nbytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Announce(BucketHeader header) {
+  absl::Status check = CheckHeader(header);
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) return failure_;
+  if (stopping_) return absl::FailedPreconditionError("session is committing; no more buckets");
+  if (check.ok() && header.seq != next_seq_) {
+    check = absl::InvalidArgumentError(absl::StrCat("bucket seq ", header.seq, " out of order (expected ", next_seq_, ")"));
+  }
+  if (!check.ok()) {
+    FailLocked(check);
+    return check;
+  }
+  ++next_seq_;
+  announced_.push_back(std::move(header));
+  return absl::OkStatus();
+}
+
+void Session::ReceiveLoop() {
+  while (true) {
+    BucketHeader header;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !failure_.ok() || !announced_.empty(); };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), options_.deadline)) {
+        FailLocked(absl::DeadlineExceededError("session deadline passed while waiting for buckets"));
+        return;
+      }
+      if (stopping_ || !failure_.ok()) return;
+      header = std::move(announced_.front());
+      announced_.pop_front();
+    }
+    int slot = ring_.Acquire();
+    if (slot < 0) return;
+    absl::Time start = absl::Now();
+    absl::StatusOr<uint64_t> got =
+        receiver_.Receive(Tag(options_.id, header.seq), ring_.data(slot), ring_.slot_bytes(), options_.deadline);
+    absl::Duration took = absl::Now() - start;
+    absl::Status status = got.status();
+    if (status.ok() && *got != header.nbytes) {
+      status = absl::DataLossError(
+          absl::StrCat("bucket ", header.seq, ": received ", *got, " bytes, announced ", header.nbytes));
+    }
+    if (status.ok()) {
+      uint64_t sum = Checksum64(ring_.data(slot), header.nbytes);
+      if (sum != header.checksum) {
+        status = absl::DataLossError(absl::StrCat("bucket ", header.seq, ": checksum ", ChecksumHex(sum),
+                                                  " does not match the announced ", ChecksumHex(header.checksum)));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    receive_time_ += took;
+    if (!status.ok()) {
+      ring_.Release(slot);
+      if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+        status = absl::DeadlineExceededError(absl::StrCat("session deadline passed receiving bucket ", header.seq));
+      } else if (status.code() != absl::StatusCode::kDataLoss) {
+        status = absl::Status(status.code(), absl::StrCat("receiving bucket ", header.seq, ": ", status.message()));
+      }
+      FailLocked(status);
+      return;
+    }
+    bytes_in_ += header.nbytes;
+    received_.push_back({std::move(header), slot});
+  }
+}
+
+void Session::ConvertLoop() {
+  while (true) {
+    Received item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !failure_.ok() || !received_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_ || !failure_.ok()) {
+        for (const Received& r : received_) ring_.Release(r.slot);
+        received_.clear();
+        return;
+      }
+      item = std::move(received_.front());
+      received_.pop_front();
+    }
+    absl::Time start = absl::Now();
+    Convert(item.header, ring_.data(item.slot));
+    absl::Duration took = absl::Now() - start;
+    ring_.Release(item.slot);
+    absl::MutexLock lock(&mu_);
+    convert_time_ += took;
+    ++converted_;
+  }
+}
+
+void Session::Convert(const BucketHeader& header, const uint8_t* data) {
+  const formats::QuantizeOptions& options = planner_.spec().options;
+  uint64_t out_bytes = 0;
+  for (const TensorDesc& desc : header.tensors) {
+    absl::StatusOr<TensorPlan> plan = ledger_.Arrive(desc);
+    if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
+    const uint8_t* src = data + desc.offset;
+    std::vector<formats::MutableBytes> outs;
+    absl::Status status;
+    for (const Target& t : plan->targets) {
+      absl::StatusOr<uint8_t*> buf = staging_.Allocate(t.engine_index, t.spec.bytes);
+      if (!buf.ok()) {
+        status = buf.status();
+        break;
+      }
+      outs.push_back({*buf, t.spec.bytes});
+      out_bytes += t.spec.bytes;
+    }
+    if (status.ok()) {
+      if (plan->kind == ConvertKind::kCopy) {
+        std::memcpy(outs[0].data, src, desc.nbytes);
+      } else {
+        status = formats::Quantize(plan->format, formats::ConstTensor{desc.dtype, desc.shape, src}, options,
+                                   std::nullopt, outs, desc.name);
+      }
+    }
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      absl::MutexLock lock(&mu_);
+      FailLocked(absl::ResourceExhaustedError(absl::StrCat("tensor '", desc.name, "': ", status.message())));
+      return;
+    }
+    if (!status.ok()) ledger_.Fail(desc.name, status);
+  }
+  absl::MutexLock lock(&mu_);
+  bytes_out_ += out_bytes;
+}
+
+absl::Status Session::Finish() {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || converted_ == next_seq_; };
+  mu_.Await(absl::Condition(&done));
+  if (failure_.ok()) stopping_ = true;  // sealed: no more buckets; the deadline no longer applies
+  return failure_;
+}
+
+RefitReport Session::Report() const {
+  absl::MutexLock lock(&mu_);
+  RefitReport r;
+  r.session_id = options_.id;
+  r.bytes_in = bytes_in_;
+  r.bytes_out = bytes_out_;
+  r.buckets = converted_;
+  r.tensors = static_cast<uint32_t>(ledger_.tensors());
+  r.times.receive_ms = absl::ToDoubleMilliseconds(receive_time_);
+  r.times.convert_ms = absl::ToDoubleMilliseconds(convert_time_);
+  return r;
+}
+
+}  // namespace refit

@@ -1,0 +1,101 @@
+// Session: one refit, from begin to commit or abort. Receives announced buckets on the data
+// plane into a ring of slots (receiver thread) and converts them into staging (converter
+// thread), so receiving bucket k+1 overlaps converting bucket k. Commit-time validation is the
+// Ledger's; the engine swap is the Committer's. A session never touches engine storage.
+//
+// Threading: Announce/Finish/Abort may be called from any thread (the RPC loop); Abort wakes
+// every blocked call. The destructor aborts and joins the threads.
+#ifndef REFIT_REFIT_SESSION_H_
+#define REFIT_REFIT_SESSION_H_
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "refit/bucket_ring.h"
+#include "refit/ledger.h"
+#include "refit/planner.h"
+#include "refit/staging.h"
+#include "refit/types.h"
+#include "transport/transport.h"
+
+namespace refit {
+
+class Session {
+ public:
+  struct Options {
+    uint64_t id = 0;
+    bool partial = false;
+    absl::Time deadline = absl::InfiniteFuture();
+    SessionLimits limits;
+  };
+
+  // REQUIRES: planner, receiver and ring outlive the session; the ring is used by no other
+  // session meanwhile.
+  Session(const Planner& planner, transport::Receiver& receiver, BucketRing& ring, Options options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Data-plane tag of bucket `seq` in session `id`.
+  static uint64_t Tag(uint64_t id, uint32_t seq) { return (id << 32) | seq; }
+
+  // Checks the header (sizes, offsets, names; checked arithmetic) and queues it. An invalid
+  // header fails the whole session (InvalidArgument naming the field).
+  absl::Status Announce(BucketHeader header);
+  // Blocks until every announced bucket is received and converted, or the session failed.
+  absl::Status Finish();
+  // The Ledger's verdict (call after Finish).
+  absl::Status Validate() const { return ledger_.Check(options_.partial); }
+  void Abort(const std::string& reason);
+
+  uint64_t id() const { return options_.id; }
+  bool partial() const { return options_.partial; }
+  const Staging& staging() const { return staging_; }
+  const Ledger& ledger() const { return ledger_; }
+  // Counters and phase times so far (receive, convert).
+  RefitReport Report() const;
+  absl::Status failure() const;
+
+ private:
+  struct Received {
+    BucketHeader header;
+    int slot;
+  };
+  void ReceiveLoop();
+  void ConvertLoop();
+  void Convert(const BucketHeader& header, const uint8_t* data);
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckHeader(const BucketHeader& header) const;
+
+  const Planner& planner_;
+  transport::Receiver& receiver_;
+  BucketRing& ring_;
+  const Options options_;
+  Ledger ledger_;
+  Staging staging_;
+
+  mutable absl::Mutex mu_;
+  std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);
+  std::deque<Received> received_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_out_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration receive_time_ ABSL_GUARDED_BY(mu_);
+  absl::Duration convert_time_ ABSL_GUARDED_BY(mu_);
+
+  std::thread receiver_thread_;
+  std::thread converter_thread_;
+};
+
+}  // namespace refit
+
+#endif  // REFIT_REFIT_SESSION_H_

@@ -1,0 +1,65 @@
+// Value types of the refit core: what trainers declare and send, independent of any wire format.
+// The server translates Cap'n Proto messages into these at the edge.
+#ifndef REFIT_REFIT_TYPES_H_
+#define REFIT_REFIT_TYPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace refit {
+
+struct TensorDesc {
+  std::string name;
+  DType dtype = DType::kBF16;
+  Shape shape;
+  uint64_t offset = 0;  // inside a bucket
+  uint64_t nbytes = 0;
+};
+
+struct BucketHeader {
+  uint32_t seq = 0;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;
+  std::vector<TensorDesc> tensors;
+};
+
+struct Manifest {
+  std::string model;
+  std::vector<TensorDesc> tensors;
+  bool partial = false;
+  uint32_t deadline_ms = 0;
+};
+
+struct PhaseTimes {
+  double receive_ms = 0, convert_ms = 0, validate_ms = 0, commit_ms = 0, pause_ms = 0, total_ms = 0;
+};
+
+struct RefitReport {
+  uint64_t session_id = 0;
+  uint64_t version = 0;
+  std::string outcome;  // committed | refused | aborted | failed
+  std::string reason;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint32_t buckets = 0;
+  uint32_t tensors = 0;
+  PhaseTimes times;
+};
+
+// Limits on what a session may ask for; all from the daemon config, checked before allocation.
+struct SessionLimits {
+  uint64_t bucket_bytes = 256ull << 20;
+  uint32_t bucket_slots = 2;
+  uint64_t staging_bytes = 64ull << 30;
+  uint32_t max_tensors = 1'000'000;
+  uint32_t max_name_bytes = 512;
+  uint32_t max_rank = 8;
+  uint32_t deadline_ms = 600'000;
+};
+
+}  // namespace refit
+
+#endif  // REFIT_REFIT_TYPES_H_

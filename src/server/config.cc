@@ -1,0 +1,117 @@
+#include "server/config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "spec/demo_spec.h"
+#include "yaml-cpp/yaml.h"
+
+namespace refit::server {
+namespace {
+
+
+
+absl::Status Err(const YAML::Node& n, const std::string& path, const std::string& key, const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ":", n.Mark().line + 1, ": ", key, ": ", msg));
+}
+
+absl::Status CheckKeys(const YAML::Node& map, const std::string& path, const std::string& where,
+                       const std::set<std::string>& allowed) {
+  if (!map.IsMap()) return Err(map, path, where, "expected a mapping");
+  for (const auto& kv : map) {
+    std::string key = kv.first.as<std::string>();
+    if (!allowed.count(key)) {
+      return Err(kv.first, path, where, absl::StrCat("unknown key '", key, "' (allowed: ", absl::StrJoin(allowed, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Get(const YAML::Node& map, const char* key, const std::string& path, const std::string& where, T& out) {
+  const YAML::Node n = map[key];
+  if (!n) return absl::OkStatus();
+  try {
+    out = n.as<T>();
+  } catch (const YAML::Exception&) {
+    return Err(n, path, absl::StrCat(where, key), "has the wrong type");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Config DefaultConfig() {
+  Config c;
+  c.model_spec_inline = spec::kDemoModelSpec;
+  return c;
+}
+
+absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", e.mark.line + 1, ": YAML: ", e.msg));
+  }
+  Config c;
+  if (root.IsNull()) return c;
+  REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
+                                  {"listen", "socket_mode", "model_spec", "data_plane", "staging", "limits", "admin",
+                                   "log_level"}));
+  REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
+  if (root["socket_mode"]) {
+    std::string mode;
+    REFIT_RETURN_IF_ERROR(Get(root, "socket_mode", path, "", mode));
+    c.socket_mode = static_cast<uint32_t>(std::stoul(mode, nullptr, 8));
+  }
+  REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
+  REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
+  if (c.staging != "host" && c.staging != "device") return Err(root["staging"], path, "staging", "must be host or device");
+  REFIT_RETURN_IF_ERROR(Get(root, "log_level", path, "", c.log_level));
+  if (const YAML::Node d = root["data_plane"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(d, path, "data_plane", {"transport", "ucx_tls", "host"}));
+    REFIT_RETURN_IF_ERROR(Get(d, "transport", path, "data_plane.", c.transport));
+    REFIT_RETURN_IF_ERROR(Get(d, "ucx_tls", path, "data_plane.", c.ucx_tls));
+    REFIT_RETURN_IF_ERROR(Get(d, "host", path, "data_plane.", c.data_host));
+    if (c.transport != "ucx") return Err(d["transport"], path, "data_plane.transport", "supported: ucx");
+  }
+  if (const YAML::Node l = root["limits"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(l, path, "limits",
+                                    {"bucket_bytes", "bucket_slots", "staging_bytes", "max_tensors", "max_name_bytes",
+                                     "session_deadline_ms", "max_message_words"}));
+    SessionLimits& s = c.limits;
+    REFIT_RETURN_IF_ERROR(Get(l, "bucket_bytes", path, "limits.", s.bucket_bytes));
+    REFIT_RETURN_IF_ERROR(Get(l, "bucket_slots", path, "limits.", s.bucket_slots));
+    REFIT_RETURN_IF_ERROR(Get(l, "staging_bytes", path, "limits.", s.staging_bytes));
+    REFIT_RETURN_IF_ERROR(Get(l, "max_tensors", path, "limits.", s.max_tensors));
+    REFIT_RETURN_IF_ERROR(Get(l, "max_name_bytes", path, "limits.", s.max_name_bytes));
+    REFIT_RETURN_IF_ERROR(Get(l, "session_deadline_ms", path, "limits.", s.deadline_ms));
+    REFIT_RETURN_IF_ERROR(Get(l, "max_message_words", path, "limits.", c.max_message_words));
+    if (s.bucket_slots < 1 || s.bucket_slots > 64) return Err(l, path, "limits.bucket_slots", "must be 1..64");
+    if (s.bucket_bytes < 4096 || s.bucket_bytes > (16ull << 30)) {
+      return Err(l, path, "limits.bucket_bytes", "must be 4 KiB .. 16 GiB");
+    }
+  }
+  if (const YAML::Node a = root["admin"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(a, path, "admin", {"listen"}));
+    REFIT_RETURN_IF_ERROR(Get(a, "listen", path, "admin.", c.admin_listen));
+  }
+  if (c.model_spec.empty()) c.model_spec_inline = spec::kDemoModelSpec;
+  return c;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), path);
+}
+
+}  // namespace refit::server

@@ -1,0 +1,38 @@
+// refitd's daemon configuration (YAML), with safe defaults for every limit.
+// docs/config.md is the reference. Immutable after load.
+#ifndef REFIT_SERVER_CONFIG_H_
+#define REFIT_SERVER_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "refit/types.h"
+
+namespace refit::server {
+
+struct Config {
+  // Control plane: "unix:/path" (default) or "HOST:PORT".
+  std::string listen = "unix:/tmp/refitd.sock";
+  uint32_t socket_mode = 0660;  // for unix sockets
+  std::string model_spec;       // path to the model spec YAML
+  std::string model_spec_inline;  // or the spec itself (the embedded demo config uses this)
+  // Data plane.
+  std::string transport = "ucx";
+  std::string ucx_tls = "tcp,sm,self";
+  std::string data_host = "127.0.0.1";
+  std::string staging = "host";  // host | device
+  SessionLimits limits;
+  uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)
+  std::string admin_listen = "127.0.0.1:0";  // metrics/health HTTP; "" disables
+  std::string log_level = "info";
+};
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path = "<string>");
+// The embedded default: listens on unix:/tmp/refitd.sock with the demo model spec inline.
+Config DefaultConfig();
+
+}  // namespace refit::server
+
+#endif  // REFIT_SERVER_CONFIG_H_

@@ -1,0 +1,431 @@
+#include "server/daemon_service.h"
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "kj/debug.h"
+#include "common/checksum.h"
+#include "proto/wire.h"
+#include "refit/committer.h"
+#include "server/blocking.h"
+#include "server/log.h"
+#include "storage/shm_storage.h"
+
+namespace refit::server {
+namespace {
+
+// Errors cross the wire as exception descriptions; clients print them as they are.
+kj::Exception Failure(std::string_view message) {
+  return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::heapString(message.data(), message.size()));
+}
+[[noreturn]] void Throw(std::string_view message) { kj::throwFatalException(Failure(message)); }
+
+double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+std::string ReportLine(const RefitReport& r) {
+  return absl::StrCat("event=refit session=", r.session_id, " outcome=", r.outcome, " version=", r.version,
+                      " bytes_in=", r.bytes_in, " bytes_out=", r.bytes_out, " buckets=", r.buckets,
+                      " tensors=", r.tensors, " receive_ms=", r.times.receive_ms, " convert_ms=", r.times.convert_ms,
+                      " validate_ms=", r.times.validate_ms, " commit_ms=", r.times.commit_ms,
+                      " pause_ms=", r.times.pause_ms, " total_ms=", r.times.total_ms,
+                      r.reason.empty() ? "" : absl::StrCat(" reason=\"", r.reason, "\""));
+}
+
+class SessionImpl;
+
+class RegistrationImpl final : public proto::Registration::Server {
+ public:
+  RegistrationImpl(DaemonState& state, uint64_t engine_id) : state_(state), engine_id_(engine_id) {}
+  ~RegistrationImpl() {
+    if (!state_.engine || state_.engine->id != engine_id_) return;
+    Log(LogLevel::kInfo, absl::StrCat("event=engine_unregistered engine=", engine_id_));
+    if (state_.active) state_.active->session->Abort("engine unregistered");
+    if (state_.active && !state_.active->committing) {
+      RefitReport r = state_.active->session->Report();
+      r.outcome = "aborted";
+      r.reason = "engine unregistered";
+      state_.EndSession(r);
+    }
+    state_.engine.reset();
+    if (state_.hooks.on_engine) state_.hooks.on_engine(false);
+  }
+
+ protected:
+  kj::Promise<void> version(VersionContext context) override {
+    context.getResults().setVersion(state_.version);
+    return kj::READY_NOW;
+  }
+
+ private:
+  DaemonState& state_;
+  uint64_t engine_id_;
+};
+
+// One commit, run as a daemon task so that a trainer disconnecting mid-commit cannot cancel
+// the swap halfway: the commit window always runs to the engine's resume.
+struct CommitRun {
+  DaemonState& state;
+  uint64_t id;
+  double validate_ms = 0, commit_ms = 0, pause_ms = 0;
+  absl::Status finished;
+  absl::StatusOr<CommitStats> copied = absl::UnknownError("not run");
+
+  CommitRun(DaemonState& s, uint64_t i) : state(s), id(i) {}
+  bool IsActive() const { return state.active && state.active->session->id() == id; }
+
+  void End(const std::string& outcome, const std::string& reason, uint64_t version = 0) {
+    RefitReport r = state.active->session->Report();
+    r.outcome = outcome;
+    r.reason = reason;
+    r.version = version;
+    r.times.validate_ms = validate_ms;
+    r.times.commit_ms = commit_ms;
+    r.times.pause_ms = pause_ms;
+    r.times.total_ms = Ms(absl::Now() - state.active->begun);
+    state.EndSession(r);
+  }
+};
+
+kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
+  Session* sp = run->state.active->session.get();
+  return RunBlocking(
+             run->state.io, [sp, run] { run->finished = sp->Finish(); }, [sp] { sp->Abort("commit cancelled"); })
+      .then([run]() -> kj::Promise<void> {
+        if (!run->IsActive()) Throw("session ended");
+        if (!run->finished.ok()) {
+          std::string reason(run->finished.message());
+          run->End(run->finished.code() == absl::StatusCode::kResourceExhausted ? "failed" : "aborted", reason);
+          Throw(reason);
+        }
+        Session& s = *run->state.active->session;
+        absl::Time t0 = absl::Now();
+        absl::Status valid = s.Validate();
+        if (valid.ok() && run->state.engine->dirty && s.partial()) {
+          valid = absl::FailedPreconditionError(
+              "refit refused: the engine's weights are dirty after a failed commit; a full refit must land first");
+        }
+        run->validate_ms = Ms(absl::Now() - t0);
+        if (!valid.ok()) {
+          std::string reason(valid.message());
+          run->End("refused", reason);
+          Throw(reason);
+        }
+        // The commit window: pause, copy staged bytes in place, recompute derived state, resume.
+        auto* engine = &*run->state.engine;
+        absl::Time pause_start = absl::Now();
+        return engine->control.pauseRequest()
+            .send()
+            .then(
+                [run, engine](auto&&) {
+                  const Session* s = run->state.active->session.get();
+                  std::vector<size_t> produced = s->ledger().Produced();
+                  return RunBlocking(run->state.io, [engine, s, produced, run] {
+                    run->copied = CommitStaged(*engine->planner, s->staging(), produced, *engine->storage);
+                  });
+                },
+                [run](kj::Exception&& e) -> kj::Promise<void> {
+                  std::string reason = absl::StrCat("engine did not pause: ", e.getDescription().cStr());
+                  run->End("failed", reason);
+                  Throw(reason);
+                })
+            .then([run, engine, pause_start]() -> kj::Promise<void> {
+              if (!run->copied.ok()) {
+                engine->dirty = true;  // a partial copy: the engine must not serve until a full refit lands
+                run->commit_ms = Ms(absl::Now() - pause_start);
+                std::string reason =
+                    absl::StrCat("commit failed, engine left paused and dirty: ", run->copied.status().message());
+                run->End("failed", reason);
+                Throw(reason);
+              }
+              uint64_t version = ++run->state.version;
+              engine->dirty = false;
+              auto req = engine->control.resumeRequest();
+              req.setVersion(version);
+              return req.send().ignoreResult();
+            })
+            .then([run, pause_start]() {
+              run->pause_ms = Ms(absl::Now() - pause_start);
+              run->commit_ms = run->pause_ms;
+              run->End("committed", "", run->state.version);
+            });
+      });
+}
+
+class SessionImpl final : public proto::Session::Server {
+ public:
+  SessionImpl(DaemonState& state, uint64_t id) : state_(state), id_(id) {}
+
+  ~SessionImpl() {
+    // The trainer dropped its session (disconnect or done). An uncommitted session is aborted;
+    // a commit in progress runs to its end on its own.
+    if (!IsActive() || state_.active->committing) return;
+    state_.active->session->Abort("trainer disconnected");
+    End("aborted", "trainer disconnected");
+  }
+
+ protected:
+  kj::Promise<void> announce(AnnounceContext context) override {
+    Session& s = Active();
+    absl::StatusOr<BucketHeader> header = wire::FromWire(context.getParams().getHeader());
+    absl::Status status = header.ok() ? s.Announce(std::move(*header)) : header.status();
+    if (!status.ok()) {
+      s.Abort(std::string(status.message()));
+      if (!state_.active->committing) End("aborted", std::string(status.message()));
+      Throw(status.message());
+    }
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> abort(AbortContext context) override {
+    Session& s = Active();
+    std::string reason = absl::StrCat("trainer aborted: ", context.getParams().getReason().cStr());
+    s.Abort(reason);
+    if (!state_.active->committing) End("aborted", reason);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> commit(CommitContext context) override {
+    Active();
+    if (state_.active->committing) Throw("commit already in progress");
+    state_.active->committing = true;
+    auto run = std::make_shared<CommitRun>(state_, id_);
+    auto forked = RunCommit(run).fork();
+    state_.tasks.add(forked.addBranch().catch_([](kj::Exception&&) {}));
+    DaemonState* state = &state_;
+    return forked.addBranch().then([state, context]() mutable {
+      wire::ToWire(state->last_report, context.getResults().initReport());
+    });
+  }
+
+ private:
+  bool IsActive() const { return state_.active && state_.active->session->id() == id_; }
+
+  Session& Active() {
+    if (!IsActive()) {
+      Throw(absl::StrCat("session ", id_, " is not active (last outcome: ", state_.last_report.outcome,
+                         state_.last_report.reason.empty() ? "" : ": ", state_.last_report.reason, ")"));
+    }
+    return *state_.active->session;
+  }
+
+  void End(const std::string& outcome, const std::string& reason) {
+    RefitReport r = state_.active->session->Report();
+    r.outcome = outcome;
+    r.reason = reason;
+    r.times.total_ms = Ms(absl::Now() - state_.active->begun);
+    state_.EndSession(r);
+  }
+
+  DaemonState& state_;
+  const uint64_t id_;
+};
+
+class DaemonImpl final : public proto::Daemon::Server {
+ public:
+  explicit DaemonImpl(DaemonState& state) : state_(state) {}
+
+ protected:
+  kj::Promise<void> begin(BeginContext context) override {
+    if (!state_.engine) Throw("no engine is registered");
+    if (state_.active) Throw(absl::StrCat("busy: session ", state_.active->session->id(), " is active"));
+    absl::StatusOr<Manifest> manifest = wire::FromWire(context.getParams().getManifest());
+    if (!manifest.ok()) Throw(manifest.status().message());
+    if (manifest->model != state_.spec.model) {
+      Throw(absl::StrCat("manifest is for model '", manifest->model, "' but this daemon serves '", state_.spec.model, "'"));
+    }
+    const SessionLimits& limits = state_.config.limits;
+    if (manifest->tensors.size() > limits.max_tensors) {
+      Throw(absl::StrCat("manifest lists ", manifest->tensors.size(), " tensors (limit ", limits.max_tensors, ")"));
+    }
+    // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
+    std::vector<std::string> problems;
+    for (const TensorDesc& t : manifest->tensors) {
+      absl::StatusOr<TensorPlan> plan = state_.engine->planner->Plan(t.name, t.dtype, t.shape);
+      if (!plan.ok()) problems.push_back(std::string(plan.status().message()));
+    }
+    if (!problems.empty()) {
+      size_t n = problems.size();
+      if (problems.size() > 64) problems.resize(64);
+      Throw(absl::StrCat("manifest refused (", n, " problem", n == 1 ? "" : "s", "): ", absl::StrJoin(problems, "; ")));
+    }
+    uint32_t deadline_ms = manifest->deadline_ms != 0 ? std::min(manifest->deadline_ms, limits.deadline_ms)
+                                                      : limits.deadline_ms;
+    Session::Options options;
+    options.id = state_.next_session_id++;
+    options.partial = manifest->partial;
+    options.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
+    options.limits = limits;
+    state_.active = DaemonState::Active{
+        std::make_unique<Session>(*state_.engine->planner, *state_.receiver, state_.ring, options), absl::Now(), false};
+    uint64_t id = options.id;
+    Log(LogLevel::kInfo, absl::StrCat("event=session_begin session=", id, " tensors=", manifest->tensors.size(),
+                                      " partial=", manifest->partial ? "true" : "false"));
+    state_.NotifySession();
+    // The deadline also ends a session whose trainer went quiet without committing.
+    state_.tasks.add(state_.timer.afterDelay(deadline_ms * kj::MILLISECONDS).then([this, id] {
+      if (!state_.active || state_.active->session->id() != id) return;
+      state_.active->session->Abort("session deadline passed");
+      if (!state_.active->committing) {
+        RefitReport r = state_.active->session->Report();
+        r.outcome = "aborted";
+        r.reason = "session deadline passed";
+        r.times.total_ms = Ms(absl::Now() - state_.active->begun);
+        state_.EndSession(r);
+      }
+    }));
+    auto results = context.getResults();
+    results.setSession(kj::heap<SessionImpl>(state_, id));
+    results.setSessionId(id);
+    results.setDataEndpoint(state_.receiver->Endpoint());
+    results.setBucketBytes(limits.bucket_bytes);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> registerEngine(RegisterEngineContext context) override {
+    auto params = context.getParams();
+    std::vector<storage::ShmParam> shm;
+    for (auto p : params.getParams()) {
+      std::string name = p.getName().cStr();
+      absl::StatusOr<DType> dtype = ParseDType(p.getDtype().cStr());
+      if (!dtype.ok()) Throw(absl::StrCat("engine parameter '", name, "': ", dtype.status().message()));
+      Shape shape(p.getShape().begin(), p.getShape().end());
+      if (!p.getStorage().isShm()) {
+        Throw(absl::StrCat("engine parameter '", name, "': only shared-memory storage is supported by this daemon"));
+      }
+      shm.push_back({{name, *dtype, shape, p.getNbytes()}, p.getStorage().getShm().getName().cStr(),
+                     p.getStorage().getShm().getOffset()});
+    }
+    absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> storage = storage::ShmEngineStorage::Open(std::move(shm));
+    if (!storage.ok()) Throw(storage.status().message());
+    absl::StatusOr<Planner> planner = Planner::Create(state_.spec, (*storage)->params());
+    if (!planner.ok()) Throw(planner.status().message());
+    if (state_.active) {
+      state_.active->session->Abort("engine re-registered");
+      if (!state_.active->committing) {
+        RefitReport r = state_.active->session->Report();
+        r.outcome = "aborted";
+        r.reason = "engine re-registered";
+        state_.EndSession(r);
+      }
+    }
+    uint64_t bytes = 0;
+    for (const auto& p : (*storage)->params()) bytes += p.nbytes;
+    uint64_t id = state_.next_engine_id++;
+    state_.engine = DaemonState::Engine{id, std::make_unique<Planner>(std::move(*planner)), std::move(*storage),
+                                        params.getControl(), bytes, false};
+    state_.version = params.getVersion();
+    Log(LogLevel::kInfo, absl::StrCat("event=engine_registered engine=", id, " params=",
+                                      state_.engine->storage->params().size(), " bytes=", bytes,
+                                      " version=", state_.version));
+    if (state_.hooks.on_engine) state_.hooks.on_engine(true);
+    context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, id));
+    context.getResults().setVersion(state_.version);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> status(StatusContext context) override {
+    auto s = context.getResults().initStatus();
+    s.setModel(state_.spec.model);
+    s.setEngineRegistered(state_.engine.has_value());
+    if (state_.engine) {
+      s.setEngineParams(static_cast<uint32_t>(state_.engine->storage->params().size()));
+      s.setEngineBytes(state_.engine->bytes);
+    }
+    s.setVersion(state_.version);
+    s.setActiveSession(state_.active ? state_.active->session->id() : 0);
+    s.setStagingBytes(state_.active ? state_.active->session->staging().bytes() : 0);
+    s.setStagingLimitBytes(state_.config.limits.staging_bytes);
+    wire::ToWire(state_.last_report, s.initLastReport());
+    s.setCommitted(state_.committed);
+    s.setRefused(state_.refused);
+    s.setAborted(state_.aborted);
+    s.setDataEndpoint(state_.receiver->Endpoint());
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> checksums(ChecksumsContext context) override {
+    if (!state_.engine) Throw("no engine is registered");
+    if (state_.active && state_.active->committing) Throw("busy: a commit is in progress");
+    const auto& params = state_.engine->storage->params();
+    auto results = context.getResults();
+    results.setVersion(state_.version);
+    auto list = results.initParams(static_cast<unsigned>(params.size()));
+    std::vector<uint8_t> buf;
+    for (size_t i = 0; i < params.size(); ++i) {
+      buf.resize(params[i].nbytes);
+      absl::Status st = state_.engine->storage->ReadToHost(i, buf.data());
+      if (!st.ok()) Throw(st.message());
+      list[static_cast<unsigned>(i)].setName(params[i].name);
+      list[static_cast<unsigned>(i)].setChecksum(Checksum64(buf.data(), buf.size()));
+      list[static_cast<unsigned>(i)].setNbytes(params[i].nbytes);
+    }
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> abortActive(AbortActiveContext context) override {
+    if (!state_.active) {
+      context.getResults().setAborted(false);
+      return kj::READY_NOW;
+    }
+    std::string reason = absl::StrCat("operator abort: ", context.getParams().getReason().cStr());
+    state_.active->session->Abort(reason);
+    if (!state_.active->committing) {
+      RefitReport r = state_.active->session->Report();
+      r.outcome = "aborted";
+      r.reason = reason;
+      r.times.total_ms = Ms(absl::Now() - state_.active->begun);
+      state_.EndSession(r);
+    }
+    context.getResults().setAborted(true);
+    return kj::READY_NOW;
+  }
+
+ private:
+  DaemonState& state_;
+};
+
+}  // namespace
+
+DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_ptr<transport::Receiver> receiver_in,
+                         kj::LowLevelAsyncIoProvider& io_in, kj::Timer& timer_in, DaemonHooks hooks_in)
+    : config(std::move(config_in)),
+      spec(std::move(spec_in)),
+      receiver(std::move(receiver_in)),
+      ring(config.limits.bucket_slots, config.limits.bucket_bytes),
+      io(io_in),
+      timer(timer_in),
+      hooks(std::move(hooks_in)),
+      tasks(error_handler_) {}
+
+DaemonState::~DaemonState() {
+  if (active) active->session->Abort("daemon shutting down");
+}
+
+void DaemonState::ErrorHandler::taskFailed(kj::Exception&& e) {
+  Log(LogLevel::kError, absl::StrCat("event=task_failed error=\"", e.getDescription().cStr(), "\""));
+}
+
+void DaemonState::EndSession(RefitReport report) {
+  if (report.outcome == "committed") {
+    ++committed;
+  } else if (report.outcome == "refused") {
+    ++refused;
+  } else {
+    ++aborted;
+  }
+  last_report = report;
+  Log(report.outcome == "committed" ? LogLevel::kInfo : LogLevel::kWarn, ReportLine(report));
+  if (hooks.on_report) hooks.on_report(report);
+  active.reset();
+  NotifySession();
+}
+
+void DaemonState::NotifySession() {
+  if (hooks.on_session) hooks.on_session(active ? active->session->staging().bytes() : 0, active.has_value());
+}
+
+proto::Daemon::Client MakeDaemon(DaemonState& state) { return kj::heap<DaemonImpl>(state); }
+
+}  // namespace refit::server

@@ -1,0 +1,130 @@
+// refitd: the refit daemon. One per rollout node, next to the inference engine.
+//
+//   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]
+//
+// Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
+// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "capnp/rpc-twoparty.h"
+#include "kj/async-io.h"
+#include "kj/async-unix.h"
+#include "server/config.h"
+#include "server/daemon_service.h"
+#include "server/log.h"
+#include "spec/model_spec.h"
+#include "transport/ucx/ucx_receiver.h"
+
+namespace {
+
+int Usage() {
+  std::fprintf(stderr, "usage: refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]\n");
+  return 2;
+}
+
+int Fail(std::string_view msg) {
+  refit::server::Log(refit::server::LogLevel::kError, absl::StrCat("event=fatal error=\"", std::string(msg), "\""));
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace refit;
+  std::string config_path, listen, model_spec;
+  bool print_config = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](std::string& out) {
+      if (i + 1 >= argc) return false;
+      out = argv[++i];
+      return true;
+    };
+    if (a == "--config") {
+      if (!value(config_path)) return Usage();
+    } else if (a == "--listen") {
+      if (!value(listen)) return Usage();
+    } else if (a == "--model-spec") {
+      if (!value(model_spec)) return Usage();
+    } else if (a == "--print-config") {
+      print_config = true;
+    } else {
+      return Usage();
+    }
+  }
+  absl::StatusOr<server::Config> config =
+      config_path.empty() ? absl::StatusOr<server::Config>(server::DefaultConfig()) : server::LoadConfigFile(config_path);
+  if (!config.ok()) return Fail(config.status().message());
+  if (!listen.empty()) config->listen = listen;
+  if (!model_spec.empty()) {
+    config->model_spec = model_spec;
+    config->model_spec_inline.clear();
+  }
+  if (!config->model_spec.empty() && !config_path.empty() && std::filesystem::path(config->model_spec).is_relative() &&
+      model_spec.empty()) {
+    config->model_spec = (std::filesystem::path(config_path).parent_path() / config->model_spec).string();
+  }
+  server::LogLevel level;
+  if (!server::ParseLogLevel(config->log_level, level)) return Fail(absl::StrCat("unknown log_level '", config->log_level, "'"));
+  server::SetLogLevel(level);
+
+  absl::StatusOr<spec::ModelSpec> spec = config->model_spec.empty()
+                                             ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>")
+                                             : spec::LoadModelSpecFile(config->model_spec);
+  if (!spec.ok()) return Fail(spec.status().message());
+  if (print_config) {
+    std::printf("listen: %s\nmodel: %s\nrules: %zu\n", config->listen.c_str(), spec->model.c_str(), spec->rules.size());
+    return 0;
+  }
+
+  transport::UcxOptions ucx;
+  ucx.tls = config->ucx_tls;
+  ucx.listen_host = config->data_host;
+  absl::StatusOr<std::unique_ptr<transport::UcxReceiver>> receiver = transport::UcxReceiver::Listen(ucx);
+  if (!receiver.ok()) return Fail(absl::StrCat("data plane: ", receiver.status().message()));
+
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
+  signal(SIGPIPE, SIG_IGN);
+  auto io = kj::setupAsyncIo();
+  server::DaemonState state(*config, std::move(*spec), std::move(*receiver), *io.lowLevelProvider,
+                            io.provider->getTimer(), {});
+
+  capnp::ReaderOptions reader;
+  reader.traversalLimitInWords = config->max_message_words;
+  capnp::TwoPartyServer rpc(server::MakeDaemon(state));
+  std::string address = config->listen;
+  std::string unix_path;
+  if (address.rfind("unix:", 0) == 0) {
+    unix_path = address.substr(5);
+    unlink(unix_path.c_str());  // a stale socket from a previous run
+  }
+  kj::Own<kj::ConnectionReceiver> listener;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    auto addr = io.provider->getNetwork().parseAddress(address).wait(io.waitScope);
+    listener = addr->listen();
+  })) {
+    return Fail(absl::StrCat("cannot listen on '", address, "': ", e->getDescription().cStr()));
+  }
+  if (!unix_path.empty()) chmod(unix_path.c_str(), config->socket_mode);
+  server::Log(server::LogLevel::kInfo,
+              absl::StrCat("event=listening control=", address, " data=", state.receiver->Endpoint(),
+                           " model=", state.spec.model, " pid=", getpid()));
+  std::fflush(stdout);
+
+  auto serving = rpc.listen(*listener);
+  auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
+  siginfo_t info = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).wait(io.waitScope);
+  server::Log(server::LogLevel::kInfo, absl::StrCat("event=shutdown signal=", info.si_signo));
+  if (state.active) state.active->session->Abort("daemon shutting down");
+  if (!unix_path.empty()) unlink(unix_path.c_str());
+  return 0;
+}

@@ -1,0 +1,40 @@
+// The engine's registered parameter storage, as refitd sees it: a fixed list of parameters whose
+// bytes refitd overwrites in place during a commit. Addresses never change (captured CUDA graphs
+// stay valid). Implementations: host POSIX shared memory (shm_storage.h); CUDA IPC (GPU path).
+//
+// Threading: not thread-safe; the committer uses it from one thread while the engine is paused.
+#ifndef REFIT_STORAGE_ENGINE_STORAGE_H_
+#define REFIT_STORAGE_ENGINE_STORAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace refit::storage {
+
+struct ParamInfo {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t nbytes;
+};
+
+class EngineStorage {
+ public:
+  virtual ~EngineStorage() = default;
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  // Overwrites parameter `index` with params()[index].nbytes bytes from host memory `src`.
+  // REQUIRES: the engine is paused.
+  virtual absl::Status WriteFromHost(size_t index, const void* src) = 0;
+  // Copies parameter `index` into host memory `dst` (params()[index].nbytes bytes).
+  virtual absl::Status ReadToHost(size_t index, void* dst) const = 0;
+  // Returns once every write issued so far is visible to the engine.
+  virtual absl::Status Flush() = 0;
+};
+
+}  // namespace refit::storage
+
+#endif  // REFIT_STORAGE_ENGINE_STORAGE_H_

@@ -1,0 +1,70 @@
+#include "storage/shm_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace refit::storage {
+namespace {
+
+absl::Status Errno(std::string_view what, const std::string& name) {
+  return absl::UnavailableError(absl::StrCat(std::string(what), " '", name, "': ", strerror(errno)));
+}
+
+// Closes an fd on scope exit; the mapping outlives it.
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& name, uint64_t bytes) {
+  if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("shm name '", name, "' must be '/name' with no other '/'"));
+  }
+  if (bytes == 0) return absl::InvalidArgumentError("shm region of 0 bytes");
+  FdCloser fd{shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)};
+  if (fd.fd < 0) return Errno("shm_open(create)", name);
+  if (ftruncate(fd.fd, static_cast<off_t>(bytes)) != 0) {
+    shm_unlink(name.c_str());
+    return Errno("ftruncate", name);
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return Errno("mmap", name);
+  }
+  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), bytes, true));
+}
+
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& name) {
+  if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("shm name '", name, "' must be '/name' with no other '/'"));
+  }
+  FdCloser fd{shm_open(name.c_str(), O_RDWR, 0)};
+  if (fd.fd < 0) return Errno("shm_open", name);
+  struct stat st;
+  if (fstat(fd.fd, &st) != 0) return Errno("fstat", name);
+  if (st.st_size <= 0) return absl::InvalidArgumentError(absl::StrCat("shm '", name, "' is empty"));
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
+  if (p == MAP_FAILED) return Errno("mmap", name);
+  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), size, false));
+}
+
+ShmRegion::~ShmRegion() {
+  munmap(data_, size_);
+  if (owner_) shm_unlink(name_.c_str());
+}
+
+}  // namespace refit::storage

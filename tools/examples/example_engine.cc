@@ -1,0 +1,153 @@
+// An example inference engine on the host path: holds the demo model's parameters (in the
+// spec's checkpoint format) in POSIX shared memory, registers them with refitd, and "serves":
+// each request reads every parameter and checksums it. Pause waits for in-flight requests;
+// resume publishes the new version. It prints one JSON line per event on stdout:
+//   {"event":"registered",...}  {"event":"resumed","version":V,"checksum":"..."}
+//   {"event":"exit","requests":R,"mixed":M,"versions":[...]}
+// `mixed` counts requests that saw bytes that are neither the old nor the new version of any
+// parameter set (a checksum that differs between two requests of the same version): it must be 0.
+//
+//   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [shape flags]
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/engine_agent.h"
+#include "common/checksum.h"
+#include "demo_model.h"
+#include "refit/offline.h"
+#include "spec/demo_spec.h"
+#include "spec/model_spec.h"
+#include "storage/shm_region.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+struct Served {
+  std::shared_timed_mutex mu;  // requests hold it shared; pause holds it exclusive
+  std::mutex state_mu;
+  std::condition_variable cv;
+  bool paused = false;
+  uint64_t version = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace refit;
+  std::string address = "unix:/tmp/refitd.sock", spec_path, shm_name = absl::StrCat("/refit-engine-", getpid());
+  demo::ModelShape shape;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--address" && i + 1 < argc) {
+      address = argv[++i];
+    } else if (a == "--spec" && i + 1 < argc) {
+      spec_path = argv[++i];
+    } else if (a == "--shm" && i + 1 < argc) {
+      shm_name = argv[++i];
+    } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
+      std::fprintf(stderr, "example_engine: unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  absl::StatusOr<spec::ModelSpec> spec =
+      spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec) : spec::LoadModelSpecFile(spec_path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "example_engine: %s\n", std::string(spec.status().message()).c_str());
+    return 1;
+  }
+  // Lay out every parameter in one shm region, 256-byte aligned.
+  std::vector<client::ShmParam> params;
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const demo::HfTensor& t : demo::Tensors(shape)) {
+    absl::StatusOr<std::vector<storage::ParamInfo>> layout = ConvertedLayout(*spec, t.name, DType::kBF16, t.shape);
+    if (!layout.ok()) {
+      std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
+      return 1;
+    }
+    for (const storage::ParamInfo& p : *layout) {
+      params.push_back({p.name, p.dtype, p.shape, shm_name, total});
+      sizes.push_back(p.nbytes);
+      total += (p.nbytes + 255) & ~uint64_t{255};
+    }
+  }
+  absl::StatusOr<std::unique_ptr<storage::ShmRegion>> region = storage::ShmRegion::Create(shm_name, total);
+  if (!region.ok()) {
+    std::fprintf(stderr, "example_engine: %s\n", std::string(region.status().message()).c_str());
+    return 1;
+  }
+  const uint8_t* base = (*region)->data();
+  auto checksum_all = [&]() {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < params.size(); ++i) sum = Checksum64(base + params[i].offset, sizes[i], sum);
+    return sum;
+  };
+
+  Served served;
+  client::EngineCallbacks callbacks;
+  callbacks.pause = [&] {
+    served.mu.lock();  // waits for in-flight requests; no request starts until resume
+    std::lock_guard<std::mutex> l(served.state_mu);
+    served.paused = true;
+  };
+  std::atomic<uint64_t> last_checksum{0};
+  callbacks.resume = [&](uint64_t v) {
+    {
+      std::lock_guard<std::mutex> l(served.state_mu);
+      served.paused = false;
+      served.version = v;
+    }
+    uint64_t sum = checksum_all();
+    last_checksum = sum;
+    served.mu.unlock();
+    std::printf("{\"event\":\"resumed\",\"version\":%llu,\"checksum\":\"%s\"}\n", static_cast<unsigned long long>(v),
+                ChecksumHex(sum).c_str());
+    std::fflush(stdout);
+  };
+
+  signal(SIGTERM, OnSignal);
+  signal(SIGINT, OnSignal);
+  absl::StatusOr<std::unique_ptr<client::EngineAgent>> agent =
+      client::EngineAgent::Start(address, params, callbacks, 0);
+  if (!agent.ok()) {
+    std::fprintf(stderr, "example_engine: %s\n", std::string(agent.status().message()).c_str());
+    return 1;
+  }
+  std::printf("{\"event\":\"registered\",\"params\":%zu,\"bytes\":%llu,\"shm\":\"%s\"}\n", params.size(),
+              static_cast<unsigned long long>(total), shm_name.c_str());
+  std::fflush(stdout);
+
+  // Serve until told to stop; each request sees one version, whole.
+  std::map<uint64_t, uint64_t> seen;  // version -> checksum
+  uint64_t requests = 0, mixed = 0;
+  while (!g_stop.load() && (*agent)->connected()) {
+    std::shared_lock<std::shared_timed_mutex> lock(served.mu, std::chrono::milliseconds(50));
+    if (!lock.owns_lock()) continue;  // paused (or stuck paused after losing refitd: weights dirty)
+    uint64_t v = served.version;
+    uint64_t sum = checksum_all();
+    auto [it, fresh] = seen.emplace(v, sum);
+    if (!fresh && it->second != sum) ++mixed;
+    ++requests;
+  }
+  bool dirty = (*agent)->dirty();
+  agent->reset();
+  std::string versions;
+  for (const auto& [v, sum] : seen) absl::StrAppend(&versions, versions.empty() ? "" : ",", "[", v, ",\"", ChecksumHex(sum), "\"]");
+  std::printf("{\"event\":\"exit\",\"requests\":%llu,\"mixed\":%llu,\"dirty\":%s,\"versions\":[%s]}\n",
+              static_cast<unsigned long long>(requests), static_cast<unsigned long long>(mixed),
+              dirty ? "true" : "false", versions.c_str());
+  return mixed == 0 ? 0 : 3;
+}

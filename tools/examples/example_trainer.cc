@@ -1,0 +1,169 @@
+// An example trainer on the host path: pushes the demo model's BF16 weights to refitd for each
+// of N refits (fresh weights every time), commits, and checks the engine's bytes (read back
+// through refitd) against the offline conversion of the same weights. One JSON line per refit.
+//
+//   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
+//                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
+//                    duplicate|stall] [shape flags]
+// --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
+// for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
+// process exits 0 when every refit ended as expected for the fault (committed for none).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "client/trainer_client.h"
+#include "common/checksum.h"
+#include "demo_model.h"
+#include "refit/offline.h"
+#include "spec/demo_spec.h"
+#include "spec/model_spec.h"
+
+namespace {
+
+using namespace refit;
+
+int Fail(std::string_view msg) {
+  std::fprintf(stderr, "example_trainer: %s\n", std::string(msg).c_str());
+  return 1;
+}
+
+std::string Json(const RefitReport& r, int refit, bool match, const std::string& error) {
+  return absl::StrCat("{\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
+                      ",\"outcome\":\"", r.outcome, "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
+                      ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
+                      ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
+                      ",\"commit_ms\":", r.times.commit_ms, ",\"pause_ms\":", r.times.pause_ms,
+                      ",\"total_ms\":", r.times.total_ms, ",\"engine_matches_expected\":", match ? "true" : "false",
+                      ",\"error\":\"", absl::CEscape(error), "\"}");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none";
+  int refits = 3;
+  uint64_t seed = 1;
+  bool prequantized = false;
+  demo::ModelShape shape;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--address" && i + 1 < argc) {
+      address = argv[++i];
+    } else if (a == "--refits" && i + 1 < argc) {
+      refits = std::atoi(argv[++i]);
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--spec" && i + 1 < argc) {
+      spec_path = argv[++i];
+    } else if (a == "--fault" && i + 1 < argc) {
+      fault = argv[++i];
+    } else if (a == "--prequantized") {
+      prequantized = true;
+    } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
+      return Fail(absl::StrCat("unknown flag ", a));
+    }
+  }
+  // The conversion the engine's bytes must equal (the demo spec's formats).
+  absl::StatusOr<spec::ModelSpec> spec =
+      spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec) : spec::LoadModelSpecFile(spec_path);
+  if (!spec.ok()) return Fail(spec.status().message());
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
+  if (!client.ok()) return Fail(client.status().message());
+  absl::StatusOr<client::DaemonStatus> status = (*client)->Status();
+  if (!status.ok()) return Fail(status.status().message());
+
+  int unexpected = 0;
+  for (int refit = 0; refit < refits; ++refit) {
+    uint64_t weights_seed = seed * 1000003 + static_cast<uint64_t>(refit);
+    // Expected engine bytes and what to send.
+    std::map<std::string, uint64_t> expected;
+    std::vector<ConvertedTensor> to_send;
+    Manifest manifest;
+    manifest.model = status->model;
+    for (const demo::HfTensor& t : demo::Tensors(shape)) {
+      std::vector<uint16_t> w = demo::Weights(weights_seed, t);
+      absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
+      if (!conv.ok()) return Fail(conv.status().message());
+      for (const ConvertedTensor& c : *conv) expected[c.name] = Checksum64(c.bytes.data(), c.bytes.size());
+      if (prequantized) {
+        for (ConvertedTensor& c : *conv) to_send.push_back(std::move(c));
+      } else {
+        std::vector<uint8_t> bytes(w.size() * 2);
+        std::memcpy(bytes.data(), w.data(), bytes.size());
+        to_send.push_back({t.name, DType::kBF16, t.shape, std::move(bytes)});
+      }
+    }
+    if (fault == "drop-scale") {
+      for (size_t i = 0; i < to_send.size(); ++i) {
+        if (to_send[i].name.find("mlp.down_proj.weight_scale_inv") != std::string::npos) {
+          to_send.erase(to_send.begin() + static_cast<long>(i));
+          break;
+        }
+      }
+    } else if (fault == "strand-gate") {
+      for (size_t i = 0; i < to_send.size(); ++i) {
+        if (to_send[i].name.find("mlp.up_proj.weight") != std::string::npos) {
+          to_send.erase(to_send.begin() + static_cast<long>(i));
+          break;
+        }
+      }
+    } else if (fault == "duplicate") {
+      to_send.push_back(to_send.front());
+    }
+    for (const ConvertedTensor& c : to_send) {
+      manifest.tensors.push_back({c.name, c.dtype, c.shape, 0, c.bytes.size()});
+    }
+    if (fault == "strand-gate" || fault == "duplicate") manifest.tensors.clear();  // let the commit-time check speak
+    if (fault == "drop-scale") manifest.tensors.clear();
+    absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
+    if (!session.ok()) return Fail(session.status().message());
+    absl::Status pushed;
+    for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
+      const ConvertedTensor& c = to_send[i];
+      pushed = (*session)->Push({c.name, c.dtype, c.shape, c.bytes.data()});
+      if (fault == "die-mid-bucket" && i == to_send.size() / 2) {
+        (void)(*session)->Flush();
+        std::fprintf(stderr, "example_trainer: dying mid-refit (fault injection)\n");
+        _exit(9);
+      }
+      if (fault == "stall" && i == to_send.size() / 2) {
+        (void)(*session)->Flush();
+        std::fprintf(stderr, "example_trainer: stalling (fault injection)\n");
+        pause();
+      }
+    }
+    if (fault == "abort") {
+      absl::Status st = (*session)->Abort("fault injection: trainer abort");
+      RefitReport r;
+      r.outcome = "aborted";
+      std::printf("%s\n", Json(r, refit, false, std::string(st.message())).c_str());
+      continue;
+    }
+    absl::StatusOr<RefitReport> report = pushed.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(pushed);
+    if (!report.ok()) {
+      RefitReport r;
+      r.outcome = "refused";
+      std::printf("%s\n", Json(r, refit, false, std::string(report.status().message())).c_str());
+      std::fflush(stdout);
+      if (fault == "none") ++unexpected;
+      continue;
+    }
+    // Read the engine's bytes back through refitd and compare with the offline conversion.
+    absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> sums = (*client)->Checksums();
+    if (!sums.ok()) return Fail(sums.status().message());
+    bool match = sums->first == report->version && sums->second.size() == expected.size();
+    for (const client::ParamChecksum& p : sums->second) {
+      auto it = expected.find(p.name);
+      if (it == expected.end() || it->second != p.checksum) match = false;
+    }
+    std::printf("%s\n", Json(*report, refit, match, "").c_str());
+    std::fflush(stdout);
+    if (fault != "none" || !match) ++unexpected;
+  }
+  return unexpected == 0 ? 0 : 4;
+}
