@@ -37,7 +37,7 @@ const Info& Lookup(DType t) { return kInfo[static_cast<size_t>(t)]; }
 }  // namespace
 
 size_t DTypeSize(DType t) { return Lookup(t).size; }
-std::string_view DTypeName(DType t) { return Lookup(t).name; }
+const char* DTypeName(DType t) { return Lookup(t).name.data(); }
 bool IsFloating(DType t) { return Lookup(t).floating; }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {

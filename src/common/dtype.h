@@ -33,7 +33,7 @@ enum class DType : uint8_t {
 // Bytes per element.
 size_t DTypeSize(DType t);
 // The safetensors spelling ("BF16", "F8_E4M3", ...).
-std::string_view DTypeName(DType t);
+const char* DTypeName(DType t);
 absl::StatusOr<DType> ParseDType(std::string_view name);
 bool IsFloating(DType t);
 

@@ -65,9 +65,9 @@ float RawAmax(const ConstTensor& in, Fp32InputPolicy policy) {
 
 }  // namespace
 
-std::string_view FormatName(Format f) {
+const char* FormatName(Format f) {
   for (const NameEntry& e : kNames) {
-    if (e.format == f) return e.name;
+    if (e.format == f) return e.name.data();
   }
   return "unknown";
 }

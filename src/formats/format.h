@@ -31,7 +31,7 @@ enum class Format : uint8_t {
 };
 
 // "bf16", "fp16", "fp32", "fp8_block128", "fp8_block128_ue8m0", "mxfp8", "nvfp4", "nvfp4_te", "mxfp4".
-std::string_view FormatName(Format f);
+const char* FormatName(Format f);
 absl::StatusOr<Format> ParseFormat(std::string_view name);
 // True for formats that need a per-tensor (or per-fused-group) global amax before encoding.
 bool NeedsGlobalAmax(Format f);

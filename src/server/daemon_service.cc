@@ -17,10 +17,10 @@ namespace refit::server {
 namespace {
 
 // Errors cross the wire as exception descriptions; clients print them as they are.
-kj::Exception Failure(std::string_view message) {
+kj::Exception Failure(absl::string_view message) {
   return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::heapString(message.data(), message.size()));
 }
-[[noreturn]] void Throw(std::string_view message) { kj::throwFatalException(Failure(message)); }
+[[noreturn]] void Throw(absl::string_view message) { kj::throwFatalException(Failure(message)); }
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
@@ -290,7 +290,8 @@ class DaemonImpl final : public proto::Daemon::Server {
       std::string name = p.getName().cStr();
       absl::StatusOr<DType> dtype = ParseDType(p.getDtype().cStr());
       if (!dtype.ok()) Throw(absl::StrCat("engine parameter '", name, "': ", dtype.status().message()));
-      Shape shape(p.getShape().begin(), p.getShape().end());
+      Shape shape;
+      for (int64_t d : p.getShape()) shape.push_back(d);
       if (!p.getStorage().isShm()) {
         Throw(absl::StrCat("engine parameter '", name, "': only shared-memory storage is supported by this daemon"));
       }

@@ -30,8 +30,8 @@ int Usage() {
   return 2;
 }
 
-int Fail(std::string_view msg) {
-  refit::server::Log(refit::server::LogLevel::kError, absl::StrCat("event=fatal error=\"", std::string(msg), "\""));
+int Fail(absl::string_view msg) {
+  refit::server::Log(refit::server::LogLevel::kError, absl::StrCat("event=fatal error=\"", msg, "\""));
   return 1;
 }
 

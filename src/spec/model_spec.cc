@@ -18,9 +18,9 @@ class Reader {
  public:
   explicit Reader(std::string path) : path_(std::move(path)) {}
 
-  absl::Status Error(const YAML::Node& node, std::string_view where, std::string_view msg) const {
+  absl::Status Error(const YAML::Node& node, std::string_view where, absl::string_view msg) const {
     int line = node.Mark().line >= 0 ? node.Mark().line + 1 : 0;
-    return absl::InvalidArgumentError(absl::StrCat(path_, ":", line, ": ", std::string(where), ": ", std::string(msg)));
+    return absl::InvalidArgumentError(absl::StrCat(path_, ":", line, ": ", std::string(where), ": ", msg));
   }
 
   absl::Status CheckKeys(const YAML::Node& map, std::string_view where, const std::set<std::string>& allowed) const {
@@ -136,7 +136,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   if (const YAML::Node d = root["defaults"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(d, "defaults", {"format", "fp32_input", "nonfinite", "partial"}));
     if (d["format"]) REFIT_RETURN_IF_ERROR(r.Conversion(d["format"], "defaults.format", spec.defaults));
-    if (d["partial"]) REFIT_ASSIGN_OR_RETURN(spec.defaults.partial, r.Bool(d["partial"], "defaults.partial"));
+    if (d["partial"]) {
+      REFIT_ASSIGN_OR_RETURN(spec.defaults.partial, r.Bool(d["partial"], "defaults.partial"));
+    }
     REFIT_RETURN_IF_ERROR(r.Options(d, "defaults", spec.options));
   }
   if (const YAML::Node rules = root["rules"]) {
@@ -158,7 +160,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
           return r.Error(n["refit"], where + ".refit", "must be 'always' or 'never'");
         }
       }
-      if (n["partial"]) REFIT_ASSIGN_OR_RETURN(rule.partial, r.Bool(n["partial"], where + ".partial"));
+      if (n["partial"]) {
+      REFIT_ASSIGN_OR_RETURN(rule.partial, r.Bool(n["partial"], where + ".partial"));
+    }
       for (const Rule& other : spec.rules) {
         if (other.match.text() == rule.match.text()) {
           return r.Error(n, where, absl::StrCat("duplicates ", other.Describe()));

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -27,9 +28,24 @@ namespace {
 
 using namespace refit;
 
-int Fail(std::string_view msg) {
+int Fail(absl::string_view msg) {
   std::fprintf(stderr, "example_trainer: %s\n", std::string(msg).c_str());
   return 1;
+}
+
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 std::string Json(const RefitReport& r, int refit, bool match, const std::string& error) {
@@ -39,7 +55,7 @@ std::string Json(const RefitReport& r, int refit, bool match, const std::string&
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
                       ",\"commit_ms\":", r.times.commit_ms, ",\"pause_ms\":", r.times.pause_ms,
                       ",\"total_ms\":", r.times.total_ms, ",\"engine_matches_expected\":", match ? "true" : "false",
-                      ",\"error\":\"", absl::CEscape(error), "\"}");
+                      ",\"error\":\"", JsonEscape(error), "\"}");
 }
 
 }  // namespace
