@@ -39,6 +39,11 @@ int Fail(absl::string_view msg) {
 
 int main(int argc, char** argv) {
   using namespace refit;
+  // Before any thread exists (UCX starts some): every thread inherits the blocked mask, so the
+  // signals reach the event loop instead of killing the process.
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
+  signal(SIGPIPE, SIG_IGN);
   std::string config_path, listen, model_spec;
   bool print_config = false;
   for (int i = 1; i < argc; ++i) {
@@ -91,9 +96,6 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<transport::UcxReceiver>> receiver = transport::UcxReceiver::Listen(ucx);
   if (!receiver.ok()) return Fail(absl::StrCat("data plane: ", receiver.status().message()));
 
-  kj::UnixEventPort::captureSignal(SIGTERM);
-  kj::UnixEventPort::captureSignal(SIGINT);
-  signal(SIGPIPE, SIG_IGN);
   auto io = kj::setupAsyncIo();
   server::DaemonState state(*config, std::move(*spec), std::move(*receiver), *io.lowLevelProvider,
                             io.provider->getTimer(), {});
