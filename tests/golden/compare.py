@@ -143,8 +143,9 @@ def main():
                 continue
             checks += 1
             problems += check_quantize(args.refitctl, fmt, inp, exp, extra, tmp)
-        rejects = sorted(glob.glob(os.path.join(data, f"reject_{fmt}.safetensors")) +
-                         glob.glob(os.path.join(data, f"reject_{fmt}_*.safetensors")))
+        # reject_nvfp4*.safetensors also matches reject_nvfp4_te*: select by the file's format.
+        rejects = [p for p in sorted(glob.glob(os.path.join(data, f"reject_{fmt}*.safetensors")))
+                   if st_io.read(p)[1].get("format") == fmt]
         if not rejects:
             problems.append(f"no reject_{fmt}*.safetensors in {data}")
         for path in rejects:
