@@ -103,9 +103,8 @@ absl::Status CheckMatrixShape(const Shape& shape, int64_t k_multiple, std::strin
   }
   const int64_t k = shape.back();
   if (k_multiple > 1 && k % k_multiple != 0) {
-    return absl::InvalidArgumentError(Msg(format, ": K=", k, " (last dimension of ",
-                                                   ShapeString(shape), ") is not a multiple of ",
-                                                   k_multiple));
+    return absl::InvalidArgumentError(Msg(format, ": K=", k, " is not a multiple of ", k_multiple,
+                                          " (shape ", ShapeString(shape), ")"));
   }
   return NumElements(shape).status();
 }
