@@ -206,8 +206,12 @@ REFIT_HD float E8m0ToF32(uint8_t b) {
   return F32FromBits(static_cast<uint32_t>(b) << 23);
 }
 
-// TE exp2f_rcp: 2^(127 - e) exactly; e = 254 -> 2^-127, e = 255 -> NaN.
+// TE exp2f_rcp: 2^(127 - e) exactly; e = 254 -> 2^-127, e = 255 -> NaN, and e = 0 -> 1 (TE's
+// ptx.cuh special case, which torchao's RCEIL path copies): a block whose amax/448 rounds up to
+// the smallest scale byte is multiplied by 1, not 2^127, so its elements encode as themselves
+// (all zero or E4M3 subnormal codes of tiny values).
 REFIT_HD float Exp2Rcp(uint8_t e) {
+  if (e == 0) return 1.0f;
   if (e == 255) return F32FromBits(0x7FC00000u);
   if (e == 254) return F32FromBits(0x00400000u);
   return F32FromBits(static_cast<uint32_t>(254u - e) << 23);

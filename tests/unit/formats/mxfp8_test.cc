@@ -24,7 +24,8 @@ void OracleMxfp8(const std::vector<float>& x, int64_t k, std::vector<uint8_t>* q
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
     const int e = o::CeilPow2Exp(amax * rcp448, -127, 127);
     (*s)[b] = static_cast<uint8_t>(e + 127);
-    const float mult = std::ldexp(1.0f, -e);
+    // TE multiplies by 1 for scale byte 0 (ptx.cuh exp2f_rcp), not by 2^127.
+    const float mult = e == -127 ? 1.0f : std::ldexp(1.0f, -e);
     for (int i = 0; i < 32; ++i) (*q)[b * 32 + i] = o::E4m3(x[b * 32 + i] * mult);
   }
 }
