@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "metrics/utf8.h"
@@ -62,12 +63,17 @@ void AppendFamily(std::string& out, const FamilySnapshot& family) {
 std::string FormatValue(double value) {
   if (std::isnan(value)) return "NaN";
   if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  if (std::fabs(value) < 1e15 && value == std::trunc(value)) {
-    return absl::StrCat(static_cast<int64_t>(value));
-  }
-  char buf[32];
-  const auto result = std::to_chars(buf, buf + sizeof(buf), value);
-  return std::string(buf, result.ptr);
+  if (value == 0) return "0";  // also -0
+  // Fewest digits that read back to the same double. Fixed notation for decimal exponents
+  // -4..20 (where JavaScript switches too), so a bound reads "0.0001", not "1e-04", and a
+  // byte count never shows an exponent.
+  char buf[64];
+  const auto sci = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
+  const std::string scientific(buf, sci.ptr);
+  const int exponent = std::atoi(scientific.c_str() + scientific.find('e') + 1);
+  if (exponent < -4 || exponent > 20) return scientific;
+  const auto fixed = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::fixed);
+  return std::string(buf, fixed.ptr);
 }
 
 std::string EscapeLabelValue(std::string_view value) {

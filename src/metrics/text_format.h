@@ -24,9 +24,10 @@ std::string FormatText(absl::Span<const FamilySnapshot> families);
 // Collects `registry` and renders it.
 std::string FormatText(const Registry& registry);
 
-// A sample value or bucket bound: "+Inf", "-Inf", "NaN"; integral values of magnitude below
-// 1e15 as plain integers ("0", "42", "-3"); everything else in the shortest form that reads
-// back to the same double ("0.25", "1.5e-07", "1e+300").
+// A sample value or bucket bound: "+Inf", "-Inf", "NaN"; otherwise the fewest digits that read
+// back to the same double, in fixed notation for decimal exponents -4..20 (so integers such as
+// byte counts and versions print whole: "0", "42", "1048576") and scientific beyond
+// ("0.25", "0.0001", "1.5e-07", "1e+300").
 std::string FormatValue(double value);
 
 // Label values escape backslash, double quote and newline; bytes that are not UTF-8 become

@@ -105,7 +105,16 @@ TEST(FormatValue, FractionsAndLargeValuesRoundTrip) {
   EXPECT_EQ(FormatValue(0.25), "0.25");
   EXPECT_EQ(FormatValue(0.1), "0.1");
   EXPECT_EQ(FormatValue(-2.5), "-2.5");
+  EXPECT_EQ(FormatValue(0.0001), "0.0001");
+  EXPECT_EQ(FormatValue(0.00025), "0.00025");
+  EXPECT_EQ(FormatValue(1e-5), "1e-05");
   EXPECT_EQ(FormatValue(1.5e-7), "1.5e-07");
+  EXPECT_EQ(FormatValue(1234567.891), "1234567.891");
+  EXPECT_EQ(FormatValue(2e15 + 2), "2000000000000002");
+  EXPECT_EQ(FormatValue(1e15), "1000000000000000");
+  EXPECT_EQ(FormatValue(1e20), "100000000000000000000");
+  EXPECT_EQ(FormatValue(1e21), "1e+21");
+  EXPECT_EQ(FormatValue(-3.5e22), "-3.5e+22");
   EXPECT_EQ(FormatValue(1e300), "1e+300");
   EXPECT_EQ(FormatValue(0.1 + 0.2), "0.30000000000000004");
   for (double v : {0.1, 1.0 / 3, 6.02214076e23, 5e-324, 1234567.891, 1e15, 2e15 + 2}) {
