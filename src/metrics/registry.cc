@@ -51,7 +51,7 @@ absl::Status Registry::Reserve(std::string_view name_view, std::string_view help
 
 absl::StatusOr<CounterFamily*> Registry::AddCounter(std::string_view name, std::string_view help,
                                                     std::vector<std::string> label_names) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock lock(mu_);
   if (absl::Status s = Reserve(name, help, MetricType::kCounter, label_names); !s.ok()) return s;
   auto family = std::make_unique<CounterFamily>(
       std::string(name), std::string(help), MetricType::kCounter, std::move(label_names),
@@ -64,7 +64,7 @@ absl::StatusOr<CounterFamily*> Registry::AddCounter(std::string_view name, std::
 
 absl::StatusOr<GaugeFamily*> Registry::AddGauge(std::string_view name, std::string_view help,
                                                 std::vector<std::string> label_names) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock lock(mu_);
   if (absl::Status s = Reserve(name, help, MetricType::kGauge, label_names); !s.ok()) return s;
   auto family = std::make_unique<GaugeFamily>(
       std::string(name), std::string(help), MetricType::kGauge, std::move(label_names),
@@ -82,7 +82,7 @@ absl::StatusOr<HistogramFamily*> Registry::AddHistogram(std::string_view name,
   if (absl::Status s = ValidateBucketBounds(upper_bounds); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("histogram '", std::string(name), "': ", s.message()));
   }
-  absl::MutexLock lock(&mu_);
+  std::unique_lock lock(mu_);
   if (absl::Status s = Reserve(name, help, MetricType::kHistogram, label_names); !s.ok()) {
     return s;
   }
@@ -98,7 +98,7 @@ absl::StatusOr<HistogramFamily*> Registry::AddHistogram(std::string_view name,
 std::vector<FamilySnapshot> Registry::Collect() const {
   std::vector<const FamilyBase*> families;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    std::shared_lock lock(mu_);
     families.reserve(families_.size());
     for (const auto& f : families_) families.push_back(f.get());
   }

@@ -10,6 +10,8 @@
 #define REFIT_METRICS_REGISTRY_H_
 
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,7 +20,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "metrics/family.h"
 #include "metrics/snapshot.h"
 
@@ -50,7 +51,9 @@ class Registry {
                        const std::vector<std::string>& label_names)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable absl::Mutex mu_;
+  // std::shared_mutex, not absl::Mutex: the prebuilt Abseil is not built for ThreadSanitizer,
+  // which would then report false races on everything this lock guards.
+  mutable std::shared_mutex mu_;
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> series_names_ ABSL_GUARDED_BY(mu_);
 };
