@@ -5,20 +5,20 @@
 namespace refit::metrics {
 
 size_t Utf8SequenceLength(std::string_view text, size_t pos) {
-  const auto lead = static_cast<unsigned char>(text[pos]);
+  const auto first_byte = static_cast<unsigned char>(text[pos]);
   size_t extra;
   uint32_t code;
-  if (lead < 0x80) {
+  if (first_byte < 0x80) {
     return 1;
-  } else if ((lead & 0xE0) == 0xC0) {
+  } else if ((first_byte & 0xE0) == 0xC0) {
     extra = 1;
-    code = lead & 0x1F;
-  } else if ((lead & 0xF0) == 0xE0) {
+    code = first_byte & 0x1F;
+  } else if ((first_byte & 0xF0) == 0xE0) {
     extra = 2;
-    code = lead & 0x0F;
-  } else if ((lead & 0xF8) == 0xF0) {
+    code = first_byte & 0x0F;
+  } else if ((first_byte & 0xF8) == 0xF0) {
     extra = 3;
-    code = lead & 0x07;
+    code = first_byte & 0x07;
   } else {
     return 0;
   }
