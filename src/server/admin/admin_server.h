@@ -1,0 +1,65 @@
+// The admin HTTP endpoint of the daemon (routes in admin_routes.h), served with KJ-HTTP on the
+// daemon's existing KJ event loop, next to its Cap'n Proto RPC.
+//
+// Threading: construct, use and destroy an AdminServer on the thread that runs its event loop.
+// Requests are served on that loop; the registry it exposes may be updated from any thread.
+// Destroying the server stops listening and drops open connections.
+#ifndef REFIT_SERVER_ADMIN_ADMIN_SERVER_H_
+#define REFIT_SERVER_ADMIN_ADMIN_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kj/async-io.h"
+#include "kj/compat/http.h"
+#include "kj/timer.h"
+#include "server/admin/admin_routes.h"
+
+namespace refit::admin {
+
+struct AdminOptions {
+  // Any address kj::Network::parseAddress takes: "127.0.0.1:9400", "[::1]:0", "unix:/path".
+  // Port 0 picks a free port; port() reports it. The default keeps the endpoint local.
+  std::string listen_address = "127.0.0.1:0";
+};
+
+class AdminServer {
+ public:
+  // Binds options.listen_address and starts serving. Resolves to InvalidArgument when the
+  // address does not parse and to Unavailable when it cannot be bound; both name the address.
+  static kj::Promise<absl::StatusOr<std::unique_ptr<AdminServer>>> Listen(
+      kj::Network& network, kj::Timer& timer, const AdminOptions& options, AdminContent content);
+
+  // Serves on an already-bound listener (for a daemon that binds its sockets itself).
+  AdminServer(kj::Timer& timer, kj::Own<kj::ConnectionReceiver> listener, AdminContent content);
+  ~AdminServer();
+  AdminServer(const AdminServer&) = delete;
+  AdminServer& operator=(const AdminServer&) = delete;
+
+  // The bound TCP port (0 for a Unix socket).
+  uint16_t port() const { return port_; }
+
+  // Stops accepting connections and requests; resolves once in-flight requests are answered.
+  kj::Promise<void> Drain();
+
+ private:
+  class Service;
+
+  AdminServer(kj::Timer& timer, kj::Own<kj::ConnectionReceiver> listener, AdminContent content,
+              kj::HttpHeaderTable::Builder&& headers);
+
+  const AdminContent content_;
+  const kj::HttpHeaderId allow_header_;  // refers to header_table_, built right after it
+  kj::Own<kj::HttpHeaderTable> header_table_;
+  kj::Own<kj::ConnectionReceiver> listener_;
+  uint16_t port_;
+  kj::Own<Service> service_;
+  kj::Own<kj::HttpServer> http_;
+  kj::Promise<void> listen_task_;  // last: destroyed first, before what it uses
+};
+
+}  // namespace refit::admin
+
+#endif  // REFIT_SERVER_ADMIN_ADMIN_SERVER_H_
