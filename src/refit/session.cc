@@ -178,6 +178,7 @@ void Session::ConvertLoop() {
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   const formats::QuantizeOptions& options = planner_.spec().options;
   uint64_t out_bytes = 0;
+  std::map<std::string, uint64_t> by_format;
   for (const TensorDesc& desc : header.tensors) {
     absl::StatusOr<TensorPlan> plan = ledger_.Arrive(desc);
     if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
@@ -192,6 +193,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       }
       outs.push_back({*buf, t.spec.bytes});
       out_bytes += t.spec.bytes;
+      by_format[plan->kind == ConvertKind::kCopy ? "passthrough" : formats::FormatName(plan->format)] += t.spec.bytes;
     }
     if (status.ok()) {
       if (plan->kind == ConvertKind::kCopy) {
@@ -210,6 +212,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   }
   absl::MutexLock lock(&mu_);
   bytes_out_ += out_bytes;
+  for (const auto& [format, bytes] : by_format) bytes_out_by_format_[format] += bytes;
 }
 
 absl::Status Session::Finish() {
@@ -226,6 +229,7 @@ RefitReport Session::Report() const {
   r.session_id = options_.id;
   r.bytes_in = bytes_in_;
   r.bytes_out = bytes_out_;
+  r.bytes_out_by_format = bytes_out_by_format_;
   r.buckets = converted_;
   r.tensors = static_cast<uint32_t>(ledger_.tensors());
   r.times.receive_ms = absl::ToDoubleMilliseconds(receive_time_);

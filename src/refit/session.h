@@ -9,6 +9,7 @@
 #define REFIT_REFIT_SESSION_H_
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,6 +90,7 @@ class Session {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_out_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> bytes_out_by_format_ ABSL_GUARDED_BY(mu_);
   absl::Duration receive_time_ ABSL_GUARDED_BY(mu_);
   absl::Duration convert_time_ ABSL_GUARDED_BY(mu_);
 

@@ -4,6 +4,7 @@
 #define REFIT_REFIT_TYPES_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@ struct RefitReport {
   uint32_t buckets = 0;
   uint32_t tensors = 0;
   PhaseTimes times;
+  std::map<std::string, uint64_t> bytes_out_by_format;  // "fp8_block128", "bf16", "passthrough", ...
 };
 
 // Limits on what a session may ask for; all from the daemon config, checked before allocation.

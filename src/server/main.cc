@@ -17,7 +17,11 @@
 #include "capnp/rpc-twoparty.h"
 #include "kj/async-io.h"
 #include "kj/async-unix.h"
+#include "metrics/refit_metrics.h"
+#include "metrics/registry.h"
+#include "server/admin/admin_server.h"
 #include "server/config.h"
+#include "server/daemon_metrics.h"
 #include "server/daemon_service.h"
 #include "server/log.h"
 #include "spec/model_spec.h"
@@ -97,8 +101,32 @@ int main(int argc, char** argv) {
   if (!receiver.ok()) return Fail(absl::StrCat("data plane: ", receiver.status().message()));
 
   auto io = kj::setupAsyncIo();
+  metrics::Registry registry;
+  metrics::BuildInfo build{REFIT_VERSION, REFIT_GIT_COMMIT, REFIT_BUILD_TYPE, REFIT_WITH_CUDA != 0};
+  absl::StatusOr<metrics::RefitMetrics> refit_metrics = metrics::RefitMetrics::Register(registry, build);
+  if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
   server::DaemonState state(*config, std::move(*spec), std::move(*receiver), *io.lowLevelProvider,
-                            io.provider->getTimer(), {});
+                            io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport));
+  refit_metrics->engine_registered->Set(0);
+
+  std::unique_ptr<admin::AdminServer> admin_server;
+  if (!config->admin_listen.empty()) {
+    admin::AdminContent content;
+    content.registry = &registry;
+    content.build = build;
+    content.readiness = [&state]() -> absl::Status {
+      if (!state.engine) return absl::UnavailableError("no engine registered");
+      if (state.engine->dirty) return absl::UnavailableError("engine weights dirty after a failed commit");
+      return absl::OkStatus();
+    };
+    admin::AdminOptions options;
+    options.listen_address = config->admin_listen;
+    absl::StatusOr<std::unique_ptr<admin::AdminServer>> a =
+        admin::AdminServer::Listen(io.provider->getNetwork(), io.provider->getTimer(), options, content)
+            .wait(io.waitScope);
+    if (!a.ok()) return Fail(absl::StrCat("admin endpoint: ", a.status().message()));
+    admin_server = std::move(*a);
+  }
 
   capnp::ReaderOptions reader;
   reader.traversalLimitInWords = config->max_message_words;
@@ -119,7 +147,8 @@ int main(int argc, char** argv) {
   if (!unix_path.empty()) chmod(unix_path.c_str(), config->socket_mode);
   server::Log(server::LogLevel::kInfo,
               absl::StrCat("event=listening control=", address, " data=", state.receiver->Endpoint(),
-                           " model=", state.spec.model, " pid=", getpid()));
+                           " model=", state.spec.model, " pid=", getpid(),
+                           admin_server ? absl::StrCat(" admin_port=", admin_server->port()) : ""));
   std::fflush(stdout);
 
   auto serving = rpc.listen(*listener);
