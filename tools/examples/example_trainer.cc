@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
 #include "common/checksum.h"
+#include "formats/safetensors.h"
 #include "demo_model.h"
 #include "refit/offline.h"
 #include "spec/demo_spec.h"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   int refits = 3;
   uint64_t seed = 1;
   bool prequantized = false;
+  std::string dump_dir;
   demo::ModelShape shape;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -78,6 +80,8 @@ int main(int argc, char** argv) {
       spec_path = argv[++i];
     } else if (a == "--fault" && i + 1 < argc) {
       fault = argv[++i];
+    } else if (a == "--dump" && i + 1 < argc) {
+      dump_dir = argv[++i];
     } else if (a == "--prequantized") {
       prequantized = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -88,6 +92,27 @@ int main(int argc, char** argv) {
   absl::StatusOr<spec::ModelSpec> spec =
       spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec) : spec::LoadModelSpecFile(spec_path);
   if (!spec.ok()) return Fail(spec.status().message());
+  if (!dump_dir.empty()) {
+    // Writes the first refit's weights (model.safetensors, BF16 HF names) and their offline
+    // conversion (converted.safetensors), for refitctl refit/verify; sends nothing.
+    std::vector<std::vector<uint16_t>> weights;
+    std::vector<ConvertedTensor> converted;
+    std::vector<formats::SafetensorsWriteEntry> in, out;
+    for (const demo::HfTensor& t : demo::Tensors(shape)) {
+      weights.push_back(demo::Weights(seed * 1000003, t));
+      const auto& w = weights.back();
+      in.push_back({t.name, DType::kBF16, t.shape,
+                    std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 2), nullptr});
+      absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
+      if (!conv.ok()) return Fail(conv.status().message());
+      for (ConvertedTensor& c : *conv) converted.push_back(std::move(c));
+    }
+    for (const ConvertedTensor& c : converted) out.push_back({c.name, c.dtype, c.shape, c.bytes, nullptr});
+    absl::Status st = formats::WriteSafetensors(dump_dir + "/model.safetensors", in);
+    if (st.ok()) st = formats::WriteSafetensors(dump_dir + "/converted.safetensors", out);
+    if (!st.ok()) return Fail(st.message());
+    return 0;
+  }
   absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
   if (!client.ok()) return Fail(client.status().message());
   absl::StatusOr<client::DaemonStatus> status = (*client)->Status();

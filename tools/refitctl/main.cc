@@ -5,13 +5,14 @@
 #include <vector>
 
 #include "refitctl/command.h"
+#include "refitctl/ops_commands.h"
 #include "refitctl/quantize_command.h"
 
 namespace refit::refitctl {
 namespace {
 
-constexpr std::array<Command, 1> kCommands = {
-    kQuantizeCommand,
+constexpr std::array<Command, 5> kCommands = {
+    kStatusCommand, kRefitCommand, kAbortCommand, kVerifyCommand, kQuantizeCommand,
 };
 
 int PrintUsage(std::ostream& out, int code) {

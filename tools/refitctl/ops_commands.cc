@@ -1,0 +1,278 @@
+#include "refitctl/ops_commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/trainer_client.h"
+#include "common/checksum.h"
+#include "formats/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace refit::refitctl {
+namespace {
+
+using nlohmann::json;
+
+struct CommonFlags {
+  std::string address;
+  bool json = false;
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> values;
+  std::map<std::string, bool> switches;
+};
+
+// Parses --address/--json plus the given value flags and switches; false on a usage error.
+bool Parse(std::span<const std::string_view> args, const std::vector<std::string>& value_flags,
+           const std::vector<std::string>& switch_flags, CommonFlags& out) {
+  const char* env = std::getenv("REFITD_ADDRESS");
+  out.address = env != nullptr ? env : "unix:/tmp/refitd.sock";
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a(args[i]);
+    if (a == "--json") {
+      out.json = true;
+    } else if (a == "--address") {
+      if (++i >= args.size()) return false;
+      out.address = std::string(args[i]);
+    } else if (std::find(value_flags.begin(), value_flags.end(), a) != value_flags.end()) {
+      if (++i >= args.size()) return false;
+      out.values[a] = std::string(args[i]);
+    } else if (std::find(switch_flags.begin(), switch_flags.end(), a) != switch_flags.end()) {
+      out.switches[a] = true;
+    } else if (a.rfind("--", 0) == 0) {
+      std::cerr << "refitctl: unknown flag " << a << "\n";
+      return false;
+    } else {
+      out.positional.push_back(a);
+    }
+  }
+  return true;
+}
+
+int Error(const CommonFlags& f, absl::string_view msg, int code = kExitFailure) {
+  if (f.json) {
+    std::cout << json{{"ok", false}, {"error", std::string(msg)}}.dump() << "\n";
+  } else {
+    std::cerr << "refitctl: " << msg << "\n";
+  }
+  return code;
+}
+
+json ReportJson(const RefitReport& r) {
+  json bytes_by_format = json::object();
+  for (const auto& [k, v] : r.bytes_out_by_format) bytes_by_format[k] = v;
+  return json{{"session", r.session_id},   {"version", r.version},     {"outcome", r.outcome},
+              {"reason", r.reason},        {"bytes_in", r.bytes_in},   {"bytes_out", r.bytes_out},
+              {"buckets", r.buckets},      {"tensors", r.tensors},     {"receive_ms", r.times.receive_ms},
+              {"convert_ms", r.times.convert_ms}, {"validate_ms", r.times.validate_ms},
+              {"commit_ms", r.times.commit_ms},   {"pause_ms", r.times.pause_ms},
+              {"total_ms", r.times.total_ms}};
+}
+
+std::string ReportLine(const RefitReport& r) {
+  return absl::StrCat("session ", r.session_id, " ", r.outcome, " version=", r.version, " bytes_in=", r.bytes_in,
+                      " bytes_out=", r.bytes_out, " buckets=", r.buckets, " tensors=", r.tensors,
+                      " receive=", r.times.receive_ms, "ms convert=", r.times.convert_ms,
+                      "ms validate=", r.times.validate_ms, "ms commit=", r.times.commit_ms,
+                      "ms pause=", r.times.pause_ms, "ms total=", r.times.total_ms, "ms",
+                      r.reason.empty() ? "" : absl::StrCat(" reason: ", r.reason));
+}
+
+// The safetensors files of a checkpoint: the file itself, or every *.safetensors in a directory.
+absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> OpenCheckpoint(const std::string& path) {
+  std::vector<std::string> paths;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& e : std::filesystem::directory_iterator(path)) {
+      if (e.path().extension() == ".safetensors") paths.push_back(e.path().string());
+    }
+    std::sort(paths.begin(), paths.end());
+    if (paths.empty()) return absl::NotFoundError(absl::StrCat("no *.safetensors in '", path, "'"));
+  } else {
+    paths.push_back(path);
+  }
+  std::vector<std::unique_ptr<formats::SafetensorsFile>> files;
+  for (const std::string& p : paths) {
+    absl::StatusOr<std::unique_ptr<formats::SafetensorsFile>> f = formats::SafetensorsFile::Open(p);
+    if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat(p, ": ", f.status().message()));
+    files.push_back(std::move(*f));
+  }
+  return files;
+}
+
+}  // namespace
+
+int RunStatus(std::span<const std::string_view> args) {
+  CommonFlags f;
+  if (!Parse(args, {}, {}, f) || !f.positional.empty()) return kExitUsage;
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
+  if (!c.ok()) return Error(f, c.status().message());
+  absl::StatusOr<client::DaemonStatus> s = (*c)->Status();
+  if (!s.ok()) return Error(f, s.status().message());
+  if (f.json) {
+    std::cout << json{{"ok", true},
+                      {"model", s->model},
+                      {"engine_registered", s->engine_registered},
+                      {"engine_params", s->engine_params},
+                      {"engine_bytes", s->engine_bytes},
+                      {"version", s->version},
+                      {"active_session", s->active_session},
+                      {"staging_bytes", s->staging_bytes},
+                      {"staging_limit_bytes", s->staging_limit_bytes},
+                      {"committed", s->committed},
+                      {"refused", s->refused},
+                      {"aborted", s->aborted},
+                      {"data_endpoint", s->data_endpoint},
+                      {"last_refit", s->last_report.outcome.empty() ? json(nullptr) : ReportJson(s->last_report)}}
+                     .dump()
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << "model:    " << s->model << "\n"
+            << "engine:   " << (s->engine_registered ? absl::StrCat(s->engine_params, " parameters, ", s->engine_bytes, " bytes") : "not registered") << "\n"
+            << "version:  " << s->version << "\n"
+            << "session:  " << (s->active_session ? absl::StrCat("#", s->active_session, " active") : "none") << "\n"
+            << "staging:  " << s->staging_bytes << " of " << s->staging_limit_bytes << " bytes\n"
+            << "refits:   " << s->committed << " committed, " << s->refused << " refused, " << s->aborted << " aborted\n"
+            << "data:     " << s->data_endpoint << "\n"
+            << "last:     " << (s->last_report.outcome.empty() ? "none" : ReportLine(s->last_report)) << "\n";
+  return kExitOk;
+}
+
+int RunRefit(std::span<const std::string_view> args) {
+  CommonFlags f;
+  if (!Parse(args, {"--model"}, {"--partial", "--progress"}, f) || f.positional.size() != 1) return kExitUsage;
+  absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> files = OpenCheckpoint(f.positional[0]);
+  if (!files.ok()) return Error(f, files.status().message());
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
+  if (!c.ok()) return Error(f, c.status().message());
+  Manifest manifest;
+  if (f.values.count("--model")) {
+    manifest.model = f.values["--model"];
+  } else {
+    absl::StatusOr<client::DaemonStatus> s = (*c)->Status();
+    if (!s.ok()) return Error(f, s.status().message());
+    manifest.model = s->model;
+  }
+  manifest.partial = f.switches["--partial"];
+  uint64_t total = 0;
+  for (const auto& file : *files) {
+    for (const formats::SafetensorsEntry& e : file->view().tensors()) {
+      manifest.tensors.push_back({e.name, e.dtype, e.shape, 0, e.end - e.begin});
+      total += e.end - e.begin;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*c)->Begin(manifest);
+  if (!session.ok()) {
+    return Error(f, session.status().message(),
+                 session.status().code() == absl::StatusCode::kFailedPrecondition ? kExitRefused : kExitFailure);
+  }
+  const bool progress = f.switches["--progress"] || (!f.json && isatty(STDERR_FILENO));
+  uint64_t sent = 0;
+  size_t count = 0;
+  for (const auto& file : *files) {
+    for (const formats::SafetensorsEntry& e : file->view().tensors()) {
+      absl::Status st = (*session)->Push({e.name, e.dtype, e.shape, file->view().Data(e).data()});
+      if (!st.ok()) return Error(f, st.message());
+      sent += e.end - e.begin;
+      ++count;
+      if (progress) {
+        std::fprintf(stderr, "\rrefitctl: %zu/%zu tensors, %.1f/%.1f MB", count, manifest.tensors.size(), sent / 1e6,
+                     total / 1e6);
+      }
+    }
+  }
+  if (progress) std::fprintf(stderr, "\n");
+  absl::StatusOr<RefitReport> report = (*session)->Commit();
+  if (!report.ok()) {
+    return Error(f, report.status().message(),
+                 report.status().code() == absl::StatusCode::kFailedPrecondition ? kExitRefused : kExitFailure);
+  }
+  if (f.json) {
+    json j = ReportJson(*report);
+    j["ok"] = true;
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << ReportLine(*report) << "\n";
+  }
+  return kExitOk;
+}
+
+int RunAbort(std::span<const std::string_view> args) {
+  CommonFlags f;
+  if (!Parse(args, {"--reason"}, {}, f) || !f.positional.empty()) return kExitUsage;
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
+  if (!c.ok()) return Error(f, c.status().message());
+  std::string reason = f.values.count("--reason") ? f.values["--reason"] : "refitctl abort";
+  absl::StatusOr<bool> aborted = (*c)->AbortActive(reason);
+  if (!aborted.ok()) return Error(f, aborted.status().message());
+  if (f.json) {
+    std::cout << json{{"ok", true}, {"aborted", *aborted}}.dump() << "\n";
+  } else {
+    std::cout << (*aborted ? "aborted the active session\n" : "no active session\n");
+  }
+  return *aborted ? kExitOk : kExitNothing;
+}
+
+int RunVerify(std::span<const std::string_view> args) {
+  CommonFlags f;
+  if (!Parse(args, {}, {"--strict"}, f) || f.positional.size() != 1) return kExitUsage;
+  absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> files = OpenCheckpoint(f.positional[0]);
+  if (!files.ok()) return Error(f, files.status().message());
+  std::map<std::string, uint64_t> expected;
+  for (const auto& file : *files) {
+    for (const formats::SafetensorsEntry& e : file->view().tensors()) {
+      std::span<const uint8_t> d = file->view().Data(e);
+      expected[e.name] = Checksum64(d.data(), d.size());
+    }
+  }
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
+  if (!c.ok()) return Error(f, c.status().message());
+  auto sums = (*c)->Checksums();
+  if (!sums.ok()) return Error(f, sums.status().message());
+  std::vector<std::string> mismatched, unchecked, absent;
+  size_t matched = 0;
+  for (const client::ParamChecksum& p : sums->second) {
+    auto it = expected.find(p.name);
+    if (it == expected.end()) {
+      unchecked.push_back(p.name);
+    } else if (it->second != p.checksum) {
+      mismatched.push_back(p.name);
+    } else {
+      ++matched;
+    }
+    if (it != expected.end()) expected.erase(it);
+  }
+  for (const auto& [name, sum] : expected) absent.push_back(name);
+  const bool ok = mismatched.empty() && absent.empty() && (!f.switches["--strict"] || unchecked.empty());
+  if (f.json) {
+    std::cout << json{{"ok", ok},
+                      {"version", sums->first},
+                      {"matched", matched},
+                      {"mismatched", mismatched},
+                      {"not_in_engine", absent},
+                      {"not_in_checkpoint", unchecked}}
+                     .dump()
+              << "\n";
+  } else {
+    std::cout << "version " << sums->first << ": " << matched << " parameters match";
+    if (!mismatched.empty()) std::cout << ", " << mismatched.size() << " differ";
+    if (!absent.empty()) std::cout << ", " << absent.size() << " tensors of the checkpoint are not engine parameters";
+    if (!unchecked.empty()) std::cout << ", " << unchecked.size() << " engine parameters not in the checkpoint";
+    std::cout << "\n";
+    for (const std::string& n : mismatched) std::cout << "  differs: " << n << "\n";
+    for (const std::string& n : absent) std::cout << "  not in engine: " << n << "\n";
+  }
+  return ok ? kExitOk : kExitRefused;
+}
+
+}  // namespace refit::refitctl
