@@ -53,6 +53,16 @@ class ControlImpl final : public proto::EngineControl::Server {
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<ShmParam> params,
                                                                 EngineCallbacks callbacks, uint64_t version) {
+  return StartAny(address, std::move(params), std::move(callbacks), version);
+}
+
+absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<CudaParam> params,
+                                                                EngineCallbacks callbacks, uint64_t version) {
+  return StartAny(address, std::move(params), std::move(callbacks), version);
+}
+
+absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::string& address, Params params,
+                                                                   EngineCallbacks callbacks, uint64_t version) {
   std::unique_ptr<EngineAgent> agent(new EngineAgent());
   agent->callbacks_ = std::move(callbacks);
   agent->version_ = version;
@@ -67,7 +77,7 @@ absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::strin
   return agent;
 }
 
-void EngineAgent::Run(std::string address, std::vector<ShmParam> params, uint64_t version) {
+void EngineAgent::Run(std::string address, Params params, uint64_t version) {
   bool reported = false;
   auto report = [&](absl::Status st) {
     if (!reported) impl_->registered.set_value(std::move(st));
@@ -79,18 +89,35 @@ void EngineAgent::Run(std::string address, std::vector<ShmParam> params, uint64_
     capnp::TwoPartyClient rpc(*conn);
     auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
     auto req = daemon.registerEngineRequest();
-    auto list = req.initParams(static_cast<unsigned>(params.size()));
-    for (size_t i = 0; i < params.size(); ++i) {
-      const ShmParam& p = params[i];
-      auto b = list[static_cast<unsigned>(i)];
-      b.setName(p.name);
-      b.setDtype(std::string(DTypeName(p.dtype)));
-      auto shape = b.initShape(static_cast<unsigned>(p.shape.size()));
-      for (size_t d = 0; d < p.shape.size(); ++d) shape.set(static_cast<unsigned>(d), p.shape[d]);
-      absl::StatusOr<uint64_t> n = DenseBytes(p.dtype, p.shape);
+    auto fill_common = [](auto b, const std::string& name, DType dtype, const Shape& shape) {
+      b.setName(name);
+      b.setDtype(std::string(DTypeName(dtype)));
+      auto s = b.initShape(static_cast<unsigned>(shape.size()));
+      for (size_t d = 0; d < shape.size(); ++d) s.set(static_cast<unsigned>(d), shape[d]);
+      absl::StatusOr<uint64_t> n = DenseBytes(dtype, shape);
       b.setNbytes(n.ok() ? *n : 0);
-      b.getStorage().initShm().setName(p.shm_name);
-      b.getStorage().getShm().setOffset(p.offset);
+    };
+    if (auto* shm = std::get_if<std::vector<ShmParam>>(&params)) {
+      auto list = req.initParams(static_cast<unsigned>(shm->size()));
+      for (size_t i = 0; i < shm->size(); ++i) {
+        const ShmParam& p = (*shm)[i];
+        auto b = list[static_cast<unsigned>(i)];
+        fill_common(b, p.name, p.dtype, p.shape);
+        b.getStorage().initShm().setName(p.shm_name);
+        b.getStorage().getShm().setOffset(p.offset);
+      }
+    } else {
+      const auto& cuda = std::get<std::vector<CudaParam>>(params);
+      auto list = req.initParams(static_cast<unsigned>(cuda.size()));
+      for (size_t i = 0; i < cuda.size(); ++i) {
+        const CudaParam& p = cuda[i];
+        auto b = list[static_cast<unsigned>(i)];
+        fill_common(b, p.name, p.dtype, p.shape);
+        auto c = b.getStorage().initCudaIpc();
+        c.setHandle(kj::arrayPtr(p.ipc_handle.data(), p.ipc_handle.size()));
+        c.setOffset(p.offset);
+        c.setDevice(p.device);
+      }
     }
     req.setControl(kj::heap<ControlImpl>(callbacks_, version_, paused_, dirty_));
     req.setVersion(version);

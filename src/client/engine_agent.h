@@ -11,7 +11,9 @@
 #ifndef REFIT_CLIENT_ENGINE_AGENT_H_
 #define REFIT_CLIENT_ENGINE_AGENT_H_
 
+#include <array>
 #include <atomic>
+#include <variant>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +33,17 @@ struct ShmParam {
   uint64_t offset;
 };
 
+// A parameter in GPU memory, exported by CUDA IPC: the handle of the allocation holding it
+// (cudaIpcGetMemHandle bytes) and its offset inside that allocation.
+struct CudaParam {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::array<uint8_t, 64> ipc_handle;
+  uint64_t offset;
+  int device;
+};
+
 struct EngineCallbacks {
   std::function<void()> pause;
   std::function<void(uint64_t version)> resume;
@@ -41,6 +54,10 @@ class EngineAgent {
   // Connects, registers, and returns once refitd accepted the registration (or refused it,
   // naming the parameter).
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<ShmParam> params,
+                                                            EngineCallbacks callbacks, uint64_t version);
+  // The same for parameters in GPU memory (CUDA IPC). The engine keeps the allocations alive
+  // while registered; refitd opens each allocation once per registration.
+  static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<CudaParam> params,
                                                             EngineCallbacks callbacks, uint64_t version);
   ~EngineAgent();
 
@@ -53,7 +70,10 @@ class EngineAgent {
 
  private:
   EngineAgent() = default;
-  void Run(std::string address, std::vector<ShmParam> params, uint64_t version);
+  using Params = std::variant<std::vector<ShmParam>, std::vector<CudaParam>>;
+  static absl::StatusOr<std::unique_ptr<EngineAgent>> StartAny(const std::string& address, Params params,
+                                                               EngineCallbacks callbacks, uint64_t version);
+  void Run(std::string address, Params params, uint64_t version);
 
   EngineCallbacks callbacks_;
   std::atomic<uint64_t> version_{0};

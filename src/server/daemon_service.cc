@@ -12,6 +12,10 @@
 #include "server/blocking.h"
 #include "server/log.h"
 #include "storage/shm_storage.h"
+#if REFIT_HAVE_CUDA
+#include "storage/cuda_ipc_storage.h"
+#endif
+#include <cstring>
 
 namespace refit::server {
 namespace {
@@ -222,6 +226,50 @@ class SessionImpl final : public proto::Session::Server {
   const uint64_t id_;
 };
 
+// Maps the engine's registered parameters: all in POSIX shm, or all in GPU memory (CUDA IPC).
+absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<proto::EngineParam>::Reader list) {
+  std::vector<storage::ShmParam> shm;
+#if REFIT_HAVE_CUDA
+  std::vector<storage::CudaIpcParam> cuda;
+#endif
+  for (auto p : list) {
+    std::string name = p.getName().cStr();
+    absl::StatusOr<DType> dtype = ParseDType(p.getDtype().cStr());
+    if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': ", dtype.status().message()));
+    Shape shape;
+    for (int64_t d : p.getShape()) shape.push_back(d);
+    storage::ParamInfo info{name, *dtype, shape, p.getNbytes()};
+    if (p.getStorage().isShm()) {
+      shm.push_back({std::move(info), p.getStorage().getShm().getName().cStr(), p.getStorage().getShm().getOffset()});
+      continue;
+    }
+#if REFIT_HAVE_CUDA
+    auto c = p.getStorage().getCudaIpc();
+    storage::CudaIpcParam cp{std::move(info), {}, c.getOffset(), c.getDevice()};
+    if (c.getHandle().size() != cp.handle.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': CUDA IPC handle of ",
+                                                     c.getHandle().size(), " bytes (expected ", cp.handle.size(), ")"));
+    }
+    std::memcpy(cp.handle.data(), c.getHandle().begin(), cp.handle.size());
+    cuda.push_back(std::move(cp));
+#else
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine parameter '", name, "' is in GPU memory, but this refitd was built without CUDA"));
+#endif
+  }
+#if REFIT_HAVE_CUDA
+  if (!cuda.empty()) {
+    if (!shm.empty()) return absl::InvalidArgumentError("an engine registers all parameters in shm or all on the GPU");
+    absl::StatusOr<std::unique_ptr<storage::CudaIpcEngineStorage>> s = storage::CudaIpcEngineStorage::Open(std::move(cuda));
+    if (!s.ok()) return s.status();
+    return std::unique_ptr<storage::EngineStorage>(std::move(*s));
+  }
+#endif
+  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s = storage::ShmEngineStorage::Open(std::move(shm));
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<storage::EngineStorage>(std::move(*s));
+}
+
 class DaemonImpl final : public proto::Daemon::Server {
  public:
   explicit DaemonImpl(DaemonState& state) : state_(state) {}
@@ -285,20 +333,7 @@ class DaemonImpl final : public proto::Daemon::Server {
 
   kj::Promise<void> registerEngine(RegisterEngineContext context) override {
     auto params = context.getParams();
-    std::vector<storage::ShmParam> shm;
-    for (auto p : params.getParams()) {
-      std::string name = p.getName().cStr();
-      absl::StatusOr<DType> dtype = ParseDType(p.getDtype().cStr());
-      if (!dtype.ok()) Throw(absl::StrCat("engine parameter '", name, "': ", dtype.status().message()));
-      Shape shape;
-      for (int64_t d : p.getShape()) shape.push_back(d);
-      if (!p.getStorage().isShm()) {
-        Throw(absl::StrCat("engine parameter '", name, "': only shared-memory storage is supported by this daemon"));
-      }
-      shm.push_back({{name, *dtype, shape, p.getNbytes()}, p.getStorage().getShm().getName().cStr(),
-                     p.getStorage().getShm().getOffset()});
-    }
-    absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> storage = storage::ShmEngineStorage::Open(std::move(shm));
+    absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(params.getParams());
     if (!storage.ok()) Throw(storage.status().message());
     absl::StatusOr<Planner> planner = Planner::Create(state_.spec, (*storage)->params());
     if (!planner.ok()) Throw(planner.status().message());

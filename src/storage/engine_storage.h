@@ -29,6 +29,13 @@ class EngineStorage {
   // Overwrites parameter `index` with params()[index].nbytes bytes from host memory `src`.
   // REQUIRES: the engine is paused.
   virtual absl::Status WriteFromHost(size_t index, const void* src) = 0;
+  // Overwrites parameter `index` from device memory (staging on the engine's GPU).
+  // REQUIRES: the engine is paused; on_device().
+  virtual absl::Status WriteFromDevice(size_t index, const void* src) {
+    return absl::UnimplementedError("this engine storage has no device memory");
+  }
+  // True when the parameters live in GPU memory.
+  virtual bool on_device() const { return false; }
   // Copies parameter `index` into host memory `dst` (params()[index].nbytes bytes).
   virtual absl::Status ReadToHost(size_t index, void* dst) const = 0;
   // Returns once every write issued so far is visible to the engine.

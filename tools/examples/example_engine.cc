@@ -7,11 +7,16 @@
 // `mixed` counts requests that saw bytes that are neither the old nor the new version of any
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
-//   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [shape flags]
+//   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE]
+//                  [shape flags]
+// --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
+// requests then copy every parameter to the host to checksum it.
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -29,6 +34,9 @@
 #include "spec/demo_spec.h"
 #include "spec/model_spec.h"
 #include "storage/shm_region.h"
+#if REFIT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -49,6 +57,7 @@ int main(int argc, char** argv) {
   using namespace refit;
   std::string address = "unix:/tmp/refitd.sock", spec_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
+  int gpu = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
@@ -57,6 +66,8 @@ int main(int argc, char** argv) {
       spec_path = argv[++i];
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
+    } else if (a == "--gpu" && i + 1 < argc) {
+      gpu = std::atoi(argv[++i]);
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       std::fprintf(stderr, "example_engine: unknown flag %s\n", argv[i]);
       return 2;
@@ -84,13 +95,44 @@ int main(int argc, char** argv) {
       total += (p.nbytes + 255) & ~uint64_t{255};
     }
   }
-  absl::StatusOr<std::unique_ptr<storage::ShmRegion>> region = storage::ShmRegion::Create(shm_name, total);
-  if (!region.ok()) {
-    std::fprintf(stderr, "example_engine: %s\n", std::string(region.status().message()).c_str());
-    return 1;
+  // The parameters' memory: a shm region, or one GPU allocation.
+  std::unique_ptr<storage::ShmRegion> region;
+  const uint8_t* base = nullptr;
+  std::vector<uint8_t> host_copy;
+#if REFIT_HAVE_CUDA
+  void* device_base = nullptr;
+  std::array<uint8_t, 64> ipc_handle{};
+#endif
+  if (gpu < 0) {
+    absl::StatusOr<std::unique_ptr<storage::ShmRegion>> r = storage::ShmRegion::Create(shm_name, total);
+    if (!r.ok()) {
+      std::fprintf(stderr, "example_engine: %s\n", std::string(r.status().message()).c_str());
+      return 1;
+    }
+    region = std::move(*r);
+    base = region->data();
+  } else {
+#if REFIT_HAVE_CUDA
+    cudaIpcMemHandle_t h;
+    if (cudaSetDevice(gpu) != cudaSuccess || cudaMalloc(&device_base, total) != cudaSuccess ||
+        cudaMemset(device_base, 0, total) != cudaSuccess || cudaIpcGetMemHandle(&h, device_base) != cudaSuccess) {
+      std::fprintf(stderr, "example_engine: cannot allocate %llu bytes on GPU %d: %s\n",
+                   static_cast<unsigned long long>(total), gpu, cudaGetErrorString(cudaGetLastError()));
+      return 1;
+    }
+    std::memcpy(ipc_handle.data(), &h, sizeof(h));
+    host_copy.resize(total);
+    base = host_copy.data();
+#else
+    std::fprintf(stderr, "example_engine: built without CUDA; --gpu is unavailable\n");
+    return 2;
+#endif
   }
-  const uint8_t* base = (*region)->data();
+  // A request reads every parameter (on the GPU path: copies all of them to the host first).
   auto checksum_all = [&]() {
+#if REFIT_HAVE_CUDA
+    if (gpu >= 0) cudaMemcpy(host_copy.data(), device_base, total, cudaMemcpyDeviceToHost);
+#endif
     uint64_t sum = 0;
     for (size_t i = 0; i < params.size(); ++i) sum = Checksum64(base + params[i].offset, sizes[i], sum);
     return sum;
@@ -120,14 +162,22 @@ int main(int argc, char** argv) {
 
   signal(SIGTERM, OnSignal);
   signal(SIGINT, OnSignal);
-  absl::StatusOr<std::unique_ptr<client::EngineAgent>> agent =
-      client::EngineAgent::Start(address, params, callbacks, 0);
+  absl::StatusOr<std::unique_ptr<client::EngineAgent>> agent = absl::UnknownError("not started");
+  if (gpu < 0) {
+    agent = client::EngineAgent::Start(address, params, callbacks, 0);
+  } else {
+#if REFIT_HAVE_CUDA
+    std::vector<client::CudaParam> cuda;
+    for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu});
+    agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0);
+#endif
+  }
   if (!agent.ok()) {
     std::fprintf(stderr, "example_engine: %s\n", std::string(agent.status().message()).c_str());
     return 1;
   }
-  std::printf("{\"event\":\"registered\",\"params\":%zu,\"bytes\":%llu,\"shm\":\"%s\"}\n", params.size(),
-              static_cast<unsigned long long>(total), shm_name.c_str());
+  std::printf("{\"event\":\"registered\",\"params\":%zu,\"bytes\":%llu,\"shm\":\"%s\",\"gpu\":%d}\n",
+              params.size(), static_cast<unsigned long long>(total), gpu < 0 ? shm_name.c_str() : "", gpu);
   std::fflush(stdout);
 
   // Serve until told to stop; each request sees one version, whole.

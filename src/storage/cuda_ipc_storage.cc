@@ -1,0 +1,126 @@
+#include "storage/cuda_ipc_storage.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace refit::storage {
+namespace {
+
+absl::Status CudaError(cudaError_t e, absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+// cuMemGetAddressRange through the runtime's driver entry point, so that nothing links libcuda
+// (absent on machines without a driver, where refitd must still start for the host path).
+using MemGetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+absl::StatusOr<MemGetAddressRange> AddressRangeFn() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020, cudaEnableDefault, &found);
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
+  }
+  return reinterpret_cast<MemGetAddressRange>(fn);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open(std::vector<CudaIpcParam> params) {
+  auto s = std::unique_ptr<CudaIpcEngineStorage>(new CudaIpcEngineStorage());
+  if (params.empty()) return s;
+  s->device_ = params[0].device;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return CudaError(e, "CUDA IPC storage: no usable CUDA device");
+  for (const CudaIpcParam& p : params) {
+    if (p.device != s->device_) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "' is on device ", p.device,
+                                                     "; all parameters of one registration must share a device"));
+    }
+  }
+  if (s->device_ < 0 || s->device_ >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("engine device ", s->device_, " does not exist (", count, " devices)"));
+  }
+  if ((e = cudaSetDevice(s->device_)) != cudaSuccess) return CudaError(e, "cudaSetDevice");
+  cudaStream_t stream;
+  if ((e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    return CudaError(e, "cudaStreamCreate");
+  }
+  s->stream_ = stream;
+  absl::StatusOr<MemGetAddressRange> address_range = AddressRangeFn();
+  if (!address_range.ok()) return address_range.status();
+  for (CudaIpcParam& p : params) {
+    absl::StatusOr<uint64_t> dense = DenseBytes(p.info.dtype, p.info.shape);
+    if (!dense.ok() || *dense != p.info.nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "': nbytes ", p.info.nbytes,
+                                                     " does not match ", DTypeName(p.info.dtype), ShapeString(p.info.shape)));
+    }
+    auto it = s->opened_.find(p.handle);
+    if (it == s->opened_.end()) {
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, p.handle.data(), sizeof(h));
+      void* base = nullptr;
+      if ((e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
+        return CudaError(e, absl::StrCat("parameter '", p.info.name, "': cudaIpcOpenMemHandle"));
+      }
+      it = s->opened_.emplace(p.handle, base).first;
+    }
+    uint8_t* base = static_cast<uint8_t*>(it->second);
+    CUdeviceptr range_base = 0;
+    size_t range_size = 0;
+    if ((*address_range)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
+      return absl::UnavailableError(absl::StrCat("parameter '", p.info.name, "': cannot query its allocation"));
+    }
+    const uint64_t avail = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
+    if (p.offset > avail || p.info.nbytes > avail - p.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "': [", p.offset, ", +", p.info.nbytes,
+                                                     ") lies outside its CUDA allocation of ", avail, " bytes"));
+    }
+    s->addrs_.push_back(base + p.offset);
+    s->infos_.push_back(std::move(p.info));
+  }
+  return s;
+}
+
+CudaIpcEngineStorage::~CudaIpcEngineStorage() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+  for (auto& [handle, base] : opened_) cudaIpcCloseMemHandle(base);
+}
+
+absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) {
+  if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
+  cudaError_t e = cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyHostToDevice,
+                                  static_cast<cudaStream_t>(stream_));
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("writing '", infos_[index].name, "'"));
+}
+
+absl::Status CudaIpcEngineStorage::WriteFromDevice(size_t index, const void* src) {
+  if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
+  cudaError_t e = cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyDeviceToDevice,
+                                  static_cast<cudaStream_t>(stream_));
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("writing '", infos_[index].name, "'"));
+}
+
+absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
+  if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cudaError_t e = cudaMemcpyAsync(dst, addrs_[index], infos_[index].nbytes, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("reading '", infos_[index].name, "'"));
+}
+
+absl::Status CudaIpcEngineStorage::Flush() {
+  cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "commit copy");
+}
+
+}  // namespace refit::storage

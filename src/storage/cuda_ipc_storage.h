@@ -1,0 +1,56 @@
+// EngineStorage over CUDA IPC: each parameter is (IPC handle of the engine's allocation, offset,
+// device). refitd opens each distinct allocation once per registration (cudaIpcOpenMemHandle) and
+// writes through the mapped address with cudaMemcpyAsync on its own stream; Flush synchronizes
+// that stream, so every byte is in place before the engine is resumed. Built only with CUDA.
+//
+// Threading: as EngineStorage (one committer thread at a time).
+#ifndef REFIT_STORAGE_CUDA_IPC_STORAGE_H_
+#define REFIT_STORAGE_CUDA_IPC_STORAGE_H_
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "storage/engine_storage.h"
+
+namespace refit::storage {
+
+inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+
+struct CudaIpcParam {
+  ParamInfo info;
+  std::array<uint8_t, kCudaIpcHandleBytes> handle;
+  uint64_t offset;
+  int device;
+};
+
+class CudaIpcEngineStorage : public EngineStorage {
+ public:
+  // Opens every distinct handle once and checks each parameter against its allocation's size
+  // (cuMemGetAddressRange), overflow-safe; errors name the parameter.
+  static absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> Open(std::vector<CudaIpcParam> params);
+  ~CudaIpcEngineStorage() override;
+
+  const std::vector<ParamInfo>& params() const override { return infos_; }
+  absl::Status WriteFromHost(size_t index, const void* src) override;
+  absl::Status WriteFromDevice(size_t index, const void* src) override;
+  absl::Status ReadToHost(size_t index, void* dst) const override;
+  absl::Status Flush() override;
+  bool on_device() const override { return true; }
+  int device() const { return device_; }
+
+ private:
+  CudaIpcEngineStorage() = default;
+  std::vector<ParamInfo> infos_;
+  std::vector<uint8_t*> addrs_;
+  std::map<std::array<uint8_t, kCudaIpcHandleBytes>, void*> opened_;
+  void* stream_ = nullptr;  // cudaStream_t
+  int device_ = 0;
+};
+
+}  // namespace refit::storage
+
+#endif  // REFIT_STORAGE_CUDA_IPC_STORAGE_H_
