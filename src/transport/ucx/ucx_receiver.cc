@@ -32,6 +32,7 @@ struct UcxReceiver::Peer {
 struct UcxReceiver::PendingReceive {
   absl::Mutex* mu;
   bool done = false;
+  bool cancel_consumed = false;
   ucs_status_t status = UCS_INPROGRESS;
   uint64_t length = 0;
 };
@@ -118,8 +119,30 @@ std::string UcxReceiver::Endpoint() const { return endpoint_; }
 void UcxReceiver::ProgressLoop() {
   while (!stopping_.load()) {
     ucx::ProgressUntil(
-        worker_, [this] { return stopping_.load() || HasPeerWork(); }, absl::InfiniteFuture());
+        worker_, [this] { return stopping_.load() || cancel_pending_.load() || HasPeerWork(); },
+        absl::InfiniteFuture());
+    ServiceCancels();
     ServicePeers();
+  }
+}
+
+void UcxReceiver::ServiceCancels() {
+  std::vector<std::pair<void*, PendingReceive*>> cancels;
+  {
+    absl::MutexLock lock(&mu_);
+    cancels.swap(cancels_);
+    cancel_pending_.store(false);
+  }
+  for (auto [request, pending] : cancels) {
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      done = pending->done;
+    }
+    // Completions run only on this thread, so a request not done now cannot complete meanwhile.
+    if (!done) ucp_request_cancel(worker_.get(), request);
+    absl::MutexLock lock(&mu_);
+    pending->cancel_consumed = true;
   }
 }
 
@@ -279,7 +302,7 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
         return w->pending->done || w->self->cancelled_ || !w->self->failure_.empty();
       }
       static bool Done(Wait* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->self->mu_) {
-        return w->pending->done;
+        return w->pending->done && w->pending->cancel_consumed;
       }
     } wait{this, &pending};
     {
@@ -299,7 +322,11 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
     if (interrupt != Interrupt::kNone) {
       // The caller's buffer may be written until the request completes: cancel it (a no-op if
       // it already matched a message, which then completes normally) and wait for completion.
-      ucp_request_cancel(worker_.get(), started.request.get());
+      {
+        absl::MutexLock lock(&mu_);
+        cancels_.emplace_back(started.request.get(), &pending);
+        cancel_pending_.store(true);
+      }
       ucp_worker_signal(worker_.get());
       mu_.LockWhen(absl::Condition(&Wait::Done, &wait));
       mu_.Unlock();

@@ -88,6 +88,12 @@ class UcxReceiver final : public Receiver {
 
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // Receives to cancel. UCX 1.13's ucp_request_cancel races with a completion running in another
+  // thread's ucp_worker_progress (it asserts in ucp_tag_exp_remove), so the progress thread
+  // performs every cancel; the receiving thread waits until its entry was consumed.
+  std::vector<std::pair<void*, PendingReceive*>> cancels_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> cancel_pending_{false};
+  void ServiceCancels();
   // Non-empty once a peer failed: the Unavailable message.
   std::string failure_ ABSL_GUARDED_BY(mu_);
 };
