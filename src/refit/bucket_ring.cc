@@ -2,11 +2,17 @@
 
 namespace refit {
 
-BucketRing::BucketRing(uint32_t slots, uint64_t slot_bytes) : slot_bytes_(slot_bytes) {
+absl::StatusOr<std::unique_ptr<BucketRing>> BucketRing::Create(uint32_t slots, uint64_t slot_bytes,
+                                                               storage::Memory& memory) {
+  std::unique_ptr<BucketRing> ring(new BucketRing(slot_bytes, memory.kind()));
+  absl::MutexLock lock(&ring->mu_);
   for (uint32_t i = 0; i < slots; ++i) {
-    slots_.emplace_back(new uint8_t[slot_bytes == 0 ? 1 : slot_bytes]);
-    free_.push_back(static_cast<int>(i));
+    absl::StatusOr<std::shared_ptr<uint8_t>> slot = memory.Allocate(slot_bytes);
+    if (!slot.ok()) return slot.status();
+    ring->slots_.push_back(std::move(*slot));
+    ring->free_.push_back(static_cast<int>(i));
   }
+  return ring;
 }
 
 int BucketRing::Acquire() {

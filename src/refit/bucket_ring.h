@@ -9,25 +9,32 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/memory.h"
 
 namespace refit {
 
 class BucketRing {
  public:
-  BucketRing(uint32_t slots, uint64_t slot_bytes);
+  // Slots of `slot_bytes` in `memory` (pinned host for UCX, device for NCCL).
+  static absl::StatusOr<std::unique_ptr<BucketRing>> Create(uint32_t slots, uint64_t slot_bytes,
+                                                            storage::Memory& memory);
   // A free slot, or -1 once Cancel() was called. Blocks while all slots are in use.
   int Acquire();
   void Release(int slot);
   void Cancel();
   void Reset();
   uint8_t* data(int slot) { return slots_[slot].get(); }
+  storage::MemoryKind kind() const { return kind_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint64_t total_bytes() const { return slot_bytes_ * slots_.size(); }
 
  private:
+  BucketRing(uint64_t slot_bytes, storage::MemoryKind kind) : slot_bytes_(slot_bytes), kind_(kind) {}
   const uint64_t slot_bytes_;
-  std::vector<std::unique_ptr<uint8_t[]>> slots_;
+  const storage::MemoryKind kind_;
+  std::vector<std::shared_ptr<uint8_t>> slots_;
   absl::Mutex mu_;
   std::vector<int> free_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,7 +1,6 @@
 #include "refit/committer.h"
 
 #include <cstring>
-#include <memory>
 #include <set>
 
 #include "absl/status/status.h"
@@ -55,24 +54,29 @@ absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& ta
   }
 }
 
-absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging,
-                                         const std::vector<size_t>& produced, storage::EngineStorage& storage) {
+absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging, Converter& converter,
+                                         StagingPool& scratch, const std::vector<size_t>& produced,
+                                         storage::EngineStorage& storage) {
   CommitStats stats;
   const auto& params = planner.params();
+  const bool device = staging.kind() == storage::MemoryKind::kDevice;
+  auto write = [&](size_t index, const uint8_t* src) {
+    return device ? storage.WriteFromDevice(index, src) : storage.WriteFromHost(index, src);
+  };
   std::set<size_t> staged(produced.begin(), produced.end());
   for (size_t i : produced) {
     const uint8_t* src = staging.Get(i);
     if (src == nullptr) return absl::InternalError(absl::StrCat("parameter '", params[i].name, "' was not staged"));
-    REFIT_RETURN_IF_ERROR(storage.WriteFromHost(i, src));
+    REFIT_RETURN_IF_ERROR(write(i, src));
     stats.bytes_written += params[i].nbytes;
     ++stats.params_written;
   }
   for (const DerivedTarget& d : planner.derived()) {
     if (!staged.count(d.from_index)) continue;  // source unchanged in this refit: derived value still valid
     const storage::ParamInfo& target = params[d.target_index];
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[target.nbytes]);
-    REFIT_RETURN_IF_ERROR(ComputeDerived(d, target, staging.Get(d.from_index), buf.get()));
-    REFIT_RETURN_IF_ERROR(storage.WriteFromHost(d.target_index, buf.get()));
+    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, scratch.Get(d.target_index, target.nbytes));
+    REFIT_RETURN_IF_ERROR(converter.Derive(d, target, staging.Get(d.from_index), buf));
+    REFIT_RETURN_IF_ERROR(write(d.target_index, buf));
     stats.bytes_written += target.nbytes;
     ++stats.derived_written;
   }

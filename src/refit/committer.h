@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "refit/converter.h"
 #include "refit/planner.h"
 #include "refit/staging.h"
 #include "storage/engine_storage.h"
@@ -24,8 +25,12 @@ struct CommitStats {
 absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
                             uint8_t* out);
 
-absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging,
-                                         const std::vector<size_t>& produced, storage::EngineStorage& storage);
+// Copies every produced parameter from staging into `storage` (host→engine or device→engine by
+// the staging kind), then each derived parameter whose source was produced, computed by
+// `converter` into `scratch` (a staging pool buffer) from the staged source.
+absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging, Converter& converter,
+                                         StagingPool& scratch, const std::vector<size_t>& produced,
+                                         storage::EngineStorage& storage);
 
 }  // namespace refit
 

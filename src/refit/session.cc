@@ -1,6 +1,5 @@
 #include "refit/session.h"
 
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -9,13 +8,15 @@
 
 namespace refit {
 
-Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRing& ring, Options options)
+Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRing& ring, Converter& converter,
+                 StagingPool& pool, Options options)
     : planner_(planner),
       receiver_(receiver),
       ring_(ring),
+      converter_(converter),
       options_(std::move(options)),
       ledger_(planner),
-      staging_(options_.limits.staging_bytes) {
+      staging_(options_.limits.staging_bytes, pool) {
   receiver_.Reset();
   ring_.Reset();
   receiver_thread_ = std::thread([this] { ReceiveLoop(); });
@@ -119,14 +120,16 @@ void Session::ReceiveLoop() {
     if (slot < 0) return;
     absl::Time start = absl::Now();
     absl::StatusOr<uint64_t> got =
-        receiver_.Receive(Tag(options_.id, header.seq), ring_.data(slot), ring_.slot_bytes(), options_.deadline);
+        receiver_.Receive(Tag(options_.id, header.seq), ring_.data(slot), header.nbytes, options_.deadline);
     absl::Duration took = absl::Now() - start;
     absl::Status status = got.status();
     if (status.ok() && *got != header.nbytes) {
       status = absl::DataLossError(
           absl::StrCat("bucket ", header.seq, ": received ", *got, " bytes, announced ", header.nbytes));
     }
-    if (status.ok()) {
+    if (status.ok() && ring_.kind() == storage::MemoryKind::kHost) {
+      // Device slots (NCCL) are not checksummed here: NCCL's transports carry their own
+      // integrity checks, and reading them back would cost a device-to-host copy.
       uint64_t sum = Checksum64(ring_.data(slot), header.nbytes);
       if (sum != header.checksum) {
         status = absl::DataLossError(absl::StrCat("bucket ", header.seq, ": checksum ", ChecksumHex(sum),
@@ -195,14 +198,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       out_bytes += t.spec.bytes;
       by_format[plan->kind == ConvertKind::kCopy ? "passthrough" : formats::FormatName(plan->format)] += t.spec.bytes;
     }
-    if (status.ok()) {
-      if (plan->kind == ConvertKind::kCopy) {
-        std::memcpy(outs[0].data, src, desc.nbytes);
-      } else {
-        status = formats::Quantize(plan->format, formats::ConstTensor{desc.dtype, desc.shape, src}, options,
-                                   std::nullopt, outs, desc.name);
-      }
-    }
+    if (status.ok()) status = converter_.Convert(*plan, desc, src, ring_.kind(), outs, options);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       absl::MutexLock lock(&mu_);
       FailLocked(absl::ResourceExhaustedError(absl::StrCat("tensor '", desc.name, "': ", status.message())));
@@ -210,6 +206,8 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     }
     if (!status.ok()) ledger_.Fail(desc.name, status);
   }
+  // The slot is released after this returns: every conversion reading it must be complete.
+  for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
   absl::MutexLock lock(&mu_);
   bytes_out_ += out_bytes;
   for (const auto& [format, bytes] : by_format) bytes_out_by_format_[format] += bytes;

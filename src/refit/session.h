@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "refit/bucket_ring.h"
+#include "refit/converter.h"
 #include "refit/ledger.h"
 #include "refit/planner.h"
 #include "refit/staging.h"
@@ -36,9 +37,10 @@ class Session {
     SessionLimits limits;
   };
 
-  // REQUIRES: planner, receiver and ring outlive the session; the ring is used by no other
-  // session meanwhile.
-  Session(const Planner& planner, transport::Receiver& receiver, BucketRing& ring, Options options);
+  // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
+  // and pool serve no other session meanwhile.
+  Session(const Planner& planner, transport::Receiver& receiver, BucketRing& ring, Converter& converter,
+          StagingPool& pool, Options options);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -77,6 +79,7 @@ class Session {
   const Planner& planner_;
   transport::Receiver& receiver_;
   BucketRing& ring_;
+  Converter& converter_;
   const Options options_;
   Ledger ledger_;
   Staging staging_;

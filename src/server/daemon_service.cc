@@ -9,10 +9,12 @@
 #include "common/checksum.h"
 #include "proto/wire.h"
 #include "refit/committer.h"
+#include "refit/cpu_converter.h"
 #include "server/blocking.h"
 #include "server/log.h"
 #include "storage/shm_storage.h"
 #if REFIT_HAVE_CUDA
+#include "refit/gpu/gpu_converter.h"
 #include "storage/cuda_ipc_storage.h"
 #endif
 #include <cstring>
@@ -126,7 +128,8 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
                   const Session* s = run->state.active->session.get();
                   std::vector<size_t> produced = s->ledger().Produced();
                   return RunBlocking(run->state.io, [engine, s, produced, run] {
-                    run->copied = CommitStaged(*engine->planner, s->staging(), produced, *engine->storage);
+                    run->copied = CommitStaged(*engine->planner, s->staging(), *engine->converter, *engine->pool,
+                                               produced, *engine->storage);
                   });
                 },
                 [run](kj::Exception&& e) -> kj::Promise<void> {
@@ -270,6 +273,28 @@ absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<
   return std::unique_ptr<storage::EngineStorage>(std::move(*s));
 }
 
+// Staging memory and converter for a registered engine: host staging and the CPU converter, or,
+// with `staging: device` and an engine on the GPU, device staging and the GPU converter.
+absl::StatusOr<std::pair<std::unique_ptr<StagingPool>, std::unique_ptr<Converter>>> MakeStaging(
+    const Config& config, const storage::EngineStorage& storage) {
+  if (config.staging == "device") {
+    if (!storage.on_device()) {
+      return absl::InvalidArgumentError("config says staging: device, but the engine registered host (shm) parameters");
+    }
+#if REFIT_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(storage.device());
+    if (!memory.ok()) return memory.status();
+    absl::StatusOr<std::unique_ptr<Converter>> converter = NewGpuConverter(storage.device());
+    if (!converter.ok()) return converter.status();
+    return std::make_pair(std::make_unique<StagingPool>(std::move(*memory)), std::move(*converter));
+#endif
+  }
+  // Host staging: pinned when the engine is on the GPU, so the commit copy is a fast H2D copy.
+  std::unique_ptr<storage::Memory> memory = storage.on_device() ? storage::NewPinnedHostMemory() : storage::NewHostMemory();
+  return std::make_pair(std::make_unique<StagingPool>(std::move(memory)),
+                        std::unique_ptr<Converter>(std::make_unique<CpuConverter>()));
+}
+
 class DaemonImpl final : public proto::Daemon::Server {
  public:
   explicit DaemonImpl(DaemonState& state) : state_(state) {}
@@ -306,7 +331,9 @@ class DaemonImpl final : public proto::Daemon::Server {
     options.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
     options.limits = limits;
     state_.active = DaemonState::Active{
-        std::make_unique<Session>(*state_.engine->planner, *state_.receiver, state_.ring, options), absl::Now(), false};
+        std::make_unique<Session>(*state_.engine->planner, *state_.receiver, *state_.ring, *state_.engine->converter,
+                                  *state_.engine->pool, options),
+        absl::Now(), false};
     uint64_t id = options.id;
     Log(LogLevel::kInfo, absl::StrCat("event=session_begin session=", id, " tensors=", manifest->tensors.size(),
                                       " partial=", manifest->partial ? "true" : "false"));
@@ -346,11 +373,20 @@ class DaemonImpl final : public proto::Daemon::Server {
         state_.EndSession(r);
       }
     }
+    absl::StatusOr<std::pair<std::unique_ptr<StagingPool>, std::unique_ptr<Converter>>> staging =
+        MakeStaging(state_.config, **storage);
+    if (!staging.ok()) Throw(staging.status().message());
     uint64_t bytes = 0;
     for (const auto& p : (*storage)->params()) bytes += p.nbytes;
     uint64_t id = state_.next_engine_id++;
-    state_.engine = DaemonState::Engine{id, std::make_unique<Planner>(std::move(*planner)), std::move(*storage),
-                                        params.getControl(), bytes, false};
+    state_.engine = DaemonState::Engine{id,
+                                        std::make_unique<Planner>(std::move(*planner)),
+                                        std::move(*storage),
+                                        std::move(staging->first),
+                                        std::move(staging->second),
+                                        params.getControl(),
+                                        bytes,
+                                        false};
     state_.version = params.getVersion();
     Log(LogLevel::kInfo, absl::StrCat("event=engine_registered engine=", id, " params=",
                                       state_.engine->storage->params().size(), " bytes=", bytes,
@@ -425,11 +461,12 @@ class DaemonImpl final : public proto::Daemon::Server {
 }  // namespace
 
 DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_ptr<transport::Receiver> receiver_in,
-                         kj::LowLevelAsyncIoProvider& io_in, kj::Timer& timer_in, DaemonHooks hooks_in)
+                         std::unique_ptr<BucketRing> ring_in, kj::LowLevelAsyncIoProvider& io_in, kj::Timer& timer_in,
+                         DaemonHooks hooks_in)
     : config(std::move(config_in)),
       spec(std::move(spec_in)),
       receiver(std::move(receiver_in)),
-      ring(config.limits.bucket_slots, config.limits.bucket_bytes),
+      ring(std::move(ring_in)),
       io(io_in),
       timer(timer_in),
       hooks(std::move(hooks_in)),

@@ -14,6 +14,8 @@
 #include "kj/timer.h"
 #include "proto/refit.capnp.h"
 #include "refit/bucket_ring.h"
+#include "refit/converter.h"
+#include "refit/staging.h"
 #include "refit/planner.h"
 #include "refit/session.h"
 #include "server/config.h"
@@ -34,13 +36,16 @@ struct DaemonHooks {
 class DaemonState {
  public:
   DaemonState(Config config, spec::ModelSpec spec, std::unique_ptr<transport::Receiver> receiver,
-              kj::LowLevelAsyncIoProvider& io, kj::Timer& timer, DaemonHooks hooks);
+              std::unique_ptr<BucketRing> ring, kj::LowLevelAsyncIoProvider& io, kj::Timer& timer,
+              DaemonHooks hooks);
   ~DaemonState();
 
   struct Engine {
     uint64_t id;
     std::unique_ptr<Planner> planner;
     std::unique_ptr<storage::EngineStorage> storage;
+    std::unique_ptr<StagingPool> pool;        // staging buffers, kept across refits
+    std::unique_ptr<Converter> converter;     // CPU, or GPU with `staging: device`
     proto::EngineControl::Client control;
     uint64_t bytes = 0;
     bool dirty = false;  // a commit failed mid-copy: the engine stays paused until a full refit lands
@@ -54,7 +59,7 @@ class DaemonState {
   const Config config;
   const spec::ModelSpec spec;
   std::unique_ptr<transport::Receiver> receiver;
-  BucketRing ring;
+  std::unique_ptr<BucketRing> ring;
   kj::LowLevelAsyncIoProvider& io;
   kj::Timer& timer;
   DaemonHooks hooks;

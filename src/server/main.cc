@@ -25,6 +25,7 @@
 #include "server/daemon_service.h"
 #include "server/log.h"
 #include "spec/model_spec.h"
+#include "storage/memory.h"
 #include "transport/ucx/ucx_receiver.h"
 
 namespace {
@@ -105,7 +106,12 @@ int main(int argc, char** argv) {
   metrics::BuildInfo build{REFIT_VERSION, REFIT_GIT_COMMIT, REFIT_BUILD_TYPE, REFIT_WITH_CUDA != 0};
   absl::StatusOr<metrics::RefitMetrics> refit_metrics = metrics::RefitMetrics::Register(registry, build);
   if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
-  server::DaemonState state(*config, std::move(*spec), std::move(*receiver), *io.lowLevelProvider,
+  // Bucket slots in pinned host memory (UCX receives into them; device staging copies from them).
+  std::unique_ptr<storage::Memory> slot_memory = storage::NewPinnedHostMemory();
+  absl::StatusOr<std::unique_ptr<BucketRing>> ring =
+      BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, *slot_memory);
+  if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));
+  server::DaemonState state(*config, std::move(*spec), std::move(*receiver), std::move(*ring), *io.lowLevelProvider,
                             io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport));
   refit_metrics->engine_registered->Set(0);
 

@@ -40,7 +40,7 @@ class CudaIpcEngineStorage : public EngineStorage {
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::Status Flush() override;
   bool on_device() const override { return true; }
-  int device() const { return device_; }
+  int device() const override { return device_; }
 
  private:
   CudaIpcEngineStorage() = default;

@@ -36,6 +36,8 @@ class EngineStorage {
   }
   // True when the parameters live in GPU memory.
   virtual bool on_device() const { return false; }
+  // The CUDA device of the parameters, or -1 for host storage.
+  virtual int device() const { return -1; }
   // Copies parameter `index` into host memory `dst` (params()[index].nbytes bytes).
   virtual absl::Status ReadToHost(size_t index, void* dst) const = 0;
   // Returns once every write issued so far is visible to the engine.

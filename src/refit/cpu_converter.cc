@@ -1,0 +1,30 @@
+#include "refit/cpu_converter.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "refit/committer.h"
+
+namespace refit {
+
+absl::Status CpuConverter::Convert(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
+                                   storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
+                                   const formats::QuantizeOptions& options) {
+  if (src_kind != storage::MemoryKind::kHost) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", desc.name, "' arrived in GPU memory; this daemon converts on the CPU (staging: host)"));
+  }
+  if (plan.kind == ConvertKind::kCopy) {
+    std::memcpy(outs[0].data, src, desc.nbytes);
+    return absl::OkStatus();
+  }
+  return formats::Quantize(plan.format, formats::ConstTensor{desc.dtype, desc.shape, src}, options, std::nullopt,
+                           outs, desc.name);
+}
+
+absl::Status CpuConverter::Derive(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
+                                  uint8_t* out) {
+  return ComputeDerived(d, target, from, out);
+}
+
+}  // namespace refit

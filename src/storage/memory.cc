@@ -1,0 +1,32 @@
+#include "storage/memory.h"
+
+#include <new>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace refit::storage {
+namespace {
+
+class HostMemory final : public Memory {
+ public:
+  MemoryKind kind() const override { return MemoryKind::kHost; }
+  absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) override {
+    uint8_t* p = new (std::nothrow) uint8_t[bytes == 0 ? 1 : bytes];
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " host bytes"));
+    return std::shared_ptr<uint8_t>(p, std::default_delete<uint8_t[]>());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Memory> NewHostMemory() { return std::make_unique<HostMemory>(); }
+
+#if !REFIT_HAVE_CUDA
+std::unique_ptr<Memory> NewPinnedHostMemory() { return NewHostMemory(); }
+absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {
+  return absl::UnavailableError("refitd was built without CUDA: no device staging");
+}
+#endif
+
+}  // namespace refit::storage

@@ -1,0 +1,36 @@
+// Where buffers live: host memory or the engine GPU's memory. The converter and the
+// committer pick copy directions from the kind; allocation goes through this seam so that the
+// core never includes CUDA headers (the device implementation is in cuda_memory.cc, built with
+// CUDA only). Thread-safe.
+#ifndef REFIT_STORAGE_MEMORY_H_
+#define REFIT_STORAGE_MEMORY_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace refit::storage {
+
+enum class MemoryKind : uint8_t { kHost, kDevice };
+
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual MemoryKind kind() const = 0;
+  // `bytes` of uninitialized memory, freed when the last owner lets go. ResourceExhausted when
+  // the allocation fails.
+  virtual absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) = 0;
+};
+
+// Plain host memory.
+std::unique_ptr<Memory> NewHostMemory();
+// Page-locked host memory (fast, asynchronous copies to the GPU); falls back to plain host memory
+// where no CUDA device is usable, so the host path runs everywhere.
+std::unique_ptr<Memory> NewPinnedHostMemory();
+// Memory of GPU `device` (cudaMalloc). Unavailable when CUDA is not built in or no device exists.
+absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device);
+
+}  // namespace refit::storage
+
+#endif  // REFIT_STORAGE_MEMORY_H_
