@@ -1,0 +1,21 @@
+// Turns a CUDA runtime error code (an int, so callers need no CUDA headers) into absl::Status.
+// Thread-safe: pure function.
+#ifndef REFIT_KERNELS_STATUS_H_
+#define REFIT_KERNELS_STATUS_H_
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/launch.h"
+
+namespace refit::kernels {
+
+inline absl::Status CudaStatus(int code, std::string_view what) {
+  if (code == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA error ", code, " (", launch::ErrorString(code), ") ", what));
+}
+
+}  // namespace refit::kernels
+
+#endif  // REFIT_KERNELS_STATUS_H_
