@@ -44,7 +44,7 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   for (const Info& i : kInfo) {
     if (i.name == name) return i.type;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", std::string(name), "'"));
 }
 
 absl::StatusOr<int64_t> NumElements(const Shape& shape) {
