@@ -1,7 +1,6 @@
 // Host side of layout.h, derive.h and checksum.h: argument checks, then the raw launchers.
 #include "kernels/layout.h"
 
-#include "absl/strings/str_cat.h"
 #include "kernels/checksum.h"
 #include "kernels/derive.h"
 #include "kernels/launch.h"
@@ -21,7 +20,7 @@ bool BadDims(int64_t a, int64_t b, int64_t c) {
 
 absl::StatusOr<uint64_t> PackUe8m0OutputWords(int64_t groups, int64_t mn, int64_t kb) {
   if (BadDims(groups, mn, kb)) {
-    return absl::InvalidArgumentError(absl::StrCat("ue8m0 pack: bad dims ", groups, "x", mn, "x", kb));
+    return absl::InvalidArgumentError(Msg("ue8m0 pack: bad dims ", groups, "x", mn, "x", kb));
   }
   return static_cast<uint64_t>(groups * ((mn + 3) / 4 * 4) * ((kb + 3) / 4));
 }
@@ -29,13 +28,13 @@ absl::StatusOr<uint64_t> PackUe8m0OutputWords(int64_t groups, int64_t mn, int64_
 absl::Status PackUe8m0Scales(const float* sf, int64_t groups, int64_t mn, int64_t kb, int gran_mn,
                              int32_t* out, uint64_t out_words, unsigned long long* first_bad, void* stream) {
   if (gran_mn != 1 && gran_mn != 128) {
-    return absl::InvalidArgumentError(absl::StrCat("ue8m0 pack: gran_mn ", gran_mn, " is not 1 or 128"));
+    return absl::InvalidArgumentError(Msg("ue8m0 pack: gran_mn ", gran_mn, " is not 1 or 128"));
   }
   auto words = PackUe8m0OutputWords(groups, mn, kb);
   if (!words.ok()) return words.status();
   if (*words != out_words) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ue8m0 pack: output has ", out_words, " words, expected ", *words));
+        Msg("ue8m0 pack: output has ", out_words, " words, expected ", *words));
   }
   if (*words > 0 && (sf == nullptr || out == nullptr)) return absl::InvalidArgumentError("ue8m0 pack: null pointer");
   return CudaStatus(launch::PackUe8m0(sf, groups, mn, kb, gran_mn, out, first_bad, stream), "packing ue8m0 scales");
@@ -43,7 +42,7 @@ absl::Status PackUe8m0Scales(const float* sf, int64_t groups, int64_t mn, int64_
 
 absl::StatusOr<uint64_t> Swizzle128x4OutputBytes(int64_t batch, int64_t rows, int64_t cols) {
   if (BadDims(batch, rows, cols)) {
-    return absl::InvalidArgumentError(absl::StrCat("swizzle 128x4: bad dims ", batch, "x", rows, "x", cols));
+    return absl::InvalidArgumentError(Msg("swizzle 128x4: bad dims ", batch, "x", rows, "x", cols));
   }
   return static_cast<uint64_t>(batch * ((rows + 127) / 128 * 128) * ((cols + 3) / 4 * 4));
 }
@@ -54,7 +53,7 @@ absl::Status Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t
   if (!bytes.ok()) return bytes.status();
   if (*bytes != out_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("swizzle 128x4: output has ", out_bytes, " bytes, expected ", *bytes));
+        Msg("swizzle 128x4: output has ", out_bytes, " bytes, expected ", *bytes));
   }
   if (*bytes > 0 && (s == nullptr || out == nullptr)) return absl::InvalidArgumentError("swizzle 128x4: null pointer");
   return CudaStatus(launch::Swizzle128x4(s, batch, rows, cols, out, stream), "swizzling scales");
@@ -67,7 +66,7 @@ absl::Status GemmaPlusOne(const void* w, DType dtype, int64_t n, void* out, void
     case DType::kF16: type = launch::Output::kF16; break;
     case DType::kF32: type = launch::Output::kF32; break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("gemma w+1: dtype ", DTypeName(dtype), " is not BF16/F16/F32"));
+      return absl::InvalidArgumentError(Msg("gemma w+1: dtype ", DTypeName(dtype), " is not BF16/F16/F32"));
   }
   if (n < 0) return absl::InvalidArgumentError("gemma w+1: negative size");
   if (n > 0 && (w == nullptr || out == nullptr)) return absl::InvalidArgumentError("gemma w+1: null pointer");

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "formats/bits.h"
 #include "kernels/launch.h"
 
 namespace refit::kernels::dev {
@@ -34,20 +35,13 @@ __device__ __forceinline__ uint32_t Fp16Bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
-// E4M3FN with RNE and saturation to +-448; NaN -> NaN (B §2.1, CUDA SATFINITE column).
-// Byte 0 of the result encodes `lo`.
+// E4M3FN with RNE and saturation to +-448 (B §2.1, CUDA SATFINITE column), in hardware
+// (cvt.rn.satfinite.e4m3x2.f32). Byte 0 of the result encodes `lo`. Scalar scale bytes use
+// formats::bits::F32ToE4m3 instead, which also keeps the sign of NaN.
 __device__ __forceinline__ uint32_t E4m3x2(float lo, float hi) {
   return static_cast<uint32_t>(
       __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
-__device__ __forceinline__ uint32_t E4m3(float x) {
-  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
-}
-__device__ __forceinline__ float E4m3ToFloat(uint32_t byte) {
-  __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
-  return __half2float(__half(h));
-}
-
 // E2M1 magnitude code (0..7) of |y| with RNE ties and saturation; NaN -> 7 (B §2.4).
 // Rounds with a magic addend whose ulp is the E2M1 spacing of |y|'s range (0.5, 1 or 2), so the
 // float adder performs the round-half-even; the integer difference is then the code.
@@ -59,39 +53,13 @@ __device__ __forceinline__ uint32_t E2m1Mag(float y) {
   uint32_t code = B(a + F(magic)) - base;
   return min(code, 7u);  // NaN and Inf land far above 7
 }
-// Sign from the fp32 sign bit (CUDA / triton / ml_dtypes rule: -0.0 -> 8), NaN -> 7.
+// Sign from the fp32 sign bit (CUDA / triton / ml_dtypes rule: -0.0 -> 8); NaN magnitude 7.
 __device__ __forceinline__ uint32_t E2m1SignBit(float y) {
-  uint32_t mag = E2m1Mag(y);
-  uint32_t sign = (B(y) >> 28) & 8u;
-  return (B(y) & kAbsMask) > kInfBits ? 7u : (mag | sign);
+  return E2m1Mag(y) | ((B(y) >> 28) & 8u);
 }
 // ModelOpt rule: sign = (y < 0), so -0.0 -> 0 and NaN -> 7 (B §6.2 step 5).
 __device__ __forceinline__ uint32_t E2m1SignLt(float y) {
   return E2m1Mag(y) | (y < 0.0f ? 8u : 0u);
-}
-
-// ceil-E8M0, TE flavour (B §2.5): NaN -> 255, else round up, capped at 254.
-__device__ __forceinline__ uint32_t CeilE8m0Te(float v) {
-  uint32_t b = B(v);
-  if ((b & kAbsMask) > kInfBits) return 255u;
-  uint32_t e = (b >> 23) & 0xFFu, m = b & 0x7FFFFFu;
-  e += (e == 0) ? (m > 0x400000u ? 1u : 0u) : (m != 0 ? 1u : 0u);
-  return min(e, 254u);
-}
-// TE exp2f_rcp: 2^(127 - e) exactly; e = 254 -> 2^-127, e = 255 -> NaN.
-__device__ __forceinline__ float Exp2fRcp(uint32_t e) {
-  if (e == 255u) return __uint_as_float(0x7FFFFFFFu);
-  if (e == 254u) return F(0x00400000u);
-  return F((254u - e) << 23);
-}
-// DeepGEMM ceil_to_ue8m0 (B §2.5): e' = clamp(e + (m != 0), 1, 254). NaN stays NaN.
-__device__ __forceinline__ float CeilUe8m0DeepGemm(float s) {
-  uint32_t b = B(s);
-  if ((b & kAbsMask) > kInfBits) return s;
-  uint32_t e = (b >> 23) & 0xFFu, m = b & 0x7FFFFFu;
-  e += (m != 0) ? 1u : 0u;
-  e = min(max(e, 1u), 254u);
-  return F(e << 23);
 }
 
 // ---- Input chunks: 16 bytes of input = kElems elements. ----

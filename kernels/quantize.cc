@@ -5,7 +5,6 @@
 #include <cmath>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/launch.h"
 #include "kernels/status.h"
 
@@ -29,25 +28,25 @@ absl::StatusOr<View> MakeView(const formats::ConstTensor& in, const formats::Qua
                                                                          : launch::Input::kF32;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", name, ": input dtype ", DTypeName(in.dtype), " is not BF16 or F32"));
+        Msg("tensor ", name, ": input dtype ", DTypeName(in.dtype), " is not BF16 or F32"));
   }
   if (in.shape.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": scalar input"));
+    return absl::InvalidArgumentError(Msg("tensor ", name, ": scalar input"));
   }
   auto n = NumElements(in.shape);
-  if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", n.status().message()));
+  if (!n.ok()) return absl::InvalidArgumentError(Msg("tensor ", name, ": ", n.status().message()));
   const int64_t cols = in.shape.back();
   const int64_t rows = in.shape.size() >= 2 ? in.shape[in.shape.size() - 2] : 1;
   const int64_t batch = (rows == 0 || cols == 0) ? 0 : *n / (rows * cols);
   if (*n > 0 && in.data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": null input pointer"));
+    return absl::InvalidArgumentError(Msg("tensor ", name, ": null input pointer"));
   }
   return View{launch::Src{in.data, input, batch, rows, cols}, *n};
 }
 
 absl::Status NeedMultiple(const Shape& shape, int64_t k, std::string_view format) {
   if (shape.back() % k != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(format, " needs the last dimension to be a multiple of ",
+    return absl::InvalidArgumentError(Msg(format, " needs the last dimension to be a multiple of ",
                                                    k, ", got K=", shape.back()));
   }
   return absl::OkStatus();
@@ -57,7 +56,7 @@ absl::Status NeedMultiple(const Shape& shape, int64_t k, std::string_view format
 
 absl::StatusOr<std::vector<uint64_t>> OutputBytes(Format f, DType input, const Shape& shape) {
   if (input != DType::kBF16 && input != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat("input dtype ", DTypeName(input), " is not BF16 or F32"));
+    return absl::InvalidArgumentError(Msg("input dtype ", DTypeName(input), " is not BF16 or F32"));
   }
   if (shape.empty()) return absl::InvalidArgumentError("scalar input");
   auto n_or = NumElements(shape);
@@ -95,15 +94,15 @@ absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::Q
                       std::string_view tensor_name, const NonfiniteProbe* probe, void* stream) {
   auto bytes = OutputBytes(f, in.dtype, in.shape);
   if (!bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor_name, ": ", bytes.status().message()));
+    return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": ", bytes.status().message()));
   }
   if (outs.size() != bytes->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor_name, ": ", outs.size(),
+    return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": ", outs.size(),
                                                    " output buffers given, format emits ", bytes->size()));
   }
   for (size_t i = 0; i < outs.size(); ++i) {
     if (outs[i].bytes != (*bytes)[i] || (outs[i].bytes > 0 && outs[i].data == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor_name, ": output ", i, " has ",
+      return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": output ", i, " has ",
                                                      outs[i].bytes, " bytes (ptr ", outs[i].data != nullptr,
                                                      "), expected ", (*bytes)[i]));
     }
@@ -112,7 +111,7 @@ absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::Q
   if (options.nonfinite == formats::NonfinitePolicy::kReject) {
     if (probe == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", tensor_name, ": nonfinite=reject needs a NonfiniteProbe"));
+          Msg("tensor ", tensor_name, ": nonfinite=reject needs a NonfiniteProbe"));
     }
     bad = probe->device_word();
   }
@@ -152,19 +151,23 @@ absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::Q
     case Format::kNvfp4:
     case Format::kNvfp4Te: {
       if (amax.device == nullptr && !amax.host.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        return absl::InvalidArgumentError(Msg(
             "tensor ", tensor_name, ": nvfp4 needs the global amax (host value or AccumulateAmax result)"));
       }
       if (amax.device == nullptr && bad != nullptr && !(std::isfinite(*amax.host) && *amax.host >= 0.0f)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", tensor_name, ": global amax ", *amax.host, " is not finite and >= 0"));
+            Msg("tensor ", tensor_name, ": global amax ", *amax.host, " is not finite and >= 0"));
+      }
+      if (f == Format::kNvfp4 && amax.device == nullptr && *amax.host == 0.0f) {
+        return absl::InvalidArgumentError(Msg("tensor ", tensor_name,
+                                              ": nvfp4 global amax is 0 (ModelOpt scales would be 0/0)"));
       }
       rc = launch::Nvfp4(src, f == Format::kNvfp4Te, amax.device, amax.host.value_or(0.0f), out8(0), out8(1),
                          static_cast<float*>(outs[2].data), bad, stream);
       break;
     }
   }
-  return CudaStatus(rc, absl::StrCat("quantizing tensor ", tensor_name));
+  return CudaStatus(rc, Msg("quantizing tensor ", tensor_name));
 }
 
 absl::Status ResetAmax(float* amax_device, void* stream) {
@@ -229,7 +232,7 @@ absl::Status NonfiniteProbe::Check(std::string_view tensor_name, void* stream) c
   }
   if (first != ~0ULL) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", tensor_name, ": non-finite value (NaN or Inf) at flat index ", first));
+        Msg("tensor ", tensor_name, ": non-finite value (NaN or Inf) at flat index ", first));
   }
   return absl::OkStatus();
 }

@@ -43,39 +43,59 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
                                      0, valid);
     }
   }
-  uint32_t m = 0;
+  // m: max|x| bits (NaN dominant). m_num: max over the non-NaN elements, which the UE8M0
+  // canonicalization needs (NaN codes are left out of max|q|, as in the reference).
+  uint32_t m = 0, m_num = 0;
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     float v[kC];
     const uint32_t lane_amax = Decode<kIn>(raw[p], v);
     m = max(m, lane_amax);
-    const int64_t r = row0 + p * kRowsPerPass;
-    if (first_bad != nullptr && lane_amax >= kInfBits && r < rows && col < cols) {
-      RecordNonfinite(v, base + r * cols + col, first_bad);
+    if (lane_amax >= kInfBits) {
+      const int64_t r = row0 + p * kRowsPerPass;
+      if (first_bad != nullptr && r < rows && col < cols) RecordNonfinite(v, base + r * cols + col, first_bad);
+      if constexpr (kUe8m0) {
+#pragma unroll
+        for (int i = 0; i < kC; ++i) {
+          const uint32_t a = B(v[i]) & kAbsMask;
+          if (a <= kInfBits) m_num = max(m_num, a);
+        }
+      }
+    } else {
+      m_num = max(m_num, lane_amax);
     }
   }
-  __shared__ uint32_t warp_max[kTileThreads / 32];
+  __shared__ uint32_t warp_max[2][kTileThreads / 32];
   __shared__ float tile_scale[2];
   m = __reduce_max_sync(0xFFFFFFFFu, m);
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
+  if constexpr (kUe8m0) m_num = __reduce_max_sync(0xFFFFFFFFu, m_num);
+  if ((threadIdx.x & 31) == 0) {
+    warp_max[0][threadIdx.x / 32] = m;
+    warp_max[1][threadIdx.x / 32] = m_num;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t t = 0;
-    for (int w = 0; w < kTileThreads / 32; ++w) t = max(t, warp_max[w]);
-    const float raw_amax = F(t);
+    uint32_t t = 0, t_num = 0;
+    for (int w = 0; w < kTileThreads / 32; ++w) {
+      t = max(t, warp_max[0][w]);
+      t_num = max(t_num, warp_max[1][w]);
+    }
+    float a = F(t);
     // clamp(min=1e-4) keeps NaN, as torch does.
-    const float a = raw_amax != raw_amax ? raw_amax : fmaxf(raw_amax, 1e-4f);
+    if (!(a != a) && a < 1e-4f) a = 1e-4f;
     float s = __fdiv_rn(a, 448.0f);
     float ratio = 1.0f;
     if constexpr (kUe8m0) {
-      s = CeilUe8m0DeepGemm(s);
-      // Canonicalization: M = max|q| = RNE_E4M3(fl(amax * (1/s))) (rounding is monotonic);
-      // s' = ceil_ue8m0(max(M*s, 1e-4) / 448); q' = q * (s / s').
-      const float M = E4m3ToFloat(E4m3(raw_amax * __frcp_rn(s)));
-      const float s_new = CeilUe8m0DeepGemm(__fdiv_rn(fmaxf(M * s, 1e-4f), 448.0f));
-      if (s_new == s_new && s_new != s) {
-        ratio = __fdiv_rn(s, s_new);
-        scale_inv[tile] = s_new;
+      s = formats::bits::CeilToUe8m0DeepGemm(s);
+      // Canonicalization (B §4.4): max|q| over non-NaN codes is the code of max|x| * (1/s)
+      // (RNE is monotonic); amax' = max|q| * s, clamped; s' = ceil_ue8m0(amax' / 448).
+      const uint8_t max_code = formats::bits::F32ToE4m3(F(t_num) * __frcp_rn(s)) & 0x7F;
+      float amax2 = formats::bits::E4m3ToF32(max_code) * s;
+      if (amax2 < 1e-4f) amax2 = 1e-4f;
+      const float s2 = formats::bits::CeilToUe8m0DeepGemm(__fdiv_rn(amax2, 448.0f));
+      if (s2 < s) {
+        ratio = __fdiv_rn(s, s2);
+        scale_inv[tile] = s2;
       } else {
         scale_inv[tile] = s;
       }
@@ -105,7 +125,11 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
         uint32_t out = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          out |= E4m3(E4m3ToFloat((w[i] >> (8 * j)) & 0xFFu) * ratio) << (8 * j);
+          const uint8_t c = static_cast<uint8_t>(w[i] >> (8 * j));
+          const uint32_t c2 = (c & 0x7F) == 0x7F
+                                  ? c
+                                  : formats::bits::F32ToE4m3(formats::bits::E4m3ToF32(c) * ratio);
+          out |= c2 << (8 * j);
         }
         w[i] = out;
       }

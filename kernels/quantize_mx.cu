@@ -21,8 +21,8 @@ struct Mxfp8Op {
     uint32_t lane_amax = Decode<kIn>(raw, v);
     if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
     const float a = F(GroupMax<kLanes>(lane_amax));
-    const uint32_t e = CeilE8m0Te(a * (1.0f / 448.0f));
-    const float m = Exp2fRcp(e);
+    const uint32_t e = formats::bits::E8m0CeilTe(a * (1.0f / 448.0f));
+    const float m = formats::bits::Exp2Rcp(static_cast<uint8_t>(e));
     uint32_t w[kC / 4];
 #pragma unroll
     for (int i = 0; i < kC / 4; ++i) {
@@ -59,7 +59,7 @@ struct Mxfp4Op {
     if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
     const float a = F(GroupMax<kLanes>(lane_amax));
     // d = a / 6; scale bits = (bits(d) + 0x7FFFFF) & 0x7F800000 (uint32 wrap as triton's int32).
-    const uint32_t sbits = (B(__fdiv_rn(a, 6.0f)) + 0x7FFFFFu) & 0x7F800000u;
+    const uint32_t sbits = formats::bits::E8m0CeilTritonBits(__fdiv_rn(a, 6.0f));
     const float qs = sbits == 0 ? 0.0f : __frcp_rn(F(sbits));
     uint32_t packed = 0;
 #pragma unroll

@@ -33,12 +33,17 @@ struct Nvfp4Op {
     uint32_t packed = 0;
     float global;
     if constexpr (kTe) {
-      float s_enc = fminf(__fdiv_rn(2688.0f, A), FLT_MAX);
+      // Comparisons, not fminf, so NaN stays NaN as in the reference.
+      float s_enc = __fdiv_rn(2688.0f, A);
+      if (s_enc > FLT_MAX) s_enc = FLT_MAX;
       if (A == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
       const float s_dec = __frcp_rn(s_enc);
       const float k = s_enc * (1.0f / 6.0f);
-      scale_byte = E4m3(fminf(b * k, FLT_MAX));
-      const float enc = fminf(__frcp_rn(E4m3ToFloat(scale_byte) * s_dec), FLT_MAX);
+      float sf = b * k;
+      if (sf > FLT_MAX) sf = FLT_MAX;
+      scale_byte = formats::bits::F32ToE4m3(sf);
+      float enc = __frcp_rn(formats::bits::E4m3ToF32(static_cast<uint8_t>(scale_byte)) * s_dec);
+      if (enc > FLT_MAX) enc = FLT_MAX;
 #pragma unroll
       for (int i = 0; i < kC; ++i) packed |= E2m1SignBit(v[i] * enc) << (4 * i);
       global = s_dec;
@@ -46,8 +51,8 @@ struct Nvfp4Op {
       const float s2 = __fdiv_rn(A, 2688.0f);
       float s = __fdiv_rn(b, 6.0f * s2);
       if (s == 0.0f) s = 1.0f;
-      scale_byte = E4m3(s);
-      const float d = E4m3ToFloat(scale_byte) * s2;
+      scale_byte = formats::bits::F32ToE4m3(s);
+      const float d = formats::bits::E4m3ToF32(static_cast<uint8_t>(scale_byte)) * s2;
       // y = x / d, correctly rounded. Fast path: one reciprocal per block and a Markstein
       // correction per element, exact while d and the quotient are normal; otherwise (tiny
       // quotients, d out of range, non-finite input) a true division.

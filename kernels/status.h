@@ -6,14 +6,16 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "formats/message.h"
 #include "kernels/launch.h"
 
 namespace refit::kernels {
 
+using formats::Msg;
+
 inline absl::Status CudaStatus(int code, std::string_view what) {
   if (code == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA error ", code, " (", launch::ErrorString(code), ") ", what));
+  return absl::InternalError(Msg("CUDA error ", code, " (", launch::ErrorString(code), ") ", what));
 }
 
 }  // namespace refit::kernels
