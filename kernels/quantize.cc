@@ -107,6 +107,20 @@ absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::Q
                                                      "), expected ", (*bytes)[i]));
     }
   }
+  // Element alignment: the kernels pick 16-byte vector paths when they can and fall back to
+  // element accesses otherwise, but never split an element.
+  if (reinterpret_cast<uintptr_t>(in.data) % DTypeSize(in.dtype) != 0) {
+    return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": input is not aligned to its element size"));
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const bool f32_part = f == Format::kFp32 || (i == 1 && (f == Format::kFp8Block128 || f == Format::kFp8Block128Ue8m0)) ||
+                          (i == 2 && (f == Format::kNvfp4 || f == Format::kNvfp4Te));
+    const bool f16_part = i == 0 && (f == Format::kBf16 || f == Format::kFp16);
+    const uintptr_t align = f32_part ? 4 : (f16_part ? 2 : 1);
+    if (reinterpret_cast<uintptr_t>(outs[i].data) % align != 0) {
+      return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": output ", i, " is not ", align, "-byte aligned"));
+    }
+  }
   unsigned long long* bad = nullptr;
   if (options.nonfinite == formats::NonfinitePolicy::kReject) {
     if (probe == nullptr) {

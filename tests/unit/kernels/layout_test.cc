@@ -52,10 +52,10 @@ TEST_F(KernelsLayoutTest, PackUe8m0MatchesReferenceForAnyRowCount) {
 TEST_F(KernelsLayoutTest, PackUe8m0FlagsScalesThatAreNotPowersOfTwo) {
   std::vector<float> sf(3 * 4, 1.0f);
   sf[7] = 1.5f;
-  DeviceBuffer d_sf(sf.size() * 4), d_out(4 * 4 * 1 * 4), d_bad(8, 0xFF);
-  d_sf.Upload(sf.data(), sf.size() * 4);
   auto words = PackUe8m0OutputWords(1, 300, 4);
   ASSERT_TRUE(words.ok());
+  DeviceBuffer d_sf(sf.size() * 4), d_out(*words * 4), d_bad(8, 0xFF);
+  d_sf.Upload(sf.data(), sf.size() * 4);
   ASSERT_TRUE(PackUe8m0Scales(static_cast<float*>(d_sf.get()), 1, 300, 4, 128, static_cast<int32_t*>(d_out.get()),
                               *words, static_cast<unsigned long long*>(d_bad.get()), nullptr)
                   .ok());

@@ -113,8 +113,12 @@ absl::StatusOr<Outputs> RunGpu(Format f, DType dtype, const Shape& shape, const 
                                size_t misalign = 0) {
   auto plan = formats::PlanOutputs(f, dtype, shape);
   if (!plan.ok()) return plan.status();
-  DeviceBuffer d_in(in.size() + misalign);
-  d_in.Upload(in.data(), in.size(), misalign);
+  // `misalign` shifts the input by one element and every output by 4 bytes: off the 16-byte
+  // vector alignment, still element-aligned.
+  const size_t in_shift = misalign ? DTypeSize(dtype) : 0;
+  misalign = misalign ? 4 : 0;
+  DeviceBuffer d_in(in.size() + in_shift);
+  d_in.Upload(in.data(), in.size(), in_shift);
   std::vector<std::unique_ptr<DeviceBuffer>> bufs;
   std::vector<formats::MutableBytes> outs;
   for (const auto& s : *plan) {
@@ -125,7 +129,7 @@ absl::StatusOr<Outputs> RunGpu(Format f, DType dtype, const Shape& shape, const 
   if (!probe.ok()) return probe.status();
   DeviceBuffer d_amax(4);
   GlobalAmax ga;
-  const formats::ConstTensor t{dtype, shape, static_cast<char*>(d_in.get()) + misalign};
+  const formats::ConstTensor t{dtype, shape, static_cast<char*>(d_in.get()) + in_shift};
   if (formats::NeedsGlobalAmax(f)) {
     if (path == AmaxPath::kDevice && !amax.has_value()) {
       if (auto s = ResetAmax(static_cast<float*>(d_amax.get()), nullptr); !s.ok()) return s;
