@@ -13,7 +13,10 @@
 namespace refit::kernels::dev {
 
 constexpr int kFlatThreads = 256;
-constexpr int kUnroll = 4;
+#ifndef REFIT_KERNELS_FLAT_UNROLL
+#define REFIT_KERNELS_FLAT_UNROLL 4
+#endif
+constexpr int kUnroll = REFIT_KERNELS_FLAT_UNROLL;
 
 // Op::Process(chunk, elem, raw, valid) is called by every lane (valid or not) so ops may
 // shuffle across lanes. `kReverse` walks CTAs from the end of the tensor to its start, so a
@@ -43,16 +46,16 @@ inline int64_t FlatGrid(int64_t n_chunks) {
 }
 
 template <bool kReverse = false, class Op>
-inline int LaunchFlat(const launch::Src& src, bool vec, Op op, void* stream) {
+inline int LaunchFlat(const launch::Src& src, bool vec, Op op, void* stream, bool launch_empty = false) {
   const int64_t n = src.batch * src.rows * src.cols;
-  if (n == 0) return 0;
+  if (n == 0 && !launch_empty) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto in_tag, auto vec_tag) {
     constexpr launch::Input kIn = decltype(in_tag)::value;
     constexpr bool kVec = decltype(vec_tag)::value;
     const int64_t n_chunks = (n + Elems<kIn>::kCount - 1) / Elems<kIn>::kCount;
-    FlatKernel<kIn, kVec, kReverse, Op>
-        <<<static_cast<unsigned>(FlatGrid(n_chunks)), kFlatThreads, 0, s>>>(src.data, n, n_chunks, op);
+    const int64_t grid = n_chunks == 0 ? 1 : FlatGrid(n_chunks);
+    FlatKernel<kIn, kVec, kReverse, Op><<<static_cast<unsigned>(grid), kFlatThreads, 0, s>>>(src.data, n, n_chunks, op);
   };
   using T = std::true_type;
   using Fa = std::false_type;

@@ -10,6 +10,15 @@ namespace {
 
 constexpr int kTileThreads = 256;
 
+// A 16-byte load the compiler may not merge with an earlier load of the same address.
+__device__ __forceinline__ uint4 ReloadVec(const void* base, int64_t byte_offset) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(static_cast<const char*>(base) + byte_offset));
+  return r;
+}
+
 template <launch::Input kIn, bool kVec, bool kUe8m0>
 __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, uint8_t* q,
                                                               float* scale_inv,
@@ -84,6 +93,7 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
     // clamp(min=1e-4) keeps NaN, as torch does.
     if (!(a != a) && a < 1e-4f) a = 1e-4f;
     float s = __fdiv_rn(a, 448.0f);
+    if (a != a) s = F(B(a) | 0x00400000u);  // keep the NaN's payload, as the CPU division does
     float ratio = 1.0f;
     if constexpr (kUe8m0) {
       s = formats::bits::CeilToUe8m0DeepGemm(s);
@@ -111,8 +121,18 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
   for (int p = 0; p < kPasses; ++p) {
     const int64_t r = row0 + p * kRowsPerPass;
     if (!(r < rows && col < cols)) continue;
+    // Re-read the chunk (an L1/L2 hit: this CTA read it moments ago) rather than keeping the
+    // whole tile in registers, which would cap occupancy at two CTAs per SM.
+    uint4 chunk;
+    if constexpr (kVec) {
+      chunk = ReloadVec(src.data, (base + r * cols + col) * Elems<kIn>::kBytes);
+    } else {
+      const int64_t valid = cols - col < kC ? cols - col : kC;
+      chunk = LoadChunk<kIn, false>(static_cast<const char*>(src.data) + (base + r * cols + col) * Elems<kIn>::kBytes,
+                                    0, valid);
+    }
     float v[kC];
-    Decode<kIn>(raw[p], v);
+    Decode<kIn>(chunk, v);
     uint32_t w[kC / 4];
 #pragma unroll
     for (int i = 0; i < kC / 4; ++i) {

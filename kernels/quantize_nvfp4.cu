@@ -75,7 +75,7 @@ struct Nvfp4Op {
       for (int i = 0; i < kC; ++i) packed |= E2m1SignLt(y[i]) << (4 * i);
       global = s2;
     }
-    if (elem == 0 && valid) *scale_2 = global;
+    if (chunk == 0) *scale_2 = global;  // written even for an empty tensor
     if (!valid) return;
     if constexpr (kVec) {
       if constexpr (kC == 8) {
@@ -140,12 +140,13 @@ int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8
           uint8_t* scales, float* scale_2, unsigned long long* first_bad, void* stream) {
   const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(q, 4);
   // Reverse CTA order: after a forward amax pass, the tail of the tensor is still in L2.
+  // launch_empty: an empty tensor still gets its weight_scale_2.
   if (te) {
     return dev::LaunchFlat<true>(
-        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream);
+        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
   }
   return dev::LaunchFlat<true>(
-      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream);
+      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
 }
 
 int AccumulateAmax(const Src& src, float* amax_dev, void* stream) {

@@ -1,7 +1,7 @@
 // kernel_bench: GB/s of the refitd quantize kernels on a Llama-8B-like weight (14336x4096 bf16,
 // several input copies rotated so that L2 never holds the next input), against a plain
 // device-to-device cudaMemcpy measured in the same run. Logical traffic = input read once +
-// every output written once. Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C]
+// every output written once. Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C] [--iters N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,13 +50,15 @@ struct Buf {
   ~Buf() { cudaFree(p); }
 };
 
-double g_host_us = 0;  // host time to enqueue one call, from the last TimeMs
+double g_host_us = 0;
+int g_iters = 30;  // --iters  // host time to enqueue one call, from the last TimeMs
 
 // Warm up, then time `iters` calls with events three times; returns the best ms per call.
 // Also records in g_host_us how long the host took to enqueue one call: when that is close to
 // the device time, the measurement is launch-bound, not kernel-bound.
 template <class Fn>
-double TimeMs(Fn&& fn, int copies, int iters = 30) {
+double TimeMs(Fn&& fn, int copies) {
+  const int iters = g_iters;
   for (int i = 0; i < 3; ++i) fn(i % copies);
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaEvent_t a, b;
@@ -97,6 +99,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--rows")) rows = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--cols")) cols = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--copies")) copies = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--iters")) g_iters = std::atoi(argv[i + 1]);
   }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
