@@ -1,7 +1,6 @@
 // The flat-kernel skeleton: formats whose blocks lie inside one row (MXFP8, MXFP4, NVFP4, casts)
-// see the tensor as a flat array. Each thread owns kUnroll chunks of 16 input bytes; a warp's
-// lanes own consecutive chunks, so every load instruction is a coalesced 512-byte access. All
-// loads of a thread are issued before any is used, to keep enough bytes in flight.
+// see the tensor as a flat array. Each thread owns kUnroll chunks of 16 input bytes per tile; a
+// warp's lanes own consecutive chunks, so every load instruction is a coalesced 512-byte access.
 // Thread-safe: device code only.
 #ifndef REFIT_KERNELS_FLAT_KERNELS_CUH_
 #define REFIT_KERNELS_FLAT_KERNELS_CUH_
@@ -14,30 +13,62 @@ namespace refit::kernels::dev {
 
 constexpr int kFlatThreads = 256;
 #ifndef REFIT_KERNELS_FLAT_UNROLL
-#define REFIT_KERNELS_FLAT_UNROLL 4
+#define REFIT_KERNELS_FLAT_UNROLL 2
 #endif
 constexpr int kUnroll = REFIT_KERNELS_FLAT_UNROLL;
 
-// Op::Process(chunk, elem, raw, valid) is called by every lane (valid or not) so ops may
-// shuffle across lanes. `kReverse` walks CTAs from the end of the tensor to its start, so a
+// Loads the kUnroll chunks of tile `tile` owned by this thread (chunks past the end read as 0).
+template <launch::Input kIn, bool kVec>
+__device__ __forceinline__ void LoadTile(const void* in, int64_t n, int64_t n_chunks, int64_t tile,
+                                         uint4 (&buf)[kUnroll]) {
+  const int64_t first = tile * (kFlatThreads * kUnroll) + threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t c = first + u * kFlatThreads;
+    buf[u] = c < n_chunks ? LoadChunk<kIn, kVec>(in, c * Elems<kIn>::kCount, n) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Persistent CTAs walk tiles of kFlatThreads * kUnroll chunks, prefetching the next tile into
+// registers before encoding the current one, so memory latency overlaps the arithmetic.
+// Op::Process(chunk, elem, raw, valid, n) is called by every lane (valid or not) so ops may
+// shuffle across lanes. `kReverse` walks tiles from the end of the tensor to its start, so a
 // pass that follows a forward pass over the same tensor begins with what is still in L2.
+// An empty tensor still runs tile 0 once (with no valid chunk), for ops that write metadata.
 template <launch::Input kIn, bool kVec, bool kReverse, class Op>
 __global__ void __launch_bounds__(kFlatThreads) FlatKernel(const void* in, int64_t n,
                                                             int64_t n_chunks, Op op) {
   constexpr int kC = Elems<kIn>::kCount;
-  int64_t cta = kReverse ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
-  int64_t first = cta * (kFlatThreads * kUnroll) + threadIdx.x;
-  uint4 raw[kUnroll];
+  constexpr int64_t kPerTile = kFlatThreads * kUnroll;
+  const int64_t n_tiles = n_chunks == 0 ? 1 : (n_chunks + kPerTile - 1) / kPerTile;
+  int64_t i = blockIdx.x;
+  if (i >= n_tiles) return;
+  uint4 cur[kUnroll], nxt[kUnroll];
+  LoadTile<kIn, kVec>(in, n, n_chunks, kReverse ? n_tiles - 1 - i : i, cur);
+  for (; i < n_tiles; i += gridDim.x) {
+    const int64_t tile = kReverse ? n_tiles - 1 - i : i;
+    const int64_t i_next = i + gridDim.x;
+    if (i_next < n_tiles) LoadTile<kIn, kVec>(in, n, n_chunks, kReverse ? n_tiles - 1 - i_next : i_next, nxt);
+    const int64_t first = tile * kPerTile + threadIdx.x;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    int64_t c = first + u * kFlatThreads;
-    raw[u] = c < n_chunks ? LoadChunk<kIn, kVec>(in, c * kC, n) : make_uint4(0, 0, 0, 0);
-  }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = first + u * kFlatThreads;
+      op.template Process<kIn, kVec>(c, c * kC, cur[u], c < n_chunks, n);
+    }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    int64_t c = first + u * kFlatThreads;
-    op.template Process<kIn, kVec>(c, c * kC, raw[u], c < n_chunks, n);
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
   }
+}
+
+// CTAs to launch for a persistent kernel: as many as fit on the device at once, at most `work`.
+template <class Kernel>
+inline int64_t PersistentGrid(Kernel kernel, int threads, int64_t work) {
+  int device = 0, sms = 132, per_sm = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  return work < resident ? (work > 0 ? work : 1) : resident;
 }
 
 inline int64_t FlatGrid(int64_t n_chunks) {
@@ -54,8 +85,9 @@ inline int LaunchFlat(const launch::Src& src, bool vec, Op op, void* stream, boo
     constexpr launch::Input kIn = decltype(in_tag)::value;
     constexpr bool kVec = decltype(vec_tag)::value;
     const int64_t n_chunks = (n + Elems<kIn>::kCount - 1) / Elems<kIn>::kCount;
-    const int64_t grid = n_chunks == 0 ? 1 : FlatGrid(n_chunks);
-    FlatKernel<kIn, kVec, kReverse, Op><<<static_cast<unsigned>(grid), kFlatThreads, 0, s>>>(src.data, n, n_chunks, op);
+    const auto kernel = FlatKernel<kIn, kVec, kReverse, Op>;
+    const int64_t grid = PersistentGrid(kernel, kFlatThreads, FlatGrid(n_chunks));
+    kernel<<<static_cast<unsigned>(grid), kFlatThreads, 0, s>>>(src.data, n, n_chunks, op);
   };
   using T = std::true_type;
   using Fa = std::false_type;

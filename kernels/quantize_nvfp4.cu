@@ -91,23 +91,26 @@ struct Nvfp4Op {
   }
 };
 
-// Grid-stride max|x| over the tensor; one atomicMax of the fp32 bits per warp.
+// Grid-stride max|x| over the tensor; one atomicMax of the fp32 bits per warp. Read-only, so
+// it keeps more loads in flight per thread than the quantize kernels.
+constexpr int kAmaxUnroll = 8;
+
 template <launch::Input kIn, bool kVec>
 __global__ void __launch_bounds__(kFlatThreads) AmaxKernel(const void* in, int64_t n,
                                                             int64_t n_chunks, uint32_t* out) {
   constexpr int kC = Elems<kIn>::kCount;
   uint32_t m = 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kFlatThreads * kUnroll;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kFlatThreads * kUnroll + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kFlatThreads * kAmaxUnroll;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kFlatThreads * kAmaxUnroll + threadIdx.x;
        first < n_chunks; first += stride) {
-    uint4 raw[kUnroll];
+    uint4 raw[kAmaxUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kAmaxUnroll; ++u) {
       const int64_t c = first + u * kFlatThreads;
       raw[u] = c < n_chunks ? LoadChunk<kIn, kVec>(in, c * kC, n) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kAmaxUnroll; ++u) {
       float v[kC];
       m = max(m, Decode<kIn>(raw[u], v));
     }
@@ -123,7 +126,8 @@ void LaunchAmax(const launch::Src& src, bool vec, uint32_t* out, cudaStream_t s)
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int64_t grid = std::min<int64_t>(FlatGrid(n_chunks), static_cast<int64_t>(sms) * 8);
+  const int64_t per_cta = kFlatThreads * kAmaxUnroll;
+  const int64_t grid = std::min<int64_t>((n_chunks + per_cta - 1) / per_cta, static_cast<int64_t>(sms) * 8);
   if (vec) {
     AmaxKernel<kIn, true><<<static_cast<unsigned>(grid), kFlatThreads, 0, s>>>(src.data, n, n_chunks, out);
   } else {
