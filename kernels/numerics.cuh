@@ -1,0 +1,155 @@
+// Device-side element codecs and input loaders shared by the quantize kernels. Every function
+// reproduces one rule of ../shared/FORMATS.md bit for bit; comments cite the section.
+// Thread-safe: pure device functions.
+#ifndef REFIT_KERNELS_NUMERICS_CUH_
+#define REFIT_KERNELS_NUMERICS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "formats/bits.h"
+#include "kernels/launch.h"
+
+namespace refit::kernels::dev {
+
+constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kInfBits = 0x7F800000u;
+
+__device__ __forceinline__ float F(uint32_t b) { return __uint_as_float(b); }
+__device__ __forceinline__ uint32_t B(float f) { return __float_as_uint(f); }
+
+// FP32 -> BF16 bits, RNE; NaN -> 0x7FC0 (as torch's CPU cast).
+__device__ __forceinline__ uint32_t Bf16Bits(float x) {
+  uint32_t b = B(x);
+  if ((b & kAbsMask) > kInfBits) return 0x7FC0u;
+  return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+}
+// FP32 -> FP16 bits, RNE, overflow to Inf; NaN -> sign | 0x7E00 (as c10's CPU cast).
+__device__ __forceinline__ uint32_t Fp16Bits(float x) {
+  uint32_t b = B(x);
+  if ((b & kAbsMask) > kInfBits) return ((b >> 16) & 0x8000u) | 0x7E00u;
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+// E4M3FN with RNE and saturation to +-448 (B §2.1, CUDA SATFINITE column), in hardware
+// (cvt.rn.satfinite.e4m3x2.f32). Byte 0 of the result encodes `lo`. Scalar scale bytes use
+// formats::bits::F32ToE4m3 instead, which also keeps the sign of NaN.
+__device__ __forceinline__ uint32_t E4m3x2(float lo, float hi) {
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+// E2M1 magnitude code (0..7) of |y| with RNE ties and saturation; NaN -> 7 (B §2.4).
+// Rounds with a magic addend whose ulp is the E2M1 spacing of |y|'s range (0.5, 1 or 2), so the
+// float adder performs the round-half-even; the integer difference is then the code.
+__device__ __forceinline__ uint32_t E2m1Mag(float y) {
+  float a = fabsf(y);
+  // magic 2^22 (spacing 0.5, codes 0..4), 2^23 (spacing 1, codes 4..6), 2^24 (spacing 2, 6..7)
+  uint32_t magic = a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000000u : 0x4B800000u);
+  uint32_t base = a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000000u - 2u : 0x4B800000u - 4u);
+  uint32_t code = B(a + F(magic)) - base;
+  return min(code, 7u);  // NaN and Inf land far above 7
+}
+// Sign from the fp32 sign bit (CUDA / triton / ml_dtypes rule: -0.0 -> 8); NaN magnitude 7.
+__device__ __forceinline__ uint32_t E2m1SignBit(float y) {
+  return E2m1Mag(y) | ((B(y) >> 28) & 8u);
+}
+// ModelOpt rule: sign = (y < 0), so -0.0 -> 0 and NaN -> 7 (B §6.2 step 5).
+__device__ __forceinline__ uint32_t E2m1SignLt(float y) {
+  return E2m1Mag(y) | (y < 0.0f ? 8u : 0u);
+}
+
+// Per-halfword unsigned max, one instruction on sm_90 (PTX max.u16x2).
+__device__ __forceinline__ uint32_t MaxU16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// ---- Input chunks: 16 bytes of input = kElems elements. ----
+template <launch::Input kIn>
+struct Elems {
+  static constexpr int kCount = kIn == launch::Input::kBf16 ? 8 : 4;
+  static constexpr int kBytes = kIn == launch::Input::kBf16 ? 2 : 4;
+};
+
+// Widens a raw 16-byte chunk to fp32 and returns the bits of max|x| (NaN-dominant: NaN bits
+// compare above Inf bits once the sign is cleared).
+template <launch::Input kIn>
+__device__ __forceinline__ uint32_t Decode(const uint4& raw, float (&v)[Elems<kIn>::kCount]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t amax = 0;
+  if constexpr (kIn == launch::Input::kBf16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = F(w[i] << 16);
+      v[2 * i + 1] = F(w[i] & 0xFFFF0000u);
+      amax = MaxU16x2(amax, w[i] & 0x7FFF7FFFu);
+    }
+    amax = max(amax << 16, amax & 0xFFFF0000u);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t b = w[i];
+      if constexpr (kIn == launch::Input::kF32RoundBf16) b = Bf16Bits(F(b)) << 16;
+      v[i] = F(b);
+      amax = max(amax, b & kAbsMask);
+    }
+  }
+  return amax;
+}
+
+__device__ __forceinline__ uint4 LoadVec(const void* base, int64_t byte_offset) {
+  return __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(base) + byte_offset));
+}
+
+// Loads elements [elem, elem + kCount) of a flat input; elements at or past `n` read as +0.
+template <launch::Input kIn, bool kVec>
+__device__ __forceinline__ uint4 LoadChunk(const void* base, int64_t elem, int64_t n) {
+  constexpr int kC = Elems<kIn>::kCount;
+  if constexpr (kVec) {
+    return LoadVec(base, elem * Elems<kIn>::kBytes);
+  } else {
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      if (elem + i < n) {
+        if constexpr (kIn == launch::Input::kBf16) {
+          uint32_t h = static_cast<const uint16_t*>(base)[elem + i];
+          w[i / 2] |= h << (16 * (i % 2));
+        } else {
+          w[i] = static_cast<const uint32_t*>(base)[elem + i];
+        }
+      }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Max over groups of kLanes consecutive lanes (kLanes a power of two dividing 32).
+template <int kLanes>
+__device__ __forceinline__ uint32_t GroupMax(uint32_t x) {
+#pragma unroll
+  for (int o = 1; o < kLanes; o <<= 1) x = max(x, __shfl_xor_sync(0xFFFFFFFFu, x, o));
+  return x;
+}
+
+// Records the smallest flat index of a non-finite element among v[0..count) at flat index `elem`.
+// Out of line: it runs only for chunks holding NaN/Inf.
+template <int kCount>
+__device__ __noinline__ void RecordNonfinite(const float (&v)[kCount], int64_t elem,
+                                             unsigned long long* first_bad) {
+  for (int i = 0; i < kCount; ++i) {
+    if ((B(v[i]) & kAbsMask) >= kInfBits) {
+      atomicMin(first_bad, static_cast<unsigned long long>(elem + i));
+      return;
+    }
+  }
+}
+
+}  // namespace refit::kernels::dev
+
+#endif  // REFIT_KERNELS_NUMERICS_CUH_

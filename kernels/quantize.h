@@ -1,0 +1,76 @@
+// Host launch API of the GPU quantizers: the device twin of formats::Quantize (formats/format.h).
+// Same formats, same outputs in the same order (formats::PlanOutputs), byte-identical results;
+// only the memory is on the device and the work is enqueued on a CUDA stream.
+//
+// Threading: every function only enqueues work on `stream` (a cudaStream_t passed as void*;
+// nullptr = the legacy default stream) and returns without synchronizing, except
+// NonfiniteProbe::Check, which synchronizes the stream. Callers own all device buffers and keep
+// them alive until the stream has passed the work. Functions are safe to call concurrently on
+// different streams.
+#ifndef REFIT_KERNELS_QUANTIZE_H_
+#define REFIT_KERNELS_QUANTIZE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "formats/format.h"
+
+namespace refit::kernels {
+
+// Records the smallest flat index of a non-finite input element seen by the kernels it is given
+// to (options.nonfinite == kReject). Owns 8 bytes of device memory.
+class NonfiniteProbe {
+ public:
+  static absl::StatusOr<NonfiniteProbe> Create();
+  NonfiniteProbe(NonfiniteProbe&& other) noexcept;
+  NonfiniteProbe& operator=(NonfiniteProbe&& other) noexcept;
+  ~NonfiniteProbe();
+
+  // Clears the record (enqueued on `stream`).
+  absl::Status Reset(void* stream);
+  // Synchronizes `stream`; InvalidArgument naming `tensor_name` and the first bad flat index when
+  // a non-finite element was recorded since the last Reset.
+  absl::Status Check(std::string_view tensor_name, void* stream) const;
+  unsigned long long* device_word() const { return word_; }
+
+ private:
+  explicit NonfiniteProbe(unsigned long long* word) : word_(word) {}
+  unsigned long long* word_ = nullptr;
+};
+
+// Where the global amax of NVFP4 formats comes from: the host (one pass over the input), or a
+// device float filled by AccumulateAmax (the two-pass path; no host round trip).
+struct GlobalAmax {
+  std::optional<float> host;
+  const float* device = nullptr;
+};
+
+// Quantizes the device tensor `in` (BF16 or FP32, dense row-major) into `outs` (device buffers,
+// one per formats::PlanOutputs entry, in that order, exact byte sizes).
+// options.nonfinite == kReject requires `probe`: the kernels record the first non-finite element
+// there and the caller must Check it before using the outputs; kPropagate encodes non-finite
+// values with the producer's arithmetic. NVFP4 formats need `amax` (host or device); other
+// formats ignore it.
+absl::Status Quantize(formats::Format f, const formats::ConstTensor& in,
+                      const formats::QuantizeOptions& options, const GlobalAmax& amax,
+                      std::span<const formats::MutableBytes> outs, std::string_view tensor_name,
+                      const NonfiniteProbe* probe, void* stream);
+
+// The per-format output byte sizes Quantize expects (the same as formats::PlanOutputs' bytes).
+absl::StatusOr<std::vector<uint64_t>> OutputBytes(formats::Format f, DType input, const Shape& shape);
+
+// *amax_device = max(*amax_device, max|x|) over `in` after the input policy; NaN dominates.
+// Call ResetAmax first; calling it for every member of a fused group yields the group's amax.
+absl::Status ResetAmax(float* amax_device, void* stream);
+absl::Status AccumulateAmax(const formats::ConstTensor& in, const formats::QuantizeOptions& options,
+                            float* amax_device, void* stream);
+
+}  // namespace refit::kernels
+
+#endif  // REFIT_KERNELS_QUANTIZE_H_

@@ -1,0 +1,99 @@
+// MXFP8 (TransformerEngine RCEIL, FORMATS.md B §5.2) and MXFP4 (triton_kernels ROUND_UP,
+// B §7.2) quantize kernels: 1x32 blocks along the last dimension.
+#include "kernels/flat_kernels.cuh"
+#include "kernels/launch.h"
+
+namespace refit::kernels {
+namespace dev {
+namespace {
+
+struct Mxfp8Op {
+  uint8_t* q;
+  uint8_t* scales;
+  unsigned long long* first_bad;
+
+  template <launch::Input kIn, bool kVec>
+  __device__ __forceinline__ void Process(int64_t chunk, int64_t elem, const uint4& raw,
+                                          bool valid, int64_t n) const {
+    constexpr int kC = Elems<kIn>::kCount;
+    constexpr int kLanes = 32 / kC;
+    float v[kC];
+    uint32_t lane_amax = Decode<kIn>(raw, v);
+    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    const float a = F(GroupMax<kLanes>(lane_amax));
+    const uint32_t e = formats::bits::E8m0CeilTe(a * (1.0f / 448.0f));
+    const float m = formats::bits::Exp2Rcp(static_cast<uint8_t>(e));
+    uint32_t w[kC / 4];
+#pragma unroll
+    for (int i = 0; i < kC / 4; ++i) {
+      w[i] = E4m3x2(v[4 * i] * m, v[4 * i + 1] * m) |
+             (E4m3x2(v[4 * i + 2] * m, v[4 * i + 3] * m) << 16);
+    }
+    if (!valid) return;
+    if constexpr (kVec) {
+      if constexpr (kC == 8) {
+        *reinterpret_cast<uint2*>(q + elem) = make_uint2(w[0], w[1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(q + elem) = w[0];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kC; ++i) q[elem + i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
+    }
+    if (chunk % kLanes == 0) scales[elem / 32] = static_cast<uint8_t>(e);
+  }
+};
+
+struct Mxfp4Op {
+  uint8_t* blocks;
+  uint8_t* scales;
+  unsigned long long* first_bad;
+
+  template <launch::Input kIn, bool kVec>
+  __device__ __forceinline__ void Process(int64_t chunk, int64_t elem, const uint4& raw,
+                                          bool valid, int64_t n) const {
+    constexpr int kC = Elems<kIn>::kCount;
+    constexpr int kLanes = 32 / kC;
+    float v[kC];
+    uint32_t lane_amax = Decode<kIn>(raw, v);
+    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    const float a = F(GroupMax<kLanes>(lane_amax));
+    // d = a / 6; scale bits = (bits(d) + 0x7FFFFF) & 0x7F800000 (uint32 wrap as triton's int32).
+    const uint32_t sbits = formats::bits::E8m0CeilTritonBits(__fdiv_rn(a, 6.0f));
+    const float qs = sbits == 0 ? 0.0f : __frcp_rn(F(sbits));
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) packed |= E2m1SignBit(v[i] * qs) << (4 * i);
+    if (!valid) return;
+    if constexpr (kVec) {
+      if constexpr (kC == 8) {
+        *reinterpret_cast<uint32_t*>(blocks + elem / 2) = packed;
+      } else {
+        *reinterpret_cast<uint16_t*>(blocks + elem / 2) = static_cast<uint16_t>(packed);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kC / 2; ++i) blocks[elem / 2 + i] = static_cast<uint8_t>(packed >> (8 * i));
+    }
+    if (chunk % kLanes == 0) scales[elem / 32] = static_cast<uint8_t>(sbits >> 23);
+  }
+};
+
+}  // namespace
+}  // namespace dev
+
+namespace launch {
+
+int Mxfp8(const Src& src, uint8_t* q, uint8_t* scales, unsigned long long* first_bad, void* stream) {
+  const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(q, 8);
+  return dev::LaunchFlat(src, vec, dev::Mxfp8Op{q, scales, first_bad}, stream);
+}
+
+int Mxfp4(const Src& src, uint8_t* blocks, uint8_t* scales, unsigned long long* first_bad,
+          void* stream) {
+  const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(blocks, 4);
+  return dev::LaunchFlat(src, vec, dev::Mxfp4Op{blocks, scales, first_bad}, stream);
+}
+
+}  // namespace launch
+}  // namespace refit::kernels

@@ -1,0 +1,172 @@
+// NVFP4 quantize kernels: ModelOpt NVFP4QTensor (FORMATS.md B §6.2) and TransformerEngine 1-D
+// (B §6.3); 1x16 blocks, E4M3 block scales, one fp32 global scale per tensor (or fused group),
+// plus the global amax reduction that the two-pass path runs first.
+#include <cfloat>
+
+#include "kernels/flat_kernels.cuh"
+#include "kernels/launch.h"
+
+namespace refit::kernels {
+namespace dev {
+namespace {
+
+template <bool kTe>
+struct Nvfp4Op {
+  const float* amax_dev;
+  float amax_host;
+  uint8_t* q;
+  uint8_t* scales;
+  float* scale_2;
+  unsigned long long* first_bad;
+
+  template <launch::Input kIn, bool kVec>
+  __device__ __forceinline__ void Process(int64_t chunk, int64_t elem, const uint4& raw,
+                                          bool valid, int64_t n) const {
+    constexpr int kC = Elems<kIn>::kCount;
+    constexpr int kLanes = 16 / kC;
+    float v[kC];
+    const uint32_t lane_amax = Decode<kIn>(raw, v);
+    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    const float b = F(GroupMax<kLanes>(lane_amax));
+    const float A = amax_dev != nullptr ? *amax_dev : amax_host;
+    uint32_t scale_byte;
+    uint32_t packed = 0;
+    float global;
+    if constexpr (kTe) {
+      // Comparisons, not fminf, so NaN stays NaN as in the reference.
+      float s_enc = __fdiv_rn(2688.0f, A);
+      if (s_enc > FLT_MAX) s_enc = FLT_MAX;
+      if (A == 0.0f || s_enc == 0.0f) s_enc = 1.0f;
+      const float s_dec = __frcp_rn(s_enc);
+      const float k = s_enc * (1.0f / 6.0f);
+      float sf = b * k;
+      if (sf > FLT_MAX) sf = FLT_MAX;
+      scale_byte = formats::bits::F32ToE4m3(sf);
+      float enc = __frcp_rn(formats::bits::E4m3ToF32(static_cast<uint8_t>(scale_byte)) * s_dec);
+      if (enc > FLT_MAX) enc = FLT_MAX;
+#pragma unroll
+      for (int i = 0; i < kC; ++i) packed |= E2m1SignBit(v[i] * enc) << (4 * i);
+      global = s_dec;
+    } else {
+      const float s2 = __fdiv_rn(A, 2688.0f);
+      float s = __fdiv_rn(b, 6.0f * s2);
+      if (s == 0.0f) s = 1.0f;
+      scale_byte = formats::bits::F32ToE4m3(s);
+      const float d = formats::bits::E4m3ToF32(static_cast<uint8_t>(scale_byte)) * s2;
+      // y = x / d, correctly rounded. Fast path: one reciprocal per block and a Markstein
+      // correction per element, exact while d and the quotient are normal; otherwise (tiny
+      // quotients, d out of range, non-finite input) a true division.
+      const float r = __frcp_rn(d);
+      const float tiny = d * 0x1p-125f;
+      bool slow = !(d >= 0x1p-100f && d <= 0x1p100f) || lane_amax >= kInfBits;
+      float y[kC];
+#pragma unroll
+      for (int i = 0; i < kC; ++i) {
+        const float q0 = v[i] * r;
+        y[i] = fmaf(fmaf(-q0, d, v[i]), r, q0);
+        const float ax = fabsf(v[i]);
+        slow |= (ax < tiny) & (ax > 0.0f);
+      }
+      if (slow) {
+#pragma unroll
+        for (int i = 0; i < kC; ++i) y[i] = __fdiv_rn(v[i], d);
+      }
+#pragma unroll
+      for (int i = 0; i < kC; ++i) packed |= E2m1SignLt(y[i]) << (4 * i);
+      global = s2;
+    }
+    if (chunk == 0) *scale_2 = global;  // written even for an empty tensor
+    if (!valid) return;
+    if constexpr (kVec) {
+      if constexpr (kC == 8) {
+        *reinterpret_cast<uint32_t*>(q + elem / 2) = packed;
+      } else {
+        *reinterpret_cast<uint16_t*>(q + elem / 2) = static_cast<uint16_t>(packed);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kC / 2; ++i) q[elem / 2 + i] = static_cast<uint8_t>(packed >> (8 * i));
+    }
+    if (chunk % kLanes == 0) scales[elem / 16] = static_cast<uint8_t>(scale_byte);
+  }
+};
+
+// Grid-stride max|x| over the tensor; one atomicMax of the fp32 bits per warp. Read-only, so
+// it keeps more loads in flight per thread than the quantize kernels.
+constexpr int kAmaxUnroll = 8;
+
+template <launch::Input kIn, bool kVec>
+__global__ void __launch_bounds__(kFlatThreads) AmaxKernel(const void* in, int64_t n,
+                                                            int64_t n_chunks, uint32_t* out) {
+  constexpr int kC = Elems<kIn>::kCount;
+  uint32_t m = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kFlatThreads * kAmaxUnroll;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kFlatThreads * kAmaxUnroll + threadIdx.x;
+       first < n_chunks; first += stride) {
+    uint4 raw[kAmaxUnroll];
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) {
+      const int64_t c = first + u * kFlatThreads;
+      raw[u] = c < n_chunks ? LoadChunk<kIn, kVec>(in, c * kC, n) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) {
+      float v[kC];
+      m = max(m, Decode<kIn>(raw[u], v));
+    }
+  }
+  m = __reduce_max_sync(0xFFFFFFFFu, m);
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(out, m);
+}
+
+template <launch::Input kIn>
+void LaunchAmax(const launch::Src& src, bool vec, uint32_t* out, cudaStream_t s) {
+  const int64_t n = src.batch * src.rows * src.cols;
+  const int64_t n_chunks = (n + Elems<kIn>::kCount - 1) / Elems<kIn>::kCount;
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t per_cta = kFlatThreads * kAmaxUnroll;
+  const int64_t grid = std::min<int64_t>((n_chunks + per_cta - 1) / per_cta, static_cast<int64_t>(sms) * 8);
+  if (vec) {
+    AmaxKernel<kIn, true><<<static_cast<unsigned>(grid), kFlatThreads, 0, s>>>(src.data, n, n_chunks, out);
+  } else {
+    AmaxKernel<kIn, false><<<static_cast<unsigned>(grid), kFlatThreads, 0, s>>>(src.data, n, n_chunks, out);
+  }
+}
+
+}  // namespace
+}  // namespace dev
+
+namespace launch {
+
+int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8_t* q,
+          uint8_t* scales, float* scale_2, unsigned long long* first_bad, void* stream) {
+  const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(q, 4);
+  // Reverse CTA order: after a forward amax pass, the tail of the tensor is still in L2.
+  // launch_empty: an empty tensor still gets its weight_scale_2.
+  if (te) {
+    return dev::LaunchFlat<true>(
+        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
+  }
+  return dev::LaunchFlat<true>(
+      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
+}
+
+int AccumulateAmax(const Src& src, float* amax_dev, void* stream) {
+  const int64_t n = src.batch * src.rows * src.cols;
+  if (n == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  auto* out = reinterpret_cast<uint32_t*>(amax_dev);
+  const bool vec = dev::Aligned(src.data, 16) &&
+                   n % (src.input == Input::kBf16 ? 8 : 4) == 0;
+  switch (src.input) {
+    case Input::kBf16: dev::LaunchAmax<Input::kBf16>(src, vec, out, s); break;
+    case Input::kF32: dev::LaunchAmax<Input::kF32>(src, vec, out, s); break;
+    case Input::kF32RoundBf16: dev::LaunchAmax<Input::kF32RoundBf16>(src, vec, out, s); break;
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace launch
+}  // namespace refit::kernels

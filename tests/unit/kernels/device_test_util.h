@@ -1,0 +1,61 @@
+// Test helpers for GPU tests: skip when no CUDA device is present, and an owning device buffer.
+// Thread-compatible.
+#ifndef REFIT_TESTS_UNIT_KERNELS_DEVICE_TEST_UTIL_H_
+#define REFIT_TESTS_UNIT_KERNELS_DEVICE_TEST_UTIL_H_
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace refit::kernels::testing {
+
+// Empty when a device is usable, else the reason to skip.
+inline std::string NoDeviceReason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  if (n == 0) return "no CUDA device: cudaGetDeviceCount returned 0";
+  return "";
+}
+
+#define REFIT_SKIP_WITHOUT_GPU()                                          \
+  do {                                                                    \
+    const std::string reason = ::refit::kernels::testing::NoDeviceReason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason;                          \
+  } while (0)
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes, int poison = 0xA5) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&ptr_, bytes_ + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ptr_, poison, bytes_ + 16), cudaSuccess);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr_); }
+
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  void Upload(const void* src, size_t n, size_t offset = 0) {
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, n, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<uint8_t> Download(size_t n, size_t offset = 0) const {
+    std::vector<uint8_t> out(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), static_cast<const char*>(ptr_) + offset, n, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return out;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+}  // namespace refit::kernels::testing
+
+#endif  // REFIT_TESTS_UNIT_KERNELS_DEVICE_TEST_UTIL_H_
