@@ -25,7 +25,7 @@ struct HfTensor {
 };
 
 std::vector<HfTensor> Tensors(const ModelShape& shape);
-// Deterministic BF16 values ~N(0, 0.02) for (seed, tensor name); norms are ~1.
+// Deterministic pseudo-random BF16 values (sd ~0.02) for (seed, tensor name); norms are ~1.
 std::vector<uint16_t> Weights(uint64_t seed, const HfTensor& t);
 // Parses "--layers N --hidden N --intermediate N --kv-hidden N --vocab N" flags; returns false
 // for an unknown flag at argv[i].

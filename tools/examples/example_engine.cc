@@ -7,7 +7,7 @@
 // `mixed` counts requests that saw bytes that are neither the old nor the new version of any
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
-//   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE]
+//   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE] [--idle]
 //                  [shape flags]
 // --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
 // requests then copy every parameter to the host to checksum it.
@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   std::string address = "unix:/tmp/refitd.sock", spec_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
   int gpu = -1;
+  bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
@@ -66,6 +67,8 @@ int main(int argc, char** argv) {
       spec_path = argv[++i];
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
+    } else if (a == "--idle") {
+      idle = true;
     } else if (a == "--gpu" && i + 1 < argc) {
       gpu = std::atoi(argv[++i]);
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -152,7 +155,7 @@ int main(int argc, char** argv) {
       served.paused = false;
       served.version = v;
     }
-    uint64_t sum = checksum_all();
+    uint64_t sum = idle ? 0 : checksum_all();
     last_checksum = sum;
     served.mu.unlock();
     std::printf("{\"event\":\"resumed\",\"version\":%llu,\"checksum\":\"%s\"}\n", static_cast<unsigned long long>(v),
@@ -186,6 +189,12 @@ int main(int argc, char** argv) {
   while (!g_stop.load() && (*agent)->connected()) {
     std::shared_lock<std::shared_timed_mutex> lock(served.mu, std::chrono::milliseconds(50));
     if (!lock.owns_lock()) continue;  // paused (or stuck paused after losing refitd: weights dirty)
+    if (idle) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ++requests;
+      continue;
+    }
     uint64_t v = served.version;
     uint64_t sum = checksum_all();
     auto [it, fresh] = seen.emplace(v, sum);

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   int refits = 3;
   uint64_t seed = 1;
   bool prequantized = false;
+  bool verify = true;  // compute the expected conversion and compare the engine's bytes
   std::string dump_dir;
   demo::ModelShape shape;
   for (int i = 1; i < argc; ++i) {
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
       fault = argv[++i];
     } else if (a == "--dump" && i + 1 < argc) {
       dump_dir = argv[++i];
+    } else if (a == "--no-verify") {
+      verify = false;
     } else if (a == "--prequantized") {
       prequantized = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -128,6 +131,12 @@ int main(int argc, char** argv) {
     manifest.model = status->model;
     for (const demo::HfTensor& t : demo::Tensors(shape)) {
       std::vector<uint16_t> w = demo::Weights(weights_seed, t);
+      if (!verify && !prequantized) {
+        std::vector<uint8_t> bytes(w.size() * 2);
+        std::memcpy(bytes.data(), w.data(), bytes.size());
+        to_send.push_back({t.name, DType::kBF16, t.shape, std::move(bytes)});
+        continue;
+      }
       absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
       if (!conv.ok()) return Fail(conv.status().message());
       for (const ConvertedTensor& c : *conv) expected[c.name] = Checksum64(c.bytes.data(), c.bytes.size());
@@ -192,6 +201,11 @@ int main(int argc, char** argv) {
       std::printf("%s\n", Json(r, refit, false, std::string(report.status().message())).c_str());
       std::fflush(stdout);
       if (fault == "none") ++unexpected;
+      continue;
+    }
+    if (!verify) {
+      std::printf("%s\n", Json(*report, refit, false, "not verified").c_str());
+      std::fflush(stdout);
       continue;
     }
     // Read the engine's bytes back through refitd and compare with the offline conversion.

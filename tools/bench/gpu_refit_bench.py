@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""End-to-end GPU refit benchmark on one GPU (host data plane): refitd with device staging, an
+idle example engine holding a Llama-3-8B-shaped model on GPU 0 (FP8 block-128 projections, BF16
+embeddings), and the example trainer pushing 16 GB of BF16 over UCX. Reports each refit's
+phases and the engine pause next to a plain device-to-device copy of the same bytes measured in
+the same run (goal: pause <= copy + 1 ms).
+
+  python3 tools/bench/gpu_refit_bench.py --build build [--refits 3] [--staging device|host]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LLAMA8B = ["--layers", "32", "--hidden", "4096", "--intermediate", "14336", "--kv-hidden", "1024", "--vocab", "128256"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--refits", type=int, default=3)
+    ap.add_argument("--staging", default="device")
+    ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
+    ap.add_argument("--shape", nargs="*", default=LLAMA8B)
+    a = ap.parse_args()
+    build = Path(a.build)
+    tmp = Path(tempfile.mkdtemp())
+    sock = tmp / "refitd.sock"
+    (tmp / "refitd.yaml").write_text(
+        f"listen: unix:{sock}\nstaging: {a.staging}\nlimits:\n  bucket_bytes: {a.bucket_bytes}\n"
+        f"  bucket_slots: 2\n  session_deadline_ms: 600000\n")
+    daemon = subprocess.Popen([str(build / "src/server/refitd"), "--config", str(tmp / "refitd.yaml")],
+                              stdout=open(tmp / "refitd.log", "w"), stderr=subprocess.STDOUT)
+    engine = None
+    try:
+        for _ in range(400):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        engine = subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
+                                   "--gpu", "0", "--idle", *a.shape],
+                                  stdout=open(tmp / "engine.log", "w"), stderr=subprocess.STDOUT)
+        for _ in range(1200):
+            if "registered" in (tmp / "engine.log").read_text() or engine.poll() is not None:
+                break
+            time.sleep(0.05)
+        reg = json.loads((tmp / "engine.log").read_text().splitlines()[0])
+        t0 = time.time()
+        p = subprocess.run([str(build / "tools/examples/example_trainer"), "--address", f"unix:{sock}",
+                            "--refits", str(a.refits), "--no-verify", *a.shape],
+                           capture_output=True, text=True, timeout=1500)
+        wall = time.time() - t0
+        if p.returncode != 0:
+            print(p.stdout, p.stderr, (tmp / "refitd.log").read_text()[-3000:], file=sys.stderr)
+            return 1
+        reports = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        committed_bytes = reports[-1]["bytes_out"]
+        copy = json.loads(subprocess.run([str(build / "tools/bench/copy_bench"), str(committed_bytes)],
+                                         capture_output=True, text=True, check=True).stdout)
+        out = {"engine_bytes": reg["bytes"], "staging": a.staging, "copy": copy, "refits": reports,
+               "trainer_wall_s": wall}
+        print(json.dumps(out))
+        print(f"{'refit':>5} {'bytes_in':>12} {'bytes_out':>12} {'recv_ms':>9} {'conv_ms':>9} {'valid_ms':>8} "
+              f"{'pause_ms':>9} {'total_ms':>9}")
+        for r in reports:
+            print(f"{r['refit']:>5} {r['bytes_in']:>12} {r['bytes_out']:>12} {r['receive_ms']:>9.1f} "
+                  f"{r['convert_ms']:>9.1f} {r['validate_ms']:>8.2f} {r['pause_ms']:>9.2f} {r['total_ms']:>9.1f}")
+        pauses = sorted(r["pause_ms"] for r in reports)
+        print(f"commit of {committed_bytes/1e9:.2f} GB: pause median {pauses[len(pauses)//2]:.2f} ms; plain D2D copy "
+              f"{copy['d2d_ms']:.2f} ms, H2D pinned {copy['h2d_ms']:.2f} ms; pause - copy = "
+              f"{pauses[len(pauses)//2] - (copy['d2d_ms'] if a.staging == 'device' else copy['h2d_ms']):.2f} ms")
+        return 0
+    finally:
+        for proc in (engine, daemon):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
