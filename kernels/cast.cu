@@ -59,7 +59,7 @@ struct CastOp {
     float v[kC];
     const uint32_t lane_amax = Decode<kIn>(raw, v);
     if (!valid) return;
-    if (first_bad != nullptr && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    if (first_bad != nullptr && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     StoreElems<kOut, kC, kVec>(out, elem, v, n);
   }
 };

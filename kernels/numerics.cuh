@@ -137,17 +137,19 @@ __device__ __forceinline__ uint32_t GroupMax(uint32_t x) {
   return x;
 }
 
-// Records the smallest flat index of a non-finite element among v[0..count) at flat index `elem`.
-// Out of line: it runs only for chunks holding NaN/Inf.
-template <int kCount>
-__device__ __noinline__ void RecordNonfinite(const float (&v)[kCount], int64_t elem,
-                                             unsigned long long* first_bad) {
-  for (int i = 0; i < kCount; ++i) {
-    if ((B(v[i]) & kAbsMask) >= kInfBits) {
-      atomicMin(first_bad, static_cast<unsigned long long>(elem + i));
-      return;
-    }
+// Records the smallest flat index of a non-finite element of the chunk `raw` at flat index
+// `elem`. Out of line, and given the raw chunk by value: taking the address of the caller's
+// decoded values would force them through local memory on every chunk, not just on this rare path.
+template <launch::Input kIn>
+__device__ __noinline__ void RecordNonfinite(uint4 raw, int64_t elem, unsigned long long* first_bad) {
+  float v[Elems<kIn>::kCount];
+  Decode<kIn>(raw, v);
+  int first = Elems<kIn>::kCount;
+#pragma unroll
+  for (int i = Elems<kIn>::kCount - 1; i >= 0; --i) {
+    if ((B(v[i]) & kAbsMask) >= kInfBits) first = i;
   }
+  if (first < Elems<kIn>::kCount) atomicMin(first_bad, static_cast<unsigned long long>(elem + first));
 }
 
 }  // namespace refit::kernels::dev

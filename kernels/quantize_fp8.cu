@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
       const uint32_t lane_amax = Decode<kIn>(cur[p], v);
       m = max(m, lane_amax);
       if (lane_amax >= kInfBits) {
-        if (first_bad != nullptr && t.Inside(src, p)) RecordNonfinite(v, t.Elem(src, p), first_bad);
+        if (first_bad != nullptr && t.Inside(src, p)) RecordNonfinite<kIn>(cur[p], t.Elem(src, p), first_bad);
         if constexpr (kUe8m0) {
 #pragma unroll
           for (int i = 0; i < kC; ++i) {

@@ -19,7 +19,7 @@ struct Mxfp8Op {
     constexpr int kLanes = 32 / kC;
     float v[kC];
     uint32_t lane_amax = Decode<kIn>(raw, v);
-    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     const float a = F(GroupMax<kLanes>(lane_amax));
     const uint32_t e = formats::bits::E8m0CeilTe(a * (1.0f / 448.0f));
     const float m = formats::bits::Exp2Rcp(static_cast<uint8_t>(e));
@@ -56,7 +56,7 @@ struct Mxfp4Op {
     constexpr int kLanes = 32 / kC;
     float v[kC];
     uint32_t lane_amax = Decode<kIn>(raw, v);
-    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     const float a = F(GroupMax<kLanes>(lane_amax));
     // d = a / 6; scale bits = (bits(d) + 0x7FFFFF) & 0x7F800000 (uint32 wrap as triton's int32).
     const uint32_t sbits = formats::bits::E8m0CeilTritonBits(__fdiv_rn(a, 6.0f));

@@ -26,7 +26,7 @@ struct Nvfp4Op {
     constexpr int kLanes = 16 / kC;
     float v[kC];
     const uint32_t lane_amax = Decode<kIn>(raw, v);
-    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite(v, elem, first_bad);
+    if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     const float b = F(GroupMax<kLanes>(lane_amax));
     const float A = amax_dev != nullptr ? *amax_dev : amax_host;
     uint32_t scale_byte;
