@@ -12,6 +12,11 @@ namespace refit::transport {
 using ucx::Started;
 using ucx::UcsError;
 
+namespace {
+// How long an interrupted Receive waits for UCX to give the caller's buffer back.
+constexpr absl::Duration kBufferReleaseTimeout = absl::Seconds(10);
+}  // namespace
+
 struct UcxReceiver::Peer {
   UcxReceiver* owner = nullptr;
   std::string address;  // the sender's socket address, known from the connection request
@@ -301,8 +306,18 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
       // it already matched a message, which then completes normally) and wait for completion.
       ucp_request_cancel(worker_.get(), started.request.get());
       ucp_worker_signal(worker_.get());
-      mu_.LockWhen(absl::Condition(&Wait::Done, &wait));
+      bool released = mu_.LockWhenWithDeadline(absl::Condition(&Wait::Done, &wait),
+                                               absl::Now() + kBufferReleaseTimeout);
       mu_.Unlock();
+      if (!released) {
+        // Matched to a message whose sender is gone and never completed (possible without peer
+        // error handling). Freeing the request stops UCX from calling back into this frame.
+        std::string message = absl::StrCat("UCX receive of tag ", tag, " on ", endpoint_,
+                                           ": a matched message never completed");
+        absl::MutexLock lock(&mu_);
+        if (failure_.empty()) failure_ = message;
+        return absl::UnavailableError(interrupt == Interrupt::kFailure ? failure : message);
+      }
     }
   } else {
     pending.status = started.status;  // an error: with NO_IMM_CMPL success is always a request

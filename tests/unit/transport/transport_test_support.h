@@ -26,6 +26,10 @@ struct TransportConfig {
 };
 
 std::vector<TransportConfig> AllTransportConfigs();
+
+// Keeps transport libraries to errors only (e.g. UCX warns about messages still queued when a
+// receiver that saw a peer die is destroyed).
+void QuietTransportLogs();
 // nullopt when no configuration has that name.
 std::optional<TransportConfig> FindTransportConfig(std::string_view name);
 
