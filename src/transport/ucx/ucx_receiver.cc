@@ -337,10 +337,15 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
           return absl::CancelledError(absl::StrCat("UCX receive of tag ", tag, " cancelled"));
         case Interrupt::kFailure:
           return absl::UnavailableError(failure);
-        default:
+        case Interrupt::kDeadline:
           return absl::DeadlineExceededError(
               absl::StrCat("UCX receive of tag ", tag, " on ", endpoint_, ": deadline passed"));
+        case Interrupt::kNone:
+          // Cancelled by UCX itself: the receive had matched a message from a peer whose
+          // endpoint failed and was closed. That peer's failure is recorded by now.
+          break;
       }
+      [[fallthrough]];
     default: {
       // A transport error (typically the sending peer died mid-message) fails the receiver like
       // a peer failure does, until Reset().

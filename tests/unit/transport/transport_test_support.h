@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,9 @@ struct TransportConfig {
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>()> listen;
   std::function<absl::StatusOr<std::unique_ptr<Sender>>(const std::string& endpoint)> connect;
 };
+
+// gtest prints a configuration by its name.
+inline void PrintTo(const TransportConfig& config, std::ostream* os) { *os << config.name; }
 
 std::vector<TransportConfig> AllTransportConfigs();
 
