@@ -179,10 +179,6 @@ absl::Status UcxSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
       UcsError(status, absl::StrCat("UCX send of tag ", tag, " to ", endpoint_)).message());
 }
 
-}  // namespace refit::transport
-
-namespace refit::transport {
-
 std::string UcxSender::DescribeLanes() const {
   if (!ep_) return "";
   char* text = nullptr;
