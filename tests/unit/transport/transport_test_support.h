@@ -21,7 +21,7 @@
 namespace refit::transport::testing {
 
 struct TransportConfig {
-  std::string name;  // also the command-line name the sender helper accepts
+  std::string name;  // also the name transport_test_sender takes on its command line
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>()> listen;
   std::function<absl::StatusOr<std::unique_ptr<Sender>>(const std::string& endpoint)> connect;
 };
