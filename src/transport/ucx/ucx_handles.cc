@@ -1,8 +1,12 @@
 #include "transport/ucx/ucx_handles.h"
 
 #include <poll.h>
+#include <ucs/config/global_opts.h>
+
+#include <stdio.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +81,24 @@ absl::StatusOr<UcpConfig> UcpConfig::FromOptions(const UcxOptions& options) {
     st = set(name, value);
   }
   if (!st.ok()) return st;
+  // ucp_config_modify accepts names it does not know; check the extras against the settings
+  // the context really has, so a misspelt name fails instead of being ignored.
+  if (!options.extra_config.empty()) {
+    char* text = nullptr;
+    size_t size = 0;
+    FILE* stream = open_memstream(&text, &size);
+    if (stream == nullptr) return absl::InternalError("open_memstream failed");
+    ucp_config_print(raw, stream, nullptr, UCS_CONFIG_PRINT_CONFIG);
+    fclose(stream);
+    std::string printed = absl::StrCat("\n", std::string(text, size));
+    free(text);
+    for (const auto& [name, value] : options.extra_config) {
+      if (printed.find(absl::StrCat("\nUCX_", name, "=")) == std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("UCX option ", name, ": not a UCP context setting"));
+      }
+    }
+  }
   return config;
 }
 
@@ -152,6 +174,14 @@ UcpEndpoint::~UcpEndpoint() {
   while (close.in_flight() && close.request.Check() == UCS_INPROGRESS) {
     ucp_worker_progress(worker_);
   }
+}
+
+absl::Status SetUcxLogLevel(std::string_view level) {
+  std::string value(level);
+  if (ucs_status_t st = ucs_global_opts_set_value("LOG_LEVEL", value.c_str()); st != UCS_OK) {
+    return UcsError(st, absl::StrCat("UCX log level \"", value, "\""));
+  }
+  return absl::OkStatus();
 }
 
 ucp_err_handling_mode_t ErrHandlingMode(UcxErrorMode mode) {

@@ -131,6 +131,11 @@ class UcpEndpoint : public MoveOnlyHandle<ucp_ep_h> {
   ucp_worker_h worker_ = nullptr;
 };
 
+// Sets UCX's log level for the whole process ("fatal", "error", "warn", "info", ...). UCX
+// logs through its own global configuration, shared by every UCP context in the process, so this
+// is a process-wide setting for the daemon's (or a test's) startup, not a per-connection option.
+absl::Status SetUcxLogLevel(std::string_view level);
+
 // The UCP error handling mode for `mode`.
 ucp_err_handling_mode_t ErrHandlingMode(UcxErrorMode mode);
 

@@ -12,6 +12,11 @@ namespace refit::transport {
 using ucx::Started;
 using ucx::UcsError;
 
+namespace {
+// How long an interrupted Receive waits for UCX to give the caller's buffer back.
+constexpr absl::Duration kBufferReleaseTimeout = absl::Seconds(10);
+}  // namespace
+
 struct UcxReceiver::Peer {
   UcxReceiver* owner = nullptr;
   std::string address;  // the sender's socket address, known from the connection request
@@ -328,8 +333,20 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
         cancel_pending_.store(true);
       }
       ucp_worker_signal(worker_.get());
-      mu_.LockWhen(absl::Condition(&Wait::Done, &wait));
+      bool released = mu_.LockWhenWithDeadline(absl::Condition(&Wait::Done, &wait),
+                                               absl::Now() + kBufferReleaseTimeout);
       mu_.Unlock();
+      if (!released) {
+        // Matched to a message whose sender is gone and never completed (possible without peer
+        // error handling). Freeing the request stops UCX from calling back into this frame.
+        std::string message = absl::StrCat("UCX receive of tag ", tag, " on ", endpoint_,
+                                           ": a matched message never completed");
+        absl::MutexLock lock(&mu_);
+        if (failure_.empty()) failure_ = message;
+        // The progress thread must not touch this frame's entry after we return.
+        std::erase_if(cancels_, [&](const auto& c) { return c.second == &pending; });
+        return absl::UnavailableError(interrupt == Interrupt::kFailure ? failure : message);
+      }
     }
   } else {
     pending.status = started.status;  // an error: with NO_IMM_CMPL success is always a request
@@ -349,10 +366,15 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
           return absl::CancelledError(absl::StrCat("UCX receive of tag ", tag, " cancelled"));
         case Interrupt::kFailure:
           return absl::UnavailableError(failure);
-        default:
+        case Interrupt::kDeadline:
           return absl::DeadlineExceededError(
               absl::StrCat("UCX receive of tag ", tag, " on ", endpoint_, ": deadline passed"));
+        case Interrupt::kNone:
+          // Cancelled by UCX itself: the receive had matched a message from a peer whose
+          // endpoint failed and was closed. That peer's failure is recorded by now.
+          break;
       }
+      [[fallthrough]];
     default: {
       // A transport error (typically the sending peer died mid-message) fails the receiver like
       // a peer failure does, until Reset().

@@ -1,6 +1,9 @@
 #include "transport/ucx/ucx_sender.h"
 
+#include <stdio.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <utility>
 
@@ -118,6 +121,16 @@ UcxSender::~UcxSender() {
   }
 }
 
+void UcxSender::CloseFailedEndpoint() {
+  if (!ep_) return;
+  Started close = ep_.BeginClose(UCP_EP_CLOSE_FLAG_FORCE);
+  if (close.in_flight()) {
+    ucx::ProgressUntil(
+        worker_, [&] { return close.request.Check() != UCS_INPROGRESS; },
+        absl::Now() + options_.close_timeout);
+  }
+}
+
 absl::Status UcxSender::PeerGone(std::string_view during) const {
   return absl::UnavailableError(absl::StrCat("UCX ", std::string(during), " to receiver ", endpoint_,
                                              " failed: ", ucs_status_string(ep_status_)));
@@ -146,15 +159,37 @@ absl::Status UcxSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
       ucp_tag_send_nbx(ep_.get(), src != nullptr ? src : &kEmpty, bytes, tag, &param));
   ucs_status_t status = send.status;
   if (send.in_flight()) {
-    // UCX completes every request of a failed endpoint with an error, so this ends.
     ucx::ProgressUntil(
-        worker_, [&] { return send.request.Check() != UCS_INPROGRESS; }, absl::InfiniteFuture());
+        worker_, [&] { return send.request.Check() != UCS_INPROGRESS || Failed(); },
+        absl::InfiniteFuture());
+    if (send.request.Check() == UCS_INPROGRESS) {
+      // Closing the endpoint, which UCX requires after an error anyway, purges its requests in
+      // kPeer mode. Without peer error handling (kConnectionManager) UCX 1.13 leaves a
+      // rendezvous send pending forever; its lanes are gone, so UCX no longer touches `src`, and
+      // the request is released when it is freed below.
+      CloseFailedEndpoint();
+      ucx::ProgressUntil(
+          worker_, [&] { return send.request.Check() != UCS_INPROGRESS; }, absl::Now());
+    }
     status = send.request.Check();
   }
   if (status == UCS_OK) return absl::OkStatus();
   if (Failed()) return PeerGone("send");
   return absl::UnavailableError(
       UcsError(status, absl::StrCat("UCX send of tag ", tag, " to ", endpoint_)).message());
+}
+
+std::string UcxSender::DescribeLanes() const {
+  if (!ep_) return "";
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return "";
+  ucp_ep_print_info(ep_.get(), stream);
+  fclose(stream);
+  std::string out(text, size);
+  free(text);
+  return out;
 }
 
 }  // namespace refit::transport

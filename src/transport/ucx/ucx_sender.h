@@ -35,10 +35,15 @@ class UcxSender final : public Sender {
   // rendezvous). A zero-byte message is allowed. Unavailable once the receiver is gone.
   absl::Status Send(uint64_t tag, const void* src, uint64_t bytes) override;
 
+  // UCX's description of the endpoint's lanes (which transport carries what), for diagnostics.
+  std::string DescribeLanes() const;
+
  private:
   UcxSender(std::string_view endpoint, const UcxOptions& options);
   absl::Status Start();
   absl::Status PeerGone(std::string_view during) const;
+  // After an endpoint error: closes the endpoint forcibly, which completes its pending requests.
+  void CloseFailedEndpoint();
   bool Failed() const { return ep_status_ != UCS_OK; }
 
   static void OnError(void* self, ucp_ep_h ep, ucs_status_t status);

@@ -52,6 +52,8 @@ class SendThread {
 
 class TransportConformanceTest : public ::testing::TestWithParam<TransportConfig> {
  protected:
+  static void SetUpTestSuite() { QuietTransportLogs(); }
+
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<Receiver>> receiver = GetParam().listen();
     ASSERT_TRUE(receiver.ok()) << receiver.status();
@@ -301,6 +303,18 @@ TEST_P(TransportConformanceTest, ConnectToAClosedEndpointFails) {
   absl::StatusOr<std::unique_ptr<Sender>> sender = GetParam().connect(endpoint);
   EXPECT_FALSE(sender.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+TEST_P(TransportConformanceTest, SendFailsOnceTheReceiverIsGone) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  receiver_.reset();
+  absl::Time start = absl::Now();
+  absl::Status st;
+  std::vector<uint8_t> data = Pattern(1, 1 * kMiB);
+  for (int i = 0; i < 1000 && st.ok(); ++i) st = sender->Send(1, data.data(), data.size());
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
 // The sender runs in a child process that is SIGKILLed while it is streaming 1 MiB messages.

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "transport/ucx/ucx_handles.h"
 #include "transport/ucx/ucx_receiver.h"
 #include "transport/ucx/ucx_sender.h"
 
@@ -38,6 +39,8 @@ TransportConfig UcxConfig(std::string name, std::string tls, UcxErrorMode error_
 }
 
 }  // namespace
+
+void QuietTransportLogs() { (void)ucx::SetUcxLogLevel("error"); }
 
 std::vector<TransportConfig> AllTransportConfigs() {
   return {

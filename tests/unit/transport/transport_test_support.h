@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,12 +21,19 @@
 namespace refit::transport::testing {
 
 struct TransportConfig {
-  std::string name;  // also the command-line name the sender helper accepts
+  std::string name;  // also the name transport_test_sender takes on its command line
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>()> listen;
   std::function<absl::StatusOr<std::unique_ptr<Sender>>(const std::string& endpoint)> connect;
 };
 
+// gtest prints a configuration by its name.
+inline void PrintTo(const TransportConfig& config, std::ostream* os) { *os << config.name; }
+
 std::vector<TransportConfig> AllTransportConfigs();
+
+// Keeps transport libraries to errors only (e.g. UCX warns about messages still queued when a
+// receiver that saw a peer die is destroyed).
+void QuietTransportLogs();
 // nullopt when no configuration has that name.
 std::optional<TransportConfig> FindTransportConfig(std::string_view name);
 
