@@ -127,7 +127,9 @@ typedef struct refit_report {
   uint32_t buckets;
   uint32_t tensors;
   double receive_ms, convert_ms, validate_ms, commit_ms, pause_ms, total_ms;
-  uint32_t num_formats; /* bytes written per output format ("fp8_block128", "bf16", ...) */
+  /* Bytes written per output format ("fp8_block128", "bf16", ...); empty while refitd's wire
+   * report does not carry them (proto/refit.capnp has no such field yet). */
+  uint32_t num_formats;
   const char* const* format_names;
   const uint64_t* format_bytes;
 } refit_report;
