@@ -4,6 +4,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -134,3 +135,21 @@ def test_shared_params_views_outlive_the_name():
     assert model.bias.tolist() == [7.0, 8.0]  # the mapping lives while the views do
     model.bias.data.add_(1)
     assert model.bias.tolist() == [8.0, 9.0]
+
+
+def test_pip_installs_the_package(tmp_path):
+    """`pip install ./python` gives an importable package that finds the library it is told of."""
+    from conftest import PYTHON_PKG
+
+    target = tmp_path / "site"
+    source = tmp_path / "python"  # a copy: setuptools writes build/ and *.egg-info/ beside the sources
+    shutil.copytree(PYTHON_PKG, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(target), str(source)], check=True,
+                   cwd=tmp_path, env=dict(os.environ, PIP_NO_CACHE_DIR="1"))
+    assert (target / "refit" / "engine.py").exists()
+    code = "import refit, refit._native as n; print(refit.__file__); print(n.lib().path)"
+    env = dict(os.environ, PYTHONPATH=str(target), REFIT_CLIENT_LIB=_native.lib().path)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                         cwd=tmp_path).stdout.split()
+    assert out == [str(target / "refit" / "__init__.py"), _native.lib().path]
