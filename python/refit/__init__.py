@@ -1,0 +1,22 @@
+"""Python client of refitd: trainers push torch tensors, engines register theirs.
+
+    import refit
+    refit.TrainerClient(address).refit(model_name, model.named_parameters())   # trainer
+    engine = refit.ModuleEngine(address, model)                                # engine (CPU)
+
+See docs/python.md. The package binds librefit_client.so's C ABI with ctypes (refit._native
+says how the library is found).
+"""
+from .engine import EngineAgent, ModuleEngine
+from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefused, RefitUnavailable,
+                     RefitUnimplemented, WeightsDirty)
+from .shm import SharedParams, ShmParam, move_to_shm
+from .trainer import DaemonStatus, RefitReport, RefitSession, TrainerClient, checksum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EngineAgent", "ModuleEngine", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
+    "RefitReport", "DaemonStatus", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
+    "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty",
+]

@@ -1,0 +1,245 @@
+"""Engine side: register parameters with refitd and serve its pause/resume calls.
+
+Two levels:
+  * EngineAgent(address, params, on_pause, on_resume): registers ShmParam entries (from
+    refit.shm) and calls the callbacks on refitd's behalf. `on_pause()` must return only once
+    nothing reads the parameters; between pause and resume refitd writes them in place;
+    `on_resume(version)` says they hold `version`.
+  * ModuleEngine(address, module): moves a torch module's parameters into shared memory,
+    registers them, and gates inference with `serving()`: pause waits for every open serving()
+    block to end and holds new ones back until resume, so each forward pass sees one version.
+
+        engine = refit.ModuleEngine("unix:/tmp/refitd.sock", model)
+        with engine.serving():
+            logits = model(input_ids)
+
+Threading: the callbacks run on the agent's own thread, holding the GIL only while Python code
+runs (ctypes takes it for the callback and every library call releases it). Don't stop the
+engine from inside a callback or a serving() block (stop waits for the agent thread, and pause
+waits for serving() blocks). An exception in a user callback is logged and does not reach
+refitd: the pause still holds serving() back.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+from . import _native
+from .errors import WeightsDirty
+from .shm import SharedParams, ShmParam, move_to_shm
+
+log = logging.getLogger("refit.engine")
+
+
+class EngineAgent:
+    """Registers `params` (ShmParam) with refitd at `address`; returns once refitd accepted them
+    (RefitError naming the parameter otherwise). The storage must stay mapped until stop()."""
+
+    def __init__(self, address: str, params: Iterable[ShmParam], *,
+                 on_pause: Optional[Callable[[], None]] = None,
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+        self._lib = _native.lib()
+        self._on_pause, self._on_resume = on_pause, on_resume
+        params = list(params)
+        # ctypes objects that must outlive the C call (and, for the callbacks, the agent).
+        self._pause_fn = _native.PAUSE_FN(self._pause)
+        self._resume_fn = _native.RESUME_FN(self._resume)
+        keep = []
+        array = (_native.EngineParam * max(len(params), 1))()
+        for i, p in enumerate(params):
+            shape = _native.shape_array(p.shape)
+            name, dtype, shm = p.name.encode(), p.dtype.encode(), p.shm_name.encode()
+            keep += [shape, name, dtype, shm]
+            array[i] = _native.new(_native.EngineParam, name=name, dtype=dtype,
+                                   shape=ctypes.cast(shape, _native.c_int64_p), rank=len(p.shape),
+                                   storage=_native.STORAGE_SHM, shm_name=shm, offset=p.offset)
+        options = _native.new(_native.EngineOptions, address=address.encode(), pause=self._pause_fn,
+                              resume=self._resume_fn, user=None, version=version)
+        handle = ctypes.c_void_p()
+        _native.check(self._lib.refit_engine_start(ctypes.byref(options), array, len(params), ctypes.byref(handle)),
+                      f"register {len(params)} parameters with refitd at {address}")
+        self._handle = handle
+        self.address = address
+
+    def _pause(self, _user):
+        if self._on_pause is not None:
+            try:
+                self._on_pause()
+            except Exception:
+                log.exception("on_pause raised")
+
+    def _resume(self, _user, version):
+        if self._on_resume is not None:
+            try:
+                self._on_resume(int(version))
+            except Exception:
+                log.exception("on_resume raised")
+
+    @property
+    def version(self) -> int:
+        """The version the parameters hold (the last resume's, or the one registered)."""
+        return self._lib.refit_engine_version(self._live())
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._lib.refit_engine_paused(self._live()))
+
+    @property
+    def dirty(self) -> bool:
+        """refitd went away between pause and resume: the weights may mix versions."""
+        return bool(self._lib.refit_engine_dirty(self._live()))
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._lib.refit_engine_connected(self._live()))
+
+    def _live(self):
+        if not self._handle:
+            raise ValueError("EngineAgent is stopped")
+        return self._handle
+
+    def stop(self) -> None:
+        """Disconnects and waits for the agent thread (and any callback in progress)."""
+        if getattr(self, "_handle", None):
+            handle, self._handle = self._handle, None
+            self._lib.refit_engine_stop(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __del__(self):
+        self.stop()
+
+
+class _ServeGate:
+    """Many serving() blocks at once, or one pause; a pause waits for open blocks to end."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._readers = 0
+        self._paused = False
+
+    def enter(self, engine: "ModuleEngine", timeout: Optional[float]):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while self._paused:
+                if engine.agent.dirty and not engine.agent.connected:
+                    raise WeightsDirty("refitd disconnected during a refit: the weights may mix two versions")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError("the engine stayed paused for a refit")
+                # Wake up now and then to notice a refitd that died inside the commit window.
+                self._cv.wait(0.1 if left is None else min(left, 0.1))
+            self._readers += 1
+
+    def leave(self):
+        with self._cv:
+            self._readers -= 1
+            self._cv.notify_all()
+
+    def pause(self):
+        with self._cv:
+            self._paused = True
+            while self._readers:
+                self._cv.wait()
+
+    def resume(self):
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+
+class _Serving:
+    def __init__(self, engine, timeout):
+        self._engine, self._timeout = engine, timeout
+
+    def __enter__(self):
+        self._engine._gate.enter(self._engine, self._timeout)
+        return self._engine
+
+    def __exit__(self, *exc):
+        self._engine._gate.leave()
+        return False
+
+
+class ModuleEngine:
+    """A torch module whose parameters refitd updates in place (CPU: POSIX shared memory).
+
+    `named_params` overrides module.named_parameters() for what is registered (its names are the
+    ones the model spec maps trainer tensors onto). `on_pause`/`on_resume` run after the gate
+    closed / before it reopens (e.g. to flush a KV cache computed with the old weights).
+    """
+
+    def __init__(self, address: str, module, *, shm_name: Optional[str] = None, named_params=None,
+                 on_pause: Optional[Callable[[], None]] = None,
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+        self.module = module
+        self._gate = _ServeGate()
+        self._user_pause, self._user_resume = on_pause, on_resume
+        self._resumed = threading.Condition()
+        self.shared: SharedParams = move_to_shm(module, shm_name, named_params)
+        try:
+            self.agent = EngineAgent(address, self.shared.params, on_pause=self._pause, on_resume=self._resume,
+                                     version=version)
+        except BaseException:
+            self.shared.close()
+            raise
+
+    def _pause(self):
+        self._gate.pause()
+        if self._user_pause is not None:
+            self._user_pause()
+
+    def _resume(self, version: int):
+        try:
+            if self._user_resume is not None:
+                self._user_resume(version)
+        finally:
+            self._gate.resume()
+            with self._resumed:
+                self._resumed.notify_all()
+
+    def serving(self, timeout: Optional[float] = None) -> _Serving:
+        """A block in which the parameters hold one version: waits while a refit is in its commit
+        window; raises WeightsDirty if refitd died inside one, TimeoutError after `timeout` s."""
+        return _Serving(self, timeout)
+
+    def wait_for_version(self, version: int, timeout: Optional[float] = None) -> int:
+        """Blocks until the engine holds `version` or newer; returns the version it holds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._resumed:
+            while self.agent.version < version:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"engine still at version {self.agent.version}, waiting for {version}")
+                self._resumed.wait(0.1 if left is None else min(left, 0.1))
+        return self.agent.version
+
+    @property
+    def version(self) -> int:
+        return self.agent.version
+
+    @property
+    def dirty(self) -> bool:
+        return self.agent.dirty
+
+    @property
+    def connected(self) -> bool:
+        return self.agent.connected
+
+    def close(self) -> None:
+        """Unregisters (disconnects) and unlinks the shm name; the module keeps its parameters."""
+        self.agent.stop()
+        self.shared.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,264 @@
+"""Trainer side: push named torch tensors to refitd and commit them as one refit.
+
+    client = refit.TrainerClient("unix:/tmp/refitd.sock")
+    report = client.refit("my-model", model.named_parameters())     # begin, push all, commit
+
+or, step by step:
+
+    with client.session("my-model", model.named_parameters()) as s:  # manifest from the tensors
+        for name, p in model.named_parameters():
+            s.push(name, p)
+    # leaving the block commits; an exception inside it aborts (and propagates)
+
+Tensors: CPU tensors are read in place (refitd's client copies them into its send bucket);
+non-contiguous ones are made contiguous first. CUDA tensors are offered to the library as device
+memory; a library without the GPU path refuses that (RefitUnimplemented) and the tensor is
+staged through host memory instead (one device-to-host copy).
+
+Threading: a TrainerClient and its sessions belong to the thread that created the client; one
+client per thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from . import _native
+from .dtypes import dtype_name
+from .errors import RefitUnimplemented
+
+
+@dataclass
+class RefitReport:
+    session_id: int
+    version: int
+    outcome: str
+    reason: str
+    bytes_in: int
+    bytes_out: int
+    buckets: int
+    tensors: int
+    times_ms: dict = field(default_factory=dict)
+    bytes_out_by_format: dict = field(default_factory=dict)
+
+
+@dataclass
+class DaemonStatus:
+    model: str
+    engine_registered: bool
+    engine_params: int
+    engine_bytes: int
+    version: int
+    active_session: int
+    staging_bytes: int
+    staging_limit_bytes: int
+    committed: int
+    refused: int
+    aborted: int
+    data_endpoint: str
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if value else ""
+
+
+def _named(tensors) -> list:
+    """[(name, tensor)] from a mapping, or an iterable of pairs such as named_parameters()."""
+    items = tensors.items() if hasattr(tensors, "items") else tensors
+    out = []
+    for item in items:
+        name, tensor = item
+        out.append((str(name), tensor))
+    return out
+
+
+class TrainerClient:
+    """A connection to refitd's control plane. `address`: "unix:/path" or "host:port"."""
+
+    def __init__(self, address: str):
+        self._lib = _native.lib()
+        self._owner = threading.get_ident()
+        handle = ctypes.c_void_p()
+        _native.check(self._lib.refit_client_connect(address.encode(), ctypes.byref(handle)),
+                      f"connect to refitd at {address}")
+        self._handle = handle
+        self.address = address
+
+    def close(self) -> None:
+        """Closes the connection; open sessions are aborted. Call it on the client's thread."""
+        if getattr(self, "_handle", None):
+            self._lib.refit_client_close(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            if threading.get_ident() == getattr(self, "_owner", None):
+                self.close()
+            else:  # its event loop belongs to another thread: the library leaks it rather than touch it
+                warnings.warn("refit.TrainerClient collected off its thread; close() it explicitly", ResourceWarning)
+                self.close()
+
+    def _live(self):
+        if not self._handle:
+            raise ValueError("TrainerClient is closed")
+        return self._handle
+
+    def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0) -> "RefitSession":
+        """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
+        names, dtypes and shapes only). Raises RefitUnavailable while another session is open."""
+        named = _named(tensors)
+        shapes = [_native.shape_array(t.shape) for _, t in named]
+        names = [n.encode() for n, _ in named]
+        dtypes = [dtype_name(t.dtype).encode() for _, t in named]
+        descs = (_native.TensorDesc * max(len(named), 1))()
+        for i, (_, t) in enumerate(named):
+            descs[i] = _native.new(_native.TensorDesc, name=names[i], dtype=dtypes[i],
+                                   shape=ctypes.cast(shapes[i], _native.c_int64_p), rank=t.dim())
+        manifest = _native.new(_native.Manifest, model=model.encode(), tensors=descs, num_tensors=len(named),
+                               partial=int(partial), deadline_ms=deadline_ms)
+        handle = ctypes.c_void_p()
+        _native.check(self._lib.refit_session_begin(self._live(), ctypes.byref(manifest), ctypes.byref(handle)),
+                      f"begin a refit of '{model}'")
+        return RefitSession(self, handle)
+
+    def refit(self, model: str, tensors, **kwargs) -> RefitReport:
+        """One whole refit: begin with a manifest of `tensors`, push them all, commit."""
+        named = _named(tensors)
+        with self.session(model, named, **kwargs) as s:
+            s.push_all(named)
+            return s.commit()
+
+    def status(self) -> DaemonStatus:
+        out = _native.new(_native.DaemonStatus)
+        _native.check(self._lib.refit_client_status(self._live(), ctypes.byref(out)), "refitd status")
+        return DaemonStatus(_text(out.model), bool(out.engine_registered), out.engine_params, out.engine_bytes,
+                            out.version, out.active_session, out.staging_bytes, out.staging_limit_bytes,
+                            out.committed, out.refused, out.aborted, _text(out.data_endpoint))
+
+    def abort_active(self, reason: str = "aborted by a trainer") -> bool:
+        """Aborts whatever session refitd has open; True if there was one."""
+        aborted = ctypes.c_int32(0)
+        _native.check(self._lib.refit_client_abort_active(self._live(), reason.encode(), ctypes.byref(aborted)),
+                      "abort the active session")
+        return bool(aborted.value)
+
+    def checksums(self) -> tuple[int, dict]:
+        """(engine version, {parameter name: (checksum, nbytes)}) as refitd reads the engine's
+        storage; refit.checksum(tensor) computes the same checksum locally."""
+        version, count = ctypes.c_uint64(), ctypes.c_uint64()
+        _native.check(self._lib.refit_client_checksums(self._live(), ctypes.byref(version), ctypes.byref(count)),
+                      "engine checksums")
+        out = {}
+        for i in range(count.value):
+            p = _native.new(_native.ParamChecksum)
+            _native.check(self._lib.refit_client_checksum_at(self._handle, i, ctypes.byref(p)), "engine checksums")
+            out[_text(p.name)] = (p.checksum, p.nbytes)
+        return version.value, out
+
+
+class RefitSession:
+    """One refit in progress. Use as a context manager: a normal exit commits (unless the session
+    already ended), an exception aborts and propagates."""
+
+    def __init__(self, client: TrainerClient, handle: ctypes.c_void_p):
+        self._client = client  # keeps the client alive as long as the session
+        self._lib = client._lib
+        self._handle = handle
+        self.id = self._lib.refit_session_id(handle)
+        self.bucket_bytes = self._lib.refit_session_bucket_bytes(handle)
+        self.report: Optional[RefitReport] = None
+        self._ended = False
+        self._stage_cuda_on_host = False
+
+    def push(self, name: str, tensor) -> None:
+        """Sends one tensor (copied before this returns: the tensor may change afterwards)."""
+        t = tensor.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.is_cuda and not self._stage_cuda_on_host:
+            try:
+                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0)
+                return
+            except RefitUnimplemented:
+                self._stage_cuda_on_host = True  # this library has no GPU path: stage every CUDA tensor
+        if t.is_cuda:
+            t = t.cpu()
+        self._push(name, t, _native.MEMORY_HOST, -1)
+
+    def _push(self, name, t, memory, device):
+        shape = _native.shape_array(t.shape)
+        ref = _native.new(_native.Tensor, name=name.encode(), dtype=dtype_name(t.dtype).encode(),
+                          shape=ctypes.cast(shape, _native.c_int64_p), rank=t.dim(), data=t.data_ptr(),
+                          nbytes=t.numel() * t.element_size(), memory=memory, device=device)
+        _native.check(self._lib.refit_session_push(self._live(), ctypes.byref(ref)), f"push '{name}'")
+
+    def push_all(self, tensors) -> None:
+        for name, tensor in _named(tensors):
+            self.push(name, tensor)
+
+    def flush(self) -> None:
+        _native.check(self._lib.refit_session_flush(self._live()), "flush")
+
+    def commit(self) -> RefitReport:
+        """Asks refitd to validate and swap. RefitRefused names every offending tensor; the engine
+        keeps its previous version then."""
+        out = _native.new(_native.Report)
+        self._ended = True
+        _native.check(self._lib.refit_session_commit(self._live(), ctypes.byref(out)), f"commit session {self.id}")
+        self.report = RefitReport(
+            out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
+            out.buckets, out.tensors,
+            {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total")},
+            {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)})
+        return self.report
+
+    def abort(self, reason: str = "aborted by the trainer") -> None:
+        self._ended = True
+        _native.check(self._lib.refit_session_abort(self._live(), reason.encode()), f"abort session {self.id}")
+
+    def close(self) -> None:
+        """Aborts the session if it has not ended, and frees it."""
+        if self._handle:
+            self._lib.refit_session_close(self._handle)
+            self._handle = None
+
+    def _live(self):
+        if not self._handle:
+            raise ValueError(f"session {self.id} is closed")
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is not None:
+                if not self._ended:
+                    try:
+                        self.abort(f"trainer raised {exc_type.__name__}: {exc}")
+                    except Exception:  # the original exception matters more than a failed abort
+                        pass
+            elif not self._ended:
+                self.commit()
+        finally:
+            self.close()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+
+def checksum(tensor) -> int:
+    """refitd's checksum of a CPU tensor's bytes (what TrainerClient.checksums() reports)."""
+    t = tensor.detach().contiguous().cpu()
+    return _native.lib().refit_checksum64(t.data_ptr(), t.numel() * t.element_size(), 0)

@@ -1,0 +1,556 @@
+// The C ABI over the C++ trainer client and engine agent. Each entry point validates its
+// arguments, calls the C++ API inside Guard() (no exception crosses the ABI), and turns the
+// absl::Status into a code plus the thread-local last-error message.
+#include "client/c_api.h"
+
+#include <cstring>
+#include <exception>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/engine_agent.h"
+#include "client/trainer_client.h"
+#include "common/checksum.h"
+#include "common/dtype.h"
+
+using refit::DType;
+using refit::Shape;
+
+struct refit_client {
+  std::unique_ptr<refit::client::TrainerClient> impl;
+  std::thread::id owner;
+  // Session handles may be freed from any thread (a garbage collector's), hence the lock.
+  absl::Mutex mu;
+  std::set<refit_session*> sessions ABSL_GUARDED_BY(mu);
+  // Sessions closed from another thread: their abort must run on this client's event loop, so
+  // they wait here until the next call on the owning thread.
+  std::vector<std::unique_ptr<refit::client::RefitSession>> orphans ABSL_GUARDED_BY(mu);
+  // Storage behind the pointers handed out by refit_client_status / refit_client_checksums.
+  std::string status_model, status_endpoint;
+  std::vector<refit::client::ParamChecksum> checksums;
+};
+
+struct refit_session {
+  refit_client* client;  // null once the client was closed
+  std::unique_ptr<refit::client::RefitSession> impl;
+  uint64_t id = 0;
+  uint64_t bucket_bytes = 0;
+  bool ended = false;
+  // Storage behind the pointers of the last refit_report.
+  std::string outcome, reason;
+  std::vector<std::string> format_name_storage;
+  std::vector<const char*> format_names;
+  std::vector<uint64_t> format_bytes;
+};
+
+struct refit_engine {
+  std::unique_ptr<refit::client::EngineAgent> impl;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int Fail(const absl::Status& st) {
+  g_last_error = std::string(st.message());
+  return st.ok() ? REFIT_INTERNAL : static_cast<int>(st.code());
+}
+int Fail(int code, const std::string& message) {
+  g_last_error = message;
+  return code;
+}
+
+// Runs `f` (returning absl::Status); any exception becomes REFIT_INTERNAL with its message.
+template <typename F>
+int Guard(const char* fn, F&& f) {
+  try {
+    absl::Status st = f();
+    return st.ok() ? REFIT_OK : Fail(st);
+  } catch (const std::exception& e) {
+    return Fail(REFIT_INTERNAL, absl::StrCat(fn, ": ", e.what()));
+  } catch (...) {
+    return Fail(REFIT_INTERNAL, absl::StrCat(fn, ": unknown exception"));
+  }
+}
+
+// Version-1 size of each struct: every field of version 1 must be present.
+template <typename T>
+constexpr uint32_t kV1Size = sizeof(T);
+
+// Copies a caller's input struct into a zeroed local one, honouring its struct_size.
+template <typename T>
+absl::Status ReadStruct(const T* in, const char* what, T* out) {
+  std::memset(static_cast<void*>(out), 0, sizeof(T));
+  if (in == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is NULL"));
+  if (in->struct_size < kV1Size<T>) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".struct_size is ", in->struct_size,
+                                                   ", below the smallest supported size ", kV1Size<T>));
+  }
+  std::memcpy(static_cast<void*>(out), in, std::min<size_t>(in->struct_size, sizeof(T)));
+  return absl::OkStatus();
+}
+
+// Element `i` of a caller's array, whose elements are the first element's struct_size apart.
+template <typename T>
+absl::Status ReadElement(const T* array, uint64_t count, uint64_t i, const char* what, T* out) {
+  if (array == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is NULL but its count is ", count));
+  const uint32_t stride = array[0].struct_size;
+  if (stride < kV1Size<T>) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "[0].struct_size is ", stride,
+                                                   ", below the smallest supported size ", kV1Size<T>));
+  }
+  const T* e = reinterpret_cast<const T*>(reinterpret_cast<const char*>(array) + i * stride);
+  if (e->struct_size != stride) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "].struct_size is ", e->struct_size,
+                                                   " but ", what, "[0].struct_size is ", stride));
+  }
+  return ReadStruct(e, what, out);
+}
+
+// Copies a filled local struct into the caller's, writing only what fits in its struct_size.
+template <typename T>
+absl::Status WriteStruct(const T& value, const char* what, T* out) {
+  if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is NULL"));
+  const uint32_t size = out->struct_size;
+  if (size < kV1Size<T>) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".struct_size is ", size,
+                                                   ", below the smallest supported size ", kV1Size<T>));
+  }
+  std::memcpy(static_cast<void*>(out), &value, std::min<size_t>(size, sizeof(T)));
+  out->struct_size = size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DType> ParseDTypeField(const char* dtype, const std::string& owner) {
+  if (dtype == nullptr) return absl::InvalidArgumentError(absl::StrCat(owner, ": dtype is NULL"));
+  absl::StatusOr<DType> t = refit::ParseDType(dtype);
+  if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(owner, ": ", t.status().message()));
+  return t;
+}
+
+absl::StatusOr<Shape> ShapeField(const int64_t* shape, uint32_t rank, const std::string& owner) {
+  if (rank > 0 && shape == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(owner, ": shape is NULL but rank is ", rank));
+  }
+  Shape s(shape, shape + rank);
+  for (uint32_t d = 0; d < rank; ++d) {
+    if (s[d] < 0) return absl::InvalidArgumentError(absl::StrCat(owner, ": dimension ", d, " is ", s[d]));
+  }
+  return s;
+}
+
+std::string Owner(const char* kind, const char* name) {
+  return absl::StrCat(kind, " '", name == nullptr ? "" : name, "'");
+}
+
+bool OnOwnerThread(const refit_client* c) { return std::this_thread::get_id() == c->owner; }
+
+// Fails off the owning thread; on it, first aborts the sessions orphaned by other threads.
+absl::Status CheckThread(refit_client* c) {
+  if (!OnOwnerThread(c)) {
+    return absl::FailedPreconditionError(
+        "a refit client and its sessions must be used from the thread that connected");
+  }
+  std::vector<std::unique_ptr<refit::client::RefitSession>> orphans;
+  {
+    absl::MutexLock l(&c->mu);
+    orphans.swap(c->orphans);
+  }
+  orphans.clear();  // each aborts on destruction
+  return absl::OkStatus();
+}
+
+absl::Status LiveSession(const refit_session* s) {
+  if (s == nullptr) return absl::InvalidArgumentError("session is NULL");
+  if (s->client == nullptr) return absl::FailedPreconditionError("the session's client was closed");
+  if (s->ended) return absl::FailedPreconditionError(absl::StrCat("session ", s->id, " already ended"));
+  return CheckThread(s->client);
+}
+
+void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out) {
+  s->outcome = r.outcome;
+  s->reason = r.reason;
+  s->format_name_storage.clear();
+  s->format_bytes.clear();
+  for (const auto& [name, bytes] : r.bytes_out_by_format) {
+    s->format_name_storage.push_back(name);
+    s->format_bytes.push_back(bytes);
+  }
+  s->format_names.clear();
+  for (const std::string& n : s->format_name_storage) s->format_names.push_back(n.c_str());
+  out->session_id = r.session_id;
+  out->version = r.version;
+  out->outcome = s->outcome.c_str();
+  out->reason = s->reason.c_str();
+  out->bytes_in = r.bytes_in;
+  out->bytes_out = r.bytes_out;
+  out->buckets = r.buckets;
+  out->tensors = r.tensors;
+  out->receive_ms = r.times.receive_ms;
+  out->convert_ms = r.times.convert_ms;
+  out->validate_ms = r.times.validate_ms;
+  out->commit_ms = r.times.commit_ms;
+  out->pause_ms = r.times.pause_ms;
+  out->total_ms = r.times.total_ms;
+  out->num_formats = static_cast<uint32_t>(s->format_names.size());
+  out->format_names = s->format_names.data();
+  out->format_bytes = s->format_bytes.data();
+}
+
+}  // namespace
+
+extern "C" {
+
+uint32_t refit_abi_version(void) { return REFIT_ABI_VERSION; }
+
+const char* refit_last_error(void) { return g_last_error.c_str(); }
+
+const char* refit_code_name(int code) {
+  switch (code) {
+    case REFIT_OK: return "OK";
+    case REFIT_CANCELLED: return "CANCELLED";
+    case REFIT_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case REFIT_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case REFIT_NOT_FOUND: return "NOT_FOUND";
+    case REFIT_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case REFIT_PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case REFIT_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case REFIT_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case REFIT_ABORTED: return "ABORTED";
+    case REFIT_OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case REFIT_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case REFIT_INTERNAL: return "INTERNAL";
+    case REFIT_UNAVAILABLE: return "UNAVAILABLE";
+    case REFIT_DATA_LOSS: return "DATA_LOSS";
+    case REFIT_UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+int refit_dense_bytes(const char* dtype, const int64_t* shape, uint32_t rank, uint64_t* out_bytes) {
+  return Guard("refit_dense_bytes", [&]() -> absl::Status {
+    if (out_bytes == nullptr) return absl::InvalidArgumentError("out_bytes is NULL");
+    absl::StatusOr<DType> t = ParseDTypeField(dtype, "tensor");
+    if (!t.ok()) return t.status();
+    absl::StatusOr<Shape> s = ShapeField(shape, rank, "tensor");
+    if (!s.ok()) return s.status();
+    absl::StatusOr<uint64_t> n = refit::DenseBytes(*t, *s);
+    if (!n.ok()) return n.status();
+    *out_bytes = *n;
+    return absl::OkStatus();
+  });
+}
+
+uint64_t refit_checksum64(const void* data, uint64_t bytes, uint64_t seed) {
+  return refit::Checksum64(data, static_cast<size_t>(bytes), seed);
+}
+
+// ---- Trainer side ------------------------------------------------------------------------
+
+int refit_client_connect(const char* address, refit_client** out) {
+  return Guard("refit_client_connect", [&]() -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    *out = nullptr;
+    if (address == nullptr) return absl::InvalidArgumentError("address is NULL");
+    auto c = std::make_unique<refit_client>();
+    c->owner = std::this_thread::get_id();
+    absl::StatusOr<std::unique_ptr<refit::client::TrainerClient>> impl = refit::client::TrainerClient::Connect(address);
+    if (!impl.ok()) return impl.status();
+    c->impl = std::move(*impl);
+    *out = c.release();
+    return absl::OkStatus();
+  });
+}
+
+void refit_client_close(refit_client* client) {
+  if (client == nullptr) return;
+  (void)Guard("refit_client_close", [&]() -> absl::Status {
+    const bool owner = OnOwnerThread(client);
+    absl::MutexLock l(&client->mu);
+    for (refit_session* s : client->sessions) {
+      if (owner) {
+        s->impl.reset();  // aborts a session that has not ended
+      } else {
+        (void)s->impl.release();  // its event loop belongs to another thread: leaked, not touched
+      }
+      s->client = nullptr;
+    }
+    client->sessions.clear();
+    if (owner) {
+      client->orphans.clear();  // each aborts on destruction
+    } else {
+      (void)client->impl.release();  // its event loop belongs to another thread: leaked, not touched
+      for (auto& o : client->orphans) (void)o.release();
+    }
+    return absl::OkStatus();
+  });
+  delete client;
+}
+
+int refit_client_status(refit_client* client, refit_daemon_status* out) {
+  return Guard("refit_client_status", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    absl::StatusOr<refit::client::DaemonStatus> s = client->impl->Status();
+    if (!s.ok()) return s.status();
+    client->status_model = s->model;
+    client->status_endpoint = s->data_endpoint;
+    refit_daemon_status v{};
+    v.model = client->status_model.c_str();
+    v.engine_registered = s->engine_registered ? 1 : 0;
+    v.engine_params = s->engine_params;
+    v.engine_bytes = s->engine_bytes;
+    v.version = s->version;
+    v.active_session = s->active_session;
+    v.staging_bytes = s->staging_bytes;
+    v.staging_limit_bytes = s->staging_limit_bytes;
+    v.committed = s->committed;
+    v.refused = s->refused;
+    v.aborted = s->aborted;
+    v.data_endpoint = client->status_endpoint.c_str();
+    return WriteStruct(v, "status", out);
+  });
+}
+
+int refit_client_abort_active(refit_client* client, const char* reason, int32_t* out_aborted) {
+  return Guard("refit_client_abort_active", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    absl::StatusOr<bool> aborted = client->impl->AbortActive(reason == nullptr ? "" : reason);
+    if (!aborted.ok()) return aborted.status();
+    if (out_aborted != nullptr) *out_aborted = *aborted ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int refit_client_checksums(refit_client* client, uint64_t* out_version, uint64_t* out_count) {
+  return Guard("refit_client_checksums", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (out_version == nullptr || out_count == nullptr) return absl::InvalidArgumentError("out_version or out_count is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    auto sums = client->impl->Checksums();
+    if (!sums.ok()) return sums.status();
+    *out_version = sums->first;
+    client->checksums = std::move(sums->second);
+    *out_count = client->checksums.size();
+    return absl::OkStatus();
+  });
+}
+
+int refit_client_checksum_at(refit_client* client, uint64_t index, refit_param_checksum* out) {
+  return Guard("refit_client_checksum_at", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (index >= client->checksums.size()) {
+      return absl::OutOfRangeError(absl::StrCat("checksum index ", index, " is past the ", client->checksums.size(),
+                                                " parameters of the last refit_client_checksums call"));
+    }
+    const refit::client::ParamChecksum& p = client->checksums[index];
+    refit_param_checksum v{};
+    v.name = p.name.c_str();
+    v.checksum = p.checksum;
+    v.nbytes = p.nbytes;
+    return WriteStruct(v, "checksum", out);
+  });
+}
+
+int refit_session_begin(refit_client* client, const refit_manifest* manifest, refit_session** out) {
+  return Guard("refit_session_begin", [&]() -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    *out = nullptr;
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    refit_manifest m;
+    if (absl::Status st = ReadStruct(manifest, "manifest", &m); !st.ok()) return st;
+    if (m.model == nullptr) return absl::InvalidArgumentError("manifest.model is NULL");
+    refit::Manifest cm;
+    cm.model = m.model;
+    cm.partial = m.partial != 0;
+    cm.deadline_ms = m.deadline_ms;
+    cm.tensors.reserve(m.num_tensors);
+    for (uint64_t i = 0; i < m.num_tensors; ++i) {
+      refit_tensor_desc d;
+      if (absl::Status st = ReadElement(m.tensors, m.num_tensors, i, "manifest.tensors", &d); !st.ok()) return st;
+      if (d.name == nullptr) return absl::InvalidArgumentError(absl::StrCat("manifest.tensors[", i, "].name is NULL"));
+      const std::string owner = Owner("manifest tensor", d.name);
+      absl::StatusOr<DType> t = ParseDTypeField(d.dtype, owner);
+      if (!t.ok()) return t.status();
+      absl::StatusOr<Shape> s = ShapeField(d.shape, d.rank, owner);
+      if (!s.ok()) return s.status();
+      absl::StatusOr<uint64_t> n = refit::DenseBytes(*t, *s);
+      if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat(owner, ": ", n.status().message()));
+      refit::TensorDesc desc;
+      desc.name = d.name;
+      desc.dtype = *t;
+      desc.shape = std::move(*s);
+      desc.nbytes = *n;
+      cm.tensors.push_back(std::move(desc));
+    }
+    auto session = client->impl->Begin(cm);
+    if (!session.ok()) return session.status();
+    auto s = std::make_unique<refit_session>();
+    s->client = client;
+    s->id = (*session)->id();
+    s->bucket_bytes = (*session)->bucket_bytes();
+    s->impl = std::move(*session);
+    {
+      absl::MutexLock l(&client->mu);
+      client->sessions.insert(s.get());
+    }
+    *out = s.release();
+    return absl::OkStatus();
+  });
+}
+
+uint64_t refit_session_id(const refit_session* session) { return session == nullptr ? 0 : session->id; }
+
+uint64_t refit_session_bucket_bytes(const refit_session* session) {
+  return session == nullptr ? 0 : session->bucket_bytes;
+}
+
+int refit_session_push(refit_session* session, const refit_tensor* tensor) {
+  return Guard("refit_session_push", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    refit_tensor t;
+    if (absl::Status st = ReadStruct(tensor, "tensor", &t); !st.ok()) return st;
+    if (t.name == nullptr) return absl::InvalidArgumentError("tensor.name is NULL");
+    const std::string owner = Owner("tensor", t.name);
+    if (t.memory == REFIT_MEMORY_CUDA) {
+      return absl::UnimplementedError(absl::StrCat(owner, " is in CUDA memory (device ", t.device,
+                                                   "); this client sends host memory only"));
+    }
+    if (t.memory != REFIT_MEMORY_HOST) {
+      return absl::InvalidArgumentError(absl::StrCat(owner, ": unknown memory kind ", t.memory));
+    }
+    absl::StatusOr<DType> dtype = ParseDTypeField(t.dtype, owner);
+    if (!dtype.ok()) return dtype.status();
+    absl::StatusOr<Shape> shape = ShapeField(t.shape, t.rank, owner);
+    if (!shape.ok()) return shape.status();
+    absl::StatusOr<uint64_t> n = refit::DenseBytes(*dtype, *shape);
+    if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat(owner, ": ", n.status().message()));
+    if (t.nbytes != 0 && t.nbytes != *n) {
+      return absl::InvalidArgumentError(absl::StrCat(owner, " has ", t.nbytes, " bytes but ", refit::DTypeName(*dtype),
+                                                     refit::ShapeString(*shape), " needs ", *n));
+    }
+    if (t.data == nullptr && *n > 0) return absl::InvalidArgumentError(absl::StrCat(owner, ": data is NULL"));
+    return session->impl->Push({t.name, *dtype, std::move(*shape), t.data});
+  });
+}
+
+int refit_session_flush(refit_session* session) {
+  return Guard("refit_session_flush", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    return session->impl->Flush();
+  });
+}
+
+int refit_session_commit(refit_session* session, refit_report* out) {
+  return Guard("refit_session_commit", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    if (out != nullptr && out->struct_size < kV1Size<refit_report>) {
+      return absl::InvalidArgumentError(absl::StrCat("report.struct_size is ", out->struct_size,
+                                                     ", below the smallest supported size ", kV1Size<refit_report>));
+    }
+    session->ended = true;
+    absl::StatusOr<refit::RefitReport> report = session->impl->Commit();
+    if (!report.ok()) return report.status();
+    if (out == nullptr) return absl::OkStatus();
+    refit_report v{};
+    FillReport(*report, session, &v);
+    return WriteStruct(v, "report", out);
+  });
+}
+
+int refit_session_abort(refit_session* session, const char* reason) {
+  return Guard("refit_session_abort", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    session->ended = true;
+    return session->impl->Abort(reason == nullptr ? "" : reason);
+  });
+}
+
+void refit_session_close(refit_session* session) {
+  if (session == nullptr) return;
+  (void)Guard("refit_session_close", [&]() -> absl::Status {
+    refit_client* client = session->client;
+    if (client != nullptr) {
+      // The C++ session aborts in its destructor, on the client's event loop: on its thread only.
+      absl::MutexLock l(&client->mu);
+      client->sessions.erase(session);
+      if (OnOwnerThread(client)) {
+        session->impl.reset();
+      } else {
+        client->orphans.push_back(std::move(session->impl));
+      }
+    }
+    return absl::OkStatus();
+  });
+  delete session;
+}
+
+// ---- Engine side -------------------------------------------------------------------------
+
+int refit_engine_start(const refit_engine_options* options, const refit_engine_param* params, uint64_t num_params,
+                       refit_engine** out) {
+  return Guard("refit_engine_start", [&]() -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    *out = nullptr;
+    refit_engine_options o;
+    if (absl::Status st = ReadStruct(options, "options", &o); !st.ok()) return st;
+    if (o.address == nullptr) return absl::InvalidArgumentError("options.address is NULL");
+    std::vector<refit::client::ShmParam> shm;
+    shm.reserve(num_params);
+    for (uint64_t i = 0; i < num_params; ++i) {
+      refit_engine_param p;
+      if (absl::Status st = ReadElement(params, num_params, i, "params", &p); !st.ok()) return st;
+      if (p.name == nullptr) return absl::InvalidArgumentError(absl::StrCat("params[", i, "].name is NULL"));
+      const std::string owner = Owner("engine parameter", p.name);
+      absl::StatusOr<DType> dtype = ParseDTypeField(p.dtype, owner);
+      if (!dtype.ok()) return dtype.status();
+      absl::StatusOr<Shape> shape = ShapeField(p.shape, p.rank, owner);
+      if (!shape.ok()) return shape.status();
+      if (p.storage == REFIT_STORAGE_CUDA_IPC) {
+        return absl::UnimplementedError(absl::StrCat(owner, " is in CUDA memory (device ", p.cuda_device,
+                                                     "); this engine agent registers shared memory only"));
+      }
+      if (p.storage != REFIT_STORAGE_SHM) {
+        return absl::InvalidArgumentError(absl::StrCat(owner, ": unknown storage kind ", p.storage));
+      }
+      if (p.shm_name == nullptr || p.shm_name[0] == '\0') {
+        return absl::InvalidArgumentError(absl::StrCat(owner, ": shm_name is empty"));
+      }
+      shm.push_back({p.name, *dtype, std::move(*shape), p.shm_name, p.offset});
+    }
+    refit::client::EngineCallbacks callbacks;
+    if (o.pause != nullptr) callbacks.pause = [fn = o.pause, user = o.user]() { fn(user); };
+    if (o.resume != nullptr) callbacks.resume = [fn = o.resume, user = o.user](uint64_t v) { fn(user, v); };
+    auto agent = refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version);
+    if (!agent.ok()) return agent.status();
+    auto e = std::make_unique<refit_engine>();
+    e->impl = std::move(*agent);
+    *out = e.release();
+    return absl::OkStatus();
+  });
+}
+
+uint64_t refit_engine_version(const refit_engine* engine) { return engine == nullptr ? 0 : engine->impl->version(); }
+int32_t refit_engine_paused(const refit_engine* engine) { return engine != nullptr && engine->impl->paused() ? 1 : 0; }
+int32_t refit_engine_dirty(const refit_engine* engine) { return engine != nullptr && engine->impl->dirty() ? 1 : 0; }
+int32_t refit_engine_connected(const refit_engine* engine) {
+  return engine != nullptr && engine->impl->connected() ? 1 : 0;
+}
+
+void refit_engine_stop(refit_engine* engine) {
+  if (engine == nullptr) return;
+  (void)Guard("refit_engine_stop", [&]() -> absl::Status {
+    engine->impl.reset();
+    return absl::OkStatus();
+  });
+  delete engine;
+}
+
+}  // extern "C"

@@ -1,0 +1,232 @@
+/* Stable C ABI of the refit client libraries (librefit_client.so), for bindings (Python ctypes)
+ * and programs that cannot link C++: the trainer side (connect, begin a session, push tensors,
+ * commit or abort) and the engine side (register parameters, serve pause/resume).
+ *
+ * Versioning. REFIT_ABI_VERSION grows when something is added; nothing is ever removed or
+ * reordered. Every struct that crosses the ABI starts with `struct_size`, which the caller sets to
+ * sizeof(the struct it was compiled with):
+ *   - inputs: the library reads only the first struct_size bytes; fields a newer library added
+ *     beyond them take their documented defaults (so a newer library serves an older caller);
+ *   - outputs: the library writes only fields that fit inside struct_size;
+ *   - arrays of structs are struct_size apart (the first element's struct_size; all must agree);
+ *   - a struct_size below the version-1 size is refused with REFIT_INVALID_ARGUMENT.
+ * Handles are opaque. Strings are NUL-terminated UTF-8.
+ *
+ * Errors. Functions return 0 (REFIT_OK) or a code below (the canonical status codes); the
+ * message of the last failure on the calling thread is refit_last_error() (thread-local, valid
+ * until the next failing call on that thread). Exceptions never cross the ABI.
+ *
+ * Threading. A refit_client and its sessions belong to the thread that connected (they own an
+ * event loop); a call from another thread fails with REFIT_FAILED_PRECONDITION. One client per
+ * thread. refit_engine functions are thread-safe; its callbacks run on the engine's agent thread.
+ */
+#ifndef REFIT_CLIENT_C_API_H_
+#define REFIT_CLIENT_C_API_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define REFIT_API __attribute__((visibility("default")))
+#else
+#define REFIT_API
+#endif
+
+#define REFIT_ABI_VERSION 1
+
+/* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
+#define REFIT_OK 0
+#define REFIT_CANCELLED 1
+#define REFIT_UNKNOWN 2
+#define REFIT_INVALID_ARGUMENT 3 /* bad input; the message names the tensor or field */
+#define REFIT_DEADLINE_EXCEEDED 4
+#define REFIT_NOT_FOUND 5
+#define REFIT_ALREADY_EXISTS 6
+#define REFIT_PERMISSION_DENIED 7
+#define REFIT_RESOURCE_EXHAUSTED 8
+#define REFIT_FAILED_PRECONDITION 9 /* refit refused (message names every offending tensor), wrong thread */
+#define REFIT_ABORTED 10
+#define REFIT_OUT_OF_RANGE 11
+#define REFIT_UNIMPLEMENTED 12 /* e.g. CUDA memory where this build has no GPU path */
+#define REFIT_INTERNAL 13
+#define REFIT_UNAVAILABLE 14 /* refitd unreachable, disconnected or busy: retry later */
+#define REFIT_DATA_LOSS 15
+#define REFIT_UNAUTHENTICATED 16
+
+/* Where a tensor's bytes live. */
+#define REFIT_MEMORY_HOST 0
+#define REFIT_MEMORY_CUDA 1 /* reserved for the GPU path: refused with REFIT_UNIMPLEMENTED here */
+
+/* How an engine parameter's storage is shared with refitd. */
+#define REFIT_STORAGE_SHM 0      /* POSIX shm object `shm_name`, at `offset` */
+#define REFIT_STORAGE_CUDA_IPC 1 /* cudaIpcMemHandle_t bytes + offset on `cuda_device` (reserved) */
+
+typedef struct refit_client refit_client;
+typedef struct refit_session refit_session;
+typedef struct refit_engine refit_engine;
+
+/* ---- Library ---------------------------------------------------------------------------- */
+
+/* REFIT_ABI_VERSION of the loaded library; a caller built against version N needs >= N. */
+REFIT_API uint32_t refit_abi_version(void);
+/* Message of the last failed call on this thread ("" if none). */
+REFIT_API const char* refit_last_error(void);
+/* "OK", "INVALID_ARGUMENT", ... ("UNKNOWN" for codes it does not know). */
+REFIT_API const char* refit_code_name(int code);
+/* Bytes of a dense tensor of `dtype` (safetensors spelling: "BF16", "F32", "F8_E4M3", ...). */
+REFIT_API int refit_dense_bytes(const char* dtype, const int64_t* shape, uint32_t rank, uint64_t* out_bytes);
+/* refitd's checksum of a byte range (the one refit_client_checksums reports); `seed` chains. */
+REFIT_API uint64_t refit_checksum64(const void* data, uint64_t bytes, uint64_t seed);
+
+/* ---- Trainer side ----------------------------------------------------------------------- */
+
+/* One tensor a session will carry. */
+typedef struct refit_tensor_desc {
+  uint32_t struct_size;
+  const char* name;     /* Hugging Face name, e.g. "model.layers.0.mlp.up_proj.weight" */
+  const char* dtype;    /* "BF16" or "F32" for tensors refitd converts; any dtype passes through */
+  const int64_t* shape; /* `rank` dimensions */
+  uint32_t rank;
+} refit_tensor_desc;
+
+typedef struct refit_manifest {
+  uint32_t struct_size;
+  const char* model; /* must equal the model of refitd's spec */
+  const refit_tensor_desc* tensors;
+  uint64_t num_tensors;
+  uint32_t partial;     /* nonzero: only whole parameters the spec marks updatable alone */
+  uint32_t deadline_ms; /* 0: refitd's default */
+} refit_manifest;
+
+/* One tensor's bytes, dense row-major. */
+typedef struct refit_tensor {
+  uint32_t struct_size;
+  const char* name;
+  const char* dtype;
+  const int64_t* shape;
+  uint32_t rank;
+  const void* data;
+  uint64_t nbytes; /* 0: not checked; otherwise must equal the dense size of dtype x shape */
+  uint32_t memory; /* REFIT_MEMORY_HOST */
+  int32_t device;  /* CUDA device ordinal when memory is REFIT_MEMORY_CUDA */
+} refit_tensor;
+
+/* What a session did. Strings and arrays are owned by the session handle and stay valid until
+ * it is closed. */
+typedef struct refit_report {
+  uint32_t struct_size;
+  uint64_t session_id;
+  uint64_t version;     /* the engine's version after a committed refit */
+  const char* outcome;  /* "committed" | "refused" | "aborted" | "failed" */
+  const char* reason;
+  uint64_t bytes_in;
+  uint64_t bytes_out;
+  uint32_t buckets;
+  uint32_t tensors;
+  double receive_ms, convert_ms, validate_ms, commit_ms, pause_ms, total_ms;
+  /* Bytes written per output format ("fp8_block128", "bf16", ...); empty while refitd's wire
+   * report does not carry them (proto/refit.capnp has no such field yet). */
+  uint32_t num_formats;
+  const char* const* format_names;
+  const uint64_t* format_bytes;
+} refit_report;
+
+/* refitd's state. Strings are owned by the client handle and valid until its next status call. */
+typedef struct refit_daemon_status {
+  uint32_t struct_size;
+  const char* model;
+  uint32_t engine_registered;
+  uint32_t engine_params;
+  uint64_t engine_bytes;
+  uint64_t version;
+  uint64_t active_session; /* 0: none */
+  uint64_t staging_bytes;
+  uint64_t staging_limit_bytes;
+  uint64_t committed, refused, aborted;
+  const char* data_endpoint;
+} refit_daemon_status;
+
+typedef struct refit_param_checksum {
+  uint32_t struct_size;
+  const char* name;
+  uint64_t checksum;
+  uint64_t nbytes;
+} refit_param_checksum;
+
+/* `address`: "unix:/path" or "host:port". */
+REFIT_API int refit_client_connect(const char* address, refit_client** out);
+/* Aborts and invalidates the client's open sessions (their handles must still be closed). */
+REFIT_API void refit_client_close(refit_client* client);
+REFIT_API int refit_client_status(refit_client* client, refit_daemon_status* out);
+/* Aborts whatever session refitd has open; *out_aborted says whether there was one. */
+REFIT_API int refit_client_abort_active(refit_client* client, const char* reason, int32_t* out_aborted);
+/* The engine's version and each parameter's checksum as refitd reads them. The array and its
+ * names are owned by the client and valid until its next checksums call. Its elements are
+ * sizeof(refit_param_checksum) of this library apart: read them with refit_client_checksum_at. */
+REFIT_API int refit_client_checksums(refit_client* client, uint64_t* out_version, uint64_t* out_count);
+REFIT_API int refit_client_checksum_at(refit_client* client, uint64_t index, refit_param_checksum* out);
+
+/* Opens a session (one per refitd at a time; REFIT_UNAVAILABLE "busy" otherwise). */
+REFIT_API int refit_session_begin(refit_client* client, const refit_manifest* manifest, refit_session** out);
+REFIT_API uint64_t refit_session_id(const refit_session* session);
+REFIT_API uint64_t refit_session_bucket_bytes(const refit_session* session);
+/* Appends a tensor to the current bucket (copied: `data` may be reused on return). */
+REFIT_API int refit_session_push(refit_session* session, const refit_tensor* tensor);
+REFIT_API int refit_session_flush(refit_session* session);
+/* Flushes and asks refitd to validate and swap. A refused refit returns REFIT_FAILED_PRECONDITION
+ * with refitd's message. `out` may be NULL. The session has ended afterwards, whatever the code. */
+REFIT_API int refit_session_commit(refit_session* session, refit_report* out);
+REFIT_API int refit_session_abort(refit_session* session, const char* reason);
+/* Aborts the session if it has not ended, and frees the handle. */
+REFIT_API void refit_session_close(refit_session* session);
+
+/* ---- Engine side ------------------------------------------------------------------------ */
+
+typedef struct refit_engine_param {
+  uint32_t struct_size;
+  const char* name; /* the engine's parameter name (the spec maps trainer names onto these) */
+  const char* dtype;
+  const int64_t* shape;
+  uint32_t rank;
+  uint32_t storage;     /* REFIT_STORAGE_SHM or REFIT_STORAGE_CUDA_IPC */
+  const char* shm_name; /* REFIT_STORAGE_SHM: "/name" of the shm object */
+  uint64_t offset;      /* byte offset inside the shm object or the CUDA allocation */
+  uint8_t cuda_ipc_handle[64];
+  int32_t cuda_device;
+} refit_engine_param;
+
+/* Run on the agent thread. pause returns only once nothing reads the parameters; resume says
+ * they now hold `version`. They must not call back into this engine's refit_engine_stop. */
+typedef void (*refit_pause_fn)(void* user);
+typedef void (*refit_resume_fn)(void* user, uint64_t version);
+
+typedef struct refit_engine_options {
+  uint32_t struct_size;
+  const char* address;
+  refit_pause_fn pause;   /* may be NULL */
+  refit_resume_fn resume; /* may be NULL */
+  void* user;             /* passed to the callbacks */
+  uint64_t version;       /* the version the parameters hold now */
+} refit_engine_options;
+
+/* Connects, registers `params`, and returns once refitd accepted (or refused, naming the
+ * parameter). The storage must stay mapped until refit_engine_stop returns. */
+REFIT_API int refit_engine_start(const refit_engine_options* options, const refit_engine_param* params,
+                                 uint64_t num_params, refit_engine** out);
+REFIT_API uint64_t refit_engine_version(const refit_engine* engine);
+REFIT_API int32_t refit_engine_paused(const refit_engine* engine);
+/* Nonzero when refitd disconnected between pause and resume: the weights may be a mix of
+ * versions and must not be served until a later resume. */
+REFIT_API int32_t refit_engine_dirty(const refit_engine* engine);
+REFIT_API int32_t refit_engine_connected(const refit_engine* engine);
+/* Disconnects, waits for the agent thread (and any callback in progress), frees the handle. */
+REFIT_API void refit_engine_stop(refit_engine* engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REFIT_CLIENT_C_API_H_ */

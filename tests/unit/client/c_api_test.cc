@@ -1,0 +1,401 @@
+// Tests of the C ABI (src/client/c_api.h) through librefit_client.so, with a real refitd child
+// process and an engine whose parameters live in a POSIX shm region this test maps itself.
+#include "client/c_api.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string LastError() { return refit_last_error(); }
+
+// refitd serving model "toy" (every tensor `format: auto`) on a Unix socket in a temp dir.
+class Refitd {
+ public:
+  Refitd() {
+    char tmpl[] = "/tmp/refit-c-api-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    std::ofstream(dir_ + "/spec.yaml") << "model: toy\ndefaults:\n  format: auto\n";
+    address_ = "unix:" + dir_ + "/refitd.sock";
+    std::ofstream(dir_ + "/refitd.yaml") << "listen: " << address_ << "\nmodel_spec: " << dir_ << "/spec.yaml\n";
+    std::string cfg = dir_ + "/refitd.yaml", log = dir_ + "/refitd.log";
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    std::vector<char*> argv = {const_cast<char*>(REFITD_BINARY), const_cast<char*>("--config"), cfg.data(), nullptr};
+    EXPECT_EQ(posix_spawn(&pid_, REFITD_BINARY, &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::exists(dir_ + "/refitd.sock") && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/refitd.sock")) << "refitd did not start";
+  }
+  ~Refitd() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::string dir_, address_;
+  pid_t pid_ = 0;
+};
+
+// A shm region the "engine" owns, unlinked and unmapped on destruction.
+class Shm {
+ public:
+  explicit Shm(size_t bytes) : bytes_(bytes) {
+    name_ = "/refit-c-api-test-" + std::to_string(getpid());
+    int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    data_ = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Shm() {
+    munmap(data_, bytes_);
+    shm_unlink(name_.c_str());
+  }
+  uint8_t* data() const { return data_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  uint8_t* data_;
+  size_t bytes_;
+};
+
+struct Calls {
+  std::atomic<int> pauses{0};
+  std::atomic<int> resumes{0};
+  std::atomic<uint64_t> last_version{0};
+};
+
+void OnPause(void* user) { static_cast<Calls*>(user)->pauses++; }
+void OnResume(void* user, uint64_t v) {
+  auto* c = static_cast<Calls*>(user);
+  c->last_version = v;
+  c->resumes++;
+}
+
+// Two F32 parameters: "w" [4, 8] at offset 0 and "b" [8] at offset 256.
+const int64_t kWShape[] = {4, 8};
+const int64_t kBShape[] = {8};
+
+// REQUIRES: `shm` outlives the result (it points into it).
+std::vector<refit_engine_param> EngineParams(const std::string& shm) {
+  std::vector<refit_engine_param> p(2);
+  for (auto& e : p) {
+    std::memset(&e, 0, sizeof(e));
+    e.struct_size = sizeof(e);
+    e.dtype = "F32";
+    e.storage = REFIT_STORAGE_SHM;
+    e.shm_name = shm.c_str();
+  }
+  p[0].name = "w", p[0].shape = kWShape, p[0].rank = 2, p[0].offset = 0;
+  p[1].name = "b", p[1].shape = kBShape, p[1].rank = 1, p[1].offset = 256;
+  return p;
+}
+
+refit_engine* StartEngine(const std::string& address, const Shm& shm, Calls* calls) {
+  refit_engine_options o{};
+  o.struct_size = sizeof(o);
+  o.address = address.c_str();
+  o.pause = OnPause;
+  o.resume = OnResume;
+  o.user = calls;
+  std::vector<refit_engine_param> params = EngineParams(shm.name());
+  refit_engine* engine = nullptr;
+  EXPECT_EQ(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK) << LastError();
+  return engine;
+}
+
+refit_tensor_desc Desc(const char* name, const int64_t* shape, uint32_t rank) {
+  refit_tensor_desc d{};
+  d.struct_size = sizeof(d);
+  d.name = name;
+  d.dtype = "F32";
+  d.shape = shape;
+  d.rank = rank;
+  return d;
+}
+
+refit_tensor Tensor(const char* name, const int64_t* shape, uint32_t rank, const float* data, uint64_t nbytes) {
+  refit_tensor t{};
+  t.struct_size = sizeof(t);
+  t.name = name;
+  t.dtype = "F32";
+  t.shape = shape;
+  t.rank = rank;
+  t.data = data;
+  t.nbytes = nbytes;
+  t.memory = REFIT_MEMORY_HOST;
+  return t;
+}
+
+refit_session* Begin(refit_client* c, const std::vector<refit_tensor_desc>& descs) {
+  refit_manifest m{};
+  m.struct_size = sizeof(m);
+  m.model = "toy";
+  m.tensors = descs.data();
+  m.num_tensors = descs.size();
+  refit_session* s = nullptr;
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_OK) << LastError();
+  return s;
+}
+
+TEST(CApiTest, LibraryBasics) {
+  EXPECT_GE(refit_abi_version(), 1u);
+  EXPECT_STREQ(refit_code_name(REFIT_FAILED_PRECONDITION), "FAILED_PRECONDITION");
+  EXPECT_STREQ(refit_code_name(999), "UNKNOWN");
+  uint64_t bytes = 0;
+  const int64_t shape[] = {3, 5};
+  ASSERT_EQ(refit_dense_bytes("BF16", shape, 2, &bytes), REFIT_OK);
+  EXPECT_EQ(bytes, 30u);
+  EXPECT_EQ(refit_dense_bytes("F33", shape, 2, &bytes), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("F33"));
+  const int64_t negative[] = {-1};
+  EXPECT_EQ(refit_dense_bytes("F32", negative, 1, &bytes), REFIT_INVALID_ARGUMENT);
+  EXPECT_NE(refit_checksum64("ab", 2, 0), refit_checksum64("ac", 2, 0));
+}
+
+TEST(CApiTest, LastErrorIsPerThread) {
+  uint64_t bytes;
+  ASSERT_EQ(refit_dense_bytes("NOPE", nullptr, 0, &bytes), REFIT_INVALID_ARGUMENT);
+  std::string other = "unset";
+  std::thread([&] { other = refit_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_THAT(LastError(), HasSubstr("NOPE"));
+}
+
+TEST(CApiTest, ConnectFailureIsUnavailableAndNamesTheAddress) {
+  refit_client* c = reinterpret_cast<refit_client*>(0x1);
+  EXPECT_EQ(refit_client_connect("unix:/nonexistent/refitd.sock", &c), REFIT_UNAVAILABLE);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_THAT(LastError(), HasSubstr("/nonexistent/refitd.sock"));
+  EXPECT_EQ(refit_client_connect(nullptr, &c), REFIT_INVALID_ARGUMENT);
+}
+
+TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(refit_engine_connected(engine), 1);
+  EXPECT_EQ(refit_engine_version(engine), 0u);
+
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w(32), b(8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -1.5f * static_cast<float>(i);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  ASSERT_NE(s, nullptr);
+  EXPECT_GT(refit_session_id(s), 0u);
+  EXPECT_GT(refit_session_bucket_bytes(s), 0u);
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  ASSERT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  ASSERT_EQ(refit_session_commit(s, &report), REFIT_OK) << LastError();
+  EXPECT_STREQ(report.outcome, "committed");
+  EXPECT_EQ(report.version, 1u);
+  EXPECT_EQ(report.tensors, 2u);
+  EXPECT_EQ(report.bytes_in, 160u);
+
+  EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0);
+  EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0);
+  EXPECT_EQ(calls.pauses.load(), 1);
+  EXPECT_EQ(calls.resumes.load(), 1);
+  EXPECT_EQ(calls.last_version.load(), 1u);
+  EXPECT_EQ(refit_engine_version(engine), 1u);
+  EXPECT_EQ(refit_engine_dirty(engine), 0);
+
+  uint64_t version = 0, count = 0;
+  ASSERT_EQ(refit_client_checksums(c, &version, &count), REFIT_OK) << LastError();
+  EXPECT_EQ(version, 1u);
+  ASSERT_EQ(count, 2u);
+  for (uint64_t i = 0; i < count; ++i) {
+    refit_param_checksum p{};
+    p.struct_size = sizeof(p);
+    ASSERT_EQ(refit_client_checksum_at(c, i, &p), REFIT_OK);
+    const bool is_w = std::string(p.name) == "w";
+    EXPECT_EQ(p.checksum, is_w ? refit_checksum64(w.data(), 128, 0) : refit_checksum64(b.data(), 32, 0)) << p.name;
+  }
+  refit_param_checksum past{};
+  past.struct_size = sizeof(past);
+  EXPECT_EQ(refit_client_checksum_at(c, 2, &past), REFIT_OUT_OF_RANGE);
+
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_STREQ(st.model, "toy");
+  EXPECT_EQ(st.engine_params, 2u);
+  EXPECT_EQ(st.committed, 1u);
+  refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+TEST(CApiTest, RefusedCommitLeavesTheEngineAndNamesTheTensor) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w(32, 1.0f);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2)});
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128);
+  ASSERT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  EXPECT_EQ(refit_session_commit(s, &report), REFIT_FAILED_PRECONDITION);
+  EXPECT_THAT(LastError(), HasSubstr("'b'"));
+  EXPECT_EQ(refit_session_push(s, &tw), REFIT_FAILED_PRECONDITION);  // the session has ended
+  EXPECT_EQ(calls.pauses.load(), 0);
+  EXPECT_EQ(refit_engine_version(engine), 0u);
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(shm.data()[i], 0) << i;
+  refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+TEST(CApiTest, BadInputIsRefusedNamingTheField) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+
+  refit_manifest m{};
+  m.struct_size = 8;  // below version 1
+  m.model = "toy";
+  refit_session* s = nullptr;
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("manifest.struct_size"));
+
+  std::vector<refit_tensor_desc> descs = {Desc("w", kWShape, 2), Desc("b", kBShape, 1)};
+  descs[1].dtype = "F99";
+  m.struct_size = sizeof(m);
+  m.tensors = descs.data();
+  m.num_tensors = descs.size();
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("'b'"));
+  descs[1].dtype = "F32";
+  descs[1].struct_size = sizeof(refit_tensor_desc) + 8;  // elements must agree on their size
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("manifest.tensors[1].struct_size"));
+  descs[1].struct_size = sizeof(refit_tensor_desc);
+
+  s = Begin(c, descs);
+  ASSERT_NE(s, nullptr);
+  std::vector<float> w(32);
+  refit_tensor t = Tensor("w", kWShape, 2, w.data(), 100);  // wrong byte count
+  EXPECT_EQ(refit_session_push(s, &t), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("'w' has 100 bytes"));
+  t.nbytes = 128;
+  t.memory = REFIT_MEMORY_CUDA;
+  t.device = 3;
+  EXPECT_EQ(refit_session_push(s, &t), REFIT_UNIMPLEMENTED);
+  EXPECT_THAT(LastError(), HasSubstr("'w' is in CUDA memory (device 3)"));
+  t.memory = REFIT_MEMORY_HOST;
+  t.data = nullptr;
+  EXPECT_EQ(refit_session_push(s, &t), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("data is NULL"));
+
+  // The client belongs to the thread that connected.
+  int code = REFIT_OK;
+  std::string message;
+  std::thread([&] {
+    code = refit_session_flush(s);
+    message = refit_last_error();
+  }).join();
+  EXPECT_EQ(code, REFIT_FAILED_PRECONDITION);
+  EXPECT_THAT(message, HasSubstr("thread"));
+
+  // Closing the client aborts its open session; the handle then refuses calls until closed.
+  refit_client_close(c);
+  EXPECT_EQ(refit_session_flush(s), REFIT_FAILED_PRECONDITION);
+  EXPECT_THAT(LastError(), HasSubstr("client was closed"));
+  refit_session_close(s);
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_EQ(st.active_session, 0u);
+  EXPECT_EQ(st.aborted, 1u);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+TEST(CApiTest, NewerCallersLargerStructsAreServed) {
+  // A caller compiled against a later ABI passes larger structs; this library reads and writes
+  // only the fields it knows and leaves the rest alone.
+  Refitd daemon;
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  struct NewerStatus {
+    refit_daemon_status v1;
+    uint64_t field_of_a_later_version;
+  } st{};
+  st.v1.struct_size = sizeof(st);
+  st.field_of_a_later_version = 0xfeed;
+  ASSERT_EQ(refit_client_status(c, &st.v1), REFIT_OK) << LastError();
+  EXPECT_STREQ(st.v1.model, "toy");
+  EXPECT_EQ(st.v1.struct_size, sizeof(st));
+  EXPECT_EQ(st.field_of_a_later_version, 0xfeedu);
+  refit_daemon_status small{};
+  small.struct_size = 4;
+  EXPECT_EQ(refit_client_status(c, &small), REFIT_INVALID_ARGUMENT);
+  refit_client_close(c);
+}
+
+TEST(CApiTest, EngineRegistrationRefusalsNameTheParameter) {
+  Refitd daemon;
+  Shm shm(512);
+  refit_engine_options o{};
+  o.struct_size = sizeof(o);
+  o.address = daemon.address().c_str();
+  std::vector<refit_engine_param> params = EngineParams(shm.name());
+  params[1].storage = REFIT_STORAGE_CUDA_IPC;
+  params[1].cuda_device = 1;
+  refit_engine* engine = nullptr;
+  EXPECT_EQ(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_UNIMPLEMENTED);
+  EXPECT_THAT(LastError(), HasSubstr("'b' is in CUDA memory (device 1)"));
+  const std::string missing = "/refit-c-api-no-such-shm";
+  params = EngineParams(missing);
+  EXPECT_NE(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK);
+  EXPECT_THAT(LastError(), HasSubstr("refit-c-api-no-such-shm"));
+  EXPECT_EQ(engine, nullptr);
+}
+
+}  // namespace
