@@ -1,6 +1,7 @@
 #include "refit/committer.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -28,8 +29,8 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
 
 }  // namespace
 
-absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                            uint8_t* out) {
+absl::Status ComputeDerived(spec::DerivedOp op, const storage::ParamInfo& target, const uint8_t* from, uint8_t* out) {
+  (void)op;  // add_one is the only op
   absl::StatusOr<int64_t> n = NumElements(target.shape);
   if (!n.ok()) return n.status();
   switch (target.dtype) {
@@ -55,25 +56,98 @@ absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& ta
   }
 }
 
+absl::StatusOr<Built> AssemblePieces(const spec::Rule& rule, const std::string& name,
+                                     const std::vector<const StagedTensor*>& pieces) {
+  std::vector<Shape> shapes;
+  uint64_t total = 0;
+  for (const StagedTensor* t : pieces) {
+    if (t->dtype != pieces[0]->dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': pieces of different dtypes"));
+    }
+    shapes.push_back(t->shape);
+    total += t->nbytes;
+  }
+  Built b;
+  b.dtype = pieces.empty() ? DType::kU8 : pieces[0]->dtype;
+  REFIT_ASSIGN_OR_RETURN(b.shape, AssembledShape(rule, shapes));
+  b.bytes.resize(total);
+  uint64_t off = 0;
+  for (const StagedTensor* t : pieces) {
+    std::memcpy(b.bytes.data() + off, t->data.get(), t->nbytes);
+    off += t->nbytes;
+  }
+  return b;
+}
+
+absl::StatusOr<Built> BuildParam(const Planner& planner, size_t index, const PieceLookup& lookup, bool apply_layout) {
+  const ParamSource& src = planner.source(index);
+  const std::string& name = planner.params()[index].name;
+  std::vector<const StagedTensor*> pieces;
+  for (const std::string& key : src.slots) {
+    const StagedTensor* t = lookup(key);
+    if (t == nullptr) {
+      return absl::InternalError(absl::StrCat("engine parameter '", name, "': '", key, "' was not staged"));
+    }
+    pieces.push_back(t);
+  }
+  REFIT_ASSIGN_OR_RETURN(Built b, AssemblePieces(*src.rule, name, pieces));
+  if (!apply_layout) return b;
+  int64_t data_rows = -1;
+  if (src.data_index >= 0) {
+    std::vector<Shape> shapes;
+    bool all = true;
+    for (const std::string& key : planner.source(static_cast<size_t>(src.data_index)).slots) {
+      const StagedTensor* t = lookup(key);
+      if (t == nullptr) {
+        all = false;
+        break;
+      }
+      shapes.push_back(t->shape);
+    }
+    if (all) {
+      absl::StatusOr<Shape> s = AssembledShape(*src.rule, shapes);
+      if (s.ok() && s->size() >= 2) data_rows = (*s)[s->size() - 2];
+    }
+  }
+  REFIT_RETURN_IF_ERROR(ApplyLayout(*src.rule, src.suffix, data_rows, b));
+  const storage::ParamInfo& p = planner.params()[index];
+  if (b.dtype != p.dtype || b.shape != p.shape || b.bytes.size() != p.nbytes) {
+    return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "' built as ", DTypeName(b.dtype),
+                                                   ShapeString(b.shape), ", registered as ", DTypeName(p.dtype),
+                                                   ShapeString(p.shape)));
+  }
+  return b;
+}
+
 absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging,
                                          const std::vector<size_t>& produced, storage::EngineStorage& storage) {
   CommitStats stats;
   const auto& params = planner.params();
+  PieceLookup lookup = [&staging](const std::string& key) { return staging.Get(key); };
   std::set<size_t> staged(produced.begin(), produced.end());
+  // Build every parameter before writing any, so a build error leaves the engine untouched.
+  std::map<size_t, Built> built;
   for (size_t i : produced) {
-    const uint8_t* src = staging.Get(i);
-    if (src == nullptr) return absl::InternalError(absl::StrCat("parameter '", params[i].name, "' was not staged"));
-    REFIT_RETURN_IF_ERROR(storage.WriteFromHost(i, src));
+    REFIT_ASSIGN_OR_RETURN(Built b, BuildParam(planner, i, lookup, true));
+    built.emplace(i, std::move(b));
+  }
+  std::map<size_t, std::vector<uint8_t>> derived;
+  for (const DerivedTarget& d : planner.derived()) {
+    if (!staged.count(d.from_index)) continue;  // source unchanged in this refit: derived value still valid
+    REFIT_ASSIGN_OR_RETURN(Built from, BuildParam(planner, d.from_index, lookup, false));
+    const storage::ParamInfo& target = params[d.target_index];
+    std::vector<uint8_t> out(target.nbytes);
+    REFIT_RETURN_IF_ERROR(ComputeDerived(d.op, target, from.bytes.data(), out.data()));
+    derived.emplace(d.target_index, std::move(out));
+  }
+  for (auto& [i, b] : built) {
+    REFIT_RETURN_IF_ERROR(storage.WriteFromHost(i, b.bytes.data()));
     stats.bytes_written += params[i].nbytes;
     ++stats.params_written;
   }
-  for (const DerivedTarget& d : planner.derived()) {
-    if (!staged.count(d.from_index)) continue;  // source unchanged in this refit: derived value still valid
-    const storage::ParamInfo& target = params[d.target_index];
-    std::unique_ptr<uint8_t[]> buf(new uint8_t[target.nbytes]);
-    REFIT_RETURN_IF_ERROR(ComputeDerived(d, target, staging.Get(d.from_index), buf.get()));
-    REFIT_RETURN_IF_ERROR(storage.WriteFromHost(d.target_index, buf.get()));
-    stats.bytes_written += target.nbytes;
+  for (auto& [i, bytes] : derived) {
+    REFIT_RETURN_IF_ERROR(storage.WriteFromHost(i, bytes.data()));
+    stats.bytes_written += params[i].nbytes;
     ++stats.derived_written;
   }
   REFIT_RETURN_IF_ERROR(storage.Flush());

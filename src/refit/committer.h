@@ -1,13 +1,18 @@
-// Committer: writes a validated session's staged bytes into the engine's registered storage, in
-// place, then recomputes derived parameters from the staged checkpoint-format values (never from
-// engine memory, so nothing is applied twice). REQUIRES: the engine is paused for the whole call.
+// Committer: writes a validated session into the engine's registered storage, in place. Each
+// produced engine parameter is rebuilt from the staged checkpoint-format pieces (fused/stacked
+// slots assembled, layout steps applied); derived parameters are recomputed from the staged
+// values of their sources — never from engine memory, so nothing is applied twice however
+// many full or partial refits run. REQUIRES: the engine is paused for the whole call.
 // Thread-compatible: one commit at a time.
 #ifndef REFIT_REFIT_COMMITTER_H_
 #define REFIT_REFIT_COMMITTER_H_
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "refit/param_build.h"
 #include "refit/planner.h"
 #include "refit/staging.h"
 #include "storage/engine_storage.h"
@@ -20,9 +25,18 @@ struct CommitStats {
   uint32_t derived_written = 0;
 };
 
-// Computes derived parameter `d` from the staged source bytes into `out` (target nbytes).
-absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                            uint8_t* out);
+// Computes derived op `op` of `from` (dtype, shape of `target`) into `out` (target nbytes).
+absl::Status ComputeDerived(spec::DerivedOp op, const storage::ParamInfo& target, const uint8_t* from, uint8_t* out);
+
+// A staged checkpoint-format piece by key, or nullptr.
+using PieceLookup = std::function<const StagedTensor*(const std::string& key)>;
+
+// Concatenates `pieces` (slot order) into the parameter `rule` assembles from them, pre-layout.
+absl::StatusOr<Built> AssemblePieces(const spec::Rule& rule, const std::string& name,
+                                     const std::vector<const StagedTensor*>& pieces);
+
+// Assembles engine parameter `index` (pre-layout when `apply_layout` is false) from its slots.
+absl::StatusOr<Built> BuildParam(const Planner& planner, size_t index, const PieceLookup& lookup, bool apply_layout);
 
 absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging,
                                          const std::vector<size_t>& produced, storage::EngineStorage& storage);

@@ -1,11 +1,13 @@
 #include "refit/session.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
 #include "formats/format.h"
+#include "refit/convert.h"
 
 namespace refit {
 
@@ -175,35 +177,92 @@ void Session::ConvertLoop() {
   }
 }
 
+absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, const TensorPlan& plan,
+                            std::optional<float> global_amax, uint64_t& out_bytes) {
+  const ConvertStep step{plan.kind, plan.format, plan.transpose};
+  const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
+  std::vector<std::vector<uint8_t>> full;  // whole outputs, when this rank keeps a part
+  std::vector<formats::MutableBytes> outs;
+  std::vector<uint8_t*> staged;
+  for (const Target& t : plan.targets) {
+    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_.Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
+    staged.push_back(buf);
+    out_bytes += t.spec.bytes;
+    if (sharded) {
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(t.spec.dtype, t.full_shape));
+      full.emplace_back(n);
+      outs.push_back({full.back().data(), n});
+    } else {
+      outs.push_back({buf, t.spec.bytes});
+    }
+  }
+  REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
+                                    global_amax, outs, desc.name));
+  if (sharded) {
+    for (size_t i = 0; i < plan.targets.size(); ++i) {
+      const Target& t = plan.targets[i];
+      ShardPart(full[i].data(), t.spec.dtype, t.full_shape, plan.shard_dim, plan.shard_parts, plan.shard_index,
+                staged[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, const TensorPlan& plan, uint64_t& out_bytes) {
+  const std::string key = "pending:" + desc.name;
+  REFIT_ASSIGN_OR_RETURN(uint8_t* copy, staging_.Allocate(key, desc.dtype, desc.shape, desc.nbytes));
+  std::memcpy(copy, src, desc.nbytes);
+  PendingMember member{desc, plan, std::nullopt};
+  absl::StatusOr<float> amax =
+      TensorAmax(formats::ConstTensor{desc.dtype, desc.shape, copy}, planner_.spec().options, desc.name);
+  if (amax.ok()) {
+    member.amax = *amax;
+  } else {
+    ledger_.Fail(desc.name, amax.status());
+  }
+  std::vector<PendingMember>& group = pending_[plan.amax_group_key];
+  group.push_back(std::move(member));
+  if (group.size() < plan.amax_group.size()) return absl::OkStatus();
+  // Every member is here: A = max over the group, then encode each member against it.
+  float a = 0.0f;
+  bool all_ok = true;
+  for (const PendingMember& m : group) {
+    if (!m.amax) {
+      all_ok = false;
+    } else {
+      a = std::max(a, *m.amax);
+    }
+  }
+  absl::Status result;
+  for (const PendingMember& m : group) {
+    const std::string mkey = "pending:" + m.desc.name;
+    if (all_ok) {
+      absl::Status st = Stage(m.desc, staging_.Get(mkey)->data.get(), m.plan, a, out_bytes);
+      if (st.code() == absl::StatusCode::kResourceExhausted) {
+        result = st;
+      } else if (!st.ok()) {
+        ledger_.Fail(m.desc.name, st);
+      }
+    }
+    staging_.Release(mkey);
+  }
+  pending_.erase(plan.amax_group_key);
+  return result;
+}
+
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
-  const formats::QuantizeOptions& options = planner_.spec().options;
   uint64_t out_bytes = 0;
   for (const TensorDesc& desc : header.tensors) {
     absl::StatusOr<TensorPlan> plan = ledger_.Arrive(desc);
     if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
     const uint8_t* src = data + desc.offset;
-    std::vector<formats::MutableBytes> outs;
-    absl::Status status;
-    for (const Target& t : plan->targets) {
-      absl::StatusOr<uint8_t*> buf = staging_.Allocate(t.engine_index, t.spec.bytes);
-      if (!buf.ok()) {
-        status = buf.status();
-        break;
-      }
-      outs.push_back({*buf, t.spec.bytes});
-      out_bytes += t.spec.bytes;
-    }
-    if (status.ok()) {
-      if (plan->kind == ConvertKind::kCopy) {
-        std::memcpy(outs[0].data, src, desc.nbytes);
-      } else {
-        status = formats::Quantize(plan->format, formats::ConstTensor{desc.dtype, desc.shape, src}, options,
-                                   std::nullopt, outs, desc.name);
-      }
-    }
+    absl::Status status = plan->amax_group.empty() ? Stage(desc, src, *plan, std::nullopt, out_bytes)
+                                                   : Defer(desc, src, *plan, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       absl::MutexLock lock(&mu_);
-      FailLocked(absl::ResourceExhaustedError(absl::StrCat("tensor '", desc.name, "': ", status.message())));
+      std::string msg(status.message());
+      FailLocked(absl::ResourceExhaustedError(
+          msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
       return;
     }
     if (!status.ok()) ledger_.Fail(desc.name, status);

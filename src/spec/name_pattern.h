@@ -33,6 +33,11 @@ class NamePattern {
   absl::StatusOr<std::string> Expand(const Captures& captures) const;
   const std::string& text() const { return text_; }
   std::vector<std::string> CaptureNames() const;
+  // True when the pattern is literals and captures only (Expand can name one tensor).
+  bool Expandable() const;
+  // True when some name matches both patterns (conservative: a capture used twice is treated
+  // as two independent captures).
+  bool Overlaps(const NamePattern& other) const;
 
  private:
   enum class Kind { kLiteral, kStar, kDoubleStar, kCapture, kAlternation };
