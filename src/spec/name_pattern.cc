@@ -1,5 +1,6 @@
 #include "spec/name_pattern.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -35,7 +36,18 @@ absl::StatusOr<NamePattern> NamePattern::Parse(std::string_view text) {
       if (inner.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("pattern '", p.text_, "': empty '{}'"));
       }
-      if (inner.find(',') != std::string::npos) {
+      std::vector<std::string> choices;
+      if (size_t colon = inner.find(':'); colon != std::string::npos) {
+        choices = absl::StrSplit(inner.substr(colon + 1), ',');
+        inner = inner.substr(0, colon);
+        for (const std::string& ch : choices) {
+          if (ch.empty() || ch.find('.') != std::string::npos) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "pattern '", p.text_, "': capture {", inner, ":...} choices must be non-empty and without '.'"));
+          }
+        }
+      }
+      if (choices.empty() && inner.find(',') != std::string::npos) {
         Token t{Kind::kAlternation, "", absl::StrSplit(inner, ',')};
         p.tokens_.push_back(std::move(t));
       } else {
@@ -45,7 +57,8 @@ absl::StatusOr<NamePattern> NamePattern::Parse(std::string_view text) {
                 absl::StrCat("pattern '", p.text_, "': capture name '", inner, "' must be [A-Za-z0-9_]"));
           }
         }
-        p.tokens_.push_back({Kind::kCapture, inner, {}});
+        if (inner.empty()) return absl::InvalidArgumentError(absl::StrCat("pattern '", p.text_, "': capture without a name"));
+        p.tokens_.push_back({Kind::kCapture, inner, std::move(choices)});
       }
       i = end + 1;
       continue;
@@ -82,6 +95,7 @@ bool NamePattern::MatchFrom(size_t token, std::string_view rest, Captures& caps)
       for (size_t len = min_len; len <= max_len; ++len) {
         if (t.kind == Kind::kCapture) {
           std::string value(rest.substr(0, len));
+          if (!t.choices.empty() && std::find(t.choices.begin(), t.choices.end(), value) == t.choices.end()) continue;
           auto it = caps.find(t.text);
           if (it != caps.end()) {
             if (it->second != value) continue;
@@ -192,6 +206,20 @@ bool NamePattern::Overlaps(const NamePattern& other) const {
           break;
         }
         case Kind::kCapture: {
+          if (!t.choices.empty()) {
+            int end = n.Add();
+            for (const std::string& choice : t.choices) {
+              int s = cur;
+              for (char c : choice) {
+                int next = n.Add();
+                n.edges.push_back({s, 256 + static_cast<unsigned char>(c), next});
+                s = next;
+              }
+              n.edges.push_back({s, 0, end});
+            }
+            cur = end;
+            break;
+          }
           int next = n.Add();
           n.edges.push_back({cur, 1, next});
           n.edges.push_back({next, 1, next});

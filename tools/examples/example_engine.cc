@@ -8,6 +8,10 @@
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
 //   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [shape flags]
+//   example_engine --checkpoint DIR --spec FILE [--address ...] [--shm NAME]
+// With --checkpoint the engine holds a model family's parameters in the spec's engine layout
+// (fused, stacked, sharded, laid out, derived), loaded from the converted checkpoint DIR; the
+// parameters refits never carry keep these loaded values.
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -25,6 +30,7 @@
 #include "client/engine_agent.h"
 #include "common/checksum.h"
 #include "demo_model.h"
+#include "refit/checkpoint_io.h"
 #include "refit/offline.h"
 #include "spec/demo_spec.h"
 #include "spec/model_spec.h"
@@ -47,7 +53,7 @@ struct Served {
 
 int main(int argc, char** argv) {
   using namespace refit;
-  std::string address = "unix:/tmp/refitd.sock", spec_path, shm_name = absl::StrCat("/refit-engine-", getpid());
+  std::string address = "unix:/tmp/refitd.sock", spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -55,6 +61,8 @@ int main(int argc, char** argv) {
       address = argv[++i];
     } else if (a == "--spec" && i + 1 < argc) {
       spec_path = argv[++i];
+    } else if (a == "--checkpoint" && i + 1 < argc) {
+      checkpoint_path = argv[++i];
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -71,23 +79,42 @@ int main(int argc, char** argv) {
   // Lay out every parameter in one shm region, 256-byte aligned.
   std::vector<client::ShmParam> params;
   std::vector<uint64_t> sizes;
+  std::vector<ConvertedTensor> initial;  // --checkpoint: the loaded engine layout
   uint64_t total = 0;
-  for (const demo::HfTensor& t : demo::Tensors(shape)) {
-    absl::StatusOr<std::vector<storage::ParamInfo>> layout = ConvertedLayout(*spec, t.name, DType::kBF16, t.shape);
+  auto add = [&](const std::string& name, DType dtype, const Shape& pshape, uint64_t nbytes) {
+    params.push_back({name, dtype, pshape, shm_name, total});
+    sizes.push_back(nbytes);
+    total += (nbytes + 255) & ~uint64_t{255};
+  };
+  if (!checkpoint_path.empty()) {
+    absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(checkpoint_path);
+    absl::StatusOr<std::vector<ConvertedTensor>> conv =
+        ckpt.ok() ? ConvertCheckpoint(*spec, (*ckpt)->tensors()) : absl::StatusOr<std::vector<ConvertedTensor>>(ckpt.status());
+    absl::StatusOr<std::vector<ConvertedTensor>> layout =
+        conv.ok() ? EngineLayout(*spec, (*ckpt)->infos(), ByName(*conv)) : conv;
     if (!layout.ok()) {
       std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
       return 1;
     }
-    for (const storage::ParamInfo& p : *layout) {
-      params.push_back({p.name, p.dtype, p.shape, shm_name, total});
-      sizes.push_back(p.nbytes);
-      total += (p.nbytes + 255) & ~uint64_t{255};
+    initial = std::move(*layout);
+    for (const ConvertedTensor& t : initial) add(t.name, t.dtype, t.shape, t.bytes.size());
+  } else {
+    for (const demo::HfTensor& t : demo::Tensors(shape)) {
+      absl::StatusOr<std::vector<storage::ParamInfo>> layout = ConvertedLayout(*spec, t.name, DType::kBF16, t.shape);
+      if (!layout.ok()) {
+        std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
+        return 1;
+      }
+      for (const storage::ParamInfo& p : *layout) add(p.name, p.dtype, p.shape, p.nbytes);
     }
   }
   absl::StatusOr<std::unique_ptr<storage::ShmRegion>> region = storage::ShmRegion::Create(shm_name, total);
   if (!region.ok()) {
     std::fprintf(stderr, "example_engine: %s\n", std::string(region.status().message()).c_str());
     return 1;
+  }
+  for (size_t i = 0; i < initial.size(); ++i) {
+    std::memcpy((*region)->data() + params[i].offset, initial[i].bytes.data(), initial[i].bytes.size());
   }
   const uint8_t* base = (*region)->data();
   auto checksum_all = [&]() {

@@ -5,13 +5,15 @@
 #include <vector>
 
 #include "refitctl/command.h"
+#include "refitctl/convert_command.h"
 #include "refitctl/quantize_command.h"
 
 namespace refit::refitctl {
 namespace {
 
-constexpr std::array<Command, 1> kCommands = {
+constexpr std::array<Command, 2> kCommands = {
     kQuantizeCommand,
+    kConvertCommand,
 };
 
 int PrintUsage(std::ostream& out, int code) {
