@@ -1,0 +1,381 @@
+// Conformance suite for transport.h: every transport configuration in AllTransportConfigs() must
+// pass the same tests, written only against Receiver/Sender. Contents are checked byte for byte
+// against a pattern that sender and receiver compute independently.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/transport.h"
+#include "transport_test_support.h"
+
+extern char** environ;
+
+namespace refit::transport::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(60); }
+
+// Sends on a background thread; Join() returns the first error.
+class SendThread {
+ public:
+  explicit SendThread(std::function<absl::Status()> body)
+      : thread_([this, body = std::move(body)] { status_ = body(); }) {}
+  ~SendThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+  absl::Status Join() {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  absl::Status status_;
+  std::thread thread_;
+};
+
+class TransportConformanceTest : public ::testing::TestWithParam<TransportConfig> {
+ protected:
+  static void SetUpTestSuite() { QuietTransportLogs(); }
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Receiver>> receiver = GetParam().listen();
+    ASSERT_TRUE(receiver.ok()) << receiver.status();
+    receiver_ = *std::move(receiver);
+  }
+
+  std::unique_ptr<Sender> Connect() {
+    absl::StatusOr<std::unique_ptr<Sender>> sender = GetParam().connect(receiver_->Endpoint());
+    EXPECT_TRUE(sender.ok()) << sender.status();
+    return sender.ok() ? *std::move(sender) : nullptr;
+  }
+
+  // Receives one message on `tag` into a buffer of `capacity` bytes and checks it is exactly
+  // Pattern(seed, bytes).
+  void ExpectMessage(uint64_t tag, uint64_t capacity, uint64_t seed, uint64_t bytes) {
+    std::vector<uint8_t> buffer(capacity + 1, 0xA5);  // one guard byte past the capacity
+    absl::StatusOr<uint64_t> got = receiver_->Receive(tag, buffer.data(), capacity, Soon());
+    ASSERT_TRUE(got.ok()) << "tag " << tag << ": " << got.status();
+    ASSERT_EQ(*got, bytes) << "tag " << tag;
+    EXPECT_EQ(FirstPatternMismatch(seed, buffer.data(), bytes), -1) << "tag " << tag;
+    EXPECT_EQ(buffer[capacity], 0xA5) << "tag " << tag << ": wrote past the capacity";
+  }
+
+  std::unique_ptr<Receiver> receiver_;
+};
+
+absl::Status SendPattern(Sender& sender, uint64_t tag, uint64_t seed, uint64_t bytes) {
+  std::vector<uint8_t> data = Pattern(seed, bytes);
+  return sender.Send(tag, data.data(), bytes);
+}
+
+TEST_P(TransportConformanceTest, EndpointIsNonEmpty) {
+  EXPECT_FALSE(receiver_->Endpoint().empty());
+}
+
+TEST_P(TransportConformanceTest, TinyMessagesIntoBuffersOfDifferentSizes) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  SendThread send([&]() -> absl::Status {
+    for (uint64_t tag : {1, 2, 3, 4}) {
+      if (absl::Status st = SendPattern(*sender, tag, tag, tag <= 2 ? 0 : 1); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  ExpectMessage(1, 0, 1, 0);
+  ExpectMessage(2, 4096, 2, 0);
+  ExpectMessage(3, 1, 3, 1);
+  ExpectMessage(4, 1 * kMiB, 4, 1);
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, LargeMessage64MiB) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  SendThread send([&] {
+    absl::Status st = SendPattern(*sender, 10, 10, 64 * kMiB);
+    return st.ok() ? SendPattern(*sender, 11, 11, 64 * kMiB) : st;
+  });
+  ExpectMessage(10, 64 * kMiB, 10, 64 * kMiB);       // exactly fits
+  ExpectMessage(11, 64 * kMiB + 4096, 11, 64 * kMiB);  // buffer larger than the message
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, DistinctTagsAreMatchedWhateverTheReceiveOrder) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  // Small messages only: Send blocks until a large message is matched, so a large message
+  // received out of order would hold back the messages behind it.
+  constexpr uint64_t kCount = 16;
+  auto size_of = [](uint64_t tag) { return tag * 61 % 1000; };
+  SendThread send([&]() -> absl::Status {
+    for (uint64_t tag = 0; tag < kCount; ++tag) {
+      if (absl::Status st = SendPattern(*sender, 1000 + tag, tag, size_of(tag)); !st.ok()) {
+        return st;
+      }
+    }
+    return absl::OkStatus();
+  });
+  for (uint64_t tag = kCount; tag-- > 0;) ExpectMessage(1000 + tag, 1000, tag, size_of(tag));
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, SameTagArrivesInSendOrder) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  constexpr uint64_t kCount = 200;
+  auto size_of = [](uint64_t i) { return i % 3 == 0 ? 200 * 1024 : 1 + i * 13; };
+  SendThread send([&]() -> absl::Status {
+    for (uint64_t i = 0; i < kCount; ++i) {
+      if (absl::Status st = SendPattern(*sender, 7, i, size_of(i)); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  for (uint64_t i = 0; i < kCount; ++i) ExpectMessage(7, 256 * 1024, i, size_of(i));
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, ManyMessagesOnInterleavedTags) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  constexpr uint64_t kPerTag = 1000;
+  constexpr uint64_t kTags = 4;
+  auto size_of = [](uint64_t seed) { return seed % 97 == 0 ? 100 * 1024 : seed % 2048; };
+  SendThread send([&]() -> absl::Status {
+    for (uint64_t i = 0; i < kPerTag; ++i) {
+      for (uint64_t t = 0; t < kTags; ++t) {
+        uint64_t seed = i * kTags + t;
+        if (absl::Status st = SendPattern(*sender, 50 + t, seed, size_of(seed)); !st.ok()) {
+          return st;
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  for (uint64_t i = 0; i < kPerTag; ++i) {
+    for (uint64_t t = 0; t < kTags; ++t) {
+      uint64_t seed = i * kTags + t;
+      ExpectMessage(50 + t, 100 * 1024, seed, size_of(seed));
+    }
+  }
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, MessageLargerThanCapacityIsRejectedAndDropped) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  SendThread send([&]() -> absl::Status {
+    for (auto [seed, bytes] : {std::pair<uint64_t, uint64_t>{1, 4096}, {2, 16},
+                               {3, 8 * kMiB}, {4, 32}}) {
+      if (absl::Status st = SendPattern(*sender, 5, seed, bytes); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  std::vector<uint8_t> small(100);
+  absl::StatusOr<uint64_t> got = receiver_->Receive(5, small.data(), small.size(), Soon());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  ExpectMessage(5, 100, 2, 16);  // the oversized message is gone, the next one follows
+  got = receiver_->Receive(5, small.data(), small.size(), Soon());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  ExpectMessage(5, 100, 4, 32);
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, DeadlineExceededThenTheMessageStillArrives) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  std::vector<uint8_t> buffer(64);
+  absl::Time start = absl::Now();
+  absl::StatusOr<uint64_t> got =
+      receiver_->Receive(9, buffer.data(), buffer.size(), start + absl::Milliseconds(200));
+  absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  EXPECT_GE(waited, absl::Milliseconds(200));
+  EXPECT_LT(waited, absl::Seconds(5));
+  // A deadline in the past returns at once.
+  got = receiver_->Receive(9, buffer.data(), buffer.size(), absl::InfinitePast());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+
+  ASSERT_TRUE(SendPattern(*sender, 9, 99, 64).ok());
+  ExpectMessage(9, 64, 99, 64);
+}
+
+TEST_P(TransportConformanceTest, CancelFromAnotherThreadUntilReset) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  std::vector<uint8_t> buffer(64);
+  absl::Time start = absl::Now();
+  // Whether Cancel lands before or during the Receive, the outcome is the same.
+  std::thread canceller([&] { receiver_->Cancel(); });
+  absl::StatusOr<uint64_t> got = receiver_->Receive(3, buffer.data(), buffer.size(), Soon());
+  canceller.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+
+  ASSERT_TRUE(SendPattern(*sender, 3, 33, 64).ok());
+  got = receiver_->Receive(3, buffer.data(), buffer.size(), Soon());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << "cancel is sticky";
+
+  receiver_->Reset();
+  ExpectMessage(3, 64, 33, 64);  // the message sent meanwhile was kept
+}
+
+TEST_P(TransportConformanceTest, CancelWakesABlockedReceive) {
+  std::vector<uint8_t> buffer(64);
+  absl::Notification receiving;
+  absl::StatusOr<uint64_t> got;
+  std::thread receiver_thread([&] {
+    receiving.Notify();
+    got = receiver_->Receive(4, buffer.data(), buffer.size(), Soon());
+  });
+  receiving.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(50));  // most likely blocked by now; either order must work
+  absl::Time cancelled_at = absl::Now();
+  receiver_->Cancel();
+  receiver_thread.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(5));
+}
+
+TEST_P(TransportConformanceTest, OrderlyCloseIsNotAFailure) {
+  {
+    std::unique_ptr<Sender> sender = Connect();
+    ASSERT_NE(sender, nullptr);
+    ASSERT_TRUE(SendPattern(*sender, 1, 1, 16).ok());
+  }
+  ExpectMessage(1, 16, 1, 16);
+  std::vector<uint8_t> buffer(16);
+  absl::StatusOr<uint64_t> got =
+      receiver_->Receive(2, buffer.data(), buffer.size(), absl::Now() + absl::Milliseconds(500));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  std::unique_ptr<Sender> next = Connect();
+  ASSERT_NE(next, nullptr);
+  SendThread send([&] { return SendPattern(*next, 2, 2, 16); });
+  ExpectMessage(2, 16, 2, 16);
+  EXPECT_TRUE(send.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, TwoSendersAtOnce) {
+  std::unique_ptr<Sender> a = Connect();
+  std::unique_ptr<Sender> b = Connect();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto body = [](Sender& s, uint64_t tag) {
+    return [&s, tag]() -> absl::Status {
+      for (uint64_t i = 0; i < 50; ++i) {
+        if (absl::Status st = SendPattern(s, tag, tag * 1000 + i, 70 * 1024 + i); !st.ok()) {
+          return st;
+        }
+      }
+      return absl::OkStatus();
+    };
+  };
+  SendThread send_a(body(*a, 1));
+  SendThread send_b(body(*b, 2));
+  for (uint64_t i = 0; i < 50; ++i) {
+    ExpectMessage(2, 128 * 1024, 2000 + i, 70 * 1024 + i);
+    ExpectMessage(1, 128 * 1024, 1000 + i, 70 * 1024 + i);
+  }
+  EXPECT_TRUE(send_a.Join().ok());
+  EXPECT_TRUE(send_b.Join().ok());
+}
+
+TEST_P(TransportConformanceTest, ConnectToAClosedEndpointFails) {
+  std::string endpoint = receiver_->Endpoint();
+  receiver_.reset();
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Sender>> sender = GetParam().connect(endpoint);
+  EXPECT_FALSE(sender.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+TEST_P(TransportConformanceTest, SendFailsOnceTheReceiverIsGone) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  receiver_.reset();
+  absl::Time start = absl::Now();
+  absl::Status st;
+  std::vector<uint8_t> data = Pattern(1, 1 * kMiB);
+  for (int i = 0; i < 1000 && st.ok(); ++i) st = sender->Send(1, data.data(), data.size());
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+// The sender runs in a child process that is SIGKILLed while it is streaming 1 MiB messages.
+TEST_P(TransportConformanceTest, PeerDeathIsReportedNotWaitedOn) {
+  constexpr uint64_t kTag = 77;
+  constexpr uint64_t kBytes = 1 * kMiB;
+  std::string endpoint = receiver_->Endpoint();
+  std::vector<std::string> args = {REFIT_TRANSPORT_TEST_SENDER, GetParam().name, endpoint,
+                                   std::to_string(kTag), std::to_string(kBytes), "0"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t child = 0;
+  ASSERT_EQ(posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+
+  std::vector<uint8_t> buffer(kBytes);
+  uint64_t next_seed = 0;
+  for (; next_seed < 3; ++next_seed) {
+    absl::StatusOr<uint64_t> got = receiver_->Receive(kTag, buffer.data(), kBytes, Soon());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, kBytes);
+    ASSERT_EQ(FirstPatternMismatch(next_seed, buffer.data(), kBytes), -1);
+  }
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(wstatus));
+
+  // Messages that fully arrived before the kill may still be delivered; then an error must come.
+  absl::Time killed_at = absl::Now();
+  absl::Status failure;
+  for (int i = 0; i < 1000 && failure.ok(); ++i, ++next_seed) {
+    absl::StatusOr<uint64_t> got =
+        receiver_->Receive(kTag, buffer.data(), kBytes, killed_at + absl::Seconds(60));
+    if (!got.ok()) {
+      failure = got.status();
+      break;
+    }
+    ASSERT_EQ(*got, kBytes);
+    ASSERT_EQ(FirstPatternMismatch(next_seed, buffer.data(), kBytes), -1);
+  }
+  EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable) << failure;
+  EXPECT_LT(absl::Now() - killed_at, absl::Seconds(15));
+
+  // The failure is sticky until Reset; afterwards the receiver serves a new sender.
+  absl::StatusOr<uint64_t> again =
+      receiver_->Receive(kTag, buffer.data(), kBytes, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
+  receiver_->Reset();
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  SendThread send([&] { return SendPattern(*sender, 78, 5, 4096); });
+  ExpectMessage(78, 4096, 5, 4096);
+  EXPECT_TRUE(send.Join().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
+                         ::testing::ValuesIn(AllTransportConfigs()),
+                         [](const ::testing::TestParamInfo<TransportConfig>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace refit::transport::testing

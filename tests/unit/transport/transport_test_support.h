@@ -1,0 +1,44 @@
+// Support for the transport conformance suite: the transport configurations under test (each a
+// small factory for a Receiver and a Sender, so other transports join by adding an entry), and a
+// payload pattern that sender and receiver compute independently.
+//
+// Threading: the factories may be called from any thread.
+#ifndef REFIT_TESTS_UNIT_TRANSPORT_TRANSPORT_TEST_SUPPORT_H_
+#define REFIT_TESTS_UNIT_TRANSPORT_TRANSPORT_TEST_SUPPORT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "transport/transport.h"
+
+namespace refit::transport::testing {
+
+struct TransportConfig {
+  std::string name;  // also the command-line name the sender helper accepts
+  std::function<absl::StatusOr<std::unique_ptr<Receiver>>()> listen;
+  std::function<absl::StatusOr<std::unique_ptr<Sender>>(const std::string& endpoint)> connect;
+};
+
+std::vector<TransportConfig> AllTransportConfigs();
+
+// Keeps transport libraries to errors only (e.g. UCX warns about messages still queued when a
+// receiver that saw a peer die is destroyed).
+void QuietTransportLogs();
+// nullopt when no configuration has that name.
+std::optional<TransportConfig> FindTransportConfig(std::string_view name);
+
+// Deterministic bytes derived from (seed, offset); different seeds give different contents.
+void FillPattern(uint64_t seed, uint8_t* dst, uint64_t bytes);
+std::vector<uint8_t> Pattern(uint64_t seed, uint64_t bytes);
+// Offset of the first byte that differs from the pattern, or -1 when all match.
+int64_t FirstPatternMismatch(uint64_t seed, const uint8_t* data, uint64_t bytes);
+
+}  // namespace refit::transport::testing
+
+#endif  // REFIT_TESTS_UNIT_TRANSPORT_TRANSPORT_TEST_SUPPORT_H_
