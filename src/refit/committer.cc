@@ -1,6 +1,8 @@
 #include "refit/committer.h"
 
 #include <cstring>
+#include <map>
+#include <memory>
 #include <set>
 
 #include "absl/status/status.h"
@@ -27,8 +29,8 @@ uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays NaN
 
 }  // namespace
 
-absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                            uint8_t* out) {
+absl::Status ComputeDerived(spec::DerivedOp op, const storage::ParamInfo& target, const uint8_t* from, uint8_t* out) {
+  (void)op;  // add_one is the only op
   absl::StatusOr<int64_t> n = NumElements(target.shape);
   if (!n.ok()) return n.status();
   switch (target.dtype) {
@@ -54,34 +56,172 @@ absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& ta
   }
 }
 
-absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging, Converter& converter,
-                                         StagingPool& scratch, const std::vector<size_t>& produced,
-                                         storage::EngineStorage& storage) {
-  CommitStats stats;
+absl::StatusOr<Built> AssemblePieces(const spec::Rule& rule, const std::string& name,
+                                     const std::vector<const StagedTensor*>& pieces) {
+  std::vector<Shape> shapes;
+  uint64_t total = 0;
+  for (const StagedTensor* t : pieces) {
+    if (t->dtype != pieces[0]->dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': pieces of different dtypes"));
+    }
+    shapes.push_back(t->shape);
+    total += t->nbytes;
+  }
+  Built b;
+  b.dtype = pieces.empty() ? DType::kU8 : pieces[0]->dtype;
+  REFIT_ASSIGN_OR_RETURN(b.shape, AssembledShape(rule, shapes));
+  b.bytes.resize(total);
+  uint64_t off = 0;
+  for (const StagedTensor* t : pieces) {
+    std::memcpy(b.bytes.data() + off, t->data, t->nbytes);
+    off += t->nbytes;
+  }
+  return b;
+}
+
+absl::StatusOr<Built> BuildParam(const Planner& planner, size_t index, const PieceLookup& lookup, bool apply_layout) {
+  const ParamSource& src = planner.source(index);
+  const std::string& name = planner.params()[index].name;
+  std::vector<const StagedTensor*> pieces;
+  for (const std::string& key : src.slots) {
+    const StagedTensor* t = lookup(key);
+    if (t == nullptr) {
+      return absl::InternalError(absl::StrCat("engine parameter '", name, "': '", key, "' was not staged"));
+    }
+    pieces.push_back(t);
+  }
+  REFIT_ASSIGN_OR_RETURN(Built b, AssemblePieces(*src.rule, name, pieces));
+  if (!apply_layout) return b;
+  int64_t data_rows = -1;
+  if (src.data_index >= 0) {
+    std::vector<Shape> shapes;
+    bool all = true;
+    for (const std::string& key : planner.source(static_cast<size_t>(src.data_index)).slots) {
+      const StagedTensor* t = lookup(key);
+      if (t == nullptr) {
+        all = false;
+        break;
+      }
+      shapes.push_back(t->shape);
+    }
+    if (all) {
+      absl::StatusOr<Shape> s = AssembledShape(*src.rule, shapes);
+      if (s.ok() && s->size() >= 2) data_rows = (*s)[s->size() - 2];
+    }
+  }
+  REFIT_RETURN_IF_ERROR(ApplyLayout(*src.rule, src.suffix, data_rows, b));
+  const storage::ParamInfo& p = planner.params()[index];
+  if (b.dtype != p.dtype || b.shape != p.shape || b.bytes.size() != p.nbytes) {
+    return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "' built as ", DTypeName(b.dtype),
+                                                   ShapeString(b.shape), ", registered as ", DTypeName(p.dtype),
+                                                   ShapeString(p.shape)));
+  }
+  return b;
+}
+
+absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
+                                             const std::vector<size_t>& produced) {
+  PreparedCommit prepared;
+  prepared.kind = staging.kind();
   const auto& params = planner.params();
+  storage::Memory& memory = staging.pool().memory();
   const bool device = staging.kind() == storage::MemoryKind::kDevice;
-  auto write = [&](size_t index, const uint8_t* src) {
-    return device ? storage.WriteFromDevice(index, src) : storage.WriteFromHost(index, src);
+  // Host views of staged pieces, for the builds that run on the host (layout steps, derived).
+  std::map<std::string, StagedTensor> host_copies;
+  PieceLookup host_lookup = [&](const std::string& key) -> const StagedTensor* {
+    const StagedTensor* t = staging.Get(key);
+    if (t == nullptr || !device) return t;
+    auto it = host_copies.find(key);
+    if (it != host_copies.end()) return &it->second;
+    StagedTensor h{t->dtype, t->shape, t->nbytes, nullptr, {}};
+    h.owner.reset(new uint8_t[t->nbytes == 0 ? 1 : t->nbytes], std::default_delete<uint8_t[]>());
+    h.data = h.owner.get();
+    if (!memory.CopyToHost(h.data, t->data, t->nbytes).ok()) return nullptr;
+    return &host_copies.emplace(key, std::move(h)).first->second;
+  };
+  auto upload = [&](size_t index, const std::vector<uint8_t>& bytes) -> absl::StatusOr<const uint8_t*> {
+    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging.pool().Get("built:" + params[index].name, bytes.size()));
+    REFIT_RETURN_IF_ERROR(memory.CopyFromHost(buf, bytes.data(), bytes.size()));
+    return buf;
   };
   std::set<size_t> staged(produced.begin(), produced.end());
   for (size_t i : produced) {
-    const uint8_t* src = staging.Get(i);
-    if (src == nullptr) return absl::InternalError(absl::StrCat("parameter '", params[i].name, "' was not staged"));
-    REFIT_RETURN_IF_ERROR(write(i, src));
-    stats.bytes_written += params[i].nbytes;
-    ++stats.params_written;
+    const ParamSource& src = planner.source(i);
+    const storage::ParamInfo& p = params[i];
+    std::vector<const StagedTensor*> pieces;
+    for (const std::string& key : src.slots) {
+      const StagedTensor* t = staging.Get(key);
+      if (t == nullptr) return absl::InternalError(absl::StrCat("engine parameter '", p.name, "': '", key, "' was not staged"));
+      pieces.push_back(t);
+    }
+    if (src.rule->layout.empty()) {
+      if (pieces.size() == 1 && pieces[0]->dtype == p.dtype && pieces[0]->shape == p.shape &&
+          pieces[0]->nbytes == p.nbytes) {
+        prepared.writes.push_back({i, pieces[0]->data});  // as staged: no copy
+        continue;
+      }
+      // Assembly only (fused/stacked slots are concatenated in slot order): copy within staging memory.
+      std::vector<Shape> shapes;
+      uint64_t total = 0;
+      for (const StagedTensor* t : pieces) {
+        if (t->dtype != p.dtype) {
+          return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "': pieces of dtype ",
+                                                         DTypeName(t->dtype), ", registered as ", DTypeName(p.dtype)));
+        }
+        shapes.push_back(t->shape);
+        total += t->nbytes;
+      }
+      REFIT_ASSIGN_OR_RETURN(Shape shape, AssembledShape(*src.rule, shapes));
+      if (shape != p.shape || total != p.nbytes) {
+        return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "' built as ", DTypeName(p.dtype),
+                                                       ShapeString(shape), ", registered as ", DTypeName(p.dtype),
+                                                       ShapeString(p.shape)));
+      }
+      REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging.pool().Get("built:" + p.name, total));
+      uint64_t off = 0;
+      for (const StagedTensor* t : pieces) {
+        REFIT_RETURN_IF_ERROR(memory.CopyWithin(buf + off, t->data, t->nbytes));
+        off += t->nbytes;
+      }
+      prepared.writes.push_back({i, buf});
+      continue;
+    }
+    // Layout steps run on the host.
+    REFIT_ASSIGN_OR_RETURN(Built b, BuildParam(planner, i, host_lookup, true));
+    REFIT_ASSIGN_OR_RETURN(const uint8_t* data, upload(i, b.bytes));
+    prepared.writes.push_back({i, data});
   }
   for (const DerivedTarget& d : planner.derived()) {
     if (!staged.count(d.from_index)) continue;  // source unchanged in this refit: derived value still valid
+    REFIT_ASSIGN_OR_RETURN(Built from, BuildParam(planner, d.from_index, host_lookup, false));
     const storage::ParamInfo& target = params[d.target_index];
-    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, scratch.Get(d.target_index, target.nbytes));
-    REFIT_RETURN_IF_ERROR(converter.Derive(d, target, staging.Get(d.from_index), buf));
-    REFIT_RETURN_IF_ERROR(write(d.target_index, buf));
-    stats.bytes_written += target.nbytes;
-    ++stats.derived_written;
+    std::vector<uint8_t> out(target.nbytes);
+    REFIT_RETURN_IF_ERROR(ComputeDerived(d.op, target, from.bytes.data(), out.data()));
+    REFIT_ASSIGN_OR_RETURN(const uint8_t* data, upload(d.target_index, out));
+    prepared.writes.push_back({d.target_index, data});
+    ++prepared.derived;
   }
+  return prepared;
+}
+
+absl::StatusOr<CommitStats> WritePrepared(const Planner& planner, const PreparedCommit& prepared,
+                                          storage::EngineStorage& storage) {
+  CommitStats stats;
+  const bool device = prepared.kind == storage::MemoryKind::kDevice;
+  for (const PreparedCommit::Write& w : prepared.writes) {
+    REFIT_RETURN_IF_ERROR(device ? storage.WriteFromDevice(w.index, w.data) : storage.WriteFromHost(w.index, w.data));
+    stats.bytes_written += planner.params()[w.index].nbytes;
+  }
+  stats.derived_written = prepared.derived;
+  stats.params_written = static_cast<uint32_t>(prepared.writes.size()) - prepared.derived;
   REFIT_RETURN_IF_ERROR(storage.Flush());
   return stats;
+}
+
+absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging,
+                                         const std::vector<size_t>& produced, storage::EngineStorage& storage) {
+  REFIT_ASSIGN_OR_RETURN(PreparedCommit prepared, PrepareCommit(planner, staging, produced));
+  return WritePrepared(planner, prepared, storage);
 }
 
 }  // namespace refit

@@ -1,14 +1,20 @@
-// Committer: writes a validated session's staged bytes into the engine's registered storage, in
-// place, then recomputes derived parameters from the staged checkpoint-format values (never from
-// engine memory, so nothing is applied twice). REQUIRES: the engine is paused for the whole call.
+// Committer: writes a validated session into the engine's registered storage, in place, in two
+// steps. PrepareCommit (before the engine pauses) rebuilds each produced engine parameter from
+// the staged checkpoint-format pieces (fused/stacked slots assembled, layout steps applied) and
+// recomputes derived parameters from the staged values of their sources — never from engine
+// memory, so nothing is applied twice however many full or partial refits run. WritePrepared
+// (the commit window, engine paused) only copies the prepared bytes into the registered
+// addresses, so the pause is the copy and nothing else.
 // Thread-compatible: one commit at a time.
 #ifndef REFIT_REFIT_COMMITTER_H_
 #define REFIT_REFIT_COMMITTER_H_
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "refit/converter.h"
+#include "refit/param_build.h"
 #include "refit/planner.h"
 #include "refit/staging.h"
 #include "storage/engine_storage.h"
@@ -21,16 +27,45 @@ struct CommitStats {
   uint32_t derived_written = 0;
 };
 
-// Computes derived parameter `d` from the staged source bytes into `out` (target nbytes).
-absl::Status ComputeDerived(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                            uint8_t* out);
+// Computes derived op `op` of `from` (dtype, shape of `target`) into `out` (target nbytes).
+absl::Status ComputeDerived(spec::DerivedOp op, const storage::ParamInfo& target, const uint8_t* from, uint8_t* out);
 
-// Copies every produced parameter from staging into `storage` (host→engine or device→engine by
-// the staging kind), then each derived parameter whose source was produced, computed by
-// `converter` into `scratch` (a staging pool buffer) from the staged source.
-absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging, Converter& converter,
-                                         StagingPool& scratch, const std::vector<size_t>& produced,
-                                         storage::EngineStorage& storage);
+// A staged checkpoint-format piece by key, or nullptr.
+using PieceLookup = std::function<const StagedTensor*(const std::string& key)>;
+
+// Concatenates `pieces` (slot order) into the parameter `rule` assembles from them, pre-layout.
+absl::StatusOr<Built> AssemblePieces(const spec::Rule& rule, const std::string& name,
+                                     const std::vector<const StagedTensor*>& pieces);
+
+// Assembles engine parameter `index` (pre-layout when `apply_layout` is false) from its slots.
+absl::StatusOr<Built> BuildParam(const Planner& planner, size_t index, const PieceLookup& lookup, bool apply_layout);
+
+// Everything a commit writes, each parameter's final bytes in the staging memory kind.
+struct PreparedCommit {
+  struct Write {
+    size_t index;
+    const uint8_t* data;
+  };
+  std::vector<Write> writes;
+  uint32_t derived = 0;  // how many of the writes are derived parameters
+  storage::MemoryKind kind = storage::MemoryKind::kHost;
+};
+
+// Builds every produced parameter (and derived one) before the engine pauses. A parameter that
+// is one staged piece with no layout step is written from staging as it is; assembled or laid
+// out ones are built into buffers of the staging pool (laid-out ones on the host). A build error
+// leaves the engine untouched.
+absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
+                                             const std::vector<size_t>& produced);
+
+// The commit window: copies the prepared bytes in (host→engine or device→engine), then flushes.
+// REQUIRES: the engine is paused.
+absl::StatusOr<CommitStats> WritePrepared(const Planner& planner, const PreparedCommit& prepared,
+                                          storage::EngineStorage& storage);
+
+// Both steps at once (tests and offline tools).
+absl::StatusOr<CommitStats> CommitStaged(const Planner& planner, const Staging& staging,
+                                         const std::vector<size_t>& produced, storage::EngineStorage& storage);
 
 }  // namespace refit
 

@@ -37,11 +37,6 @@ class Converter {
   // Completes every conversion issued so far. Returns the tensors that failed (e.g. NaN input
   // under `nonfinite: reject`), each with its error.
   virtual std::vector<std::pair<std::string, absl::Status>> Sync() = 0;
-
-  // Computes derived parameter `d` from the staged source `from` into `out` (both staging
-  // memory), synchronously.
-  virtual absl::Status Derive(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                              uint8_t* out) = 0;
 };
 
 }  // namespace refit

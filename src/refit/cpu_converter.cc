@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "refit/committer.h"
 
 namespace refit {
 
@@ -20,11 +19,6 @@ absl::Status CpuConverter::Convert(const TensorPlan& plan, const TensorDesc& des
   }
   return formats::Quantize(plan.format, formats::ConstTensor{desc.dtype, desc.shape, src}, options, std::nullopt,
                            outs, desc.name);
-}
-
-absl::Status CpuConverter::Derive(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                                  uint8_t* out) {
-  return ComputeDerived(d, target, from, out);
 }
 
 }  // namespace refit

@@ -13,8 +13,6 @@ class CpuConverter final : public Converter {
                        storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
                        const formats::QuantizeOptions& options) override;
   std::vector<std::pair<std::string, absl::Status>> Sync() override { return {}; }
-  absl::Status Derive(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                      uint8_t* out) override;
 };
 
 }  // namespace refit

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "refit/param_build.h"
 
 namespace refit {
 namespace {
@@ -12,8 +13,14 @@ namespace {
 constexpr std::string_view kScaleSuffixes[] = {"_scale_inv", "_scale_2", "_scale", "_scales", "_blocks"};
 
 constexpr size_t kMaxListed = 64;
+constexpr size_t kMaxSlotsListed = 8;
 
 }  // namespace
+
+Ledger::Ledger(const Planner& planner) : planner_(planner) {
+  slots_.resize(planner.params().size());
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].resize(planner.source(i).slots.size());
+}
 
 absl::StatusOr<TensorPlan> Ledger::Arrive(const TensorDesc& desc) {
   absl::MutexLock lock(&mu_);
@@ -26,7 +33,12 @@ absl::StatusOr<TensorPlan> Ledger::Arrive(const TensorDesc& desc) {
     return plan;
   }
   rules_[desc.name] = plan->rule;
-  for (const Target& t : plan->targets) ++produced_[t.engine_index];
+  for (const Target& t : plan->targets) {
+    Slot& s = slots_[t.engine_index][static_cast<size_t>(t.slot)];
+    ++s.count;
+    s.dtype = t.spec.dtype;
+    s.shape = t.spec.shape;
+  }
   return plan;
 }
 
@@ -44,15 +56,73 @@ absl::Status Ledger::Check(bool partial) const {
     if (count > 1) problems.push_back(absl::StrCat("duplicate: tensor '", name, "' arrived ", count, " times"));
   }
   const auto& params = planner_.params();
-  for (size_t i = 0; i < produced_.size(); ++i) {
-    if (produced_[i] > 1) {
-      problems.push_back(absl::StrCat("duplicate: engine parameter '", params[i].name, "' produced ", produced_[i],
-                                      " times"));
+  std::vector<bool> produced(params.size(), false), complete(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSource& src = planner_.source(i);
+    std::vector<std::string> absent;
+    bool any = false;
+    for (size_t s = 0; s < slots_[i].size(); ++s) {
+      const int c = slots_[i][s].count;
+      if (c > 1) {
+        problems.push_back(absl::StrCat("duplicate: engine parameter '", params[i].name, "' slot from '",
+                                        src.slots[s], "' produced ", c, " times"));
+      }
+      if (c > 0) {
+        any = true;
+      } else {
+        absent.push_back(src.slots[s]);
+      }
+    }
+    produced[i] = any;
+    complete[i] = any && absent.empty();
+    if (any && !absent.empty()) {
+      size_t n = absent.size();
+      if (absent.size() > kMaxSlotsListed) absent.resize(kMaxSlotsListed);
+      problems.push_back(absl::StrCat("incomplete: engine parameter '", params[i].name, "' lacks '",
+                                      absl::StrJoin(absent, "', '"), "'",
+                                      n > kMaxSlotsListed ? absl::StrCat(" and ", n - kMaxSlotsListed, " more") : ""));
+    }
+  }
+  // Assembled dtype and shape must be the registered ones.
+  auto data_rows = [&](size_t i) -> int64_t {
+    const ParamSource& src = planner_.source(i);
+    if (src.data_index < 0 || !complete[static_cast<size_t>(src.data_index)]) return -1;
+    std::vector<Shape> shapes;
+    for (const Slot& s : slots_[static_cast<size_t>(src.data_index)]) shapes.push_back(s.shape);
+    absl::StatusOr<Shape> a = AssembledShape(*src.rule, shapes);
+    return a.ok() && a->size() >= 2 ? (*a)[a->size() - 2] : -1;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!complete[i]) continue;
+    const ParamSource& src = planner_.source(i);
+    std::vector<Shape> shapes;
+    for (const Slot& s : slots_[i]) shapes.push_back(s.shape);
+    absl::StatusOr<Shape> assembled = AssembledShape(*src.rule, shapes);
+    if (!assembled.ok()) {
+      problems.push_back(absl::StrCat("engine parameter '", params[i].name, "': ", assembled.status().message()));
+      continue;
+    }
+    absl::StatusOr<std::pair<DType, Shape>> laid =
+        LayoutShape(*src.rule, src.suffix, slots_[i][0].dtype, *assembled, data_rows(i));
+    if (!laid.ok()) {
+      problems.push_back(absl::StrCat("engine parameter '", params[i].name, "': ", laid.status().message()));
+    } else if (laid->first != params[i].dtype || laid->second != params[i].shape) {
+      problems.push_back(absl::StrCat("mismatch: engine parameter '", params[i].name, "' would be ",
+                                      DTypeName(laid->first), ShapeString(laid->second), ", registered as ",
+                                      DTypeName(params[i].dtype), ShapeString(params[i].shape)));
     }
   }
   if (!partial) {
     for (size_t i : planner_.expected()) {
-      if (produced_[i] == 0) problems.push_back(absl::StrCat("missing: '", params[i].name, "'"));
+      if (produced[i]) continue;
+      const ParamSource& src = planner_.source(i);
+      if (src.slots.size() == 1 && src.slots[0] == params[i].name) {
+        problems.push_back(absl::StrCat("missing: '", params[i].name, "'"));
+      } else {
+        std::vector<std::string> from(src.slots.begin(), src.slots.begin() + std::min(src.slots.size(), kMaxSlotsListed));
+        problems.push_back(absl::StrCat("missing: '", params[i].name, "' (from '", absl::StrJoin(from, "', '"), "'",
+                                        src.slots.size() > kMaxSlotsListed ? ", ..." : "", ")"));
+      }
     }
   } else {
     for (const auto& [name, rule] : rules_) {
@@ -61,10 +131,10 @@ absl::Status Ledger::Check(bool partial) const {
                                         ") may not be refit alone"));
       }
     }
-    // Every weight with all of its scales, every scale with its weight.
+    // Tensors sent pre-quantized: every weight with all of its scales, every scale with its weight.
     std::set<std::string> reported;
-    for (size_t i = 0; i < produced_.size(); ++i) {
-      if (produced_[i] == 0) continue;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!produced[i]) continue;
       std::string base = params[i].name;
       for (std::string_view suffix : kScaleSuffixes) {
         if (base.size() > suffix.size() && base.compare(base.size() - suffix.size(), suffix.size(), suffix) == 0) {
@@ -77,13 +147,14 @@ absl::Status Ledger::Check(bool partial) const {
       for (std::string_view suffix : kScaleSuffixes) family.push_back(base + std::string(suffix));
       for (const std::string& member : family) {
         int64_t m = planner_.IndexOf(member);
-        if (m >= 0 && produced_[m] == 0 && reported.insert(member).second) {
+        if (m >= 0 && planner_.source(m).kind == ParamSource::Kind::kBuilt && !produced[m] &&
+            reported.insert(member).second) {
           problems.push_back(absl::StrCat("incomplete weight: '", params[i].name, "' arrived without '", member, "'"));
         }
       }
     }
   }
-  // Fused groups: any member present means every member present.
+  // Explicit groups: any member present means every member present.
   for (const spec::Group& g : planner_.spec().groups) {
     std::set<std::string> seen_instances;
     for (const auto& [name, count] : arrivals_) {
@@ -122,8 +193,10 @@ size_t Ledger::tensors() const {
 std::vector<size_t> Ledger::Produced() const {
   absl::MutexLock lock(&mu_);
   std::vector<size_t> out;
-  for (size_t i = 0; i < produced_.size(); ++i) {
-    if (produced_[i] > 0) out.push_back(i);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    bool any = false;
+    for (const Slot& s : slots_[i]) any = any || s.count > 0;
+    if (any) out.push_back(i);
   }
   return out;
 }

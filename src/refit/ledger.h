@@ -1,7 +1,10 @@
 // Ledger: what arrived in a session, and whether it is complete enough to commit
-// (DESIGN.md invariant 2). Records every trainer tensor and every engine parameter it produced;
-// Check() names every missing, duplicate, unexpected or mismatched tensor and every incomplete
-// group. Thread-safe: all methods lock.
+// (DESIGN.md invariant 2). Records every trainer tensor and every slot of every engine
+// parameter it fills (a fused or stacked parameter has one slot per member and expert).
+// Check() names every missing, duplicate, unexpected or mismatched tensor, every parameter
+// with an unfilled slot (a stranded gate/up half, a missing expert), every incomplete group,
+// and every parameter whose assembled shape would not be the registered one.
+// Thread-safe: all methods lock.
 #ifndef REFIT_REFIT_LEDGER_H_
 #define REFIT_REFIT_LEDGER_H_
 
@@ -18,7 +21,7 @@ namespace refit {
 
 class Ledger {
  public:
-  explicit Ledger(const Planner& planner) : planner_(planner), produced_(planner.params().size(), 0) {}
+  explicit Ledger(const Planner& planner);
 
   // Records one arrival. A duplicate is recorded (and refused at Check) without planning again.
   // Returns the plan when this is the first arrival of `name` and it planned cleanly.
@@ -26,20 +29,25 @@ class Ledger {
   // Records a failure converting `name` (e.g. NaN input); refuses the commit.
   void Fail(const std::string& name, const absl::Status& error);
 
-  // OK when the refit may commit. `partial`: only whole groups of tensors whose rules allow
-  // partial refits; otherwise every expected engine parameter exactly once.
+  // OK when the refit may commit. `partial`: only whole parameters whose rules allow partial
+  // refits; otherwise every expected engine parameter, every slot exactly once.
   absl::Status Check(bool partial) const;
 
   size_t tensors() const;
-  // Engine indices produced (each exactly once when Check passed).
+  // Engine indices with at least one slot filled (every slot exactly once when Check passed).
   std::vector<size_t> Produced() const;
 
  private:
+  struct Slot {
+    int count = 0;
+    DType dtype = DType::kU8;
+    Shape shape;
+  };
   const Planner& planner_;
   mutable absl::Mutex mu_;
   std::map<std::string, int> arrivals_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, const spec::Rule*> rules_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> produced_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<Slot>> slots_ ABSL_GUARDED_BY(mu_);  // per engine parameter
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,42 +1,175 @@
 #include "refit/offline.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "formats/format.h"
+#include "refit/committer.h"
+#include "refit/convert.h"
+#include "refit/param_build.h"
+#include "refit/resolve.h"
+#include "refit/staging.h"
 
 namespace refit {
+namespace {
+
+absl::StatusOr<std::vector<ConvertedTensor>> ConvertOne(const spec::ModelSpec& spec, const Resolution& r,
+                                                        const InputTensor& in, std::optional<float> amax) {
+  std::vector<ConvertedTensor> out;
+  for (const ResolvedOutput& o : r.outputs) {
+    REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(o.dtype, o.full_shape));
+    out.push_back({o.checkpoint_name, o.dtype, o.full_shape, std::vector<uint8_t>(n)});
+  }
+  std::vector<formats::MutableBytes> outs;
+  for (ConvertedTensor& t : out) outs.push_back({t.bytes.data(), t.bytes.size()});
+  const ConvertStep step{r.kind, r.format, r.transpose};
+  REFIT_RETURN_IF_ERROR(
+      ConvertFull(step, formats::ConstTensor{in.dtype, in.shape, in.data}, spec.options, amax, outs, in.name));
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<storage::ParamInfo>> ConvertedLayout(const spec::ModelSpec& spec, const std::string& name,
                                                                DType dtype, const Shape& shape) {
-  REFIT_ASSIGN_OR_RETURN(const spec::Rule* rule, spec.RuleFor(name));
+  REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, name, dtype, shape));
   std::vector<storage::ParamInfo> out;
-  if (rule->conversion != spec::Conversion::kFormat || rule->never) {
-    REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(dtype, shape));
-    out.push_back({name, dtype, shape, n});
-    return out;
+  for (const ResolvedOutput& o : r.outputs) {
+    REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(o.dtype, o.full_shape));
+    out.push_back({o.checkpoint_name, o.dtype, o.full_shape, n});
   }
-  absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(rule->format, dtype, shape);
-  if (!outs.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", outs.status().message()));
-  for (formats::OutputSpec& o : *outs) out.push_back({name + o.suffix, o.dtype, o.shape, o.bytes});
   return out;
 }
 
 absl::StatusOr<std::vector<ConvertedTensor>> ConvertTensor(const spec::ModelSpec& spec, const std::string& name,
                                                            DType dtype, const Shape& shape, const void* data) {
-  REFIT_ASSIGN_OR_RETURN(std::vector<storage::ParamInfo> layout, ConvertedLayout(spec, name, dtype, shape));
-  std::vector<ConvertedTensor> out;
-  for (storage::ParamInfo& p : layout) out.push_back({p.name, p.dtype, p.shape, std::vector<uint8_t>(p.nbytes)});
-  REFIT_ASSIGN_OR_RETURN(const spec::Rule* rule, spec.RuleFor(name));
-  if (rule->conversion != spec::Conversion::kFormat || rule->never) {
-    std::memcpy(out[0].bytes.data(), data, out[0].bytes.size());
-    return out;
+  REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, name, dtype, shape));
+  return ConvertOne(spec, r, InputTensor{name, dtype, shape, data}, std::nullopt);
+}
+
+absl::StatusOr<std::vector<ConvertedTensor>> ConvertCheckpoint(const spec::ModelSpec& spec,
+                                                               const std::vector<InputTensor>& inputs) {
+  std::vector<Resolution> resolved;
+  std::map<std::string, float> group_amax;
+  for (const InputTensor& in : inputs) {
+    REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, in.name, in.dtype, in.shape));
+    if (!r.amax_group.empty()) {
+      REFIT_ASSIGN_OR_RETURN(float a,
+                             TensorAmax(formats::ConstTensor{in.dtype, in.shape, in.data}, spec.options, in.name));
+      auto [it, fresh] = group_amax.emplace(r.amax_group_key, a);
+      if (!fresh) it->second = std::max(it->second, a);
+    }
+    resolved.push_back(std::move(r));
   }
-  std::vector<formats::MutableBytes> outs;
-  for (ConvertedTensor& t : out) outs.push_back({t.bytes.data(), t.bytes.size()});
-  REFIT_RETURN_IF_ERROR(formats::Quantize(rule->format, formats::ConstTensor{dtype, shape, data}, spec.options,
-                                          std::nullopt, outs, name));
+  std::vector<ConvertedTensor> out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Resolution& r = resolved[i];
+    std::optional<float> amax;
+    if (!r.amax_group.empty()) amax = group_amax[r.amax_group_key];
+    REFIT_ASSIGN_OR_RETURN(std::vector<ConvertedTensor> t, ConvertOne(spec, r, inputs[i], amax));
+    for (ConvertedTensor& c : t) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
+    const spec::ModelSpec& spec, const std::vector<storage::ParamInfo>& inputs,
+    const std::map<std::string, const ConvertedTensor*>& converted) {
+  struct Param {
+    const spec::Rule* rule;
+    std::string suffix;
+    std::vector<StagedTensor> slots;
+    std::vector<bool> filled;
+    std::vector<std::string> keys;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Param> params;
+  std::vector<ConvertedTensor> kept;
+  auto find = [&](const std::string& name) -> absl::StatusOr<const ConvertedTensor*> {
+    auto it = converted.find(name);
+    if (it == converted.end()) return absl::NotFoundError(absl::StrCat("converted checkpoint lacks '", name, "'"));
+    return it->second;
+  };
+  for (const storage::ParamInfo& in : inputs) {
+    REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, in.name, in.dtype, in.shape));
+    if (r.rule->never) {
+      REFIT_ASSIGN_OR_RETURN(const ConvertedTensor* c, find(in.name));
+      kept.push_back(*c);
+      continue;
+    }
+    for (const ResolvedOutput& o : r.outputs) {
+      REFIT_ASSIGN_OR_RETURN(const ConvertedTensor* c, find(o.checkpoint_name));
+      if (c->dtype != o.dtype || c->shape != o.full_shape) {
+        return absl::InvalidArgumentError(absl::StrCat("converted '", o.checkpoint_name, "' is ", DTypeName(c->dtype),
+                                                       ShapeString(c->shape), ", the spec makes it ",
+                                                       DTypeName(o.dtype), ShapeString(o.full_shape)));
+      }
+      auto [it, fresh] = params.try_emplace(o.engine_name);
+      Param& p = it->second;
+      if (fresh) {
+        order.push_back(o.engine_name);
+        p.rule = r.rule;
+        p.suffix = o.suffix;
+        p.slots.resize(static_cast<size_t>(o.slots));
+        p.filled.assign(static_cast<size_t>(o.slots), false);
+        p.keys.resize(static_cast<size_t>(o.slots));
+      }
+      const size_t s = static_cast<size_t>(o.slot);
+      if (p.filled[s]) return absl::InvalidArgumentError(absl::StrCat("'", o.engine_name, "': slot filled twice"));
+      StagedTensor& t = p.slots[s];
+      t.dtype = o.dtype;
+      t.shape = o.shape;
+      REFIT_ASSIGN_OR_RETURN(t.nbytes, DenseBytes(o.dtype, o.shape));
+      t.owner.reset(new uint8_t[t.nbytes == 0 ? 1 : t.nbytes], std::default_delete<uint8_t[]>());
+      t.data = t.owner.get();
+      ShardPart(c->bytes.data(), o.dtype, o.full_shape, r.shard_dim, r.rule->shard ? r.rule->shard->size : 1,
+                r.rule->shard ? r.rule->shard->rank : 0, t.data);
+      p.filled[s] = true;
+      p.keys[s] = o.checkpoint_name;
+    }
+  }
+  std::map<std::string, Built> pre;  // assembled, before layout steps
+  for (const std::string& name : order) {
+    Param& p = params[name];
+    std::vector<const StagedTensor*> pieces;
+    for (size_t s = 0; s < p.slots.size(); ++s) {
+      if (!p.filled[s]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("engine parameter '", name, "': slot ", s, " of ", p.slots.size(), " has no tensor"));
+      }
+      pieces.push_back(&p.slots[s]);
+    }
+    REFIT_ASSIGN_OR_RETURN(Built b, AssemblePieces(*p.rule, name, pieces));
+    pre.emplace(name, std::move(b));
+  }
+  std::vector<ConvertedTensor> out;
+  for (const std::string& name : order) {
+    const Param& p = params[name];
+    Built b = pre[name];
+    int64_t data_rows = -1;
+    if (!p.suffix.empty()) {
+      auto d = pre.find(name.substr(0, name.size() - p.suffix.size()));
+      if (d != pre.end() && d->second.shape.size() >= 2) data_rows = d->second.shape[d->second.shape.size() - 2];
+    }
+    REFIT_RETURN_IF_ERROR(ApplyLayout(*p.rule, p.suffix, data_rows, b));
+    out.push_back({name, b.dtype, b.shape, std::move(b.bytes)});
+  }
+  for (const spec::Derived& d : spec.derived) {
+    for (const std::string& name : order) {
+      std::optional<spec::Captures> caps = d.from.Match(name);
+      if (!caps) continue;
+      REFIT_ASSIGN_OR_RETURN(std::string target, d.target.Expand(*caps));
+      const Built& from = pre[name];
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(from.dtype, from.shape));
+      storage::ParamInfo info{target, from.dtype, from.shape, n};
+      ConvertedTensor t{target, from.dtype, from.shape, std::vector<uint8_t>(n)};
+      REFIT_RETURN_IF_ERROR(ComputeDerived(d.op, info, from.bytes.data(), t.bytes.data()));
+      out.push_back(std::move(t));
+    }
+  }
+  for (ConvertedTensor& k : kept) out.push_back(std::move(k));
   return out;
 }
 

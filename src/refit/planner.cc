@@ -1,6 +1,7 @@
 #include "refit/planner.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -22,12 +23,39 @@ formats::Format CastFormat(DType t) {
 
 std::string Describe(DType t, const Shape& s) { return absl::StrCat(DTypeName(t), ShapeString(s)); }
 
+// Whether `rule` can emit a checkpoint tensor with `suffix`.
+bool Emits(const spec::ModelSpec& spec, const spec::Rule& rule, std::string_view suffix) {
+  if (suffix.empty()) return true;
+  switch (rule.conversion) {
+    case spec::Conversion::kFormat: {
+      absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(rule.format, DType::kBF16, {128, 128});
+      if (!outs.ok()) return false;
+      for (const formats::OutputSpec& o : *outs) {
+        if (o.suffix == suffix) return true;
+      }
+      return false;
+    }
+    case spec::Conversion::kCheckpoint:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool HasLayout(const spec::Rule& rule, std::string_view suffix) {
+  for (const spec::LayoutStep& s : rule.layout) {
+    if (s.AppliesTo(suffix)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector<storage::ParamInfo> params) {
   Planner p;
   p.spec_ = &spec;
   p.params_ = std::move(params);
+  p.sources_.resize(p.params_.size());
   for (size_t i = 0; i < p.params_.size(); ++i) {
     if (!p.by_name_.emplace(p.params_[i].name, i).second) {
       return absl::InvalidArgumentError(absl::StrCat("engine registered parameter '", p.params_[i].name, "' twice"));
@@ -35,6 +63,7 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
   }
   for (size_t i = 0; i < p.params_.size(); ++i) {
     const std::string& name = p.params_[i].name;
+    ParamSource& src = p.sources_[i];
     if (auto d = spec.DerivedFor(name)) {
       REFIT_ASSIGN_OR_RETURN(std::string from, d->first->from.Expand(d->second));
       int64_t fi = p.IndexOf(from);
@@ -42,17 +71,69 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
         return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "' (", spec.path, ":", d->first->line,
                                                        ") reads '", from, "', which the engine did not register"));
       }
-      if (p.params_[fi].shape != p.params_[i].shape) {
-        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "' has shape ",
-                                                       ShapeString(p.params_[i].shape), " but its source '", from,
-                                                       "' has ", ShapeString(p.params_[fi].shape)));
+      if (p.params_[fi].shape != p.params_[i].shape || p.params_[fi].dtype != p.params_[i].dtype) {
+        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "' is ",
+                                                       Describe(p.params_[i].dtype, p.params_[i].shape),
+                                                       " but its source '", from, "' is ",
+                                                       Describe(p.params_[fi].dtype, p.params_[fi].shape)));
       }
+      src.kind = ParamSource::Kind::kDerived;
       p.derived_.push_back({i, static_cast<size_t>(fi), d->first->op});
       continue;
     }
-    REFIT_ASSIGN_OR_RETURN(const spec::Rule* rule, spec.RuleFor(name));
-    if (rule->never) continue;
+    if (const spec::Rule* never = spec.NeverRuleFor(name)) {
+      src.kind = ParamSource::Kind::kKept;
+      src.rule = never;
+      continue;
+    }
+    const spec::Rule* rule = nullptr;
+    std::string base;
+    spec::Captures caps;
+    for (std::string_view suffix : kOutputSuffixes) {
+      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      std::string b = name.substr(0, name.size() - suffix.size());
+      if (b.empty()) continue;
+      auto try_rule = [&](const spec::Rule& r) {
+        if (r.never || !Emits(spec, r, suffix)) return false;
+        const spec::NamePattern& pattern = r.target ? *r.target : r.match;
+        std::optional<spec::Captures> c = pattern.Match(b);
+        if (!c) return false;
+        rule = &r;
+        base = b;
+        caps = *c;
+        src.suffix = std::string(suffix);
+        return true;
+      };
+      for (const spec::Rule& r : spec.rules) {
+        if (try_rule(r)) break;
+      }
+      if (rule == nullptr) try_rule(spec.defaults);
+      if (rule != nullptr) break;
+    }
+    if (rule == nullptr) {
+      rule = &spec.defaults;
+      base = name;
+      src.suffix = "";
+    }
+    src.kind = ParamSource::Kind::kBuilt;
+    src.rule = rule;
+    if (rule->target) {
+      for (int64_t s = 0; s < rule->Slots(); ++s) {
+        REFIT_ASSIGN_OR_RETURN(std::string key, SourceName(*rule, caps, s, src.suffix));
+        src.slots.push_back(std::move(key));
+      }
+    } else {
+      src.slots.push_back(name);
+    }
     p.expected_.push_back(i);
+  }
+  // Scales find their data tensor (pack_ue8m0 needs its rows).
+  for (size_t i = 0; i < p.params_.size(); ++i) {
+    ParamSource& src = p.sources_[i];
+    if (src.kind != ParamSource::Kind::kBuilt || src.suffix.empty()) continue;
+    const std::string& name = p.params_[i].name;
+    int64_t d = p.IndexOf(name.substr(0, name.size() - src.suffix.size()));
+    if (d >= 0 && p.sources_[d].kind == ParamSource::Kind::kBuilt && p.sources_[d].rule == src.rule) src.data_index = d;
   }
   return p;
 }
@@ -63,81 +144,72 @@ int64_t Planner::IndexOf(const std::string& name) const {
 }
 
 absl::StatusOr<TensorPlan> Planner::Plan(const std::string& name, DType dtype, const Shape& shape) const {
-  REFIT_ASSIGN_OR_RETURN(const spec::Rule* rule, spec_->RuleFor(name));
-  TensorPlan plan;
-  plan.rule = rule;
-  if (rule->never) {
+  REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(*spec_, name, dtype, shape));
+  if (r.rule->never) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "': ", rule->Describe(), " says refits never carry it"));
+        absl::StrCat("tensor '", name, "': ", r.rule->Describe(), " says refits never carry it"));
   }
-  auto same_name_param = [&]() -> absl::StatusOr<size_t> {
-    int64_t i = IndexOf(name);
-    if (i < 0) return absl::NotFoundError(absl::StrCat("tensor '", name, "': the engine has no parameter of this name"));
-    return static_cast<size_t>(i);
-  };
-  switch (rule->conversion) {
-    case spec::Conversion::kPassthrough: {
-      REFIT_ASSIGN_OR_RETURN(size_t i, same_name_param());
-      const storage::ParamInfo& e = params_[i];
-      if (e.dtype != dtype || e.shape != shape) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': sent as ", Describe(dtype, shape),
-                                                       ", engine parameter is ", Describe(e.dtype, e.shape)));
+  TensorPlan plan;
+  plan.rule = r.rule;
+  plan.kind = r.kind;
+  plan.format = r.format;
+  plan.transpose = r.transpose;
+  plan.input_shape = r.input_shape;
+  plan.shard_dim = r.shard_dim;
+  if (r.rule->shard) {
+    plan.shard_parts = r.rule->shard->size;
+    plan.shard_index = r.rule->shard->rank;
+  }
+  plan.amax_group = r.amax_group;
+  plan.amax_group_key = r.amax_group_key;
+  for (ResolvedOutput& o : r.outputs) {
+    int64_t i = IndexOf(o.engine_name);
+    if (i < 0) {
+      if (o.engine_name == name) {
+        return absl::NotFoundError(absl::StrCat("tensor '", name, "': the engine has no parameter of this name"));
       }
-      plan.kind = ConvertKind::kCopy;
-      plan.targets.push_back({i, {"", dtype, shape, e.nbytes}});
-      return plan;
+      return absl::NotFoundError(absl::StrCat("tensor '", name, "': ", r.rule->Describe(), " produces '",
+                                              o.engine_name, "', which the engine did not register"));
     }
-    case spec::Conversion::kAuto: {
-      REFIT_ASSIGN_OR_RETURN(size_t i, same_name_param());
-      const storage::ParamInfo& e = params_[i];
-      if (e.shape != shape) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': sent with shape ", ShapeString(shape),
-                                                       ", engine parameter has ", ShapeString(e.shape)));
-      }
-      if (e.dtype == dtype) {
-        plan.kind = ConvertKind::kCopy;
-      } else if (IsCastTarget(e.dtype) && (dtype == DType::kBF16 || dtype == DType::kF32)) {
+    const storage::ParamInfo& e = params_[i];
+    const ParamSource& src = sources_[i];
+    if (src.kind != ParamSource::Kind::kBuilt || src.rule != r.rule ||
+        o.slot >= static_cast<int64_t>(src.slots.size()) || src.slots[o.slot] != o.checkpoint_name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': lands in engine parameter '", o.engine_name, "', which ",
+          src.kind == ParamSource::Kind::kDerived ? "is derived at commit"
+          : src.kind == ParamSource::Kind::kKept  ? "refits never change"
+                                                  : absl::StrCat("is produced by ", src.rule->Describe())));
+    }
+    DType staged = o.dtype;
+    if (r.conversion == spec::Conversion::kAuto) {
+      if (e.dtype != dtype) {
+        if (!IsCastTarget(e.dtype) || (dtype != DType::kBF16 && dtype != DType::kF32)) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': sent as ", DTypeName(dtype),
+                                                         ", engine parameter is ", DTypeName(e.dtype),
+                                                         " and no rule says how to convert it"));
+        }
         plan.kind = ConvertKind::kQuantize;
         plan.format = CastFormat(e.dtype);
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': sent as ", DTypeName(dtype),
-                                                       ", engine parameter is ", DTypeName(e.dtype),
-                                                       " and no rule says how to convert it"));
+        staged = e.dtype;
       }
-      plan.targets.push_back({i, {"", e.dtype, shape, e.nbytes}});
-      return plan;
     }
-    case spec::Conversion::kFormat: {
-      if (dtype != DType::kBF16 && dtype != DType::kF32) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", rule->Describe(), " quantizes to ",
-                                                       formats::FormatName(rule->format),
-                                                       ", which takes BF16 or F32 input, not ", DTypeName(dtype)));
-      }
-      absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(rule->format, dtype, shape);
-      if (!outs.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", outs.status().message()));
-      }
-      plan.kind = ConvertKind::kQuantize;
-      plan.format = rule->format;
-      for (formats::OutputSpec& o : *outs) {
-        std::string target = name + o.suffix;
-        int64_t i = IndexOf(target);
-        if (i < 0) {
-          return absl::NotFoundError(absl::StrCat("tensor '", name, "': ", formats::FormatName(rule->format),
-                                                  " produces '", target, "', which the engine did not register"));
-        }
-        const storage::ParamInfo& e = params_[i];
-        if (e.dtype != o.dtype || e.shape != o.shape) {
-          return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", formats::FormatName(rule->format),
-                                                         " produces '", target, "' as ", Describe(o.dtype, o.shape),
-                                                         ", engine parameter is ", Describe(e.dtype, e.shape)));
-        }
-        plan.targets.push_back({static_cast<size_t>(i), std::move(o)});
-      }
-      return plan;
+    REFIT_ASSIGN_OR_RETURN(uint64_t bytes, DenseBytes(staged, o.shape));
+    const bool direct = src.slots.size() == 1 && !HasLayout(*r.rule, o.suffix);
+    if (direct && (e.dtype != staged || e.shape != o.shape)) {
+      const char* what = r.conversion == spec::Conversion::kPassthrough ? "sent as" : "becomes";
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", name, "': ", what, " '", o.engine_name, "' ", Describe(staged, o.shape),
+          r.rule->shard ? " (this rank's part)" : "", ", engine parameter is ", Describe(e.dtype, e.shape)));
     }
+    if (!direct && e.dtype != staged && !HasLayout(*r.rule, o.suffix)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': becomes ", DTypeName(staged), " in '",
+                                                     o.engine_name, "', engine parameter is ", DTypeName(e.dtype)));
+    }
+    plan.targets.push_back({static_cast<size_t>(i), o.slot, o.checkpoint_name,
+                            formats::OutputSpec{o.suffix, staged, o.shape, bytes}, o.full_shape});
   }
-  return absl::InternalError("unreachable");
+  return plan;
 }
 
 }  // namespace refit

@@ -1,32 +1,54 @@
-// Planner: maps each trainer tensor to the engine parameters it produces, under the model spec.
+// Planner: maps each trainer tensor to the engine parameters it produces, under the model spec,
+// and says how every registered engine parameter is produced: built from staged
+// checkpoint-format pieces (one per slot of a fused/stacked parameter), derived from another
+// parameter at commit, or kept as the engine has it (`refit: never`).
 // Built once per engine registration; immutable afterwards (thread-safe to read).
 #ifndef REFIT_REFIT_PLANNER_H_
 #define REFIT_REFIT_PLANNER_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "formats/format.h"
+#include "refit/resolve.h"
 #include "refit/types.h"
 #include "spec/model_spec.h"
 #include "storage/engine_storage.h"
 
 namespace refit {
 
-enum class ConvertKind : uint8_t { kCopy, kQuantize };
-
+// One checkpoint-format output of a trainer tensor and the slot of the engine parameter it fills.
 struct Target {
   size_t engine_index;
-  formats::OutputSpec spec;
+  int64_t slot = 0;
+  std::string key;           // staging key: the checkpoint-format tensor name
+  formats::OutputSpec spec;  // suffix, dtype as staged, shape of this rank's part, bytes
+  Shape full_shape;          // the whole tensor's output (before the shard slice)
 };
 
 struct TensorPlan {
   const spec::Rule* rule = nullptr;
   ConvertKind kind = ConvertKind::kCopy;
-  formats::Format format = formats::Format::kBf16;
-  std::vector<Target> targets;  // in formats::PlanOutputs order
+  formats::Format format = formats::Format::kBf16;  // when kQuantize
+  bool transpose = false;
+  Shape input_shape;               // after the transpose
+  std::optional<int> shard_dim;    // outputs of rank > 0 are split into shard_parts
+  int64_t shard_parts = 1, shard_index = 0;
+  std::vector<Target> targets;     // in formats::PlanOutputs order
+  std::vector<std::string> amax_group;  // fused NVFP4 members sharing one global amax
+  std::string amax_group_key;
+};
+
+struct ParamSource {
+  enum class Kind : uint8_t { kBuilt, kDerived, kKept };
+  Kind kind = Kind::kBuilt;
+  const spec::Rule* rule = nullptr;  // kBuilt, kKept
+  std::string suffix;                // kBuilt: the checkpoint suffix ("" = data)
+  std::vector<std::string> slots;    // kBuilt: staging key per slot
+  int64_t data_index = -1;           // kBuilt scales: the sibling data parameter, or -1
 };
 
 struct DerivedTarget {
@@ -37,7 +59,8 @@ struct DerivedTarget {
 
 class Planner {
  public:
-  // Errors when a derived parameter's source is missing or of another shape, naming both.
+  // Errors name the parameter: a derived parameter whose source is missing or of another
+  // shape, a parameter two rules would produce.
   static absl::StatusOr<Planner> Create(const spec::ModelSpec& spec, std::vector<storage::ParamInfo> params);
 
   // What `name` (dtype, shape as the trainer sends it) becomes. Errors name the tensor and say
@@ -46,6 +69,7 @@ class Planner {
 
   const spec::ModelSpec& spec() const { return *spec_; }
   const std::vector<storage::ParamInfo>& params() const { return params_; }
+  const ParamSource& source(size_t index) const { return sources_[index]; }
   // Engine parameters that every full refit must produce (not `never`, not derived).
   const std::vector<size_t>& expected() const { return expected_; }
   const std::vector<DerivedTarget>& derived() const { return derived_; }
@@ -55,6 +79,7 @@ class Planner {
  private:
   const spec::ModelSpec* spec_ = nullptr;
   std::vector<storage::ParamInfo> params_;
+  std::vector<ParamSource> sources_;
   std::map<std::string, size_t> by_name_;
   std::vector<size_t> expected_;
   std::vector<DerivedTarget> derived_;

@@ -1,10 +1,13 @@
 #include "refit/session.h"
 
+#include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
 #include "formats/format.h"
+#include "refit/convert.h"
 
 namespace refit {
 
@@ -178,30 +181,120 @@ void Session::ConvertLoop() {
   }
 }
 
+absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                            const TensorPlan& plan, std::optional<float> global_amax, uint64_t& out_bytes) {
+  const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
+  std::vector<uint8_t*> staged;
+  std::vector<formats::MutableBytes> outs;
+  for (const Target& t : plan.targets) {
+    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_.Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
+    staged.push_back(buf);
+    outs.push_back({buf, t.spec.bytes});
+    out_bytes += t.spec.bytes;
+  }
+  const std::string format = plan.kind == ConvertKind::kCopy ? "passthrough" : formats::FormatName(plan.format);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Target& t : plan.targets) bytes_out_by_format_[format] += t.spec.bytes;
+  }
+  if (!sharded && !plan.transpose && !global_amax) {
+    // The common case: the converter (CPU, or GPU kernels) writes straight into staging.
+    return converter_.Convert(plan, desc, src, src_kind, outs, planner_.spec().options);
+  }
+  // Transposed, sharded or group-scaled tensors are converted whole on the host, then this
+  // rank's part is staged.
+  if (src_kind != storage::MemoryKind::kHost) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", desc.name, "' is transposed, sharded or group-scaled; such tensors need a host data plane"));
+  }
+  const ConvertStep step{plan.kind, plan.format, plan.transpose};
+  const bool host_staging = staging_.kind() == storage::MemoryKind::kHost;
+  std::vector<std::vector<uint8_t>> full;  // whole outputs, when this rank keeps a part or staging is on the GPU
+  std::vector<formats::MutableBytes> host_outs;
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    const Target& t = plan.targets[i];
+    if (!sharded && host_staging) {
+      host_outs.push_back(outs[i]);
+      continue;
+    }
+    REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(t.spec.dtype, sharded ? t.full_shape : t.spec.shape));
+    full.emplace_back(n);
+    host_outs.push_back({full.back().data(), n});
+  }
+  REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
+                                    global_amax, host_outs, desc.name));
+  if (full.empty()) return absl::OkStatus();
+  std::vector<uint8_t> part;
+  for (size_t i = 0; i < plan.targets.size(); ++i) {
+    const Target& t = plan.targets[i];
+    const uint8_t* bytes = full[i].data();
+    if (sharded) {
+      part.resize(t.spec.bytes);
+      ShardPart(full[i].data(), t.spec.dtype, t.full_shape, plan.shard_dim, plan.shard_parts, plan.shard_index,
+                host_staging ? staged[i] : part.data());
+      if (host_staging) continue;
+      bytes = part.data();
+    }
+    REFIT_RETURN_IF_ERROR(staging_.pool().memory().CopyFromHost(staged[i], bytes, t.spec.bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                            const TensorPlan& plan, uint64_t& out_bytes) {
+  if (src_kind != storage::MemoryKind::kHost) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", desc.name, "' shares a group amax; such tensors need a host data plane"));
+  }
+  PendingMember member{desc, plan, std::nullopt, std::vector<uint8_t>(src, src + desc.nbytes)};
+  absl::StatusOr<float> amax =
+      TensorAmax(formats::ConstTensor{desc.dtype, desc.shape, member.input.data()}, planner_.spec().options, desc.name);
+  if (amax.ok()) {
+    member.amax = *amax;
+  } else {
+    ledger_.Fail(desc.name, amax.status());
+  }
+  std::vector<PendingMember>& group = pending_[plan.amax_group_key];
+  group.push_back(std::move(member));
+  if (group.size() < plan.amax_group.size()) return absl::OkStatus();
+  // Every member is here: A = max over the group, then encode each member against it.
+  float a = 0.0f;
+  bool all_ok = true;
+  for (const PendingMember& m : group) {
+    if (!m.amax) {
+      all_ok = false;
+    } else {
+      a = std::max(a, *m.amax);
+    }
+  }
+  absl::Status result;
+  for (const PendingMember& m : group) {
+    if (!all_ok) break;
+    absl::Status st = Stage(m.desc, m.input.data(), storage::MemoryKind::kHost, m.plan, a, out_bytes);
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      result = st;
+    } else if (!st.ok()) {
+      ledger_.Fail(m.desc.name, st);
+    }
+  }
+  pending_.erase(plan.amax_group_key);
+  return result;
+}
+
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
-  const formats::QuantizeOptions& options = planner_.spec().options;
   uint64_t out_bytes = 0;
-  std::map<std::string, uint64_t> by_format;
   for (const TensorDesc& desc : header.tensors) {
     absl::StatusOr<TensorPlan> plan = ledger_.Arrive(desc);
     if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
     const uint8_t* src = data + desc.offset;
-    std::vector<formats::MutableBytes> outs;
-    absl::Status status;
-    for (const Target& t : plan->targets) {
-      absl::StatusOr<uint8_t*> buf = staging_.Allocate(t.engine_index, t.spec.bytes);
-      if (!buf.ok()) {
-        status = buf.status();
-        break;
-      }
-      outs.push_back({*buf, t.spec.bytes});
-      out_bytes += t.spec.bytes;
-      by_format[plan->kind == ConvertKind::kCopy ? "passthrough" : formats::FormatName(plan->format)] += t.spec.bytes;
-    }
-    if (status.ok()) status = converter_.Convert(*plan, desc, src, ring_.kind(), outs, options);
+    absl::Status status = plan->amax_group.empty() ? Stage(desc, src, ring_.kind(), *plan, std::nullopt, out_bytes)
+                                                   : Defer(desc, src, ring_.kind(), *plan, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
+      converter_.Sync();
       absl::MutexLock lock(&mu_);
-      FailLocked(absl::ResourceExhaustedError(absl::StrCat("tensor '", desc.name, "': ", status.message())));
+      std::string msg(status.message());
+      FailLocked(absl::ResourceExhaustedError(
+          msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
       return;
     }
     if (!status.ok()) ledger_.Fail(desc.name, status);
@@ -210,7 +303,6 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
   absl::MutexLock lock(&mu_);
   bytes_out_ += out_bytes;
-  for (const auto& [format, bytes] : by_format) bytes_out_by_format_[format] += bytes;
 }
 
 absl::Status Session::Finish() {

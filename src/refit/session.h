@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -73,6 +74,14 @@ class Session {
   void ReceiveLoop();
   void ConvertLoop();
   void Convert(const BucketHeader& header, const uint8_t* data);
+  // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
+  // the session; other errors are the tensor's (recorded by the ledger).
+  absl::Status Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
+                     std::optional<float> global_amax, uint64_t& out_bytes);
+  // A fused NVFP4 member: held until every member of its group arrived (their shared amax
+  // must be known before any member is encoded), then the whole group is converted.
+  absl::Status Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
+                     uint64_t& out_bytes);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckHeader(const BucketHeader& header) const;
 
@@ -96,6 +105,15 @@ class Session {
   std::map<std::string, uint64_t> bytes_out_by_format_ ABSL_GUARDED_BY(mu_);
   absl::Duration receive_time_ ABSL_GUARDED_BY(mu_);
   absl::Duration convert_time_ ABSL_GUARDED_BY(mu_);
+
+  // Fused NVFP4 members waiting for their group, by group key. Converter thread only.
+  struct PendingMember {
+    TensorDesc desc;
+    TensorPlan plan;
+    std::optional<float> amax;  // nullopt when the member's input was refused
+    std::vector<uint8_t> input;  // a host copy of the member's input bytes
+  };
+  std::map<std::string, std::vector<PendingMember>> pending_;
 
   std::thread receiver_thread_;
   std::thread converter_thread_;

@@ -5,16 +5,17 @@
 
 namespace refit {
 
-absl::StatusOr<uint8_t*> StagingPool::Get(size_t index, uint64_t nbytes) {
+absl::StatusOr<uint8_t*> StagingPool::Get(const std::string& key, uint64_t nbytes) {
   absl::MutexLock lock(&mu_);
-  auto it = buffers_.find(index);
+  auto it = buffers_.find(key);
   if (it != buffers_.end() && it->second.bytes >= nbytes) return it->second.data.get();
   absl::StatusOr<std::shared_ptr<uint8_t>> data = memory_->Allocate(nbytes);
   if (!data.ok()) return data.status();
   if (it != buffers_.end()) bytes_ -= it->second.bytes;
-  buffers_[index] = Buffer{std::move(*data), nbytes};
+  Buffer& b = buffers_[key];
+  b = Buffer{std::move(*data), nbytes};
   bytes_ += nbytes;
-  return buffers_[index].data.get();
+  return b.data.get();
 }
 
 uint64_t StagingPool::bytes() const {
@@ -22,24 +23,32 @@ uint64_t StagingPool::bytes() const {
   return bytes_;
 }
 
-absl::StatusOr<uint8_t*> Staging::Allocate(size_t index, uint64_t nbytes) {
+absl::StatusOr<uint8_t*> Staging::Allocate(const std::string& key, DType dtype, const Shape& shape, uint64_t nbytes) {
   absl::MutexLock lock(&mu_);
-  if (staged_.count(index)) return absl::AlreadyExistsError(absl::StrCat("parameter #", index, " staged twice"));
+  if (staged_.count(key)) return absl::AlreadyExistsError(absl::StrCat("'", key, "' staged twice"));
   if (nbytes > limit_ - bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat("staging limit of ", limit_, " bytes reached (", bytes_,
                                                      " in use, ", nbytes, " more requested)"));
   }
-  absl::StatusOr<uint8_t*> buf = pool_.Get(index, nbytes);
+  absl::StatusOr<uint8_t*> buf = pool_.Get(key, nbytes);
   if (!buf.ok()) return buf.status();
-  staged_[index] = *buf;
+  staged_[key] = StagedTensor{dtype, shape, nbytes, *buf, nullptr};
   bytes_ += nbytes;
   return *buf;
 }
 
-const uint8_t* Staging::Get(size_t index) const {
+const StagedTensor* Staging::Get(const std::string& key) const {
   absl::MutexLock lock(&mu_);
-  auto it = staged_.find(index);
-  return it == staged_.end() ? nullptr : it->second;
+  auto it = staged_.find(key);
+  return it == staged_.end() ? nullptr : &it->second;
+}
+
+void Staging::Release(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = staged_.find(key);
+  if (it == staged_.end()) return;
+  bytes_ -= it->second.nbytes;
+  staged_.erase(it);
 }
 
 uint64_t Staging::bytes() const {

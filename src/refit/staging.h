@@ -1,19 +1,22 @@
-// Staging: the converted, checkpoint-format bytes of one session, per engine parameter, held
-// until commit, in host or GPU memory (StagingPool's kind). The pool keeps one buffer per engine
-// parameter across sessions of a registration, so refits allocate nothing after the first.
-// A session's staging is bounded by the configured limit (checked before allocating).
-// Thread-safe: Allocate/Get lock; a buffer is written by one converter and read after Finish.
+// Staging: the converted, checkpoint-format tensors of one session (this rank's part of each),
+// keyed by checkpoint tensor name, held until commit in host or GPU memory (the pool's kind);
+// the committer assembles engine parameters from them. The pool keeps one buffer per key across
+// sessions of a registration, so repeated refits allocate nothing after the first. A session's
+// staging is bounded by the configured limit (checked before allocating).
+// Thread-safe: all methods lock; a buffer is written by one converter and read after Finish.
+// Entries are stable in memory until released.
 #ifndef REFIT_REFIT_STAGING_H_
 #define REFIT_REFIT_STAGING_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
 #include "storage/memory.h"
 
 namespace refit {
@@ -22,8 +25,9 @@ class StagingPool {
  public:
   explicit StagingPool(std::unique_ptr<storage::Memory> memory) : memory_(std::move(memory)) {}
   storage::MemoryKind kind() const { return memory_->kind(); }
-  // The buffer of engine parameter `index`, at least `nbytes`, allocated on first use.
-  absl::StatusOr<uint8_t*> Get(size_t index, uint64_t nbytes);
+  storage::Memory& memory() { return *memory_; }
+  // The buffer for `key`, at least `nbytes`, allocated on first use and reused afterwards.
+  absl::StatusOr<uint8_t*> Get(const std::string& key, uint64_t nbytes);
   uint64_t bytes() const;
 
  private:
@@ -33,8 +37,16 @@ class StagingPool {
   };
   std::unique_ptr<storage::Memory> memory_;
   mutable absl::Mutex mu_;
-  std::map<size_t, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+struct StagedTensor {
+  DType dtype;
+  Shape shape;
+  uint64_t nbytes = 0;
+  uint8_t* data = nullptr;  // in the pool's memory (host or device)
+  std::shared_ptr<uint8_t> owner;  // set when the tensor owns its bytes (offline assembly)
 };
 
 class Staging {
@@ -42,20 +54,22 @@ class Staging {
   // REQUIRES: `pool` outlives this and serves one session at a time.
   Staging(uint64_t limit_bytes, StagingPool& pool) : limit_(limit_bytes), pool_(pool) {}
 
-  // The buffer for engine parameter `index` in this session. ResourceExhausted past the limit;
-  // AlreadyExists if the parameter is already staged.
-  absl::StatusOr<uint8_t*> Allocate(size_t index, uint64_t nbytes);
-  // The staged bytes of `index` in this session, or nullptr.
-  const uint8_t* Get(size_t index) const;
+  // A buffer for `key`. ResourceExhausted past the limit; AlreadyExists if already staged.
+  absl::StatusOr<uint8_t*> Allocate(const std::string& key, DType dtype, const Shape& shape, uint64_t nbytes);
+  // The staged tensor, or nullptr.
+  const StagedTensor* Get(const std::string& key) const;
+  // Forgets `key` for this session (no-op when absent); the pool keeps its buffer.
+  void Release(const std::string& key);
   uint64_t bytes() const;
   uint64_t limit() const { return limit_; }
   storage::MemoryKind kind() const { return pool_.kind(); }
+  StagingPool& pool() const { return pool_; }
 
  private:
   const uint64_t limit_;
   StagingPool& pool_;
   mutable absl::Mutex mu_;
-  std::map<size_t, uint8_t*> staged_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, StagedTensor> staged_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

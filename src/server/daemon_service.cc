@@ -74,7 +74,7 @@ class RegistrationImpl final : public proto::Registration::Server {
 struct CommitRun {
   DaemonState& state;
   uint64_t id;
-  double validate_ms = 0, commit_ms = 0, pause_ms = 0;
+  double validate_ms = 0, copy_ms = 0, pause_ms = 0;
   absl::Status finished;
   absl::StatusOr<CommitStats> copied = absl::UnknownError("not run");
 
@@ -87,7 +87,7 @@ struct CommitRun {
     r.reason = reason;
     r.version = version;
     r.times.validate_ms = validate_ms;
-    r.times.commit_ms = commit_ms;
+    r.times.commit_ms = copy_ms;
     r.times.pause_ms = pause_ms;
     r.times.total_ms = Ms(absl::Now() - state.active->begun);
     state.EndSession(r);
@@ -118,29 +118,40 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
           run->End("refused", reason);
           Throw(reason);
         }
-        // The commit window: pause, copy staged bytes in place, recompute derived state, resume.
+        // Build every engine parameter (assembly, layout steps, derived state) before pausing,
+        // then the commit window: pause, copy the prepared bytes in place, resume.
         auto* engine = &*run->state.engine;
-        absl::Time pause_start = absl::Now();
-        return engine->control.pauseRequest()
-            .send()
-            .then(
-                [run, engine](auto&&) {
-                  const Session* s = run->state.active->session.get();
-                  std::vector<size_t> produced = s->ledger().Produced();
-                  return RunBlocking(run->state.io, [engine, s, produced, run] {
-                    run->copied = CommitStaged(*engine->planner, s->staging(), *engine->converter, *engine->pool,
-                                               produced, *engine->storage);
-                  });
-                },
-                [run](kj::Exception&& e) -> kj::Promise<void> {
-                  std::string reason = absl::StrCat("engine did not pause: ", e.getDescription().cStr());
-                  run->End("failed", reason);
-                  Throw(reason);
-                })
-            .then([run, engine, pause_start]() -> kj::Promise<void> {
+        const Session* sp = &s;
+        auto prepared = std::make_shared<absl::StatusOr<PreparedCommit>>(absl::UnknownError("not run"));
+        return RunBlocking(run->state.io,
+                           [sp, engine, prepared] {
+                             *prepared = PrepareCommit(*engine->planner, sp->staging(), sp->ledger().Produced());
+                           })
+            .then([run, engine, prepared]() -> kj::Promise<void> {
+              if (!prepared->ok()) {
+                std::string reason = absl::StrCat("refit refused: ", prepared->status().message());
+                run->End("refused", reason);
+                Throw(reason);
+              }
+              absl::Time pause_start = absl::Now();
+              return engine->control.pauseRequest()
+                  .send()
+                  .then(
+                      [run, engine, prepared](auto&&) {
+                        return RunBlocking(run->state.io, [engine, prepared, run] {
+                          absl::Time t0 = absl::Now();
+                          run->copied = WritePrepared(*engine->planner, **prepared, *engine->storage);
+                          run->copy_ms = Ms(absl::Now() - t0);
+                        });
+                      },
+                      [run](kj::Exception&& e) -> kj::Promise<void> {
+                        std::string reason = absl::StrCat("engine did not pause: ", e.getDescription().cStr());
+                        run->End("failed", reason);
+                        Throw(reason);
+                      })
+                  .then([run, engine]() -> kj::Promise<void> {
               if (!run->copied.ok()) {
                 engine->dirty = true;  // a partial copy: the engine must not serve until a full refit lands
-                run->commit_ms = Ms(absl::Now() - pause_start);
                 std::string reason =
                     absl::StrCat("commit failed, engine left paused and dirty: ", run->copied.status().message());
                 run->End("failed", reason);
@@ -152,10 +163,10 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
               req.setVersion(version);
               return req.send().ignoreResult();
             })
-            .then([run, pause_start]() {
-              run->pause_ms = Ms(absl::Now() - pause_start);
-              run->commit_ms = run->pause_ms;
-              run->End("committed", "", run->state.version);
+                  .then([run, pause_start]() {
+                    run->pause_ms = Ms(absl::Now() - pause_start);
+                    run->End("committed", "", run->state.version);
+                  });
             });
       });
 }

@@ -1,10 +1,13 @@
 #include "spec/model_spec.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -45,6 +48,13 @@ class Reader {
     return v;
   }
 
+  absl::StatusOr<int64_t> Int(const YAML::Node& node, std::string_view where, int64_t min) const {
+    int64_t v = 0;
+    if (!node.IsScalar() || !YAML::convert<int64_t>::decode(node, v)) return Error(node, where, "expected an integer");
+    if (v < min) return Error(node, where, absl::StrCat("must be at least ", min));
+    return v;
+  }
+
   absl::StatusOr<NamePattern> Pattern(const YAML::Node& node, std::string_view where) const {
     REFIT_ASSIGN_OR_RETURN(std::string text, String(node, where));
     absl::StatusOr<NamePattern> p = NamePattern::Parse(text);
@@ -58,46 +68,231 @@ class Reader {
       rule.conversion = Conversion::kAuto;
     } else if (name == "passthrough") {
       rule.conversion = Conversion::kPassthrough;
+    } else if (name == "checkpoint") {
+      rule.conversion = Conversion::kCheckpoint;
     } else {
       absl::StatusOr<formats::Format> f = formats::ParseFormat(name);
-      if (!f.ok()) return Error(node, where, absl::StrCat("unknown format '", name, "'"));
+      if (!f.ok()) {
+        return Error(node, where, absl::StrCat(f.status().message(), "; or auto, passthrough, checkpoint"));
+      }
       rule.conversion = Conversion::kFormat;
       rule.format = *f;
     }
     return absl::OkStatus();
   }
 
-  absl::Status Options(const YAML::Node& map, std::string_view where, formats::QuantizeOptions& options) const {
+  absl::Status Options(const YAML::Node& map, const std::string& where, formats::QuantizeOptions& options) const {
     if (map["fp32_input"]) {
-      REFIT_ASSIGN_OR_RETURN(std::string v, String(map["fp32_input"], where));
+      REFIT_ASSIGN_OR_RETURN(std::string v, String(map["fp32_input"], absl::StrCat(where, ".fp32_input")));
       if (v == "exact") {
         options.fp32_input = formats::Fp32InputPolicy::kExact;
       } else if (v == "round_to_bf16") {
         options.fp32_input = formats::Fp32InputPolicy::kRoundToBf16;
       } else {
-        return Error(map["fp32_input"], where, "fp32_input must be exact or round_to_bf16");
+        return Error(map["fp32_input"], absl::StrCat(where, ".fp32_input"), "must be exact or round_to_bf16");
       }
     }
     if (map["nonfinite"]) {
-      REFIT_ASSIGN_OR_RETURN(std::string v, String(map["nonfinite"], where));
+      REFIT_ASSIGN_OR_RETURN(std::string v, String(map["nonfinite"], absl::StrCat(where, ".nonfinite")));
       if (v == "reject") {
         options.nonfinite = formats::NonfinitePolicy::kReject;
       } else if (v == "propagate") {
         options.nonfinite = formats::NonfinitePolicy::kPropagate;
       } else {
-        return Error(map["nonfinite"], where, "nonfinite must be reject or propagate");
+        return Error(map["nonfinite"], absl::StrCat(where, ".nonfinite"), "must be reject or propagate");
       }
     }
     return absl::OkStatus();
   }
 
+  absl::Status Layout(const YAML::Node& list, const std::string& where, Rule& rule) const {
+    if (!list.IsSequence()) return Error(list, where, "expected a list of steps");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const YAML::Node n = list[i];
+      std::string w = absl::StrCat(where, "[", i, "]");
+      REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "on", "dim", "multiple"}));
+      if (!n["op"] || !n["on"]) return Error(n, w, "needs 'op' and 'on'");
+      LayoutStep s;
+      s.line = n.Mark().line + 1;
+      REFIT_ASSIGN_OR_RETURN(std::string op, String(n["op"], w + ".op"));
+      if (op == "swizzle_128x4") {
+        s.op = LayoutOp::kSwizzle128x4;
+      } else if (op == "pack_ue8m0") {
+        s.op = LayoutOp::kPackUe8m0;
+      } else if (op == "swap_row_pairs") {
+        s.op = LayoutOp::kSwapRowPairs;
+      } else if (op == "swap_halves") {
+        s.op = LayoutOp::kSwapHalves;
+      } else if (op == "pad") {
+        s.op = LayoutOp::kPad;
+      } else {
+        return Error(n["op"], w + ".op",
+                     absl::StrCat("unknown op '", op, "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
+                                  "swap_halves, pad)"));
+      }
+      std::vector<YAML::Node> on;
+      if (n["on"].IsSequence()) {
+        for (const YAML::Node& o : n["on"]) on.push_back(o);
+      } else {
+        on.push_back(n["on"]);
+      }
+      for (const YAML::Node& o : on) {
+        REFIT_ASSIGN_OR_RETURN(std::string suffix, String(o, w + ".on"));
+        s.on.push_back(suffix == "data" ? "" : suffix);
+      }
+      const bool needs_dim = s.op == LayoutOp::kSwapRowPairs || s.op == LayoutOp::kSwapHalves || s.op == LayoutOp::kPad;
+      if (n["dim"]) {
+        if (!needs_dim) return Error(n["dim"], w + ".dim", absl::StrCat(op, " takes no 'dim'"));
+        REFIT_ASSIGN_OR_RETURN(int64_t d, Int(n["dim"], w + ".dim", -8));
+        s.dim = static_cast<int>(d);
+      } else if (needs_dim) {
+        return Error(n, w, absl::StrCat(op, " needs 'dim'"));
+      }
+      if (n["multiple"]) {
+        if (s.op != LayoutOp::kPad) return Error(n["multiple"], w + ".multiple", "only pad takes 'multiple'");
+        REFIT_ASSIGN_OR_RETURN(s.multiple, Int(n["multiple"], w + ".multiple", 1));
+      } else if (s.op == LayoutOp::kPad) {
+        return Error(n, w, "pad needs 'multiple'");
+      }
+      rule.layout.push_back(std::move(s));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& path() const { return path_; }
+
  private:
   std::string path_;
 };
 
+bool Contains(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// The suffixes a format emits ("" for the data tensor).
+std::vector<std::string> Suffixes(formats::Format f) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(f, DType::kBF16, {128, 128});
+  if (outs.ok()) {
+    for (const formats::OutputSpec& o : *outs) out.push_back(o.suffix);
+  }
+  return out;
+}
+
+// Cross-field checks of one rule, after every key was read.
+absl::Status CheckRule(const Reader& r, const YAML::Node& n, const std::string& where, const Rule& rule,
+                       const ModelSpec& spec) {
+  const std::vector<std::string> caps = rule.match.CaptureNames();
+  std::set<std::string> moving;  // captures that pick a slot, not a parameter
+  if (rule.fuse) {
+    if (!Contains(caps, rule.fuse->capture)) {
+      return r.Error(n["fuse"], where + ".fuse.capture",
+                     absl::StrCat("{", rule.fuse->capture, "} is not a capture of '", rule.match.text(), "'"));
+    }
+    moving.insert(rule.fuse->capture);
+  }
+  if (rule.stack) {
+    if (!Contains(caps, rule.stack->capture)) {
+      return r.Error(n["stack"], where + ".stack.capture",
+                     absl::StrCat("{", rule.stack->capture, "} is not a capture of '", rule.match.text(), "'"));
+    }
+    if (rule.fuse && rule.fuse->capture == rule.stack->capture) {
+      return r.Error(n["stack"], where + ".stack.capture", "fuse and stack need different captures");
+    }
+    moving.insert(rule.stack->capture);
+  }
+  if (!moving.empty() && !rule.target) {
+    return r.Error(n, where, "fuse/stack need a 'target' naming the fused engine parameter");
+  }
+  if (rule.target) {
+    if (!rule.target->Expandable()) {
+      return r.Error(n["target"], where + ".target", "must be literals and {captures} only (it names one parameter)");
+    }
+    if (!rule.match.Expandable()) {
+      return r.Error(n["match"], where + ".match",
+                     "a rule with a 'target' must match with literals and {captures} only, so that every source of "
+                     "the target can be named");
+    }
+    const std::vector<std::string> tcaps = rule.target->CaptureNames();
+    for (const std::string& c : tcaps) {
+      if (!Contains(caps, c)) {
+        return r.Error(n["target"], where + ".target", absl::StrCat("{", c, "} is not a capture of the match pattern"));
+      }
+      if (moving.count(c)) {
+        return r.Error(n["target"], where + ".target",
+                       absl::StrCat("{", c, "} selects a fused/stacked slot and cannot appear in the target"));
+      }
+    }
+    for (const std::string& c : caps) {
+      if (!moving.count(c) && !Contains(tcaps, c)) {
+        return r.Error(n["target"], where + ".target",
+                       absl::StrCat("{", c, "} of the match pattern is missing, so different tensors would land in one "
+                                    "parameter; fuse or stack them, or use it in the target"));
+      }
+    }
+  }
+  if (rule.never && (rule.target || rule.fuse || rule.stack || rule.shard || !rule.layout.empty())) {
+    return r.Error(n, where, "a 'refit: never' rule keeps the engine's value and takes no target/fuse/stack/shard/layout");
+  }
+  if (rule.conversion == Conversion::kCheckpoint && !spec.checkpoint) {
+    return r.Error(n["format"], where + ".format", "'checkpoint' needs the top-level 'checkpoint' section");
+  }
+  if (rule.transpose && rule.conversion != Conversion::kFormat && rule.conversion != Conversion::kCheckpoint) {
+    return r.Error(n["transpose"], where + ".transpose", "only quantizing rules transpose their input");
+  }
+  // Layout steps must name outputs the rule produces.
+  std::vector<std::string> suffixes = {""};
+  if (rule.conversion == Conversion::kFormat) {
+    suffixes = Suffixes(rule.format);
+  } else if (rule.conversion == Conversion::kCheckpoint && spec.checkpoint && spec.checkpoint->format) {
+    suffixes = Suffixes(*spec.checkpoint->format);
+    if (!Contains(suffixes, "")) suffixes.push_back("");  // excluded modules keep the plain name
+  } else if (rule.conversion == Conversion::kCheckpoint) {
+    suffixes.clear();  // mixed precision: any format's suffixes
+  }
+  for (const LayoutStep& s : rule.layout) {
+    for (const std::string& on : s.on) {
+      if (!suffixes.empty() && !Contains(suffixes, on)) {
+        return r.Error(n["layout"], where + ".layout",
+                       absl::StrCat("step on '", on.empty() ? "data" : on, "' (line ", s.line,
+                                    "): this rule's format emits no such tensor (it emits: ",
+                                    absl::StrJoin(suffixes, ", ", [](std::string* o, const std::string& x) {
+                                      o->append(x.empty() ? "data" : x);
+                                    }),
+                                    ")"));
+      }
+    }
+    if (s.op == LayoutOp::kPackUe8m0 && rule.conversion == Conversion::kFormat &&
+        rule.format != formats::Format::kFp8Block128Ue8m0) {
+      return r.Error(n["layout"], where + ".layout",
+                     absl::StrCat("pack_ue8m0 (line ", s.line, ") needs power-of-two scales: format fp8_block128_ue8m0, not ",
+                                  formats::FormatName(rule.format)));
+    }
+  }
+  // The rule's explicit format must agree with the checkpoint's metadata.
+  if (spec.checkpoint && rule.conversion == Conversion::kFormat && spec.checkpoint->format &&
+      rule.format != *spec.checkpoint->format && rule.format != formats::Format::kBf16 &&
+      rule.format != formats::Format::kFp16 && rule.format != formats::Format::kFp32) {
+    return r.Error(n["format"], where + ".format",
+                   absl::StrCat("quantizes to ", formats::FormatName(rule.format), " but the checkpoint (",
+                                spec.checkpoint->source, ", ", spec.checkpoint->algo, ") holds ",
+                                formats::FormatName(*spec.checkpoint->format), "; use format: checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+bool LayoutStep::AppliesTo(std::string_view suffix) const {
+  for (const std::string& s : on) {
+    if (s == suffix) return true;
+  }
+  return false;
+}
+
 std::string Rule::Describe() const { return absl::StrCat("rule '", match.text(), "' (line ", line, ")"); }
+
+int64_t Rule::Slots() const {
+  return (fuse ? static_cast<int64_t>(fuse->order.size()) : 1) * (stack ? stack->count : 1);
+}
 
 absl::StatusOr<const Rule*> ModelSpec::RuleFor(std::string_view name) const {
   const Rule* found = nullptr;
@@ -112,6 +307,13 @@ absl::StatusOr<const Rule*> ModelSpec::RuleFor(std::string_view name) const {
   return found != nullptr ? found : &defaults;
 }
 
+const Rule* ModelSpec::NeverRuleFor(std::string_view name) const {
+  for (const Rule& r : rules) {
+    if (r.never && r.match.Match(name)) return &r;
+  }
+  return nullptr;
+}
+
 std::optional<std::pair<const Derived*, Captures>> ModelSpec::DerivedFor(std::string_view engine_param) const {
   for (const Derived& d : derived) {
     if (auto caps = d.target.Match(engine_param)) return std::make_pair(&d, *caps);
@@ -119,7 +321,7 @@ std::optional<std::pair<const Derived*, Captures>> ModelSpec::DerivedFor(std::st
   return std::nullopt;
 }
 
-absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path) {
+absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path, std::string_view base_dir) {
   Reader r{std::string(path)};
   YAML::Node root;
   try {
@@ -129,13 +331,45 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   ModelSpec spec;
   spec.path = std::string(path);
-  REFIT_RETURN_IF_ERROR(r.CheckKeys(root, "spec", {"model", "defaults", "rules", "groups", "derived"}));
+  REFIT_RETURN_IF_ERROR(r.CheckKeys(
+      root, "spec", {"model", "checkpoint", "tensor_parallel", "defaults", "rules", "groups", "derived"}));
   if (!root["model"]) return r.Error(root, "spec", "missing required key 'model'");
   REFIT_ASSIGN_OR_RETURN(spec.model, r.String(root["model"], "model"));
+  if (const YAML::Node c = root["checkpoint"]) {
+    REFIT_RETURN_IF_ERROR(r.CheckKeys(c, "checkpoint", {"quant_config", "quantization", "quantization_config"}));
+    if (c.size() != 1) return r.Error(c, "checkpoint", "give exactly one of quant_config, quantization, quantization_config");
+    if (c["quant_config"]) {
+      REFIT_ASSIGN_OR_RETURN(std::string file, r.String(c["quant_config"], "checkpoint.quant_config"));
+      std::filesystem::path p(file);
+      if (p.is_relative() && !base_dir.empty()) p = std::filesystem::path(std::string(base_dir)) / p;
+      absl::StatusOr<QuantConfig> q = LoadQuantConfigFile(p.string());
+      if (!q.ok()) return r.Error(c["quant_config"], "checkpoint.quant_config", q.status().message());
+      spec.checkpoint = std::move(*q);
+    } else {
+      absl::StatusOr<QuantConfig> q =
+          ParseQuantConfigNode(c, absl::StrCat(std::string(path), " (checkpoint)"));
+      if (!q.ok()) return q.status();
+      spec.checkpoint = std::move(*q);
+    }
+  }
+  if (const YAML::Node tp = root["tensor_parallel"]) {
+    REFIT_RETURN_IF_ERROR(r.CheckKeys(tp, "tensor_parallel", {"size", "rank"}));
+    if (!tp["size"] || !tp["rank"]) return r.Error(tp, "tensor_parallel", "needs 'size' and 'rank'");
+    REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(tp["size"], "tensor_parallel.size", 1));
+    REFIT_ASSIGN_OR_RETURN(int64_t rank, r.Int(tp["rank"], "tensor_parallel.rank", 0));
+    if (rank >= size) return r.Error(tp["rank"], "tensor_parallel.rank", absl::StrCat("must be below size ", size));
+    spec.tp_size = static_cast<int>(size);
+    spec.tp_rank = static_cast<int>(rank);
+  }
   spec.defaults.match = *NamePattern::Parse("**");
   if (const YAML::Node d = root["defaults"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(d, "defaults", {"format", "fp32_input", "nonfinite", "partial"}));
-    if (d["format"]) REFIT_RETURN_IF_ERROR(r.Conversion(d["format"], "defaults.format", spec.defaults));
+    if (d["format"]) {
+      REFIT_RETURN_IF_ERROR(r.Conversion(d["format"], "defaults.format", spec.defaults));
+      if (spec.defaults.conversion == Conversion::kCheckpoint && !spec.checkpoint) {
+        return r.Error(d["format"], "defaults.format", "'checkpoint' needs the top-level 'checkpoint' section");
+      }
+    }
     if (d["partial"]) {
       REFIT_ASSIGN_OR_RETURN(spec.defaults.partial, r.Bool(d["partial"], "defaults.partial"));
     }
@@ -146,12 +380,23 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     for (size_t i = 0; i < rules.size(); ++i) {
       const YAML::Node n = rules[i];
       std::string where = absl::StrCat("rules[", i, "]");
-      REFIT_RETURN_IF_ERROR(r.CheckKeys(n, where, {"match", "format", "refit", "partial"}));
+      REFIT_RETURN_IF_ERROR(r.CheckKeys(
+          n, where, {"match", "target", "format", "refit", "partial", "transpose", "fuse", "stack", "shard", "layout"}));
       if (!n["match"]) return r.Error(n, where, "missing 'match'");
       Rule rule;
       rule.line = n.Mark().line + 1;
+      rule.partial = spec.defaults.partial;
       REFIT_ASSIGN_OR_RETURN(rule.match, r.Pattern(n["match"], where + ".match"));
-      if (n["format"]) REFIT_RETURN_IF_ERROR(r.Conversion(n["format"], where + ".format", rule));
+      if (n["target"]) {
+        REFIT_ASSIGN_OR_RETURN(NamePattern t, r.Pattern(n["target"], where + ".target"));
+        rule.target = std::move(t);
+      }
+      if (n["format"]) {
+        REFIT_RETURN_IF_ERROR(r.Conversion(n["format"], where + ".format", rule));
+      } else {
+        rule.conversion = spec.defaults.conversion;
+        rule.format = spec.defaults.format;
+      }
       if (n["refit"]) {
         REFIT_ASSIGN_OR_RETURN(std::string v, r.String(n["refit"], where + ".refit"));
         if (v == "never") {
@@ -161,11 +406,58 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         }
       }
       if (n["partial"]) {
-      REFIT_ASSIGN_OR_RETURN(rule.partial, r.Bool(n["partial"], where + ".partial"));
-    }
+        REFIT_ASSIGN_OR_RETURN(rule.partial, r.Bool(n["partial"], where + ".partial"));
+      }
+      if (n["transpose"]) {
+        REFIT_ASSIGN_OR_RETURN(rule.transpose, r.Bool(n["transpose"], where + ".transpose"));
+      }
+      if (const YAML::Node f = n["fuse"]) {
+        REFIT_RETURN_IF_ERROR(r.CheckKeys(f, where + ".fuse", {"capture", "order"}));
+        if (!f["capture"] || !f["order"]) return r.Error(f, where + ".fuse", "needs 'capture' and 'order'");
+        Fuse fuse;
+        REFIT_ASSIGN_OR_RETURN(fuse.capture, r.String(f["capture"], where + ".fuse.capture"));
+        if (!f["order"].IsSequence() || f["order"].size() < 2) {
+          return r.Error(f["order"], where + ".fuse.order", "must list at least two member values, in engine order");
+        }
+        for (const YAML::Node& o : f["order"]) {
+          REFIT_ASSIGN_OR_RETURN(std::string v, r.String(o, where + ".fuse.order"));
+          if (Contains(fuse.order, v)) return r.Error(o, where + ".fuse.order", absl::StrCat("'", v, "' listed twice"));
+          fuse.order.push_back(v);
+        }
+        rule.fuse = std::move(fuse);
+      }
+      if (const YAML::Node s = n["stack"]) {
+        REFIT_RETURN_IF_ERROR(r.CheckKeys(s, where + ".stack", {"capture", "count"}));
+        if (!s["capture"] || !s["count"]) return r.Error(s, where + ".stack", "needs 'capture' and 'count'");
+        Stack stack;
+        REFIT_ASSIGN_OR_RETURN(stack.capture, r.String(s["capture"], where + ".stack.capture"));
+        REFIT_ASSIGN_OR_RETURN(stack.count, r.Int(s["count"], where + ".stack.count", 1));
+        rule.stack = std::move(stack);
+      }
+      if (const YAML::Node s = n["shard"]) {
+        if (s.IsScalar() && s.as<std::string>() == "none") {
+          // replicated on every rank
+        } else {
+          REFIT_RETURN_IF_ERROR(r.CheckKeys(s, where + ".shard", {"dim"}));
+          if (!s["dim"]) return r.Error(s, where + ".shard", "needs 'dim' (or write shard: none)");
+          REFIT_ASSIGN_OR_RETURN(int64_t dim, r.Int(s["dim"], where + ".shard.dim", -8));
+          if (!root["tensor_parallel"]) {
+            return r.Error(s, where + ".shard", "needs the top-level 'tensor_parallel' section (size, rank)");
+          }
+          if (spec.tp_size > 1) rule.shard = Shard{static_cast<int>(dim), spec.tp_size, spec.tp_rank};
+        }
+      }
+      if (n["layout"]) REFIT_RETURN_IF_ERROR(r.Layout(n["layout"], where + ".layout", rule));
+      REFIT_RETURN_IF_ERROR(CheckRule(r, n, where, rule, spec));
       for (const Rule& other : spec.rules) {
-        if (other.match.text() == rule.match.text()) {
-          return r.Error(n, where, absl::StrCat("duplicates ", other.Describe()));
+        if (other.match.Overlaps(rule.match)) {
+          return r.Error(n["match"], where + ".match",
+                         absl::StrCat("'", rule.match.text(), "' overlaps ", other.Describe(),
+                                      ": some tensor name matches both"));
+        }
+        if (rule.target && other.target && !rule.never && !other.never && rule.target->Overlaps(*other.target)) {
+          return r.Error(n["target"], where + ".target",
+                         absl::StrCat("'", rule.target->text(), "' overlaps the target of ", other.Describe()));
         }
       }
       spec.rules.push_back(std::move(rule));
@@ -209,7 +501,34 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       REFIT_ASSIGN_OR_RETURN(d.from, r.Pattern(n["from"], where + ".from"));
       REFIT_ASSIGN_OR_RETURN(std::string op, r.String(n["op"], where + ".op"));
       if (op != "add_one") return r.Error(n["op"], where + ".op", "unknown op (supported: add_one)");
+      if (!d.from.Expandable() || !d.target.Expandable()) {
+        return r.Error(n, where, "target and from must be literals and {captures} only");
+      }
+      std::vector<std::string> tc = d.target.CaptureNames(), fc = d.from.CaptureNames();
+      std::sort(tc.begin(), tc.end());
+      std::sort(fc.begin(), fc.end());
+      if (tc != fc) return r.Error(n, where, "target and from must use the same captures");
+      for (const Derived& other : spec.derived) {
+        if (other.target.Overlaps(d.target)) {
+          return r.Error(n["target"], where + ".target", absl::StrCat("overlaps derived target '", other.target.text(),
+                                                                       "' (line ", other.line, ")"));
+        }
+      }
       spec.derived.push_back(std::move(d));
+    }
+  }
+  // MIXED_PRECISION layers must agree with explicit rule formats.
+  if (spec.checkpoint) {
+    for (const auto& [module, format] : spec.checkpoint->layers) {
+      absl::StatusOr<const Rule*> rule = spec.RuleFor(module + ".weight");
+      if (!rule.ok()) return rule.status();
+      const Rule* ru = *rule;
+      if (ru->conversion == Conversion::kFormat && ru->format != format) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            spec.path, ":", ru->line, ": rules: ", ru->Describe(), " quantizes '", module, ".weight' to ",
+            formats::FormatName(ru->format), " but the checkpoint (", spec.checkpoint->source, ") lists it as ",
+            formats::FormatName(format), "; use format: checkpoint"));
+      }
     }
   }
   return spec;
@@ -220,7 +539,7 @@ absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read model spec '", path, "'"));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseModelSpec(ss.str(), path);
+  return ParseModelSpec(ss.str(), path, std::filesystem::path(path).parent_path().string());
 }
 
 }  // namespace refit::spec

@@ -1,9 +1,13 @@
-// A model spec: how a trainer's HF tensors map onto the engine's parameters for one model.
-// Loaded once from YAML at daemon start, immutable afterwards (thread-safe to read).
-// docs/config.md is the reference for the YAML schema.
+// A model spec: how a trainer's HF tensors map onto the engine's parameters for one model —
+// which engine parameter each tensor lands in (renamed, fused with its siblings, stacked by
+// expert, sharded for tensor parallelism), in which format, with which engine-side layout
+// steps, which tensors refits never carry, and which parameters are derived at every commit.
+// Loaded once from YAML at daemon start, validated (errors name file, line and key), immutable
+// afterwards (thread-safe to read). docs/config.md is the reference for the YAML schema.
 #ifndef REFIT_SPEC_MODEL_SPEC_H_
 #define REFIT_SPEC_MODEL_SPEC_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,27 +16,75 @@
 #include "absl/status/statusor.h"
 #include "formats/format.h"
 #include "spec/name_pattern.h"
+#include "spec/quant_config.h"
 
 namespace refit::spec {
 
 // How a trainer tensor becomes engine parameters.
 enum class Conversion : uint8_t {
-  kAuto,         // cast to the dtype of the engine parameter of the same name (bf16/fp16/fp32)
+  kAuto,         // cast to the engine parameter's dtype (bf16/fp16/fp32); offline: keep the dtype
   kPassthrough,  // bytes copied as sent; dtype and shape must equal the engine's
   kFormat,       // quantize with `format`; outputs are NAME + the format's suffixes
+  kCheckpoint,   // the format the checkpoint's quantization metadata gives the tensor's module
+};
+
+// Members of one engine parameter concatenated along dim 0, in `order` (values of `capture`).
+struct Fuse {
+  std::string capture;
+  std::vector<std::string> order;
+};
+
+// A new leading dimension of `count` entries indexed by the integer value of `capture`.
+struct Stack {
+  std::string capture;
+  int64_t count = 0;
+};
+
+// This engine holds part `rank` of `size` along `dim` of every output of the rule's tensors.
+struct Shard {
+  int dim = 0;
+  int size = 1;
+  int rank = 0;
+};
+
+enum class LayoutOp : uint8_t {
+  kSwizzle128x4,  // byte scales -> 128x4 swizzled, zero-padded (FORMATS.md B §8.1)
+  kPackUe8m0,     // fp32 pow2 block-128 scales -> DeepGEMM packed int32, MN-major (B §8.6)
+  kSwapRowPairs,  // rows (2j, 2j+1) -> (2j+1, 2j) along `dim` (gpt-oss g,u -> u,g)
+  kSwapHalves,    // the two halves along `dim` swapped ([w1; w3] <-> [w3; w1])
+  kPad,           // zero rows appended along `dim` up to a multiple of `multiple`
+};
+
+// One engine layout step, applied at commit to the assembled (fused/stacked/sharded)
+// checkpoint-format bytes of the outputs with suffix `on` ("" = the data tensor).
+struct LayoutStep {
+  LayoutOp op = LayoutOp::kPad;
+  std::vector<std::string> on;
+  int dim = 0;
+  int64_t multiple = 1;
+  int line = 0;
+  bool AppliesTo(std::string_view suffix) const;
 };
 
 struct Rule {
   NamePattern match;
+  std::optional<NamePattern> target;  // engine parameter (base) name; absent: the trainer name
   Conversion conversion = Conversion::kAuto;
   formats::Format format = formats::Format::kBf16;  // when kFormat
-  bool never = false;    // `refit: never`: engine keeps its own value; excluded from checks
-  bool partial = false;  // may be refit alone in a partial refit
-  int line = 0;          // 1-based line in the spec file
+  bool never = false;      // `refit: never`: engine keeps its own value; excluded from checks
+  bool partial = false;    // may be refit alone in a partial refit
+  bool transpose = false;  // swap the last two dims before quantizing (BMM-style [E, in, out])
+  std::optional<Fuse> fuse;
+  std::optional<Stack> stack;
+  std::optional<Shard> shard;
+  std::vector<LayoutStep> layout;
+  int line = 0;  // 1-based line in the spec file
   std::string Describe() const;
+  // Fused members times stacked entries (1 for a plain rule).
+  int64_t Slots() const;
 };
 
-// Members that must arrive together (fused q/k/v, gate/up, all experts of a layer).
+// Members that must arrive together (beyond what fuse/stack already imply).
 struct Group {
   std::string name;
   std::vector<NamePattern> members;
@@ -41,7 +93,8 @@ struct Group {
 
 enum class DerivedOp : uint8_t { kAddOne };
 
-// An engine parameter recomputed at every commit from the staged value of `from`.
+// An engine parameter recomputed at every commit from the staged value of engine parameter
+// `from` (Gemma-style RMSNorm: gemma_weight = RN(weight + 1) in the parameter's dtype).
 struct Derived {
   NamePattern target;
   NamePattern from;
@@ -57,16 +110,23 @@ struct ModelSpec {
   std::vector<Rule> rules;
   std::vector<Group> groups;
   std::vector<Derived> derived;
+  std::optional<QuantConfig> checkpoint;  // the rollout checkpoint's quantization metadata
+  int tp_size = 1;
+  int tp_rank = 0;
 
-  // The rule for `name`: the one rule whose pattern matches, else `defaults`. Error naming both
-  // rules when two match (overlapping rules).
+  // The rule for trainer tensor `name`: the one rule whose pattern matches, else `defaults`.
+  // Error naming both rules when two match (overlapping rules).
   absl::StatusOr<const Rule*> RuleFor(std::string_view name) const;
+  // The `refit: never` rule matching `name`, or nullptr.
+  const Rule* NeverRuleFor(std::string_view name) const;
   // The derived entry whose target matches `engine_param`, with its captures; nullopt if none.
   std::optional<std::pair<const Derived*, Captures>> DerivedFor(std::string_view engine_param) const;
 };
 
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
-absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path = "<string>");
+// `base_dir` resolves a relative checkpoint.quant_config path ("" = the current directory).
+absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path = "<string>",
+                                         std::string_view base_dir = "");
 
 }  // namespace refit::spec
 

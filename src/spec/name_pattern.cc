@@ -1,5 +1,9 @@
 #include "spec/name_pattern.h"
 
+#include <algorithm>
+#include <set>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -32,7 +36,18 @@ absl::StatusOr<NamePattern> NamePattern::Parse(std::string_view text) {
       if (inner.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("pattern '", p.text_, "': empty '{}'"));
       }
-      if (inner.find(',') != std::string::npos) {
+      std::vector<std::string> choices;
+      if (size_t colon = inner.find(':'); colon != std::string::npos) {
+        choices = absl::StrSplit(inner.substr(colon + 1), ',');
+        inner = inner.substr(0, colon);
+        for (const std::string& ch : choices) {
+          if (ch.empty() || ch.find('.') != std::string::npos) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "pattern '", p.text_, "': capture {", inner, ":...} choices must be non-empty and without '.'"));
+          }
+        }
+      }
+      if (choices.empty() && inner.find(',') != std::string::npos) {
         Token t{Kind::kAlternation, "", absl::StrSplit(inner, ',')};
         p.tokens_.push_back(std::move(t));
       } else {
@@ -42,7 +57,8 @@ absl::StatusOr<NamePattern> NamePattern::Parse(std::string_view text) {
                 absl::StrCat("pattern '", p.text_, "': capture name '", inner, "' must be [A-Za-z0-9_]"));
           }
         }
-        p.tokens_.push_back({Kind::kCapture, inner, {}});
+        if (inner.empty()) return absl::InvalidArgumentError(absl::StrCat("pattern '", p.text_, "': capture without a name"));
+        p.tokens_.push_back({Kind::kCapture, inner, std::move(choices)});
       }
       i = end + 1;
       continue;
@@ -79,6 +95,7 @@ bool NamePattern::MatchFrom(size_t token, std::string_view rest, Captures& caps)
       for (size_t len = min_len; len <= max_len; ++len) {
         if (t.kind == Kind::kCapture) {
           std::string value(rest.substr(0, len));
+          if (!t.choices.empty() && std::find(t.choices.begin(), t.choices.end(), value) == t.choices.end()) continue;
           auto it = caps.find(t.text);
           if (it != caps.end()) {
             if (it->second != value) continue;
@@ -133,6 +150,127 @@ std::vector<std::string> NamePattern::CaptureNames() const {
     if (t.kind == Kind::kCapture) names.push_back(t.text);
   }
   return names;
+}
+
+bool NamePattern::Expandable() const {
+  for (const Token& t : tokens_) {
+    if (t.kind != Kind::kLiteral && t.kind != Kind::kCapture) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// A character-level NFA: label 0 = epsilon, 1 = any character but '.', 2 = any character,
+// otherwise 256 + the literal character.
+struct Nfa {
+  struct Edge {
+    int from, label, to;
+  };
+  std::vector<Edge> edges;
+  int states = 1;
+  int accept = 0;
+  int Add() { return states++; }
+};
+
+bool Compatible(int a, int b) {
+  if (a == 2 || b == 2) return true;
+  if (a == 1 && b == 1) return true;
+  if (a == 1) return b != 256 + '.';
+  if (b == 1) return a != 256 + '.';
+  return a == b;
+}
+
+}  // namespace
+
+bool NamePattern::Overlaps(const NamePattern& other) const {
+  auto build = [](const NamePattern& p) {
+    Nfa n;
+    int cur = 0;
+    for (const Token& t : p.tokens_) {
+      switch (t.kind) {
+        case Kind::kLiteral:
+          for (char c : t.text) {
+            int next = n.Add();
+            n.edges.push_back({cur, 256 + static_cast<unsigned char>(c), next});
+            cur = next;
+          }
+          break;
+        case Kind::kStar:
+        case Kind::kDoubleStar: {
+          int next = n.Add();
+          int label = t.kind == Kind::kStar ? 1 : 2;
+          n.edges.push_back({cur, 0, next});
+          n.edges.push_back({next, label, next});
+          cur = next;
+          break;
+        }
+        case Kind::kCapture: {
+          if (!t.choices.empty()) {
+            int end = n.Add();
+            for (const std::string& choice : t.choices) {
+              int s = cur;
+              for (char c : choice) {
+                int next = n.Add();
+                n.edges.push_back({s, 256 + static_cast<unsigned char>(c), next});
+                s = next;
+              }
+              n.edges.push_back({s, 0, end});
+            }
+            cur = end;
+            break;
+          }
+          int next = n.Add();
+          n.edges.push_back({cur, 1, next});
+          n.edges.push_back({next, 1, next});
+          cur = next;
+          break;
+        }
+        case Kind::kAlternation: {
+          int end = n.Add();
+          for (const std::string& choice : t.choices) {
+            int s = cur;
+            for (char c : choice) {
+              int next = n.Add();
+              n.edges.push_back({s, 256 + static_cast<unsigned char>(c), next});
+              s = next;
+            }
+            n.edges.push_back({s, 0, end});
+          }
+          cur = end;
+          break;
+        }
+      }
+    }
+    n.accept = cur;
+    return n;
+  };
+  const Nfa a = build(*this), b = build(other);
+  std::set<std::pair<int, int>> seen;
+  std::vector<std::pair<int, int>> todo = {{0, 0}};
+  seen.insert({0, 0});
+  while (!todo.empty()) {
+    auto [sa, sb] = todo.back();
+    todo.pop_back();
+    if (sa == a.accept && sb == b.accept) return true;
+    auto push = [&](int x, int y) {
+      if (seen.insert({x, y}).second) todo.push_back({x, y});
+    };
+    for (const Nfa::Edge& ea : a.edges) {
+      if (ea.from != sa) continue;
+      if (ea.label == 0) {
+        push(ea.to, sb);
+        continue;
+      }
+      for (const Nfa::Edge& eb : b.edges) {
+        if (eb.from == sb && eb.label != 0 && Compatible(ea.label, eb.label)) push(ea.to, eb.to);
+      }
+    }
+    for (const Nfa::Edge& eb : b.edges) {
+      if (eb.from == sb && eb.label == 0) push(sa, eb.to);
+    }
+  }
+  return false;
 }
 
 }  // namespace refit::spec

@@ -5,6 +5,7 @@
 //   **       any run of characters, dots included
 //   {L}      a capture named L: a non-empty run of characters except '.'; the same name used
 //            twice in one pattern must bind the same text
+//   {p:a,b}  a capture named p that binds one of the listed texts
 //   {a,b,c}  alternation of literal texts
 // Everything else matches literally. Thread-safe after construction (immutable).
 #ifndef REFIT_SPEC_NAME_PATTERN_H_
@@ -33,13 +34,18 @@ class NamePattern {
   absl::StatusOr<std::string> Expand(const Captures& captures) const;
   const std::string& text() const { return text_; }
   std::vector<std::string> CaptureNames() const;
+  // True when the pattern is literals and captures only (Expand can name one tensor).
+  bool Expandable() const;
+  // True when some name matches both patterns (conservative: a capture used twice is treated
+  // as two independent captures).
+  bool Overlaps(const NamePattern& other) const;
 
  private:
   enum class Kind { kLiteral, kStar, kDoubleStar, kCapture, kAlternation };
   struct Token {
     Kind kind;
     std::string text;                  // literal text or capture name
-    std::vector<std::string> choices;  // alternation
+    std::vector<std::string> choices;  // alternation; allowed values of a capture (empty: any)
   };
   bool MatchFrom(size_t token, std::string_view rest, Captures& caps) const;
 

@@ -1,6 +1,8 @@
 // Device and pinned-host implementations of refit::Memory (built with CUDA only).
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "storage/memory.h"
@@ -19,11 +21,18 @@ class PinnedHostMemory final : public Memory {
     }
     return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
   }
+  absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
+  absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
 };
 
 class DeviceMemory final : public Memory {
  public:
   explicit DeviceMemory(int device) : device_(device) {}
+
   MemoryKind kind() const override { return MemoryKind::kDevice; }
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) override {
     void* p = nullptr;
@@ -41,7 +50,23 @@ class DeviceMemory final : public Memory {
     });
   }
 
+  absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) override {
+    return Copy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override {
+    return Copy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override {
+    return Copy(dst, src, bytes, cudaMemcpyHostToDevice);
+  }
+
  private:
+  absl::Status Copy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
+    cudaSetDevice(device_);
+    cudaError_t e = cudaMemcpy(dst, src, bytes, kind);
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("GPU copy of ", bytes, " bytes: ", cudaGetErrorString(e)));
+    return absl::OkStatus();
+  }
   int device_;
 };
 

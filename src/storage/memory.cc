@@ -1,5 +1,6 @@
 #include "storage/memory.h"
 
+#include <cstring>
 #include <new>
 
 #include "absl/status/status.h"
@@ -16,6 +17,12 @@ class HostMemory final : public Memory {
     if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " host bytes"));
     return std::shared_ptr<uint8_t>(p, std::default_delete<uint8_t[]>());
   }
+  absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
+  absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
 };
 
 }  // namespace

@@ -21,6 +21,10 @@ class Memory {
   // `bytes` of uninitialized memory, freed when the last owner lets go. ResourceExhausted when
   // the allocation fails.
   virtual absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) = 0;
+  // Synchronous copies between buffers of this kind and host memory.
+  virtual absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, uint64_t bytes) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, uint64_t bytes) = 0;
 };
 
 // Plain host memory.

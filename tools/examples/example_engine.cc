@@ -11,6 +11,10 @@
 //                  [shape flags]
 // --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
 // requests then copy every parameter to the host to checksum it.
+//   example_engine --checkpoint DIR --spec FILE [--address ...] [--shm NAME]
+// With --checkpoint the engine holds a model family's parameters in the spec's engine layout
+// (fused, stacked, sharded, laid out, derived), loaded from the converted checkpoint DIR; the
+// parameters refits never carry keep these loaded values.
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -30,6 +35,7 @@
 #include "client/engine_agent.h"
 #include "common/checksum.h"
 #include "demo_model.h"
+#include "refit/checkpoint_io.h"
 #include "refit/offline.h"
 #include "spec/demo_spec.h"
 #include "spec/model_spec.h"
@@ -55,7 +61,7 @@ struct Served {
 
 int main(int argc, char** argv) {
   using namespace refit;
-  std::string address = "unix:/tmp/refitd.sock", spec_path, shm_name = absl::StrCat("/refit-engine-", getpid());
+  std::string address = "unix:/tmp/refitd.sock", spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
   int gpu = -1;
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
@@ -65,6 +71,8 @@ int main(int argc, char** argv) {
       address = argv[++i];
     } else if (a == "--spec" && i + 1 < argc) {
       spec_path = argv[++i];
+    } else if (a == "--checkpoint" && i + 1 < argc) {
+      checkpoint_path = argv[++i];
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
     } else if (a == "--idle") {
@@ -85,17 +93,33 @@ int main(int argc, char** argv) {
   // Lay out every parameter in one shm region, 256-byte aligned.
   std::vector<client::ShmParam> params;
   std::vector<uint64_t> sizes;
+  std::vector<ConvertedTensor> initial;  // --checkpoint: the loaded engine layout
   uint64_t total = 0;
-  for (const demo::HfTensor& t : demo::Tensors(shape)) {
-    absl::StatusOr<std::vector<storage::ParamInfo>> layout = ConvertedLayout(*spec, t.name, DType::kBF16, t.shape);
+  auto add = [&](const std::string& name, DType dtype, const Shape& pshape, uint64_t nbytes) {
+    params.push_back({name, dtype, pshape, shm_name, total});
+    sizes.push_back(nbytes);
+    total += (nbytes + 255) & ~uint64_t{255};
+  };
+  if (!checkpoint_path.empty()) {
+    absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(checkpoint_path);
+    absl::StatusOr<std::vector<ConvertedTensor>> conv =
+        ckpt.ok() ? ConvertCheckpoint(*spec, (*ckpt)->tensors()) : absl::StatusOr<std::vector<ConvertedTensor>>(ckpt.status());
+    absl::StatusOr<std::vector<ConvertedTensor>> layout =
+        conv.ok() ? EngineLayout(*spec, (*ckpt)->infos(), ByName(*conv)) : conv;
     if (!layout.ok()) {
       std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
       return 1;
     }
-    for (const storage::ParamInfo& p : *layout) {
-      params.push_back({p.name, p.dtype, p.shape, shm_name, total});
-      sizes.push_back(p.nbytes);
-      total += (p.nbytes + 255) & ~uint64_t{255};
+    initial = std::move(*layout);
+    for (const ConvertedTensor& t : initial) add(t.name, t.dtype, t.shape, t.bytes.size());
+  } else {
+    for (const demo::HfTensor& t : demo::Tensors(shape)) {
+      absl::StatusOr<std::vector<storage::ParamInfo>> layout = ConvertedLayout(*spec, t.name, DType::kBF16, t.shape);
+      if (!layout.ok()) {
+        std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
+        return 1;
+      }
+      for (const storage::ParamInfo& p : *layout) add(p.name, p.dtype, p.shape, p.nbytes);
     }
   }
   // The parameters' memory: a shm region, or one GPU allocation.
@@ -130,6 +154,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "example_engine: built without CUDA; --gpu is unavailable\n");
     return 2;
 #endif
+  }
+  for (size_t i = 0; i < initial.size(); ++i) {
+#if REFIT_HAVE_CUDA
+    if (gpu >= 0) {
+      cudaMemcpy(static_cast<uint8_t*>(device_base) + params[i].offset, initial[i].bytes.data(),
+                 initial[i].bytes.size(), cudaMemcpyHostToDevice);
+      continue;
+    }
+#endif
+    std::memcpy(region->data() + params[i].offset, initial[i].bytes.data(), initial[i].bytes.size());
   }
   // A request reads every parameter (on the GPU path: copies all of them to the host first).
   auto checksum_all = [&]() {

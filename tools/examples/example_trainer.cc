@@ -5,6 +5,12 @@
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
 //                    duplicate|stall] [shape flags]
+//   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
+//                   [--drop NAME]... [--address ...]
+// --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
+// with --only just those matching, as a partial refit; --drop leaves tensors out). The engine
+// must then hold the engine layout of CONVERTED_DIR (`refitctl convert` of the same
+// checkpoint) for every parameter the refit touched, and its old bytes for every other.
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
@@ -12,7 +18,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #include <map>
 #include <string>
 
@@ -21,6 +29,7 @@
 #include "common/checksum.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
+#include "refit/checkpoint_io.h"
 #include "refit/offline.h"
 #include "spec/demo_spec.h"
 #include "spec/model_spec.h"
@@ -59,10 +68,101 @@ std::string Json(const RefitReport& r, int refit, bool match, const std::string&
                       ",\"error\":\"", JsonEscape(error), "\"}");
 }
 
+int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const std::string& checkpoint,
+                  const std::string& expected_dir, const std::vector<std::string>& only,
+                  const std::vector<std::string>& drop) {
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(checkpoint);
+  if (!ckpt.ok()) return Fail(ckpt.status().message());
+  std::vector<spec::NamePattern> only_patterns;
+  for (const std::string& o : only) {
+    absl::StatusOr<spec::NamePattern> p = spec::NamePattern::Parse(o);
+    if (!p.ok()) return Fail(p.status().message());
+    only_patterns.push_back(*p);
+  }
+  std::vector<const InputTensor*> send;
+  for (const InputTensor& t : (*ckpt)->tensors()) {
+    if (spec.NeverRuleFor(t.name) != nullptr) continue;  // refits never carry it
+    bool selected = only_patterns.empty();
+    for (const spec::NamePattern& p : only_patterns) selected = selected || p.Match(t.name).has_value();
+    if (!selected) continue;
+    send.push_back(&t);
+  }
+  std::vector<storage::ParamInfo> sent_infos;
+  for (const InputTensor* t : send) sent_infos.push_back({t->name, t->dtype, t->shape, *DenseBytes(t->dtype, t->shape)});
+  std::vector<const InputTensor*> pushed;
+  for (const InputTensor* t : send) {
+    if (std::find(drop.begin(), drop.end(), t->name) == drop.end()) pushed.push_back(t);
+  }
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
+  if (!client.ok()) return Fail(client.status().message());
+  absl::StatusOr<client::DaemonStatus> status = (*client)->Status();
+  if (!status.ok()) return Fail(status.status().message());
+  absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> before = (*client)->Checksums();
+  if (!before.ok()) return Fail(before.status().message());
+  Manifest manifest;
+  manifest.model = status->model;
+  manifest.partial = !only_patterns.empty();
+  if (drop.empty()) {
+    for (const InputTensor* t : pushed) manifest.tensors.push_back({t->name, t->dtype, t->shape, 0, *DenseBytes(t->dtype, t->shape)});
+  }
+  absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
+  if (!session.ok()) return Fail(session.status().message());
+  absl::Status push_status;
+  for (size_t i = 0; i < pushed.size() && push_status.ok(); ++i) {
+    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, pushed[i]->data});
+  }
+  absl::StatusOr<RefitReport> report = push_status.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(push_status);
+  if (!report.ok()) {
+    RefitReport r;
+    r.outcome = "refused";
+    std::printf("%s\n", Json(r, 0, false, std::string(report.status().message())).c_str());
+    std::fflush(stdout);
+    return drop.empty() ? 4 : 0;
+  }
+  bool match = true;
+  std::string mismatch;
+  if (!expected_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<Checkpoint>> conv = Checkpoint::Open(expected_dir + "/model.safetensors");
+    if (!conv.ok()) return Fail(conv.status().message());
+    std::vector<ConvertedTensor> converted;
+    for (const InputTensor& t : (*conv)->tensors()) {
+      const auto* b = static_cast<const uint8_t*>(t.data);
+      converted.push_back({t.name, t.dtype, t.shape, std::vector<uint8_t>(b, b + *DenseBytes(t.dtype, t.shape))});
+    }
+    absl::StatusOr<std::vector<ConvertedTensor>> layout = EngineLayout(spec, sent_infos, ByName(converted));
+    if (!layout.ok()) return Fail(layout.status().message());
+    std::map<std::string, uint64_t> want, old;
+    for (const ConvertedTensor& t : *layout) {
+      if (spec.NeverRuleFor(t.name) == nullptr) want[t.name] = Checksum64(t.bytes.data(), t.bytes.size());
+    }
+    for (const client::ParamChecksum& p : before->second) old[p.name] = p.checksum;
+    absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> after = (*client)->Checksums();
+    if (!after.ok()) return Fail(after.status().message());
+    size_t touched = 0;
+    for (const client::ParamChecksum& p : after->second) {
+      auto it = want.find(p.name);
+      uint64_t expect = it != want.end() ? it->second : old[p.name];
+      if (it != want.end()) ++touched;
+      if (expect != p.checksum) {
+        match = false;
+        if (mismatch.size() < 2000) absl::StrAppend(&mismatch, mismatch.empty() ? "" : ", ", p.name);
+      }
+    }
+    if (touched != want.size()) {
+      match = false;
+      absl::StrAppend(&mismatch, " (", want.size() - touched, " expected parameters not registered)");
+    }
+  }
+  std::printf("%s\n", Json(*report, 0, match, match ? "" : absl::StrCat("mismatch: ", mismatch)).c_str());
+  std::fflush(stdout);
+  return match ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none";
+  std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none", checkpoint, expected_dir;
+  std::vector<std::string> only, drop;
   int refits = 3;
   uint64_t seed = 1;
   bool prequantized = false;
@@ -85,6 +185,14 @@ int main(int argc, char** argv) {
       dump_dir = argv[++i];
     } else if (a == "--no-verify") {
       verify = false;
+    } else if (a == "--checkpoint" && i + 1 < argc) {
+      checkpoint = argv[++i];
+    } else if (a == "--expected" && i + 1 < argc) {
+      expected_dir = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      only.push_back(argv[++i]);
+    } else if (a == "--drop" && i + 1 < argc) {
+      drop.push_back(argv[++i]);
     } else if (a == "--prequantized") {
       prequantized = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -116,6 +224,7 @@ int main(int argc, char** argv) {
     if (!st.ok()) return Fail(st.message());
     return 0;
   }
+  if (!checkpoint.empty()) return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop);
   absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
   if (!client.ok()) return Fail(client.status().message());
   absl::StatusOr<client::DaemonStatus> status = (*client)->Status();

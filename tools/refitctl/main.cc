@@ -5,14 +5,15 @@
 #include <vector>
 
 #include "refitctl/command.h"
+#include "refitctl/convert_command.h"
 #include "refitctl/ops_commands.h"
 #include "refitctl/quantize_command.h"
 
 namespace refit::refitctl {
 namespace {
 
-constexpr std::array<Command, 5> kCommands = {
-    kStatusCommand, kRefitCommand, kAbortCommand, kVerifyCommand, kQuantizeCommand,
+constexpr std::array<Command, 6> kCommands = {
+    kStatusCommand, kRefitCommand, kAbortCommand, kVerifyCommand, kQuantizeCommand, kConvertCommand,
 };
 
 int PrintUsage(std::ostream& out, int code) {

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/derive.h"
 #include "kernels/quantize.h"
 #include "storage/memory.h"
 
@@ -95,16 +94,6 @@ class GpuConverter final : public Converter {
     scratch_used_ = 0;
     amax_used_ = 0;
     return failed;
-  }
-
-  absl::Status Derive(const DerivedTarget& d, const storage::ParamInfo& target, const uint8_t* from,
-                      uint8_t* out) override {
-    absl::StatusOr<int64_t> n = NumElements(target.shape);
-    if (!n.ok()) return n.status();
-    absl::Status st = kernels::GemmaPlusOne(from, target.dtype, *n, out, stream_);
-    if (!st.ok()) return st;
-    cudaError_t e = cudaStreamSynchronize(stream_);
-    return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("deriving '", target.name, "'"));
   }
 
  private:

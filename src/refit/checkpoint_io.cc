@@ -1,0 +1,168 @@
+#include "refit/checkpoint_io.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "refit/resolve.h"
+
+namespace refit {
+namespace {
+
+const char* ModelOptAlgo(formats::Format f) {
+  switch (f) {
+    case formats::Format::kNvfp4:
+    case formats::Format::kNvfp4Te:
+      return "NVFP4";
+    case formats::Format::kMxfp8:
+      return "MXFP8";
+    case formats::Format::kMxfp4:
+      return "MXFP4";
+    default:
+      return "FP8_BLOCK128";
+  }
+}
+
+std::string Module(const std::string& name) {
+  size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+absl::Status WriteText(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text << "\n";
+  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& path) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) return absl::NotFoundError(absl::StrCat("no .safetensors files in '", path, "'"));
+  } else {
+    files.push_back(path);
+  }
+  auto c = std::unique_ptr<Checkpoint>(new Checkpoint());
+  for (const std::string& f : files) {
+    REFIT_ASSIGN_OR_RETURN(std::unique_ptr<formats::SafetensorsFile> file, formats::SafetensorsFile::Open(f));
+    for (const formats::SafetensorsEntry& e : file->view().tensors()) {
+      if (!c->by_name_.emplace(e.name, c->tensors_.size()).second) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "' appears twice in '", path, "'"));
+      }
+      c->tensors_.push_back({e.name, e.dtype, e.shape, file->view().Data(e).data()});
+    }
+    c->files_.push_back(std::move(file));
+  }
+  return c;
+}
+
+std::vector<storage::ParamInfo> Checkpoint::infos() const {
+  std::vector<storage::ParamInfo> out;
+  for (const InputTensor& t : tensors_) out.push_back({t.name, t.dtype, t.shape, *DenseBytes(t.dtype, t.shape)});
+  return out;
+}
+
+const InputTensor* Checkpoint::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+absl::StatusOr<std::map<std::string, std::string>> QuantMetadata(const spec::ModelSpec& spec,
+                                                                 const std::vector<storage::ParamInfo>& inputs) {
+  std::map<std::string, formats::Format> quantized;  // module -> format
+  std::set<std::string> plain;                       // modules with an unquantized rank >= 2 tensor
+  std::set<formats::Format> used;
+  for (const storage::ParamInfo& in : inputs) {
+    REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, in.name, in.dtype, in.shape));
+    const std::string module = Module(in.name);
+    if (r.quantized && !r.rule->never) {
+      quantized[module] = r.format;
+      used.insert(r.format);
+    } else if (in.shape.size() >= 2) {
+      plain.insert(module);
+    }
+  }
+  std::map<std::string, std::string> files;
+  if (used.empty()) return files;
+  nlohmann::json exclude = nlohmann::json::array();
+  for (const std::string& m : plain) {
+    if (!quantized.count(m)) exclude.push_back(m);
+  }
+  nlohmann::json producer = {{"name", "refitd"}, {"version", "0.1.0"}};
+  if (used.size() > 1) {
+    nlohmann::json layers = nlohmann::json::object();
+    for (const auto& [m, f] : quantized) {
+      layers[m] = {{"quant_algo", ModelOptAlgo(f)}};
+      if (f == formats::Format::kNvfp4 || f == formats::Format::kNvfp4Te) layers[m]["group_size"] = 16;
+    }
+    nlohmann::json q = {{"quant_algo", "MIXED_PRECISION"}, {"quantized_layers", layers}, {"exclude_modules", exclude}};
+    files["hf_quant_config.json"] = nlohmann::json{{"producer", producer}, {"quantization", q}}.dump(2);
+    return files;
+  }
+  const formats::Format f = *used.begin();
+  nlohmann::json qc;
+  switch (f) {
+    case formats::Format::kNvfp4:
+    case formats::Format::kNvfp4Te: {
+      nlohmann::json q = {{"quant_algo", "NVFP4"}, {"group_size", 16}, {"exclude_modules", exclude}};
+      files["hf_quant_config.json"] = nlohmann::json{{"producer", producer}, {"quantization", q}}.dump(2);
+      qc = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16}, {"ignore", exclude},
+            {"producer", producer}};
+      break;
+    }
+    case formats::Format::kFp8Block128:
+    case formats::Format::kFp8Block128Ue8m0:
+      qc = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+            {"weight_block_size", {128, 128}}, {"modules_to_not_convert", exclude}};
+      if (f == formats::Format::kFp8Block128Ue8m0) qc["scale_fmt"] = "ue8m0";
+      break;
+    case formats::Format::kMxfp8:
+      qc = {{"quant_method", "mxfp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+            {"weight_block_size", {1, 32}}, {"scale_fmt", "ue8m0"}, {"modules_to_not_convert", exclude}};
+      break;
+    case formats::Format::kMxfp4:
+      qc = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", exclude}};
+      break;
+    default:
+      return files;
+  }
+  files["config.json"] = nlohmann::json{{"quantization_config", qc}}.dump(2);
+  return files;
+}
+
+absl::Status WriteConvertedCheckpoint(const std::string& out_dir, const spec::ModelSpec& spec,
+                                      const std::vector<storage::ParamInfo>& inputs,
+                                      const std::vector<ConvertedTensor>& converted) {
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create '", out_dir, "': ", ec.message()));
+  REFIT_ASSIGN_OR_RETURN(auto meta, QuantMetadata(spec, inputs));
+  std::vector<formats::SafetensorsWriteEntry> entries;
+  for (const ConvertedTensor& t : converted) entries.push_back({t.name, t.dtype, t.shape, t.bytes, nullptr});
+  formats::SafetensorsWriteOptions options;
+  options.order = formats::HeaderOrder::kSortedByName;
+  options.metadata = {{"format", "pt"}};
+  REFIT_RETURN_IF_ERROR(
+      formats::WriteSafetensors((std::filesystem::path(out_dir) / "model.safetensors").string(), entries, options));
+  for (const auto& [file, text] : meta) REFIT_RETURN_IF_ERROR(WriteText(std::filesystem::path(out_dir) / file, text));
+  return absl::OkStatus();
+}
+
+std::map<std::string, const ConvertedTensor*> ByName(const std::vector<ConvertedTensor>& tensors) {
+  std::map<std::string, const ConvertedTensor*> out;
+  for (const ConvertedTensor& t : tensors) out[t.name] = &t;
+  return out;
+}
+
+}  // namespace refit

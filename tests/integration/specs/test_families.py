@@ -1,0 +1,120 @@
+"""Every example spec of deploy/models/ end to end (issue: model specs for real families):
+three consecutive refits and one partial refit through the real host path leave the engine
+holding exactly the engine layout of `refitctl convert`'s output for the same checkpoint —
+fused, stacked, sharded and laid-out parameters, derived Gemma norms, kept input scales — and a
+stranded fused member or a missing expert is refused before any engine byte is written."""
+import subprocess
+
+import pytest
+
+from conftest import REFITD, SRC, convert, make_checkpoint
+
+MODELS = SRC / "deploy/models"
+
+# family -> (spec, partial refit patterns, tensor to drop, error the drop must produce)
+FAMILIES = {
+    "llama3": (
+        "llama3_fp8.yaml",
+        ["model.layers.0.{n:input_layernorm,post_attention_layernorm}.weight",
+         "model.layers.1.self_attn.{p:q,k,v}_proj.weight"],
+        "model.layers.0.mlp.up_proj.weight",
+        "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
+        "'model.layers.0.mlp.up_proj.weight'",
+    ),
+    "qwen3_moe": (
+        "qwen3_moe_nvfp4.yaml",
+        ["model.layers.1.mlp.experts.{E}.{p:gate,up}_proj.weight", "model.layers.0.input_layernorm.weight"],
+        "model.layers.1.mlp.experts.2.down_proj.weight",
+        "incomplete: engine parameter 'model.layers.1.mlp.experts.w2_weight' lacks "
+        "'model.layers.1.mlp.experts.2.down_proj.weight'",
+    ),
+    "deepseek_v3": (
+        "deepseek_v3_fp8_ue8m0.yaml",
+        ["model.layers.1.self_attn.{p:q_a_proj,kv_a_proj_with_mqa}.weight",
+         "model.layers.1.self_attn.{n:q_a_layernorm,kv_a_layernorm}.weight"],
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "incomplete: engine parameter 'model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight' lacks "
+        "'model.layers.0.self_attn.kv_a_proj_with_mqa.weight'",
+    ),
+    "gpt_oss": (
+        "gpt_oss_mxfp4.yaml",
+        ["model.layers.0.mlp.experts.{t:gate_up_proj,gate_up_proj_bias}", "model.layers.1.input_layernorm.weight"],
+        "model.layers.1.mlp.experts.down_proj",
+        "missing: 'model.layers.1.mlp.experts.down_proj_blocks'",
+    ),
+    "qwen35": (
+        "qwen35_mxfp8.yaml",
+        ["{m:model,mtp}.layers.{L}.{n:input_layernorm,post_attention_layernorm}.weight", "model.norm.weight",
+         "mtp.layers.0.mlp.{p:gate,up}_proj.weight"],
+        "mtp.layers.0.mlp.gate_proj.weight",
+        "incomplete: engine parameter 'mtp.layers.0.mlp.gate_up_proj.weight' lacks "
+        "'mtp.layers.0.mlp.gate_proj.weight'",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_refits_match_refitctl_convert(family, family_node, tmp_path):
+    spec_file, partial, drop, drop_error = FAMILIES[family]
+    spec = str(MODELS / spec_file)
+    ckpts = [make_checkpoint(family, tmp_path / f"ckpt{s}", s) for s in range(4)]
+    conv = [convert(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
+    node = family_node(spec, ckpts[0])
+
+    # Three consecutive full refits, each with fresh weights.
+    for i in (1, 2, 3):
+        p, lines = node.trainer(ckpts[i], "--expected", str(conv[i]))
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert lines[0]["outcome"] == "committed", lines
+        assert lines[0]["engine_matches_expected"], lines
+    assert [r["version"] for r in node.resumed()] == [1, 2, 3]
+
+    # A partial refit of whole parameters: exactly those (and what derives from them) change.
+    only = [a for pat in partial for a in ("--only", pat)]
+    p, lines = node.trainer(ckpts[0], "--expected", str(conv[0]), *only)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], lines
+
+    # A stranded fused member / missing expert is refused; no engine byte changes.
+    before = node.shm_digest()
+    p, lines = node.trainer(ckpts[1], "--drop", drop)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines[0]["outcome"] == "refused", lines
+    assert drop_error in lines[0]["error"], lines[0]["error"]
+    assert node.shm_digest() == before
+    assert [r["version"] for r in node.resumed()] == [1, 2, 3, 4]
+
+    # After the refusal, a full refit still lands byte-exact.
+    p, lines = node.trainer(ckpts[2], "--expected", str(conv[2]))
+    assert lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], lines
+    node.stop()
+
+
+def test_engine_layout_of_convert_matches_engine_load(tmp_path):
+    """refitctl convert --engine-layout and the engine's own load agree (same spec functions)."""
+    spec = str(MODELS / "deepseek_v3_fp8_ue8m0.yaml")
+    ckpt = make_checkpoint("deepseek_v3", tmp_path / "ckpt", 5)
+    out = convert(spec, ckpt, tmp_path / "conv", engine_layout=True)
+    import json
+    import struct
+    raw = (out / "engine.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    fused = header["model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight"]
+    assert fused["dtype"] == "F8_E4M3" and fused["shape"] == [2624, 256]
+    packed = header["model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight_scale_inv"]
+    assert packed["dtype"] == "I32" and packed["shape"] == [1, 2624]
+
+
+def test_incompatible_checkpoint_layout_is_rejected_at_startup(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""model: m
+checkpoint:
+  quantization_config: {quant_method: fp8, weight_block_size: [64, 64]}
+rules:
+  - match: "**.weight"
+    format: checkpoint
+""")
+    p = subprocess.run([str(REFITD), "--model-spec", str(bad), "--listen", f"unix:{tmp_path}/s.sock"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0
+    assert "weight_block_size" in p.stderr + p.stdout and "[64, 64]" in p.stderr + p.stdout, p.stderr

@@ -1,0 +1,86 @@
+#include "refit/param_build.h"
+
+#include <numeric>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace refit {
+namespace {
+
+spec::Rule RuleWith(std::vector<spec::LayoutStep> steps) {
+  spec::Rule r;
+  r.match = *spec::NamePattern::Parse("x");
+  r.layout = std::move(steps);
+  return r;
+}
+
+std::vector<uint8_t> Iota(size_t n) {
+  std::vector<uint8_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST(ParamBuildTest, SwapRowPairsAndHalves) {
+  Built b{DType::kU8, {1, 4, 2}, Iota(8)};  // rows (0,1) (2,3) (4,5) (6,7)
+  ASSERT_TRUE(ApplyLayout(RuleWith({{spec::LayoutOp::kSwapRowPairs, {""}, 1, 1, 1}}), "", -1, b).ok());
+  EXPECT_EQ(b.bytes, (std::vector<uint8_t>{2, 3, 0, 1, 6, 7, 4, 5}));
+  Built h{DType::kU8, {4, 2}, Iota(8)};
+  ASSERT_TRUE(ApplyLayout(RuleWith({{spec::LayoutOp::kSwapHalves, {""}, 0, 1, 1}}), "", -1, h).ok());
+  EXPECT_EQ(h.bytes, (std::vector<uint8_t>{4, 5, 6, 7, 0, 1, 2, 3}));
+}
+
+TEST(ParamBuildTest, PadAppendsZeroRows) {
+  Built b{DType::kU8, {3, 2}, Iota(6)};
+  ASSERT_TRUE(ApplyLayout(RuleWith({{spec::LayoutOp::kPad, {""}, 0, 4, 1}}), "", -1, b).ok());
+  EXPECT_EQ(b.shape, (Shape{4, 2}));
+  EXPECT_EQ(b.bytes, (std::vector<uint8_t>{0, 1, 2, 3, 4, 5, 0, 0}));
+}
+
+TEST(ParamBuildTest, SwizzleFollowsThe128x4Formula) {
+  const int64_t rows = 130, cols = 6;
+  Built b{DType::kU8, {rows, cols}, std::vector<uint8_t>(rows * cols)};
+  for (int64_t i = 0; i < rows * cols; ++i) b.bytes[i] = static_cast<uint8_t>(1 + i % 251);
+  ASSERT_TRUE(ApplyLayout(RuleWith({{spec::LayoutOp::kSwizzle128x4, {"_scale"}, 0, 1, 1}}), "_scale", -1, b).ok());
+  ASSERT_EQ(b.shape, (Shape{256, 8}));
+  const int64_t kp = 8;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t k = 0; k < cols; ++k) {
+      int64_t off = ((m / 128) * (kp / 4) + k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + k % 4;
+      ASSERT_EQ(b.bytes[off], 1 + (m * cols + k) % 251) << m << "," << k;
+    }
+  }
+}
+
+TEST(ParamBuildTest, PackUe8m0NeedsRowsThatTheScalesCover) {
+  Built s{DType::kF32, {3, 1}, std::vector<uint8_t>(12, 0)};
+  auto rule = RuleWith({{spec::LayoutOp::kPackUe8m0, {"_scale_inv"}, 0, 1, 1}});
+  EXPECT_FALSE(ApplyLayout(rule, "_scale_inv", 2624, s).ok());  // 2624 rows need 21 scale rows
+  auto shape = LayoutShape(rule, "_scale_inv", DType::kF32, {21, 2}, 2624);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->first, DType::kI32);
+  EXPECT_EQ(shape->second, (Shape{1, 2624}));
+}
+
+TEST(ParamBuildTest, SliceAndTranspose) {
+  std::vector<uint8_t> src = Iota(12), dst(6);  // [3, 4]
+  SliceDim(src.data(), {3, 4}, 1, 1, 2, 1, dst.data());
+  EXPECT_EQ(dst, (std::vector<uint8_t>{2, 3, 6, 7, 10, 11}));
+  std::vector<uint8_t> t(12);
+  TransposeLast2(src.data(), {3, 4}, 1, t.data());
+  EXPECT_EQ(t, (std::vector<uint8_t>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+}
+
+TEST(ParamBuildTest, AssembledShapeOfFusedAndStackedSlots) {
+  spec::Rule r = RuleWith({});
+  r.fuse = spec::Fuse{"p", {"gate", "up"}};
+  r.stack = spec::Stack{"E", 2};
+  auto s = AssembledShape(r, {{3, 4}, {5, 4}, {3, 4}, {5, 4}});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s, (Shape{2, 8, 4}));
+  EXPECT_EQ(*AssembledShape(r, {{}, {}, {}, {}}), (Shape{2, 2}));  // 0-d global scales
+  EXPECT_FALSE(AssembledShape(r, {{3, 4}, {5, 2}, {3, 4}, {5, 4}}).ok());
+}
+
+}  // namespace
+}  // namespace refit

@@ -1,0 +1,156 @@
+// Planner and Ledger against engine layouts built by the offline path (no hand-written engine).
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "refit/ledger.h"
+#include "refit/offline.h"
+#include "refit/planner.h"
+
+namespace refit {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"(model: m
+tensor_parallel: {size: 2, rank: 1}
+rules:
+  - match: "l.{L}.mlp.{p:gate,up}_proj.weight"
+    target: "l.{L}.mlp.gate_up_proj.weight"
+    format: fp8_block128
+    fuse: {capture: p, order: [gate, up]}
+    shard: {dim: 0}
+  - match: "l.{L}.experts.{E}.{p:w1,w3}.weight"
+    target: "l.{L}.experts.w13"
+    format: nvfp4
+    fuse: {capture: p, order: [w1, w3]}
+    stack: {capture: E, count: 2}
+    partial: true
+  - match: "l.{L}.norm.weight"
+    partial: true
+  - match: "**.input_scale"
+    refit: never
+)";
+
+std::vector<storage::ParamInfo> Inputs() {
+  return {{"l.0.mlp.gate_proj.weight", DType::kBF16, {256, 128}, 0},
+          {"l.0.mlp.up_proj.weight", DType::kBF16, {256, 128}, 0},
+          {"l.0.experts.0.w1.weight", DType::kBF16, {32, 64}, 0},
+          {"l.0.experts.0.w3.weight", DType::kBF16, {32, 64}, 0},
+          {"l.0.experts.1.w1.weight", DType::kBF16, {32, 64}, 0},
+          {"l.0.experts.1.w3.weight", DType::kBF16, {32, 64}, 0},
+          {"l.0.norm.weight", DType::kBF16, {128}, 0},
+          {"l.0.experts.0.w1.input_scale", DType::kF32, {}, 0}};
+}
+
+class PlannerLedgerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = spec::ParseModelSpec(kSpec);
+    ASSERT_TRUE(s.ok()) << s.status();
+    spec_ = std::move(*s);
+    // Engine layout: what the offline path says the engine holds (zero-filled checkpoint).
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<InputTensor> in;
+    for (const auto& p : Inputs()) {
+      data.emplace_back(*DenseBytes(p.dtype, p.shape), 0);
+      if (p.dtype == DType::kBF16) {
+        for (size_t i = 0; i < data.back().size(); i += 2) data.back()[i + 1] = 0x3F;  // 0.5..
+      }
+      in.push_back({p.name, p.dtype, p.shape, data.back().data()});
+    }
+    auto conv = ConvertCheckpoint(spec_, in);
+    ASSERT_TRUE(conv.ok()) << conv.status();
+    std::map<std::string, const ConvertedTensor*> by;
+    for (const auto& t : *conv) by[t.name] = &t;
+    auto layout = EngineLayout(spec_, Inputs(), by);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    std::vector<storage::ParamInfo> params;
+    for (const auto& t : *layout) params.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+    auto p = Planner::Create(spec_, params);
+    ASSERT_TRUE(p.ok()) << p.status();
+    planner_ = std::make_unique<Planner>(std::move(*p));
+  }
+  TensorDesc Desc(const std::string& name) {
+    for (const auto& p : Inputs()) {
+      if (p.name == name) return {p.name, p.dtype, p.shape, 0, *DenseBytes(p.dtype, p.shape)};
+    }
+    return {};
+  }
+  spec::ModelSpec spec_;
+  std::unique_ptr<Planner> planner_;
+};
+
+TEST_F(PlannerLedgerTest, EngineParamsKnowTheirSlots) {
+  int64_t i = planner_->IndexOf("l.0.experts.w13_scale_2");
+  ASSERT_GE(i, 0);
+  EXPECT_EQ(planner_->params()[i].shape, (Shape{2, 2}));
+  EXPECT_EQ(planner_->source(i).slots, (std::vector<std::string>{"l.0.experts.0.w1.weight_scale_2",
+                                                                 "l.0.experts.0.w3.weight_scale_2",
+                                                                 "l.0.experts.1.w1.weight_scale_2",
+                                                                 "l.0.experts.1.w3.weight_scale_2"}));
+  int64_t gu = planner_->IndexOf("l.0.mlp.gate_up_proj.weight");
+  EXPECT_EQ(planner_->params()[gu].shape, (Shape{256, 128}));  // this rank's halves of 2 x 256 rows
+  EXPECT_EQ(planner_->source(planner_->IndexOf("l.0.experts.0.w1.input_scale")).kind, ParamSource::Kind::kKept);
+}
+
+TEST_F(PlannerLedgerTest, PlanGivesSlotsShardsAndAmaxGroups) {
+  auto plan = planner_->Plan("l.0.experts.1.w3.weight", DType::kBF16, {32, 64});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->targets[0].slot, 3);
+  EXPECT_EQ(plan->amax_group, (std::vector<std::string>{"l.0.experts.1.w1.weight", "l.0.experts.1.w3.weight"}));
+  auto up = planner_->Plan("l.0.mlp.up_proj.weight", DType::kBF16, {256, 128});
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->targets[0].spec.shape, (Shape{128, 128}));
+  EXPECT_EQ(up->shard_index, 1);
+  EXPECT_THAT(planner_->Plan("l.0.experts.0.w1.input_scale", DType::kF32, {}).status().message(),
+              HasSubstr("refits never carry it"));
+  EXPECT_THAT(planner_->Plan("l.0.mlp.gate_proj.weight", DType::kBF16, {384, 128}).status().message(),
+              HasSubstr("cuts a 128-element fp8_block128 block"));
+  EXPECT_THAT(planner_->Plan("l.1.norm.weight", DType::kBF16, {128}).status().message(),
+              HasSubstr("the engine has no parameter of this name"));
+}
+
+TEST_F(PlannerLedgerTest, FullRefitNeedsEverySlotExactlyOnce) {
+  Ledger ok(*planner_);
+  for (const auto& p : Inputs()) {
+    if (p.name.find("input_scale") == std::string::npos) {
+      ASSERT_TRUE(ok.Arrive(Desc(p.name)).ok()) << p.name;
+    }
+  }
+  EXPECT_TRUE(ok.Check(false).ok()) << ok.Check(false);
+
+  Ledger stranded(*planner_);
+  for (const auto& p : Inputs()) {
+    if (p.name.find("input_scale") == std::string::npos && p.name != "l.0.experts.1.w3.weight" &&
+        p.name != "l.0.mlp.up_proj.weight") {
+      ASSERT_TRUE(stranded.Arrive(Desc(p.name)).ok());
+    }
+  }
+  absl::Status s = stranded.Check(false);
+  EXPECT_THAT(s.message(), HasSubstr("incomplete: engine parameter 'l.0.mlp.gate_up_proj.weight' lacks "
+                                     "'l.0.mlp.up_proj.weight'"));
+  EXPECT_THAT(s.message(), HasSubstr("incomplete: engine parameter 'l.0.experts.w13' lacks 'l.0.experts.1.w3.weight'"));
+  EXPECT_THAT(s.message(), HasSubstr("'l.0.experts.w13_scale' lacks 'l.0.experts.1.w3.weight_scale'"));
+
+  Ledger dup(*planner_);
+  ASSERT_TRUE(dup.Arrive(Desc("l.0.norm.weight")).ok());
+  EXPECT_FALSE(dup.Arrive(Desc("l.0.norm.weight")).ok());
+  EXPECT_THAT(dup.Check(true).message(), HasSubstr("duplicate: tensor 'l.0.norm.weight' arrived 2 times"));
+}
+
+TEST_F(PlannerLedgerTest, PartialRefitTakesWholePartialParamsOnly) {
+  Ledger partial(*planner_);
+  for (const char* n : {"l.0.experts.0.w1.weight", "l.0.experts.0.w3.weight", "l.0.experts.1.w1.weight",
+                        "l.0.experts.1.w3.weight", "l.0.norm.weight"}) {
+    ASSERT_TRUE(partial.Arrive(Desc(n)).ok());
+  }
+  EXPECT_TRUE(partial.Check(true).ok()) << partial.Check(true);
+  Ledger not_partial(*planner_);
+  ASSERT_TRUE(not_partial.Arrive(Desc("l.0.mlp.gate_proj.weight")).ok());
+  ASSERT_TRUE(not_partial.Arrive(Desc("l.0.mlp.up_proj.weight")).ok());
+  EXPECT_THAT(not_partial.Check(true).message(), HasSubstr("may not be refit alone"));
+}
+
+}  // namespace
+}  // namespace refit
