@@ -32,7 +32,7 @@ struct PhaseTimes {
   receiveMs @0 :Float64;
   convertMs @1 :Float64;
   validateMs @2 :Float64;
-  commitMs @3 :Float64;     # whole commit step, pause to resume
+  commitMs @3 :Float64;     # copying the prepared bytes into the engine (inside the pause)
   pauseMs @4 :Float64;      # engine paused (the window the engine does not serve)
   totalMs @5 :Float64;      # begin to commit reply
 }
@@ -47,6 +47,12 @@ struct RefitReport {
   buckets @6 :UInt32;
   tensors @7 :UInt32;
   times @8 :PhaseTimes;
+  bytesByFormat @9 :List(FormatBytes);  # output bytes per format ("fp8_block128", "passthrough", ...)
+}
+
+struct FormatBytes {
+  format @0 :Text;
+  bytes @1 :UInt64;
 }
 
 interface Session {

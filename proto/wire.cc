@@ -57,6 +57,7 @@ RefitReport FromWire(proto::RefitReport::Reader r) {
   o.tensors = r.getTensors();
   auto t = r.getTimes();
   o.times = {t.getReceiveMs(), t.getConvertMs(), t.getValidateMs(), t.getCommitMs(), t.getPauseMs(), t.getTotalMs()};
+  for (auto f : r.getBytesByFormat()) o.bytes_out_by_format[f.getFormat().cStr()] = f.getBytes();
   return o;
 }
 
@@ -101,6 +102,13 @@ void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   t.setCommitMs(r.times.commit_ms);
   t.setPauseMs(r.times.pause_ms);
   t.setTotalMs(r.times.total_ms);
+  auto formats = b.initBytesByFormat(static_cast<unsigned>(r.bytes_out_by_format.size()));
+  unsigned i = 0;
+  for (const auto& [format, bytes] : r.bytes_out_by_format) {
+    formats[i].setFormat(format);
+    formats[i].setBytes(bytes);
+    ++i;
+  }
 }
 
 }  // namespace refit::wire

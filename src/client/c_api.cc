@@ -503,6 +503,7 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
     if (absl::Status st = ReadStruct(options, "options", &o); !st.ok()) return st;
     if (o.address == nullptr) return absl::InvalidArgumentError("options.address is NULL");
     std::vector<refit::client::ShmParam> shm;
+    std::vector<refit::client::CudaParam> cuda;
     shm.reserve(num_params);
     for (uint64_t i = 0; i < num_params; ++i) {
       refit_engine_param p;
@@ -514,8 +515,10 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
       absl::StatusOr<Shape> shape = ShapeField(p.shape, p.rank, owner);
       if (!shape.ok()) return shape.status();
       if (p.storage == REFIT_STORAGE_CUDA_IPC) {
-        return absl::UnimplementedError(absl::StrCat(owner, " is in CUDA memory (device ", p.cuda_device,
-                                                     "); this engine agent registers shared memory only"));
+        refit::client::CudaParam c{p.name, *dtype, std::move(*shape), {}, p.offset, p.cuda_device};
+        std::memcpy(c.ipc_handle.data(), p.cuda_ipc_handle, c.ipc_handle.size());
+        cuda.push_back(std::move(c));
+        continue;
       }
       if (p.storage != REFIT_STORAGE_SHM) {
         return absl::InvalidArgumentError(absl::StrCat(owner, ": unknown storage kind ", p.storage));
@@ -528,7 +531,12 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
     refit::client::EngineCallbacks callbacks;
     if (o.pause != nullptr) callbacks.pause = [fn = o.pause, user = o.user]() { fn(user); };
     if (o.resume != nullptr) callbacks.resume = [fn = o.resume, user = o.user](uint64_t v) { fn(user, v); };
-    auto agent = refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version);
+    if (!cuda.empty() && !shm.empty()) {
+      return absl::InvalidArgumentError("an engine registers all parameters in shared memory or all in CUDA memory");
+    }
+    auto agent = cuda.empty()
+                     ? refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version)
+                     : refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks), o.version);
     if (!agent.ok()) return agent.status();
     auto e = std::make_unique<refit_engine>();
     e->impl = std::move(*agent);
