@@ -389,8 +389,17 @@ TEST(CApiTest, EngineRegistrationRefusalsNameTheParameter) {
   params[1].storage = REFIT_STORAGE_CUDA_IPC;
   params[1].cuda_device = 1;
   refit_engine* engine = nullptr;
-  EXPECT_EQ(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_UNIMPLEMENTED);
-  EXPECT_THAT(LastError(), HasSubstr("'b' is in CUDA memory (device 1)"));
+  // One parameter in CUDA memory among shm ones: refused before anything is sent.
+  EXPECT_EQ(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("all parameters in shared memory or all in CUDA memory"));
+  // All in CUDA memory with a handle no GPU here can open: refitd refuses the registration.
+  params = EngineParams(shm.name());
+  for (refit_engine_param& p : params) {
+    p.storage = REFIT_STORAGE_CUDA_IPC;
+    p.cuda_device = 0;
+  }
+  EXPECT_NE(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK);
+  EXPECT_EQ(engine, nullptr);
   const std::string missing = "/refit-c-api-no-such-shm";
   params = EngineParams(missing);
   EXPECT_NE(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK);
