@@ -1,0 +1,44 @@
+"""A real Prometheus server scrapes a live refitd during refits and answers a query for the
+refit counter (issue: operations). Skips, saying why, when no `prometheus` binary is installed."""
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "prometheus"))
+from prometheus_scrape_test import DEADLINE_S, api, query_until, start_prometheus, stop  # noqa: E402
+
+from conftest import TRAINER  # noqa: E402
+
+
+def test_prometheus_scrapes_refitd_during_refits(node_factory, tmp_path):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("no 'prometheus' binary on PATH (tools/setup installs the Debian package 'prometheus')")
+    node = node_factory()
+    admin_port = int(re.search(r"admin_port=(\d+)", node.daemon_log.read_text()).group(1))
+    prom, prom_port, log = start_prometheus(binary, tmp_path, admin_port)
+    try:
+        # Refits run while Prometheus scrapes every second.
+        trainer = subprocess.Popen([str(TRAINER), "--address", node.address, "--refits", "2"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = trainer.communicate(timeout=120)
+        assert trainer.returncode == 0, out + err
+        deadline = time.monotonic() + DEADLINE_S
+        series = query_until(prom_port, 'refit_sessions_total{outcome="committed",reason="none"}', "2", deadline)
+        assert series["metric"]["job"] == "refit_fixture"
+        query_until(prom_port, "refit_committed_version", "2", deadline)
+        query_until(prom_port, "refit_engine_registered", "1", deadline)
+        targets = api(prom_port, "/api/v1/targets")["data"]["activeTargets"]
+        assert [(t["health"], t["lastError"]) for t in targets] == [("up", "")]
+    except BaseException:
+        log.seek(0)
+        print(f"prometheus log:\n{log.read()}")
+        raise
+    finally:
+        stop(prom)
+        log.close()
