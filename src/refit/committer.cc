@@ -204,13 +204,31 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
   return prepared;
 }
 
+absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStorage& storage) {
+  prepared.batched = false;
+  if (prepared.kind != storage::MemoryKind::kDevice || !storage.on_device()) return absl::OkStatus();
+  std::vector<std::pair<size_t, const void*>> writes;
+  for (const PreparedCommit::Write& w : prepared.writes) writes.emplace_back(w.index, w.data);
+  absl::Status st = storage.PrepareDeviceWrites(writes);
+  if (st.code() == absl::StatusCode::kUnimplemented) return absl::OkStatus();
+  if (!st.ok()) return st;
+  prepared.batched = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CommitStats> WritePrepared(const Planner& planner, const PreparedCommit& prepared,
                                           storage::EngineStorage& storage) {
   CommitStats stats;
   const bool device = prepared.kind == storage::MemoryKind::kDevice;
-  for (const PreparedCommit::Write& w : prepared.writes) {
-    REFIT_RETURN_IF_ERROR(device ? storage.WriteFromDevice(w.index, w.data) : storage.WriteFromHost(w.index, w.data));
-    stats.bytes_written += planner.params()[w.index].nbytes;
+  if (prepared.batched) {
+    REFIT_RETURN_IF_ERROR(storage.WritePreparedDevice());
+    for (const PreparedCommit::Write& w : prepared.writes) stats.bytes_written += planner.params()[w.index].nbytes;
+  } else {
+    for (const PreparedCommit::Write& w : prepared.writes) {
+      REFIT_RETURN_IF_ERROR(device ? storage.WriteFromDevice(w.index, w.data)
+                                   : storage.WriteFromHost(w.index, w.data));
+      stats.bytes_written += planner.params()[w.index].nbytes;
+    }
   }
   stats.derived_written = prepared.derived;
   stats.params_written = static_cast<uint32_t>(prepared.writes.size()) - prepared.derived;

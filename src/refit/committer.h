@@ -49,7 +49,12 @@ struct PreparedCommit {
   std::vector<Write> writes;
   uint32_t derived = 0;  // how many of the writes are derived parameters
   storage::MemoryKind kind = storage::MemoryKind::kHost;
+  bool batched = false;  // the storage holds these writes as one prepared device batch
 };
+
+// Hands the writes to `storage` as one batch where it supports that (device staging into GPU
+// engine memory: one copy kernel instead of one copy per parameter). Before the pause.
+absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStorage& storage);
 
 // Builds every produced parameter (and derived one) before the engine pauses. A parameter that
 // is one staged piece with no layout step is written from staging as it is; assembled or laid

@@ -126,6 +126,10 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
         return RunBlocking(run->state.io,
                            [sp, engine, prepared] {
                              *prepared = PrepareCommit(*engine->planner, sp->staging(), sp->ledger().Produced());
+                             if (prepared->ok()) {
+                               absl::Status st = PrepareStorageWrites(**prepared, *engine->storage);
+                               if (!st.ok()) *prepared = st;
+                             }
                            })
             .then([run, engine, prepared]() -> kj::Promise<void> {
               if (!prepared->ok()) {

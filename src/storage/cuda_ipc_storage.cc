@@ -118,6 +118,25 @@ absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("reading '", infos_[index].name, "'"));
 }
 
+absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
+  std::vector<kernels::CopyRegion> regions;
+  for (const auto& [index, src] : writes) {
+    if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
+    regions.push_back({addrs_[index], src, infos_[index].nbytes});
+  }
+  absl::StatusOr<std::unique_ptr<kernels::BatchCopy>> batch =
+      kernels::BatchCopy::Create(regions.data(), regions.size(), stream_);
+  if (!batch.ok()) return batch.status();
+  batch_ = std::move(*batch);
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcEngineStorage::WritePreparedDevice() {
+  if (batch_ == nullptr) return absl::FailedPreconditionError("no prepared device writes");
+  absl::Status st = batch_->Launch(stream_);
+  return st;
+}
+
 absl::Status CudaIpcEngineStorage::Flush() {
   cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "commit copy");

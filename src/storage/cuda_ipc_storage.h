@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/batch_copy.h"
 #include "storage/engine_storage.h"
 
 namespace refit::storage {
@@ -39,6 +40,8 @@ class CudaIpcEngineStorage : public EngineStorage {
   absl::Status WriteFromDevice(size_t index, const void* src) override;
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::Status Flush() override;
+  absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override;
+  absl::Status WritePreparedDevice() override;
   bool on_device() const override { return true; }
   int device() const override { return device_; }
 
@@ -48,6 +51,7 @@ class CudaIpcEngineStorage : public EngineStorage {
   std::vector<uint8_t*> addrs_;
   std::map<std::array<uint8_t, kCudaIpcHandleBytes>, void*> opened_;
   void* stream_ = nullptr;  // cudaStream_t
+  std::unique_ptr<kernels::BatchCopy> batch_;
   int device_ = 0;
 };
 

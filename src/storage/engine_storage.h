@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,14 @@ class EngineStorage {
   virtual absl::Status WriteFromDevice(size_t index, const void* src) {
     return absl::UnimplementedError("this engine storage has no device memory");
   }
+  // Optional fast path for the commit window: the device→engine writes of one commit, prepared
+  // ahead (before the engine pauses) and then issued as one batch. Unimplemented when the storage
+  // has no such path; callers then write one parameter at a time.
+  virtual absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
+    return absl::UnimplementedError("no batched device writes");
+  }
+  // Issues the prepared batch. REQUIRES: the engine is paused; PrepareDeviceWrites succeeded.
+  virtual absl::Status WritePreparedDevice() { return absl::UnimplementedError("no batched device writes"); }
   // True when the parameters live in GPU memory.
   virtual bool on_device() const { return false; }
   // The CUDA device of the parameters, or -1 for host storage.

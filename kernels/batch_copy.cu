@@ -1,0 +1,97 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/batch_copy.h"
+
+namespace refit::kernels {
+namespace {
+
+constexpr uint64_t kChunkBytes = 128 * 1024;  // one CTA iteration
+constexpr int kThreads = 512;
+
+struct Region {
+  char* dst;
+  const char* src;
+  uint64_t bytes;
+  uint64_t first_chunk;  // prefix sum of chunk counts
+};
+
+__global__ void BatchCopyKernel(const Region* __restrict__ regions, uint32_t n, uint64_t chunks) {
+  for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    // The region holding chunk c: the last with first_chunk <= c.
+    uint32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+      uint32_t mid = (lo + hi + 1) / 2;
+      if (regions[mid].first_chunk <= c) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const Region r = regions[lo];
+    const uint64_t begin = (c - r.first_chunk) * kChunkBytes;
+    const uint64_t end = min(r.bytes, begin + kChunkBytes);
+    char* dst = r.dst + begin;
+    const char* src = r.src + begin;
+    const uint64_t len = end - begin;
+    const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
+    if (aligned) {
+      const uint64_t vecs = len / 16;
+      const uint4* s = reinterpret_cast<const uint4*>(src);
+      uint4* d = reinterpret_cast<uint4*>(dst);
+      for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x) d[i] = s[i];
+      for (uint64_t i = vecs * 16 + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
+    } else {
+      for (uint64_t i = threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
+    }
+  }
+}
+
+absl::Status Error(cudaError_t e, absl::string_view what) {
+  return absl::InternalError(absl::StrCat("batch copy: ", what, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchCopy>> BatchCopy::Create(const CopyRegion* regions, size_t count, void* stream) {
+  std::unique_ptr<BatchCopy> b(new BatchCopy());
+  std::vector<Region> table;
+  for (size_t i = 0; i < count; ++i) {
+    const CopyRegion& r = regions[i];
+    if (r.bytes == 0) continue;
+    table.push_back({static_cast<char*>(r.dst), static_cast<const char*>(r.src), r.bytes, b->chunks_});
+    b->chunks_ += (r.bytes + kChunkBytes - 1) / kChunkBytes;
+    b->bytes_ += r.bytes;
+  }
+  b->regions_ = static_cast<uint32_t>(table.size());
+  if (table.empty()) return b;
+  const size_t table_bytes = table.size() * sizeof(Region);
+  cudaError_t e = cudaMalloc(&b->table_, table_bytes);
+  if (e != cudaSuccess) return Error(e, "table allocation");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  e = cudaMemcpyAsync(b->table_, table.data(), table_bytes, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) return Error(e, "table upload");
+  return b;
+}
+
+BatchCopy::~BatchCopy() {
+  if (table_ != nullptr) cudaFree(table_);
+}
+
+absl::Status BatchCopy::Launch(void* stream) const {
+  if (regions_ == 0) return absl::OkStatus();
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const uint64_t blocks = std::min<uint64_t>(chunks_, static_cast<uint64_t>(std::max(sms, 1)) * 4);
+  BatchCopyKernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const Region*>(table_), regions_, chunks_);
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? absl::OkStatus() : Error(e, "launch");
+}
+
+}  // namespace refit::kernels

@@ -1,0 +1,45 @@
+// One launch that copies many device regions (the commit window's writes into engine memory):
+// a run of small cudaMemcpyAsync calls costs a few microseconds each, which for hundreds of
+// parameters exceeds the copy itself. Threading: enqueues on `stream` (cudaStream_t as void*).
+#ifndef REFIT_KERNELS_BATCH_COPY_H_
+#define REFIT_KERNELS_BATCH_COPY_H_
+
+#include <cstdint>
+#include <memory>
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+
+namespace refit::kernels {
+
+struct CopyRegion {
+  void* dst;        // device
+  const void* src;  // device
+  uint64_t bytes;
+};
+
+// A copy plan uploaded to the device ahead of time (e.g. before the engine pauses), so that
+// Launch is one kernel launch and nothing else.
+class BatchCopy {
+ public:
+  // Uploads the region table of `count` regions (synchronously, on `stream`).
+  static absl::StatusOr<std::unique_ptr<BatchCopy>> Create(const CopyRegion* regions, size_t count, void* stream);
+  ~BatchCopy();
+  BatchCopy(const BatchCopy&) = delete;
+  BatchCopy& operator=(const BatchCopy&) = delete;
+
+  // Enqueues the copy of every region on `stream`.
+  absl::Status Launch(void* stream) const;
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  BatchCopy() = default;
+  void* table_ = nullptr;  // device: regions, then the chunk prefix sums
+  uint32_t regions_ = 0;
+  uint64_t chunks_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace refit::kernels
+
+#endif  // REFIT_KERNELS_BATCH_COPY_H_
