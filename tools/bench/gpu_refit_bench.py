@@ -67,10 +67,11 @@ def main():
                "trainer_wall_s": wall}
         print(json.dumps(out))
         print(f"{'refit':>5} {'bytes_in':>12} {'bytes_out':>12} {'recv_ms':>9} {'conv_ms':>9} {'valid_ms':>8} "
-              f"{'pause_ms':>9} {'total_ms':>9}")
+              f"{'copy_ms':>8} {'pause_ms':>9} {'total_ms':>9}")
         for r in reports:
             print(f"{r['refit']:>5} {r['bytes_in']:>12} {r['bytes_out']:>12} {r['receive_ms']:>9.1f} "
-                  f"{r['convert_ms']:>9.1f} {r['validate_ms']:>8.2f} {r['pause_ms']:>9.2f} {r['total_ms']:>9.1f}")
+                  f"{r['convert_ms']:>9.1f} {r['validate_ms']:>8.2f} {r['commit_ms']:>8.2f} {r['pause_ms']:>9.2f} "
+              f"{r['total_ms']:>9.1f}")
         pauses = sorted(r["pause_ms"] for r in reports)
         print(f"commit of {committed_bytes/1e9:.2f} GB: pause median {pauses[len(pauses)//2]:.2f} ms; plain D2D copy "
               f"{copy['d2d_ms']:.2f} ms, H2D pinned {copy['h2d_ms']:.2f} ms; pause - copy = "
