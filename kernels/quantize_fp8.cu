@@ -9,15 +9,18 @@ namespace refit::kernels {
 namespace dev {
 namespace {
 
-constexpr int kTileThreads = 512;
+#ifndef REFIT_KERNELS_FP8_TILE_THREADS
+#define REFIT_KERNELS_FP8_TILE_THREADS 512
+#endif
+constexpr int kTileThreads = REFIT_KERNELS_FP8_TILE_THREADS;
 
 // The chunks of one 128x128 tile this thread owns: column `col`, rows row0 + p*kRowsPerPass.
 template <launch::Input kIn>
 struct TileGeometry {
   static constexpr int kC = Elems<kIn>::kCount;
   static constexpr int kLanesPerRow = 128 / kC;                   // 16 (bf16) or 32 (fp32)
-  static constexpr int kRowsPerPass = kTileThreads / kLanesPerRow;  // 32 or 16
-  static constexpr int kPasses = 128 / kRowsPerPass;                // 4 or 8
+  static constexpr int kRowsPerPass = kTileThreads / kLanesPerRow;  // 32 or 16 (512 threads)
+  static constexpr int kPasses = 128 / kRowsPerPass;                // 4 or 8 (512 threads)
   int64_t base, row0, col;
 
   // 32-bit tile arithmetic (the launcher guarantees fewer than 2^32 tiles): 64-bit division is
