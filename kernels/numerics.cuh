@@ -89,6 +89,18 @@ __device__ __forceinline__ uint32_t PackE2m1SignBit(const float (&y)[kCount]) {
   return mags | signs;
 }
 
+// BF16x2 arithmetic, round to nearest even (PTX mul/add .rn.bf16x2, sm_90).
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t AddBf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // Per-halfword unsigned min (PTX min.u16x2).
 __device__ __forceinline__ uint32_t MinU16x2(uint32_t a, uint32_t b) {
   uint32_t r;
@@ -101,6 +113,19 @@ __device__ __forceinline__ uint32_t MaxU16x2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
+}
+
+// E2m1SignBit of the two BF16 values of `p` at once: the code of the low half in bits 0-3, of
+// the high half in bits 16-19. The same magic-addend rounding as E2m1Mag, on packed halves: in
+// BF16 the magics with ulp 0.5, 1 and 2 are 64, 128 and 256, chosen per half by clamping the
+// exponent + 6 with u16x2 min/max; per half the sum minus the magic plus (magic >> 6) - 0x10A
+// is the code (offsets 0, 2, 4), never negative, so 32-bit arithmetic does not carry across.
+// Equal to E2m1SignBit(float(h)) for every non-NaN half h (checked for all 2^16 on the host).
+__device__ __forceinline__ uint32_t E2m1x2Bf16(uint32_t p) {
+  const uint32_t magic = MinU16x2(MaxU16x2((p & 0x7F807F80u) + 0x03000300u, 0x42804280u), 0x43804380u);
+  const uint32_t f = AddBf16x2(p & 0x7FFF7FFFu, magic);
+  const uint32_t code = MinU16x2(f + (magic >> 6) - magic - 0x010A010Au, 0x00070007u);
+  return code | ((p >> 12) & 0x00080008u);
 }
 
 // ---- Input chunks: 16 bytes of input = kElems elements. ----
