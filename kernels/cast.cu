@@ -52,9 +52,11 @@ struct CastOp {
   void* out;
   unsigned long long* first_bad;
 
+  __device__ __forceinline__ NoState Prepare() const { return {}; }
+
   template <launch::Input kIn, bool kVec>
-  __device__ __forceinline__ void Process(int64_t, int64_t elem, const uint4& raw, bool valid,
-                                          int64_t n) const {
+  __device__ __forceinline__ void Process(NoState, int64_t, int64_t elem, const uint4& raw,
+                                          bool valid, int64_t n) const {
     constexpr int kC = Elems<kIn>::kCount;
     float v[kC];
     const uint32_t lane_amax = Decode<kIn>(raw, v);

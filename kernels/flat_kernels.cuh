@@ -12,6 +12,9 @@
 namespace refit::kernels::dev {
 
 constexpr int kFlatThreads = 256;
+
+// Per-thread state of ops that need none.
+struct NoState {};
 #ifndef REFIT_KERNELS_FLAT_UNROLL
 #define REFIT_KERNELS_FLAT_UNROLL 2
 #endif
@@ -31,8 +34,10 @@ __device__ __forceinline__ void LoadTile(const void* in, int64_t n, int64_t n_ch
 
 // Persistent CTAs walk tiles of kFlatThreads * kUnroll chunks, prefetching the next tile into
 // registers before encoding the current one, so memory latency overlaps the arithmetic.
-// Op::Process(chunk, elem, raw, valid, n) is called by every lane (valid or not) so ops may
-// shuffle across lanes. `kReverse` walks tiles from the end of the tensor to its start, so a
+// Op::Prepare() runs once per thread before the first tile and returns the op's per-thread state
+// (scalars that depend only on kernel arguments, e.g. NVFP4's global scale), which is passed to
+// Op::Process(state, chunk, elem, raw, valid, n); Process is called by every lane (valid or not)
+// so ops may shuffle across lanes. `kReverse` walks tiles from the end of the tensor to its start, so a
 // pass that follows a forward pass over the same tensor begins with what is still in L2.
 // An empty tensor still runs tile 0 once (with no valid chunk), for ops that write metadata.
 template <launch::Input kIn, bool kVec, bool kReverse, class Op>
@@ -43,6 +48,7 @@ __global__ void __launch_bounds__(kFlatThreads) FlatKernel(const void* in, int64
   const int64_t n_tiles = n_chunks == 0 ? 1 : (n_chunks + kPerTile - 1) / kPerTile;
   int64_t i = blockIdx.x;
   if (i >= n_tiles) return;
+  const auto state = op.Prepare();
   uint4 cur[kUnroll], nxt[kUnroll];
   LoadTile<kIn, kVec>(in, n, n_chunks, kReverse ? n_tiles - 1 - i : i, cur);
   for (; i < n_tiles; i += gridDim.x) {
@@ -53,7 +59,7 @@ __global__ void __launch_bounds__(kFlatThreads) FlatKernel(const void* in, int64
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = first + u * kFlatThreads;
-      op.template Process<kIn, kVec>(c, c * kC, cur[u], c < n_chunks, n);
+      op.template Process<kIn, kVec>(state, c, c * kC, cur[u], c < n_chunks, n);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];

@@ -42,16 +42,31 @@ __device__ __forceinline__ uint32_t E4m3x2(float lo, float hi) {
   return static_cast<uint32_t>(
       __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
 }
+// E4M3 byte of a scalar, equal to formats::bits::F32ToE4m3 for every input: the hardware
+// conversion (RNE, saturation to 448, NaN -> 0x7F) of |x|, with x's sign bit (so -0 -> 0x80 and
+// a NaN keeps its sign). Branch-free, unlike the bit-by-bit reference.
+__device__ __forceinline__ uint32_t E4m3Byte(float x) {
+  return (E4m3x2(fabsf(x), 0.0f) & 0x7Fu) | ((B(x) >> 24) & 0x80u);
+}
+// Value of an E4M3 byte (through FP16, which holds every E4M3 value exactly). Equal to
+// formats::bits::E4m3ToF32 except for the NaN payload (0x7F/0xFF decode to some NaN).
+__device__ __forceinline__ float E4m3Value(uint32_t byte) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
 // E2M1 magnitude code (0..7) of |y| with RNE ties and saturation; NaN -> 7 (B §2.4).
-// Rounds with a magic addend whose ulp is the E2M1 spacing of |y|'s range (0.5, 1 or 2), so the
-// float adder performs the round-half-even; the integer difference is then the code.
+// Rounds with a magic addend whose ulp is the E2M1 spacing of |y|'s range, so the float adder
+// performs the round-half-even: 2^22 (spacing 0.5, codes 0..4) below 2, 2^23 (spacing 1, codes
+// 4..6) in [2, 4), 2^24 (spacing 2, codes 6..7) from 4 on. The magic is |y|'s exponent + 22
+// clamped to [22, 24] (integer ops, no compares); the code is the integer difference of the sum
+// and the magic plus 0, 2 or 4. NaN and Inf land far above 7.
 __device__ __forceinline__ uint32_t E2m1Mag(float y) {
-  float a = fabsf(y);
-  // magic 2^22 (spacing 0.5, codes 0..4), 2^23 (spacing 1, codes 4..6), 2^24 (spacing 2, 6..7)
-  uint32_t magic = a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000000u : 0x4B800000u);
-  uint32_t base = a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000000u - 2u : 0x4B800000u - 4u);
-  uint32_t code = B(a + F(magic)) - base;
-  return min(code, 7u);  // NaN and Inf land far above 7
+  constexpr uint32_t kM22 = 0x4A800000u, kM24 = 0x4B800000u;
+  const uint32_t magic = min(max((B(y) & kInfBits) + (22u << 23), kM22), kM24);
+  // (magic - kM22) >> 22 == (magic >> 22) - (kM22 >> 22): kM22's low 22 bits are zero.
+  const uint32_t code = B(fabsf(y) + F(magic)) + (magic >> 22) - magic;
+  return min(code - (kM22 >> 22), 7u);
 }
 // Sign from the fp32 sign bit (CUDA / triton / ml_dtypes rule: -0.0 -> 8); NaN magnitude 7.
 __device__ __forceinline__ uint32_t E2m1SignBit(float y) {
@@ -61,12 +76,56 @@ __device__ __forceinline__ uint32_t E2m1SignBit(float y) {
 __device__ __forceinline__ uint32_t E2m1SignLt(float y) {
   return E2m1Mag(y) | (y < 0.0f ? 8u : 0u);
 }
+// Packs E2m1SignBit(y[i]) into nibble i (element 0 in the low nibble). Magnitudes and sign bits
+// are gathered separately: a sign is one shift and one masked OR into its nibble's bit 3.
+template <int kCount>
+__device__ __forceinline__ uint32_t PackE2m1SignBit(const float (&y)[kCount]) {
+  uint32_t mags = 0, signs = 0;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    mags |= E2m1Mag(y[i]) << (4 * i);
+    signs |= (B(y[i]) >> (28 - 4 * i)) & (8u << (4 * i));
+  }
+  return mags | signs;
+}
+
+// BF16x2 arithmetic, round to nearest even (PTX mul/add .rn.bf16x2, sm_90).
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t AddBf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// Per-halfword unsigned min (PTX min.u16x2).
+__device__ __forceinline__ uint32_t MinU16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("min.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 
 // Per-halfword unsigned max, one instruction on sm_90 (PTX max.u16x2).
 __device__ __forceinline__ uint32_t MaxU16x2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
+}
+
+// E2m1SignBit of the two BF16 values of `p` at once: the code of the low half in bits 0-3, of
+// the high half in bits 16-19. The same magic-addend rounding as E2m1Mag, on packed halves: in
+// BF16 the magics with ulp 0.5, 1 and 2 are 64, 128 and 256, chosen per half by clamping the
+// exponent + 6 with u16x2 min/max; per half the sum minus the magic plus (magic >> 6) - 0x10A
+// is the code (offsets 0, 2, 4), never negative, so 32-bit arithmetic does not carry across.
+// Equal to E2m1SignBit(float(h)) for every non-NaN half h (checked for all 2^16 on the host).
+__device__ __forceinline__ uint32_t E2m1x2Bf16(uint32_t p) {
+  const uint32_t magic = MinU16x2(MaxU16x2((p & 0x7F807F80u) + 0x03000300u, 0x42804280u), 0x43804380u);
+  const uint32_t f = AddBf16x2(p & 0x7FFF7FFFu, magic);
+  const uint32_t code = MinU16x2(f + (magic >> 6) - magic - 0x010A010Au, 0x00070007u);
+  return code | ((p >> 12) & 0x00080008u);
 }
 
 // ---- Input chunks: 16 bytes of input = kElems elements. ----

@@ -9,24 +9,32 @@ namespace refit::kernels {
 namespace dev {
 namespace {
 
-constexpr int kTileThreads = 512;
+#ifndef REFIT_KERNELS_FP8_TILE_THREADS
+#define REFIT_KERNELS_FP8_TILE_THREADS 512
+#endif
+constexpr int kTileThreads = REFIT_KERNELS_FP8_TILE_THREADS;
 
 // The chunks of one 128x128 tile this thread owns: column `col`, rows row0 + p*kRowsPerPass.
 template <launch::Input kIn>
 struct TileGeometry {
   static constexpr int kC = Elems<kIn>::kCount;
   static constexpr int kLanesPerRow = 128 / kC;                   // 16 (bf16) or 32 (fp32)
-  static constexpr int kRowsPerPass = kTileThreads / kLanesPerRow;  // 32 or 16
-  static constexpr int kPasses = 128 / kRowsPerPass;                // 4 or 8
+  static constexpr int kRowsPerPass = kTileThreads / kLanesPerRow;  // 32 or 16 (512 threads)
+  static constexpr int kPasses = 128 / kRowsPerPass;                // 4 or 8 (512 threads)
   int64_t base, row0, col;
 
+  // 32-bit tile arithmetic (the launcher guarantees fewer than 2^32 tiles): 64-bit division is
+  // a long emulated sequence, and this runs twice per tile in every thread.
   __device__ TileGeometry(const launch::Src& src, int64_t tile) {
-    const int64_t tiles_r = (src.rows + 127) / 128, tiles_c = (src.cols + 127) / 128;
-    const int64_t g = tile / (tiles_r * tiles_c);
-    const int64_t tr = (tile / tiles_c) % tiles_r, tc = tile % tiles_c;
-    base = g * src.rows * src.cols;
-    row0 = tr * 128 + threadIdx.x / kLanesPerRow;
-    col = tc * 128 + (threadIdx.x % kLanesPerRow) * kC;
+    const uint32_t tiles_r = static_cast<uint32_t>((src.rows + 127) / 128);
+    const uint32_t tiles_c = static_cast<uint32_t>((src.cols + 127) / 128);
+    const uint32_t t32 = static_cast<uint32_t>(tile);
+    const uint32_t g = t32 / (tiles_r * tiles_c);
+    const uint32_t in_g = t32 - g * (tiles_r * tiles_c);
+    const uint32_t tr = in_g / tiles_c, tc = in_g - tr * tiles_c;
+    base = static_cast<int64_t>(g) * src.rows * src.cols;
+    row0 = static_cast<int64_t>(tr) * 128 + threadIdx.x / kLanesPerRow;
+    col = static_cast<int64_t>(tc) * 128 + (threadIdx.x % kLanesPerRow) * kC;
   }
   __device__ bool Inside(const launch::Src& src, int p) const {
     return row0 + p * kRowsPerPass < src.rows && col < src.cols;
@@ -67,8 +75,11 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
   const int64_t n_tiles = src.batch * ((src.rows + 127) / 128) * ((src.cols + 127) / 128);
   int64_t tile = blockIdx.x;
   if (tile >= n_tiles) return;
-  __shared__ uint32_t warp_max[2][kTileThreads / 32];
-  __shared__ float tile_scale[2];
+  // Warp maxima of the current tile, double-buffered by tile parity so that one barrier per
+  // tile suffices: a warp can only overwrite a buffer after every warp passed the next barrier,
+  // i.e. after every warp read it.
+  __shared__ uint32_t warp_max[2][2][kTileThreads / 32];
+  int parity = 0;
   uint4 cur[kPasses], nxt[kPasses];
   LoadTileChunks<kIn, kVec>(src, G(src, tile), cur);
   for (; tile < n_tiles; tile += gridDim.x) {
@@ -98,30 +109,35 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
     m = __reduce_max_sync(0xFFFFFFFFu, m);
     if constexpr (kUe8m0) m_num = __reduce_max_sync(0xFFFFFFFFu, m_num);
     if ((threadIdx.x & 31) == 0) {
-      warp_max[0][threadIdx.x / 32] = m;
-      warp_max[1][threadIdx.x / 32] = m_num;
+      warp_max[parity][0][threadIdx.x / 32] = m;
+      warp_max[parity][1][threadIdx.x / 32] = m_num;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t all = 0, num = 0;
-      for (int w = 0; w < kTileThreads / 32; ++w) {
-        all = max(all, warp_max[0][w]);
-        num = max(num, warp_max[1][w]);
-      }
+    // Every thread reduces the warp maxima and derives the (identical) scale itself: no second
+    // barrier, no thread waiting for thread 0's scalar arithmetic.
+    constexpr int kWarps = kTileThreads / 32;
+    const int lane = threadIdx.x & 31;
+    const uint32_t all = __reduce_max_sync(0xFFFFFFFFu, lane < kWarps ? warp_max[parity][0][lane] : 0u);
+    uint32_t num = 0;
+    if constexpr (kUe8m0) {
+      num = __reduce_max_sync(0xFFFFFFFFu, lane < kWarps ? warp_max[parity][1][lane] : 0u);
+    }
+    parity ^= 1;
+    float rcp, ratio = 1.0f;
+    {
       float a = F(all);
       // clamp(min=1e-4) keeps NaN, as torch does.
       if (!(a != a) && a < 1e-4f) a = 1e-4f;
       float s = __fdiv_rn(a, 448.0f);
       if (a != a) s = F(B(a) | 0x00400000u);  // keep the NaN's payload, as the CPU division does
-      float ratio = 1.0f;
       float stored = s;
       if constexpr (kUe8m0) {
         s = formats::bits::CeilToUe8m0DeepGemm(s);
         stored = s;
         // Canonicalization (B §4.4): max|q| over non-NaN codes is the code of max|x| * (1/s)
         // (RNE is monotonic); amax' = max|q| * s, clamped; s' = ceil_ue8m0(amax' / 448).
-        const uint8_t max_code = formats::bits::F32ToE4m3(F(num) * __frcp_rn(s)) & 0x7F;
-        float amax2 = formats::bits::E4m3ToF32(max_code) * s;
+        const uint32_t max_code = E4m3Byte(F(num) * __frcp_rn(s)) & 0x7F;
+        float amax2 = E4m3Value(max_code) * s;
         if (amax2 < 1e-4f) amax2 = 1e-4f;
         const float s2 = formats::bits::CeilToUe8m0DeepGemm(__fdiv_rn(amax2, 448.0f));
         if (s2 < s) {
@@ -129,12 +145,9 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
           stored = s2;
         }
       }
-      scale_inv[tile] = stored;
-      tile_scale[0] = __frcp_rn(s);
-      tile_scale[1] = ratio;
+      if (threadIdx.x == 0) scale_inv[tile] = stored;
+      rcp = __frcp_rn(s);
     }
-    __syncthreads();
-    const float rcp = tile_scale[0], ratio = tile_scale[1];
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       if (!t.Inside(src, p)) continue;
@@ -153,9 +166,7 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const uint8_t c = static_cast<uint8_t>(w[i] >> (8 * j));
-            const uint32_t c2 = (c & 0x7F) == 0x7F
-                                    ? c
-                                    : formats::bits::F32ToE4m3(formats::bits::E4m3ToF32(c) * ratio);
+            const uint32_t c2 = (c & 0x7F) == 0x7F ? c : E4m3Byte(E4m3Value(c) * ratio);
             out |= c2 << (8 * j);
           }
           w[i] = out;
@@ -207,6 +218,9 @@ namespace launch {
 int Fp8Block128(const Src& src, bool ue8m0, uint8_t* q, float* scale_inv,
                 unsigned long long* first_bad, void* stream) {
   if (src.batch * src.rows * src.cols == 0) return 0;
+  // The tile kernel indexes tiles (and tiles per batch entry) in 32 bits.
+  const int64_t tiles = src.batch * ((src.rows + 127) / 128) * ((src.cols + 127) / 128);
+  if (tiles > static_cast<int64_t>(UINT32_MAX)) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   const int kC = src.input == Input::kBf16 ? 8 : 4;
   const bool vec = reinterpret_cast<uintptr_t>(src.data) % 16 == 0 &&

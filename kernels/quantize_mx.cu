@@ -7,13 +7,26 @@ namespace refit::kernels {
 namespace dev {
 namespace {
 
+// RN(a / 6) for a >= 0 or NaN. Markstein's correction of a * RN(1/6) is the correctly rounded
+// quotient while a and the quotient are normal (and for a = 0); other inputs divide.
+__device__ __forceinline__ float DivBy6(float a) {
+  constexpr float kRcp6 = 0x1.555556p-3f;  // RN(1/6)
+  if (B(a) - 0x21800000u <= 0x3C000000u || a == 0.0f) {  // a in [2^-60, 2^60], or 0
+    const float q0 = a * kRcp6;
+    return fmaf(fmaf(-q0, 6.0f, a), kRcp6, q0);
+  }
+  return __fdiv_rn(a, 6.0f);
+}
+
 struct Mxfp8Op {
   uint8_t* q;
   uint8_t* scales;
   unsigned long long* first_bad;
 
+  __device__ __forceinline__ NoState Prepare() const { return {}; }
+
   template <launch::Input kIn, bool kVec>
-  __device__ __forceinline__ void Process(int64_t chunk, int64_t elem, const uint4& raw,
+  __device__ __forceinline__ void Process(NoState, int64_t chunk, int64_t elem, const uint4& raw,
                                           bool valid, int64_t n) const {
     constexpr int kC = Elems<kIn>::kCount;
     constexpr int kLanes = 32 / kC;
@@ -49,8 +62,10 @@ struct Mxfp4Op {
   uint8_t* scales;
   unsigned long long* first_bad;
 
+  __device__ __forceinline__ NoState Prepare() const { return {}; }
+
   template <launch::Input kIn, bool kVec>
-  __device__ __forceinline__ void Process(int64_t chunk, int64_t elem, const uint4& raw,
+  __device__ __forceinline__ void Process(NoState, int64_t chunk, int64_t elem, const uint4& raw,
                                           bool valid, int64_t n) const {
     constexpr int kC = Elems<kIn>::kCount;
     constexpr int kLanes = 32 / kC;
@@ -59,11 +74,32 @@ struct Mxfp4Op {
     if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     const float a = F(GroupMax<kLanes>(lane_amax));
     // d = a / 6; scale bits = (bits(d) + 0x7FFFFF) & 0x7F800000 (uint32 wrap as triton's int32).
-    const uint32_t sbits = formats::bits::E8m0CeilTritonBits(__fdiv_rn(a, 6.0f));
-    const float qs = sbits == 0 ? 0.0f : __frcp_rn(F(sbits));
-    uint32_t packed = 0;
+    const uint32_t sbits = formats::bits::E8m0CeilTritonBits(DivBy6(a));
+    // 1 / 2^e: exact by exponent arithmetic while both are normal; else the rounded reciprocal.
+    const float qs = sbits - 0x00800000u <= 0x7E000000u ? F(0x7F000000u - sbits)
+                                                         : (sbits == 0 ? 0.0f : __frcp_rn(F(sbits)));
+    uint32_t packed;
+    bool packed_done = false;
+    if constexpr (kIn == launch::Input::kBf16) {
+      // BF16 input and a normal power-of-two qs: x * qs is exact in BF16 (or, below BF16's
+      // range, rounds to a value whose code is the same signed zero code), so the E2M1 rounding
+      // runs on packed halves, two elements per instruction.
+      if (sbits - 0x00800000u <= 0x7E000000u) {
+        const uint32_t q2 = ((0x7F000000u - sbits) >> 16) * 0x00010001u;
+        const uint32_t c0 = E2m1x2Bf16(MulBf16x2(raw.x, q2)), c1 = E2m1x2Bf16(MulBf16x2(raw.y, q2));
+        const uint32_t c2 = E2m1x2Bf16(MulBf16x2(raw.z, q2)), c3 = E2m1x2Bf16(MulBf16x2(raw.w, q2));
+        // Word i holds elements 2i (bits 0-3) and 2i+1 (bits 16-19); gather into nibbles.
+        const uint32_t t01 = c0 | (c1 << 8), t23 = c2 | (c3 << 8);  // e0@0 e2@8 e1@16 e3@24
+        packed = ((t01 | (t01 >> 12)) & 0xFFFFu) | (((t23 | (t23 >> 12)) & 0xFFFFu) << 16);
+        packed_done = true;
+      }
+    }
+    if (!packed_done) {
+      float y[kC];
 #pragma unroll
-    for (int i = 0; i < kC; ++i) packed |= E2m1SignBit(v[i] * qs) << (4 * i);
+      for (int i = 0; i < kC; ++i) y[i] = v[i] * qs;
+      packed = PackE2m1SignBit(y);
+    }
     if (!valid) return;
     if constexpr (kVec) {
       if constexpr (kC == 8) {
