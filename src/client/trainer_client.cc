@@ -51,6 +51,7 @@ struct RefitSession::Impl {
   BucketHeader header;
   uint32_t next_seq = 0;
   bool done = false;
+  std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
 };
 
 TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -139,6 +140,10 @@ RefitSession::~RefitSession() {
   if (!impl_->done) (void)Abort("trainer closed the session without committing");
 }
 
+void RefitSession::SetWireTamper(std::function<void(uint32_t, std::vector<uint8_t>&)> tamper) {
+  impl_->tamper = std::move(tamper);
+}
+
 uint64_t RefitSession::id() const { return impl_->id; }
 uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 
@@ -177,6 +182,7 @@ absl::Status RefitSession::Flush() {
     return true;
   });
   if (!ok.ok()) return ok.status();
+  if (impl_->tamper) impl_->tamper(h.seq, impl_->bucket);
   absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, impl_->bucket.data(), impl_->bucket.size());
   impl_->bucket.clear();
   h.tensors.clear();

@@ -139,6 +139,7 @@ void Session::ReceiveLoop() {
                                                   " does not match the announced ", ChecksumHex(header.checksum)));
       }
     }
+    if (status.ok()) status = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterReceive);
     absl::MutexLock lock(&mu_);
     receive_time_ += took;
     if (!status.ok()) {
@@ -175,8 +176,13 @@ void Session::ConvertLoop() {
     Convert(item.header, ring_.data(item.slot));
     absl::Duration took = absl::Now() - start;
     ring_.Release(item.slot);
+    absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
     absl::MutexLock lock(&mu_);
     convert_time_ += took;
+    if (!fp.ok()) {
+      FailLocked(fp);
+      return;
+    }
     ++converted_;
   }
 }

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/failpoint.h"
 #include "refit/bucket_ring.h"
 #include "refit/converter.h"
 #include "refit/ledger.h"
@@ -36,6 +37,7 @@ class Session {
     bool partial = false;
     absl::Time deadline = absl::InfiniteFuture();
     SessionLimits limits;
+    const FailpointSet* failpoints = nullptr;  // test builds: after_receive, after_convert
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
