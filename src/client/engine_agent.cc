@@ -1,5 +1,7 @@
 #include "client/engine_agent.h"
 
+#include "common/auth_preamble.h"
+
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +99,10 @@ void EngineAgent::Run(std::string address, Params params) {
     // One connection: register, then serve pause/resume until refitd goes away or Stop.
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
       auto conn = io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope);
+      if (IsTcpAddress(address)) {
+        std::string preamble = AuthPreamble(ClientToken());
+        conn->write(preamble.data(), preamble.size()).wait(io.waitScope);
+      }
       capnp::TwoPartyClient rpc(*conn);
       auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
       auto req = daemon.registerEngineRequest();

@@ -1,5 +1,7 @@
 #include "client/trainer_client.h"
 
+#include "common/auth_preamble.h"
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +64,11 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std:
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto addr = impl->io.provider->getNetwork().parseAddress(address).wait(impl->io.waitScope);
     impl->conn = addr->connect().wait(impl->io.waitScope);
+    if (IsTcpAddress(address)) {
+      // TCP control connections authenticate with the shared secret first (docs/security.md).
+      std::string preamble = AuthPreamble(ClientToken());
+      impl->conn->write(preamble.data(), preamble.size()).wait(impl->io.waitScope);
+    }
     impl->rpc = kj::heap<capnp::TwoPartyClient>(*impl->conn);
     impl->daemon = impl->rpc->bootstrap().castAs<proto::Daemon>();
   })) {

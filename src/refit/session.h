@@ -99,6 +99,7 @@ class Session {
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);
   std::deque<Received> received_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t announced_tensors_ ABSL_GUARDED_BY(mu_) = 0;  // across buckets, against max_tensors
   uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -136,6 +136,7 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
                 Throw(reason);
               }
               absl::Time pause_start = absl::Now();
+              Log(LogLevel::kDebug, absl::StrCat("event=commit_window session=", run->id, " phase=pausing"));
               return engine->control.pauseRequest()
                   .send()
                   .then(
@@ -331,6 +332,9 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (!manifest.ok()) Throw(manifest.status().message());
     if (manifest->model != state_.spec.model) {
       Throw(absl::StrCat("manifest is for model '", manifest->model, "' but this daemon serves '", state_.spec.model, "'"));
+    }
+    if (state_.engine->dirty && manifest->partial) {
+      Throw("partial refit refused: the engine's weights are dirty after an interrupted commit; a full refit must land first");
     }
     const SessionLimits& limits = state_.config.limits;
     if (manifest->tensors.size() > limits.max_tensors) {

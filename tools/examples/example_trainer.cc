@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|bit-flip|garbage|partial] [shape flags]
+//                    duplicate|stall|silent|bit-flip|garbage|partial] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -285,6 +285,10 @@ int main(int argc, char** argv) {
     if (fault == "drop-scale") manifest.tensors.clear();
     absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
     if (!session.ok()) return Fail(session.status().message());
+    if (fault == "silent") {
+      std::fprintf(stderr, "example_trainer: sending nothing after begin (fault injection)\n");
+      pause();
+    }
     if (fault == "bit-flip") {
       // One bit of the first bucket flips on the wire, after its checksum was announced.
       (*session)->SetWireTamper([](uint32_t seq, std::vector<uint8_t>& bytes) {
