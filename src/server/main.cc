@@ -210,7 +210,15 @@ int main(int argc, char** argv) {
   // commit past that point, in its window, runs to the engine's resume (or its failure) before
   // refitd exits, so a shutdown never leaves the engine paused with half-copied weights.
   // Bounded: a stuck engine cannot hold the shutdown forever.
-  if (state.active) state.active->session->Abort("daemon shutting down");
+  if (state.active) {
+    state.active->session->Abort("daemon shutting down");
+    if (!state.active->committing) {
+      RefitReport r = state.active->session->Report();
+      r.outcome = "aborted";
+      r.reason = "daemon shutting down";
+      state.EndSession(r);
+    }
+  }
   for (int i = 0; i < 3000 && state.active && state.active->committing; ++i) {
     io.provider->getTimer().afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
   }

@@ -18,7 +18,7 @@ def test_soak_random_faults(fault_node):
     refits = int(os.environ.get("REFIT_SOAK_REFITS", "40"))
     seed = int(os.environ.get("REFIT_SOAK_SEED", "20240601"))
     rng = random.Random(seed)
-    node = fault_node(config="limits:\n  bucket_bytes: 65536\n")
+    node = fault_node(config="limits:\n  bucket_bytes: 1048576\n")
     counts = {"attempted": 0, "committed": 0, "aborted": 0, "refitd_crashes": 0, "dirty_recoveries": 0,
               "mixed_version_requests": 0, "seed": seed, "by_fault": {}}
     version = 0
