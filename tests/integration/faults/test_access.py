@@ -1,7 +1,10 @@
 """Access control (docs/security.md): Unix-socket peers by uid, TCP peers by shared secret."""
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +21,11 @@ def free_port():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client under another uid")
 def test_unix_peer_uid_not_allowed_is_refused(fault_node):
-    # The socket is world-writable here on purpose, so only refitd's uid check stands in the way.
-    node = fault_node(config='socket_mode: "0666"\n')
+    # The socket (in a directory anyone may traverse) is world-writable here on purpose, so only
+    # refitd's uid check stands in the way.
+    sock_dir = Path(tempfile.mkdtemp(prefix="refit-access-"))
+    sock_dir.chmod(0o755)
+    node = fault_node(config='socket_mode: "0666"\n', listen=f"unix:{sock_dir / 'refitd.sock'}")
     p, _ = node.trainer("--refits", "1", preexec_fn=lambda: os.setuid(65534))
     assert p.returncode != 0
     wait_for(lambda: "event=connection_refused" in node.log(), what="refusal logged")
@@ -29,6 +35,7 @@ def test_unix_peer_uid_not_allowed_is_refused(fault_node):
     _, lines = node.trainer("--refits", "1")
     assert lines[0]["outcome"] == "committed"
     node.stop()
+    shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def test_tcp_without_token_does_not_start(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 
 from conftest import BIN, wait_for
 
@@ -20,7 +21,7 @@ def test_soak_random_faults(fault_node):
     rng = random.Random(seed)
     node = fault_node(config="limits:\n  bucket_bytes: 1048576\n")
     counts = {"attempted": 0, "committed": 0, "aborted": 0, "refitd_crashes": 0, "dirty_recoveries": 0,
-              "mixed_version_requests": 0, "seed": seed, "by_fault": {}}
+              "mixed_version_requests": 0, "stuck_trainers": 0, "seed": seed, "by_fault": {}}
     version = 0
     digest = node.shm_digest()
     dirty = False
@@ -44,11 +45,21 @@ def test_soak_random_faults(fault_node):
             assert f"dirty={'true' if dirty else 'false'}" in node.log()
             landed = fault == "after_commit"
         else:
-            p, lines = node.trainer("--refits", "1", "--seed", str(100 + i),
-                                    *([] if fault == "none" else ["--fault", fault]))
+            t = node.trainer_async("--refits", "1", "--seed", str(100 + i),
+                                   *([] if fault == "none" else ["--fault", fault]))
+            try:
+                out, err = t.communicate(timeout=60 if fault == "none" else 20)
+            except subprocess.TimeoutExpired:
+                # Known issue (docs/reliability.md): a corrupted bucket in flight when refitd drops
+                # the session can leave the trainer's UCX send waiting; refitd is unaffected.
+                assert fault in ("bit-flip", "garbage"), (i, fault)
+                t.kill()
+                out, err = t.communicate()
+                counts["stuck_trainers"] += 1
+            lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
             landed = bool(lines) and lines[0]["outcome"] == "committed"
             if fault == "none":
-                assert landed and lines[0]["engine_matches_expected"], (i, lines, p.stderr)
+                assert landed and lines[0]["engine_matches_expected"], (i, lines, err)
                 dirty = False
             else:
                 assert not landed, (i, fault, lines)
