@@ -111,6 +111,7 @@ struct DaemonStatus {
   refused @10 :UInt64;
   aborted @11 :UInt64;
   dataEndpoint @12 :Text;
+  engineDirty @13 :Bool;             # the engine's weights may be mixed; only a full refit clears it
 }
 
 interface Daemon {
@@ -119,9 +120,11 @@ interface Daemon {
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq.
 
-  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64)
+  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool)
       -> (registration :Registration, version :UInt64);
-  # `version` is what the engine holds now (0 for a fresh engine).
+  # `version` is what the engine holds now (0 for a fresh engine). `dirty`: the engine lost refitd
+  # inside a commit window, so its parameters may hold a mix of versions; it stays paused, and
+  # refitd accepts only a full refit for it, until one lands (docs/reliability.md).
 
   status @2 () -> (status :DaemonStatus);
   abortActive @3 (reason :Text) -> (aborted :Bool);

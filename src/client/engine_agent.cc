@@ -1,5 +1,7 @@
 #include "client/engine_agent.h"
 
+#include "common/auth_preamble.h"
+
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +16,7 @@ struct EngineAgent::Impl {
   std::promise<absl::Status> registered;
   kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
   kj::Own<kj::PromiseFulfiller<void>> stop;  // touched only on the agent thread
+  bool stopping = false;                     // agent thread only
 };
 
 namespace {
@@ -52,93 +55,114 @@ class ControlImpl final : public proto::EngineControl::Server {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<ShmParam> params,
-                                                                EngineCallbacks callbacks, uint64_t version) {
-  return StartAny(address, std::move(params), std::move(callbacks), version);
+                                                                EngineCallbacks callbacks, uint64_t version,
+                                                                bool reconnect) {
+  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect);
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<CudaParam> params,
-                                                                EngineCallbacks callbacks, uint64_t version) {
-  return StartAny(address, std::move(params), std::move(callbacks), version);
+                                                                EngineCallbacks callbacks, uint64_t version,
+                                                                bool reconnect) {
+  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect);
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::string& address, Params params,
-                                                                   EngineCallbacks callbacks, uint64_t version) {
+                                                                   EngineCallbacks callbacks, uint64_t version,
+                                                                   bool reconnect) {
   std::unique_ptr<EngineAgent> agent(new EngineAgent());
+  agent->reconnect_ = reconnect;
   agent->callbacks_ = std::move(callbacks);
   agent->version_ = version;
   agent->impl_ = std::make_unique<Impl>();
   std::future<absl::Status> registered = agent->impl_->registered.get_future();
   EngineAgent* a = agent.get();
-  agent->thread_ = std::thread([a, address, params = std::move(params), version]() mutable {
-    a->Run(address, std::move(params), version);
+  agent->thread_ = std::thread([a, address, params = std::move(params)]() mutable {
+    a->Run(address, std::move(params));
   });
   absl::Status st = registered.get();
   if (!st.ok()) return st;
   return agent;
 }
 
-void EngineAgent::Run(std::string address, Params params, uint64_t version) {
+void EngineAgent::Run(std::string address, Params params) {
   bool reported = false;
   auto report = [&](absl::Status st) {
     if (!reported) impl_->registered.set_value(std::move(st));
     reported = true;
   };
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-    auto io = kj::setupAsyncIo();
-    auto conn = io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope);
-    capnp::TwoPartyClient rpc(*conn);
-    auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
-    auto req = daemon.registerEngineRequest();
-    auto fill_common = [](auto b, const std::string& name, DType dtype, const Shape& shape) {
-      b.setName(name);
-      b.setDtype(std::string(DTypeName(dtype)));
-      auto s = b.initShape(static_cast<unsigned>(shape.size()));
-      for (size_t d = 0; d < shape.size(); ++d) s.set(static_cast<unsigned>(d), shape[d]);
-      absl::StatusOr<uint64_t> n = DenseBytes(dtype, shape);
-      b.setNbytes(n.ok() ? *n : 0);
-    };
-    if (auto* shm = std::get_if<std::vector<ShmParam>>(&params)) {
-      auto list = req.initParams(static_cast<unsigned>(shm->size()));
-      for (size_t i = 0; i < shm->size(); ++i) {
-        const ShmParam& p = (*shm)[i];
-        auto b = list[static_cast<unsigned>(i)];
-        fill_common(b, p.name, p.dtype, p.shape);
-        b.getStorage().initShm().setName(p.shm_name);
-        b.getStorage().getShm().setOffset(p.offset);
+  auto io = kj::setupAsyncIo();
+  auto stop = kj::newPromiseAndFulfiller<void>();
+  impl_->stop = kj::mv(stop.fulfiller);
+  kj::ForkedPromise<void> stopped = stop.promise.then([this] { impl_->stopping = true; }).fork();
+  *impl_->executor.lockExclusive() = kj::getCurrentThreadExecutor().addRef();
+  while (true) {
+    // One connection: register, then serve pause/resume until refitd goes away or Stop.
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+      auto conn = io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope);
+      if (IsTcpAddress(address)) {
+        std::string preamble = AuthPreamble(ClientToken());
+        conn->write(preamble.data(), preamble.size()).wait(io.waitScope);
       }
-    } else {
-      const auto& cuda = std::get<std::vector<CudaParam>>(params);
-      auto list = req.initParams(static_cast<unsigned>(cuda.size()));
-      for (size_t i = 0; i < cuda.size(); ++i) {
-        const CudaParam& p = cuda[i];
-        auto b = list[static_cast<unsigned>(i)];
-        fill_common(b, p.name, p.dtype, p.shape);
-        auto c = b.getStorage().initCudaIpc();
-        c.setHandle(kj::arrayPtr(p.ipc_handle.data(), p.ipc_handle.size()));
-        c.setOffset(p.offset);
-        c.setDevice(p.device);
+      capnp::TwoPartyClient rpc(*conn);
+      auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
+      auto req = daemon.registerEngineRequest();
+      auto fill_common = [](auto b, const std::string& name, DType dtype, const Shape& shape) {
+        b.setName(name);
+        b.setDtype(std::string(DTypeName(dtype)));
+        auto s = b.initShape(static_cast<unsigned>(shape.size()));
+        for (size_t d = 0; d < shape.size(); ++d) s.set(static_cast<unsigned>(d), shape[d]);
+        absl::StatusOr<uint64_t> n = DenseBytes(dtype, shape);
+        b.setNbytes(n.ok() ? *n : 0);
+      };
+      if (auto* shm = std::get_if<std::vector<ShmParam>>(&params)) {
+        auto list = req.initParams(static_cast<unsigned>(shm->size()));
+        for (size_t i = 0; i < shm->size(); ++i) {
+          const ShmParam& p = (*shm)[i];
+          auto b = list[static_cast<unsigned>(i)];
+          fill_common(b, p.name, p.dtype, p.shape);
+          b.getStorage().initShm().setName(p.shm_name);
+          b.getStorage().getShm().setOffset(p.offset);
+        }
+      } else {
+        const auto& cuda = std::get<std::vector<CudaParam>>(params);
+        auto list = req.initParams(static_cast<unsigned>(cuda.size()));
+        for (size_t i = 0; i < cuda.size(); ++i) {
+          const CudaParam& p = cuda[i];
+          auto b = list[static_cast<unsigned>(i)];
+          fill_common(b, p.name, p.dtype, p.shape);
+          auto c = b.getStorage().initCudaIpc();
+          c.setHandle(kj::arrayPtr(p.ipc_handle.data(), p.ipc_handle.size()));
+          c.setOffset(p.offset);
+          c.setDevice(p.device);
+        }
+      }
+      req.setControl(kj::heap<ControlImpl>(callbacks_, version_, paused_, dirty_));
+      req.setVersion(version_.load());
+      req.setDirty(dirty_.load());
+      auto resp = req.send().wait(io.waitScope);
+      auto registration = resp.getRegistration();
+      connected_ = true;
+      ++registrations_;
+      report(absl::OkStatus());
+      stopped.addBranch().exclusiveJoin(rpc.onDisconnect()).wait(io.waitScope);
+    })) {
+      if (!reported) {
+        std::string msg = e->getDescription().cStr();
+        constexpr std::string_view kPrefix = "remote exception: ";
+        if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
+        report(absl::UnavailableError(absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg)));
+        break;
       }
     }
-    req.setControl(kj::heap<ControlImpl>(callbacks_, version_, paused_, dirty_));
-    req.setVersion(version);
-    auto resp = req.send().wait(io.waitScope);
-    auto registration = resp.getRegistration();
-    connected_ = true;
-    auto stop = kj::newPromiseAndFulfiller<void>();
-    impl_->stop = kj::mv(stop.fulfiller);
-    *impl_->executor.lockExclusive() = kj::getCurrentThreadExecutor().addRef();
-    report(absl::OkStatus());
-    stop.promise.exclusiveJoin(rpc.onDisconnect()).wait(io.waitScope);
-    *impl_->executor.lockExclusive() = nullptr;
-    impl_->stop = nullptr;
-  })) {
-    std::string msg = e->getDescription().cStr();
-    constexpr std::string_view kPrefix = "remote exception: ";
-    if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
-    report(absl::UnavailableError(absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg)));
+    connected_ = false;
+    if (paused_.load()) dirty_ = true;  // disconnected inside the commit window: weights may be mixed
+    if (impl_->stopping || !reconnect_) break;
+    // refitd went away: retry until it is back (or Stop).
+    stopped.addBranch().exclusiveJoin(io.provider->getTimer().afterDelay(100 * kj::MILLISECONDS)).wait(io.waitScope);
+    if (impl_->stopping) break;
   }
-  connected_ = false;
-  if (paused_.load()) dirty_ = true;  // disconnected inside the commit window: weights may be mixed
+  *impl_->executor.lockExclusive() = nullptr;
+  impl_->stop = nullptr;
 }
 
 EngineAgent::~EngineAgent() {

@@ -7,6 +7,10 @@
 // they hold version v. If refitd disconnects between pause and resume, the weights may be a mix:
 // the agent marks them dirty() and the engine must not serve them until a later resume.
 //
+// With `reconnect`, the agent outlives refitd: when the connection drops it keeps retrying and
+// registers again (with its version and dirty flag) once refitd is back. A dirty engine stays
+// paused until refitd lands a full refit and resumes it.
+//
 // Threading: the public methods are thread-safe. Callbacks run on the agent's thread.
 #ifndef REFIT_CLIENT_ENGINE_AGENT_H_
 #define REFIT_CLIENT_ENGINE_AGENT_H_
@@ -54,17 +58,21 @@ class EngineAgent {
   // Connects, registers, and returns once refitd accepted the registration (or refused it,
   // naming the parameter).
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<ShmParam> params,
-                                                            EngineCallbacks callbacks, uint64_t version);
+                                                            EngineCallbacks callbacks, uint64_t version,
+                                                            bool reconnect = false);
   // The same for parameters in GPU memory (CUDA IPC). The engine keeps the allocations alive
   // while registered; refitd opens each allocation once per registration.
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<CudaParam> params,
-                                                            EngineCallbacks callbacks, uint64_t version);
+                                                            EngineCallbacks callbacks, uint64_t version,
+                                                            bool reconnect = false);
   ~EngineAgent();
 
   uint64_t version() const { return version_.load(); }
   bool paused() const { return paused_.load(); }
   bool dirty() const { return dirty_.load(); }
   bool connected() const { return connected_.load(); }
+  // Registrations so far (1 after Start; more after reconnects).
+  uint64_t registrations() const { return registrations_.load(); }
 
   struct Impl;
 
@@ -72,14 +80,17 @@ class EngineAgent {
   EngineAgent() = default;
   using Params = std::variant<std::vector<ShmParam>, std::vector<CudaParam>>;
   static absl::StatusOr<std::unique_ptr<EngineAgent>> StartAny(const std::string& address, Params params,
-                                                               EngineCallbacks callbacks, uint64_t version);
-  void Run(std::string address, Params params, uint64_t version);
+                                                               EngineCallbacks callbacks, uint64_t version,
+                                                               bool reconnect);
+  void Run(std::string address, Params params);
 
   EngineCallbacks callbacks_;
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> paused_{false};
   std::atomic<bool> dirty_{false};
   std::atomic<bool> connected_{false};
+  std::atomic<uint64_t> registrations_{0};
+  bool reconnect_ = false;
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
 };

@@ -1,5 +1,7 @@
 #include "client/trainer_client.h"
 
+#include "common/auth_preamble.h"
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,7 @@ struct RefitSession::Impl {
   BucketHeader header;
   uint32_t next_seq = 0;
   bool done = false;
+  std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
 };
 
 TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -61,6 +64,11 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std:
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto addr = impl->io.provider->getNetwork().parseAddress(address).wait(impl->io.waitScope);
     impl->conn = addr->connect().wait(impl->io.waitScope);
+    if (IsTcpAddress(address)) {
+      // TCP control connections authenticate with the shared secret first (docs/security.md).
+      std::string preamble = AuthPreamble(ClientToken());
+      impl->conn->write(preamble.data(), preamble.size()).wait(impl->io.waitScope);
+    }
     impl->rpc = kj::heap<capnp::TwoPartyClient>(*impl->conn);
     impl->daemon = impl->rpc->bootstrap().castAs<proto::Daemon>();
   })) {
@@ -139,6 +147,10 @@ RefitSession::~RefitSession() {
   if (!impl_->done) (void)Abort("trainer closed the session without committing");
 }
 
+void RefitSession::SetWireTamper(std::function<void(uint32_t, std::vector<uint8_t>&)> tamper) {
+  impl_->tamper = std::move(tamper);
+}
+
 uint64_t RefitSession::id() const { return impl_->id; }
 uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 
@@ -177,6 +189,7 @@ absl::Status RefitSession::Flush() {
     return true;
   });
   if (!ok.ok()) return ok.status();
+  if (impl_->tamper) impl_->tamper(h.seq, impl_->bucket);
   absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, impl_->bucket.data(), impl_->bucket.size());
   impl_->bucket.clear();
   h.tensors.clear();

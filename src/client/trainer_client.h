@@ -12,6 +12,7 @@
 #define REFIT_CLIENT_TRAINER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,11 @@ class RefitSession {
   // with refitd's message naming every offending tensor.
   absl::StatusOr<RefitReport> Commit();
   absl::Status Abort(const std::string& reason);
+
+  // Fault injection (tests, example_trainer --fault): called with each bucket's bytes after its
+  // checksum was announced and before they are sent, so the data plane can carry bytes other
+  // than the announced ones. refitd must refuse such a bucket before anything is committed.
+  void SetWireTamper(std::function<void(uint32_t seq, std::vector<uint8_t>& bytes)> tamper);
 
   struct Impl;
   explicit RefitSession(std::unique_ptr<Impl> impl);

@@ -96,11 +96,16 @@ absl::Status Session::Announce(BucketHeader header) {
   if (check.ok() && header.seq != next_seq_) {
     check = absl::InvalidArgumentError(absl::StrCat("bucket seq ", header.seq, " out of order (expected ", next_seq_, ")"));
   }
+  if (check.ok() && header.tensors.size() > options_.limits.max_tensors - std::min<uint64_t>(announced_tensors_, options_.limits.max_tensors)) {
+    check = absl::InvalidArgumentError(absl::StrCat("bucket ", header.seq, ": the session would exceed ",
+                                                    options_.limits.max_tensors, " tensors (limits.max_tensors)"));
+  }
   if (!check.ok()) {
     FailLocked(check);
     return check;
   }
   ++next_seq_;
+  announced_tensors_ += header.tensors.size();
   announced_.push_back(std::move(header));
   return absl::OkStatus();
 }
@@ -139,6 +144,7 @@ void Session::ReceiveLoop() {
                                                   " does not match the announced ", ChecksumHex(header.checksum)));
       }
     }
+    if (status.ok()) status = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterReceive);
     absl::MutexLock lock(&mu_);
     receive_time_ += took;
     if (!status.ok()) {
@@ -175,8 +181,13 @@ void Session::ConvertLoop() {
     Convert(item.header, ring_.data(item.slot));
     absl::Duration took = absl::Now() - start;
     ring_.Release(item.slot);
+    absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
     absl::MutexLock lock(&mu_);
     convert_time_ += took;
+    if (!fp.ok()) {
+      FailLocked(fp);
+      return;
+    }
     ++converted_;
   }
 }

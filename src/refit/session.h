@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/failpoint.h"
 #include "refit/bucket_ring.h"
 #include "refit/converter.h"
 #include "refit/ledger.h"
@@ -36,6 +37,7 @@ class Session {
     bool partial = false;
     absl::Time deadline = absl::InfiniteFuture();
     SessionLimits limits;
+    const FailpointSet* failpoints = nullptr;  // test builds: after_receive, after_convert
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
@@ -97,6 +99,7 @@ class Session {
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);
   std::deque<Received> received_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t announced_tensors_ ABSL_GUARDED_BY(mu_) = 0;  // across buckets, against max_tensors
   uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

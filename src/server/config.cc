@@ -62,13 +62,26 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   Config c;
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
-                                  {"listen", "socket_mode", "model_spec", "data_plane", "staging", "limits", "admin",
-                                   "log_level"}));
+                                  {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
+                                   "limits", "admin", "access", "log_level"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
     REFIT_RETURN_IF_ERROR(Get(root, "socket_mode", path, "", mode));
-    c.socket_mode = static_cast<uint32_t>(std::stoul(mode, nullptr, 8));
+    uint32_t m = 0;
+    bool ok = !mode.empty() && mode.size() <= 4;
+    for (char ch : mode) {
+      ok = ok && ch >= '0' && ch <= '7';
+      m = m * 8 + static_cast<uint32_t>(ch - '0');
+    }
+    if (!ok) return Err(root["socket_mode"], path, "socket_mode", "must be an octal mode such as \"0660\"");
+    c.socket_mode = m;
+  }
+  REFIT_RETURN_IF_ERROR(Get(root, "socket_group", path, "", c.socket_group));
+  if (const YAML::Node a = root["access"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(a, path, "access", {"allowed_uids", "token_file"}));
+    REFIT_RETURN_IF_ERROR(Get(a, "allowed_uids", path, "access.", c.allowed_uids));
+    REFIT_RETURN_IF_ERROR(Get(a, "token_file", path, "access.", c.token_file));
   }
   REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
@@ -94,6 +107,13 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     REFIT_RETURN_IF_ERROR(Get(l, "session_deadline_ms", path, "limits.", s.deadline_ms));
     REFIT_RETURN_IF_ERROR(Get(l, "max_message_words", path, "limits.", c.max_message_words));
     if (s.bucket_slots < 1 || s.bucket_slots > 64) return Err(l, path, "limits.bucket_slots", "must be 1..64");
+    if (s.staging_bytes < 1) return Err(l, path, "limits.staging_bytes", "must be at least 1");
+    if (s.max_tensors < 1) return Err(l, path, "limits.max_tensors", "must be at least 1");
+    if (s.max_name_bytes < 1 || s.max_name_bytes > 65536) return Err(l, path, "limits.max_name_bytes", "must be 1..65536");
+    if (s.deadline_ms < 1) return Err(l, path, "limits.session_deadline_ms", "must be at least 1");
+    if (c.max_message_words < 1024 || c.max_message_words > (1ull << 32)) {
+      return Err(l, path, "limits.max_message_words", "must be 1024 .. 2^32");
+    }
     if (s.bucket_bytes < 4096 || s.bucket_bytes > (16ull << 30)) {
       return Err(l, path, "limits.bucket_bytes", "must be 4 KiB .. 16 GiB");
     }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "refit/types.h"
@@ -15,6 +16,12 @@ struct Config {
   // Control plane: "unix:/path" (default) or "HOST:PORT".
   std::string listen = "unix:/tmp/refitd.sock";
   uint32_t socket_mode = 0660;  // for unix sockets
+  std::string socket_group;     // group owning the unix socket; "" leaves refitd's own
+  // Access control (docs/security.md). Unix-socket peers: refitd's own uid plus these.
+  std::vector<uint32_t> allowed_uids;
+  // Shared secret for TCP control connections (first line of the file). Listening on TCP
+  // without one is a startup error.
+  std::string token_file;
   std::string model_spec;       // path to the model spec YAML
   std::string model_spec_inline;  // or the spec itself (the embedded demo config uses this)
   // Data plane.

@@ -124,12 +124,14 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
         const Session* sp = &s;
         auto prepared = std::make_shared<absl::StatusOr<PreparedCommit>>(absl::UnknownError("not run"));
         return RunBlocking(run->state.io,
-                           [sp, engine, prepared] {
+                           [sp, engine, prepared, fp = run->state.failpoints.get()] {
                              *prepared = PrepareCommit(*engine->planner, sp->staging(), sp->ledger().Produced());
                              if (prepared->ok()) {
                                absl::Status st = PrepareStorageWrites(**prepared, *engine->storage);
                                if (!st.ok()) *prepared = st;
                              }
+                             absl::Status hit = REFIT_FAILPOINT(fp, failpoints::kBeforeCommit);
+                             if (prepared->ok() && !hit.ok()) *prepared = hit;
                            })
             .then([run, engine, prepared]() -> kj::Promise<void> {
               if (!prepared->ok()) {
@@ -138,13 +140,22 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
                 Throw(reason);
               }
               absl::Time pause_start = absl::Now();
+              Log(LogLevel::kDebug, absl::StrCat("event=commit_window session=", run->id, " phase=pausing"));
               return engine->control.pauseRequest()
                   .send()
                   .then(
                       [run, engine, prepared](auto&&) {
                         return RunBlocking(run->state.io, [engine, prepared, run] {
                           absl::Time t0 = absl::Now();
-                          run->copied = WritePrepared(*engine->planner, **prepared, *engine->storage);
+                          const FailpointSet* fp = run->state.failpoints.get();
+                          absl::Status hit = REFIT_FAILPOINT(fp, failpoints::kMidCommit);
+                          run->copied = hit.ok() ? WritePrepared(*engine->planner, **prepared, *engine->storage)
+                                                 : absl::StatusOr<CommitStats>(hit);
+                          if (run->copied.ok()) {
+                            // Copied but not resumed: an error here is treated like a failed copy.
+                            hit = REFIT_FAILPOINT(fp, failpoints::kAfterCopy);
+                            if (!hit.ok()) run->copied = hit;
+                          }
                           run->copy_ms = Ms(absl::Now() - t0);
                         });
                       },
@@ -170,6 +181,9 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
                   .then([run, pause_start]() {
                     run->pause_ms = Ms(absl::Now() - pause_start);
                     run->End("committed", "", run->state.version);
+                    // The engine serves the new version; the trainer has not been answered yet.
+                    absl::Status hit = REFIT_FAILPOINT(run->state.failpoints.get(), failpoints::kAfterCommit);
+                    if (!hit.ok()) Throw(hit.message());
                   });
             });
       });
@@ -323,6 +337,9 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (manifest->model != state_.spec.model) {
       Throw(absl::StrCat("manifest is for model '", manifest->model, "' but this daemon serves '", state_.spec.model, "'"));
     }
+    if (state_.engine->dirty && manifest->partial) {
+      Throw("partial refit refused: the engine's weights are dirty after an interrupted commit; a full refit must land first");
+    }
     const SessionLimits& limits = state_.config.limits;
     if (manifest->tensors.size() > limits.max_tensors) {
       Throw(absl::StrCat("manifest lists ", manifest->tensors.size(), " tensors (limit ", limits.max_tensors, ")"));
@@ -345,6 +362,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     options.partial = manifest->partial;
     options.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
     options.limits = limits;
+    options.failpoints = state_.failpoints.get();
     state_.active = DaemonState::Active{
         std::make_unique<Session>(*state_.engine->planner, *state_.receiver, *state_.ring, *state_.engine->converter,
                                   *state_.engine->pool, options),
@@ -401,11 +419,11 @@ class DaemonImpl final : public proto::Daemon::Server {
                                         std::move(staging->second),
                                         params.getControl(),
                                         bytes,
-                                        false};
+                                        params.getDirty()};
     state_.version = params.getVersion();
-    Log(LogLevel::kInfo, absl::StrCat("event=engine_registered engine=", id, " params=",
-                                      state_.engine->storage->params().size(), " bytes=", bytes,
-                                      " version=", state_.version));
+    Log(params.getDirty() ? LogLevel::kWarn : LogLevel::kInfo,
+        absl::StrCat("event=engine_registered engine=", id, " params=", state_.engine->storage->params().size(),
+                     " bytes=", bytes, " version=", state_.version, " dirty=", params.getDirty() ? "true" : "false"));
     if (state_.hooks.on_engine) state_.hooks.on_engine(true);
     context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, id));
     context.getResults().setVersion(state_.version);
@@ -429,6 +447,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     s.setRefused(state_.refused);
     s.setAborted(state_.aborted);
     s.setDataEndpoint(state_.receiver->Endpoint());
+    s.setEngineDirty(state_.engine && state_.engine->dirty);
     return kj::READY_NOW;
   }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "common/failpoint.h"
 #include "kj/async-io.h"
 #include "kj/timer.h"
 #include "proto/refit.capnp.h"
@@ -63,6 +64,9 @@ class DaemonState {
   kj::LowLevelAsyncIoProvider& io;
   kj::Timer& timer;
   DaemonHooks hooks;
+
+  // Test builds: failpoints armed from REFIT_FAILPOINTS (docs/reliability.md); null otherwise.
+  std::unique_ptr<FailpointSet> failpoints;
 
   std::optional<Engine> engine;
   std::optional<Active> active;

@@ -4,13 +4,16 @@
 //
 // Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
 // model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0.
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +23,9 @@
 #include "metrics/refit_metrics.h"
 #include "metrics/registry.h"
 #include "server/admin/admin_server.h"
+#include "common/failpoint.h"
 #include "server/config.h"
+#include "server/control_listener.h"
 #include "server/daemon_metrics.h"
 #include "server/daemon_service.h"
 #include "server/log.h"
@@ -95,6 +100,38 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // Access control: refuse to start with a control plane nobody could use safely.
+  server::AccessPolicy access;
+  access.allowed_uids.insert(static_cast<uint32_t>(getuid()));
+  for (uint32_t uid : config->allowed_uids) access.allowed_uids.insert(uid);
+  if (!config->token_file.empty()) {
+    std::ifstream in(config->token_file);
+    std::getline(in, access.token);
+    if (!in && access.token.empty()) return Fail(absl::StrCat("cannot read access.token_file '", config->token_file, "'"));
+    if (access.token.size() < 16) return Fail("access.token_file: the token must be at least 16 bytes");
+  }
+  const bool unix_socket = config->listen.rfind("unix:", 0) == 0;
+  if (!unix_socket && access.token.empty()) {
+    return Fail(absl::StrCat("listen '", config->listen,
+                             "' is TCP: set access.token_file (a shared secret) or listen on a unix: socket"));
+  }
+  gid_t socket_gid = static_cast<gid_t>(-1);
+  if (!config->socket_group.empty()) {
+    struct group* g = getgrnam(config->socket_group.c_str());
+    if (g == nullptr) return Fail(absl::StrCat("socket_group '", config->socket_group, "' does not exist"));
+    socket_gid = g->gr_gid;
+  }
+
+  std::unique_ptr<FailpointSet> failpoints;
+#if defined(REFIT_FAILPOINTS) && REFIT_FAILPOINTS
+  if (const char* fp = std::getenv("REFIT_FAILPOINTS"); fp != nullptr && *fp != '\0') {
+    absl::StatusOr<std::unique_ptr<FailpointSet>> parsed = FailpointSet::Parse(fp);
+    if (!parsed.ok()) return Fail(absl::StrCat("REFIT_FAILPOINTS: ", parsed.status().message()));
+    failpoints = std::move(*parsed);
+    server::Log(server::LogLevel::kWarn, absl::StrCat("event=failpoints_armed spec=\"", fp, "\""));
+  }
+#endif
+
   transport::UcxOptions ucx;
   ucx.tls = config->ucx_tls;
   ucx.listen_host = config->data_host;
@@ -113,6 +150,7 @@ int main(int argc, char** argv) {
   if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));
   server::DaemonState state(*config, std::move(*spec), std::move(*receiver), std::move(*ring), *io.lowLevelProvider,
                             io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport));
+  state.failpoints = std::move(failpoints);
   refit_metrics->engine_registered->Set(0);
 
   std::unique_ptr<admin::AdminServer> admin_server;
@@ -136,7 +174,7 @@ int main(int argc, char** argv) {
 
   capnp::ReaderOptions reader;
   reader.traversalLimitInWords = config->max_message_words;
-  capnp::TwoPartyServer rpc(server::MakeDaemon(state));
+  server::ControlListener rpc(server::MakeDaemon(state), reader, std::move(access), io.provider->getTimer());
   std::string address = config->listen;
   std::string unix_path;
   if (address.rfind("unix:", 0) == 0) {
@@ -150,18 +188,40 @@ int main(int argc, char** argv) {
   })) {
     return Fail(absl::StrCat("cannot listen on '", address, "': ", e->getDescription().cStr()));
   }
-  if (!unix_path.empty()) chmod(unix_path.c_str(), config->socket_mode);
+  if (!unix_path.empty()) {
+    if (socket_gid != static_cast<gid_t>(-1) && chown(unix_path.c_str(), static_cast<uid_t>(-1), socket_gid) != 0) {
+      return Fail(absl::StrCat("cannot give ", unix_path, " to group '", config->socket_group, "': ", std::strerror(errno)));
+    }
+    if (chmod(unix_path.c_str(), config->socket_mode) != 0) {
+      return Fail(absl::StrCat("cannot chmod ", unix_path, ": ", std::strerror(errno)));
+    }
+  }
   server::Log(server::LogLevel::kInfo,
               absl::StrCat("event=listening control=", address, " data=", state.receiver->Endpoint(),
                            " model=", state.spec.model, " pid=", getpid(),
                            admin_server ? absl::StrCat(" admin_port=", admin_server->port()) : ""));
   std::fflush(stdout);
 
-  auto serving = rpc.listen(*listener);
+  auto serving = rpc.Listen(*listener, unix_socket);
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   siginfo_t info = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).wait(io.waitScope);
   server::Log(server::LogLevel::kInfo, absl::StrCat("event=shutdown signal=", info.si_signo));
-  if (state.active) state.active->session->Abort("daemon shutting down");
+  // Aborting ends a session that is still receiving (a commit waiting for buckets ends too). A
+  // commit past that point, in its window, runs to the engine's resume (or its failure) before
+  // refitd exits, so a shutdown never leaves the engine paused with half-copied weights.
+  // Bounded: a stuck engine cannot hold the shutdown forever.
+  if (state.active) {
+    state.active->session->Abort("daemon shutting down");
+    if (!state.active->committing) {
+      RefitReport r = state.active->session->Report();
+      r.outcome = "aborted";
+      r.reason = "daemon shutting down";
+      state.EndSession(r);
+    }
+  }
+  for (int i = 0; i < 3000 && state.active && state.active->committing; ++i) {
+    io.provider->getTimer().afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
+  }
   if (!unix_path.empty()) unlink(unix_path.c_str());
   return 0;
 }

@@ -8,7 +8,9 @@
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
 //   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE] [--idle]
-//                  [shape flags]
+//                  [--reconnect] [shape flags]
+// --reconnect keeps serving when refitd goes away and registers again when it is back (a dirty
+// engine, one that lost refitd inside a commit window, stays paused until a full refit lands).
 // --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
 // requests then copy every parameter to the host to checksum it.
 //   example_engine --checkpoint DIR --spec FILE [--address ...] [--shm NAME]
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   demo::ModelShape shape;
   int gpu = -1;
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
+  bool reconnect = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
@@ -77,6 +80,8 @@ int main(int argc, char** argv) {
       shm_name = argv[++i];
     } else if (a == "--idle") {
       idle = true;
+    } else if (a == "--reconnect") {
+      reconnect = true;
     } else if (a == "--gpu" && i + 1 < argc) {
       gpu = std::atoi(argv[++i]);
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -201,12 +206,12 @@ int main(int argc, char** argv) {
   signal(SIGINT, OnSignal);
   absl::StatusOr<std::unique_ptr<client::EngineAgent>> agent = absl::UnknownError("not started");
   if (gpu < 0) {
-    agent = client::EngineAgent::Start(address, params, callbacks, 0);
+    agent = client::EngineAgent::Start(address, params, callbacks, 0, reconnect);
   } else {
 #if REFIT_HAVE_CUDA
     std::vector<client::CudaParam> cuda;
     for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu});
-    agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0);
+    agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0, reconnect);
 #endif
   }
   if (!agent.ok()) {
@@ -220,7 +225,14 @@ int main(int argc, char** argv) {
   // Serve until told to stop; each request sees one version, whole.
   std::map<uint64_t, uint64_t> seen;  // version -> checksum
   uint64_t requests = 0, mixed = 0;
-  while (!g_stop.load() && (*agent)->connected()) {
+  uint64_t registrations = 1;
+  while (!g_stop.load() && (reconnect || (*agent)->connected())) {
+    if ((*agent)->registrations() != registrations) {
+      registrations = (*agent)->registrations();
+      std::printf("{\"event\":\"reregistered\",\"version\":%llu,\"dirty\":%s}\n",
+                  static_cast<unsigned long long>((*agent)->version()), (*agent)->dirty() ? "true" : "false");
+      std::fflush(stdout);
+    }
     std::shared_lock<std::shared_timed_mutex> lock(served.mu, std::chrono::milliseconds(50));
     if (!lock.owns_lock()) continue;  // paused (or stuck paused after losing refitd: weights dirty)
     if (idle) {

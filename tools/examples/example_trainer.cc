@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall] [shape flags]
+//                    duplicate|stall|silent|bit-flip|garbage|partial] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -273,6 +273,10 @@ int main(int argc, char** argv) {
       }
     } else if (fault == "duplicate") {
       to_send.push_back(to_send.front());
+    } else if (fault == "partial") {
+      // A partial refit of one tensor (refused while the engine is dirty).
+      to_send.resize(1);
+      manifest.partial = true;
     }
     for (const ConvertedTensor& c : to_send) {
       manifest.tensors.push_back({c.name, c.dtype, c.shape, 0, c.bytes.size()});
@@ -281,6 +285,25 @@ int main(int argc, char** argv) {
     if (fault == "drop-scale") manifest.tensors.clear();
     absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
     if (!session.ok()) return Fail(session.status().message());
+    if (fault == "silent") {
+      std::fprintf(stderr, "example_trainer: sending nothing after begin (fault injection)\n");
+      pause();
+    }
+    if (fault == "bit-flip") {
+      // One bit of the first bucket flips on the wire, after its checksum was announced.
+      (*session)->SetWireTamper([](uint32_t seq, std::vector<uint8_t>& bytes) {
+        if (seq == 0 && !bytes.empty()) bytes[bytes.size() / 2] ^= 0x10;
+      });
+    } else if (fault == "garbage") {
+      // The data plane carries bytes unrelated to the announced bucket.
+      (*session)->SetWireTamper([](uint32_t seq, std::vector<uint8_t>& bytes) {
+        uint64_t x = 0x9e3779b97f4a7c15ull + seq;
+        for (uint8_t& b : bytes) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+          b = static_cast<uint8_t>(x);
+        }
+      });
+    }
     absl::Status pushed;
     for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
       const ConvertedTensor& c = to_send[i];

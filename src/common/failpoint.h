@@ -1,0 +1,79 @@
+// Failpoints: named places in refitd where a test can make the process crash, fail the current
+// step, or stall, to prove what the engine sees when that happens (docs/reliability.md).
+//
+// A FailpointSet is parsed once, at start, from a spec string (refitd reads the environment
+// variable REFIT_FAILPOINTS):
+//   "name=action[;name=action...]"   action: crash | error | delay:MS
+// with an optional "@N" after the action: trigger on the N-th hit only (1-based; default every
+// hit). `crash` ends the process with SIGKILL, as `kill -9` would; `error` makes the step return
+// an Internal error naming the failpoint; `delay:MS` sleeps MS milliseconds, then continues.
+//
+// Failpoints are compiled only when REFIT_FAILPOINTS is defined (test builds; configure with
+// -DREFIT_FAILPOINTS=OFF for release). Without it, REFIT_FAILPOINT(...) is an OK status and the
+// set is never consulted.
+//
+// Threading: after Parse, Hit may be called from any thread (hit counters are atomic).
+#ifndef REFIT_COMMON_FAILPOINT_H_
+#define REFIT_COMMON_FAILPOINT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace refit {
+
+// The failpoints refitd defines, in the order a refit passes them.
+namespace failpoints {
+inline constexpr char kAfterReceive[] = "after_receive";  // a bucket arrived and its checksum matched
+inline constexpr char kAfterConvert[] = "after_convert";  // a bucket was converted into staging
+inline constexpr char kBeforeCommit[] = "before_commit";  // validated and prepared; engine not paused yet
+inline constexpr char kMidCommit[] = "mid_commit";        // engine paused, copy not started
+inline constexpr char kAfterCopy[] = "after_copy";        // copy done, engine not resumed yet
+inline constexpr char kAfterCommit[] = "after_commit";    // engine resumed, trainer not answered yet
+}  // namespace failpoints
+
+class FailpointSet {
+ public:
+  enum class Action { kCrash, kError, kDelay };
+
+  // Parses a spec (see above). An empty spec arms nothing. A name refitd does not define is an
+  // error, so a misspelled failpoint fails loudly instead of never firing.
+  static absl::StatusOr<std::unique_ptr<FailpointSet>> Parse(const std::string& spec);
+
+  // Runs the action armed at `name`, if any: may not return (crash), sleep (delay), or return
+  // an error (error). Unarmed names return OK at once.
+  absl::Status Hit(const char* name) const;
+
+  // How many times `name` was hit (armed points only).
+  uint64_t hits(const std::string& name) const;
+  bool empty() const { return points_.empty(); }
+
+ private:
+  struct Point {
+    Action action = Action::kError;
+    uint32_t delay_ms = 0;
+    uint64_t only_hit = 0;  // 0: every hit
+    mutable std::atomic<uint64_t> hits{0};
+  };
+  std::map<std::string, std::unique_ptr<Point>, std::less<>> points_;
+};
+
+// True when a failpoint name is one refitd defines.
+bool IsKnownFailpoint(const std::string& name);
+
+}  // namespace refit
+
+// REFIT_FAILPOINT(set_ptr, name): an absl::Status; OK when failpoints are compiled out, the set
+// pointer is null, or the point is not armed.
+#if defined(REFIT_FAILPOINTS) && REFIT_FAILPOINTS
+#define REFIT_FAILPOINT(set, name) ((set) != nullptr ? (set)->Hit(name) : ::absl::OkStatus())
+#else
+#define REFIT_FAILPOINT(set, name) ((void)(set), ::absl::OkStatus())
+#endif
+
+#endif  // REFIT_COMMON_FAILPOINT_H_

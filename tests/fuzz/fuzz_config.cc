@@ -1,0 +1,13 @@
+// Fuzz target: refitd's daemon configuration loader (server::ParseConfig).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "server/config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string yaml(reinterpret_cast<const char*>(data), size);
+  absl::StatusOr<refit::server::Config> c = refit::server::ParseConfig(yaml, "<fuzz>");
+  (void)c;
+  return 0;
+}

@@ -1,0 +1,41 @@
+#include "common/auth_preamble.h"
+
+#include "gtest/gtest.h"
+
+namespace refit {
+namespace {
+
+TEST(AuthPreambleTest, RoundTrip) {
+  std::string p = AuthPreamble("0123456789abcdef-token");
+  ASSERT_EQ(p.size(), 8u + 22u);
+  absl::StatusOr<uint32_t> n = ParseAuthHead(reinterpret_cast<const uint8_t*>(p.data()));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 22u);
+  EXPECT_EQ(p.substr(8), "0123456789abcdef-token");
+}
+
+TEST(AuthPreambleTest, RefusesBadHeads) {
+  const uint8_t capnp_first[8] = {0, 0, 0, 0, 5, 0, 0, 0};  // a Cap'n Proto segment table
+  EXPECT_EQ(ParseAuthHead(capnp_first).status().code(), absl::StatusCode::kPermissionDenied);
+  std::string empty = AuthPreamble("");
+  EXPECT_FALSE(ParseAuthHead(reinterpret_cast<const uint8_t*>(empty.data())).ok());
+  std::string huge = AuthPreamble(std::string(kMaxTokenBytes + 1, 'x'));
+  EXPECT_FALSE(ParseAuthHead(reinterpret_cast<const uint8_t*>(huge.data())).ok());
+}
+
+TEST(AuthPreambleTest, TokensEqual) {
+  EXPECT_TRUE(TokensEqual("abc", "abc"));
+  EXPECT_FALSE(TokensEqual("abc", "abd"));
+  EXPECT_FALSE(TokensEqual("abc", "abcd"));
+  EXPECT_FALSE(TokensEqual("", "a"));
+  EXPECT_TRUE(TokensEqual("", ""));
+}
+
+TEST(AuthPreambleTest, TcpAddresses) {
+  EXPECT_FALSE(IsTcpAddress("unix:/run/refitd/refitd.sock"));
+  EXPECT_TRUE(IsTcpAddress("127.0.0.1:7400"));
+  EXPECT_TRUE(IsTcpAddress("[::1]:7400"));
+}
+
+}  // namespace
+}  // namespace refit
