@@ -64,11 +64,14 @@ def test_config_example_lists_every_key():
     allowed = {}
     for where, keys in re.findall(r'CheckKeys\([^,]+,\s*path,\s*"(\w+)",\s*\{([^}]*)\}', source, re.S):
         allowed[where] = set(re.findall(r'"(\w+)"', keys))
-    assert set(allowed) == {"config", "data_plane", "limits", "admin"}, allowed
+    assert set(allowed) == {"config", "data_plane", "limits", "admin", "access"}, allowed
     cfg = yaml.safe_load(CONFIG.read_text())
     assert set(cfg) == allowed["config"]
     for section in ("data_plane", "limits", "admin"):
         assert set(cfg[section]) == allowed[section], section
+    # access: token_file stays commented out (the unit listens on a Unix socket); the rest is set.
+    assert set(cfg["access"]) | {"token_file"} == allowed["access"], cfg["access"]
+    assert "token_file:" in CONFIG.read_text()
 
 
 def test_refitd_accepts_the_config_and_model_spec(tmp_path):
