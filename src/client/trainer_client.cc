@@ -191,6 +191,12 @@ absl::Status RefitSession::Flush() {
   if (!ok.ok()) return ok.status();
   if (impl_->tamper) impl_->tamper(h.seq, impl_->bucket);
   absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, impl_->bucket.data(), impl_->bucket.size());
+  if (!sent.ok()) {
+    // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
+    // session connects afresh.
+    client->sender.reset();
+    client->sender_endpoint.clear();
+  }
   impl_->bucket.clear();
   h.tensors.clear();
   return sent;

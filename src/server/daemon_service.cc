@@ -328,6 +328,27 @@ class DaemonImpl final : public proto::Daemon::Server {
  public:
   explicit DaemonImpl(DaemonState& state) : state_(state) {}
 
+ private:
+  kj::Promise<void> WatchForFailure(uint64_t id) {
+    return state_.timer.afterDelay(50 * kj::MILLISECONDS).then([this, id]() -> kj::Promise<void> {
+      if (!state_.active || state_.active->session->id() != id) return kj::READY_NOW;
+      if (!state_.active->committing) {
+        absl::Status failure = state_.active->session->failure();
+        if (!failure.ok()) {
+          RefitReport r = state_.active->session->Report();
+          r.outcome = failure.code() == absl::StatusCode::kResourceExhausted ? "failed" : "aborted";
+          r.reason = std::string(failure.message());
+          r.times.total_ms = Ms(absl::Now() - state_.active->begun);
+          state_.EndSession(r);
+          return kj::READY_NOW;
+        }
+      }
+      return WatchForFailure(id);
+    });
+  }
+
+ public:
+
  protected:
   kj::Promise<void> begin(BeginContext context) override {
     if (!state_.engine) Throw("no engine is registered");
@@ -383,6 +404,10 @@ class DaemonImpl final : public proto::Daemon::Server {
         state_.EndSession(r);
       }
     }));
+    // A session that fails on its own threads (a corrupt or short bucket, a dead data-plane
+    // peer, staging exhausted) is ended at once, not when its trainer next calls: a trainer
+    // blocked in a data-plane send may never call again.
+    state_.tasks.add(WatchForFailure(id));
     auto results = context.getResults();
     results.setSession(kj::heap<SessionImpl>(state_, id));
     results.setSessionId(id);
@@ -524,6 +549,12 @@ void DaemonState::EndSession(RefitReport report) {
   }
   last_report = report;
   Log(report.outcome == "committed" ? LogLevel::kInfo : LogLevel::kWarn, ReportLine(report));
+  if ((report.outcome == "aborted" || report.outcome == "failed") && report.reason.rfind("trainer ", 0) != 0) {
+    // Ended by refitd (deadline, a corrupt bucket, engine gone, operator): a trainer of this
+    // session may be blocked sending a bucket nobody will receive. Its connection is dropped so
+    // the send fails; it reconnects for its next session.
+    receiver->DisconnectPeers();
+  }
   if (hooks.on_report) hooks.on_report(report);
   active.reset();
   NotifySession();

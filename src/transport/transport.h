@@ -38,6 +38,10 @@ class Receiver {
   // Makes a blocked or later Receive return Cancelled until Reset().
   virtual void Cancel() = 0;
   virtual void Reset() = 0;
+
+  // Drops every connected sender, so that one blocked in Send fails instead of waiting for a
+  // receive that an aborted session will never post. Senders reconnect for their next session.
+  virtual void DisconnectPeers() {}
 };
 
 // Sending end, owned by a trainer process; one per connection to one refitd.

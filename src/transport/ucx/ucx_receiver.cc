@@ -124,7 +124,7 @@ std::string UcxReceiver::Endpoint() const { return endpoint_; }
 void UcxReceiver::ProgressLoop() {
   while (!stopping_.load()) {
     ucx::ProgressUntil(
-        worker_, [this] { return stopping_.load() || cancel_pending_.load() || HasPeerWork(); },
+        worker_, [this] { return stopping_.load() || cancel_pending_.load() || drop_peers_.load() || HasPeerWork(); },
         absl::InfiniteFuture());
     ServiceCancels();
     ServicePeers();
@@ -165,6 +165,12 @@ bool UcxReceiver::HasPeerWork() const {
 
 bool UcxReceiver::ServicePeers() {
   bool worked = false;
+  if (drop_peers_.exchange(false)) {
+    // Closed in force mode below, like a failed endpoint; the sender's pending Send fails.
+    for (auto& [ep, peer] : peers_) {
+      if (peer->ep) peer->ep_failed = true;
+    }
+  }
   for (auto it = peers_.begin(); it != peers_.end();) {
     Peer& peer = *it->second;
     if (peer.ep && !peer.ep_failed) {
@@ -391,6 +397,11 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
 void UcxReceiver::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
+}
+
+void UcxReceiver::DisconnectPeers() {
+  drop_peers_.store(true);
+  ucp_worker_signal(worker_.get());
 }
 
 void UcxReceiver::Reset() {

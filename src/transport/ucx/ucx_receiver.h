@@ -51,6 +51,7 @@ class UcxReceiver final : public Receiver {
                                    absl::Time deadline) override;
   void Cancel() override;
   void Reset() override;
+  void DisconnectPeers() override;
 
  private:
   struct Peer;
@@ -93,6 +94,7 @@ class UcxReceiver final : public Receiver {
   // performs every cancel; the receiving thread waits until its entry was consumed.
   std::vector<std::pair<void*, PendingReceive*>> cancels_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancel_pending_{false};
+  std::atomic<bool> drop_peers_{false};  // DisconnectPeers: close every peer endpoint
   void ServiceCancels();
   // Non-empty once a peer failed: the Unavailable message.
   std::string failure_ ABSL_GUARDED_BY(mu_);
