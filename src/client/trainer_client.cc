@@ -9,6 +9,11 @@
 #include "proto/refit.capnp.h"
 #include "proto/wire.h"
 #include "transport/ucx/ucx_sender.h"
+#if REFIT_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "transport/nccl/nccl_sender.h"
+#endif
 
 namespace refit::client {
 namespace {
@@ -38,9 +43,78 @@ struct TrainerClient::Impl {
   kj::Own<kj::AsyncIoStream> conn;
   kj::Own<capnp::TwoPartyClient> rpc;
   proto::Daemon::Client daemon = nullptr;
-  std::unique_ptr<transport::UcxSender> sender;
+  std::unique_ptr<transport::Sender> sender;
   std::string sender_endpoint;
+  // NCCL data plane: buckets are packed on the GPU (device_bucket, bucket_bytes long) with
+  // asynchronous copies on copy_stream, then sent from there.
+  bool device_buckets = false;
+  int device = 0;
+  void* device_bucket = nullptr;
+  uint64_t device_bucket_bytes = 0;
+  void* copy_stream = nullptr;
+
+  ~Impl() {
+#if REFIT_HAVE_NCCL
+    sender.reset();
+    if (device_bucket != nullptr || copy_stream != nullptr) cudaSetDevice(device);
+    if (copy_stream != nullptr) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
+      cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream));
+    }
+    if (device_bucket != nullptr) cudaFree(device_bucket);
+#endif
+  }
+  // Connects the data plane named by refitd's endpoint (ucx:... or nccl:...).
+  absl::Status ConnectData(const std::string& endpoint, uint64_t bucket_bytes);
 };
+
+absl::Status TrainerClient::Impl::ConnectData(const std::string& endpoint, uint64_t bucket_bytes) {
+  if (!sender || sender_endpoint != endpoint) {
+    sender.reset();
+    if (endpoint.rfind("nccl:", 0) == 0) {
+#if REFIT_HAVE_NCCL
+      // The trainer's current CUDA device sends (it must differ from refitd's device).
+      if (cudaGetDevice(&device) != cudaSuccess) return absl::UnavailableError("NCCL data plane: no CUDA device");
+      transport::NcclOptions options;
+      options.device = device;
+      absl::StatusOr<std::unique_ptr<transport::NcclSender>> s = transport::NcclSender::Connect(endpoint, options);
+      if (!s.ok()) return s.status();
+      sender = std::move(*s);
+      device_buckets = true;
+#else
+      return absl::UnimplementedError(
+          absl::StrCat("refitd offers the NCCL data plane (", endpoint, ") but this client was built without NCCL"));
+#endif
+    } else {
+      absl::StatusOr<std::unique_ptr<transport::UcxSender>> s = transport::UcxSender::Connect(endpoint, {});
+      if (!s.ok()) return s.status();
+      sender = std::move(*s);
+      device_buckets = false;
+    }
+    sender_endpoint = endpoint;
+  }
+#if REFIT_HAVE_NCCL
+  if (device_buckets && device_bucket_bytes < bucket_bytes) {
+    cudaSetDevice(device);
+    if (device_bucket != nullptr) cudaFree(device_bucket);
+    device_bucket = nullptr;
+    device_bucket_bytes = 0;
+    if (cudaMalloc(&device_bucket, bucket_bytes) != cudaSuccess) {
+      device_bucket = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", bucket_bytes, "-byte device bucket"));
+    }
+    device_bucket_bytes = bucket_bytes;
+    if (copy_stream == nullptr) {
+      cudaStream_t s = nullptr;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        return absl::UnavailableError("cannot create a CUDA stream");
+      }
+      copy_stream = s;
+    }
+  }
+#endif
+  return absl::OkStatus();
+}
 
 struct RefitSession::Impl {
   TrainerClient::Impl* client;
@@ -48,6 +122,7 @@ struct RefitSession::Impl {
   uint64_t id = 0;
   uint64_t bucket_bytes = 0;
   std::vector<uint8_t> bucket;
+  uint64_t device_used = 0;  // bytes packed into the client's device bucket (NCCL)
   BucketHeader header;
   uint32_t next_seq = 0;
   bool done = false;
@@ -84,12 +159,14 @@ absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Begin(const Manifes
     return true;
   });
   if (!ok.ok()) return ok.status();
-  if (!impl_->sender || impl_->sender_endpoint != endpoint) {
-    impl_->sender.reset();
-    absl::StatusOr<std::unique_ptr<transport::UcxSender>> sender = transport::UcxSender::Connect(endpoint, {});
-    if (!sender.ok()) return sender.status();
-    impl_->sender = std::move(*sender);
-    impl_->sender_endpoint = endpoint;
+  if (absl::Status st = impl_->ConnectData(endpoint, s->bucket_bytes); !st.ok()) {
+    auto req = s->session.abortRequest();
+    req.setReason(absl::StrCat("trainer could not connect the data plane: ", st.message()));
+    (void)Call([&]() {
+      req.send().wait(impl_->io.waitScope);
+      return true;
+    });
+    return st;
   }
   return std::make_unique<RefitSession>(std::move(s));
 }
@@ -150,15 +227,30 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
                                                    impl_->bucket_bytes, "-byte bucket"));
   }
+  TrainerClient::Impl* client = impl_->client;
+  const uint64_t used = client->device_buckets ? impl_->device_used : impl_->bucket.size();
   // Keep 16-byte alignment of every tensor inside the bucket.
-  uint64_t offset = (impl_->bucket.size() + 15) & ~uint64_t{15};
+  uint64_t offset = (used + 15) & ~uint64_t{15};
   if (offset + *nbytes > impl_->bucket_bytes) {
     absl::Status st = Flush();
     if (!st.ok()) return st;
     offset = 0;
   }
-  impl_->bucket.resize(offset + *nbytes);
-  std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
+  if (client->device_buckets) {
+#if REFIT_HAVE_NCCL
+    // Host or device source; the copy runs on the client's stream and completes before the send.
+    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(client->device_bucket) + offset, t.data, *nbytes,
+                                    cudaMemcpyDefault, static_cast<cudaStream_t>(client->copy_stream));
+    if (e != cudaSuccess) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': copy into the device bucket failed: ", cudaGetErrorString(e)));
+    }
+    impl_->device_used = offset + *nbytes;
+#endif
+  } else {
+    impl_->bucket.resize(offset + *nbytes);
+    std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
+  }
   impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes});
   return absl::OkStatus();
 }
@@ -166,10 +258,21 @@ absl::Status RefitSession::Push(const TensorRef& t) {
 absl::Status RefitSession::Flush() {
   if (impl_->header.tensors.empty()) return absl::OkStatus();
   BucketHeader& h = impl_->header;
-  h.seq = impl_->next_seq++;
-  h.nbytes = impl_->bucket.size();
-  h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
   auto* client = impl_->client;
+  const void* payload = impl_->bucket.data();
+  h.seq = impl_->next_seq++;
+  if (client->device_buckets) {
+#if REFIT_HAVE_NCCL
+    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(client->copy_stream));
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("packing the device bucket: ", cudaGetErrorString(e)));
+#endif
+    h.nbytes = impl_->device_used;
+    h.checksum = 0;  // device buckets are not checksummed (NCCL's transports check integrity)
+    payload = client->device_bucket;
+  } else {
+    h.nbytes = impl_->bucket.size();
+    h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
+  }
   absl::StatusOr<bool> ok = Call([&]() {
     auto req = impl_->session.announceRequest();
     wire::ToWire(h, req.initHeader());
@@ -177,8 +280,9 @@ absl::Status RefitSession::Flush() {
     return true;
   });
   if (!ok.ok()) return ok.status();
-  absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, impl_->bucket.data(), impl_->bucket.size());
+  absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, payload, h.nbytes);
   impl_->bucket.clear();
+  impl_->device_used = 0;
   h.tensors.clear();
   return sent;
 }

@@ -6,6 +6,9 @@
 //   for (auto& t : tensors) session->Push(t);
 //   absl::StatusOr<RefitReport> report = session->Commit();
 //
+// The data plane is the one refitd offers: UCX (host buckets) or NCCL (buckets packed on the
+// caller's current CUDA device, which must differ from refitd's).
+//
 // Threading: a client and its sessions are used from one thread (they own a KJ event loop).
 // A session destroyed before Commit aborts.
 #ifndef REFIT_CLIENT_TRAINER_CLIENT_H_
@@ -25,7 +28,10 @@ struct TensorRef {
   std::string name;
   DType dtype;
   Shape shape;
-  const void* data;  // host memory, dense row-major
+  // Dense row-major bytes: host memory, or (NCCL data plane) device memory, which is read
+  // asynchronously until the bucket holding it is sent (the next Flush/Commit or overflowing
+  // Push): keep it unchanged until then.
+  const void* data;
 };
 
 struct ParamChecksum {

@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall] [shape flags]
+//                    duplicate|stall] [--gpu N] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -14,6 +14,8 @@
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
+// --gpu N holds the weights on GPU N and pushes device tensors (the NCCL data plane sends from
+// that GPU); push_commit_ms in each line is the trainer's time from Begin to the commit reply.
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,7 +27,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/trainer_client.h"
+#if REFIT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "common/checksum.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
@@ -58,8 +64,8 @@ std::string JsonEscape(const std::string& in) {
   return out;
 }
 
-std::string Json(const RefitReport& r, int refit, bool match, const std::string& error) {
-  return absl::StrCat("{\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
+std::string Json(const RefitReport& r, int refit, bool match, const std::string& error, double push_commit_ms = 0) {
+  return absl::StrCat("{\"push_commit_ms\":", push_commit_ms, ",\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
                       ",\"outcome\":\"", r.outcome, "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
@@ -164,6 +170,7 @@ int main(int argc, char** argv) {
   std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none", checkpoint, expected_dir;
   std::vector<std::string> only, drop;
   int refits = 3;
+  int gpu = -1;  // --gpu: weights on this GPU
   uint64_t seed = 1;
   bool prequantized = false;
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
@@ -195,6 +202,8 @@ int main(int argc, char** argv) {
       drop.push_back(argv[++i]);
     } else if (a == "--prequantized") {
       prequantized = true;
+    } else if (a == "--gpu" && i + 1 < argc) {
+      gpu = std::atoi(argv[++i]);
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       return Fail(absl::StrCat("unknown flag ", a));
     }
@@ -225,6 +234,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!checkpoint.empty()) return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop);
+  if (gpu >= 0) {
+#if REFIT_HAVE_CUDA
+    if (cudaSetDevice(gpu) != cudaSuccess) return Fail(absl::StrCat("cannot use GPU ", gpu));
+#else
+    return Fail("--gpu needs a build with CUDA");
+#endif
+  }
   absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
   if (!client.ok()) return Fail(client.status().message());
   absl::StatusOr<client::DaemonStatus> status = (*client)->Status();
@@ -279,12 +295,29 @@ int main(int argc, char** argv) {
     }
     if (fault == "strand-gate" || fault == "duplicate") manifest.tensors.clear();  // let the commit-time check speak
     if (fault == "drop-scale") manifest.tensors.clear();
+    // With --gpu the weights live on the GPU, as a trainer's do.
+    std::vector<const void*> sources;
+    std::vector<std::shared_ptr<void>> device_copies;
+    for (const ConvertedTensor& c : to_send) {
+      sources.push_back(c.bytes.data());
+#if REFIT_HAVE_CUDA
+      if (gpu < 0) continue;
+      void* d = nullptr;
+      if (cudaMalloc(&d, std::max<size_t>(c.bytes.size(), 1)) != cudaSuccess ||
+          cudaMemcpy(d, c.bytes.data(), c.bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+        return Fail(absl::StrCat("cannot place '", c.name, "' on GPU ", gpu));
+      }
+      device_copies.emplace_back(d, [](void* p) { cudaFree(p); });
+      sources.back() = d;
+#endif
+    }
+    const absl::Time begun = absl::Now();
     absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
     if (!session.ok()) return Fail(session.status().message());
     absl::Status pushed;
     for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
       const ConvertedTensor& c = to_send[i];
-      pushed = (*session)->Push({c.name, c.dtype, c.shape, c.bytes.data()});
+      pushed = (*session)->Push({c.name, c.dtype, c.shape, sources[i]});
       if (fault == "die-mid-bucket" && i == to_send.size() / 2) {
         (void)(*session)->Flush();
         std::fprintf(stderr, "example_trainer: dying mid-refit (fault injection)\n");
@@ -304,6 +337,8 @@ int main(int argc, char** argv) {
       continue;
     }
     absl::StatusOr<RefitReport> report = pushed.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(pushed);
+    const double push_commit_ms = absl::ToDoubleMilliseconds(absl::Now() - begun);
+    device_copies.clear();
     if (!report.ok()) {
       RefitReport r;
       r.outcome = "refused";
@@ -313,7 +348,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (!verify) {
-      std::printf("%s\n", Json(*report, refit, false, "not verified").c_str());
+      std::printf("%s\n", Json(*report, refit, false, "not verified", push_commit_ms).c_str());
       std::fflush(stdout);
       continue;
     }
@@ -325,7 +360,7 @@ int main(int argc, char** argv) {
       auto it = expected.find(p.name);
       if (it == expected.end() || it->second != p.checksum) match = false;
     }
-    std::printf("%s\n", Json(*report, refit, match, "").c_str());
+    std::printf("%s\n", Json(*report, refit, match, "", push_commit_ms).c_str());
     std::fflush(stdout);
     if (fault != "none" || !match) ++unexpected;
   }

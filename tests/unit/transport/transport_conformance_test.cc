@@ -55,6 +55,9 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfig
   static void SetUpTestSuite() { QuietTransportLogs(); }
 
   void SetUp() override {
+    if (GetParam().unavailable) {
+      if (std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << GetParam().name << ": " << why;
+    }
     absl::StatusOr<std::unique_ptr<Receiver>> receiver = GetParam().listen();
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = *std::move(receiver);
