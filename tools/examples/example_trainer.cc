@@ -19,8 +19,10 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <thread>
 #include <cstring>
 #include <vector>
 #include <map>
@@ -254,8 +256,22 @@ int main(int argc, char** argv) {
     std::vector<ConvertedTensor> to_send;
     Manifest manifest;
     manifest.model = status->model;
-    for (const demo::HfTensor& t : demo::Tensors(shape)) {
-      std::vector<uint16_t> w = demo::Weights(weights_seed, t);
+    // Generate the weights on every core (benchmark models are many GB).
+    const std::vector<demo::HfTensor> tensors = demo::Tensors(shape);
+    std::vector<std::vector<uint16_t>> generated(tensors.size());
+    {
+      std::atomic<size_t> next{0};
+      std::vector<std::thread> workers;
+      for (unsigned k = 0; k < std::max(1u, std::thread::hardware_concurrency()); ++k) {
+        workers.emplace_back([&] {
+          for (size_t i = next++; i < tensors.size(); i = next++) generated[i] = demo::Weights(weights_seed, tensors[i]);
+        });
+      }
+      for (std::thread& w : workers) w.join();
+    }
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const demo::HfTensor& t = tensors[ti];
+      std::vector<uint16_t> w = std::move(generated[ti]);
       if (!verify && !prequantized) {
         std::vector<uint8_t> bytes(w.size() * 2);
         std::memcpy(bytes.data(), w.data(), bytes.size());
@@ -297,20 +313,28 @@ int main(int argc, char** argv) {
     if (fault == "drop-scale") manifest.tensors.clear();
     // With --gpu the weights live on the GPU, as a trainer's do.
     std::vector<const void*> sources;
-    std::vector<std::shared_ptr<void>> device_copies;
-    for (const ConvertedTensor& c : to_send) {
-      sources.push_back(c.bytes.data());
+    std::shared_ptr<void> device_copies;  // one allocation holding every tensor
+    for (const ConvertedTensor& c : to_send) sources.push_back(c.bytes.data());
 #if REFIT_HAVE_CUDA
-      if (gpu < 0) continue;
+    if (gpu >= 0) {
+      uint64_t total = 0;
+      for (const ConvertedTensor& c : to_send) total += (c.bytes.size() + 255) & ~uint64_t{255};
       void* d = nullptr;
-      if (cudaMalloc(&d, std::max<size_t>(c.bytes.size(), 1)) != cudaSuccess ||
-          cudaMemcpy(d, c.bytes.data(), c.bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
-        return Fail(absl::StrCat("cannot place '", c.name, "' on GPU ", gpu));
+      if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) {
+        return Fail(absl::StrCat("cannot allocate ", total, " bytes on GPU ", gpu));
       }
-      device_copies.emplace_back(d, [](void* p) { cudaFree(p); });
-      sources.back() = d;
-#endif
+      device_copies = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
+      uint64_t offset = 0;
+      for (size_t i = 0; i < to_send.size(); ++i) {
+        uint8_t* at = static_cast<uint8_t*>(d) + offset;
+        if (cudaMemcpy(at, to_send[i].bytes.data(), to_send[i].bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+          return Fail(absl::StrCat("cannot place '", to_send[i].name, "' on GPU ", gpu));
+        }
+        sources[i] = at;
+        offset += (to_send[i].bytes.size() + 255) & ~uint64_t{255};
+      }
     }
+#endif
     const absl::Time begun = absl::Now();
     absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
     if (!session.ok()) return Fail(session.status().message());
@@ -338,7 +362,7 @@ int main(int argc, char** argv) {
     }
     absl::StatusOr<RefitReport> report = pushed.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(pushed);
     const double push_commit_ms = absl::ToDoubleMilliseconds(absl::Now() - begun);
-    device_copies.clear();
+    device_copies.reset();
     if (!report.ok()) {
       RefitReport r;
       r.outcome = "refused";

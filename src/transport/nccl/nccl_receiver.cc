@@ -38,6 +38,7 @@ struct NcclReceiver::Peer {
   nccl::Interrupt interrupt;
   std::atomic<bool> ready{false};
   std::atomic<bool> abort_requested{false};  // a Receive's deadline passed mid-message
+  uint64_t active_in = UINT64_MAX;  // generation_ of its last delivery (guarded by the receiver's mu_)
   std::atomic<bool> finished{false};
   std::thread thread;
 };
@@ -115,9 +116,9 @@ void NcclReceiver::AcceptLoop() {
   }
 }
 
-void NcclReceiver::PeerFailed(const absl::Status& status) {
+void NcclReceiver::PeerFailed(Peer& peer, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
-  if (failure_.ok()) failure_ = status;
+  if (failure_.ok() && peer.active_in == generation_) failure_ = status;
 }
 
 void NcclReceiver::ServePeer(Peer& peer) {
@@ -169,7 +170,7 @@ void NcclReceiver::ServePeer(Peer& peer) {
       if (stopping_) return;
       std::string msg(st.message());
       if (msg.rfind("NCCL peer ", 0) != 0) msg = absl::StrCat("NCCL peer ", peer.name, " failed: ", msg);
-      PeerFailed(absl::UnavailableError(msg));
+      PeerFailed(peer, absl::UnavailableError(msg));
       return;
     }
     if (f.flags & Frame::kGoodbye) {
@@ -203,17 +204,19 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
         post = *it;
         post->claimed = true;
         post->owner = &peer;
+        peer.active_in = generation_;
         posted_.erase(it);
         break;
       }
       if (fits()) {
         eager = true;
         eager_held_ += bytes;
+        peer.active_in = generation_;
         break;
       }
     }
     if (absl::Status st = CheckIdle(peer.fd, peer.name); !st.ok()) {
-      PeerFailed(st);
+      PeerFailed(peer, st);
       return false;
     }
   }
@@ -237,7 +240,7 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
     std::string msg(st.message());
     if (msg.rfind("NCCL peer ", 0) != 0) msg = absl::StrCat("NCCL peer ", peer.name, " failed: ", msg);
     st = absl::UnavailableError(msg);
-    PeerFailed(st);
+    PeerFailed(peer, st);
   } else if (!st.ok()) {
     st = absl::CancelledError("NCCL receiver shutting down");
   }
@@ -317,6 +320,7 @@ void NcclReceiver::Reset() {
   absl::MutexLock lock(&mu_);
   cancelled_ = false;
   failure_ = absl::OkStatus();
+  ++generation_;
 }
 
 }  // namespace refit::transport

@@ -65,7 +65,9 @@ class NcclReceiver final : public Receiver {
   // Delivers one message whose frame was just received; false when the peer must stop.
   bool Deliver(Peer& peer, uint64_t tag, uint64_t bytes);
   std::list<Post*>::iterator FindPost(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PeerFailed(const absl::Status& status);
+  // Fails every Receive until Reset(), when the peer delivered anything since the last Reset()
+  // (a sender idle since then, e.g. one left over from an earlier session, fails alone).
+  void PeerFailed(Peer& peer, const absl::Status& status);
 
   const NcclOptions options_;
   const int listen_fd_;
@@ -78,6 +80,7 @@ class NcclReceiver final : public Receiver {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Reset() count
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};  // mirrors shutdown_ for lock-free polling
   std::thread accept_thread_;
