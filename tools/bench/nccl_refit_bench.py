@@ -109,28 +109,37 @@ def main():
     tmp = Path(tempfile.mkdtemp())
     here = Path(__file__).resolve().parent
     out = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": []}
-    for w in a.workloads:
-        if w == "llama8b":
-            out["results"].append(run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp))
-        elif w == "moe":
-            out["results"].append(run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"),
-                                               a.refits, a.bucket_bytes, tmp))
-        print(json.dumps(out["results"][-1]), file=sys.stderr, flush=True)
-    if a.baseline:
+
+    def save():
+        if a.out:
+            Path(a.out).write_text(json.dumps(out, indent=1))
+
+    base = {}
+    if a.baseline:  # first, so that its figures survive a later timeout
         env = dict(os.environ, OUT=str(tmp))
         p = subprocess.run([sys.executable, a.baseline, "--nccl"], capture_output=True, text=True, env=env, timeout=900)
         base = json.loads((tmp / "baseline.json").read_text()) if (tmp / "baseline.json").exists() else {}
         out["baseline"] = base
         if p.returncode != 0:
             out["baseline_error"] = p.stderr[-2000:]
-        for r in out["results"]:
-            if r["workload"] == "llama8b" and "llama8b_torch_bcast_fp8_refit_s" in base:
+        print(json.dumps(base), file=sys.stderr, flush=True)
+        save()
+    for w in a.workloads:
+        if w == "llama8b":
+            r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp)
+            if "llama8b_torch_bcast_fp8_refit_s" in base:
                 r["baseline_torch_bcast_fp8_ms"] = base["llama8b_torch_bcast_fp8_refit_s"] * 1e3
                 r["ratio_baseline_over_refit"] = r["baseline_torch_bcast_fp8_ms"] / r["wall_ms"]
-    text = json.dumps(out, indent=1)
-    if a.out:
-        Path(a.out).write_text(text)
-    print(text)
+        elif w == "moe":
+            r = run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"), a.refits,
+                             a.bucket_bytes, tmp)
+        else:
+            raise SystemExit(f"unknown workload {w}")
+        out["results"].append(r)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        save()
+    save()
+    print(json.dumps(out, indent=1))
     for r in out["results"]:
         print(f"{r['workload']}: {r['bytes_in']/1e9:.2f} GB in, {r['tensors']} tensors, {r['buckets']} buckets: "
               f"refit {r['wall_ms']:.1f} ms ({r['gbps']:.1f} GB/s); raw NCCL {r['nccl_sendrecv']['ms']:.1f} ms "

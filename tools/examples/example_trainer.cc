@@ -258,26 +258,33 @@ int main(int argc, char** argv) {
     manifest.model = status->model;
     // Generate the weights on every core (benchmark models are many GB).
     const std::vector<demo::HfTensor> tensors = demo::Tensors(shape);
+    // Without verification the workers also produce the bytes to send.
+    const bool bytes_only = !verify && !prequantized;
     std::vector<std::vector<uint16_t>> generated(tensors.size());
+    std::vector<std::vector<uint8_t>> generated_bytes(tensors.size());
     {
       std::atomic<size_t> next{0};
       std::vector<std::thread> workers;
       for (unsigned k = 0; k < std::max(1u, std::thread::hardware_concurrency()); ++k) {
         workers.emplace_back([&] {
-          for (size_t i = next++; i < tensors.size(); i = next++) generated[i] = demo::Weights(weights_seed, tensors[i]);
+          for (size_t i = next++; i < tensors.size(); i = next++) {
+            generated[i] = demo::Weights(weights_seed, tensors[i]);
+            if (!bytes_only) continue;
+            generated_bytes[i].resize(generated[i].size() * 2);
+            std::memcpy(generated_bytes[i].data(), generated[i].data(), generated_bytes[i].size());
+            std::vector<uint16_t>().swap(generated[i]);
+          }
         });
       }
       for (std::thread& w : workers) w.join();
     }
     for (size_t ti = 0; ti < tensors.size(); ++ti) {
       const demo::HfTensor& t = tensors[ti];
-      std::vector<uint16_t> w = std::move(generated[ti]);
-      if (!verify && !prequantized) {
-        std::vector<uint8_t> bytes(w.size() * 2);
-        std::memcpy(bytes.data(), w.data(), bytes.size());
-        to_send.push_back({t.name, DType::kBF16, t.shape, std::move(bytes)});
+      if (bytes_only) {
+        to_send.push_back({t.name, DType::kBF16, t.shape, std::move(generated_bytes[ti])});
         continue;
       }
+      std::vector<uint16_t> w = std::move(generated[ti]);
       absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
       if (!conv.ok()) return Fail(conv.status().message());
       for (const ConvertedTensor& c : *conv) expected[c.name] = Checksum64(c.bytes.data(), c.bytes.size());
