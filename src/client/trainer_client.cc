@@ -1,6 +1,7 @@
 #include "client/trainer_client.h"
 
 #include <cstring>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
@@ -45,23 +46,26 @@ struct TrainerClient::Impl {
   proto::Daemon::Client daemon = nullptr;
   std::unique_ptr<transport::Sender> sender;
   std::string sender_endpoint;
-  // NCCL data plane: buckets are packed on the GPU (device_bucket, bucket_bytes long) with
-  // asynchronous copies on copy_stream, then sent from there.
+  // NCCL data plane: buckets are packed on the GPU with asynchronous copies on copy_stream into
+  // one of two device buffers (bucket_bytes each) while the other one's bucket is being sent.
   bool device_buckets = false;
   int device = 0;
-  void* device_bucket = nullptr;
+  void* device_bucket[2] = {nullptr, nullptr};
+  int current = 0;  // the buffer Push packs into
   uint64_t device_bucket_bytes = 0;
   void* copy_stream = nullptr;
 
   ~Impl() {
 #if REFIT_HAVE_NCCL
     sender.reset();
-    if (device_bucket != nullptr || copy_stream != nullptr) cudaSetDevice(device);
+    cudaSetDevice(device);
     if (copy_stream != nullptr) {
       cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
       cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream));
     }
-    if (device_bucket != nullptr) cudaFree(device_bucket);
+    for (void* b : device_bucket) {
+      if (b != nullptr) cudaFree(b);
+    }
 #endif
   }
   // Connects the data plane named by refitd's endpoint (ucx:... or nccl:...).
@@ -96,12 +100,16 @@ absl::Status TrainerClient::Impl::ConnectData(const std::string& endpoint, uint6
 #if REFIT_HAVE_NCCL
   if (device_buckets && device_bucket_bytes < bucket_bytes) {
     cudaSetDevice(device);
-    if (device_bucket != nullptr) cudaFree(device_bucket);
-    device_bucket = nullptr;
+    for (void*& b : device_bucket) {
+      if (b != nullptr) cudaFree(b);
+      b = nullptr;
+    }
     device_bucket_bytes = 0;
-    if (cudaMalloc(&device_bucket, bucket_bytes) != cudaSuccess) {
-      device_bucket = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", bucket_bytes, "-byte device bucket"));
+    for (void*& b : device_bucket) {
+      if (cudaMalloc(&b, bucket_bytes) != cudaSuccess) {
+        b = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate two ", bucket_bytes, "-byte device buckets"));
+      }
     }
     device_bucket_bytes = bucket_bytes;
     if (copy_stream == nullptr) {
@@ -123,6 +131,9 @@ struct RefitSession::Impl {
   uint64_t bucket_bytes = 0;
   std::vector<uint8_t> bucket;
   uint64_t device_used = 0;  // bytes packed into the client's device bucket (NCCL)
+  std::future<absl::Status> in_flight;  // the previous device bucket's send (NCCL)
+  // Waits for the previous device bucket's send; its error, if any.
+  absl::Status WaitInFlight() { return in_flight.valid() ? in_flight.get() : absl::OkStatus(); }
   BucketHeader header;
   uint32_t next_seq = 0;
   bool done = false;
@@ -239,7 +250,7 @@ absl::Status RefitSession::Push(const TensorRef& t) {
   if (client->device_buckets) {
 #if REFIT_HAVE_NCCL
     // Host or device source; the copy runs on the client's stream and completes before the send.
-    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(client->device_bucket) + offset, t.data, *nbytes,
+    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(client->device_bucket[client->current]) + offset, t.data, *nbytes,
                                     cudaMemcpyDefault, static_cast<cudaStream_t>(client->copy_stream));
     if (e != cudaSuccess) {
       return absl::InvalidArgumentError(
@@ -268,7 +279,7 @@ absl::Status RefitSession::Flush() {
 #endif
     h.nbytes = impl_->device_used;
     h.checksum = 0;  // device buckets are not checksummed (NCCL's transports check integrity)
-    payload = client->device_bucket;
+    payload = client->device_bucket[client->current];
   } else {
     h.nbytes = impl_->bucket.size();
     h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
@@ -280,7 +291,20 @@ absl::Status RefitSession::Flush() {
     return true;
   });
   if (!ok.ok()) return ok.status();
-  absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, payload, h.nbytes);
+  const uint64_t tag = (impl_->id << 32) | h.seq;
+  absl::Status sent;
+  if (client->device_buckets) {
+    // Send in the background from this buffer while the next bucket is packed into the other.
+    sent = impl_->WaitInFlight();
+    if (sent.ok()) {
+      transport::Sender* sender = client->sender.get();
+      const uint64_t n = h.nbytes;
+      impl_->in_flight = std::async(std::launch::async, [sender, tag, payload, n] { return sender->Send(tag, payload, n); });
+      client->current ^= 1;
+    }
+  } else {
+    sent = client->sender->Send(tag, payload, h.nbytes);
+  }
   impl_->bucket.clear();
   impl_->device_used = 0;
   h.tensors.clear();
@@ -289,6 +313,7 @@ absl::Status RefitSession::Flush() {
 
 absl::StatusOr<RefitReport> RefitSession::Commit() {
   absl::Status st = Flush();
+  if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
   if (!st.ok()) return st;
   impl_->done = true;
   return Call([&]() {
@@ -299,6 +324,7 @@ absl::StatusOr<RefitReport> RefitSession::Commit() {
 
 absl::Status RefitSession::Abort(const std::string& reason) {
   impl_->done = true;
+  (void)impl_->WaitInFlight();
   absl::StatusOr<bool> ok = Call([&]() {
     auto req = impl_->session.abortRequest();
     req.setReason(reason);

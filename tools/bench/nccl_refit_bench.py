@@ -100,7 +100,7 @@ def main():
     ap.add_argument("--workloads", nargs="*", default=["llama8b", "moe"])
     ap.add_argument("--refits", type=int, default=3)
     ap.add_argument("--moe-layers", type=int, default=48)
-    ap.add_argument("--bucket-bytes", type=int, default=512 << 20)
+    ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
     ap.add_argument("--baseline", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()

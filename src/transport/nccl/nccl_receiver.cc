@@ -190,27 +190,44 @@ std::list<NcclReceiver::Post*>::iterator NcclReceiver::FindPost(uint64_t tag) {
 
 bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
   Post* post = nullptr;
-  bool eager = false;
+  Held* held = nullptr;
+  bool drop = false;  // nobody will receive it: its session ended
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    epoch = epoch_;
+  }
   while (true) {
     {
       absl::MutexLock lock(&mu_);
+      auto queued = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto it = eager_.find(tag);
+        return it != eager_.end() && !it->second.empty();
+      };
       auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return bytes <= options_.eager_bytes && eager_held_ + bytes <= options_.eager_limit_bytes;
       };
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || FindPost(tag) != posted_.end() || fits(); };
+      auto matched = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queued() && FindPost(tag) != posted_.end(); };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || matched() || fits(); };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
       if (shutdown_) return false;
-      if (auto it = FindPost(tag); it != posted_.end()) {
+      if (!matched() && !fits() && (cancelled_ || epoch_ != epoch)) {
+        drop = true;
+        break;
+      }
+      if (matched()) {
+        auto it = FindPost(tag);
         post = *it;
         post->claimed = true;
         post->owner = &peer;
-        peer.active_in = generation_;
         posted_.erase(it);
+        peer.active_in = generation_;
         break;
       }
       if (fits()) {
-        eager = true;
         eager_held_ += bytes;
+        eager_[tag].push_back(Held{&peer, bytes, false, absl::OkStatus(), {}});
+        held = &eager_[tag].back();
         peer.active_in = generation_;
         break;
       }
@@ -222,16 +239,18 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
   }
   const bool oversized = post != nullptr && bytes > post->capacity;
   const bool direct = post != nullptr && !oversized && nccl::IsDeviceMemoryOf(post->dst, options_.device);
-  std::vector<uint8_t> held;
+  std::vector<uint8_t> host;
   absl::Status st;
   if (bytes > 0) {
     absl::StatusOr<void*> buf = direct ? absl::StatusOr<void*>(post->dst) : peer.bounce.Reserve(bytes);
     st = buf.status();
     if (st.ok()) st = peer.comm->Recv(*buf, bytes, 1, peer.stream->get());
     if (st.ok()) st = peer.comm->Wait(peer.stream->get(), absl::InfiniteFuture(), peer.interrupt);
-    if (st.ok() && eager) {
-      held.resize(bytes);
-      st = CudaStatus(cudaMemcpy(held.data(), *buf, bytes, cudaMemcpyDeviceToHost), "eager copy");
+    if (st.ok() && held != nullptr) {
+      host.resize(bytes);
+      st = CudaStatus(cudaMemcpy(host.data(), *buf, bytes, cudaMemcpyDeviceToHost), "eager copy");
+    } else if (st.ok() && drop) {
+      // received into the bounce buffer and dropped
     } else if (st.ok() && post != nullptr && !direct && !oversized) {
       st = CudaStatus(cudaMemcpy(post->dst, *buf, bytes, cudaMemcpyDefault), "copy into the receive buffer");
     }
@@ -245,12 +264,11 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
     st = absl::CancelledError("NCCL receiver shutting down");
   }
   absl::MutexLock lock(&mu_);
-  if (eager) {
-    if (st.ok()) {
-      eager_[tag].push_back(std::move(held));
-    } else {
-      eager_held_ -= bytes;
-    }
+  if (drop) return st.ok();
+  if (held != nullptr) {
+    held->status = st;
+    held->data = std::move(host);
+    held->ready = true;
   } else {
     if (!st.ok()) {
       post->result = st;
@@ -271,20 +289,28 @@ absl::StatusOr<uint64_t> NcclReceiver::Receive(uint64_t tag, void* dst, uint64_t
   absl::MutexLock lock(&mu_);
   if (cancelled_) return absl::CancelledError("receive cancelled");
   if (!failure_.ok()) return failure_;
-  if (auto it = eager_.find(tag); it != eager_.end()) {
-    std::vector<uint8_t> message = std::move(it->second.front());
+  if (auto it = eager_.find(tag); it != eager_.end() && !it->second.empty()) {
+    // The tag's oldest message is held (or on its way into host memory: wait for it; past the
+    // deadline its sender stalled mid-message and is aborted).
+    Held* front = &it->second.front();
+    if (!mu_.AwaitWithDeadline(absl::Condition(&front->ready), deadline)) {
+      front->owner->abort_requested = true;
+      mu_.Await(absl::Condition(&front->ready));
+    }
+    Held message = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) eager_.erase(it);
-    eager_held_ -= message.size();
-    if (message.size() > capacity) {
-      return absl::InvalidArgumentError(absl::StrCat("message of ", message.size(), " bytes on tag ", tag,
+    eager_held_ -= message.bytes;
+    if (!message.status.ok()) return message.status;
+    if (message.bytes > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat("message of ", message.bytes, " bytes on tag ", tag,
                                                      " exceeds the receive buffer of ", capacity, " bytes; dropped"));
     }
-    if (!message.empty()) {
-      absl::Status st = CudaStatus(cudaMemcpy(dst, message.data(), message.size(), cudaMemcpyDefault), "eager delivery");
+    if (message.bytes > 0) {
+      absl::Status st = CudaStatus(cudaMemcpy(dst, message.data.data(), message.bytes, cudaMemcpyDefault), "eager delivery");
       if (!st.ok()) return st;
     }
-    return message.size();
+    return message.bytes;
   }
   if (absl::Now() >= deadline) return absl::DeadlineExceededError(absl::StrCat("no message on tag ", tag, " before the deadline"));
   Post post{tag, dst, capacity};
@@ -314,6 +340,7 @@ absl::StatusOr<uint64_t> NcclReceiver::Receive(uint64_t tag, void* dst, uint64_t
 void NcclReceiver::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
+  ++epoch_;
 }
 
 void NcclReceiver::Reset() {
@@ -321,6 +348,7 @@ void NcclReceiver::Reset() {
   cancelled_ = false;
   failure_ = absl::OkStatus();
   ++generation_;
+  ++epoch_;
 }
 
 }  // namespace refit::transport

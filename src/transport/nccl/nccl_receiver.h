@@ -9,7 +9,9 @@
 // frame failed: its communicator is aborted (ncclCommAbort, so nothing hangs) and every Receive
 // returns Unavailable until Reset(). A Receive whose deadline passes while its message is half
 // delivered (the sender stalled mid-message) aborts that sender's communicator, so a stuck
-// trainer never holds refitd past the session deadline.
+// trainer never holds refitd past the session deadline. A message too large to hold that is
+// still waiting for its Receive when Cancel() or Reset() is called (its session ended) is
+// received and dropped, so its sender is released and later messages are not held behind it.
 //
 // Threading: as transport.h; the communicators live across sessions.
 #ifndef REFIT_TRANSPORT_NCCL_NCCL_RECEIVER_H_
@@ -75,12 +77,23 @@ class NcclReceiver final : public Receiver {
 
   mutable absl::Mutex mu_;
   std::list<Post*> posted_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, std::deque<std::vector<uint8_t>>> eager_ ABSL_GUARDED_BY(mu_);
+  // A message held in host memory for a later Receive. Entered (not ready) when its transfer
+  // starts, so a Receive that comes meanwhile waits for it rather than posting past it, and later
+  // messages of the tag queue behind it: the order of a tag's messages is kept.
+  struct Held {
+    Peer* owner;
+    uint64_t bytes;
+    bool ready = false;
+    absl::Status status;
+    std::vector<uint8_t> data;
+  };
+  std::map<uint64_t, std::deque<Held>> eager_ ABSL_GUARDED_BY(mu_);
   uint64_t eager_held_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Reset() count
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;       // Cancel() and Reset() count
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};  // mirrors shutdown_ for lock-free polling
   std::thread accept_thread_;
