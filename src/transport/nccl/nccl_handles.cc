@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -46,18 +47,19 @@ Stream::~Stream() {
 DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) {
     cudaSetDevice(device_);
-    cudaFree(data_);
+    cudaFreeAsync(data_, nullptr);  // no longer used by any stream; no device-wide wait
   }
 }
 
-absl::StatusOr<void*> DeviceBuffer::Reserve(uint64_t bytes) {
+absl::StatusOr<void*> DeviceBuffer::Reserve(uint64_t bytes, cudaStream_t stream) {
   if (bytes <= size_ && data_ != nullptr) return data_;
   cudaSetDevice(device_);
-  if (data_ != nullptr) cudaFree(data_);
+  if (data_ != nullptr) cudaFreeAsync(data_, stream);
   data_ = nullptr;
+  uint64_t want = std::max<uint64_t>({bytes, 2 * size_, 4096});
   size_ = 0;
-  uint64_t want = std::max<uint64_t>(bytes, 256);
-  if (absl::Status st = CudaStatus(cudaMalloc(&data_, want), absl::StrCat("cudaMalloc(", want, ")")); !st.ok()) {
+  if (absl::Status st = CudaStatus(cudaMallocAsync(&data_, want, stream), absl::StrCat("cudaMallocAsync(", want, ")"));
+      !st.ok()) {
     data_ = nullptr;
     return st;
   }
@@ -255,10 +257,26 @@ absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline) {
 }
 
 absl::Status CheckIdle(int fd, absl::string_view peer) {
-  pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
+  pollfd pfd{fd, POLLRDHUP, 0};
   int rc = poll(&pfd, 1, 0);
-  if (rc <= 0) return absl::OkStatus();
+  if (rc <= 0 || (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
+}
+
+absl::Status AwaitDoorbell(int fd, absl::string_view peer, const std::function<bool()>& stop) {
+  while (true) {
+    if (stop()) return absl::CancelledError("stopping");
+    pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
+    int rc = poll(&pfd, 1, 100);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) continue;
+    char c = 0;
+    ssize_t n = recv(fd, &c, 1, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n == 1 && c == kDoorbell) return absl::OkStatus();
+    if (n == 1) return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " sent an unexpected byte on the rendezvous socket"));
+    return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
+  }
 }
 
 std::string FormatEndpoint(const std::string& host, uint16_t port) { return absl::StrCat("nccl:", host, ":", port); }

@@ -60,8 +60,11 @@ class DeviceBuffer {
   ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  // At least `bytes` of device memory (contents not kept when it grows).
-  absl::StatusOr<void*> Reserve(uint64_t bytes);
+  // At least `bytes` of device memory (contents not kept when it grows), usable in `stream`'s
+  // order. Stream-ordered allocation (cudaMallocAsync/cudaFreeAsync): a plain cudaFree would
+  // wait for every kernel on the device, including other communicators' pending receives, which
+  // can deadlock two senders sharing a GPU pair.
+  absl::StatusOr<void*> Reserve(uint64_t bytes, cudaStream_t stream);
 
  private:
   int device_;
@@ -103,8 +106,14 @@ absl::StatusOr<int> ListenTcp(const std::string& host, uint16_t port, uint16_t& 
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port);
 absl::Status WriteAll(int fd, const void* data, uint64_t bytes);
 absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline);
-// OK while the connection is open and nothing unexpected arrived on it.
+// OK while the connection is open (the peer has not closed or reset it).
 absl::Status CheckIdle(int fd, absl::string_view peer);
+// Waits for the doorbell byte that precedes every frame (the sender writes it before its NCCL
+// sends, so the receiver posts a receive only while a sender is sending: no kernel waits on an
+// idle connection, and nothing else on the GPU, such as a cudaFree, can end up waiting on one).
+// Cancelled when `stop` turns true (polled every 100 ms); Unavailable when the peer closed.
+absl::Status AwaitDoorbell(int fd, absl::string_view peer, const std::function<bool()>& stop);
+inline constexpr char kDoorbell = 'F';
 
 // "nccl:<host>:<port>" <-> parts.
 std::string FormatEndpoint(const std::string& host, uint16_t port);

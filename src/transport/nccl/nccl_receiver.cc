@@ -157,11 +157,12 @@ void NcclReceiver::ServePeer(Peer& peer) {
   absl::StatusOr<std::unique_ptr<nccl::Stream>> stream = nccl::Stream::Create(options_.device);
   if (!stream.ok()) return;
   peer.stream = std::move(*stream);
-  absl::StatusOr<void*> frame_dev = peer.frame.Reserve(sizeof(Frame));
+  absl::StatusOr<void*> frame_dev = peer.frame.Reserve(sizeof(Frame), peer.stream->get());
   if (!frame_dev.ok()) return;
   peer.ready = true;
   while (true) {
-    absl::Status st = peer.comm->Recv(*frame_dev, sizeof(Frame), 1, peer.stream->get());
+    absl::Status st = nccl::AwaitDoorbell(peer.fd, peer.name, [this] { return stopping_.load(); });
+    if (st.ok()) st = peer.comm->Recv(*frame_dev, sizeof(Frame), 1, peer.stream->get());
     if (st.ok()) st = peer.comm->Wait(peer.stream->get(), absl::InfiniteFuture(), peer.interrupt);
     Frame f;
     if (st.ok()) st = CudaStatus(cudaMemcpy(&f, *frame_dev, sizeof(f), cudaMemcpyDeviceToHost), "frame copy");
@@ -242,7 +243,7 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
   std::vector<uint8_t> host;
   absl::Status st;
   if (bytes > 0) {
-    absl::StatusOr<void*> buf = direct ? absl::StatusOr<void*>(post->dst) : peer.bounce.Reserve(bytes);
+    absl::StatusOr<void*> buf = direct ? absl::StatusOr<void*>(post->dst) : peer.bounce.Reserve(bytes, peer.stream->get());
     st = buf.status();
     if (st.ok()) st = peer.comm->Recv(*buf, bytes, 1, peer.stream->get());
     if (st.ok()) st = peer.comm->Wait(peer.stream->get(), absl::InfiniteFuture(), peer.interrupt);

@@ -1,8 +1,9 @@
 // NCCL data plane, receiving end (refitd). Senders connect to a rendezvous socket
 // (Endpoint() = "nccl:<host>:<port>"), receive a fresh ncclUniqueId from it, and both ends create
 // a two-rank communicator (receiver rank 0, sender rank 1) in non-blocking mode; the socket then
-// stays open only as a liveness signal. Each connected sender has a progress thread that keeps a
-// receive for the next frame header posted; a message goes straight into the buffer of the
+// carries one doorbell byte per frame and is the liveness signal. Each connected sender has a
+// progress thread that waits for the doorbell, then receives the frame header (no NCCL receive
+// is posted on an idle connection); a message goes straight into the buffer of the
 // matching Receive (device memory of this receiver's GPU: no copy; anything else through a
 // device bounce buffer), small unmatched messages are held in host memory, large ones wait for
 // their Receive (their sender stays blocked). A sender whose socket closes without the goodbye

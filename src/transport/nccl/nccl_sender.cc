@@ -75,7 +75,7 @@ NcclSender::~NcclSender() {
 absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t bytes, uint64_t flags,
                                    absl::Time deadline) {
   cudaStream_t s = stream_->get();
-  absl::StatusOr<void*> frame_dev = frame_->Reserve(sizeof(Frame));
+  absl::StatusOr<void*> frame_dev = frame_->Reserve(sizeof(Frame), s);
   if (!frame_dev.ok()) return frame_dev.status();
   Frame f;
   f.tag = tag;
@@ -85,11 +85,12 @@ absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t b
   absl::Status st = CudaStatus(cudaMemcpyAsync(*frame_dev, &f, sizeof(f), cudaMemcpyHostToDevice, s), "frame copy");
   const void* src = payload;
   if (st.ok() && bytes > 0 && !nccl::IsDeviceMemoryOf(payload, options_.device)) {
-    absl::StatusOr<void*> bounce = bounce_->Reserve(bytes);
+    absl::StatusOr<void*> bounce = bounce_->Reserve(bytes, s);
     st = bounce.status();
     if (st.ok()) st = CudaStatus(cudaMemcpyAsync(*bounce, payload, bytes, cudaMemcpyDefault, s), "payload copy");
     src = *bounce;
   }
+  if (st.ok()) st = nccl::WriteAll(fd_, &nccl::kDoorbell, 1);
   if (st.ok()) st = comm_->Send(*frame_dev, sizeof(Frame), 0, s);
   if (st.ok() && bytes > 0) st = comm_->Send(src, bytes, 0, s);
   std::string peer = absl::StrCat("receiver ", endpoint_);
