@@ -12,6 +12,11 @@ struct TensorDesc {
   shape @2 :List(Int64);
   offset @3 :UInt64;        # byte offset inside the bucket (bucket announcements only)
   nbytes @4 :UInt64;
+  # A slice of the HF tensor (bucket announcements only): `shape` is the slice's, covering
+  # indices [sliceStart, sliceStart + shape[sliceDim]) of dimension sliceDim of fullShape.
+  sliceDim @5 :Int32 = -1;  # -1: the whole tensor
+  sliceStart @6 :UInt64;
+  fullShape @7 :List(Int64);
 }
 
 struct Manifest {

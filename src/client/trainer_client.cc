@@ -262,7 +262,7 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     impl_->bucket.resize(offset + *nbytes);
     std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
   }
-  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes});
+  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
   return absl::OkStatus();
 }
 

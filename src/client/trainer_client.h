@@ -32,6 +32,9 @@ struct TensorRef {
   // asynchronously until the bucket holding it is sent (the next Flush/Commit or overflowing
   // Push): keep it unchanged until then.
   const void* data;
+  // Set to push a slice of the HF tensor (e.g. this rank's tensor-parallel shard): `shape` is
+  // then the slice's, and refitd assembles the tensor from its slices before converting it.
+  TensorSlice slice = {};
 };
 
 struct ParamChecksum {

@@ -23,6 +23,7 @@
 #include "refit/converter.h"
 #include "refit/ledger.h"
 #include "refit/planner.h"
+#include "refit/slice_assembler.h"
 #include "refit/staging.h"
 #include "refit/types.h"
 #include "transport/transport.h"
@@ -54,8 +55,8 @@ class Session {
   absl::Status Announce(BucketHeader header);
   // Blocks until every announced bucket is received and converted, or the session failed.
   absl::Status Finish();
-  // The Ledger's verdict (call after Finish).
-  absl::Status Validate() const { return ledger_.Check(options_.partial); }
+  // The Ledger's verdict, and every tensor whose slices did not tile it (call after Finish).
+  absl::Status Validate() const;
   void Abort(const std::string& reason);
 
   uint64_t id() const { return options_.id; }
@@ -92,6 +93,7 @@ class Session {
   const Options options_;
   Ledger ledger_;
   Staging staging_;
+  SliceAssembler slices_;  // sliced tensors being assembled (in the ring's memory)
 
   mutable absl::Mutex mu_;
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);

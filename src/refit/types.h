@@ -12,12 +12,23 @@
 
 namespace refit {
 
+// A part of an HF tensor along one dimension, e.g. a tensor-parallel shard: the bytes carry
+// indices [start, start + shape[dim]) of dimension `dim` of a tensor of `full_shape`; every other
+// dimension is whole. refitd assembles a tensor's slices and converts it once they tile it.
+struct TensorSlice {
+  int32_t dim = -1;  // -1: not a slice (the whole tensor)
+  uint64_t start = 0;
+  Shape full_shape;
+  bool present() const { return dim >= 0; }
+};
+
 struct TensorDesc {
   std::string name;
   DType dtype = DType::kBF16;
-  Shape shape;
+  Shape shape;          // of the bytes sent (the slice's shape for a slice)
   uint64_t offset = 0;  // inside a bucket
   uint64_t nbytes = 0;
+  TensorSlice slice = {};  // bucket announcements only
 };
 
 struct BucketHeader {
