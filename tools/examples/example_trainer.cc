@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall] [--gpu N] [shape flags]
+//                    duplicate|stall|drop-slice] [--gpu N] [--slices N] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -16,6 +16,8 @@
 // process exits 0 when every refit ended as expected for the fault (committed for none).
 // --gpu N holds the weights on GPU N and pushes device tensors (the NCCL data plane sends from
 // that GPU); push_commit_ms in each line is the trainer's time from Begin to the commit reply.
+// --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
+// leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
 #include <signal.h>
 #include <unistd.h>
 
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> only, drop;
   int refits = 3;
   int gpu = -1;  // --gpu: weights on this GPU
+  int slices = 1;  // --slices: push matrices in this many slices
   uint64_t seed = 1;
   bool prequantized = false;
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
@@ -204,6 +207,8 @@ int main(int argc, char** argv) {
       drop.push_back(argv[++i]);
     } else if (a == "--prequantized") {
       prequantized = true;
+    } else if (a == "--slices" && i + 1 < argc) {
+      slices = std::atoi(argv[++i]);
     } else if (a == "--gpu" && i + 1 < argc) {
       gpu = std::atoi(argv[++i]);
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
@@ -346,9 +351,44 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
     if (!session.ok()) return Fail(session.status().message());
     absl::Status pushed;
-    for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
+    bool dropped_slice = false;
+    // --slices N: every matrix goes as N slices, as tensor-parallel ranks would push their shards
+    // (alternately along dimension 0 and 1; only 0 for device tensors), last slice first.
+    auto push = [&](size_t i) -> absl::Status {
       const ConvertedTensor& c = to_send[i];
-      pushed = (*session)->Push({c.name, c.dtype, c.shape, sources[i]});
+      if (slices <= 1 || c.shape.size() != 2) return (*session)->Push({c.name, c.dtype, c.shape, sources[i]});
+      const size_t dim = gpu >= 0 ? 0 : i % 2;
+      const int64_t rows = c.shape[dim];
+      const int parts = static_cast<int>(std::min<int64_t>(slices, rows));
+      const uint64_t esize = DTypeSize(c.dtype);
+      for (int p = parts; p-- > 0;) {
+        const int64_t start = rows * p / parts, end = rows * (p + 1) / parts;
+        if (fault == "drop-slice" && !dropped_slice && p == 1) {
+          dropped_slice = true;
+          continue;
+        }
+        Shape shape = c.shape;
+        shape[dim] = end - start;
+        TensorSlice slice{static_cast<int32_t>(dim), static_cast<uint64_t>(start), c.shape};
+        std::vector<uint8_t> gathered;
+        const uint8_t* from = static_cast<const uint8_t*>(sources[i]);
+        if (dim == 0) {
+          from += static_cast<uint64_t>(start) * static_cast<uint64_t>(c.shape[1]) * esize;
+        } else {
+          const uint64_t width = static_cast<uint64_t>(end - start) * esize;
+          for (int64_t r = 0; r < c.shape[0]; ++r) {
+            const uint8_t* row = from + (static_cast<uint64_t>(r) * static_cast<uint64_t>(c.shape[1]) +
+                                         static_cast<uint64_t>(start)) * esize;
+            gathered.insert(gathered.end(), row, row + width);
+          }
+          from = gathered.data();
+        }
+        if (absl::Status st = (*session)->Push({c.name, c.dtype, shape, from, slice}); !st.ok()) return st;
+      }
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
+      pushed = push(i);
       if (fault == "die-mid-bucket" && i == to_send.size() / 2) {
         (void)(*session)->Flush();
         std::fprintf(stderr, "example_trainer: dying mid-refit (fault injection)\n");
