@@ -61,15 +61,23 @@ struct FormatBytes {
 }
 
 interface Session {
-  announce @0 (header :BucketHeader) -> ();
+  announce @0 (header :BucketHeader) -> (seq :UInt32);
   # Queues a bucket for receipt. Returns once the daemon will accept its bytes on the data plane
-  # (send them after this returns), or fails if the session has already failed.
+  # (send them after this returns), or fails if the session has already failed. A header with
+  # seq 0xFFFFFFFF gets the next sequence number assigned (what several trainer ranks pushing
+  # into one session do); `seq` is the bucket's number either way: its data-plane tag is
+  # (sessionId << 32) | seq.
 
   commit @1 () -> (report :RefitReport);
   # Waits for every announced bucket, validates, and swaps into the engine. Fails (with the report
   # in the error text) when validation refuses the refit; the engine is then untouched.
 
   abort @2 (reason :Text) -> ();
+
+  detach @3 () -> ();
+  # A joined trainer rank has announced and sent everything it will push; dropping this
+  # capability afterwards is not a failure. (Without detach, a joined rank's disconnect aborts
+  # the session.) The rank that began the session commits, once every rank has detached.
 }
 
 struct EngineParam {
@@ -130,6 +138,12 @@ interface Daemon {
 
   status @2 () -> (status :DaemonStatus);
   abortActive @3 (reason :Text) -> (aborted :Bool);
+
+  join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64);
+  # Another trainer rank (a pipeline stage, an expert-parallel or tensor-parallel rank) pushes
+  # into the active session `sessionId`: its buckets are announced with assigned sequence
+  # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
+  # commits.
 
   checksums @4 () -> (version :UInt64, params :List(ParamChecksum));
   # Checksum64 of every registered engine parameter, read from the engine's storage

@@ -135,7 +135,7 @@ struct RefitSession::Impl {
   // Waits for the previous device bucket's send; its error, if any.
   absl::Status WaitInFlight() { return in_flight.valid() ? in_flight.get() : absl::OkStatus(); }
   BucketHeader header;
-  uint32_t next_seq = 0;
+  bool member = false;  // joined another rank's session
   bool done = false;
 };
 
@@ -179,6 +179,26 @@ absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Begin(const Manifes
     });
     return st;
   }
+  return std::make_unique<RefitSession>(std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Join(uint64_t session_id) {
+  auto s = std::make_unique<RefitSession::Impl>();
+  s->client = impl_.get();
+  s->id = session_id;
+  s->member = true;
+  std::string endpoint;
+  absl::StatusOr<bool> ok = Call([&]() {
+    auto req = impl_->daemon.joinRequest();
+    req.setSessionId(session_id);
+    auto resp = req.send().wait(impl_->io.waitScope);
+    s->session = resp.getSession();
+    s->bucket_bytes = resp.getBucketBytes();
+    endpoint = resp.getDataEndpoint().cStr();
+    return true;
+  });
+  if (!ok.ok()) return ok.status();
+  if (absl::Status st = impl_->ConnectData(endpoint, s->bucket_bytes); !st.ok()) return st;
   return std::make_unique<RefitSession>(std::move(s));
 }
 
@@ -271,7 +291,7 @@ absl::Status RefitSession::Flush() {
   BucketHeader& h = impl_->header;
   auto* client = impl_->client;
   const void* payload = impl_->bucket.data();
-  h.seq = impl_->next_seq++;
+  h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
   if (client->device_buckets) {
 #if REFIT_HAVE_NCCL
     cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(client->copy_stream));
@@ -287,7 +307,7 @@ absl::Status RefitSession::Flush() {
   absl::StatusOr<bool> ok = Call([&]() {
     auto req = impl_->session.announceRequest();
     wire::ToWire(h, req.initHeader());
-    req.send().wait(client->io.waitScope);
+    h.seq = req.send().wait(client->io.waitScope).getSeq();
     return true;
   });
   if (!ok.ok()) return ok.status();
@@ -320,6 +340,18 @@ absl::StatusOr<RefitReport> RefitSession::Commit() {
     auto resp = impl_->session.commitRequest().send().wait(impl_->client->io.waitScope);
     return wire::FromWire(resp.getReport());
   });
+}
+
+absl::Status RefitSession::Detach() {
+  absl::Status st = Flush();
+  if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
+  if (!st.ok()) return st;
+  impl_->done = true;
+  absl::StatusOr<bool> ok = Call([&]() {
+    impl_->session.detachRequest().send().wait(impl_->client->io.waitScope);
+    return true;
+  });
+  return ok.status();
 }
 
 absl::Status RefitSession::Abort(const std::string& reason) {

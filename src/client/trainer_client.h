@@ -66,6 +66,10 @@ class TrainerClient {
   ~TrainerClient();
 
   absl::StatusOr<std::unique_ptr<RefitSession>> Begin(const Manifest& manifest);
+  // Joins the active session `session_id`, begun by another trainer rank (a pipeline stage, an
+  // expert- or tensor-parallel rank): Push its own tensors (or slices), then Detach(). The rank
+  // that began the session commits once every joined rank has detached.
+  absl::StatusOr<std::unique_ptr<RefitSession>> Join(uint64_t session_id);
   absl::StatusOr<DaemonStatus> Status();
   absl::StatusOr<bool> AbortActive(const std::string& reason);
   absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> Checksums();
@@ -91,6 +95,9 @@ class RefitSession {
   // with refitd's message naming every offending tensor.
   absl::StatusOr<RefitReport> Commit();
   absl::Status Abort(const std::string& reason);
+  // A joined rank: flushes, waits until everything it pushed is sent, and tells refitd it is
+  // done, so that closing the session afterwards is not a failure.
+  absl::Status Detach();
 
   struct Impl;
   explicit RefitSession(std::unique_ptr<Impl> impl);

@@ -90,11 +90,13 @@ absl::Status Session::CheckHeader(const BucketHeader& h) const {
   return absl::OkStatus();
 }
 
-absl::Status Session::Announce(BucketHeader header) {
+absl::Status Session::Announce(BucketHeader header, uint32_t* assigned) {
   absl::Status check = CheckHeader(header);
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) return failure_;
   if (stopping_) return absl::FailedPreconditionError("session is committing; no more buckets");
+  if (header.seq == kAssignSeq) header.seq = next_seq_;
+  if (assigned != nullptr) *assigned = header.seq;
   if (check.ok() && header.seq != next_seq_) {
     check = absl::InvalidArgumentError(absl::StrCat("bucket seq ", header.seq, " out of order (expected ", next_seq_, ")"));
   }

@@ -31,8 +31,11 @@ struct TensorDesc {
   TensorSlice slice = {};  // bucket announcements only
 };
 
+// A BucketHeader seq asking refitd to number the bucket (several trainer ranks per session).
+inline constexpr uint32_t kAssignBucketSeq = 0xFFFFFFFFu;
+
 struct BucketHeader {
-  uint32_t seq = 0;
+  uint32_t seq = 0;  // or kAssignBucketSeq
   uint64_t nbytes = 0;
   uint64_t checksum = 0;
   std::vector<TensorDesc> tensors;

@@ -4,7 +4,8 @@
 //
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|drop-slice] [--gpu N] [--slices N] [shape flags]
+//                    duplicate|stall|drop-slice] [--gpu N] [--slices N]
+//                   [--ranks N --rank R --session-file F] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -18,6 +19,10 @@
 // that GPU); push_commit_ms in each line is the trainer's time from Begin to the commit reply.
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
+// --ranks N --rank R: N processes push one refit together, as pipeline/expert/tensor-parallel
+// ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
+// join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
+// and detach.
 #include <signal.h>
 #include <unistd.h>
 
@@ -176,6 +181,8 @@ int main(int argc, char** argv) {
   int refits = 3;
   int gpu = -1;  // --gpu: weights on this GPU
   int slices = 1;  // --slices: push matrices in this many slices
+  int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
+  std::string session_file;  // --session-file: where rank 0 publishes the session id
   uint64_t seed = 1;
   bool prequantized = false;
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
@@ -207,6 +214,12 @@ int main(int argc, char** argv) {
       drop.push_back(argv[++i]);
     } else if (a == "--prequantized") {
       prequantized = true;
+    } else if (a == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+    } else if (a == "--rank" && i + 1 < argc) {
+      rank = std::atoi(argv[++i]);
+    } else if (a == "--session-file" && i + 1 < argc) {
+      session_file = argv[++i];
     } else if (a == "--slices" && i + 1 < argc) {
       slices = std::atoi(argv[++i]);
     } else if (a == "--gpu" && i + 1 < argc) {
@@ -241,6 +254,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!checkpoint.empty()) return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop);
+  if (ranks > 1 && (session_file.empty() || rank < 0 || rank >= ranks || refits != 1 || (slices > 1 && slices != ranks))) {
+    return Fail("--ranks needs --session-file, 0 <= --rank < --ranks, --refits 1, and --slices equal to --ranks if given");
+  }
   if (gpu >= 0) {
 #if REFIT_HAVE_CUDA
     if (cudaSetDevice(gpu) != cudaSuccess) return Fail(absl::StrCat("cannot use GPU ", gpu));
@@ -348,7 +364,31 @@ int main(int argc, char** argv) {
     }
 #endif
     const absl::Time begun = absl::Now();
-    absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
+    // Several ranks: rank 0 begins the session and publishes its id in --session-file; the other
+    // ranks join it, push their share and detach, each then touching <session-file>.done.<rank>.
+    absl::StatusOr<std::unique_ptr<client::RefitSession>> session = absl::UnknownError("not begun");
+    if (rank == 0) {
+      session = (*client)->Begin(manifest);
+      if (session.ok() && ranks > 1) {
+        std::string tmp = session_file + ".tmp";
+        std::FILE* f = std::fopen(tmp.c_str(), "w");
+        if (f == nullptr) return Fail(absl::StrCat("cannot write ", tmp));
+        std::fprintf(f, "%llu\n", static_cast<unsigned long long>((*session)->id()));
+        std::fclose(f);
+        std::rename(tmp.c_str(), session_file.c_str());
+      }
+    } else {
+      unsigned long long id = 0;
+      for (int tries = 0; tries < 6000 && id == 0; ++tries) {
+        if (std::FILE* f = std::fopen(session_file.c_str(), "r")) {
+          if (std::fscanf(f, "%llu", &id) != 1) id = 0;
+          std::fclose(f);
+        }
+        if (id == 0) usleep(10000);
+      }
+      if (id == 0) return Fail(absl::StrCat("no session id in ", session_file));
+      session = (*client)->Join(id);
+    }
     if (!session.ok()) return Fail(session.status().message());
     absl::Status pushed;
     bool dropped_slice = false;
@@ -356,12 +396,17 @@ int main(int argc, char** argv) {
     // (alternately along dimension 0 and 1; only 0 for device tensors), last slice first.
     auto push = [&](size_t i) -> absl::Status {
       const ConvertedTensor& c = to_send[i];
-      if (slices <= 1 || c.shape.size() != 2) return (*session)->Push({c.name, c.dtype, c.shape, sources[i]});
+      if (slices <= 1 || c.shape.size() != 2) {
+        // Whole tensors are shared out round-robin (with slices, rank 0 sends the vectors).
+        const bool mine = ranks <= 1 || (slices > 1 ? rank == 0 : static_cast<int>(i % ranks) == rank);
+        return mine ? (*session)->Push({c.name, c.dtype, c.shape, sources[i]}) : absl::OkStatus();
+      }
       const size_t dim = gpu >= 0 ? 0 : i % 2;
       const int64_t rows = c.shape[dim];
       const int parts = static_cast<int>(std::min<int64_t>(slices, rows));
       const uint64_t esize = DTypeSize(c.dtype);
       for (int p = parts; p-- > 0;) {
+        if (ranks > 1 && p != rank) continue;  // each rank pushes its own shard
         const int64_t start = rows * p / parts, end = rows * (p + 1) / parts;
         if (fault == "drop-slice" && !dropped_slice && p == 1) {
           dropped_slice = true;
@@ -398,6 +443,27 @@ int main(int argc, char** argv) {
         (void)(*session)->Flush();
         std::fprintf(stderr, "example_trainer: stalling (fault injection)\n");
         pause();
+      }
+    }
+    if (rank > 0) {
+      absl::Status st = pushed.ok() ? (*session)->Detach() : pushed;
+      if (!st.ok()) return Fail(st.message());
+      std::string done = absl::StrCat(session_file, ".done.", rank);
+      if (std::FILE* f = std::fopen(done.c_str(), "w")) std::fclose(f);
+      std::printf("{\"rank\":%d,\"outcome\":\"detached\"}\n", rank);
+      std::fflush(stdout);
+      return 0;
+    }
+    if (ranks > 1) {
+      for (int r = 1; r < ranks; ++r) {
+        std::string done = absl::StrCat(session_file, ".done.", r);
+        for (int tries = 0; tries < 12000 && access(done.c_str(), F_OK) != 0; ++tries) {
+          usleep(10000);
+          if (tries % 10 != 9) continue;
+          // Stop waiting once the session ended (e.g. a joined rank died): the commit then says why.
+          absl::StatusOr<client::DaemonStatus> now = (*client)->Status();
+          if (now.ok() && now->active_session != (*session)->id()) break;
+        }
       }
     }
     if (fault == "abort") {
