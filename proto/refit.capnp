@@ -124,6 +124,8 @@ struct DaemonStatus {
   refused @10 :UInt64;
   aborted @11 :UInt64;
   dataEndpoint @12 :Text;
+  ringBytes @13 :UInt64;             # bucket ring: bucket_bytes x bucket_slots, allocated once
+  ringOnDevice @14 :Bool;            # the ring is in GPU memory (NCCL data plane)
 }
 
 interface Daemon {

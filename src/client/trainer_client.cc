@@ -215,6 +215,8 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.active_session = r.getActiveSession();
     s.staging_bytes = r.getStagingBytes();
     s.staging_limit_bytes = r.getStagingLimitBytes();
+    s.ring_bytes = r.getRingBytes();
+    s.ring_on_device = r.getRingOnDevice();
     s.committed = r.getCommitted();
     s.refused = r.getRefused();
     s.aborted = r.getAborted();

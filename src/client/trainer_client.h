@@ -52,6 +52,8 @@ struct DaemonStatus {
   uint64_t active_session = 0;
   uint64_t staging_bytes = 0;
   uint64_t staging_limit_bytes = 0;
+  uint64_t ring_bytes = 0;  // bucket ring (bucket_bytes x slots); memory use = ring + staging
+  bool ring_on_device = false;
   uint64_t committed = 0, refused = 0, aborted = 0;
   std::string data_endpoint;
   RefitReport last_report;

@@ -450,6 +450,8 @@ class DaemonImpl final : public proto::Daemon::Server {
     s.setActiveSession(state_.active ? state_.active->session->id() : 0);
     s.setStagingBytes(state_.active ? state_.active->session->staging().bytes() : 0);
     s.setStagingLimitBytes(state_.config.limits.staging_bytes);
+    s.setRingBytes(state_.ring->total_bytes());
+    s.setRingOnDevice(state_.ring->kind() == storage::MemoryKind::kDevice);
     wire::ToWire(state_.last_report, s.initLastReport());
     s.setCommitted(state_.committed);
     s.setRefused(state_.refused);

@@ -3,7 +3,10 @@
 their shards); refitd assembles each tensor before converting it, and the engine must then hold
 exactly the offline conversion of the whole tensors. A missing slice is refused at commit,
 naming the tensor and the missing rows, with the engine untouched."""
-from conftest import wait_for  # noqa: F401  (fixtures come from conftest)
+import json
+import subprocess
+
+from conftest import BIN
 
 
 def test_sliced_refits_match_offline_conversion(node_factory):
@@ -14,6 +17,10 @@ def test_sliced_refits_match_offline_conversion(node_factory):
     assert all(l["engine_matches_expected"] for l in lines), lines
     _, lines = node.trainer("--refits", "1", "--slices", "2", "--seed", "4", check_rc=0)
     assert lines[0]["engine_matches_expected"]
+    # Memory use is reported: the ring is bucket_bytes x bucket_slots (2 by default), in host memory.
+    status = json.loads(subprocess.run([str(BIN / "tools/refitctl"), "status", "--json", "--address", node.address],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert status["ring_bytes"] == 2 * 262144 and status["ring_on_device"] is False, status
 
 
 def test_missing_slice_is_refused_naming_the_tensor_and_rows(node_factory):
