@@ -12,6 +12,11 @@ struct TensorDesc {
   shape @2 :List(Int64);
   offset @3 :UInt64;        # byte offset inside the bucket (bucket announcements only)
   nbytes @4 :UInt64;
+  # A slice of the HF tensor (bucket announcements only): `shape` is the slice's, covering
+  # indices [sliceStart, sliceStart + shape[sliceDim]) of dimension sliceDim of fullShape.
+  sliceDim @5 :Int32 = -1;  # -1: the whole tensor
+  sliceStart @6 :UInt64;
+  fullShape @7 :List(Int64);
 }
 
 struct Manifest {
@@ -56,15 +61,23 @@ struct FormatBytes {
 }
 
 interface Session {
-  announce @0 (header :BucketHeader) -> ();
+  announce @0 (header :BucketHeader) -> (seq :UInt32);
   # Queues a bucket for receipt. Returns once the daemon will accept its bytes on the data plane
-  # (send them after this returns), or fails if the session has already failed.
+  # (send them after this returns), or fails if the session has already failed. A header with
+  # seq 0xFFFFFFFF gets the next sequence number assigned (what several trainer ranks pushing
+  # into one session do); `seq` is the bucket's number either way: its data-plane tag is
+  # (sessionId << 32) | seq.
 
   commit @1 () -> (report :RefitReport);
   # Waits for every announced bucket, validates, and swaps into the engine. Fails (with the report
   # in the error text) when validation refuses the refit; the engine is then untouched.
 
   abort @2 (reason :Text) -> ();
+
+  detach @3 () -> ();
+  # A joined trainer rank has announced and sent everything it will push; dropping this
+  # capability afterwards is not a failure. (Without detach, a joined rank's disconnect aborts
+  # the session.) The rank that began the session commits, once every rank has detached.
 }
 
 struct EngineParam {
@@ -112,6 +125,8 @@ struct DaemonStatus {
   aborted @11 :UInt64;
   dataEndpoint @12 :Text;
   engineDirty @13 :Bool;             # the engine's weights may be mixed; only a full refit clears it
+  ringBytes @14 :UInt64;             # bucket ring: bucket_bytes x bucket_slots, allocated once
+  ringOnDevice @15 :Bool;            # the ring is in GPU memory (NCCL data plane)
 }
 
 interface Daemon {
@@ -128,6 +143,12 @@ interface Daemon {
 
   status @2 () -> (status :DaemonStatus);
   abortActive @3 (reason :Text) -> (aborted :Bool);
+
+  join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64);
+  # Another trainer rank (a pipeline stage, an expert-parallel or tensor-parallel rank) pushes
+  # into the active session `sessionId`: its buckets are announced with assigned sequence
+  # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
+  # commits.
 
   checksums @4 () -> (version :UInt64, params :List(ParamChecksum));
   # Checksum64 of every registered engine parameter, read from the engine's storage

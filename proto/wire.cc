@@ -16,6 +16,11 @@ absl::StatusOr<TensorDesc> FromWire(proto::TensorDesc::Reader r) {
   for (int64_t v : r.getShape()) d.shape.push_back(v);
   d.offset = r.getOffset();
   d.nbytes = r.getNbytes();
+  if (r.getSliceDim() >= 0) {
+    d.slice.dim = r.getSliceDim();
+    d.slice.start = r.getSliceStart();
+    for (int64_t v : r.getFullShape()) d.slice.full_shape.push_back(v);
+  }
   return d;
 }
 
@@ -68,6 +73,12 @@ void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b) {
   for (size_t i = 0; i < d.shape.size(); ++i) shape.set(static_cast<unsigned>(i), d.shape[i]);
   b.setOffset(d.offset);
   b.setNbytes(d.nbytes);
+  if (d.slice.present()) {
+    b.setSliceDim(d.slice.dim);
+    b.setSliceStart(d.slice.start);
+    auto full = b.initFullShape(static_cast<unsigned>(d.slice.full_shape.size()));
+    for (size_t i = 0; i < d.slice.full_shape.size(); ++i) full.set(static_cast<unsigned>(i), d.slice.full_shape[i]);
+  }
 }
 
 void ToWire(const Manifest& m, proto::Manifest::Builder b) {

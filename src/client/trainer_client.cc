@@ -3,6 +3,7 @@
 #include "common/auth_preamble.h"
 
 #include <cstring>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
@@ -11,6 +12,11 @@
 #include "proto/refit.capnp.h"
 #include "proto/wire.h"
 #include "transport/ucx/ucx_sender.h"
+#if REFIT_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "transport/nccl/nccl_sender.h"
+#endif
 
 namespace refit::client {
 namespace {
@@ -40,9 +46,85 @@ struct TrainerClient::Impl {
   kj::Own<kj::AsyncIoStream> conn;
   kj::Own<capnp::TwoPartyClient> rpc;
   proto::Daemon::Client daemon = nullptr;
-  std::unique_ptr<transport::UcxSender> sender;
+  std::unique_ptr<transport::Sender> sender;
   std::string sender_endpoint;
+  // NCCL data plane: buckets are packed on the GPU with asynchronous copies on copy_stream into
+  // one of two device buffers (bucket_bytes each) while the other one's bucket is being sent.
+  bool device_buckets = false;
+  int device = 0;
+  void* device_bucket[2] = {nullptr, nullptr};
+  int current = 0;  // the buffer Push packs into
+  uint64_t device_bucket_bytes = 0;
+  void* copy_stream = nullptr;
+
+  ~Impl() {
+#if REFIT_HAVE_NCCL
+    sender.reset();
+    cudaSetDevice(device);
+    if (copy_stream != nullptr) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
+      cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream));
+    }
+    for (void* b : device_bucket) {
+      if (b != nullptr) cudaFree(b);
+    }
+#endif
+  }
+  // Connects the data plane named by refitd's endpoint (ucx:... or nccl:...).
+  absl::Status ConnectData(const std::string& endpoint, uint64_t bucket_bytes);
 };
+
+absl::Status TrainerClient::Impl::ConnectData(const std::string& endpoint, uint64_t bucket_bytes) {
+  if (!sender || sender_endpoint != endpoint) {
+    sender.reset();
+    if (endpoint.rfind("nccl:", 0) == 0) {
+#if REFIT_HAVE_NCCL
+      // The trainer's current CUDA device sends (it must differ from refitd's device).
+      if (cudaGetDevice(&device) != cudaSuccess) return absl::UnavailableError("NCCL data plane: no CUDA device");
+      transport::NcclOptions options;
+      options.device = device;
+      absl::StatusOr<std::unique_ptr<transport::NcclSender>> s = transport::NcclSender::Connect(endpoint, options);
+      if (!s.ok()) return s.status();
+      sender = std::move(*s);
+      device_buckets = true;
+#else
+      return absl::UnimplementedError(
+          absl::StrCat("refitd offers the NCCL data plane (", endpoint, ") but this client was built without NCCL"));
+#endif
+    } else {
+      absl::StatusOr<std::unique_ptr<transport::UcxSender>> s = transport::UcxSender::Connect(endpoint, {});
+      if (!s.ok()) return s.status();
+      sender = std::move(*s);
+      device_buckets = false;
+    }
+    sender_endpoint = endpoint;
+  }
+#if REFIT_HAVE_NCCL
+  if (device_buckets && device_bucket_bytes < bucket_bytes) {
+    cudaSetDevice(device);
+    for (void*& b : device_bucket) {
+      if (b != nullptr) cudaFree(b);
+      b = nullptr;
+    }
+    device_bucket_bytes = 0;
+    for (void*& b : device_bucket) {
+      if (cudaMalloc(&b, bucket_bytes) != cudaSuccess) {
+        b = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate two ", bucket_bytes, "-byte device buckets"));
+      }
+    }
+    device_bucket_bytes = bucket_bytes;
+    if (copy_stream == nullptr) {
+      cudaStream_t s = nullptr;
+      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        return absl::UnavailableError("cannot create a CUDA stream");
+      }
+      copy_stream = s;
+    }
+  }
+#endif
+  return absl::OkStatus();
+}
 
 struct RefitSession::Impl {
   TrainerClient::Impl* client;
@@ -50,8 +132,12 @@ struct RefitSession::Impl {
   uint64_t id = 0;
   uint64_t bucket_bytes = 0;
   std::vector<uint8_t> bucket;
+  uint64_t device_used = 0;  // bytes packed into the client's device bucket (NCCL)
+  std::future<absl::Status> in_flight;  // the previous device bucket's send (NCCL)
+  // Waits for the previous device bucket's send; its error, if any.
+  absl::Status WaitInFlight() { return in_flight.valid() ? in_flight.get() : absl::OkStatus(); }
   BucketHeader header;
-  uint32_t next_seq = 0;
+  bool member = false;  // joined another rank's session
   bool done = false;
   std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
 };
@@ -92,13 +178,35 @@ absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Begin(const Manifes
     return true;
   });
   if (!ok.ok()) return ok.status();
-  if (!impl_->sender || impl_->sender_endpoint != endpoint) {
-    impl_->sender.reset();
-    absl::StatusOr<std::unique_ptr<transport::UcxSender>> sender = transport::UcxSender::Connect(endpoint, {});
-    if (!sender.ok()) return sender.status();
-    impl_->sender = std::move(*sender);
-    impl_->sender_endpoint = endpoint;
+  if (absl::Status st = impl_->ConnectData(endpoint, s->bucket_bytes); !st.ok()) {
+    auto req = s->session.abortRequest();
+    req.setReason(absl::StrCat("trainer could not connect the data plane: ", st.message()));
+    (void)Call([&]() {
+      req.send().wait(impl_->io.waitScope);
+      return true;
+    });
+    return st;
   }
+  return std::make_unique<RefitSession>(std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Join(uint64_t session_id) {
+  auto s = std::make_unique<RefitSession::Impl>();
+  s->client = impl_.get();
+  s->id = session_id;
+  s->member = true;
+  std::string endpoint;
+  absl::StatusOr<bool> ok = Call([&]() {
+    auto req = impl_->daemon.joinRequest();
+    req.setSessionId(session_id);
+    auto resp = req.send().wait(impl_->io.waitScope);
+    s->session = resp.getSession();
+    s->bucket_bytes = resp.getBucketBytes();
+    endpoint = resp.getDataEndpoint().cStr();
+    return true;
+  });
+  if (!ok.ok()) return ok.status();
+  if (absl::Status st = impl_->ConnectData(endpoint, s->bucket_bytes); !st.ok()) return st;
   return std::make_unique<RefitSession>(std::move(s));
 }
 
@@ -115,6 +223,8 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.active_session = r.getActiveSession();
     s.staging_bytes = r.getStagingBytes();
     s.staging_limit_bytes = r.getStagingLimitBytes();
+    s.ring_bytes = r.getRingBytes();
+    s.ring_on_device = r.getRingOnDevice();
     s.committed = r.getCommitted();
     s.refused = r.getRefused();
     s.aborted = r.getAborted();
@@ -162,48 +272,92 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
                                                    impl_->bucket_bytes, "-byte bucket"));
   }
+  TrainerClient::Impl* client = impl_->client;
+  const uint64_t used = client->device_buckets ? impl_->device_used : impl_->bucket.size();
   // Keep 16-byte alignment of every tensor inside the bucket.
-  uint64_t offset = (impl_->bucket.size() + 15) & ~uint64_t{15};
+  uint64_t offset = (used + 15) & ~uint64_t{15};
   if (offset + *nbytes > impl_->bucket_bytes) {
     absl::Status st = Flush();
     if (!st.ok()) return st;
     offset = 0;
   }
-  impl_->bucket.resize(offset + *nbytes);
-  std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
-  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes});
+  if (client->device_buckets) {
+#if REFIT_HAVE_NCCL
+    // Host or device source; the copy runs on the client's stream and completes before the send.
+    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(client->device_bucket[client->current]) + offset, t.data, *nbytes,
+                                    cudaMemcpyDefault, static_cast<cudaStream_t>(client->copy_stream));
+    if (e != cudaSuccess) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': copy into the device bucket failed: ", cudaGetErrorString(e)));
+    }
+    impl_->device_used = offset + *nbytes;
+#endif
+  } else {
+    impl_->bucket.resize(offset + *nbytes);
+    std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
+  }
+  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
   return absl::OkStatus();
 }
 
 absl::Status RefitSession::Flush() {
   if (impl_->header.tensors.empty()) return absl::OkStatus();
   BucketHeader& h = impl_->header;
-  h.seq = impl_->next_seq++;
-  h.nbytes = impl_->bucket.size();
-  h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
   auto* client = impl_->client;
+  const void* payload = impl_->bucket.data();
+  h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
+  if (client->device_buckets) {
+#if REFIT_HAVE_NCCL
+    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(client->copy_stream));
+    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("packing the device bucket: ", cudaGetErrorString(e)));
+#endif
+    h.nbytes = impl_->device_used;
+    h.checksum = 0;  // device buckets are not checksummed (NCCL's transports check integrity)
+    payload = client->device_bucket[client->current];
+  } else {
+    h.nbytes = impl_->bucket.size();
+    h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
+  }
   absl::StatusOr<bool> ok = Call([&]() {
     auto req = impl_->session.announceRequest();
     wire::ToWire(h, req.initHeader());
-    req.send().wait(client->io.waitScope);
+    h.seq = req.send().wait(client->io.waitScope).getSeq();
     return true;
   });
   if (!ok.ok()) return ok.status();
-  if (impl_->tamper) impl_->tamper(h.seq, impl_->bucket);
-  absl::Status sent = client->sender->Send((impl_->id << 32) | h.seq, impl_->bucket.data(), impl_->bucket.size());
-  if (!sent.ok()) {
-    // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
-    // session connects afresh.
-    client->sender.reset();
-    client->sender_endpoint.clear();
+  if (impl_->tamper && !client->device_buckets) {
+    impl_->tamper(h.seq, impl_->bucket);
+    payload = impl_->bucket.data();
+  }
+  const uint64_t tag = (impl_->id << 32) | h.seq;
+  absl::Status sent;
+  if (client->device_buckets) {
+    // Send in the background from this buffer while the next bucket is packed into the other.
+    sent = impl_->WaitInFlight();
+    if (sent.ok()) {
+      transport::Sender* sender = client->sender.get();
+      const uint64_t n = h.nbytes;
+      impl_->in_flight = std::async(std::launch::async, [sender, tag, payload, n] { return sender->Send(tag, payload, n); });
+      client->current ^= 1;
+    }
+  } else {
+    sent = client->sender->Send(tag, payload, h.nbytes);
+    if (!sent.ok()) {
+      // refitd dropped the data-plane connection (the session was aborted) or it failed: the
+      // next session connects afresh.
+      client->sender.reset();
+      client->sender_endpoint.clear();
+    }
   }
   impl_->bucket.clear();
+  impl_->device_used = 0;
   h.tensors.clear();
   return sent;
 }
 
 absl::StatusOr<RefitReport> RefitSession::Commit() {
   absl::Status st = Flush();
+  if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
   if (!st.ok()) return st;
   impl_->done = true;
   return Call([&]() {
@@ -212,8 +366,21 @@ absl::StatusOr<RefitReport> RefitSession::Commit() {
   });
 }
 
+absl::Status RefitSession::Detach() {
+  absl::Status st = Flush();
+  if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
+  if (!st.ok()) return st;
+  impl_->done = true;
+  absl::StatusOr<bool> ok = Call([&]() {
+    impl_->session.detachRequest().send().wait(impl_->client->io.waitScope);
+    return true;
+  });
+  return ok.status();
+}
+
 absl::Status RefitSession::Abort(const std::string& reason) {
   impl_->done = true;
+  (void)impl_->WaitInFlight();
   absl::StatusOr<bool> ok = Call([&]() {
     auto req = impl_->session.abortRequest();
     req.setReason(reason);

@@ -6,6 +6,9 @@
 //   for (auto& t : tensors) session->Push(t);
 //   absl::StatusOr<RefitReport> report = session->Commit();
 //
+// The data plane is the one refitd offers: UCX (host buckets) or NCCL (buckets packed on the
+// caller's current CUDA device, which must differ from refitd's).
+//
 // Threading: a client and its sessions are used from one thread (they own a KJ event loop).
 // A session destroyed before Commit aborts.
 #ifndef REFIT_CLIENT_TRAINER_CLIENT_H_
@@ -26,7 +29,13 @@ struct TensorRef {
   std::string name;
   DType dtype;
   Shape shape;
-  const void* data;  // host memory, dense row-major
+  // Dense row-major bytes: host memory, or (NCCL data plane) device memory, which is read
+  // asynchronously until the bucket holding it is sent (the next Flush/Commit or overflowing
+  // Push): keep it unchanged until then.
+  const void* data;
+  // Set to push a slice of the HF tensor (e.g. this rank's tensor-parallel shard): `shape` is
+  // then the slice's, and refitd assembles the tensor from its slices before converting it.
+  TensorSlice slice = {};
 };
 
 struct ParamChecksum {
@@ -44,6 +53,8 @@ struct DaemonStatus {
   uint64_t active_session = 0;
   uint64_t staging_bytes = 0;
   uint64_t staging_limit_bytes = 0;
+  uint64_t ring_bytes = 0;  // bucket ring (bucket_bytes x slots); memory use = ring + staging
+  bool ring_on_device = false;
   uint64_t committed = 0, refused = 0, aborted = 0;
   std::string data_endpoint;
   RefitReport last_report;
@@ -58,6 +69,10 @@ class TrainerClient {
   ~TrainerClient();
 
   absl::StatusOr<std::unique_ptr<RefitSession>> Begin(const Manifest& manifest);
+  // Joins the active session `session_id`, begun by another trainer rank (a pipeline stage, an
+  // expert- or tensor-parallel rank): Push its own tensors (or slices), then Detach(). The rank
+  // that began the session commits once every joined rank has detached.
+  absl::StatusOr<std::unique_ptr<RefitSession>> Join(uint64_t session_id);
   absl::StatusOr<DaemonStatus> Status();
   absl::StatusOr<bool> AbortActive(const std::string& reason);
   absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> Checksums();
@@ -83,6 +98,9 @@ class RefitSession {
   // with refitd's message naming every offending tensor.
   absl::StatusOr<RefitReport> Commit();
   absl::Status Abort(const std::string& reason);
+  // A joined rank: flushes, waits until everything it pushed is sent, and tells refitd it is
+  // done, so that closing the session afterwards is not a failure.
+  absl::Status Detach();
 
   // Fault injection (tests, example_trainer --fault): called with each bucket's bytes after its
   // checksum was announced and before they are sent, so the data plane can carry bytes other

@@ -4,7 +4,7 @@ namespace refit {
 
 absl::StatusOr<std::unique_ptr<BucketRing>> BucketRing::Create(uint32_t slots, uint64_t slot_bytes,
                                                                storage::Memory& memory) {
-  std::unique_ptr<BucketRing> ring(new BucketRing(slot_bytes, memory.kind()));
+  std::unique_ptr<BucketRing> ring(new BucketRing(slot_bytes, memory));
   absl::MutexLock lock(&ring->mu_);
   for (uint32_t i = 0; i < slots; ++i) {
     absl::StatusOr<std::shared_ptr<uint8_t>> slot = memory.Allocate(slot_bytes);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
 #include "formats/format.h"
@@ -19,7 +20,8 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
       converter_(converter),
       options_(std::move(options)),
       ledger_(planner),
-      staging_(options_.limits.staging_bytes, pool) {
+      staging_(options_.limits.staging_bytes, pool),
+      slices_(ring.memory(), options_.limits.staging_bytes) {
   receiver_.Reset();
   ring_.Reset();
   receiver_thread_ = std::thread([this] { ReceiveLoop(); });
@@ -88,11 +90,13 @@ absl::Status Session::CheckHeader(const BucketHeader& h) const {
   return absl::OkStatus();
 }
 
-absl::Status Session::Announce(BucketHeader header) {
+absl::Status Session::Announce(BucketHeader header, uint32_t* assigned) {
   absl::Status check = CheckHeader(header);
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) return failure_;
   if (stopping_) return absl::FailedPreconditionError("session is committing; no more buckets");
+  if (header.seq == kAssignSeq) header.seq = next_seq_;
+  if (assigned != nullptr) *assigned = header.seq;
   if (check.ok() && header.seq != next_seq_) {
     check = absl::InvalidArgumentError(absl::StrCat("bucket seq ", header.seq, " out of order (expected ", next_seq_, ")"));
   }
@@ -294,10 +298,33 @@ absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage:
 
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   uint64_t out_bytes = 0;
-  for (const TensorDesc& desc : header.tensors) {
+  std::vector<std::shared_ptr<uint8_t>> assembled;  // whole tensors from slices, until converted
+  for (const TensorDesc& arrived : header.tensors) {
+    const TensorDesc* slice_or_whole = &arrived;
+    const uint8_t* src = data + arrived.offset;
+    TensorDesc whole;
+    if (arrived.slice.present()) {
+      // A slice: assembled first; the tensor converts once its slices tile it.
+      absl::StatusOr<std::optional<SliceAssembler::Whole>> added = slices_.Add(arrived, src);
+      if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
+        converter_.Sync();
+        absl::MutexLock lock(&mu_);
+        FailLocked(added.status());
+        return;
+      }
+      if (!added.ok()) {
+        ledger_.Fail(arrived.name, added.status());
+        continue;
+      }
+      if (!added->has_value()) continue;
+      whole = std::move((*added)->desc);
+      assembled.push_back(std::move((*added)->data));
+      src = assembled.back().get();
+      slice_or_whole = &whole;
+    }
+    const TensorDesc& desc = *slice_or_whole;
     absl::StatusOr<TensorPlan> plan = ledger_.Arrive(desc);
     if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
-    const uint8_t* src = data + desc.offset;
     absl::Status status = plan->amax_group.empty() ? Stage(desc, src, ring_.kind(), *plan, std::nullopt, out_bytes)
                                                    : Defer(desc, src, ring_.kind(), *plan, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
@@ -314,6 +341,16 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
   absl::MutexLock lock(&mu_);
   bytes_out_ += out_bytes;
+}
+
+absl::Status Session::Validate() const {
+  std::vector<std::string> incomplete = slices_.Incomplete();
+  absl::Status ledger = ledger_.Check(options_.partial);
+  if (incomplete.empty()) return ledger;
+  std::string msg = absl::StrCat("refit refused: ", incomplete.size(), " sliced tensor",
+                                 incomplete.size() == 1 ? "" : "s", " incomplete: ", absl::StrJoin(incomplete, "; "));
+  if (!ledger.ok()) absl::StrAppend(&msg, "; ", ledger.message());
+  return absl::FailedPreconditionError(msg);
 }
 
 absl::Status Session::Finish() {

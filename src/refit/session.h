@@ -24,6 +24,7 @@
 #include "refit/converter.h"
 #include "refit/ledger.h"
 #include "refit/planner.h"
+#include "refit/slice_assembler.h"
 #include "refit/staging.h"
 #include "refit/types.h"
 #include "transport/transport.h"
@@ -51,13 +52,16 @@ class Session {
   // Data-plane tag of bucket `seq` in session `id`.
   static uint64_t Tag(uint64_t id, uint32_t seq) { return (id << 32) | seq; }
 
+  // A header seq that asks for the next sequence number (several trainer ranks per session).
+  static constexpr uint32_t kAssignSeq = kAssignBucketSeq;
   // Checks the header (sizes, offsets, names; checked arithmetic) and queues it. An invalid
-  // header fails the whole session (InvalidArgument naming the field).
-  absl::Status Announce(BucketHeader header);
+  // header fails the whole session (InvalidArgument naming the field). `header.seq` must be
+  // the next number, or kAssignSeq; `assigned` (optional) receives the bucket's number.
+  absl::Status Announce(BucketHeader header, uint32_t* assigned = nullptr);
   // Blocks until every announced bucket is received and converted, or the session failed.
   absl::Status Finish();
-  // The Ledger's verdict (call after Finish).
-  absl::Status Validate() const { return ledger_.Check(options_.partial); }
+  // The Ledger's verdict, and every tensor whose slices did not tile it (call after Finish).
+  absl::Status Validate() const;
   void Abort(const std::string& reason);
 
   uint64_t id() const { return options_.id; }
@@ -94,6 +98,7 @@ class Session {
   const Options options_;
   Ledger ledger_;
   Staging staging_;
+  SliceAssembler slices_;  // sliced tensors being assembled (in the ring's memory)
 
   mutable absl::Mutex mu_;
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);

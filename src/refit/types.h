@@ -12,16 +12,30 @@
 
 namespace refit {
 
+// A part of an HF tensor along one dimension, e.g. a tensor-parallel shard: the bytes carry
+// indices [start, start + shape[dim]) of dimension `dim` of a tensor of `full_shape`; every other
+// dimension is whole. refitd assembles a tensor's slices and converts it once they tile it.
+struct TensorSlice {
+  int32_t dim = -1;  // -1: not a slice (the whole tensor)
+  uint64_t start = 0;
+  Shape full_shape;
+  bool present() const { return dim >= 0; }
+};
+
 struct TensorDesc {
   std::string name;
   DType dtype = DType::kBF16;
-  Shape shape;
+  Shape shape;          // of the bytes sent (the slice's shape for a slice)
   uint64_t offset = 0;  // inside a bucket
   uint64_t nbytes = 0;
+  TensorSlice slice = {};  // bucket announcements only
 };
 
+// A BucketHeader seq asking refitd to number the bucket (several trainer ranks per session).
+inline constexpr uint32_t kAssignBucketSeq = 0xFFFFFFFFu;
+
 struct BucketHeader {
-  uint32_t seq = 0;
+  uint32_t seq = 0;  // or kAssignBucketSeq
   uint64_t nbytes = 0;
   uint64_t checksum = 0;
   std::vector<TensorDesc> tensors;

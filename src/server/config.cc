@@ -88,11 +88,17 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (c.staging != "host" && c.staging != "device") return Err(root["staging"], path, "staging", "must be host or device");
   REFIT_RETURN_IF_ERROR(Get(root, "log_level", path, "", c.log_level));
   if (const YAML::Node d = root["data_plane"]) {
-    REFIT_RETURN_IF_ERROR(CheckKeys(d, path, "data_plane", {"transport", "ucx_tls", "host"}));
+    REFIT_RETURN_IF_ERROR(CheckKeys(d, path, "data_plane", {"transport", "ucx_tls", "host", "device"}));
     REFIT_RETURN_IF_ERROR(Get(d, "transport", path, "data_plane.", c.transport));
     REFIT_RETURN_IF_ERROR(Get(d, "ucx_tls", path, "data_plane.", c.ucx_tls));
     REFIT_RETURN_IF_ERROR(Get(d, "host", path, "data_plane.", c.data_host));
-    if (c.transport != "ucx") return Err(d["transport"], path, "data_plane.transport", "supported: ucx");
+    REFIT_RETURN_IF_ERROR(Get(d, "device", path, "data_plane.", c.data_device));
+    if (c.transport != "ucx" && c.transport != "nccl") {
+      return Err(d["transport"], path, "data_plane.transport", "supported: ucx, nccl");
+    }
+    if (c.transport == "nccl" && c.staging != "device") {
+      return Err(d["transport"], path, "data_plane.transport", "nccl delivers buckets to the GPU and needs staging: device");
+    }
   }
   if (const YAML::Node l = root["limits"]) {
     REFIT_RETURN_IF_ERROR(CheckKeys(l, path, "limits",

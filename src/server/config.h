@@ -25,9 +25,10 @@ struct Config {
   std::string model_spec;       // path to the model spec YAML
   std::string model_spec_inline;  // or the spec itself (the embedded demo config uses this)
   // Data plane.
-  std::string transport = "ucx";
+  std::string transport = "ucx";  // ucx | nccl (nccl needs staging: device)
   std::string ucx_tls = "tcp,sm,self";
   std::string data_host = "127.0.0.1";
+  int data_device = 0;  // nccl: the CUDA device of the bucket slots (the engine's GPU)
   std::string staging = "host";  // host | device
   SessionLimits limits;
   uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)

@@ -191,26 +191,39 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
 
 class SessionImpl final : public proto::Session::Server {
  public:
-  SessionImpl(DaemonState& state, uint64_t id) : state_(state), id_(id) {}
+  // `member`: a trainer rank that joined the session (Daemon.join) rather than began it; it
+  // announces, then detaches (or aborts the refit); only the rank that began it commits.
+  SessionImpl(DaemonState& state, uint64_t id, bool member = false) : state_(state), id_(id), member_(member) {}
 
   ~SessionImpl() {
     // The trainer dropped its session (disconnect or done). An uncommitted session is aborted;
-    // a commit in progress runs to its end on its own.
-    if (!IsActive() || state_.active->committing) return;
-    state_.active->session->Abort("trainer disconnected");
-    End("aborted", "trainer disconnected");
+    // a commit in progress runs to its end on its own. A joined rank that detached is done.
+    if (detached_ || !IsActive() || state_.active->committing) return;
+    std::string reason = member_ ? "a joined trainer rank disconnected before detaching" : "trainer disconnected";
+    state_.active->session->Abort(reason);
+    End("aborted", reason);
   }
 
  protected:
   kj::Promise<void> announce(AnnounceContext context) override {
     Session& s = Active();
+    if (detached_) Throw("this trainer rank has detached from the session");
     absl::StatusOr<BucketHeader> header = wire::FromWire(context.getParams().getHeader());
-    absl::Status status = header.ok() ? s.Announce(std::move(*header)) : header.status();
+    uint32_t seq = 0;
+    absl::Status status = header.ok() ? s.Announce(std::move(*header), &seq) : header.status();
     if (!status.ok()) {
       s.Abort(std::string(status.message()));
       if (!state_.active->committing) End("aborted", std::string(status.message()));
       Throw(status.message());
     }
+    context.getResults().setSeq(seq);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> detach(DetachContext context) override {
+    Active();
+    if (!member_) Throw("the rank that began the session commits or aborts it; detach is for joined ranks");
+    detached_ = true;
     return kj::READY_NOW;
   }
 
@@ -224,6 +237,7 @@ class SessionImpl final : public proto::Session::Server {
 
   kj::Promise<void> commit(CommitContext context) override {
     Active();
+    if (member_) Throw("only the rank that began the session commits it; joined ranks detach");
     if (state_.active->committing) Throw("commit already in progress");
     state_.active->committing = true;
     auto run = std::make_shared<CommitRun>(state_, id_);
@@ -256,6 +270,8 @@ class SessionImpl final : public proto::Session::Server {
 
   DaemonState& state_;
   const uint64_t id_;
+  const bool member_;
+  bool detached_ = false;
 };
 
 // Maps the engine's registered parameters: all in POSIX shm, or all in GPU memory (CUDA IPC).
@@ -416,6 +432,20 @@ class DaemonImpl final : public proto::Daemon::Server {
     return kj::READY_NOW;
   }
 
+  kj::Promise<void> join(JoinContext context) override {
+    const uint64_t id = context.getParams().getSessionId();
+    if (!state_.active || state_.active->session->id() != id) {
+      Throw(absl::StrCat("session ", id, " is not active", state_.active ? "" : " (no session is)"));
+    }
+    if (state_.active->committing) Throw(absl::StrCat("session ", id, " is committing; too late to join"));
+    Log(LogLevel::kInfo, absl::StrCat("event=session_join session=", id));
+    auto results = context.getResults();
+    results.setSession(kj::heap<SessionImpl>(state_, id, /*member=*/true));
+    results.setDataEndpoint(state_.receiver->Endpoint());
+    results.setBucketBytes(state_.config.limits.bucket_bytes);
+    return kj::READY_NOW;
+  }
+
   kj::Promise<void> registerEngine(RegisterEngineContext context) override {
     auto params = context.getParams();
     absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(params.getParams());
@@ -467,6 +497,8 @@ class DaemonImpl final : public proto::Daemon::Server {
     s.setActiveSession(state_.active ? state_.active->session->id() : 0);
     s.setStagingBytes(state_.active ? state_.active->session->staging().bytes() : 0);
     s.setStagingLimitBytes(state_.config.limits.staging_bytes);
+    s.setRingBytes(state_.ring->total_bytes());
+    s.setRingOnDevice(state_.ring->kind() == storage::MemoryKind::kDevice);
     wire::ToWire(state_.last_report, s.initLastReport());
     s.setCommitted(state_.committed);
     s.setRefused(state_.refused);

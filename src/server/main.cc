@@ -32,6 +32,9 @@
 #include "spec/model_spec.h"
 #include "storage/memory.h"
 #include "transport/ucx/ucx_receiver.h"
+#if REFIT_HAVE_NCCL
+#include "transport/nccl/nccl_receiver.h"
+#endif
 
 namespace {
 
@@ -132,23 +135,43 @@ int main(int argc, char** argv) {
   }
 #endif
 
-  transport::UcxOptions ucx;
-  ucx.tls = config->ucx_tls;
-  ucx.listen_host = config->data_host;
-  absl::StatusOr<std::unique_ptr<transport::UcxReceiver>> receiver = transport::UcxReceiver::Listen(ucx);
-  if (!receiver.ok()) return Fail(absl::StrCat("data plane: ", receiver.status().message()));
+  // The data plane: UCX into pinned host slots, or NCCL into slots on the engine's GPU.
+  std::unique_ptr<transport::Receiver> receiver;
+  std::unique_ptr<storage::Memory> slot_memory;
+  if (config->transport == "nccl") {
+#if REFIT_HAVE_NCCL
+    transport::NcclOptions nccl;
+    nccl.device = config->data_device;
+    nccl.listen_host = config->data_host;
+    absl::StatusOr<std::unique_ptr<transport::NcclReceiver>> r = transport::NcclReceiver::Listen(nccl);
+    if (!r.ok()) return Fail(absl::StrCat("data plane: ", r.status().message()));
+    receiver = std::move(*r);
+    absl::StatusOr<std::unique_ptr<storage::Memory>> device = storage::NewDeviceMemory(config->data_device);
+    if (!device.ok()) return Fail(absl::StrCat("bucket ring: ", device.status().message()));
+    slot_memory = std::move(*device);
+#else
+    return Fail("data_plane.transport is nccl, but this refitd was built without NCCL");
+#endif
+  } else {
+    transport::UcxOptions ucx;
+    ucx.tls = config->ucx_tls;
+    ucx.listen_host = config->data_host;
+    absl::StatusOr<std::unique_ptr<transport::UcxReceiver>> r = transport::UcxReceiver::Listen(ucx);
+    if (!r.ok()) return Fail(absl::StrCat("data plane: ", r.status().message()));
+    receiver = std::move(*r);
+    // Bucket slots in pinned host memory (UCX receives into them; device staging copies from them).
+    slot_memory = storage::NewPinnedHostMemory();
+  }
 
   auto io = kj::setupAsyncIo();
   metrics::Registry registry;
   metrics::BuildInfo build{REFIT_VERSION, REFIT_GIT_COMMIT, REFIT_BUILD_TYPE, REFIT_WITH_CUDA != 0};
   absl::StatusOr<metrics::RefitMetrics> refit_metrics = metrics::RefitMetrics::Register(registry, build);
   if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
-  // Bucket slots in pinned host memory (UCX receives into them; device staging copies from them).
-  std::unique_ptr<storage::Memory> slot_memory = storage::NewPinnedHostMemory();
   absl::StatusOr<std::unique_ptr<BucketRing>> ring =
       BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, *slot_memory);
   if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));
-  server::DaemonState state(*config, std::move(*spec), std::move(*receiver), std::move(*ring), *io.lowLevelProvider,
+  server::DaemonState state(*config, std::move(*spec), std::move(receiver), std::move(*ring), *io.lowLevelProvider,
                             io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport));
   state.failpoints = std::move(failpoints);
   refit_metrics->engine_registered->Set(0);

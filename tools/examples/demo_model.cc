@@ -20,6 +20,17 @@ std::vector<HfTensor> Tensors(const ModelShape& s) {
     out.push_back({p + "self_attn.v_proj.weight", {kv, h}});
     out.push_back({p + "self_attn.o_proj.weight", {h, h}});
     out.push_back({p + "post_attention_layernorm.weight", {h}});
+    if (s.experts > 0) {
+      const int64_t mi = s.moe_intermediate;
+      out.push_back({p + "mlp.gate.weight", {s.experts, h}});
+      for (int e = 0; e < s.experts; ++e) {
+        std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
+        out.push_back({x + "gate_proj.weight", {mi, h}});
+        out.push_back({x + "up_proj.weight", {mi, h}});
+        out.push_back({x + "down_proj.weight", {h, mi}});
+      }
+      continue;
+    }
     out.push_back({p + "mlp.gate_proj.weight", {im, h}});
     out.push_back({p + "mlp.up_proj.weight", {im, h}});
     out.push_back({p + "mlp.down_proj.weight", {h, im}});
@@ -63,6 +74,8 @@ bool ParseShapeFlag(int argc, char** argv, int& i, ModelShape& s) {
                 : a == "--intermediate" ? &s.intermediate
                 : a == "--kv-hidden" ? &s.kv_hidden
                 : a == "--vocab" ? &s.vocab
+                : a == "--experts" ? &s.experts
+                : a == "--moe-intermediate" ? &s.moe_intermediate
                                  : nullptr;
   if (target == nullptr || i + 1 >= argc) return false;
   *target = std::atoi(argv[++i]);

@@ -17,6 +17,10 @@ struct ModelShape {
   int intermediate = 640;  // not a multiple of 128: exercises partial FP8 tiles
   int kv_hidden = 128;
   int vocab = 1000;
+  // MoE (Qwen3-MoE names) when experts > 0: per layer a router (mlp.gate.weight) and `experts`
+  // experts of moe_intermediate instead of the dense MLP.
+  int experts = 0;
+  int moe_intermediate = 128;
 };
 
 struct HfTensor {
@@ -27,7 +31,8 @@ struct HfTensor {
 std::vector<HfTensor> Tensors(const ModelShape& shape);
 // Deterministic pseudo-random BF16 values (sd ~0.02) for (seed, tensor name); norms are ~1.
 std::vector<uint16_t> Weights(uint64_t seed, const HfTensor& t);
-// Parses "--layers N --hidden N --intermediate N --kv-hidden N --vocab N" flags; returns false
+// Parses "--layers N --hidden N --intermediate N --kv-hidden N --vocab N --experts N
+// --moe-intermediate N" flags; returns false
 // for an unknown flag at argv[i].
 bool ParseShapeFlag(int argc, char** argv, int& i, ModelShape& shape);
 

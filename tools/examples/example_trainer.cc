@@ -4,7 +4,8 @@
 //
 //   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial] [shape flags]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
+//                   [--ranks N --rank R --session-file F] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -14,18 +15,32 @@
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
+// --gpu N holds the weights on GPU N and pushes device tensors (the NCCL data plane sends from
+// that GPU); push_commit_ms in each line is the trainer's time from Begin to the commit reply.
+// --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
+// leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
+// --ranks N --rank R: N processes push one refit together, as pipeline/expert/tensor-parallel
+// ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
+// join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
+// and detach.
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <thread>
 #include <cstring>
 #include <vector>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/trainer_client.h"
+#if REFIT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "common/checksum.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
@@ -58,8 +73,8 @@ std::string JsonEscape(const std::string& in) {
   return out;
 }
 
-std::string Json(const RefitReport& r, int refit, bool match, const std::string& error) {
-  return absl::StrCat("{\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
+std::string Json(const RefitReport& r, int refit, bool match, const std::string& error, double push_commit_ms = 0) {
+  return absl::StrCat("{\"push_commit_ms\":", push_commit_ms, ",\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
                       ",\"outcome\":\"", r.outcome, "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
@@ -164,6 +179,10 @@ int main(int argc, char** argv) {
   std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none", checkpoint, expected_dir;
   std::vector<std::string> only, drop;
   int refits = 3;
+  int gpu = -1;  // --gpu: weights on this GPU
+  int slices = 1;  // --slices: push matrices in this many slices
+  int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
+  std::string session_file;  // --session-file: where rank 0 publishes the session id
   uint64_t seed = 1;
   bool prequantized = false;
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
@@ -195,6 +214,16 @@ int main(int argc, char** argv) {
       drop.push_back(argv[++i]);
     } else if (a == "--prequantized") {
       prequantized = true;
+    } else if (a == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+    } else if (a == "--rank" && i + 1 < argc) {
+      rank = std::atoi(argv[++i]);
+    } else if (a == "--session-file" && i + 1 < argc) {
+      session_file = argv[++i];
+    } else if (a == "--slices" && i + 1 < argc) {
+      slices = std::atoi(argv[++i]);
+    } else if (a == "--gpu" && i + 1 < argc) {
+      gpu = std::atoi(argv[++i]);
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       return Fail(absl::StrCat("unknown flag ", a));
     }
@@ -225,6 +254,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!checkpoint.empty()) return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop);
+  if (ranks > 1 && (session_file.empty() || rank < 0 || rank >= ranks || refits != 1 || (slices > 1 && slices != ranks))) {
+    return Fail("--ranks needs --session-file, 0 <= --rank < --ranks, --refits 1, and --slices equal to --ranks if given");
+  }
+  if (gpu >= 0) {
+#if REFIT_HAVE_CUDA
+    if (cudaSetDevice(gpu) != cudaSuccess) return Fail(absl::StrCat("cannot use GPU ", gpu));
+#else
+    return Fail("--gpu needs a build with CUDA");
+#endif
+  }
   absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
   if (!client.ok()) return Fail(client.status().message());
   absl::StatusOr<client::DaemonStatus> status = (*client)->Status();
@@ -238,14 +277,35 @@ int main(int argc, char** argv) {
     std::vector<ConvertedTensor> to_send;
     Manifest manifest;
     manifest.model = status->model;
-    for (const demo::HfTensor& t : demo::Tensors(shape)) {
-      std::vector<uint16_t> w = demo::Weights(weights_seed, t);
-      if (!verify && !prequantized) {
-        std::vector<uint8_t> bytes(w.size() * 2);
-        std::memcpy(bytes.data(), w.data(), bytes.size());
-        to_send.push_back({t.name, DType::kBF16, t.shape, std::move(bytes)});
+    // Generate the weights on every core (benchmark models are many GB).
+    const std::vector<demo::HfTensor> tensors = demo::Tensors(shape);
+    // Without verification the workers also produce the bytes to send.
+    const bool bytes_only = !verify && !prequantized;
+    std::vector<std::vector<uint16_t>> generated(tensors.size());
+    std::vector<std::vector<uint8_t>> generated_bytes(tensors.size());
+    {
+      std::atomic<size_t> next{0};
+      std::vector<std::thread> workers;
+      for (unsigned k = 0; k < std::max(1u, std::thread::hardware_concurrency()); ++k) {
+        workers.emplace_back([&] {
+          for (size_t i = next++; i < tensors.size(); i = next++) {
+            generated[i] = demo::Weights(weights_seed, tensors[i]);
+            if (!bytes_only) continue;
+            generated_bytes[i].resize(generated[i].size() * 2);
+            std::memcpy(generated_bytes[i].data(), generated[i].data(), generated_bytes[i].size());
+            std::vector<uint16_t>().swap(generated[i]);
+          }
+        });
+      }
+      for (std::thread& w : workers) w.join();
+    }
+    for (size_t ti = 0; ti < tensors.size(); ++ti) {
+      const demo::HfTensor& t = tensors[ti];
+      if (bytes_only) {
+        to_send.push_back({t.name, DType::kBF16, t.shape, std::move(generated_bytes[ti])});
         continue;
       }
+      std::vector<uint16_t> w = std::move(generated[ti]);
       absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
       if (!conv.ok()) return Fail(conv.status().message());
       for (const ConvertedTensor& c : *conv) expected[c.name] = Checksum64(c.bytes.data(), c.bytes.size());
@@ -283,7 +343,56 @@ int main(int argc, char** argv) {
     }
     if (fault == "strand-gate" || fault == "duplicate") manifest.tensors.clear();  // let the commit-time check speak
     if (fault == "drop-scale") manifest.tensors.clear();
-    absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
+    // With --gpu the weights live on the GPU, as a trainer's do.
+    std::vector<const void*> sources;
+    std::shared_ptr<void> device_copies;  // one allocation holding every tensor
+    for (const ConvertedTensor& c : to_send) sources.push_back(c.bytes.data());
+#if REFIT_HAVE_CUDA
+    if (gpu >= 0) {
+      uint64_t total = 0;
+      for (const ConvertedTensor& c : to_send) total += (c.bytes.size() + 255) & ~uint64_t{255};
+      void* d = nullptr;
+      if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) {
+        return Fail(absl::StrCat("cannot allocate ", total, " bytes on GPU ", gpu));
+      }
+      device_copies = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
+      uint64_t offset = 0;
+      for (size_t i = 0; i < to_send.size(); ++i) {
+        uint8_t* at = static_cast<uint8_t*>(d) + offset;
+        if (cudaMemcpy(at, to_send[i].bytes.data(), to_send[i].bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+          return Fail(absl::StrCat("cannot place '", to_send[i].name, "' on GPU ", gpu));
+        }
+        sources[i] = at;
+        offset += (to_send[i].bytes.size() + 255) & ~uint64_t{255};
+      }
+    }
+#endif
+    const absl::Time begun = absl::Now();
+    // Several ranks: rank 0 begins the session and publishes its id in --session-file; the other
+    // ranks join it, push their share and detach, each then touching <session-file>.done.<rank>.
+    absl::StatusOr<std::unique_ptr<client::RefitSession>> session = absl::UnknownError("not begun");
+    if (rank == 0) {
+      session = (*client)->Begin(manifest);
+      if (session.ok() && ranks > 1) {
+        std::string tmp = session_file + ".tmp";
+        std::FILE* f = std::fopen(tmp.c_str(), "w");
+        if (f == nullptr) return Fail(absl::StrCat("cannot write ", tmp));
+        std::fprintf(f, "%llu\n", static_cast<unsigned long long>((*session)->id()));
+        std::fclose(f);
+        std::rename(tmp.c_str(), session_file.c_str());
+      }
+    } else {
+      unsigned long long id = 0;
+      for (int tries = 0; tries < 6000 && id == 0; ++tries) {
+        if (std::FILE* f = std::fopen(session_file.c_str(), "r")) {
+          if (std::fscanf(f, "%llu", &id) != 1) id = 0;
+          std::fclose(f);
+        }
+        if (id == 0) usleep(10000);
+      }
+      if (id == 0) return Fail(absl::StrCat("no session id in ", session_file));
+      session = (*client)->Join(id);
+    }
     if (!session.ok()) return Fail(session.status().message());
     if (fault == "silent") {
       std::fprintf(stderr, "example_trainer: sending nothing after begin (fault injection)\n");
@@ -305,9 +414,49 @@ int main(int argc, char** argv) {
       });
     }
     absl::Status pushed;
-    for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
+    bool dropped_slice = false;
+    // --slices N: every matrix goes as N slices, as tensor-parallel ranks would push their shards
+    // (alternately along dimension 0 and 1; only 0 for device tensors), last slice first.
+    auto push = [&](size_t i) -> absl::Status {
       const ConvertedTensor& c = to_send[i];
-      pushed = (*session)->Push({c.name, c.dtype, c.shape, c.bytes.data()});
+      if (slices <= 1 || c.shape.size() != 2) {
+        // Whole tensors are shared out round-robin (with slices, rank 0 sends the vectors).
+        const bool mine = ranks <= 1 || (slices > 1 ? rank == 0 : static_cast<int>(i % ranks) == rank);
+        return mine ? (*session)->Push({c.name, c.dtype, c.shape, sources[i]}) : absl::OkStatus();
+      }
+      const size_t dim = gpu >= 0 ? 0 : i % 2;
+      const int64_t rows = c.shape[dim];
+      const int parts = static_cast<int>(std::min<int64_t>(slices, rows));
+      const uint64_t esize = DTypeSize(c.dtype);
+      for (int p = parts; p-- > 0;) {
+        if (ranks > 1 && p != rank) continue;  // each rank pushes its own shard
+        const int64_t start = rows * p / parts, end = rows * (p + 1) / parts;
+        if (fault == "drop-slice" && !dropped_slice && p == 1) {
+          dropped_slice = true;
+          continue;
+        }
+        Shape shape = c.shape;
+        shape[dim] = end - start;
+        TensorSlice slice{static_cast<int32_t>(dim), static_cast<uint64_t>(start), c.shape};
+        std::vector<uint8_t> gathered;
+        const uint8_t* from = static_cast<const uint8_t*>(sources[i]);
+        if (dim == 0) {
+          from += static_cast<uint64_t>(start) * static_cast<uint64_t>(c.shape[1]) * esize;
+        } else {
+          const uint64_t width = static_cast<uint64_t>(end - start) * esize;
+          for (int64_t r = 0; r < c.shape[0]; ++r) {
+            const uint8_t* row = from + (static_cast<uint64_t>(r) * static_cast<uint64_t>(c.shape[1]) +
+                                         static_cast<uint64_t>(start)) * esize;
+            gathered.insert(gathered.end(), row, row + width);
+          }
+          from = gathered.data();
+        }
+        if (absl::Status st = (*session)->Push({c.name, c.dtype, shape, from, slice}); !st.ok()) return st;
+      }
+      return absl::OkStatus();
+    };
+    for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
+      pushed = push(i);
       if (fault == "die-mid-bucket" && i == to_send.size() / 2) {
         (void)(*session)->Flush();
         std::fprintf(stderr, "example_trainer: dying mid-refit (fault injection)\n");
@@ -319,6 +468,27 @@ int main(int argc, char** argv) {
         pause();
       }
     }
+    if (rank > 0) {
+      absl::Status st = pushed.ok() ? (*session)->Detach() : pushed;
+      if (!st.ok()) return Fail(st.message());
+      std::string done = absl::StrCat(session_file, ".done.", rank);
+      if (std::FILE* f = std::fopen(done.c_str(), "w")) std::fclose(f);
+      std::printf("{\"rank\":%d,\"outcome\":\"detached\"}\n", rank);
+      std::fflush(stdout);
+      return 0;
+    }
+    if (ranks > 1) {
+      for (int r = 1; r < ranks; ++r) {
+        std::string done = absl::StrCat(session_file, ".done.", r);
+        for (int tries = 0; tries < 12000 && access(done.c_str(), F_OK) != 0; ++tries) {
+          usleep(10000);
+          if (tries % 10 != 9) continue;
+          // Stop waiting once the session ended (e.g. a joined rank died): the commit then says why.
+          absl::StatusOr<client::DaemonStatus> now = (*client)->Status();
+          if (now.ok() && now->active_session != (*session)->id()) break;
+        }
+      }
+    }
     if (fault == "abort") {
       absl::Status st = (*session)->Abort("fault injection: trainer abort");
       RefitReport r;
@@ -327,6 +497,8 @@ int main(int argc, char** argv) {
       continue;
     }
     absl::StatusOr<RefitReport> report = pushed.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(pushed);
+    const double push_commit_ms = absl::ToDoubleMilliseconds(absl::Now() - begun);
+    device_copies.reset();
     if (!report.ok()) {
       RefitReport r;
       r.outcome = "refused";
@@ -336,7 +508,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (!verify) {
-      std::printf("%s\n", Json(*report, refit, false, "not verified").c_str());
+      std::printf("%s\n", Json(*report, refit, false, "not verified", push_commit_ms).c_str());
       std::fflush(stdout);
       continue;
     }
@@ -348,7 +520,7 @@ int main(int argc, char** argv) {
       auto it = expected.find(p.name);
       if (it == expected.end() || it->second != p.checksum) match = false;
     }
-    std::printf("%s\n", Json(*report, refit, match, "").c_str());
+    std::printf("%s\n", Json(*report, refit, match, "", push_commit_ms).c_str());
     std::fflush(stdout);
     if (fault != "none" || !match) ++unexpected;
   }

@@ -128,6 +128,8 @@ int RunStatus(std::span<const std::string_view> args) {
                       {"active_session", s->active_session},
                       {"staging_bytes", s->staging_bytes},
                       {"staging_limit_bytes", s->staging_limit_bytes},
+                      {"ring_bytes", s->ring_bytes},
+                      {"ring_on_device", s->ring_on_device},
                       {"committed", s->committed},
                       {"refused", s->refused},
                       {"aborted", s->aborted},
@@ -142,6 +144,7 @@ int RunStatus(std::span<const std::string_view> args) {
             << "version:  " << s->version << "\n"
             << "session:  " << (s->active_session ? absl::StrCat("#", s->active_session, " active") : "none") << "\n"
             << "staging:  " << s->staging_bytes << " of " << s->staging_limit_bytes << " bytes\n"
+            << "ring:     " << s->ring_bytes << " bytes in " << (s->ring_on_device ? "GPU" : "host") << " memory\n"
             << "refits:   " << s->committed << " committed, " << s->refused << " refused, " << s->aborted << " aborted\n"
             << "data:     " << s->data_endpoint << "\n"
             << "last:     " << (s->last_report.outcome.empty() ? "none" : ReportLine(s->last_report)) << "\n";

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +56,9 @@ class TransportConformanceTest : public ::testing::TestWithParam<TransportConfig
   static void SetUpTestSuite() { QuietTransportLogs(); }
 
   void SetUp() override {
+    if (GetParam().unavailable) {
+      if (std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << GetParam().name << ": " << why;
+    }
     absl::StatusOr<std::unique_ptr<Receiver>> receiver = GetParam().listen();
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = *std::move(receiver);
@@ -322,7 +326,9 @@ TEST_P(TransportConformanceTest, PeerDeathIsReportedNotWaitedOn) {
   constexpr uint64_t kTag = 77;
   constexpr uint64_t kBytes = 1 * kMiB;
   std::string endpoint = receiver_->Endpoint();
-  std::vector<std::string> args = {REFIT_TRANSPORT_TEST_SENDER, GetParam().name, endpoint,
+  // REFIT_TRANSPORT_TEST_SENDER in the environment overrides the build path (relocated binaries).
+  const char* sender_path = std::getenv("REFIT_TRANSPORT_TEST_SENDER");
+  std::vector<std::string> args = {sender_path != nullptr ? sender_path : REFIT_TRANSPORT_TEST_SENDER, GetParam().name, endpoint,
                                    std::to_string(kTag), std::to_string(kBytes), "0"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

@@ -5,6 +5,12 @@
 #include "transport/ucx/ucx_handles.h"
 #include "transport/ucx/ucx_receiver.h"
 #include "transport/ucx/ucx_sender.h"
+#if REFIT_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "transport/nccl/nccl_receiver.h"
+#include "transport/nccl/nccl_sender.h"
+#endif
 
 namespace refit::transport::testing {
 namespace {
@@ -35,8 +41,39 @@ TransportConfig UcxConfig(std::string name, std::string tls, UcxErrorMode error_
         absl::StatusOr<std::unique_ptr<UcxSender>> s = UcxSender::Connect(endpoint, options);
         if (!s.ok()) return s.status();
         return std::unique_ptr<Sender>(*std::move(s));
+      },
+      nullptr};
+}
+
+#if REFIT_HAVE_NCCL
+// Receiver on GPU 1, sender on GPU 0 (two ranks of one communicator need two devices).
+TransportConfig NcclConfig() {
+  return TransportConfig{
+      "nccl",
+      []() -> absl::StatusOr<std::unique_ptr<Receiver>> {
+        NcclOptions options;
+        options.device = 1;
+        absl::StatusOr<std::unique_ptr<NcclReceiver>> r = NcclReceiver::Listen(options);
+        if (!r.ok()) return r.status();
+        return std::unique_ptr<Receiver>(*std::move(r));
+      },
+      [](const std::string& endpoint) -> absl::StatusOr<std::unique_ptr<Sender>> {
+        NcclOptions options;
+        options.device = 0;
+        options.connect_timeout = absl::Seconds(20);
+        absl::StatusOr<std::unique_ptr<NcclSender>> s = NcclSender::Connect(endpoint, options);
+        if (!s.ok()) return s.status();
+        return std::unique_ptr<Sender>(*std::move(s));
+      },
+      []() -> std::string {
+        int count = 0;
+        cudaError_t e = cudaGetDeviceCount(&count);
+        if (e != cudaSuccess) return std::string("needs 2 CUDA devices: ") + cudaGetErrorString(e);
+        if (count < 2) return "needs 2 CUDA devices, " + std::to_string(count) + " present";
+        return "";
       }};
 }
+#endif
 
 }  // namespace
 
@@ -46,6 +83,9 @@ std::vector<TransportConfig> AllTransportConfigs() {
   return {
       UcxConfig("ucx_tcp", "tcp", UcxErrorMode::kPeer),
       UcxConfig("ucx_shm", "sm,self,tcp", UcxErrorMode::kConnectionManager),
+#if REFIT_HAVE_NCCL
+      NcclConfig(),
+#endif
   };
 }
 

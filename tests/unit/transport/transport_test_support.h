@@ -24,6 +24,9 @@ struct TransportConfig {
   std::string name;  // also the name transport_test_sender takes on its command line
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>()> listen;
   std::function<absl::StatusOr<std::unique_ptr<Sender>>(const std::string& endpoint)> connect;
+  // Non-empty when this machine cannot run the configuration (e.g. "needs 2 CUDA devices, 0
+  // present"); the suite then skips it, printing the reason.
+  std::function<std::string()> unavailable;
 };
 
 // gtest prints a configuration by its name.

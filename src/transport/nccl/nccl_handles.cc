@@ -1,0 +1,297 @@
+#include "transport/nccl/nccl_handles.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace refit::transport::nccl {
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+absl::Status NcclStatus(ncclResult_t r, absl::string_view what) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(what, ": NCCL error ", static_cast<int>(r), " (", ncclGetErrorString(r), ")"));
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> Stream::Create(int device) {
+  if (absl::Status st = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")); !st.ok()) return st;
+  cudaStream_t s = nullptr;
+  if (absl::Status st = CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); !st.ok()) {
+    return st;
+  }
+  return std::unique_ptr<Stream>(new Stream(device, s));
+}
+
+Stream::~Stream() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaFreeAsync(data_, nullptr);  // no longer used by any stream; no device-wide wait
+  }
+}
+
+absl::StatusOr<void*> DeviceBuffer::Reserve(uint64_t bytes, cudaStream_t stream) {
+  if (bytes <= size_ && data_ != nullptr) return data_;
+  cudaSetDevice(device_);
+  if (data_ != nullptr) cudaFreeAsync(data_, stream);
+  data_ = nullptr;
+  uint64_t want = std::max<uint64_t>({bytes, 2 * size_, 4096});
+  size_ = 0;
+  if (absl::Status st = CudaStatus(cudaMallocAsync(&data_, want, stream), absl::StrCat("cudaMallocAsync(", want, ")"));
+      !st.ok()) {
+    data_ = nullptr;
+    return st;
+  }
+  size_ = want;
+  return data_;
+}
+
+bool IsDeviceMemoryOf(const void* p, int device) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error state of the query
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice && attr.device == device;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(int device, const ncclUniqueId& id, int nranks,
+                                                                 int rank, absl::Time deadline,
+                                                                 const Interrupt& interrupt) {
+  if (absl::Status st = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")); !st.ok()) return st;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    return NcclStatus(r, "ncclCommInitRankConfig");
+  }
+  std::unique_ptr<Communicator> c(new Communicator(device, comm));
+  if (absl::Status st = c->Wait(nullptr, deadline, interrupt); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("NCCL communicator setup (rank ", rank, " of ", nranks, "): ", st.message()));
+  }
+  return c;
+}
+
+Communicator::~Communicator() { Abort(); }
+
+void Communicator::Abort() {
+  if (comm_ == nullptr) return;
+  cudaSetDevice(device_);
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+absl::Status Communicator::AfterEnqueue(ncclResult_t r, absl::string_view what) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  if (r != ncclInProgress) {
+    Abort();
+    return NcclStatus(r, what);
+  }
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      Abort();
+      return NcclStatus(state, what);
+    }
+    std::this_thread::yield();
+  }
+}
+
+absl::Status Communicator::Send(const void* buf, uint64_t bytes, int peer, cudaStream_t stream) {
+  if (comm_ == nullptr) return absl::UnavailableError("NCCL communicator was aborted");
+  cudaSetDevice(device_);
+  return AfterEnqueue(ncclSend(buf, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
+}
+
+absl::Status Communicator::Recv(void* buf, uint64_t bytes, int peer, cudaStream_t stream) {
+  if (comm_ == nullptr) return absl::UnavailableError("NCCL communicator was aborted");
+  cudaSetDevice(device_);
+  return AfterEnqueue(ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
+}
+
+absl::Status Communicator::Wait(cudaStream_t stream, absl::Time deadline, const Interrupt& interrupt) {
+  if (comm_ == nullptr) return absl::UnavailableError("NCCL communicator was aborted");
+  cudaSetDevice(device_);
+  absl::Status failure;
+  for (uint64_t spins = 0;; ++spins) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      failure = NcclStatus(state, "NCCL");
+      break;
+    }
+    if (state == ncclSuccess) {
+      if (stream == nullptr) return absl::OkStatus();
+      cudaError_t q = cudaStreamQuery(stream);
+      if (q == cudaSuccess) return absl::OkStatus();
+      if (q != cudaErrorNotReady) {
+        failure = CudaStatus(q, "stream");
+        break;
+      }
+    }
+    if (spins % 64 == 0) {
+      if (interrupt) {
+        if (absl::Status st = interrupt(); !st.ok()) {
+          failure = st;
+          break;
+        }
+      }
+      if (absl::Now() >= deadline) {
+        failure = absl::DeadlineExceededError("deadline passed waiting for NCCL");
+        break;
+      }
+    }
+    // Spin briefly (a bucket completes in milliseconds), then sleep between polls.
+    if (spins < 200000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  Abort();
+  if (stream != nullptr) cudaStreamSynchronize(stream);  // aborted kernels exit; nothing writes after this
+  return failure;
+}
+
+// ---- rendezvous sockets ----
+
+absl::StatusOr<int> ListenTcp(const std::string& host, uint16_t port, uint16_t& bound_port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("NCCL listen_host '", host, "' is not an IPv4 address"));
+  }
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
+    std::string err = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, ": ", err));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  bound_port = ntohs(addr.sin_port);
+  return fd;
+}
+
+absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
+  std::string err = std::strerror(errno);
+  freeaddrinfo(res);
+  if (rc != 0) {
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to NCCL endpoint ", host, ":", port, ": ", err));
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+absl::Status WriteAll(int fd, const void* data, uint64_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("rendezvous socket: ", std::strerror(errno)));
+    p += n;
+    bytes -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("timed out on the rendezvous socket");
+    pollfd pfd{fd, POLLIN, 0};
+    int rc = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) continue;
+    ssize_t n = recv(fd, p, bytes, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return absl::UnavailableError("rendezvous socket closed by the peer");
+    if (n < 0) return absl::UnavailableError(absl::StrCat("rendezvous socket: ", std::strerror(errno)));
+    p += n;
+    bytes -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIdle(int fd, absl::string_view peer) {
+  pollfd pfd{fd, POLLRDHUP, 0};
+  int rc = poll(&pfd, 1, 0);
+  if (rc <= 0 || (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
+}
+
+absl::Status AwaitDoorbell(int fd, absl::string_view peer, const std::function<bool()>& stop) {
+  while (true) {
+    if (stop()) return absl::CancelledError("stopping");
+    pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
+    int rc = poll(&pfd, 1, 100);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) continue;
+    char c = 0;
+    ssize_t n = recv(fd, &c, 1, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n == 1 && c == kDoorbell) return absl::OkStatus();
+    if (n == 1) return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " sent an unexpected byte on the rendezvous socket"));
+    return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
+  }
+}
+
+std::string FormatEndpoint(const std::string& host, uint16_t port) { return absl::StrCat("nccl:", host, ":", port); }
+
+absl::Status ParseEndpoint(const std::string& endpoint, std::string& host, uint16_t& port) {
+  const std::string kPrefix = "nccl:";
+  size_t colon = endpoint.rfind(':');
+  uint32_t p = 0;
+  if (endpoint.rfind(kPrefix, 0) != 0 || colon == std::string::npos || colon < kPrefix.size() + 1 ||
+      !absl::SimpleAtoi(absl::string_view(endpoint).substr(colon + 1), &p) || p == 0 || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", endpoint, "' is not an NCCL endpoint (nccl:<host>:<port>)"));
+  }
+  host = endpoint.substr(kPrefix.size(), colon - kPrefix.size());
+  port = static_cast<uint16_t>(p);
+  return absl::OkStatus();
+}
+
+}  // namespace refit::transport::nccl

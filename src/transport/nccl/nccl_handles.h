@@ -1,0 +1,124 @@
+// RAII owners for the NCCL data plane: a CUDA stream, a growable device buffer, and a
+// non-blocking NCCL communicator whose every wait polls (completion, NCCL's asynchronous error,
+// a caller-supplied interrupt such as "the peer's socket closed", a deadline) and which is
+// aborted, never left hanging, when a wait does not complete. Also the frame header that
+// precedes every message and the rendezvous-socket helpers.
+//
+// Threading: each object is used by one thread at a time; the CUDA device is set by every call
+// that needs it, so objects may move between threads.
+#ifndef REFIT_TRANSPORT_NCCL_NCCL_HANDLES_H_
+#define REFIT_TRANSPORT_NCCL_NCCL_HANDLES_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace refit::transport::nccl {
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what);
+absl::Status NcclStatus(ncclResult_t r, absl::string_view what);
+
+// Returns non-OK to stop a wait (the status is what the wait returns).
+using Interrupt = std::function<absl::Status()>;
+
+// Precedes every message on the wire (sent from device memory, 32 bytes).
+struct Frame {
+  static constexpr uint64_t kMagic = 0x31304C43434E4652ull;  // "RFNCCL01"
+  static constexpr uint64_t kGoodbye = 1;
+  uint64_t magic = kMagic;
+  uint64_t tag = 0;
+  uint64_t bytes = 0;
+  uint64_t flags = 0;
+};
+static_assert(sizeof(Frame) == 32);
+
+class Stream {
+ public:
+  static absl::StatusOr<std::unique_ptr<Stream>> Create(int device);
+  ~Stream();
+  cudaStream_t get() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  Stream(int device, cudaStream_t s) : device_(device), stream_(s) {}
+  int device_;
+  cudaStream_t stream_;
+};
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(int device) : device_(device) {}
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  // At least `bytes` of device memory (contents not kept when it grows), usable in `stream`'s
+  // order. Stream-ordered allocation (cudaMallocAsync/cudaFreeAsync): a plain cudaFree would
+  // wait for every kernel on the device, including other communicators' pending receives, which
+  // can deadlock two senders sharing a GPU pair.
+  absl::StatusOr<void*> Reserve(uint64_t bytes, cudaStream_t stream);
+
+ private:
+  int device_;
+  void* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// True when `p` is device memory of `device` (NCCL can use it directly).
+bool IsDeviceMemoryOf(const void* p, int device);
+
+class Communicator {
+ public:
+  // Rank `rank` of `nranks`, created non-blocking; polls until ready. On any failure (including
+  // the interrupt or the deadline) the half-made communicator is aborted.
+  static absl::StatusOr<std::unique_ptr<Communicator>> Init(int device, const ncclUniqueId& id, int nranks, int rank,
+                                                            absl::Time deadline, const Interrupt& interrupt);
+  ~Communicator();  // aborts (local, never waits for the peer)
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Enqueue on `stream` (waiting only while NCCL reports the enqueue in progress).
+  absl::Status Send(const void* buf, uint64_t bytes, int peer, cudaStream_t stream);
+  absl::Status Recv(void* buf, uint64_t bytes, int peer, cudaStream_t stream);
+  // Polls until everything on `stream` completed. When it fails (NCCL error, interrupt,
+  // deadline) the communicator is aborted and the stream drained before returning.
+  absl::Status Wait(cudaStream_t stream, absl::Time deadline, const Interrupt& interrupt);
+  void Abort();
+  bool aborted() const { return comm_ == nullptr; }
+
+ private:
+  Communicator(int device, ncclComm_t comm) : device_(device), comm_(comm) {}
+  absl::Status AfterEnqueue(ncclResult_t r, absl::string_view what);
+  int device_;
+  ncclComm_t comm_;
+};
+
+// Rendezvous sockets (TCP). All return Unavailable on a broken or closed connection.
+absl::StatusOr<int> ListenTcp(const std::string& host, uint16_t port, uint16_t& bound_port);
+absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port);
+absl::Status WriteAll(int fd, const void* data, uint64_t bytes);
+absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline);
+// OK while the connection is open (the peer has not closed or reset it).
+absl::Status CheckIdle(int fd, absl::string_view peer);
+// Waits for the doorbell byte that precedes every frame (the sender writes it before its NCCL
+// sends, so the receiver posts a receive only while a sender is sending: no kernel waits on an
+// idle connection, and nothing else on the GPU, such as a cudaFree, can end up waiting on one).
+// Cancelled when `stop` turns true (polled every 100 ms); Unavailable when the peer closed.
+absl::Status AwaitDoorbell(int fd, absl::string_view peer, const std::function<bool()>& stop);
+inline constexpr char kDoorbell = 'F';
+
+// "nccl:<host>:<port>" <-> parts.
+std::string FormatEndpoint(const std::string& host, uint16_t port);
+absl::Status ParseEndpoint(const std::string& endpoint, std::string& host, uint16_t& port);
+
+}  // namespace refit::transport::nccl
+
+#endif  // REFIT_TRANSPORT_NCCL_NCCL_HANDLES_H_

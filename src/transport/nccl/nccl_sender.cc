@@ -1,0 +1,114 @@
+#include "transport/nccl/nccl_sender.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "transport/nccl/nccl_handles.h"
+#include "transport/nccl/nccl_wire.h"
+
+namespace refit::transport {
+
+using nccl::CudaStatus;
+using nccl::Frame;
+
+absl::StatusOr<std::unique_ptr<NcclSender>> NcclSender::Connect(const std::string& endpoint,
+                                                                 const NcclOptions& options) {
+  std::string host;
+  uint16_t port = 0;
+  if (absl::Status st = nccl::ParseEndpoint(endpoint, host, port); !st.ok()) return st;
+  if (absl::Status st = CudaStatus(cudaSetDevice(options.device), absl::StrCat("NCCL sender: device ", options.device));
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<int> fd = nccl::ConnectTcp(host, port);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<NcclSender> s(new NcclSender(options, endpoint, *fd));
+  std::string name = options.peer_name;
+  if (name.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    name = absl::StrCat(hostname, ":", getpid());
+  }
+  nccl::Hello hello;
+  hello.name_bytes = static_cast<uint32_t>(name.size());
+  absl::Status st = nccl::WriteAll(s->fd_, &hello, sizeof(hello));
+  if (st.ok()) st = nccl::WriteAll(s->fd_, name.data(), name.size());
+  ncclUniqueId id;
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  if (st.ok()) st = nccl::ReadAll(s->fd_, &id, sizeof(id), deadline);
+  if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL rendezvous with ", endpoint, ": ", st.message()));
+  std::string peer = absl::StrCat("receiver ", endpoint);
+  int sock = s->fd_;
+  absl::StatusOr<std::unique_ptr<nccl::Communicator>> comm = nccl::Communicator::Init(
+      options.device, id, 2, 1, deadline, [sock, peer] { return nccl::CheckIdle(sock, peer); });
+  if (!comm.ok()) return comm.status();
+  s->comm_ = std::move(*comm);
+  absl::StatusOr<std::unique_ptr<nccl::Stream>> stream = nccl::Stream::Create(options.device);
+  if (!stream.ok()) return stream.status();
+  s->stream_ = std::move(*stream);
+  return s;
+}
+
+NcclSender::NcclSender(NcclOptions options, std::string endpoint, int fd)
+    : options_(std::move(options)),
+      endpoint_(std::move(endpoint)),
+      fd_(fd),
+      frame_(std::make_unique<nccl::DeviceBuffer>(options_.device)),
+      bounce_(std::make_unique<nccl::DeviceBuffer>(options_.device)) {}
+
+NcclSender::~NcclSender() {
+  if (comm_ != nullptr && !comm_->aborted() && failed_.ok()) {
+    const absl::Time deadline = absl::Now() + options_.close_timeout;
+    if (SendFrame(0, nullptr, 0, Frame::kGoodbye, deadline).ok()) {
+      char ack = 0;
+      (void)nccl::ReadAll(fd_, &ack, 1, deadline);
+    }
+  }
+  comm_.reset();
+  stream_.reset();
+  frame_.reset();
+  bounce_.reset();
+  close(fd_);
+}
+
+absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t bytes, uint64_t flags,
+                                   absl::Time deadline) {
+  cudaStream_t s = stream_->get();
+  absl::StatusOr<void*> frame_dev = frame_->Reserve(sizeof(Frame), s);
+  if (!frame_dev.ok()) return frame_dev.status();
+  Frame f;
+  f.tag = tag;
+  f.bytes = bytes;
+  f.flags = flags;
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `f` may go away.
+  absl::Status st = CudaStatus(cudaMemcpyAsync(*frame_dev, &f, sizeof(f), cudaMemcpyHostToDevice, s), "frame copy");
+  const void* src = payload;
+  if (st.ok() && bytes > 0 && !nccl::IsDeviceMemoryOf(payload, options_.device)) {
+    absl::StatusOr<void*> bounce = bounce_->Reserve(bytes, s);
+    st = bounce.status();
+    if (st.ok()) st = CudaStatus(cudaMemcpyAsync(*bounce, payload, bytes, cudaMemcpyDefault, s), "payload copy");
+    src = *bounce;
+  }
+  if (st.ok()) st = nccl::WriteAll(fd_, &nccl::kDoorbell, 1);
+  if (st.ok()) st = comm_->Send(*frame_dev, sizeof(Frame), 0, s);
+  if (st.ok() && bytes > 0) st = comm_->Send(src, bytes, 0, s);
+  std::string peer = absl::StrCat("receiver ", endpoint_);
+  int sock = fd_;
+  if (st.ok()) st = comm_->Wait(s, deadline, [sock, peer] { return nccl::CheckIdle(sock, peer); });
+  return st;
+}
+
+absl::Status NcclSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
+  if (!failed_.ok()) return failed_;
+  cudaSetDevice(options_.device);
+  absl::Status st = nccl::CheckIdle(fd_, absl::StrCat("receiver ", endpoint_));
+  if (st.ok()) st = SendFrame(tag, src, bytes, 0, absl::InfiniteFuture());
+  if (!st.ok()) {
+    failed_ = absl::UnavailableError(absl::StrCat("NCCL send to ", endpoint_, ": ", st.message()));
+    return failed_;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace refit::transport

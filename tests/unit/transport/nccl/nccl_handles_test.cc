@@ -1,0 +1,132 @@
+// The NCCL data plane's host-side pieces, which run without a GPU: endpoint strings, the
+// rendezvous socket's doorbell and liveness checks, and the refusals of Listen/Connect where no
+// usable CUDA device or receiver exists. The GPU paths are covered by the conformance suite's
+// "nccl" configuration and tests/integration/gpu/test_nccl_path.py (2 GPUs).
+#include "transport/nccl/nccl_handles.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/nccl/nccl_receiver.h"
+#include "transport/nccl/nccl_sender.h"
+
+namespace refit::transport::nccl {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(NcclEndpointTest, FormatsAndParses) {
+  std::string host;
+  uint16_t port = 0;
+  ASSERT_TRUE(ParseEndpoint(FormatEndpoint("10.0.0.7", 41234), host, port).ok());
+  EXPECT_EQ(host, "10.0.0.7");
+  EXPECT_EQ(port, 41234);
+  for (const char* bad : {"ucx:127.0.0.1:1", "nccl:", "nccl::5", "nccl:host", "nccl:host:0", "nccl:host:70000",
+                          "nccl:host:12x"}) {
+    absl::Status st = ParseEndpoint(bad, host, port);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(st.message(), HasSubstr(bad));
+  }
+}
+
+class SocketPairTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds_), 0); }
+  void TearDown() override {
+    for (int fd : fds_) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  void CloseWriter() {
+    close(fds_[1]);
+    fds_[1] = -1;
+  }
+  int fds_[2] = {-1, -1};
+};
+
+TEST_F(SocketPairTest, DoorbellsArriveOneAtATime) {
+  ASSERT_TRUE(WriteAll(fds_[1], "FF", 2).ok());
+  auto never = [] { return false; };
+  EXPECT_TRUE(AwaitDoorbell(fds_[0], "peer", never).ok());
+  EXPECT_TRUE(AwaitDoorbell(fds_[0], "peer", never).ok());
+  // Pending doorbells are not a failure of the connection.
+  ASSERT_TRUE(WriteAll(fds_[1], "F", 1).ok());
+  EXPECT_TRUE(CheckIdle(fds_[0], "peer").ok());
+}
+
+TEST_F(SocketPairTest, ClosedConnectionIsAFailureNamingThePeer) {
+  EXPECT_TRUE(CheckIdle(fds_[0], "host:42").ok());
+  CloseWriter();
+  absl::Status idle = CheckIdle(fds_[0], "host:42");
+  EXPECT_EQ(idle.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(idle.message(), HasSubstr("host:42"));
+  absl::Status bell = AwaitDoorbell(fds_[0], "host:42", [] { return false; });
+  EXPECT_EQ(bell.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(bell.message(), HasSubstr("closed without goodbye"));
+}
+
+TEST_F(SocketPairTest, UnexpectedByteIsRefused) {
+  ASSERT_TRUE(WriteAll(fds_[1], "X", 1).ok());
+  absl::Status st = AwaitDoorbell(fds_[0], "peer", [] { return false; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr("unexpected byte"));
+}
+
+TEST_F(SocketPairTest, WaitingForADoorbellStopsOnRequest) {
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(150));
+    stop = true;
+  });
+  absl::Time start = absl::Now();
+  absl::Status st = AwaitDoorbell(fds_[0], "peer", [&] { return stop.load(); });
+  stopper.join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(NcclRendezvousTest, ReadAllTimesOutAndListenConnectRoundTrip) {
+  uint16_t port = 0;
+  absl::StatusOr<int> listener = ListenTcp("127.0.0.1", 0, port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_NE(port, 0);
+  absl::StatusOr<int> client = ConnectTcp("127.0.0.1", port);
+  ASSERT_TRUE(client.ok()) << client.status();
+  int server = accept(*listener, nullptr, nullptr);
+  ASSERT_GE(server, 0);
+  char buf[4];
+  absl::Status st = ReadAll(server, buf, sizeof(buf), absl::Now() + absl::Milliseconds(100));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(WriteAll(*client, "ping", 4).ok());
+  ASSERT_TRUE(ReadAll(server, buf, 4, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(std::string(buf, 4), "ping");
+  close(server);
+  close(*client);
+  close(*listener);
+  absl::StatusOr<int> refused = ConnectTcp("127.0.0.1", port);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(ListenTcp("not-an-address", 0, port).ok());
+}
+
+TEST(NcclReceiverTest, ListenRefusesADeviceThatDoesNotExist) {
+  NcclOptions options;
+  options.device = 4096;
+  absl::StatusOr<std::unique_ptr<NcclReceiver>> r = NcclReceiver::Listen(options);
+  ASSERT_FALSE(r.ok());  // no such device, or no usable CUDA at all (CI)
+  EXPECT_TRUE(r.status().code() == absl::StatusCode::kInvalidArgument ||
+              r.status().code() == absl::StatusCode::kUnavailable)
+      << r.status();
+}
+
+TEST(NcclSenderTest, ConnectRefusesAMalformedEndpoint) {
+  absl::StatusOr<std::unique_ptr<NcclSender>> s = NcclSender::Connect("ucx:127.0.0.1:9", {});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+}
+
+}  // namespace
+}  // namespace refit::transport::nccl

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""End-to-end GPU refit over NCCL on two GPUs: the example trainer on GPU 0 pushes device tensors
+over the NCCL data plane; refitd (device bucket ring, GPU converter, device staging) and an idle
+example engine sit on GPU 1. Workloads:
+
+  llama8b  Llama-3-8B shapes (16 GB BF16) -> FP8 block-128 projections, BF16 rest (demo spec)
+  moe      Qwen3-30B-A3B shapes (hidden 2048, 128 experts of 768, --moe-layers layers) -> NVFP4
+           experts, BF16 rest (tools/bench/moe_nvfp4_spec.yaml)
+
+In the same run it measures raw NCCL send/recv of the same bytes in the same bucket-sized messages
+(tools/bench/nccl_bench) and, with --baseline, the broadcast + PyTorch-quantize loop of
+shared/bench/gpu_baseline.py --nccl. Prints one JSON document (and a table on stderr).
+
+  NCCL_NVLS_ENABLE=0 python3 tools/bench/nccl_refit_bench.py --build build \
+      [--workloads llama8b moe] [--refits 3] [--baseline PATH/gpu_baseline.py] [--out FILE]
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LLAMA8B = ["--layers", "32", "--hidden", "4096", "--intermediate", "14336", "--kv-hidden", "1024",
+           "--vocab", "128256"]
+
+
+def moe_shape(layers):
+    return ["--layers", str(layers), "--hidden", "2048", "--kv-hidden", "512", "--vocab", "151936",
+            "--experts", "128", "--moe-intermediate", "768"]
+
+
+def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp):
+    sock = tmp / f"{name}.sock"
+    cfg = tmp / f"{name}.yaml"
+    text = (f"listen: unix:{sock}\nstaging: device\nadmin: {{listen: ''}}\n"
+            f"data_plane:\n  transport: nccl\n  device: 1\n"
+            f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n")
+    if spec:
+        text += f"model_spec: {spec}\n"
+    cfg.write_text(text)
+    log = tmp / f"{name}.refitd.log"
+    elog = tmp / f"{name}.engine.log"
+    daemon = subprocess.Popen([str(build / "src/server/refitd"), "--config", str(cfg)],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    engine = None
+    try:
+        for _ in range(600):
+            if sock.exists() or daemon.poll() is not None:
+                break
+            time.sleep(0.05)
+        if daemon.poll() is not None:
+            raise RuntimeError(f"refitd exited: {log.read_text()[-2000:]}")
+        spec_flag = ["--spec", spec] if spec else []
+        engine = subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
+                                   "--gpu", "1", "--idle", *spec_flag, *shape],
+                                  stdout=open(elog, "w"), stderr=subprocess.STDOUT)
+        for _ in range(6000):
+            if "registered" in elog.read_text() or engine.poll() is not None:
+                break
+            time.sleep(0.05)
+        if engine.poll() is not None:
+            raise RuntimeError(f"engine exited: {elog.read_text()[-2000:]}")
+        p = subprocess.run([str(build / "tools/examples/example_trainer"), "--address", f"unix:{sock}",
+                            "--gpu", "0", "--refits", str(refits), "--no-verify", *spec_flag, *shape],
+                           capture_output=True, text=True, timeout=1200)
+        reports = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not reports or any(r["outcome"] != "committed" for r in reports):
+            raise RuntimeError(f"trainer rc={p.returncode}: {p.stdout[-2000:]} {p.stderr[-2000:]} "
+                               f"refitd: {log.read_text()[-3000:]}")
+    finally:
+        for proc in (engine, daemon):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    bytes_in = reports[-1]["bytes_in"]
+    raw = json.loads(subprocess.run([str(build / "tools/bench/nccl_bench"), str(bytes_in), str(bucket_bytes), "5"],
+                                    capture_output=True, text=True, check=True).stdout)
+    # The first refit also sets up the communicator's connections; steady state is the rest.
+    steady = reports[1:] if len(reports) > 1 else reports
+    wall = statistics.median(r["push_commit_ms"] for r in steady)
+    return {
+        "workload": name, "bytes_in": bytes_in, "bytes_out": reports[-1]["bytes_out"],
+        "tensors": reports[-1]["tensors"], "buckets": reports[-1]["buckets"], "bucket_bytes": bucket_bytes,
+        "refits": reports, "wall_ms": wall, "gbps": bytes_in / wall / 1e6,
+        "nccl_sendrecv": raw, "ratio_nccl_over_refit": raw["ms"] / wall,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--workloads", nargs="*", default=["llama8b", "moe"])
+    ap.add_argument("--refits", type=int, default=3)
+    ap.add_argument("--moe-layers", type=int, default=48)
+    ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
+    ap.add_argument("--baseline", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    build = Path(a.build).resolve()
+    tmp = Path(tempfile.mkdtemp())
+    here = Path(__file__).resolve().parent
+    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": []}
+
+    def save():
+        if a.out:
+            Path(a.out).write_text(json.dumps(out, indent=1))
+
+    base = {}
+    if a.baseline:  # first, so that its figures survive a later timeout
+        env = dict(os.environ, OUT=str(tmp))
+        p = subprocess.run([sys.executable, a.baseline, "--nccl"], capture_output=True, text=True, env=env, timeout=900)
+        base = json.loads((tmp / "baseline.json").read_text()) if (tmp / "baseline.json").exists() else {}
+        out["baseline"] = base
+        if p.returncode != 0:
+            out["baseline_error"] = p.stderr[-2000:]
+        print(json.dumps(base), file=sys.stderr, flush=True)
+        save()
+    for w in a.workloads:
+        if w == "llama8b":
+            r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp)
+            if "llama8b_torch_bcast_fp8_refit_s" in base:
+                r["baseline_torch_bcast_fp8_ms"] = base["llama8b_torch_bcast_fp8_refit_s"] * 1e3
+                r["ratio_baseline_over_refit"] = r["baseline_torch_bcast_fp8_ms"] / r["wall_ms"]
+        elif w == "moe":
+            r = run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"), a.refits,
+                             a.bucket_bytes, tmp)
+        else:
+            raise SystemExit(f"unknown workload {w}")
+        out["results"].append(r)
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        save()
+    save()
+    print(json.dumps(out, indent=1))
+    for r in out["results"]:
+        print(f"{r['workload']}: {r['bytes_in']/1e9:.2f} GB in, {r['tensors']} tensors, {r['buckets']} buckets: "
+              f"refit {r['wall_ms']:.1f} ms ({r['gbps']:.1f} GB/s); raw NCCL {r['nccl_sendrecv']['ms']:.1f} ms "
+              f"-> ratio {r['ratio_nccl_over_refit']:.3f}"
+              + (f"; torch bcast+quantize {r['baseline_torch_bcast_fp8_ms']:.1f} ms -> "
+                 f"{r['ratio_baseline_over_refit']:.2f}x" if "ratio_baseline_over_refit" in r else ""),
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
