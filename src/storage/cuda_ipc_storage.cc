@@ -97,6 +97,7 @@ CudaIpcEngineStorage::~CudaIpcEngineStorage() {
 }
 
 absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) {
+  cudaSetDevice(device_);
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
   cudaError_t e = cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyHostToDevice,
                                   static_cast<cudaStream_t>(stream_));
@@ -104,6 +105,7 @@ absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) 
 }
 
 absl::Status CudaIpcEngineStorage::WriteFromDevice(size_t index, const void* src) {
+  cudaSetDevice(device_);
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
   cudaError_t e = cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyDeviceToDevice,
                                   static_cast<cudaStream_t>(stream_));
@@ -111,6 +113,7 @@ absl::Status CudaIpcEngineStorage::WriteFromDevice(size_t index, const void* src
 }
 
 absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
+  cudaSetDevice(device_);
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   cudaError_t e = cudaMemcpyAsync(dst, addrs_[index], infos_[index].nbytes, cudaMemcpyDeviceToHost, stream);
@@ -119,6 +122,7 @@ absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
 }
 
 absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
+  cudaSetDevice(device_);  // callers run on arbitrary threads; the table and kernel live on our device
   std::vector<kernels::CopyRegion> regions;
   for (const auto& [index, src] : writes) {
     if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
@@ -133,11 +137,13 @@ absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pa
 
 absl::Status CudaIpcEngineStorage::WritePreparedDevice() {
   if (batch_ == nullptr) return absl::FailedPreconditionError("no prepared device writes");
+  cudaSetDevice(device_);
   absl::Status st = batch_->Launch(stream_);
   return st;
 }
 
 absl::Status CudaIpcEngineStorage::Flush() {
+  cudaSetDevice(device_);
   cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "commit copy");
 }
