@@ -30,7 +30,7 @@ TEST(FormatTest, NamesRoundTrip) {
   const char* names[] = {"bf16", "fp16", "fp32", "fp8_block128", "fp8_block128_ue8m0",
                          "mxfp8", "nvfp4", "nvfp4_te", "mxfp4"};
   for (size_t i = 0; i < 9; ++i) {
-    EXPECT_EQ(FormatName(kAll[i]), names[i]);
+    EXPECT_EQ(std::string(FormatName(kAll[i])), names[i]);
     absl::StatusOr<Format> f = ParseFormat(names[i]);
     ASSERT_TRUE(f.ok());
     EXPECT_EQ(*f, kAll[i]);
