@@ -395,7 +395,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     uint32_t deadline_ms = manifest->deadline_ms != 0 ? std::min(manifest->deadline_ms, limits.deadline_ms)
                                                       : limits.deadline_ms;
     Session::Options options;
-    options.id = state_.next_session_id++;
+    options.id = state_.NewSessionId();
     options.partial = manifest->partial;
     options.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
     options.limits = limits;
@@ -590,6 +590,13 @@ void DaemonState::EndSession(RefitReport report) {
   if (hooks.on_report) hooks.on_report(report);
   active.reset();
   NotifySession();
+}
+
+uint64_t DaemonState::NewSessionId() {
+  uint64_t id = 0;
+  while (id == 0 || id == last_session_id) id = entropy();  // random_device yields 32 bits
+  last_session_id = id;
+  return id;
 }
 
 void DaemonState::NotifySession() {

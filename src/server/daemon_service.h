@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "common/failpoint.h"
@@ -71,9 +72,10 @@ class DaemonState {
   std::optional<Engine> engine;
   std::optional<Active> active;
   uint64_t version = 0;
-  uint64_t next_session_id = 1;
   uint64_t next_engine_id = 1;
   uint64_t committed = 0, refused = 0, aborted = 0;
+  uint64_t last_session_id = 0;
+  std::random_device entropy;
   RefitReport last_report;
 
  private:
@@ -87,6 +89,10 @@ class DaemonState {
   // Ends the active session with `outcome`, records and logs its report.
   void EndSession(RefitReport report);
   void NotifySession();
+  // A fresh session id: a random nonzero 32-bit nonce. Data-plane tags are (id << 32) | seq, and
+  // ids are handed out only over the authenticated control plane, so a peer that reaches the data
+  // port cannot address a live session's buckets without it.
+  uint64_t NewSessionId();
 };
 
 // The bootstrap capability served to every connection.
