@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 1  # the REFIT_ABI_VERSION these declarations were written against
+ABI_VERSION = 2  # the REFIT_ABI_VERSION these declarations were written against
 
 OK = 0
 MEMORY_HOST = 0
@@ -101,6 +101,8 @@ _SIGNATURES = {
     "refit_dense_bytes": (ctypes.c_int, [ctypes.c_char_p, c_int64_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]),
     "refit_checksum64": (ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]),
     "refit_client_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_P)]),
+    "refit_client_connect_fanout": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p), ctypes.c_uint64,
+                                                   ctypes.POINTER(_P)]),
     "refit_client_close": (None, [_P]),
     "refit_client_status": (ctypes.c_int, [_P, ctypes.POINTER(DaemonStatus)]),
     "refit_client_abort_active": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),

@@ -76,14 +76,21 @@ def _named(tensors) -> list:
 
 
 class TrainerClient:
-    """A connection to refitd's control plane. `address`: "unix:/path" or "host:port"."""
+    """A connection to refitd's control plane. `address`: "unix:/path" or "host:port", or a list
+    of them: a fan-out client whose sessions feed every daemon at once (one NCCL broadcast per
+    bucket on the NCCL data plane); status() and checksums() then address the first daemon."""
 
-    def __init__(self, address: str):
+    def __init__(self, address):
         self._lib = _native.lib()
         self._owner = threading.get_ident()
         handle = ctypes.c_void_p()
-        _native.check(self._lib.refit_client_connect(address.encode(), ctypes.byref(handle)),
-                      f"connect to refitd at {address}")
+        if isinstance(address, (list, tuple)):
+            arr = (ctypes.c_char_p * len(address))(*[a.encode() for a in address])
+            _native.check(self._lib.refit_client_connect_fanout(arr, len(address), ctypes.byref(handle)),
+                          f"connect to refitd at {', '.join(address)}")
+        else:
+            _native.check(self._lib.refit_client_connect(address.encode(), ctypes.byref(handle)),
+                          f"connect to refitd at {address}")
         self._handle = handle
         self.address = address
 

@@ -23,6 +23,9 @@ using refit::Shape;
 
 struct refit_client {
   std::unique_ptr<refit::client::TrainerClient> impl;
+  std::unique_ptr<refit::client::FanoutClient> fanout;  // instead of impl: several daemons
+  // Status, checksums and operator calls go to this daemon (the first of a fan-out).
+  refit::client::TrainerClient* control() { return fanout != nullptr ? &fanout->daemon(0) : impl.get(); }
   std::thread::id owner;
   // Session handles may be freed from any thread (a garbage collector's), hence the lock.
   absl::Mutex mu;
@@ -267,6 +270,26 @@ int refit_client_connect(const char* address, refit_client** out) {
   });
 }
 
+int refit_client_connect_fanout(const char* const* addresses, uint64_t count, refit_client** out) {
+  return Guard("refit_client_connect_fanout", [&]() -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    *out = nullptr;
+    if (addresses == nullptr || count == 0) return absl::InvalidArgumentError("no addresses");
+    std::vector<std::string> list;
+    for (uint64_t i = 0; i < count; ++i) {
+      if (addresses[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("address ", i, " is NULL"));
+      list.push_back(addresses[i]);
+    }
+    auto c = std::make_unique<refit_client>();
+    c->owner = std::this_thread::get_id();
+    absl::StatusOr<std::unique_ptr<refit::client::FanoutClient>> impl = refit::client::FanoutClient::Connect(list);
+    if (!impl.ok()) return impl.status();
+    c->fanout = std::move(*impl);
+    *out = c.release();
+    return absl::OkStatus();
+  });
+}
+
 void refit_client_close(refit_client* client) {
   if (client == nullptr) return;
   (void)Guard("refit_client_close", [&]() -> absl::Status {
@@ -285,6 +308,7 @@ void refit_client_close(refit_client* client) {
       client->orphans.clear();  // each aborts on destruction
     } else {
       (void)client->impl.release();  // its event loop belongs to another thread: leaked, not touched
+      (void)client->fanout.release();
       for (auto& o : client->orphans) (void)o.release();
     }
     return absl::OkStatus();
@@ -296,7 +320,7 @@ int refit_client_status(refit_client* client, refit_daemon_status* out) {
   return Guard("refit_client_status", [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
     if (absl::Status st = CheckThread(client); !st.ok()) return st;
-    absl::StatusOr<refit::client::DaemonStatus> s = client->impl->Status();
+    absl::StatusOr<refit::client::DaemonStatus> s = client->control()->Status();
     if (!s.ok()) return s.status();
     client->status_model = s->model;
     client->status_endpoint = s->data_endpoint;
@@ -321,7 +345,7 @@ int refit_client_abort_active(refit_client* client, const char* reason, int32_t*
   return Guard("refit_client_abort_active", [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
     if (absl::Status st = CheckThread(client); !st.ok()) return st;
-    absl::StatusOr<bool> aborted = client->impl->AbortActive(reason == nullptr ? "" : reason);
+    absl::StatusOr<bool> aborted = client->control()->AbortActive(reason == nullptr ? "" : reason);
     if (!aborted.ok()) return aborted.status();
     if (out_aborted != nullptr) *out_aborted = *aborted ? 1 : 0;
     return absl::OkStatus();
@@ -333,7 +357,7 @@ int refit_client_checksums(refit_client* client, uint64_t* out_version, uint64_t
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
     if (out_version == nullptr || out_count == nullptr) return absl::InvalidArgumentError("out_version or out_count is NULL");
     if (absl::Status st = CheckThread(client); !st.ok()) return st;
-    auto sums = client->impl->Checksums();
+    auto sums = client->control()->Checksums();
     if (!sums.ok()) return sums.status();
     *out_version = sums->first;
     client->checksums = std::move(sums->second);
@@ -390,7 +414,7 @@ int refit_session_begin(refit_client* client, const refit_manifest* manifest, re
       desc.nbytes = *n;
       cm.tensors.push_back(std::move(desc));
     }
-    auto session = client->impl->Begin(cm);
+    auto session = client->fanout != nullptr ? client->fanout->Begin(cm) : client->impl->Begin(cm);
     if (!session.ok()) return session.status();
     auto s = std::make_unique<refit_session>();
     s->client = client;

@@ -35,7 +35,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 1
+#define REFIT_ABI_VERSION 2  /* 2: refit_client_connect_fanout */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -158,6 +158,10 @@ typedef struct refit_param_checksum {
 
 /* `address`: "unix:/path" or "host:port". */
 REFIT_API int refit_client_connect(const char* address, refit_client** out);
+/* One client feeding `count` daemons at once (fan-out, see FanoutClient in trainer_client.h):
+ * sessions begin, receive every bucket and commit on all of them; a commit fails naming any
+ * daemon that did not commit. Status, abort_active and checksums address the first daemon. */
+REFIT_API int refit_client_connect_fanout(const char* const* addresses, uint64_t count, refit_client** out);
 /* Aborts and invalidates the client's open sessions (their handles must still be closed). */
 REFIT_API void refit_client_close(refit_client* client);
 REFIT_API int refit_client_status(refit_client* client, refit_daemon_status* out);

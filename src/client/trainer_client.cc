@@ -2,8 +2,10 @@
 
 #include "common/auth_preamble.h"
 
+#include <algorithm>
 #include <cstring>
 #include <future>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
@@ -15,6 +17,7 @@
 #if REFIT_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
+#include "transport/nccl/nccl_broadcaster.h"
 #include "transport/nccl/nccl_sender.h"
 #endif
 
@@ -39,17 +42,31 @@ auto Call(F&& f) -> absl::StatusOr<decltype(f())> {
   return out;
 }
 
-}  // namespace
 
-struct TrainerClient::Impl {
+// KJ allows one event loop per thread: every client object made on a thread shares that thread's,
+// which lives while any of them does.
+struct ThreadIo {
   kj::AsyncIoContext io = kj::setupAsyncIo();
-  kj::Own<kj::AsyncIoStream> conn;
-  kj::Own<capnp::TwoPartyClient> rpc;
-  proto::Daemon::Client daemon = nullptr;
+};
+
+std::shared_ptr<ThreadIo> AcquireThreadIo() {
+  thread_local std::weak_ptr<ThreadIo> current;
+  std::shared_ptr<ThreadIo> io = current.lock();
+  if (io == nullptr) {
+    io = std::make_shared<ThreadIo>();
+    current = io;
+  }
+  return io;
+}
+
+// Where a session's buckets are packed and how they leave: one point-to-point sender
+// (TrainerClient) or one group sender to every daemon (FanoutClient). On the NCCL data plane,
+// buckets are packed on the GPU with asynchronous copies on copy_stream into one of two device
+// buffers (bucket_bytes each) while the other one's bucket is being sent.
+struct DataPlane {
   std::unique_ptr<transport::Sender> sender;
-  std::string sender_endpoint;
-  // NCCL data plane: buckets are packed on the GPU with asynchronous copies on copy_stream into
-  // one of two device buffers (bucket_bytes each) while the other one's bucket is being sent.
+  std::unique_ptr<transport::GroupSender> group;
+  std::vector<std::string> endpoints;  // what sender/group is connected to
   bool device_buckets = false;
   int device = 0;
   void* device_bucket[2] = {nullptr, nullptr};
@@ -57,9 +74,11 @@ struct TrainerClient::Impl {
   uint64_t device_bucket_bytes = 0;
   void* copy_stream = nullptr;
 
-  ~Impl() {
-#if REFIT_HAVE_NCCL
+  ~DataPlane() {
     sender.reset();
+    group.reset();
+#if REFIT_HAVE_NCCL
+    if (copy_stream == nullptr && device_bucket[0] == nullptr) return;
     cudaSetDevice(device);
     if (copy_stream != nullptr) {
       cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
@@ -70,69 +89,140 @@ struct TrainerClient::Impl {
     }
 #endif
   }
-  // Connects the data plane named by refitd's endpoint (ucx:... or nccl:...).
-  absl::Status ConnectData(const std::string& endpoint, uint64_t bucket_bytes);
+
+  // After a failed send: the next session connects afresh.
+  void Drop() {
+    sender.reset();
+    group.reset();
+    endpoints.clear();
+  }
+
+  // Connects the data plane named by refitd's endpoints (all ucx:... or all nccl:...): a
+  // point-to-point sender for one daemon, a group sender for a fan-out.
+  absl::Status Connect(const std::vector<std::string>& want, bool fanout, uint64_t bucket_bytes);
+  absl::Status Send(std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
+    if (group != nullptr) return group->Send(tags, payload, bytes);
+    return sender->Send(tags[0], payload, bytes);
+  }
+
+ private:
+  absl::Status ReserveDeviceBuckets(uint64_t bucket_bytes);
 };
 
-absl::Status TrainerClient::Impl::ConnectData(const std::string& endpoint, uint64_t bucket_bytes) {
-  if (!sender || sender_endpoint != endpoint) {
-    sender.reset();
-    if (endpoint.rfind("nccl:", 0) == 0) {
+absl::Status DataPlane::Connect(const std::vector<std::string>& want, bool fanout, uint64_t bucket_bytes) {
+  const bool nccl = want.front().rfind("nccl:", 0) == 0;
+  for (const std::string& e : want) {
+    if ((e.rfind("nccl:", 0) == 0) != nccl) {
+      return absl::InvalidArgumentError(absl::StrCat("fan-out needs one data plane on every daemon; got '",
+                                                     want.front(), "' and '", e, "'"));
+    }
+  }
+  const bool connected = fanout ? group != nullptr : sender != nullptr;
+  if (!connected || endpoints != want) {
+    Drop();
+    if (nccl) {
 #if REFIT_HAVE_NCCL
       // The trainer's current CUDA device sends (it must differ from refitd's device).
       if (cudaGetDevice(&device) != cudaSuccess) return absl::UnavailableError("NCCL data plane: no CUDA device");
       transport::NcclOptions options;
       options.device = device;
-      absl::StatusOr<std::unique_ptr<transport::NcclSender>> s = transport::NcclSender::Connect(endpoint, options);
-      if (!s.ok()) return s.status();
-      sender = std::move(*s);
+      if (fanout) {
+        absl::StatusOr<std::unique_ptr<transport::NcclBroadcaster>> g = transport::NcclBroadcaster::Connect(want, options);
+        if (!g.ok()) return g.status();
+        group = std::move(*g);
+      } else {
+        absl::StatusOr<std::unique_ptr<transport::NcclSender>> s = transport::NcclSender::Connect(want.front(), options);
+        if (!s.ok()) return s.status();
+        sender = std::move(*s);
+      }
       device_buckets = true;
 #else
       return absl::UnimplementedError(
-          absl::StrCat("refitd offers the NCCL data plane (", endpoint, ") but this client was built without NCCL"));
+          absl::StrCat("refitd offers the NCCL data plane (", want.front(), ") but this client was built without NCCL"));
 #endif
     } else {
-      absl::StatusOr<std::unique_ptr<transport::UcxSender>> s = transport::UcxSender::Connect(endpoint, {});
-      if (!s.ok()) return s.status();
-      sender = std::move(*s);
+      std::vector<std::unique_ptr<transport::Sender>> senders;
+      for (const std::string& e : want) {
+        absl::StatusOr<std::unique_ptr<transport::UcxSender>> s = transport::UcxSender::Connect(e, {});
+        if (!s.ok()) return s.status();
+        senders.push_back(std::move(*s));
+      }
+      if (fanout) {
+        group = std::make_unique<transport::SequentialGroupSender>(std::move(senders));
+      } else {
+        sender = std::move(senders.front());
+      }
       device_buckets = false;
     }
-    sender_endpoint = endpoint;
+    endpoints = want;
   }
+  return device_buckets ? ReserveDeviceBuckets(bucket_bytes) : absl::OkStatus();
+}
+
+absl::Status DataPlane::ReserveDeviceBuckets(uint64_t bucket_bytes) {
 #if REFIT_HAVE_NCCL
-  if (device_buckets && device_bucket_bytes < bucket_bytes) {
-    cudaSetDevice(device);
-    for (void*& b : device_bucket) {
-      if (b != nullptr) cudaFree(b);
+  if (device_bucket_bytes >= bucket_bytes) return absl::OkStatus();
+  cudaSetDevice(device);
+  if (copy_stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
+  for (void*& b : device_bucket) {
+    if (b != nullptr) cudaFree(b);
+    b = nullptr;
+  }
+  device_bucket_bytes = 0;
+  for (void*& b : device_bucket) {
+    if (cudaMalloc(&b, bucket_bytes) != cudaSuccess) {
       b = nullptr;
-    }
-    device_bucket_bytes = 0;
-    for (void*& b : device_bucket) {
-      if (cudaMalloc(&b, bucket_bytes) != cudaSuccess) {
-        b = nullptr;
-        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate two ", bucket_bytes, "-byte device buckets"));
-      }
-    }
-    device_bucket_bytes = bucket_bytes;
-    if (copy_stream == nullptr) {
-      cudaStream_t s = nullptr;
-      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-        return absl::UnavailableError("cannot create a CUDA stream");
-      }
-      copy_stream = s;
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate two ", bucket_bytes, "-byte device buckets"));
     }
   }
+  device_bucket_bytes = bucket_bytes;
+  if (copy_stream == nullptr) {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      return absl::UnavailableError("cannot create a CUDA stream");
+    }
+    copy_stream = s;
+  }
+#else
+  (void)bucket_bytes;
 #endif
   return absl::OkStatus();
 }
 
+}  // namespace
+
+struct TrainerClient::Impl {
+  std::shared_ptr<ThreadIo> thread_io = AcquireThreadIo();
+  kj::AsyncIoContext& io = thread_io->io;
+  std::string address;
+  kj::Own<kj::AsyncIoStream> conn;
+  kj::Own<capnp::TwoPartyClient> rpc;
+  proto::Daemon::Client daemon = nullptr;
+  DataPlane data;
+};
+
+struct FanoutClient::Impl {
+  std::vector<std::unique_ptr<TrainerClient>> daemons;
+  DataPlane data;
+};
+
 struct RefitSession::Impl {
-  TrainerClient::Impl* client;
-  proto::Session::Client session = nullptr;
-  uint64_t id = 0;
+  // One daemon's side of the session (a fan-out session has one per daemon).
+  struct Member {
+    TrainerClient::Impl* client;
+    proto::Session::Client session = nullptr;
+    uint64_t id = 0;
+  };
+  std::vector<Member> members;
+  DataPlane* data = nullptr;
+  kj::WaitScope& wait() { return members.front().client->io.waitScope; }
+  // Names member i in errors of a fan-out session.
+  std::string Who(size_t i) const {
+    return members.size() == 1 ? std::string() : absl::StrCat("refitd at '", members[i].client->address, "': ");
+  }
   uint64_t bucket_bytes = 0;
   std::vector<uint8_t> bucket;
-  uint64_t device_used = 0;  // bytes packed into the client's device bucket (NCCL)
+  uint64_t device_used = 0;  // bytes packed into the device bucket (NCCL)
   std::future<absl::Status> in_flight;  // the previous device bucket's send (NCCL)
   // Waits for the previous device bucket's send; its error, if any.
   absl::Status WaitInFlight() { return in_flight.valid() ? in_flight.get() : absl::OkStatus(); }
@@ -142,11 +232,12 @@ struct RefitSession::Impl {
   std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
 };
 
-TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-TrainerClient::~TrainerClient() = default;
+namespace {
 
-absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std::string& address) {
-  auto impl = std::make_unique<Impl>();
+// Connects the control plane of one daemon.
+absl::StatusOr<std::unique_ptr<TrainerClient::Impl>> ConnectControl(const std::string& address) {
+  auto impl = std::make_unique<TrainerClient::Impl>();
+  impl->address = address;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto addr = impl->io.provider->getNetwork().parseAddress(address).wait(impl->io.waitScope);
     impl->conn = addr->connect().wait(impl->io.waitScope);
@@ -160,54 +251,143 @@ absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std:
   })) {
     return absl::UnavailableError(absl::StrCat("cannot connect to refitd at '", address, "': ", e->getDescription().cStr()));
   }
-  return std::unique_ptr<TrainerClient>(new TrainerClient(std::move(impl)));
+  return impl;
+}
+
+// Begins (ids empty) or joins (ids[i] on daemon i) a session on every daemon; requests go out
+// together. On failure the sessions already begun are aborted.
+absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vector<TrainerClient::Impl*>& clients,
+                                                                DataPlane& data, bool fanout, const Manifest* manifest,
+                                                                const std::vector<uint64_t>& ids) {
+  auto s = std::make_unique<RefitSession::Impl>();
+  s->data = &data;
+  s->member = manifest == nullptr;
+  for (TrainerClient::Impl* c : clients) s->members.push_back({c});
+  kj::WaitScope& wait = s->wait();
+  std::vector<std::string> endpoints(clients.size());
+  std::vector<uint64_t> bucket_bytes(clients.size());
+  absl::Status failed;
+  if (manifest != nullptr) {
+    std::vector<std::unique_ptr<capnp::RemotePromise<proto::Daemon::BeginResults>>> calls;
+    for (TrainerClient::Impl* c : clients) {
+      KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+        auto req = c->daemon.beginRequest();
+        wire::ToWire(*manifest, req.initManifest());
+        calls.push_back(std::make_unique<capnp::RemotePromise<proto::Daemon::BeginResults>>(req.send()));
+      })) {
+        calls.push_back(nullptr);
+      }
+    }
+    for (size_t i = 0; i < clients.size(); ++i) {
+      absl::StatusOr<bool> ok = Call([&]() {
+        if (calls[i] != nullptr) {
+          auto resp = calls[i]->wait(wait);
+          s->members[i].session = resp.getSession();
+          s->members[i].id = resp.getSessionId();
+          bucket_bytes[i] = resp.getBucketBytes();
+          endpoints[i] = resp.getDataEndpoint().cStr();
+          return true;
+        }
+        KJ_FAIL_REQUIRE("begin request could not be sent");
+      });
+      if (!ok.ok() && failed.ok()) failed = absl::Status(ok.status().code(), absl::StrCat(s->Who(i), ok.status().message()));
+    }
+  } else {
+    for (size_t i = 0; i < clients.size(); ++i) {
+      absl::StatusOr<bool> ok = Call([&]() {
+        auto req = clients[i]->daemon.joinRequest();
+        req.setSessionId(ids[i]);
+        auto resp = req.send().wait(wait);
+        s->members[i].session = resp.getSession();
+        s->members[i].id = ids[i];
+        bucket_bytes[i] = resp.getBucketBytes();
+        endpoints[i] = resp.getDataEndpoint().cStr();
+        return true;
+      });
+      if (!ok.ok() && failed.ok()) failed = absl::Status(ok.status().code(), absl::StrCat(s->Who(i), ok.status().message()));
+    }
+  }
+  if (failed.ok()) {
+    s->bucket_bytes = *std::min_element(bucket_bytes.begin(), bucket_bytes.end());
+    failed = data.Connect(endpoints, fanout, s->bucket_bytes);
+    if (!failed.ok() && s->member) return failed;
+  }
+  if (!failed.ok()) {
+    if (manifest != nullptr) {
+      for (RefitSession::Impl::Member& m : s->members) {
+        if (m.id == 0) continue;
+        (void)Call([&]() {
+          auto req = m.session.abortRequest();
+          req.setReason(absl::StrCat("trainer could not open the session: ", failed.message()));
+          req.send().wait(wait);
+          return true;
+        });
+      }
+    }
+    return failed;
+  }
+  return s;
+}
+
+}  // namespace
+
+TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrainerClient::~TrainerClient() = default;
+
+absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std::string& address) {
+  absl::StatusOr<std::unique_ptr<Impl>> impl = ConnectControl(address);
+  if (!impl.ok()) return impl.status();
+  return std::unique_ptr<TrainerClient>(new TrainerClient(std::move(*impl)));
 }
 
 absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Begin(const Manifest& manifest) {
-  auto s = std::make_unique<RefitSession::Impl>();
-  s->client = impl_.get();
-  std::string endpoint;
-  absl::StatusOr<bool> ok = Call([&]() {
-    auto req = impl_->daemon.beginRequest();
-    wire::ToWire(manifest, req.initManifest());
-    auto resp = req.send().wait(impl_->io.waitScope);
-    s->session = resp.getSession();
-    s->id = resp.getSessionId();
-    s->bucket_bytes = resp.getBucketBytes();
-    endpoint = resp.getDataEndpoint().cStr();
-    return true;
-  });
-  if (!ok.ok()) return ok.status();
-  if (absl::Status st = impl_->ConnectData(endpoint, s->bucket_bytes); !st.ok()) {
-    auto req = s->session.abortRequest();
-    req.setReason(absl::StrCat("trainer could not connect the data plane: ", st.message()));
-    (void)Call([&]() {
-      req.send().wait(impl_->io.waitScope);
-      return true;
-    });
-    return st;
-  }
-  return std::make_unique<RefitSession>(std::move(s));
+  absl::StatusOr<std::unique_ptr<RefitSession::Impl>> s = OpenSession({impl_.get()}, impl_->data, false, &manifest, {});
+  if (!s.ok()) return s.status();
+  return std::make_unique<RefitSession>(std::move(*s));
 }
 
 absl::StatusOr<std::unique_ptr<RefitSession>> TrainerClient::Join(uint64_t session_id) {
-  auto s = std::make_unique<RefitSession::Impl>();
-  s->client = impl_.get();
-  s->id = session_id;
-  s->member = true;
-  std::string endpoint;
-  absl::StatusOr<bool> ok = Call([&]() {
-    auto req = impl_->daemon.joinRequest();
-    req.setSessionId(session_id);
-    auto resp = req.send().wait(impl_->io.waitScope);
-    s->session = resp.getSession();
-    s->bucket_bytes = resp.getBucketBytes();
-    endpoint = resp.getDataEndpoint().cStr();
-    return true;
-  });
-  if (!ok.ok()) return ok.status();
-  if (absl::Status st = impl_->ConnectData(endpoint, s->bucket_bytes); !st.ok()) return st;
-  return std::make_unique<RefitSession>(std::move(s));
+  absl::StatusOr<std::unique_ptr<RefitSession::Impl>> s =
+      OpenSession({impl_.get()}, impl_->data, false, nullptr, {session_id});
+  if (!s.ok()) return s.status();
+  return std::make_unique<RefitSession>(std::move(*s));
+}
+
+FanoutClient::FanoutClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FanoutClient::~FanoutClient() = default;
+
+absl::StatusOr<std::unique_ptr<FanoutClient>> FanoutClient::Connect(const std::vector<std::string>& addresses) {
+  if (addresses.empty()) return absl::InvalidArgumentError("fan-out: no refitd addresses");
+  auto impl = std::make_unique<Impl>();
+  for (const std::string& a : addresses) {
+    absl::StatusOr<std::unique_ptr<TrainerClient>> c = TrainerClient::Connect(a);
+    if (!c.ok()) return c.status();
+    impl->daemons.push_back(std::move(*c));
+  }
+  return std::unique_ptr<FanoutClient>(new FanoutClient(std::move(impl)));
+}
+
+size_t FanoutClient::size() const { return impl_->daemons.size(); }
+TrainerClient& FanoutClient::daemon(size_t i) { return *impl_->daemons.at(i); }
+
+absl::StatusOr<std::unique_ptr<RefitSession>> FanoutClient::Begin(const Manifest& manifest) {
+  std::vector<TrainerClient::Impl*> clients;
+  for (auto& d : impl_->daemons) clients.push_back(d->impl_.get());
+  absl::StatusOr<std::unique_ptr<RefitSession::Impl>> s = OpenSession(clients, impl_->data, true, &manifest, {});
+  if (!s.ok()) return s.status();
+  return std::make_unique<RefitSession>(std::move(*s));
+}
+
+absl::StatusOr<std::unique_ptr<RefitSession>> FanoutClient::Join(const std::vector<uint64_t>& session_ids) {
+  if (session_ids.size() != impl_->daemons.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("fan-out join: ", session_ids.size(), " session ids for ",
+                                                   impl_->daemons.size(), " daemons"));
+  }
+  std::vector<TrainerClient::Impl*> clients;
+  for (auto& d : impl_->daemons) clients.push_back(d->impl_.get());
+  absl::StatusOr<std::unique_ptr<RefitSession::Impl>> s = OpenSession(clients, impl_->data, true, nullptr, session_ids);
+  if (!s.ok()) return s.status();
+  return std::make_unique<RefitSession>(std::move(*s));
 }
 
 absl::StatusOr<DaemonStatus> TrainerClient::Status() {
@@ -261,7 +441,12 @@ void RefitSession::SetWireTamper(std::function<void(uint32_t, std::vector<uint8_
   impl_->tamper = std::move(tamper);
 }
 
-uint64_t RefitSession::id() const { return impl_->id; }
+uint64_t RefitSession::id() const { return impl_->members.front().id; }
+std::vector<uint64_t> RefitSession::ids() const {
+  std::vector<uint64_t> out;
+  for (const auto& m : impl_->members) out.push_back(m.id);
+  return out;
+}
 uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 
 absl::Status RefitSession::Push(const TensorRef& t) {
@@ -272,8 +457,8 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
                                                    impl_->bucket_bytes, "-byte bucket"));
   }
-  TrainerClient::Impl* client = impl_->client;
-  const uint64_t used = client->device_buckets ? impl_->device_used : impl_->bucket.size();
+  DataPlane* data = impl_->data;
+  const uint64_t used = data->device_buckets ? impl_->device_used : impl_->bucket.size();
   // Keep 16-byte alignment of every tensor inside the bucket.
   uint64_t offset = (used + 15) & ~uint64_t{15};
   if (offset + *nbytes > impl_->bucket_bytes) {
@@ -281,11 +466,11 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     if (!st.ok()) return st;
     offset = 0;
   }
-  if (client->device_buckets) {
+  if (data->device_buckets) {
 #if REFIT_HAVE_NCCL
-    // Host or device source; the copy runs on the client's stream and completes before the send.
-    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(client->device_bucket[client->current]) + offset, t.data, *nbytes,
-                                    cudaMemcpyDefault, static_cast<cudaStream_t>(client->copy_stream));
+    // Host or device source; the copy runs on the data plane's stream and completes before the send.
+    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(data->device_bucket[data->current]) + offset, t.data, *nbytes,
+                                    cudaMemcpyDefault, static_cast<cudaStream_t>(data->copy_stream));
     if (e != cudaSuccess) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", t.name, "': copy into the device bucket failed: ", cudaGetErrorString(e)));
@@ -303,51 +488,71 @@ absl::Status RefitSession::Push(const TensorRef& t) {
 absl::Status RefitSession::Flush() {
   if (impl_->header.tensors.empty()) return absl::OkStatus();
   BucketHeader& h = impl_->header;
-  auto* client = impl_->client;
+  DataPlane* data = impl_->data;
   const void* payload = impl_->bucket.data();
   h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
-  if (client->device_buckets) {
+  if (data->device_buckets) {
 #if REFIT_HAVE_NCCL
-    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(client->copy_stream));
+    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(data->copy_stream));
     if (e != cudaSuccess) return absl::InternalError(absl::StrCat("packing the device bucket: ", cudaGetErrorString(e)));
 #endif
     h.nbytes = impl_->device_used;
     h.checksum = 0;  // device buckets are not checksummed (NCCL's transports check integrity)
-    payload = client->device_bucket[client->current];
+    payload = data->device_bucket[data->current];
   } else {
     h.nbytes = impl_->bucket.size();
     h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
   }
-  absl::StatusOr<bool> ok = Call([&]() {
-    auto req = impl_->session.announceRequest();
-    wire::ToWire(h, req.initHeader());
-    h.seq = req.send().wait(client->io.waitScope).getSeq();
-    return true;
-  });
-  if (!ok.ok()) return ok.status();
-  if (impl_->tamper && !client->device_buckets) {
-    impl_->tamper(h.seq, impl_->bucket);
+  // Announce on every daemon (the requests go out together); each numbers the bucket itself.
+  std::vector<uint64_t> tags(impl_->members.size());
+  std::vector<std::unique_ptr<capnp::RemotePromise<proto::Session::AnnounceResults>>> calls;
+  for (auto& m : impl_->members) {
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+      auto req = m.session.announceRequest();
+      wire::ToWire(h, req.initHeader());
+      calls.push_back(std::make_unique<capnp::RemotePromise<proto::Session::AnnounceResults>>(req.send()));
+    })) {
+      calls.push_back(nullptr);
+    }
+  }
+  absl::Status announced;
+  uint32_t first_seq = 0;
+  for (size_t i = 0; i < impl_->members.size(); ++i) {
+    absl::StatusOr<uint32_t> seq = Call([&]() -> uint32_t {
+      if (calls[i] != nullptr) return calls[i]->wait(impl_->wait()).getSeq();
+      KJ_FAIL_REQUIRE("announce request could not be sent");
+    });
+    if (!seq.ok()) {
+      if (announced.ok()) announced = absl::Status(seq.status().code(), absl::StrCat(impl_->Who(i), seq.status().message()));
+      continue;
+    }
+    if (i == 0) first_seq = *seq;
+    tags[i] = (impl_->members[i].id << 32) | *seq;
+  }
+  if (!announced.ok()) return announced;
+  if (impl_->tamper && !data->device_buckets) {
+    impl_->tamper(first_seq, impl_->bucket);
     payload = impl_->bucket.data();
   }
-  const uint64_t tag = (impl_->id << 32) | h.seq;
   absl::Status sent;
-  if (client->device_buckets) {
+  if (data->device_buckets) {
     // Send in the background from this buffer while the next bucket is packed into the other.
     sent = impl_->WaitInFlight();
     if (sent.ok()) {
-      transport::Sender* sender = client->sender.get();
       const uint64_t n = h.nbytes;
-      impl_->in_flight = std::async(std::launch::async, [sender, tag, payload, n] { return sender->Send(tag, payload, n); });
-      client->current ^= 1;
+      impl_->in_flight = std::async(std::launch::async, [data, tags = std::move(tags), payload, n] {
+        absl::Status st = data->Send(tags, payload, n);
+        return st;
+      });
+      data->current ^= 1;
     }
   } else {
-    sent = client->sender->Send(tag, payload, h.nbytes);
-    if (!sent.ok()) {
-      // refitd dropped the data-plane connection (the session was aborted) or it failed: the
-      // next session connects afresh.
-      client->sender.reset();
-      client->sender_endpoint.clear();
-    }
+    sent = data->Send(tags, payload, h.nbytes);
+  }
+  if (!sent.ok()) {
+    // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
+    // session connects afresh.
+    data->Drop();
   }
   impl_->bucket.clear();
   impl_->device_used = 0;
@@ -355,15 +560,51 @@ absl::Status RefitSession::Flush() {
   return sent;
 }
 
-absl::StatusOr<RefitReport> RefitSession::Commit() {
+absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   absl::Status st = Flush();
   if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    impl_->data->Drop();
+    return st;
+  }
   impl_->done = true;
-  return Call([&]() {
-    auto resp = impl_->session.commitRequest().send().wait(impl_->client->io.waitScope);
-    return wire::FromWire(resp.getReport());
-  });
+  std::vector<std::unique_ptr<capnp::RemotePromise<proto::Session::CommitResults>>> calls;
+  for (auto& m : impl_->members) {
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+      calls.push_back(std::make_unique<capnp::RemotePromise<proto::Session::CommitResults>>(m.session.commitRequest().send()));
+    })) {
+      calls.push_back(nullptr);
+    }
+  }
+  std::vector<RefitReport> reports;
+  absl::Status failed;
+  std::vector<std::string> outcomes;
+  for (size_t i = 0; i < impl_->members.size(); ++i) {
+    absl::StatusOr<RefitReport> r = Call([&]() -> RefitReport {
+      if (calls[i] != nullptr) return wire::FromWire(calls[i]->wait(impl_->wait()).getReport());
+      KJ_FAIL_REQUIRE("commit request could not be sent");
+    });
+    if (r.ok()) {
+      reports.push_back(*r);
+      outcomes.push_back(absl::StrCat(impl_->Who(i), "committed version ", r->version));
+    } else {
+      if (failed.ok()) failed = r.status();
+      outcomes.push_back(absl::StrCat(impl_->Who(i), r.status().message()));
+    }
+  }
+  if (!failed.ok()) {
+    if (impl_->members.size() == 1) return failed;
+    std::string all;
+    for (const std::string& o : outcomes) absl::StrAppend(&all, all.empty() ? "" : "; ", o);
+    return absl::Status(failed.code(), absl::StrCat("fan-out commit incomplete: ", all));
+  }
+  return reports;
+}
+
+absl::StatusOr<RefitReport> RefitSession::Commit() {
+  absl::StatusOr<std::vector<RefitReport>> all = CommitAll();
+  if (!all.ok()) return all.status();
+  return all->front();
 }
 
 absl::Status RefitSession::Detach() {
@@ -371,23 +612,30 @@ absl::Status RefitSession::Detach() {
   if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
   if (!st.ok()) return st;
   impl_->done = true;
-  absl::StatusOr<bool> ok = Call([&]() {
-    impl_->session.detachRequest().send().wait(impl_->client->io.waitScope);
-    return true;
-  });
-  return ok.status();
+  for (size_t i = 0; i < impl_->members.size(); ++i) {
+    absl::StatusOr<bool> ok = Call([&]() {
+      impl_->members[i].session.detachRequest().send().wait(impl_->wait());
+      return true;
+    });
+    if (!ok.ok() && st.ok()) st = absl::Status(ok.status().code(), absl::StrCat(impl_->Who(i), ok.status().message()));
+  }
+  return st;
 }
 
 absl::Status RefitSession::Abort(const std::string& reason) {
   impl_->done = true;
   (void)impl_->WaitInFlight();
-  absl::StatusOr<bool> ok = Call([&]() {
-    auto req = impl_->session.abortRequest();
-    req.setReason(reason);
-    req.send().wait(impl_->client->io.waitScope);
-    return true;
-  });
-  return ok.status();
+  absl::Status st;
+  for (size_t i = 0; i < impl_->members.size(); ++i) {
+    absl::StatusOr<bool> ok = Call([&]() {
+      auto req = impl_->members[i].session.abortRequest();
+      req.setReason(reason);
+      req.send().wait(impl_->wait());
+      return true;
+    });
+    if (!ok.ok() && st.ok()) st = absl::Status(ok.status().code(), absl::StrCat(impl_->Who(i), ok.status().message()));
+  }
+  return st;
 }
 
 }  // namespace refit::client

@@ -7,9 +7,11 @@
 //   absl::StatusOr<RefitReport> report = session->Commit();
 //
 // The data plane is the one refitd offers: UCX (host buckets) or NCCL (buckets packed on the
-// caller's current CUDA device, which must differ from refitd's).
+// caller's current CUDA device, which must differ from refitd's). FanoutClient feeds several
+// daemons with every bucket packed once.
 //
-// Threading: a client and its sessions are used from one thread (they own a KJ event loop).
+// Threading: a client and its sessions are used from one thread (the thread's KJ event loop,
+// shared by every client made on that thread).
 // A session destroyed before Commit aborts.
 #ifndef REFIT_CLIENT_TRAINER_CLIENT_H_
 #define REFIT_CLIENT_TRAINER_CLIENT_H_
@@ -61,6 +63,7 @@ struct DaemonStatus {
 };
 
 class RefitSession;
+class FanoutClient;
 
 class TrainerClient {
  public:
@@ -80,7 +83,37 @@ class TrainerClient {
   struct Impl;
 
  private:
+  friend class FanoutClient;
   explicit TrainerClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One trainer rank feeding several refitd daemons (rollout replicas) at once: Begin opens a
+// session with the same manifest on every daemon, and every bucket is packed once and sent to all
+// of them — on the NCCL data plane by one NCCL broadcast (every daemon on its own GPU, none on the
+// trainer's), on UCX by one send per daemon. Commit commits on every daemon. Each daemon validates
+// and swaps atomically on its own; the fan-out as a whole is not atomic: when one daemon refuses
+// or fails, Commit reports it (naming the daemon) and the others may have committed.
+//
+// Threading: as TrainerClient (several clients may share a thread).
+class FanoutClient {
+ public:
+  // `addresses`: one control-plane address per daemon (as TrainerClient::Connect).
+  static absl::StatusOr<std::unique_ptr<FanoutClient>> Connect(const std::vector<std::string>& addresses);
+  ~FanoutClient();
+
+  size_t size() const;
+  // The client of daemon `i` (status, checksums, operator calls).
+  TrainerClient& daemon(size_t i);
+  absl::StatusOr<std::unique_ptr<RefitSession>> Begin(const Manifest& manifest);
+  // Joins the active session of every daemon (session_ids[i] on daemon i), begun by another
+  // fan-out rank; Push, then Detach (see TrainerClient::Join).
+  absl::StatusOr<std::unique_ptr<RefitSession>> Join(const std::vector<uint64_t>& session_ids);
+
+  struct Impl;
+
+ private:
+  explicit FanoutClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -97,6 +130,11 @@ class RefitSession {
   // Flushes, then asks refitd to validate and swap. Refused refits return FailedPrecondition
   // with refitd's message naming every offending tensor.
   absl::StatusOr<RefitReport> Commit();
+  // Commit of a fan-out session: one report per daemon, in FanoutClient order. Fails when any
+  // daemon did not commit, naming it (the others' outcomes are in the message).
+  absl::StatusOr<std::vector<RefitReport>> CommitAll();
+  // The session id on each daemon (one entry unless fan-out).
+  std::vector<uint64_t> ids() const;
   absl::Status Abort(const std::string& reason);
   // A joined rank: flushes, waits until everything it pushed is sent, and tells refitd it is
   // done, so that closing the session afterwards is not a failure.

@@ -10,8 +10,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +53,36 @@ class Sender {
   // Blocks until `src` may be reused (the bytes are on the wire or delivered).
   // Errors: Unavailable when the peer is gone.
   virtual absl::Status Send(uint64_t tag, const void* src, uint64_t bytes) = 0;
+};
+
+// Sending end of a fan-out: the same payload to several receivers (one trainer rank feeding
+// several refitd daemons), each receiver matching it under its own tag. Implementations:
+// SequentialGroupSender (any transport, one point-to-point send after another) and
+// NcclBroadcaster (one NCCL broadcast to every receiver).
+class GroupSender {
+ public:
+  virtual ~GroupSender() = default;
+  virtual size_t size() const = 0;
+  // tags[i] is receiver i's tag (tags.size() == size()). Blocks until `src` may be reused.
+  // Errors: Unavailable when any receiver is gone (the message may have reached the others).
+  virtual absl::Status Send(std::span<const uint64_t> tags, const void* src, uint64_t bytes) = 0;
+};
+
+// Fans out over point-to-point senders, one after another.
+class SequentialGroupSender final : public GroupSender {
+ public:
+  explicit SequentialGroupSender(std::vector<std::unique_ptr<Sender>> senders) : senders_(std::move(senders)) {}
+  size_t size() const override { return senders_.size(); }
+  absl::Status Send(std::span<const uint64_t> tags, const void* src, uint64_t bytes) override {
+    if (tags.size() != senders_.size()) return absl::InvalidArgumentError("one tag per receiver expected");
+    for (size_t i = 0; i < senders_.size(); ++i) {
+      if (absl::Status st = senders_[i]->Send(tags[i], src, bytes); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Sender>> senders_;
 };
 
 }  // namespace refit::transport

@@ -8,11 +8,16 @@ example engine sit on GPU 1. Workloads:
            experts, BF16 rest (tools/bench/moe_nvfp4_spec.yaml)
 
 In the same run it measures raw NCCL send/recv of the same bytes in the same bucket-sized messages
-(tools/bench/nccl_bench) and, with --baseline, the broadcast + PyTorch-quantize loop of
+(tools/bench/nccl_bench; ncclBroadcast to every daemon's GPU for fan-out) and, with --baseline, the broadcast + PyTorch-quantize loop of
 shared/bench/gpu_baseline.py --nccl. Prints one JSON document (and a table on stderr).
 
   NCCL_NVLS_ENABLE=0 python3 tools/bench/nccl_refit_bench.py --build build \
-      [--workloads llama8b moe] [--refits 3] [--baseline PATH/gpu_baseline.py] [--out FILE]
+      [--workloads llama8b moe] [--modes p2p fanout] [--daemons N] [--refits 3]
+      [--baseline PATH/gpu_baseline.py] [--out FILE]
+
+--daemons N (N+1 GPUs) runs N refitd+engine pairs on GPUs 1..N fed by one trainer through
+FanoutClient, against NCCL's own broadcast of the same bytes; each refit line then also says
+whether every engine holds the same bytes (engines_equal).
 """
 import argparse
 import json
@@ -34,63 +39,85 @@ def moe_shape(layers):
             "--experts", "128", "--moe-intermediate", "768"]
 
 
-def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp):
-    sock = tmp / f"{name}.sock"
-    cfg = tmp / f"{name}.yaml"
+def start_node(build, name, k, shape, spec, bucket_bytes, tmp):
+    """refitd + an idle example engine on GPU k; returns (address, [processes], log)."""
+    sock = tmp / f"{name}.{k}.sock"
+    cfg = tmp / f"{name}.{k}.yaml"
     text = (f"listen: unix:{sock}\nstaging: device\nadmin: {{listen: ''}}\n"
-            f"data_plane:\n  transport: nccl\n  device: 1\n"
+            f"data_plane:\n  transport: nccl\n  device: {k}\n"
             f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n")
     if spec:
         text += f"model_spec: {spec}\n"
     cfg.write_text(text)
-    log = tmp / f"{name}.refitd.log"
-    elog = tmp / f"{name}.engine.log"
-    daemon = subprocess.Popen([str(build / "src/server/refitd"), "--config", str(cfg)],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    engine = None
+    log = tmp / f"{name}.{k}.refitd.log"
+    elog = tmp / f"{name}.{k}.engine.log"
+    procs = [subprocess.Popen([str(build / "src/server/refitd"), "--config", str(cfg)],
+                              stdout=open(log, "w"), stderr=subprocess.STDOUT)]
+    for _ in range(600):
+        if sock.exists() or procs[0].poll() is not None:
+            break
+        time.sleep(0.05)
+    if procs[0].poll() is not None:
+        raise RuntimeError(f"refitd exited: {log.read_text()[-2000:]}")
+    spec_flag = ["--spec", spec] if spec else []
+    procs.append(subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
+                                   "--gpu", str(k), "--idle", *spec_flag, *shape],
+                                  stdout=open(elog, "w"), stderr=subprocess.STDOUT))
+    for _ in range(6000):
+        if "registered" in elog.read_text() or procs[1].poll() is not None:
+            break
+        time.sleep(0.05)
+    if procs[1].poll() is not None:
+        raise RuntimeError(f"engine exited: {elog.read_text()[-2000:]}")
+    return f"unix:{sock}", procs, log
+
+
+def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False):
+    """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
+    (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon)."""
+    fanout = fanout or daemons > 1
+    label = f"{name}-fanout{daemons}" if fanout else name
+    procs, logs, addresses = [], [], []
     try:
-        for _ in range(600):
-            if sock.exists() or daemon.poll() is not None:
-                break
-            time.sleep(0.05)
-        if daemon.poll() is not None:
-            raise RuntimeError(f"refitd exited: {log.read_text()[-2000:]}")
+        for k in range(1, daemons + 1):
+            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp)
+            addresses.append(address)
+            procs += ps
+            logs.append(log)
         spec_flag = ["--spec", spec] if spec else []
-        engine = subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
-                                   "--gpu", "1", "--idle", *spec_flag, *shape],
-                                  stdout=open(elog, "w"), stderr=subprocess.STDOUT)
-        for _ in range(6000):
-            if "registered" in elog.read_text() or engine.poll() is not None:
-                break
-            time.sleep(0.05)
-        if engine.poll() is not None:
-            raise RuntimeError(f"engine exited: {elog.read_text()[-2000:]}")
-        p = subprocess.run([str(build / "tools/examples/example_trainer"), "--address", f"unix:{sock}",
-                            "--gpu", "0", "--refits", str(refits), "--no-verify", *spec_flag, *shape],
+        cmd = [str(build / "tools/examples/example_trainer")]
+        for a in addresses:
+            cmd += ["--address", a]
+        if fanout:
+            cmd.append("--fanout")
+        p = subprocess.run(cmd + ["--gpu", "0", "--refits", str(refits), "--no-verify", *spec_flag, *shape],
                            capture_output=True, text=True, timeout=1200)
         reports = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
         if p.returncode != 0 or not reports or any(r["outcome"] != "committed" for r in reports):
             raise RuntimeError(f"trainer rc={p.returncode}: {p.stdout[-2000:]} {p.stderr[-2000:]} "
-                               f"refitd: {log.read_text()[-3000:]}")
+                               f"refitd: {logs[0].read_text()[-3000:]}")
     finally:
-        for proc in (engine, daemon):
-            if proc is not None and proc.poll() is None:
+        for proc in reversed(procs):
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
     bytes_in = reports[-1]["bytes_in"]
-    raw = json.loads(subprocess.run([str(build / "tools/bench/nccl_bench"), str(bytes_in), str(bucket_bytes), "5"],
+    mode = ["bcast"] if fanout else []
+    raw = json.loads(subprocess.run([str(build / "tools/bench/nccl_bench"), str(bytes_in), str(bucket_bytes), "5",
+                                     str(daemons), *(mode or ["sendrecv"])],
                                     capture_output=True, text=True, check=True).stdout)
     # The first refit also sets up the communicator's connections; steady state is the rest.
     steady = reports[1:] if len(reports) > 1 else reports
     wall = statistics.median(r["push_commit_ms"] for r in steady)
     return {
-        "workload": name, "bytes_in": bytes_in, "bytes_out": reports[-1]["bytes_out"],
-        "tensors": reports[-1]["tensors"], "buckets": reports[-1]["buckets"], "bucket_bytes": bucket_bytes,
-        "refits": reports, "wall_ms": wall, "gbps": bytes_in / wall / 1e6,
-        "nccl_sendrecv": raw, "ratio_nccl_over_refit": raw["ms"] / wall,
+        "workload": label, "daemons": daemons, "fanout": fanout, "bytes_in": bytes_in,
+        "bytes_out": reports[-1]["bytes_out"], "tensors": reports[-1]["tensors"], "buckets": reports[-1]["buckets"],
+        "bucket_bytes": bucket_bytes, "refits": reports, "wall_ms": wall, "gbps": bytes_in / wall / 1e6,
+        "engines_equal": all(r.get("engines_equal", True) for r in reports),
+        "nccl_raw": raw, "ratio_nccl_over_refit": raw["ms"] / wall,
     }
 
 
@@ -102,6 +129,10 @@ def main():
     ap.add_argument("--moe-layers", type=int, default=48)
     ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
     ap.add_argument("--baseline", default="")
+    ap.add_argument("--daemons", type=int, default=1,
+                    help="refitd daemons on GPUs 1..N fed by one trainer (N > 1 implies --fanout)")
+    ap.add_argument("--modes", nargs="*", default=["p2p"], choices=["p2p", "fanout"],
+                    help="p2p: TrainerClient to one daemon; fanout: FanoutClient (NCCL broadcast)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -125,24 +156,29 @@ def main():
         print(json.dumps(base), file=sys.stderr, flush=True)
         save()
     for w in a.workloads:
-        if w == "llama8b":
-            r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp)
-            if "llama8b_torch_bcast_fp8_refit_s" in base:
-                r["baseline_torch_bcast_fp8_ms"] = base["llama8b_torch_bcast_fp8_refit_s"] * 1e3
-                r["ratio_baseline_over_refit"] = r["baseline_torch_bcast_fp8_ms"] / r["wall_ms"]
-        elif w == "moe":
-            r = run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"), a.refits,
-                             a.bucket_bytes, tmp)
-        else:
-            raise SystemExit(f"unknown workload {w}")
-        out["results"].append(r)
-        print(json.dumps(r), file=sys.stderr, flush=True)
-        save()
+        for mode in a.modes:
+            fanout = mode == "fanout"
+            if mode == "p2p" and a.daemons > 1:
+                continue
+            if w == "llama8b":
+                r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp, a.daemons, fanout)
+                if "llama8b_torch_bcast_fp8_refit_s" in base and a.daemons == 1:
+                    r["baseline_torch_bcast_fp8_ms"] = base["llama8b_torch_bcast_fp8_refit_s"] * 1e3
+                    r["ratio_baseline_over_refit"] = r["baseline_torch_bcast_fp8_ms"] / r["wall_ms"]
+            elif w == "moe":
+                r = run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"), a.refits,
+                                 a.bucket_bytes, tmp, a.daemons, fanout)
+            else:
+                raise SystemExit(f"unknown workload {w}")
+            out["results"].append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            save()
     save()
     print(json.dumps(out, indent=1))
     for r in out["results"]:
         print(f"{r['workload']}: {r['bytes_in']/1e9:.2f} GB in, {r['tensors']} tensors, {r['buckets']} buckets: "
-              f"refit {r['wall_ms']:.1f} ms ({r['gbps']:.1f} GB/s); raw NCCL {r['nccl_sendrecv']['ms']:.1f} ms "
+              f"refit {r['wall_ms']:.1f} ms ({r['gbps']:.1f} GB/s per daemon); raw NCCL {r['nccl_raw']['mode']} "
+              f"{r['nccl_raw']['ms']:.1f} ms "
               f"-> ratio {r['ratio_nccl_over_refit']:.3f}"
               + (f"; torch bcast+quantize {r['baseline_torch_bcast_fp8_ms']:.1f} ms -> "
                  f"{r['ratio_baseline_over_refit']:.2f}x" if "ratio_baseline_over_refit" in r else ""),

@@ -2,7 +2,7 @@
 // of N refits (fresh weights every time), commits, and checks the engine's bytes (read back
 // through refitd) against the offline conversion of the same weights. One JSON line per refit.
 //
-//   example_trainer [--address unix:/tmp/refitd.sock] [--refits N] [--seed S] [--spec FILE]
+//   example_trainer [--address unix:/tmp/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
 //                   [--ranks N --rank R --session-file F] [shape flags]
@@ -19,6 +19,9 @@
 // that GPU); push_commit_ms in each line is the trainer's time from Begin to the commit reply.
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
+// Several --address flags (or --fanout with one) feed every daemon at once through one
+// FanoutClient (one NCCL broadcast per bucket on the NCCL data plane); every daemon's engine is
+// checked.
 // --ranks N --rank R: N processes push one refit together, as pipeline/expert/tensor-parallel
 // ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
 // join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
@@ -177,7 +180,8 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
 
 int main(int argc, char** argv) {
   std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none", checkpoint, expected_dir;
-  std::vector<std::string> only, drop;
+  std::vector<std::string> only, drop, addresses;
+  bool fanout = false;
   int refits = 3;
   int gpu = -1;  // --gpu: weights on this GPU
   int slices = 1;  // --slices: push matrices in this many slices
@@ -192,6 +196,9 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
       address = argv[++i];
+      addresses.push_back(address);
+    } else if (a == "--fanout") {
+      fanout = true;
     } else if (a == "--refits" && i + 1 < argc) {
       refits = std::atoi(argv[++i]);
     } else if (a == "--seed" && i + 1 < argc) {
@@ -264,9 +271,26 @@ int main(int argc, char** argv) {
     return Fail("--gpu needs a build with CUDA");
 #endif
   }
-  absl::StatusOr<std::unique_ptr<client::TrainerClient>> client = client::TrainerClient::Connect(address);
-  if (!client.ok()) return Fail(client.status().message());
-  absl::StatusOr<client::DaemonStatus> status = (*client)->Status();
+  if (addresses.empty()) addresses.push_back(address);
+  fanout = fanout || addresses.size() > 1;
+  if (fanout && ranks > 1) return Fail("--ranks does not combine with several --address flags");
+  // The daemons' clients: one TrainerClient, or a FanoutClient holding one per daemon.
+  std::unique_ptr<client::TrainerClient> single;
+  std::unique_ptr<client::FanoutClient> fan;
+  std::vector<client::TrainerClient*> daemons;
+  if (fanout) {
+    absl::StatusOr<std::unique_ptr<client::FanoutClient>> c = client::FanoutClient::Connect(addresses);
+    if (!c.ok()) return Fail(c.status().message());
+    fan = std::move(*c);
+    for (size_t d = 0; d < fan->size(); ++d) daemons.push_back(&fan->daemon(d));
+  } else {
+    absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(address);
+    if (!c.ok()) return Fail(c.status().message());
+    single = std::move(*c);
+    daemons.push_back(single.get());
+  }
+  client::TrainerClient* const control = daemons.front();
+  absl::StatusOr<client::DaemonStatus> status = control->Status();
   if (!status.ok()) return Fail(status.status().message());
 
   int unexpected = 0;
@@ -372,7 +396,7 @@ int main(int argc, char** argv) {
     // ranks join it, push their share and detach, each then touching <session-file>.done.<rank>.
     absl::StatusOr<std::unique_ptr<client::RefitSession>> session = absl::UnknownError("not begun");
     if (rank == 0) {
-      session = (*client)->Begin(manifest);
+      session = fanout ? fan->Begin(manifest) : control->Begin(manifest);
       if (session.ok() && ranks > 1) {
         std::string tmp = session_file + ".tmp";
         std::FILE* f = std::fopen(tmp.c_str(), "w");
@@ -391,7 +415,7 @@ int main(int argc, char** argv) {
         if (id == 0) usleep(10000);
       }
       if (id == 0) return Fail(absl::StrCat("no session id in ", session_file));
-      session = (*client)->Join(id);
+      session = control->Join(id);
     }
     if (!session.ok()) return Fail(session.status().message());
     if (fault == "silent") {
@@ -484,7 +508,7 @@ int main(int argc, char** argv) {
           usleep(10000);
           if (tries % 10 != 9) continue;
           // Stop waiting once the session ended (e.g. a joined rank died): the commit then says why.
-          absl::StatusOr<client::DaemonStatus> now = (*client)->Status();
+          absl::StatusOr<client::DaemonStatus> now = control->Status();
           if (now.ok() && now->active_session != (*session)->id()) break;
         }
       }
@@ -508,17 +532,41 @@ int main(int argc, char** argv) {
       continue;
     }
     if (!verify) {
-      std::printf("%s\n", Json(*report, refit, false, "not verified", push_commit_ms).c_str());
+      std::string line = Json(*report, refit, false, "not verified", push_commit_ms);
+      if (daemons.size() > 1) {
+        // No offline conversion to compare with; every engine must at least hold the same bytes.
+        bool equal = true;
+        std::vector<client::ParamChecksum> first;
+        for (client::TrainerClient* d : daemons) {
+          absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> sums = d->Checksums();
+          if (!sums.ok()) return Fail(sums.status().message());
+          if (d == control) {
+            first = sums->second;
+            continue;
+          }
+          equal = equal && sums->second.size() == first.size();
+          for (size_t k = 0; equal && k < first.size(); ++k) {
+            equal = sums->second[k].name == first[k].name && sums->second[k].checksum == first[k].checksum;
+          }
+        }
+        line.insert(line.size() - 1, absl::StrCat(",\"daemons\":", daemons.size(), ",\"engines_equal\":",
+                                                  equal ? "true" : "false"));
+        if (!equal) ++unexpected;
+      }
+      std::printf("%s\n", line.c_str());
       std::fflush(stdout);
       continue;
     }
-    // Read the engine's bytes back through refitd and compare with the offline conversion.
-    absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> sums = (*client)->Checksums();
-    if (!sums.ok()) return Fail(sums.status().message());
-    bool match = sums->first == report->version && sums->second.size() == expected.size();
-    for (const client::ParamChecksum& p : sums->second) {
-      auto it = expected.find(p.name);
-      if (it == expected.end() || it->second != p.checksum) match = false;
+    // Read every engine's bytes back through its refitd and compare with the offline conversion.
+    bool match = true;
+    for (client::TrainerClient* d : daemons) {
+      absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> sums = d->Checksums();
+      if (!sums.ok()) return Fail(sums.status().message());
+      match = match && sums->second.size() == expected.size() && (d != control || sums->first == report->version);
+      for (const client::ParamChecksum& p : sums->second) {
+        auto it = expected.find(p.name);
+        if (it == expected.end() || it->second != p.checksum) match = false;
+      }
     }
     std::printf("%s\n", Json(*report, refit, match, "", push_commit_ms).c_str());
     std::fflush(stdout);

@@ -134,6 +134,12 @@ absl::Status Communicator::Recv(void* buf, uint64_t bytes, int peer, cudaStream_
   return AfterEnqueue(ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
 }
 
+absl::Status Communicator::Broadcast(void* buf, uint64_t bytes, int root, cudaStream_t stream) {
+  if (comm_ == nullptr) return absl::UnavailableError("NCCL communicator was aborted");
+  cudaSetDevice(device_);
+  return AfterEnqueue(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream), "ncclBroadcast");
+}
+
 absl::Status Communicator::Wait(cudaStream_t stream, absl::Time deadline, const Interrupt& interrupt) {
   if (comm_ == nullptr) return absl::UnavailableError("NCCL communicator was aborted");
   cudaSetDevice(device_);

@@ -41,6 +41,15 @@ struct Frame {
 };
 static_assert(sizeof(Frame) == 32);
 
+// The frame of a fan-out group (one trainer rank broadcasting to several receivers): every
+// receiver gets the same bytes and takes its own tag, tags[rank] (rank 0 is the sender).
+inline constexpr int kMaxGroupRanks = 32;
+struct GroupFrame {
+  Frame frame;
+  uint64_t tags[kMaxGroupRanks] = {};
+};
+static_assert(sizeof(GroupFrame) == 32 + 8 * kMaxGroupRanks);
+
 class Stream {
  public:
   static absl::StatusOr<std::unique_ptr<Stream>> Create(int device);
@@ -88,6 +97,8 @@ class Communicator {
   // Enqueue on `stream` (waiting only while NCCL reports the enqueue in progress).
   absl::Status Send(const void* buf, uint64_t bytes, int peer, cudaStream_t stream);
   absl::Status Recv(void* buf, uint64_t bytes, int peer, cudaStream_t stream);
+  // In-place broadcast of buf[0, bytes) from `root` to every rank (a fan-out group).
+  absl::Status Broadcast(void* buf, uint64_t bytes, int root, cudaStream_t stream);
   // Polls until everything on `stream` completed. When it fails (NCCL error, interrupt,
   // deadline) the communicator is aborted and the stream drained before returning.
   absl::Status Wait(cudaStream_t stream, absl::Time deadline, const Interrupt& interrupt);

@@ -41,6 +41,15 @@ struct NcclReceiver::Peer {
   uint64_t active_in = UINT64_MAX;  // generation_ of its last delivery (guarded by the receiver's mu_)
   std::atomic<bool> finished{false};
   std::thread thread;
+  // A point-to-point sender is rank 1 of a two-rank communicator (this receiver rank 0); a fan-out
+  // group's sender is rank 0 and broadcasts to every receiver of the group (this one `rank`).
+  int nranks = 2;
+  int rank = 0;
+  bool group() const { return rank != 0; }
+  // Enqueues the receipt of the sender's next `bytes` into buf.
+  absl::Status ReceiveBytes(void* buf, uint64_t bytes) {
+    return group() ? comm->Broadcast(buf, bytes, 0, stream->get()) : comm->Recv(buf, bytes, 1, stream->get());
+  }
 };
 
 absl::StatusOr<std::unique_ptr<NcclReceiver>> NcclReceiver::Listen(const NcclOptions& options) {
@@ -134,15 +143,30 @@ void NcclReceiver::ServePeer(Peer& peer) {
   cudaSetDevice(options_.device);
   nccl::Hello hello;
   if (!nccl::ReadAll(peer.fd, &hello, sizeof(hello), absl::Now() + absl::Seconds(10)).ok() ||
-      hello.magic != nccl::Hello::kMagic || hello.name_bytes > 1024) {
+      (hello.magic != nccl::Hello::kMagic && hello.magic != nccl::Hello::kGroupMagic) || hello.name_bytes > 1024) {
     return;  // not a sender of ours
   }
   std::string name(hello.name_bytes, '\0');
   if (!nccl::ReadAll(peer.fd, name.data(), name.size(), absl::Now() + absl::Seconds(10)).ok()) return;
   peer.name = absl::StrCat(name, " at ", endpoint_);
   ncclUniqueId id;
-  if (!nccl::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId").ok()) return;
-  if (!nccl::WriteAll(peer.fd, &id, sizeof(id)).ok()) return;
+  if (hello.magic == nccl::Hello::kGroupMagic) {
+    // A fan-out group: the sender made the unique id and is rank 0; this receiver is one of the
+    // group's other ranks and receives every message by broadcast.
+    nccl::GroupJoin join;
+    if (!nccl::ReadAll(peer.fd, &join, sizeof(join), absl::Now() + absl::Seconds(10)).ok() || join.nranks < 2 ||
+        join.nranks > nccl::kMaxGroupRanks || join.rank < 1 || join.rank >= join.nranks) {
+      return;
+    }
+    static_assert(sizeof(id) == sizeof(join.unique_id));
+    std::memcpy(&id, join.unique_id, sizeof(id));
+    peer.nranks = join.nranks;
+    peer.rank = join.rank;
+    peer.name = absl::StrCat(peer.name, " (fan-out rank ", join.rank, " of ", join.nranks, ")");
+  } else {
+    if (!nccl::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId").ok()) return;
+    if (!nccl::WriteAll(peer.fd, &id, sizeof(id)).ok()) return;
+  }
   peer.interrupt = [this, &peer]() -> absl::Status {
     if (stopping_) return absl::CancelledError("NCCL receiver shutting down");
     if (peer.abort_requested) {
@@ -150,23 +174,26 @@ void NcclReceiver::ServePeer(Peer& peer) {
     }
     return CheckIdle(peer.fd, peer.name);
   };
-  absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      Communicator::Init(options_.device, id, 2, 0, absl::Now() + options_.connect_timeout, peer.interrupt);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Init(
+      options_.device, id, peer.nranks, peer.rank, absl::Now() + options_.connect_timeout, peer.interrupt);
   if (!comm.ok()) return;
   peer.comm = std::move(*comm);
   absl::StatusOr<std::unique_ptr<nccl::Stream>> stream = nccl::Stream::Create(options_.device);
   if (!stream.ok()) return;
   peer.stream = std::move(*stream);
-  absl::StatusOr<void*> frame_dev = peer.frame.Reserve(sizeof(Frame), peer.stream->get());
+  const uint64_t frame_bytes = peer.group() ? sizeof(nccl::GroupFrame) : sizeof(Frame);
+  absl::StatusOr<void*> frame_dev = peer.frame.Reserve(frame_bytes, peer.stream->get());
   if (!frame_dev.ok()) return;
   peer.ready = true;
   while (true) {
     absl::Status st = nccl::AwaitDoorbell(peer.fd, peer.name, [this] { return stopping_.load(); });
-    if (st.ok()) st = peer.comm->Recv(*frame_dev, sizeof(Frame), 1, peer.stream->get());
+    if (st.ok()) st = peer.ReceiveBytes(*frame_dev, frame_bytes);
     if (st.ok()) st = peer.comm->Wait(peer.stream->get(), absl::InfiniteFuture(), peer.interrupt);
-    Frame f;
-    if (st.ok()) st = CudaStatus(cudaMemcpy(&f, *frame_dev, sizeof(f), cudaMemcpyDeviceToHost), "frame copy");
+    nccl::GroupFrame g;
+    Frame& f = g.frame;
+    if (st.ok()) st = CudaStatus(cudaMemcpy(&g, *frame_dev, frame_bytes, cudaMemcpyDeviceToHost), "frame copy");
     if (st.ok() && f.magic != Frame::kMagic) st = absl::DataLossError("malformed frame header");
+    if (peer.group()) f.tag = g.tags[peer.rank];
     if (!st.ok()) {
       if (stopping_) return;
       std::string msg(st.message());
@@ -245,7 +272,7 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
   if (bytes > 0) {
     absl::StatusOr<void*> buf = direct ? absl::StatusOr<void*>(post->dst) : peer.bounce.Reserve(bytes, peer.stream->get());
     st = buf.status();
-    if (st.ok()) st = peer.comm->Recv(*buf, bytes, 1, peer.stream->get());
+    if (st.ok()) st = peer.ReceiveBytes(*buf, bytes);
     if (st.ok()) st = peer.comm->Wait(peer.stream->get(), absl::InfiniteFuture(), peer.interrupt);
     if (st.ok() && held != nullptr) {
       host.resize(bytes);

@@ -139,3 +139,25 @@ def test_stalled_trainer_is_aborted_at_the_session_deadline(node_factory):
         stalled.wait()
     p, lines = node.trainer("--refits", "1", "--seed", "9")
     assert p.returncode == 0 and lines[0]["outcome"] == "committed", p.stdout + p.stderr + node.log.read_text()[-3000:]
+
+
+def test_fanout_broadcast_refits_match_offline_conversion(node_factory):
+    """The fan-out path (FanoutClient, one NCCL broadcast per bucket) with the one daemon two GPUs
+    allow (the daemons of a fan-out need a GPU each, none shared with the trainer); a
+    point-to-point refit into the same daemon afterwards still lands (both kinds of peer on one
+    receiver), and a fan-out trainer killed mid-refit is aborted with the engine unchanged."""
+    node = node_factory(deadline_ms=20000)
+    p, lines = node.trainer("--fanout", "--refits", "3", "--seed", "11")
+    assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+    assert [l["outcome"] for l in lines] == ["committed"] * 3
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    p, lines = node.trainer("--refits", "1", "--seed", "12")
+    assert p.returncode == 0 and lines[0]["engine_matches_expected"], p.stdout + p.stderr
+    started = time.monotonic()
+    p, _ = node.trainer("--fanout", "--refits", "1", "--seed", "13", "--fault", "die-mid-bucket")
+    assert p.returncode == 9, p.stderr
+    wait_for(lambda: node.log.read_text().count("outcome=aborted") >= 1, timeout=20, what="abort after fan-out death")
+    assert node.engine_matches(12)["ok"]
+    p, lines = node.trainer("--fanout", "--refits", "1", "--seed", "14")
+    assert p.returncode == 0 and lines[0]["engine_matches_expected"], p.stdout + p.stderr + node.log.read_text()[-3000:]
+    print(json.dumps({"fanout_abort_after_kill_s": time.monotonic() - started}))
