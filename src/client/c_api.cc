@@ -444,10 +444,11 @@ int refit_session_push(refit_session* session, const refit_tensor* tensor) {
     if (t.name == nullptr) return absl::InvalidArgumentError("tensor.name is NULL");
     const std::string owner = Owner("tensor", t.name);
     if (t.memory == REFIT_MEMORY_CUDA) {
-      return absl::UnimplementedError(absl::StrCat(owner, " is in CUDA memory (device ", t.device,
-                                                   "); this client sends host memory only"));
+      if (absl::Status st = refit::client::RefitSession::CheckDeviceMemory(t.data); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat(owner, " is marked CUDA memory (device ", t.device, "): ", st.message()));
+      }
     }
-    if (t.memory != REFIT_MEMORY_HOST) {
+    if (t.memory != REFIT_MEMORY_HOST && t.memory != REFIT_MEMORY_CUDA) {
       return absl::InvalidArgumentError(absl::StrCat(owner, ": unknown memory kind ", t.memory));
     }
     absl::StatusOr<DType> dtype = ParseDTypeField(t.dtype, owner);

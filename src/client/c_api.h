@@ -58,7 +58,10 @@ extern "C" {
 
 /* Where a tensor's bytes live. */
 #define REFIT_MEMORY_HOST 0
-#define REFIT_MEMORY_CUDA 1 /* reserved for the GPU path: refused with REFIT_UNIMPLEMENTED here */
+#define REFIT_MEMORY_CUDA 1 /* CUDA device memory (refused with REFIT_UNIMPLEMENTED by a build without
+                              CUDA). On the NCCL data plane it is read asynchronously until the
+                              bucket holding it is sent (the next flush/commit or an overflowing
+                              push): keep it unchanged until then; on UCX it is copied at once. */
 
 /* How an engine parameter's storage is shared with refitd. */
 #define REFIT_STORAGE_SHM 0      /* POSIX shm object `shm_name`, at `offset` */

@@ -479,10 +479,40 @@ absl::Status RefitSession::Push(const TensorRef& t) {
 #endif
   } else {
     impl_->bucket.resize(offset + *nbytes);
+#if REFIT_HAVE_NCCL
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, t.data) == cudaSuccess && attr.type == cudaMemoryTypeDevice) {
+      // A device tensor into a host bucket (UCX data plane).
+      cudaError_t e = cudaMemcpy(impl_->bucket.data() + offset, t.data, *nbytes, cudaMemcpyDeviceToHost);
+      if (e != cudaSuccess) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", t.name, "': copy from device memory failed: ", cudaGetErrorString(e)));
+      }
+      impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
+      return absl::OkStatus();
+    }
+    cudaGetLastError();  // host memory: clear the query's error state
+#endif
     std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
   }
   impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
   return absl::OkStatus();
+}
+
+absl::Status RefitSession::CheckDeviceMemory(const void* p) {
+#if REFIT_HAVE_NCCL
+  cudaPointerAttributes attr{};
+  cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", cudaGetErrorString(e), ")"));
+  }
+  if (attr.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("not CUDA device memory");
+  return absl::OkStatus();
+#else
+  (void)p;
+  return absl::UnimplementedError("this client was built without CUDA and sends host memory only");
+#endif
 }
 
 absl::Status RefitSession::Flush() {

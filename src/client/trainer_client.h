@@ -125,6 +125,10 @@ class RefitSession {
   // Appends a tensor to the current bucket, sending the bucket first when it would overflow.
   // The bytes are copied: `t.data` may be reused when Push returns.
   absl::Status Push(const TensorRef& t);
+  // OK when Push can take `p` as device memory (a build with CUDA, and `p` is CUDA device memory:
+  // NCCL buckets pack it on the GPU, host buckets copy it to the host); Unimplemented without
+  // CUDA, InvalidArgument when `p` is not device memory.
+  static absl::Status CheckDeviceMemory(const void* p);
   // Sends the current bucket, if any.
   absl::Status Flush();
   // Flushes, then asks refitd to validate and swap. Refused refits return FailedPrecondition
