@@ -23,7 +23,7 @@ absl::Status DeviceArena::Grow(size_t slots) {
   const uint64_t words = AlignUp(capacity * sizeof(unsigned long long));
   const uint64_t amax = AlignUp(capacity * sizeof(float));
   // Each run's table starts on a kAlign boundary: one run per slot at most.
-  const uint64_t tables = capacity * (AlignUp(per_slot_table_) + kAlign);
+  const uint64_t tables = capacity * (per_slot_table_ + kAlign);
   absl::StatusOr<std::shared_ptr<uint8_t>> device = device_.Allocate(words + amax + tables);
   if (!device.ok()) return device.status();
   absl::StatusOr<std::shared_ptr<uint8_t>> host = pinned_.Allocate(words + tables);
