@@ -33,6 +33,21 @@ constexpr uint64_t kCopyChunkBytes = 16 * 1024;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The last of table[0..hi] whose tiles start at or before tile g (table[0] starts at 0). Every
+// thread of the CTA reads the same descriptors, so the loads are broadcasts.
+__device__ __forceinline__ int FindNvfp4(const Nvfp4Desc* __restrict__ table, int hi, int64_t g) {
+  int lo = 0;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table[mid].first_tile <= g) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // One CTA per amax tile: max|x| over kBatchAmaxUnroll chunks per thread, one atomicMax of the
 // fp32 bits per warp into the tile's tensor's amax (NaN dominates, as in AmaxKernel).
 template <launch::Input kIn>
@@ -77,8 +92,7 @@ __global__ void __launch_bounds__(kFlatThreads) BatchNvfp4Kernel(const Nvfp4Desc
   constexpr int kC = Elems<kIn>::kCount;
   int64_t i = blockIdx.x;
   if (i >= n_tiles) return;
-  int t = count - 1;
-  while (table[t].first_tile > n_tiles - 1 - i) --t;
+  int t = FindNvfp4(table, count - 1, n_tiles - 1 - i);
   launch::Nvfp4Item it = table[t].item;
   int64_t base = table[t].first_tile;
   Nvfp4Op<kTe> op{it.amax, 0.0f, it.q, it.scales, it.scale_2, it.first_bad};
@@ -91,7 +105,7 @@ __global__ void __launch_bounds__(kFlatThreads) BatchNvfp4Kernel(const Nvfp4Desc
     int t_next = t;
     if (i_next < n_tiles) {
       const int64_t g_next = n_tiles - 1 - i_next;
-      while (table[t_next].first_tile > g_next) --t_next;  // table[0].first_tile == 0 stops it
+      if (base > g_next) t_next = FindNvfp4(table, t - 1, g_next);  // the walk only goes down
       LoadTile<kIn, true>(table[t_next].item.in, table[t_next].item.n, table[t_next].item.n / kC,
                           g_next - table[t_next].first_tile, nxt);
     }
