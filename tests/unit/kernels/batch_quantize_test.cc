@@ -78,7 +78,8 @@ class Batch {
     }
     PinnedBuffer host_table(Nvfp4BatchTableBytes(n));
     DeviceBuffer device_table(Nvfp4BatchTableBytes(n));
-    auto st = QuantizeNvfp4Batch(Nvfp4KindOf(f_, dtype_, options_), items, host_table.get(), device_table.get(), nullptr);
+    auto st = QuantizeNvfp4Batch(Nvfp4KindOf(f_, dtype_, options_), items, host_table.get(), device_table.get(),
+                                 nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
