@@ -89,9 +89,8 @@ absl::StatusOr<std::vector<uint64_t>> OutputBytes(Format f, DType input, const S
   return absl::InvalidArgumentError("unknown format");
 }
 
-absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::QuantizeOptions& options,
-                      const GlobalAmax& amax, std::span<const formats::MutableBytes> outs,
-                      std::string_view tensor_name, const NonfiniteProbe* probe, void* stream) {
+absl::Status CheckQuantizeArgs(Format f, const formats::ConstTensor& in, std::span<const formats::MutableBytes> outs,
+                               std::string_view tensor_name) {
   auto bytes = OutputBytes(f, in.dtype, in.shape);
   if (!bytes.ok()) {
     return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": ", bytes.status().message()));
@@ -121,13 +120,31 @@ absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::Q
       return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": output ", i, " is not ", align, "-byte aligned"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Quantize(Format f, const formats::ConstTensor& in, const formats::QuantizeOptions& options,
+                      const GlobalAmax& amax, std::span<const formats::MutableBytes> outs,
+                      std::string_view tensor_name, const NonfiniteProbe* probe, void* stream) {
+  if (auto st = CheckQuantizeArgs(f, in, outs, tensor_name); !st.ok()) return st;
+  if (options.nonfinite == formats::NonfinitePolicy::kReject && probe == nullptr) {
+    return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": nonfinite=reject needs a NonfiniteProbe"));
+  }
+  return QuantizeRecording(f, in, options, amax, outs, tensor_name, probe != nullptr ? probe->device_word() : nullptr,
+                           stream);
+}
+
+absl::Status QuantizeRecording(Format f, const formats::ConstTensor& in, const formats::QuantizeOptions& options,
+                               const GlobalAmax& amax, std::span<const formats::MutableBytes> outs,
+                               std::string_view tensor_name, unsigned long long* first_bad, void* stream) {
+  if (auto st = CheckQuantizeArgs(f, in, outs, tensor_name); !st.ok()) return st;
   unsigned long long* bad = nullptr;
   if (options.nonfinite == formats::NonfinitePolicy::kReject) {
-    if (probe == nullptr) {
+    if (first_bad == nullptr) {
       return absl::InvalidArgumentError(
-          Msg("tensor ", tensor_name, ": nonfinite=reject needs a NonfiniteProbe"));
+          Msg("tensor ", tensor_name, ": nonfinite=reject needs a device word to record non-finite input"));
     }
-    bad = probe->device_word();
+    bad = first_bad;
   }
   auto view = MakeView(in, options, tensor_name);
   if (!view.ok()) return view.status();

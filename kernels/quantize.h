@@ -62,6 +62,20 @@ absl::Status Quantize(formats::Format f, const formats::ConstTensor& in,
                       std::span<const formats::MutableBytes> outs, std::string_view tensor_name,
                       const NonfiniteProbe* probe, void* stream);
 
+// As Quantize, recording non-finite input in `first_bad` instead of a NonfiniteProbe: a device
+// word the caller set to ~0ULL, which the kernels lower to the first bad flat index. Lets one
+// array of words, read back with one copy, serve every tensor of a bucket. `first_bad` may be
+// nullptr only under kPropagate.
+absl::Status QuantizeRecording(formats::Format f, const formats::ConstTensor& in,
+                               const formats::QuantizeOptions& options, const GlobalAmax& amax,
+                               std::span<const formats::MutableBytes> outs, std::string_view tensor_name,
+                               unsigned long long* first_bad, void* stream);
+
+// The argument checks Quantize makes before enqueuing anything: input dtype and shape for the
+// format, output count, exact sizes, non-null pointers, alignment. Errors name `tensor_name`.
+absl::Status CheckQuantizeArgs(formats::Format f, const formats::ConstTensor& in,
+                               std::span<const formats::MutableBytes> outs, std::string_view tensor_name);
+
 // The per-format output byte sizes Quantize expects (the same as formats::PlanOutputs' bytes).
 absl::StatusOr<std::vector<uint64_t>> OutputBytes(formats::Format f, DType input, const Shape& shape);
 

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/batch_quantize.h"
 #include "kernels/quantize.h"
+#include "refit/gpu/device_arena.h"
 #include "storage/memory.h"
 
 namespace refit {
@@ -17,16 +20,22 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+using Failures = std::vector<std::pair<std::string, absl::Status>>;
+
 class GpuConverter final : public Converter {
  public:
-  static absl::StatusOr<std::unique_ptr<Converter>> Create(int device) {
-    auto c = std::unique_ptr<GpuConverter>(new GpuConverter(device));
+  static absl::StatusOr<std::unique_ptr<Converter>> Create(int device, const GpuConverterOptions& options) {
+    auto c = std::unique_ptr<GpuConverter>(new GpuConverter(device, options));
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking);
     if (e != cudaSuccess) return CudaError(e, absl::StrCat("GPU converter on device ", device));
     absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(device);
     if (!memory.ok()) return memory.status();
     c->memory_ = std::move(*memory);
+    c->pinned_ = storage::NewPinnedHostMemory();
+    c->arena_ = std::make_unique<DeviceArena>(
+        *c->memory_, *c->pinned_, std::max(kernels::Nvfp4BatchTableBytes(1), kernels::CopyBatchTableBytes(1)));
+    if (absl::Status st = c->arena_->Grow(std::max<size_t>(options.initial_slots, 1)); !st.ok()) return st;
     return std::unique_ptr<Converter>(std::move(c));
   }
 
@@ -42,13 +51,7 @@ class GpuConverter final : public Converter {
   absl::Status Convert(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                        std::span<const formats::MutableBytes> outs, const formats::QuantizeOptions& options) override {
     cudaSetDevice(device_);
-    if (plan.kind == ConvertKind::kCopy) {
-      cudaError_t e = cudaMemcpyAsync(outs[0].data, src, desc.nbytes,
-                                      src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice
-                                                                             : cudaMemcpyDeviceToDevice,
-                                      stream_);
-      return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("staging '", desc.name, "'"));
-    }
+    if (plan.kind == ConvertKind::kCopy) return Copy(desc, src, src_kind, outs);
     const uint8_t* input = src;
     if (src_kind == storage::MemoryKind::kHost) {
       // Pinned slot → device scratch; the scratch region of each tensor in a bucket is distinct,
@@ -59,50 +62,169 @@ class GpuConverter final : public Converter {
       if (e != cudaSuccess) return CudaError(e, absl::StrCat("copying '", desc.name, "' to the GPU"));
       input = *scratch;
     }
-    const kernels::NonfiniteProbe* probe = nullptr;
-    if (options.nonfinite == formats::NonfinitePolicy::kReject) {
-      absl::StatusOr<kernels::NonfiniteProbe*> p = NextProbe();
-      if (!p.ok()) return p.status();
-      probe = *p;
-      pending_.push_back({desc.name, *p});
-    }
+    absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
+    if (!slot.ok()) return slot.status();
+    const bool reject = options.nonfinite == formats::NonfinitePolicy::kReject;
     const formats::ConstTensor in{desc.dtype, desc.shape, input};
     kernels::GlobalAmax amax;
     if (formats::NeedsGlobalAmax(plan.format)) {
-      // Two passes on the device: the tensor's amax, then the encode; no host round trip.
-      absl::StatusOr<float*> slot = NextAmax();
-      if (!slot.ok()) return slot.status();
-      absl::Status st = kernels::ResetAmax(*slot, stream_);
-      if (st.ok()) st = kernels::AccumulateAmax(in, options, *slot, stream_);
+      if (options_.batch) {
+        absl::StatusOr<std::optional<kernels::Nvfp4BatchItem>> item =
+            kernels::Nvfp4BatchItemFor(plan.format, in, options, outs, desc.name, slot->amax, slot->probe);
+        if (!item.ok()) return item.status();
+        if (item->has_value()) {
+          Count(&GpuConverterStats::tensors);
+          if (reject) pending_.push_back({desc.name, slot->index});
+          return AddNvfp4(kernels::Nvfp4KindOf(plan.format, desc.dtype, options), **item, desc.name);
+        }
+      }
+      // The single-tensor two-pass path: the tensor's amax into its slot, then the encode.
+      absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_);
       if (!st.ok()) return st;
-      amax.device = *slot;
+      amax.device = slot->amax;
     }
-    return kernels::Quantize(plan.format, in, options, amax, outs, desc.name, probe, stream_);
+    absl::Status st = kernels::QuantizeRecording(plan.format, in, options, amax, outs, desc.name,
+                                                 reject ? slot->probe : nullptr, stream_);
+    if (!st.ok()) return st;
+    Count(&GpuConverterStats::tensors);
+    if (reject) pending_.push_back({desc.name, slot->index});
+    return absl::OkStatus();
   }
 
-  std::vector<std::pair<std::string, absl::Status>> Sync() override {
-    std::vector<std::pair<std::string, absl::Status>> failed;
-    cudaError_t e = cudaStreamSynchronize(stream_);
-    if (e != cudaSuccess) failed.push_back({"(bucket)", CudaError(e, "GPU conversion")});
-    for (const Pending& p : pending_) {
-      absl::Status st = p.probe->Check(p.name, stream_);
-      if (!st.ok()) failed.push_back({p.name, st});
-    }
-    pending_.clear();
+  Failures Sync() override {
+    cudaSetDevice(device_);
+    Failures failed = Drain();
     retired_.clear();
-    probes_used_ = 0;
     scratch_used_ = 0;
-    amax_used_ = 0;
     return failed;
   }
 
  private:
-  explicit GpuConverter(int device) : device_(device) {}
-
   struct Pending {
     std::string name;
-    kernels::NonfiniteProbe* probe;
+    size_t slot;
   };
+  // Tensors gathered for one batched launch, with their names for errors.
+  struct Nvfp4Run {
+    kernels::Nvfp4BatchKind kind{};
+    std::vector<kernels::Nvfp4BatchItem> items;
+    std::vector<std::string> names;
+    uint64_t bytes = 0;
+  };
+  struct CopyRun {
+    std::vector<kernels::CopyBatchItem> items;
+    std::vector<std::string> names;
+    uint64_t bytes = 0;
+  };
+
+  GpuConverter(int device, const GpuConverterOptions& options) : device_(device), options_(options) {}
+
+  void Count(uint64_t GpuConverterStats::*field, uint64_t n = 1) {
+    if (options_.stats != nullptr) options_.stats->*field += n;
+  }
+
+  absl::Status Copy(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                    std::span<const formats::MutableBytes> outs) {
+    if (outs.size() != 1 || outs[0].bytes != desc.nbytes) {
+      return absl::InternalError(absl::StrCat("tensor '", desc.name, "': copy output does not fit"));
+    }
+    if (src_kind == storage::MemoryKind::kDevice && options_.batch && desc.nbytes > 0 &&
+        desc.nbytes <= options_.max_batched_copy_bytes) {
+      absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();  // holds the run's table room
+      if (!slot.ok()) return slot.status();
+      if (copies_.bytes + desc.nbytes > options_.max_copy_run_bytes) FlushCopies(failed_);
+      copies_.items.push_back({outs[0].data, src, desc.nbytes});
+      copies_.names.push_back(desc.name);
+      copies_.bytes += desc.nbytes;
+      Count(&GpuConverterStats::tensors);
+      if (copies_.items.size() >= options_.max_run_tensors) FlushCopies(failed_);
+      return absl::OkStatus();
+    }
+    cudaError_t e = cudaMemcpyAsync(outs[0].data, src, desc.nbytes,
+                                    src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice
+                                                                           : cudaMemcpyDeviceToDevice,
+                                    stream_);
+    if (e != cudaSuccess) return CudaError(e, absl::StrCat("staging '", desc.name, "'"));
+    Count(&GpuConverterStats::tensors);
+    return absl::OkStatus();
+  }
+
+  absl::Status AddNvfp4(const kernels::Nvfp4BatchKind& kind, const kernels::Nvfp4BatchItem& item,
+                        const std::string& name) {
+    const uint64_t bytes = static_cast<uint64_t>(item.elements) * DTypeSize(kind.dtype);
+    if (!nvfp4_.items.empty() && (!(nvfp4_.kind == kind) || nvfp4_.bytes + bytes > options_.max_nvfp4_run_bytes)) {
+      FlushNvfp4(failed_);
+    }
+    nvfp4_.kind = kind;
+    nvfp4_.items.push_back(item);
+    nvfp4_.names.push_back(name);
+    nvfp4_.bytes += bytes;
+    if (nvfp4_.items.size() >= options_.max_run_tensors) FlushNvfp4(failed_);
+    return absl::OkStatus();
+  }
+
+  // Launches the open runs; a run whose launch fails fails each of its tensors.
+  void FlushNvfp4(Failures& failed) {
+    if (nvfp4_.items.empty()) return;
+    absl::StatusOr<DeviceArena::Table> table = arena_->TakeTable(kernels::Nvfp4BatchTableBytes(nvfp4_.items.size()));
+    absl::Status st = table.status();
+    if (st.ok()) st = kernels::QuantizeNvfp4Batch(nvfp4_.kind, nvfp4_.items, table->host, table->device, stream_);
+    if (!st.ok()) {
+      for (const std::string& name : nvfp4_.names) failed.push_back({name, st});
+    }
+    Count(&GpuConverterStats::batched_nvfp4, nvfp4_.items.size());
+    Count(&GpuConverterStats::runs);
+    nvfp4_.items.clear();
+    nvfp4_.names.clear();
+    nvfp4_.bytes = 0;
+  }
+
+  void FlushCopies(Failures& failed) {
+    if (copies_.items.empty()) return;
+    absl::StatusOr<DeviceArena::Table> table = arena_->TakeTable(kernels::CopyBatchTableBytes(copies_.items.size()));
+    absl::Status st = table.status();
+    if (st.ok()) st = kernels::CopyBatch(copies_.items, table->host, table->device, stream_);
+    if (!st.ok()) {
+      for (const std::string& name : copies_.names) failed.push_back({name, st});
+    }
+    Count(&GpuConverterStats::batched_copies, copies_.items.size());
+    Count(&GpuConverterStats::runs);
+    copies_.items.clear();
+    copies_.names.clear();
+    copies_.bytes = 0;
+  }
+
+  // A slot for the next tensor; when the arena is full, drains the stream first and grows it.
+  absl::StatusOr<DeviceArena::Slot> TakeSlot() {
+    if (arena_->full()) {
+      Failures drained = Drain();
+      failed_.insert(failed_.end(), std::make_move_iterator(drained.begin()), std::make_move_iterator(drained.end()));
+      Count(&GpuConverterStats::drains);
+      if (absl::Status st = arena_->Grow(arena_->used() + 1); !st.ok()) return st;
+    }
+    return arena_->Take(stream_);
+  }
+
+  // Launches the open runs, waits for the stream, reads every probe word back with one copy, and
+  // frees the slots. Returns every failure recorded since the last Drain.
+  Failures Drain() {
+    FlushNvfp4(failed_);
+    FlushCopies(failed_);
+    Failures failed = std::move(failed_);
+    failed_.clear();
+    absl::Status st = arena_->Collect(stream_);
+    if (!st.ok()) failed.push_back({"(bucket)", st});
+    for (const Pending& p : pending_) {
+      const unsigned long long first = arena_->probe(p.slot);
+      if (st.ok() && first != ~0ULL) {
+        failed.push_back({p.name, absl::InvalidArgumentError(absl::StrCat(
+                                      "tensor ", p.name, ": non-finite value (NaN or Inf) at flat index ", first))});
+      }
+    }
+    pending_.clear();
+    arena_->Reset();
+    return failed;
+  }
 
   // Device scratch for host inputs, bump-allocated per bucket (reset at Sync). Grows by
   // reallocating only between buckets, never while a kernel may read it.
@@ -114,7 +236,6 @@ class GpuConverter final : public Converter {
         if (e != cudaSuccess) return CudaError(e, "GPU conversion");
       }
       uint64_t want = std::max<uint64_t>(offset + bytes, scratch_bytes_ * 2);
-      std::shared_ptr<uint8_t> fresh;
       absl::StatusOr<std::shared_ptr<uint8_t>> a = memory_->Allocate(want);
       if (!a.ok()) return a.status();
       retired_.push_back(std::move(scratch_));  // freed after the bucket's Sync
@@ -126,45 +247,26 @@ class GpuConverter final : public Converter {
     return scratch_.get() + offset;
   }
 
-  absl::StatusOr<float*> NextAmax() {
-    if (amax_used_ % kAmaxBlock == 0 && amax_used_ / kAmaxBlock == amax_blocks_.size()) {
-      absl::StatusOr<std::shared_ptr<uint8_t>> a = memory_->Allocate(kAmaxBlock * sizeof(float));
-      if (!a.ok()) return a.status();
-      amax_blocks_.push_back(std::move(*a));
-    }
-    float* base = reinterpret_cast<float*>(amax_blocks_[amax_used_ / kAmaxBlock].get());
-    return base + (amax_used_++ % kAmaxBlock);
-  }
-
-  absl::StatusOr<kernels::NonfiniteProbe*> NextProbe() {
-    if (probes_used_ == probes_.size()) {
-      absl::StatusOr<kernels::NonfiniteProbe> p = kernels::NonfiniteProbe::Create();
-      if (!p.ok()) return p.status();
-      probes_.push_back(std::make_unique<kernels::NonfiniteProbe>(std::move(*p)));
-    }
-    kernels::NonfiniteProbe* p = probes_[probes_used_++].get();
-    absl::Status st = p->Reset(stream_);
-    if (!st.ok()) return st;
-    return p;
-  }
-
   const int device_;
+  const GpuConverterOptions options_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<storage::Memory> memory_;
+  std::unique_ptr<storage::Memory> pinned_;
+  std::unique_ptr<DeviceArena> arena_;
   std::shared_ptr<uint8_t> scratch_;
   std::vector<std::shared_ptr<uint8_t>> retired_;
   uint64_t scratch_bytes_ = 0;
   uint64_t scratch_used_ = 0;
-  std::vector<std::unique_ptr<kernels::NonfiniteProbe>> probes_;
-  size_t probes_used_ = 0;
-  std::vector<Pending> pending_;
-  static constexpr size_t kAmaxBlock = 1024;
-  std::vector<std::shared_ptr<uint8_t>> amax_blocks_;  // device floats, one per NVFP4 tensor of a bucket
-  size_t amax_used_ = 0;
+  std::vector<Pending> pending_;  // tensors whose probe word is read at the next Drain
+  Nvfp4Run nvfp4_;
+  CopyRun copies_;
+  Failures failed_;  // failures found before the next Sync (failed launches, mid-bucket drains)
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Converter>> NewGpuConverter(int device) { return GpuConverter::Create(device); }
+absl::StatusOr<std::unique_ptr<Converter>> NewGpuConverter(int device, const GpuConverterOptions& options) {
+  return GpuConverter::Create(device, options);
+}
 
 }  // namespace refit

@@ -2,9 +2,15 @@
 // the CPU reference byte for byte. Host-resident inputs (UCX buckets in pinned slots) are first
 // copied to a device scratch buffer; device-resident inputs (NCCL slots) are read in place.
 // Built only with CUDA; this folder is the core's only CUDA adapter.
+//
+// Many small tensors (a MoE layer's experts) cost little each: NVFP4 tensors and small copies
+// are gathered into runs converted by one launch per kernel (kernels/batch_quantize.h), and the
+// non-finite checks of a whole bucket come back with one device-to-host copy at Sync.
 #ifndef REFIT_REFIT_GPU_GPU_CONVERTER_H_
 #define REFIT_REFIT_GPU_GPU_CONVERTER_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -12,8 +18,35 @@
 
 namespace refit {
 
+// What a GPU converter did since it was created (for tests and benchmarks).
+struct GpuConverterStats {
+  uint64_t tensors = 0;        // Convert calls that enqueued work
+  uint64_t batched_nvfp4 = 0;  // tensors converted in NVFP4 runs
+  uint64_t batched_copies = 0; // tensors copied in copy runs
+  uint64_t runs = 0;           // batched launches (each: one table upload + one or two kernels)
+  uint64_t drains = 0;         // mid-bucket synchronizations because the slots ran out
+};
+
+struct GpuConverterOptions {
+  // A run is launched when it reaches this many tensors...
+  size_t max_run_tensors = 256;
+  // ... or, for NVFP4, this many input bytes: the encode pass re-reads the run right after the
+  // amax pass, from L2 while the run is small enough.
+  uint64_t max_nvfp4_run_bytes = uint64_t{16} << 20;
+  // Copies up to this size go into copy runs; larger ones are one cudaMemcpyAsync each.
+  uint64_t max_batched_copy_bytes = uint64_t{4} << 20;
+  uint64_t max_copy_run_bytes = uint64_t{64} << 20;
+  // Tensor slots (probe word, amax float, table room) allocated up front; doubled when a bucket
+  // needs more (after draining the stream once).
+  size_t initial_slots = 1024;
+  // Batched runs on/off (off: every tensor takes the single-tensor path).
+  bool batch = true;
+  // When set, updated by the converter; must outlive it.
+  GpuConverterStats* stats = nullptr;
+};
+
 // A converter on CUDA device `device` with its own stream.
-absl::StatusOr<std::unique_ptr<Converter>> NewGpuConverter(int device);
+absl::StatusOr<std::unique_ptr<Converter>> NewGpuConverter(int device, const GpuConverterOptions& options = {});
 
 }  // namespace refit
 

@@ -1,4 +1,5 @@
-// Test helpers for GPU tests: skip when no CUDA device is present, and an owning device buffer.
+// Test helpers for GPU tests: skip when no CUDA device is present, owning device and pinned host
+// buffers.
 // Thread-compatible.
 #ifndef REFIT_TESTS_UNIT_KERNELS_DEVICE_TEST_UTIL_H_
 #define REFIT_TESTS_UNIT_KERNELS_DEVICE_TEST_UTIL_H_
@@ -54,6 +55,19 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_;
+};
+
+// Page-locked host memory (the descriptor tables of batched launches are copied from it).
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes) { EXPECT_EQ(cudaMallocHost(&ptr_, bytes == 0 ? 1 : bytes), cudaSuccess); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { cudaFreeHost(ptr_); }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
 };
 
 }  // namespace refit::kernels::testing

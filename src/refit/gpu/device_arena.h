@@ -1,0 +1,78 @@
+// Per-bucket device memory of the GPU converter, so that a bucket's tensors cost no allocation,
+// no memset and no read-back each: a fixed number of tensor slots, each with a non-finite probe
+// word (reset to ~0 once per bucket) and an amax float (reset to 0 once per bucket), plus room
+// for the descriptor tables of batched runs (pinned host buffer and device buffer at the same
+// offsets). At the end of a bucket all probe words come back with one device-to-host copy.
+//
+// Threading: used by one converter thread; every device operation is enqueued on the stream given
+// to it, and buffers are replaced only after that stream was synchronized.
+#ifndef REFIT_REFIT_GPU_DEVICE_ARENA_H_
+#define REFIT_REFIT_GPU_DEVICE_ARENA_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "storage/memory.h"
+
+namespace refit {
+
+class DeviceArena {
+ public:
+  struct Slot {
+    size_t index;
+    unsigned long long* probe;  // device word, ~0ULL until a kernel records a bad index
+    float* amax;                // device float, +0 until an amax pass raises it
+  };
+  struct Table {
+    void* host;    // pinned
+    void* device;  // 256-byte aligned
+  };
+
+  // `max_table_bytes_per_slot`: the largest descriptor a slot's tensor may add to a table.
+  // REQUIRES: both memories outlive this; `pinned` is page-locked host memory.
+  DeviceArena(storage::Memory& device, storage::Memory& pinned, uint64_t max_table_bytes_per_slot)
+      : device_(device), pinned_(pinned), per_slot_table_(max_table_bytes_per_slot) {}
+
+  bool full() const { return used_ == capacity_; }
+  size_t used() const { return used_; }
+
+  // Allocates buffers for at least `slots` slots (at least twice the current capacity).
+  // REQUIRES: no slot is taken (Reset was called) and no queued work uses the current buffers.
+  absl::Status Grow(size_t slots);
+
+  // The next slot. The first slot of a bucket enqueues the reset of every word on `stream`.
+  // REQUIRES: !full().
+  absl::StatusOr<Slot> Take(cudaStream_t stream);
+
+  // Room for a descriptor table of `bytes` (at most max_table_bytes_per_slot per tensor), for a
+  // run of tensors that each hold a slot: a bucket's tables then always fit.
+  absl::StatusOr<Table> TakeTable(uint64_t bytes);
+
+  // Copies the probe words of the taken slots to the host and synchronizes `stream`; then
+  // probe(index) reads them.
+  absl::Status Collect(cudaStream_t stream);
+  unsigned long long probe(size_t index) const { return host_words_[index]; }
+
+  // Forgets every slot and table. REQUIRES: `stream` passed all work using them (Collect).
+  void Reset();
+
+ private:
+  storage::Memory& device_;
+  storage::Memory& pinned_;
+  const uint64_t per_slot_table_;
+  std::shared_ptr<uint8_t> device_buf_;  // [probe words | amax floats | tables]
+  std::shared_ptr<uint8_t> host_buf_;    // [probe words | tables]
+  unsigned long long* host_words_ = nullptr;
+  size_t capacity_ = 0;
+  uint64_t amax_offset_ = 0, table_offset_ = 0, host_table_offset_ = 0, table_bytes_ = 0;
+  size_t used_ = 0;
+  uint64_t table_used_ = 0;
+};
+
+}  // namespace refit
+
+#endif  // REFIT_REFIT_GPU_DEVICE_ARENA_H_

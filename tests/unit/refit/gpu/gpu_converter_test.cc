@@ -1,0 +1,319 @@
+// The GPU converter on buckets shaped like a MoE refit: every output byte of every tensor equals
+// the CPU reference converter (formats::Quantize, memcpy), whether the tensor went through a
+// batched run or the single-tensor path; a NaN in the middle of a run fails exactly that tensor,
+// named, at its first bad flat index; the stats prove the batched paths ran.
+#include "refit/gpu/gpu_converter.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "formats/format.h"
+#include "refit/cpu_converter.h"
+#include "tests/unit/kernels/device_test_util.h"
+#include "tests/unit/kernels/test_values.h"
+
+namespace refit {
+namespace {
+
+using formats::Format;
+using kernels::testing::DeviceBuffer;
+using ::testing::HasSubstr;
+
+struct Spec {
+  std::string name;
+  Shape shape;
+  ConvertKind kind;
+  Format format = Format::kBf16;
+  std::vector<float> values;
+  DType dtype = DType::kBF16;
+};
+
+// One received bucket: the tensors packed 16-byte aligned in one buffer (device, as an NCCL ring
+// slot, or pinned host, as a UCX slot), device outputs per tensor, and the CPU reference outputs.
+class Bucket {
+ public:
+  Bucket(std::vector<Spec> specs, storage::MemoryKind kind, const formats::QuantizeOptions& options)
+      : specs_(std::move(specs)), kind_(kind), options_(options) {
+    uint64_t offset = 0;
+    for (Spec& s : specs_) {
+      TensorDesc d;
+      d.name = s.name;
+      d.dtype = s.dtype;
+      d.shape = s.shape;
+      d.offset = offset;
+      d.nbytes = *DenseBytes(s.dtype, s.shape);
+      offset = (offset + d.nbytes + 15) & ~uint64_t{15};
+      descs_.push_back(d);
+    }
+    host_.assign(offset + 16, 0);
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      std::vector<uint8_t> bytes = kernels::testing::Encode(specs_[i].values, specs_[i].dtype);
+      std::memcpy(host_.data() + descs_[i].offset, bytes.data(), bytes.size());
+    }
+    if (kind_ == storage::MemoryKind::kDevice) {
+      device_ = std::make_unique<DeviceBuffer>(host_.size());
+      device_->Upload(host_.data(), host_.size());
+    } else {
+      EXPECT_EQ(cudaMallocHost(&pinned_, host_.size()), cudaSuccess);
+      std::memcpy(pinned_, host_.data(), host_.size());
+    }
+  }
+  ~Bucket() {
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  }
+
+  // Converts every tensor, then Syncs; returns the failures.
+  std::vector<std::pair<std::string, absl::Status>> Convert(Converter& converter) {
+    const uint8_t* base = kind_ == storage::MemoryKind::kDevice ? static_cast<const uint8_t*>(device_->get())
+                                                                  : static_cast<const uint8_t*>(pinned_);
+    outs_.clear();
+    std::vector<std::vector<formats::MutableBytes>> outs(specs_.size());
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+      for (uint64_t b : OutputBytes(i)) {
+        bufs.push_back(std::make_unique<DeviceBuffer>(b));
+        outs[i].push_back({bufs.back()->get(), b});
+      }
+      outs_.push_back(std::move(bufs));
+    }
+    // The poison memsets ran on the legacy stream, which the converter's stream does not wait for.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      absl::Status st = converter.Convert(Plan(i), descs_[i], base + descs_[i].offset, kind_, outs[i], options_);
+      EXPECT_TRUE(st.ok()) << specs_[i].name << ": " << st;
+    }
+    return converter.Sync();
+  }
+
+  // Every output byte of tensor i against the CPU converter.
+  void ExpectMatchesCpu(size_t i) {
+    CpuConverter cpu;
+    std::vector<std::vector<uint8_t>> want;
+    std::vector<formats::MutableBytes> outs;
+    for (uint64_t b : OutputBytes(i)) want.emplace_back(b, 0x5A);
+    for (auto& w : want) outs.push_back({w.data(), w.size()});
+    absl::Status st = cpu.Convert(Plan(i), descs_[i], host_.data() + descs_[i].offset, storage::MemoryKind::kHost, outs,
+                                  options_);
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t p = 0; p < want.size(); ++p) {
+      std::vector<uint8_t> got = outs_[i][p]->Download(want[p].size());
+      size_t bad = 0, first = 0;
+      for (size_t b = 0; b < got.size(); ++b) {
+        if (got[b] != want[p][b] && bad++ == 0) first = b;
+      }
+      EXPECT_EQ(bad, 0u) << specs_[i].name << ShapeString(specs_[i].shape) << " output " << p << ": " << bad << " of "
+                         << got.size() << " bytes differ from the CPU reference, first at " << first;
+    }
+  }
+
+  size_t size() const { return specs_.size(); }
+
+ private:
+  TensorPlan Plan(size_t i) const {
+    TensorPlan plan;
+    plan.kind = specs_[i].kind;
+    plan.format = specs_[i].format;
+    plan.input_shape = specs_[i].shape;
+    return plan;
+  }
+  std::vector<uint64_t> OutputBytes(size_t i) const {
+    if (specs_[i].kind == ConvertKind::kCopy) return {descs_[i].nbytes};
+    std::vector<uint64_t> bytes;
+    absl::StatusOr<std::vector<formats::OutputSpec>> plan =
+        formats::PlanOutputs(specs_[i].format, specs_[i].dtype, specs_[i].shape);
+    EXPECT_TRUE(plan.ok()) << specs_[i].name << ": " << plan.status();
+    if (!plan.ok()) return bytes;
+    for (const formats::OutputSpec& o : *plan) bytes.push_back(o.bytes);
+    return bytes;
+  }
+
+  std::vector<Spec> specs_;
+  storage::MemoryKind kind_;
+  formats::QuantizeOptions options_;
+  std::vector<TensorDesc> descs_;
+  std::vector<uint8_t> host_;
+  std::unique_ptr<DeviceBuffer> device_;
+  void* pinned_ = nullptr;
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> outs_;
+};
+
+uint64_t FreshSeed() {
+  static const uint64_t base = std::random_device{}();
+  static uint64_t counter = 0;
+  return base + 7919 * counter++;
+}
+
+std::vector<float> Values(const Shape& s, std::mt19937_64& rng, float stddev) {
+  return kernels::testing::RandomValues(*NumElements(s), rng, stddev);
+}
+
+// A layer of a MoE refit in bucket order: norms and attention (copies, one big), the router, then
+// experts {gate, up} [48, 64] and down [64, 48] to NVFP4, one expert in the edge-value mix, an
+// nvfp4_te tensor, an FP8 block-128 tensor (single-tensor path) and a tail norm.
+std::vector<Spec> MoeLayer(std::mt19937_64& rng, int experts) {
+  std::vector<Spec> s;
+  s.push_back({"l.input_layernorm.weight", {64}, ConvertKind::kCopy, Format::kBf16, Values({64}, rng, 1.0f)});
+  s.push_back({"l.q_proj.weight", {256, 64}, ConvertKind::kCopy, Format::kBf16, Values({256, 64}, rng, 0.02f)});
+  s.push_back({"l.k_proj.weight", {16, 64}, ConvertKind::kCopy, Format::kBf16, Values({16, 64}, rng, 0.02f)});
+  s.push_back({"l.router.weight", {8, 64}, ConvertKind::kCopy, Format::kBf16, Values({8, 64}, rng, 0.02f)});
+  for (int e = 0; e < experts; ++e) {
+    const std::string p = "l.experts." + std::to_string(e) + ".";
+    const float sd = 0.01f + 0.002f * e;
+    s.push_back({p + "gate_proj.weight", {48, 64}, ConvertKind::kQuantize, Format::kNvfp4, Values({48, 64}, rng, sd)});
+    s.push_back({p + "up_proj.weight", {48, 64}, ConvertKind::kQuantize, Format::kNvfp4,
+                 e == 1 ? kernels::testing::EdgeValues(48 * 64, rng) : Values({48, 64}, rng, sd)});
+    s.push_back({p + "down_proj.weight", {64, 48}, ConvertKind::kQuantize, Format::kNvfp4, Values({64, 48}, rng, sd)});
+  }
+  s.push_back({"l.shared.weight", {32, 64}, ConvertKind::kQuantize, Format::kNvfp4Te, Values({32, 64}, rng, 0.03f)});
+  s.push_back({"l.o_proj.weight", {128, 256}, ConvertKind::kQuantize, Format::kFp8Block128,
+               Values({128, 256}, rng, 0.02f)});
+  s.push_back({"l.post_attention_layernorm.weight", {64}, ConvertKind::kCopy, Format::kBf16, Values({64}, rng, 1.0f)});
+  return s;
+}
+
+class GpuConverterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { REFIT_SKIP_WITHOUT_GPU(); }
+
+  std::unique_ptr<Converter> Make(GpuConverterOptions options) {
+    options.stats = &stats_;
+    auto c = NewGpuConverter(0, options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  GpuConverterStats stats_;
+};
+
+TEST_F(GpuConverterTest, MoeBucketMatchesCpuReference) {
+  for (auto kind : {storage::MemoryKind::kDevice, storage::MemoryKind::kHost}) {
+    const uint64_t seed = FreshSeed();
+    SCOPED_TRACE("seed=" + std::to_string(seed) + (kind == storage::MemoryKind::kHost ? " host slot" : " device slot"));
+    std::mt19937_64 rng(seed);
+    stats_ = {};
+    GpuConverterOptions options;
+    options.max_batched_copy_bytes = 16 * 1024;  // q_proj (32 KiB) takes cudaMemcpyAsync
+    options.max_nvfp4_run_bytes = 4 * 48 * 64 * 2;  // runs of 4 experts' tensors
+    std::unique_ptr<Converter> converter = Make(options);
+    ASSERT_NE(converter, nullptr);
+    Bucket bucket(MoeLayer(rng, 6), kind, {});
+    auto failed = bucket.Convert(*converter);
+    for (const auto& [name, st] : failed) ADD_FAILURE() << name << ": " << st;
+    for (size_t i = 0; i < bucket.size(); ++i) bucket.ExpectMatchesCpu(i);
+    // 18 expert tensors and the nvfp4_te one: batched (NVFP4 runs of at most 4); small copies
+    // batched only from device slots (host slots copy straight to staging).
+    EXPECT_EQ(stats_.tensors, bucket.size());
+    EXPECT_EQ(stats_.batched_nvfp4, 19u);
+    EXPECT_GE(stats_.runs, 6u);
+    EXPECT_EQ(stats_.batched_copies, kind == storage::MemoryKind::kDevice ? 4u : 0u);
+    EXPECT_EQ(stats_.drains, 0u);
+  }
+}
+
+TEST_F(GpuConverterTest, BatchingOffGivesTheSameBytes) {
+  std::mt19937_64 rng(FreshSeed());
+  GpuConverterOptions options;
+  options.batch = false;
+  std::unique_ptr<Converter> converter = Make(options);
+  ASSERT_NE(converter, nullptr);
+  Bucket bucket(MoeLayer(rng, 3), storage::MemoryKind::kDevice, {});
+  EXPECT_THAT(bucket.Convert(*converter), ::testing::IsEmpty());
+  for (size_t i = 0; i < bucket.size(); ++i) bucket.ExpectMatchesCpu(i);
+  EXPECT_EQ(stats_.batched_nvfp4 + stats_.batched_copies + stats_.runs, 0u);
+}
+
+// A NaN in the middle expert of a run, under nonfinite: reject: that tensor fails, named, at its
+// first bad flat index; its neighbours in the run are converted correctly; the next bucket on the
+// same converter starts clean.
+TEST_F(GpuConverterTest, NanInTheMiddleOfARunNamesThatTensor) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::unique_ptr<Converter> converter = Make({});
+  ASSERT_NE(converter, nullptr);
+  std::vector<Spec> specs = MoeLayer(rng, 3);
+  size_t bad = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].name == "l.experts.1.gate_proj.weight") {
+      bad = i;
+      specs[i].values[1234] = std::numeric_limits<float>::quiet_NaN();
+      specs[i].values[2000] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  ASSERT_GT(bad, 0u);
+  Bucket bucket(specs, storage::MemoryKind::kDevice, {});
+  auto failed = bucket.Convert(*converter);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].first, "l.experts.1.gate_proj.weight");
+  EXPECT_EQ(failed[0].second.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(failed[0].second.message(), HasSubstr("l.experts.1.gate_proj.weight"));
+  EXPECT_THAT(failed[0].second.message(), HasSubstr("non-finite value (NaN or Inf) at flat index 1234"));
+  EXPECT_GE(stats_.batched_nvfp4, 9u);  // the NaN tensor sat inside a batched run
+  for (size_t i = 0; i < bucket.size(); ++i) {
+    if (i != bad) bucket.ExpectMatchesCpu(i);
+  }
+  // The next bucket's probe words were reset.
+  Bucket clean(MoeLayer(rng, 3), storage::MemoryKind::kDevice, {});
+  EXPECT_THAT(clean.Convert(*converter), ::testing::IsEmpty());
+  for (size_t i = 0; i < clean.size(); ++i) clean.ExpectMatchesCpu(i);
+}
+
+// Fewer slots than tensors: the converter drains mid-bucket (reading the probe words so far),
+// grows, and goes on; a NaN before and one after the drain are both reported.
+TEST_F(GpuConverterTest, DrainsWhenSlotsRunOut) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  GpuConverterOptions options;
+  options.initial_slots = 4;
+  options.max_run_tensors = 3;
+  std::unique_ptr<Converter> converter = Make(options);
+  ASSERT_NE(converter, nullptr);
+  std::vector<Spec> specs = MoeLayer(rng, 5);
+  for (Spec& s : specs) {
+    if (s.name == "l.experts.0.up_proj.weight") s.values[17] = std::numeric_limits<float>::infinity();
+    if (s.name == "l.experts.4.down_proj.weight") s.values[3071] = std::numeric_limits<float>::quiet_NaN();
+  }
+  Bucket bucket(specs, storage::MemoryKind::kDevice, {});
+  auto failed = bucket.Convert(*converter);
+  EXPECT_GE(stats_.drains, 1u);
+  std::vector<std::string> names;
+  for (const auto& [name, st] : failed) names.push_back(std::string(st.message()));
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre(
+                         "tensor l.experts.0.up_proj.weight: non-finite value (NaN or Inf) at flat index 17",
+                         "tensor l.experts.4.down_proj.weight: non-finite value (NaN or Inf) at flat index 3071"));
+  for (size_t i = 0; i < bucket.size(); ++i) {
+    if (specs[i].name != "l.experts.0.up_proj.weight" && specs[i].name != "l.experts.4.down_proj.weight") {
+      bucket.ExpectMatchesCpu(i);
+    }
+  }
+}
+
+// Under nonfinite: propagate no probe word is used: batched runs carry none, and a NaN in a
+// single-path tensor (FP8 block-128, whose NaN encoding matches the reference) is not reported.
+TEST_F(GpuConverterTest, PropagatePolicyMatchesCpuReference) {
+  std::mt19937_64 rng(FreshSeed());
+  std::unique_ptr<Converter> converter = Make({});
+  ASSERT_NE(converter, nullptr);
+  std::vector<Spec> specs = MoeLayer(rng, 3);
+  for (Spec& s : specs) {
+    if (s.name == "l.o_proj.weight") s.values[99] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const formats::QuantizeOptions propagate{formats::Fp32InputPolicy::kExact, formats::NonfinitePolicy::kPropagate};
+  Bucket bucket(specs, storage::MemoryKind::kDevice, propagate);
+  EXPECT_THAT(bucket.Convert(*converter), ::testing::IsEmpty());
+  for (size_t i = 0; i < bucket.size(); ++i) bucket.ExpectMatchesCpu(i);
+  EXPECT_GE(stats_.batched_nvfp4, 9u);
+}
+
+}  // namespace
+}  // namespace refit
