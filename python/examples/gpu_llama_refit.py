@@ -398,10 +398,12 @@ def compare(step_reply, engine_reply, reference_reply, previous_logits, atol):
         "engine_bytes_equal_reference": not reference_reply["mismatched"],
         "mismatched_tensors": reference_reply["mismatched"][:20],
         "tokens_equal": engine_reply["ids"] == reference_reply["ids"],
-        "generated": engine_reply["ids"], "reference_generated": reference_reply["ids"],
+        "ids": engine_reply["ids"],  # prompt + generated
         "max_logit_diff": diff, "logits_changed_vs_previous": changed,
         "generate_ms": round(engine_reply["ms"], 3),
     }
+    if not row["tokens_equal"]:
+        row["reference_ids"] = reference_reply["ids"]
     if step_reply.get("loss") is not None:
         row["loss"] = step_reply["loss"]
     row["ok"] = bool(row["outcome"] == "committed" and row["engine_version"] == row["version"]
@@ -478,7 +480,9 @@ def drive(a) -> int:
             path = tmp / name
             if path.exists():
                 print(f"---- {path} (tail)\n{path.read_text(errors='replace')[-3000:]}", file=sys.stderr)
-    text = json.dumps(summary, indent=2)
+    # Lists of numbers (token ids) on one line each.
+    text = re.sub(r"\[\s+([-\d.,\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]",
+                  json.dumps(summary, indent=2))
     print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")
