@@ -8,8 +8,9 @@ per registration; the engine points its modules at the views (e.g. `param.data =
 refitd's writes are what its kernels read. The allocation is never moved or reallocated, so CUDA
 graphs captured over the views stay valid across refits.
 
-The handle comes from torch (`untyped_storage()._share_cuda_()`, what torch.multiprocessing uses),
-so the allocation must come from the ordinary caching allocator: with
+The handle comes from torch (`untyped_storage()._share_cuda_()`, what torch.multiprocessing uses;
+newer torch prefixes it with a version and a type byte, which cuda_ipc_handle() strips), so the
+allocation must come from the ordinary caching allocator: with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torch exports another kind of handle, which this
 module refuses, naming the setting.
 
@@ -43,16 +44,27 @@ def _untyped_storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._untyped()
 
 
+def cuda_ipc_handle(exported: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle inside the handle torch's `_share_cuda_()` exports: the raw
+    handle (older torch), or a versioned one: a version byte, a type byte ('c': a cudaMalloc
+    block, followed by the handle; 'e': an expandable segment, refused) and the payload."""
+    exported = bytes(exported)
+    if len(exported) == IPC_HANDLE_BYTES:
+        return exported
+    if len(exported) >= 2 + IPC_HANDLE_BYTES and exported[1:2] == b"c":
+        return exported[2:2 + IPC_HANDLE_BYTES]
+    if len(exported) >= 2 and exported[1:2] == b"e":
+        raise RuntimeError("the parameters' allocation is an expandable segment, which CUDA IPC cannot export: "
+                           "unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the engine")
+    raise RuntimeError(f"unrecognized CUDA IPC handle from torch ({len(exported)} bytes)")
+
+
 def ipc_handle_of(t) -> tuple[bytes, int]:
     """(cudaIpcMemHandle bytes of the allocation holding CUDA tensor `t`, byte offset of t's first
     element inside that allocation)."""
     share = _untyped_storage(t)._share_cuda_()
-    handle, storage_offset_bytes = share[1], int(share[3])
-    if not isinstance(handle, (bytes, bytearray)) or len(handle) != IPC_HANDLE_BYTES:
-        raise RuntimeError(
-            f"torch exported a {len(handle)}-byte handle for a CUDA allocation, not a {IPC_HANDLE_BYTES}-byte "
-            "cudaIpcMemHandle (expandable segments? unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
-    return bytes(handle), storage_offset_bytes + t.storage_offset() * t.element_size()
+    storage_offset_bytes = int(share[3])  # the storage's start inside the cudaMalloc'd block
+    return cuda_ipc_handle(share[1]), storage_offset_bytes + t.storage_offset() * t.element_size()
 
 
 class CudaParams:

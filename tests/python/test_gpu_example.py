@@ -180,6 +180,18 @@ def test_cuda_params_register_through_cuda_ipc_fields():
     assert fields == {"storage": _native.STORAGE_CUDA_IPC, "device": 1, "offset": 512, "handle": handle, "n": 1}
 
 
+def test_cuda_ipc_handle_from_raw_and_versioned_torch_exports():
+    from refit.cuda import cuda_ipc_handle
+
+    raw = bytes(range(64))
+    assert cuda_ipc_handle(raw) == raw  # torch 1.x
+    assert cuda_ipc_handle(b"\x02c" + raw) == raw  # torch 2.x: version, type 'c', handle
+    with pytest.raises(RuntimeError, match="expandable_segments"):
+        cuda_ipc_handle(b"\x02e" + bytes(90))
+    with pytest.raises(RuntimeError, match="unrecognized"):
+        cuda_ipc_handle(bytes(10))
+
+
 @needs_transformers
 def test_refitctl_convert_writes_exactly_the_tensors_the_engine_registers(tmp_path):
     import torch
