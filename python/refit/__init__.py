@@ -3,11 +3,13 @@
     import refit
     refit.TrainerClient(address).refit(model_name, model.named_parameters())   # trainer
     engine = refit.ModuleEngine(address, model)                                # engine (CPU)
+    engine = refit.GatedEngine(address, refit.CudaParams.from_tensors(t, "cuda:1").params)  # CUDA IPC
 
 See docs/python.md. The package binds librefit_client.so's C ABI with ctypes (refit._native
 says how the library is found).
 """
-from .engine import EngineAgent, ModuleEngine
+from .cuda import CudaParam, CudaParams
+from .engine import EngineAgent, GatedEngine, ModuleEngine
 from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefused, RefitUnavailable,
                      RefitUnimplemented, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
@@ -16,7 +18,7 @@ from .trainer import DaemonStatus, RefitReport, RefitSession, TrainerClient, che
 __version__ = "0.1.0"
 
 __all__ = [
-    "EngineAgent", "ModuleEngine", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
+    "EngineAgent", "GatedEngine", "ModuleEngine", "CudaParam", "CudaParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
     "RefitReport", "DaemonStatus", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
     "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty",
 ]

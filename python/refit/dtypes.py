@@ -33,3 +33,15 @@ def torch_dtype(name: str):
         if n == name:
             return dtype
     raise ValueError(f"no torch dtype for '{name}' in this torch")
+
+
+_ELEMENT_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U8": 1, "I8": 1,
+                  "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
+
+
+def element_bytes(name: str) -> int:
+    """Bytes per element of a safetensors dtype name (ValueError for names refitd does not carry)."""
+    try:
+        return _ELEMENT_BYTES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype '{name}'") from None

@@ -1,10 +1,12 @@
 """Engine side: register parameters with refitd and serve its pause/resume calls.
 
-Two levels:
+Three levels:
   * EngineAgent(address, params, on_pause, on_resume): registers ShmParam entries (from
-    refit.shm) and calls the callbacks on refitd's behalf. `on_pause()` must return only once
+    refit.shm) or CudaParam entries (refit.cuda) and calls the callbacks on refitd's behalf. `on_pause()` must return only once
     nothing reads the parameters; between pause and resume refitd writes them in place;
     `on_resume(version)` says they hold `version`.
+  * GatedEngine(address, params): registers them and gates inference with `serving()` (below);
+    with CUDA parameters a pause also waits for the kernels queued on their devices.
   * ModuleEngine(address, module): moves a torch module's parameters into shared memory,
     registers them, and gates inference with `serving()`: pause waits for every open serving()
     block to end and holds new ones back until resume, so each forward pass sees one version.
@@ -28,6 +30,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from . import _native
+from .cuda import IPC_HANDLE_BYTES, CudaParam
 from .errors import WeightsDirty
 from .shm import SharedParams, ShmParam, move_to_shm
 
@@ -35,8 +38,9 @@ log = logging.getLogger("refit.engine")
 
 
 class EngineAgent:
-    """Registers `params` (ShmParam) with refitd at `address`; returns once refitd accepted them
-    (RefitError naming the parameter otherwise). The storage must stay mapped until stop()."""
+    """Registers `params` with refitd at `address`: all ShmParam (refit.shm) or all CudaParam
+    (refit.cuda). Returns once refitd accepted them (RefitError naming the parameter otherwise).
+    The storage must stay mapped (allocated) until stop()."""
 
     def __init__(self, address: str, params: Iterable[ShmParam], *,
                  on_pause: Optional[Callable[[], None]] = None,
@@ -51,11 +55,18 @@ class EngineAgent:
         array = (_native.EngineParam * max(len(params), 1))()
         for i, p in enumerate(params):
             shape = _native.shape_array(p.shape)
-            name, dtype, shm = p.name.encode(), p.dtype.encode(), p.shm_name.encode()
-            keep += [shape, name, dtype, shm]
-            array[i] = _native.new(_native.EngineParam, name=name, dtype=dtype,
-                                   shape=ctypes.cast(shape, _native.c_int64_p), rank=len(p.shape),
-                                   storage=_native.STORAGE_SHM, shm_name=shm, offset=p.offset)
+            name, dtype = p.name.encode(), p.dtype.encode()
+            keep += [shape, name, dtype]
+            fields = dict(name=name, dtype=dtype, shape=ctypes.cast(shape, _native.c_int64_p), rank=len(p.shape),
+                          offset=p.offset)
+            if isinstance(p, CudaParam):
+                fields.update(storage=_native.STORAGE_CUDA_IPC, cuda_device=p.device,
+                              cuda_ipc_handle=(ctypes.c_uint8 * IPC_HANDLE_BYTES)(*p.ipc_handle))
+            else:
+                shm = p.shm_name.encode()
+                keep.append(shm)
+                fields.update(storage=_native.STORAGE_SHM, shm_name=shm)
+            array[i] = _native.new(_native.EngineParam, **fields)
         options = _native.new(_native.EngineOptions, address=address.encode(), pause=self._pause_fn,
                               resume=self._resume_fn, user=None, version=version)
         handle = ctypes.c_void_p()
@@ -168,31 +179,29 @@ class _Serving:
         return False
 
 
-class ModuleEngine:
-    """A torch module whose parameters refitd updates in place (CPU: POSIX shared memory).
+class GatedEngine:
+    """Registers `params` (ShmParam or CudaParam entries, e.g. SharedParams.params or
+    CudaParams.params) and gates inference with serving(): a pause waits for every open serving()
+    block, then (CUDA parameters) for the kernels those blocks queued on the parameters' devices,
+    before refitd writes. `on_pause`/`on_resume` run after the gate closed / before it reopens
+    (e.g. to flush a KV cache computed with the old weights)."""
 
-    `named_params` overrides module.named_parameters() for what is registered (its names are the
-    ones the model spec maps trainer tensors onto). `on_pause`/`on_resume` run after the gate
-    closed / before it reopens (e.g. to flush a KV cache computed with the old weights).
-    """
-
-    def __init__(self, address: str, module, *, shm_name: Optional[str] = None, named_params=None,
-                 on_pause: Optional[Callable[[], None]] = None,
+    def __init__(self, address: str, params, *, on_pause: Optional[Callable[[], None]] = None,
                  on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
-        self.module = module
+        params = list(params)
         self._gate = _ServeGate()
         self._user_pause, self._user_resume = on_pause, on_resume
         self._resumed = threading.Condition()
-        self.shared: SharedParams = move_to_shm(module, shm_name, named_params)
-        try:
-            self.agent = EngineAgent(address, self.shared.params, on_pause=self._pause, on_resume=self._resume,
-                                     version=version)
-        except BaseException:
-            self.shared.close()
-            raise
+        self._cuda_devices = sorted({p.device for p in params if isinstance(p, CudaParam)})
+        self.agent = EngineAgent(address, params, on_pause=self._pause, on_resume=self._resume, version=version)
 
     def _pause(self):
         self._gate.pause()
+        if self._cuda_devices:
+            import torch
+
+            for d in self._cuda_devices:  # kernels launched inside serving() may still be reading
+                torch.cuda.synchronize(d)
         if self._user_pause is not None:
             self._user_pause()
 
@@ -234,12 +243,35 @@ class ModuleEngine:
         return self.agent.connected
 
     def close(self) -> None:
-        """Unregisters (disconnects) and unlinks the shm name; the module keeps its parameters."""
+        """Unregisters (disconnects)."""
         self.agent.stop()
-        self.shared.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+class ModuleEngine(GatedEngine):
+    """A torch module whose parameters refitd updates in place (CPU: POSIX shared memory).
+
+    `named_params` overrides module.named_parameters() for what is registered (its names are the
+    ones the model spec maps trainer tensors onto). `on_pause`/`on_resume` as GatedEngine's.
+    """
+
+    def __init__(self, address: str, module, *, shm_name: Optional[str] = None, named_params=None,
+                 on_pause: Optional[Callable[[], None]] = None,
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+        self.module = module
+        self.shared: SharedParams = move_to_shm(module, shm_name, named_params)
+        try:
+            super().__init__(address, self.shared.params, on_pause=on_pause, on_resume=on_resume, version=version)
+        except BaseException:
+            self.shared.close()
+            raise
+
+    def close(self) -> None:
+        """Unregisters (disconnects) and unlinks the shm name; the module keeps its parameters."""
+        super().close()
+        self.shared.close()

@@ -85,8 +85,10 @@ class SharedParams:
         self._finalizer()
 
     @classmethod
-    def from_tensors(cls, tensors, shm_name: str | None = None) -> "SharedParams":
-        """Copies (name, tensor) pairs into a new shm object; the shared views are in .tensors."""
+    def from_tensors(cls, tensors, shm_name: str | None = None, dtypes=None) -> "SharedParams":
+        """Copies (name, tensor) pairs into a new shm object; the shared views are in .tensors.
+        `dtypes` ({name: safetensors dtype name}) registers a tensor under another dtype of the
+        same element size, e.g. "F8_E4M3" for FP8 bytes held as uint8 (torch without float8)."""
         items = list(tensors.items() if hasattr(tensors, "items") else tensors)
         layout, offset = [], 0
         for name, t in items:
@@ -102,10 +104,25 @@ class SharedParams:
             view = region.view(t.dtype, t.shape, off)
             with _no_grad():
                 view.copy_(t.detach())
-            region.params.append(ShmParam(name, dtype_name(t.dtype), tuple(int(d) for d in t.shape),
+            region.params.append(ShmParam(name, registered_dtype(name, t, dtypes), tuple(int(d) for d in t.shape),
                                           region.shm_name, off, nbytes))
             region.tensors[name] = view
         return region
+
+
+def registered_dtype(name: str, tensor, dtypes=None) -> str:
+    """The safetensors dtype `tensor` registers as: dtypes[name] if given (same element size),
+    else its own."""
+    from .dtypes import element_bytes
+
+    own = dtype_name(tensor.dtype)
+    if not dtypes or name not in dtypes:
+        return own
+    want = dtypes[name]
+    if element_bytes(want) != tensor.element_size():
+        raise ValueError(f"parameter '{name}' holds {own} ({tensor.element_size()}-byte elements); it cannot "
+                         f"register as {want}")
+    return want
 
 
 def _no_grad():

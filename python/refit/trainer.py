@@ -185,6 +185,7 @@ class RefitSession:
         self.report: Optional[RefitReport] = None
         self._ended = False
         self._stage_cuda_on_host = False
+        self._in_flight: list = []  # CUDA tensors pushed in place, kept until their bucket is sent
 
     def push(self, name: str, tensor) -> None:
         """Sends one tensor (copied before this returns: the tensor may change afterwards)."""
@@ -192,8 +193,14 @@ class RefitSession:
         if not t.is_contiguous():
             t = t.contiguous()
         if t.is_cuda and not self._stage_cuda_on_host:
+            import torch
+
+            # The library copies device memory on its own stream, and may read it until the
+            # bucket is sent: the tensor must be computed before, and stay allocated until then.
+            torch.cuda.current_stream(t.device).synchronize()
             try:
                 self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0)
+                self._in_flight.append(t)
                 return
             except RefitUnimplemented:
                 self._stage_cuda_on_host = True  # this library has no GPU path: stage every CUDA tensor
@@ -214,13 +221,18 @@ class RefitSession:
 
     def flush(self) -> None:
         _native.check(self._lib.refit_session_flush(self._live()), "flush")
+        self._in_flight.clear()
 
     def commit(self) -> RefitReport:
         """Asks refitd to validate and swap. RefitRefused names every offending tensor; the engine
         keeps its previous version then."""
         out = _native.new(_native.Report)
         self._ended = True
-        _native.check(self._lib.refit_session_commit(self._live(), ctypes.byref(out)), f"commit session {self.id}")
+        try:
+            _native.check(self._lib.refit_session_commit(self._live(), ctypes.byref(out)),
+                          f"commit session {self.id}")
+        finally:
+            self._in_flight.clear()
         self.report = RefitReport(
             out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
             out.buckets, out.tensors,
@@ -237,6 +249,7 @@ class RefitSession:
         if self._handle:
             self._lib.refit_session_close(self._handle)
             self._handle = None
+        self._in_flight.clear()
 
     def _live(self):
         if not self._handle:
