@@ -501,7 +501,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--engine-device", default="cuda:1")
     ap.add_argument("--trainer-device", default="cuda:0")
-    ap.add_argument("--bucket-bytes", type=int, default=32 << 20)
+    ap.add_argument("--bucket-bytes", type=int, default=128 << 20, help="refitd bucket size (must hold the largest tensor)")
     ap.add_argument("--logits-atol", type=float, default=0.0, help="largest |engine - reference| logit accepted")
     ap.add_argument("--no-traffic", dest="traffic", action="store_false",
                     help="no background forwards in the engine during refits")
