@@ -11,6 +11,7 @@ namespace {
 
 constexpr uint64_t kChunkBytes = 128 * 1024;  // one CTA iteration
 constexpr int kThreads = 512;
+constexpr int kUnroll = 4;  // 512 threads x 4 x 16 B = 32 KiB in flight per CTA
 
 struct Region {
   char* dst;
@@ -39,10 +40,26 @@ __global__ void BatchCopyKernel(const Region* __restrict__ regions, uint32_t n, 
     const uint64_t len = end - begin;
     const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
     if (aligned) {
+      // kUnroll independent 16-byte loads in flight per thread before their stores (a plain
+      // load-store loop keeps one in flight and reaches ~0.77 of cudaMemcpy); streaming cache
+      // hints: nothing copied here is read again soon.
       const uint64_t vecs = len / 16;
       const uint4* s = reinterpret_cast<const uint4*>(src);
       uint4* d = reinterpret_cast<uint4*>(dst);
-      for (uint64_t i = threadIdx.x; i < vecs; i += blockDim.x) d[i] = s[i];
+      const uint64_t stride = blockDim.x;
+      for (uint64_t base = threadIdx.x; base < vecs; base += stride * kUnroll) {
+        uint4 v[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const uint64_t i = base + k * stride;
+          if (i < vecs) v[k] = __ldcs(s + i);
+        }
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const uint64_t i = base + k * stride;
+          if (i < vecs) __stcs(d + i, v[k]);
+        }
+      }
       for (uint64_t i = vecs * 16 + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
     } else {
       for (uint64_t i = threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];

@@ -14,7 +14,6 @@ namespace refit::transport {
 
 using nccl::CudaStatus;
 using nccl::Frame;
-using nccl::GroupFrame;
 
 absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const std::vector<std::string>& endpoints,
                                                                          const NcclOptions& options) {
@@ -70,7 +69,6 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
 NcclBroadcaster::NcclBroadcaster(NcclOptions options, std::vector<std::string> endpoints)
     : options_(std::move(options)),
       endpoints_(std::move(endpoints)),
-      frame_(std::make_unique<nccl::DeviceBuffer>(options_.device)),
       bounce_(std::make_unique<nccl::DeviceBuffer>(options_.device)) {}
 
 NcclBroadcaster::~NcclBroadcaster() {
@@ -86,7 +84,6 @@ NcclBroadcaster::~NcclBroadcaster() {
   }
   comm_.reset();
   stream_.reset();
-  frame_.reset();
   bounce_.reset();
   for (int fd : fds_) close(fd);
 }
@@ -101,14 +98,7 @@ absl::Status NcclBroadcaster::CheckReceivers() const {
 absl::Status NcclBroadcaster::SendFrame(std::span<const uint64_t> tags, const void* payload, uint64_t bytes,
                                         uint64_t flags, absl::Time deadline) {
   cudaStream_t s = stream_->get();
-  absl::StatusOr<void*> frame_dev = frame_->Reserve(sizeof(GroupFrame), s);
-  if (!frame_dev.ok()) return frame_dev.status();
-  GroupFrame g;
-  g.frame.bytes = bytes;
-  g.frame.flags = flags;
-  for (size_t i = 0; i < tags.size(); ++i) g.tags[i + 1] = tags[i];
-  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `g` may go away.
-  absl::Status st = CudaStatus(cudaMemcpyAsync(*frame_dev, &g, sizeof(g), cudaMemcpyHostToDevice, s), "frame copy");
+  absl::Status st;
   void* src = const_cast<void*>(payload);  // the root's buffer is only read by ncclBroadcast
   if (st.ok() && bytes > 0 && !nccl::IsDeviceMemoryOf(payload, options_.device)) {
     absl::StatusOr<void*> bounce = bounce_->Reserve(bytes, s);
@@ -116,10 +106,13 @@ absl::Status NcclBroadcaster::SendFrame(std::span<const uint64_t> tags, const vo
     if (st.ok()) st = CudaStatus(cudaMemcpyAsync(*bounce, payload, bytes, cudaMemcpyDefault, s), "payload copy");
     src = *bounce;
   }
-  for (int fd : fds_) {
-    if (st.ok()) st = nccl::WriteAll(fd, &nccl::kDoorbell, 1);
+  for (size_t i = 0; i < fds_.size() && st.ok(); ++i) {
+    Frame f;
+    f.tag = tags[i];
+    f.bytes = bytes;
+    f.flags = flags;
+    st = nccl::WriteAll(fds_[i], &f, sizeof(f));
   }
-  if (st.ok()) st = comm_->Broadcast(*frame_dev, sizeof(GroupFrame), 0, s);
   if (st.ok() && bytes > 0) st = comm_->Broadcast(src, bytes, 0, s);
   if (st.ok()) st = comm_->Wait(s, deadline, [this] { return CheckReceivers(); });
   return st;

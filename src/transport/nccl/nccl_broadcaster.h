@@ -2,8 +2,8 @@
 // daemons with one NCCL broadcast per message instead of one point-to-point send per daemon.
 // Connect() sends a group hello to every receiver's rendezvous socket with an ncclUniqueId it made
 // itself, and the sender (rank 0) and the receivers (ranks 1..N, in endpoint order) create one
-// non-blocking communicator. Send() writes a doorbell byte on every socket, then broadcasts a
-// GroupFrame (each receiver's tag) and the payload. The sockets are the liveness signal: when any
+// non-blocking communicator. Send() writes every receiver its frame (its own tag) on its socket,
+// then broadcasts the payload. The sockets are the liveness signal: when any
 // receiver's socket closes, a blocked Send aborts the communicator, shuts every socket down (so
 // the other receivers abort theirs instead of waiting) and returns Unavailable; the broadcaster is
 // then spent and the caller connects a new one. The destructor broadcasts a goodbye and waits for
@@ -56,7 +56,6 @@ class NcclBroadcaster final : public GroupSender {
   std::vector<int> fds_;
   std::unique_ptr<nccl::Communicator> comm_;
   std::unique_ptr<nccl::Stream> stream_;
-  std::unique_ptr<nccl::DeviceBuffer> frame_;
   std::unique_ptr<nccl::DeviceBuffer> bounce_;
   absl::Status failed_;
 };

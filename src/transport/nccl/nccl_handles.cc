@@ -269,19 +269,26 @@ absl::Status CheckIdle(int fd, absl::string_view peer) {
   return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
 }
 
-absl::Status AwaitDoorbell(int fd, absl::string_view peer, const std::function<bool()>& stop) {
+absl::Status AwaitFrame(int fd, absl::string_view peer, const std::function<bool()>& stop, Frame& frame) {
   while (true) {
     if (stop()) return absl::CancelledError("stopping");
     pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
     int rc = poll(&pfd, 1, 100);
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) continue;
-    char c = 0;
-    ssize_t n = recv(fd, &c, 1, 0);
+    char* out = reinterpret_cast<char*>(&frame);
+    ssize_t n = recv(fd, out, sizeof(frame), 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n == 1 && c == kDoorbell) return absl::OkStatus();
-    if (n == 1) return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " sent an unexpected byte on the rendezvous socket"));
-    return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed: connection closed without goodbye"));
+    // The rest of a frame whose first bytes arrived follows at once (or the peer died).
+    if (static_cast<size_t>(n) < sizeof(frame)) {
+      absl::Status st = ReadAll(fd, out + n, sizeof(frame) - static_cast<size_t>(n), absl::Now() + absl::Seconds(10));
+      if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL peer ", peer, " failed mid-frame: ", st.message()));
+    }
+    if (frame.magic != Frame::kMagic) {
+      return absl::DataLossError(absl::StrCat("NCCL peer ", peer, " sent bytes that are not a frame on the rendezvous socket"));
+    }
+    return absl::OkStatus();
   }
 }
 

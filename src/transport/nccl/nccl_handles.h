@@ -30,7 +30,9 @@ absl::Status NcclStatus(ncclResult_t r, absl::string_view what);
 // Returns non-OK to stop a wait (the status is what the wait returns).
 using Interrupt = std::function<absl::Status()>;
 
-// Precedes every message on the wire (sent from device memory, 32 bytes).
+// Precedes every message: written on the rendezvous socket (32 bytes), after which the payload,
+// if any, follows over NCCL. The receiver learns size and tag without an NCCL operation or a
+// device-to-host copy, and no NCCL receive is ever posted on an idle connection.
 struct Frame {
   static constexpr uint64_t kMagic = 0x31304C43434E4652ull;  // "RFNCCL01"
   static constexpr uint64_t kGoodbye = 1;
@@ -41,14 +43,8 @@ struct Frame {
 };
 static_assert(sizeof(Frame) == 32);
 
-// The frame of a fan-out group (one trainer rank broadcasting to several receivers): every
-// receiver gets the same bytes and takes its own tag, tags[rank] (rank 0 is the sender).
-inline constexpr int kMaxGroupRanks = 32;
-struct GroupFrame {
-  Frame frame;
-  uint64_t tags[kMaxGroupRanks] = {};
-};
-static_assert(sizeof(GroupFrame) == 32 + 8 * kMaxGroupRanks);
+// Ranks of a fan-out group's communicator (the sender and its receivers) at most.
+inline constexpr int kMaxGroupRanks = 64;
 
 class Stream {
  public:
@@ -119,12 +115,12 @@ absl::Status WriteAll(int fd, const void* data, uint64_t bytes);
 absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline);
 // OK while the connection is open (the peer has not closed or reset it).
 absl::Status CheckIdle(int fd, absl::string_view peer);
-// Waits for the doorbell byte that precedes every frame (the sender writes it before its NCCL
-// sends, so the receiver posts a receive only while a sender is sending: no kernel waits on an
-// idle connection, and nothing else on the GPU, such as a cudaFree, can end up waiting on one).
-// Cancelled when `stop` turns true (polled every 100 ms); Unavailable when the peer closed.
-absl::Status AwaitDoorbell(int fd, absl::string_view peer, const std::function<bool()>& stop);
-inline constexpr char kDoorbell = 'F';
+// Waits for the next frame on the rendezvous socket (the sender writes it before its NCCL send,
+// so the receiver posts a receive only while a sender is sending: no kernel waits on an idle
+// connection, and nothing else on the GPU, such as a cudaFree, can end up waiting on one).
+// Cancelled when `stop` turns true (polled every 100 ms); Unavailable when the peer closed;
+// DataLoss for bytes that are not a frame.
+absl::Status AwaitFrame(int fd, absl::string_view peer, const std::function<bool()>& stop, Frame& frame);
 
 // "nccl:<host>:<port>" <-> parts.
 std::string FormatEndpoint(const std::string& host, uint16_t port);

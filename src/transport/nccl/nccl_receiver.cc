@@ -22,7 +22,7 @@ using nccl::DeviceBuffer;
 using nccl::Frame;
 
 struct NcclReceiver::Peer {
-  explicit Peer(int fd_in, int device) : fd(fd_in), frame(device), bounce(device) {}
+  explicit Peer(int fd_in, int device) : fd(fd_in), bounce(device) {}
   ~Peer() {
     if (thread.joinable()) thread.join();
     comm.reset();
@@ -33,7 +33,6 @@ struct NcclReceiver::Peer {
   std::string name = "(connecting)";
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<nccl::Stream> stream;
-  DeviceBuffer frame;
   DeviceBuffer bounce;
   nccl::Interrupt interrupt;
   std::atomic<bool> ready{false};
@@ -181,19 +180,10 @@ void NcclReceiver::ServePeer(Peer& peer) {
   absl::StatusOr<std::unique_ptr<nccl::Stream>> stream = nccl::Stream::Create(options_.device);
   if (!stream.ok()) return;
   peer.stream = std::move(*stream);
-  const uint64_t frame_bytes = peer.group() ? sizeof(nccl::GroupFrame) : sizeof(Frame);
-  absl::StatusOr<void*> frame_dev = peer.frame.Reserve(frame_bytes, peer.stream->get());
-  if (!frame_dev.ok()) return;
   peer.ready = true;
   while (true) {
-    absl::Status st = nccl::AwaitDoorbell(peer.fd, peer.name, [this] { return stopping_.load(); });
-    if (st.ok()) st = peer.ReceiveBytes(*frame_dev, frame_bytes);
-    if (st.ok()) st = peer.comm->Wait(peer.stream->get(), absl::InfiniteFuture(), peer.interrupt);
-    nccl::GroupFrame g;
-    Frame& f = g.frame;
-    if (st.ok()) st = CudaStatus(cudaMemcpy(&g, *frame_dev, frame_bytes, cudaMemcpyDeviceToHost), "frame copy");
-    if (st.ok() && f.magic != Frame::kMagic) st = absl::DataLossError("malformed frame header");
-    if (peer.group()) f.tag = g.tags[peer.rank];
+    Frame f;
+    absl::Status st = nccl::AwaitFrame(peer.fd, peer.name, [this] { return stopping_.load(); }, f);
     if (!st.ok()) {
       if (stopping_) return;
       std::string msg(st.message());

@@ -1,9 +1,10 @@
 // NCCL data plane, receiving end (refitd). Senders connect to a rendezvous socket
 // (Endpoint() = "nccl:<host>:<port>"), receive a fresh ncclUniqueId from it, and both ends create
-// a two-rank communicator (receiver rank 0, sender rank 1) in non-blocking mode; the socket then
-// carries one doorbell byte per frame and is the liveness signal. Each connected sender has a
-// progress thread that waits for the doorbell, then receives the frame header (no NCCL receive
-// is posted on an idle connection); a message goes straight into the buffer of the
+// a two-rank communicator (receiver rank 0, sender rank 1) in non-blocking mode (a fan-out
+// group's sender instead brings its own unique id and rank: nccl_broadcaster.h); the socket then
+// carries each message's 32-byte frame (tag, size) and is the liveness signal. Each connected
+// sender has a progress thread that waits for the next frame on the socket, then posts the NCCL
+// receive of its payload (none is posted on an idle connection); a message goes straight into the buffer of the
 // matching Receive (device memory of this receiver's GPU: no copy; anything else through a
 // device bounce buffer), small unmatched messages are held in host memory, large ones wait for
 // their Receive (their sender stays blocked). A sender whose socket closes without the goodbye

@@ -54,7 +54,6 @@ NcclSender::NcclSender(NcclOptions options, std::string endpoint, int fd)
     : options_(std::move(options)),
       endpoint_(std::move(endpoint)),
       fd_(fd),
-      frame_(std::make_unique<nccl::DeviceBuffer>(options_.device)),
       bounce_(std::make_unique<nccl::DeviceBuffer>(options_.device)) {}
 
 NcclSender::~NcclSender() {
@@ -67,7 +66,6 @@ NcclSender::~NcclSender() {
   }
   comm_.reset();
   stream_.reset();
-  frame_.reset();
   bounce_.reset();
   close(fd_);
 }
@@ -75,14 +73,11 @@ NcclSender::~NcclSender() {
 absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t bytes, uint64_t flags,
                                    absl::Time deadline) {
   cudaStream_t s = stream_->get();
-  absl::StatusOr<void*> frame_dev = frame_->Reserve(sizeof(Frame), s);
-  if (!frame_dev.ok()) return frame_dev.status();
   Frame f;
   f.tag = tag;
   f.bytes = bytes;
   f.flags = flags;
-  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `f` may go away.
-  absl::Status st = CudaStatus(cudaMemcpyAsync(*frame_dev, &f, sizeof(f), cudaMemcpyHostToDevice, s), "frame copy");
+  absl::Status st;
   const void* src = payload;
   if (st.ok() && bytes > 0 && !nccl::IsDeviceMemoryOf(payload, options_.device)) {
     absl::StatusOr<void*> bounce = bounce_->Reserve(bytes, s);
@@ -90,8 +85,7 @@ absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t b
     if (st.ok()) st = CudaStatus(cudaMemcpyAsync(*bounce, payload, bytes, cudaMemcpyDefault, s), "payload copy");
     src = *bounce;
   }
-  if (st.ok()) st = nccl::WriteAll(fd_, &nccl::kDoorbell, 1);
-  if (st.ok()) st = comm_->Send(*frame_dev, sizeof(Frame), 0, s);
+  if (st.ok()) st = nccl::WriteAll(fd_, &f, sizeof(f));
   if (st.ok() && bytes > 0) st = comm_->Send(src, bytes, 0, s);
   std::string peer = absl::StrCat("receiver ", endpoint_);
   int sock = fd_;

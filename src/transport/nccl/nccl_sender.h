@@ -1,6 +1,7 @@
 // NCCL data plane, sending end (trainer). Connect() performs the rendezvous (hello, unique id)
-// and creates rank 1 of a two-rank non-blocking communicator with the receiver. Send() sends a
-// frame header and the payload with ncclSend and polls until both left `src`: device memory of
+// and creates rank 1 of a two-rank non-blocking communicator with the receiver. Send() writes a
+// frame header on the rendezvous socket, sends the payload with ncclSend and polls until it left
+// `src`: device memory of
 // this sender's GPU goes out directly, anything else through a device bounce buffer. The
 // rendezvous socket doubles as liveness: if it closes, a blocked Send aborts the communicator
 // and returns Unavailable. The destructor sends a goodbye frame and waits for its
@@ -43,7 +44,6 @@ class NcclSender final : public Sender {
   const int fd_;
   std::unique_ptr<nccl::Communicator> comm_;
   std::unique_ptr<nccl::Stream> stream_;
-  std::unique_ptr<nccl::DeviceBuffer> frame_;
   std::unique_ptr<nccl::DeviceBuffer> bounce_;
   absl::Status failed_;
 };

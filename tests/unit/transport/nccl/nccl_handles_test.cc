@@ -49,13 +49,30 @@ class SocketPairTest : public ::testing::Test {
   int fds_[2] = {-1, -1};
 };
 
-TEST_F(SocketPairTest, DoorbellsArriveOneAtATime) {
-  ASSERT_TRUE(WriteAll(fds_[1], "FF", 2).ok());
+TEST_F(SocketPairTest, FramesArriveOneAtATimeEvenWhenSplit) {
+  Frame a, b;
+  a.tag = 7;
+  a.bytes = 1000;
+  b.tag = 8;
+  b.flags = Frame::kGoodbye;
+  std::string wire(reinterpret_cast<const char*>(&a), sizeof(a));
+  wire.append(reinterpret_cast<const char*>(&b), sizeof(b));
+  // The first frame and half of the second now, the rest a moment later.
+  ASSERT_TRUE(WriteAll(fds_[1], wire.data(), sizeof(a) + 10).ok());
+  std::thread rest([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    (void)WriteAll(fds_[1], wire.data() + sizeof(a) + 10, sizeof(b) - 10);
+  });
   auto never = [] { return false; };
-  EXPECT_TRUE(AwaitDoorbell(fds_[0], "peer", never).ok());
-  EXPECT_TRUE(AwaitDoorbell(fds_[0], "peer", never).ok());
-  // Pending doorbells are not a failure of the connection.
-  ASSERT_TRUE(WriteAll(fds_[1], "F", 1).ok());
+  Frame got;
+  ASSERT_TRUE(AwaitFrame(fds_[0], "peer", never, got).ok());
+  EXPECT_EQ(got.tag, 7u);
+  EXPECT_EQ(got.bytes, 1000u);
+  ASSERT_TRUE(AwaitFrame(fds_[0], "peer", never, got).ok());
+  rest.join();
+  EXPECT_EQ(got.tag, 8u);
+  EXPECT_EQ(got.flags, Frame::kGoodbye);
+  // Nothing pending is not a failure of the connection.
   EXPECT_TRUE(CheckIdle(fds_[0], "peer").ok());
 }
 
@@ -65,26 +82,40 @@ TEST_F(SocketPairTest, ClosedConnectionIsAFailureNamingThePeer) {
   absl::Status idle = CheckIdle(fds_[0], "host:42");
   EXPECT_EQ(idle.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(idle.message(), HasSubstr("host:42"));
-  absl::Status bell = AwaitDoorbell(fds_[0], "host:42", [] { return false; });
-  EXPECT_EQ(bell.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(bell.message(), HasSubstr("closed without goodbye"));
-}
-
-TEST_F(SocketPairTest, UnexpectedByteIsRefused) {
-  ASSERT_TRUE(WriteAll(fds_[1], "X", 1).ok());
-  absl::Status st = AwaitDoorbell(fds_[0], "peer", [] { return false; });
+  Frame f;
+  absl::Status st = AwaitFrame(fds_[0], "host:42", [] { return false; }, f);
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(st.message(), HasSubstr("unexpected byte"));
+  EXPECT_THAT(st.message(), HasSubstr("closed without goodbye"));
 }
 
-TEST_F(SocketPairTest, WaitingForADoorbellStopsOnRequest) {
+TEST_F(SocketPairTest, PeerDyingMidFrameIsAFailure) {
+  Frame a;
+  ASSERT_TRUE(WriteAll(fds_[1], &a, 12).ok());
+  CloseWriter();
+  Frame f;
+  absl::Status st = AwaitFrame(fds_[0], "peer", [] { return false; }, f);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr("mid-frame"));
+}
+
+TEST_F(SocketPairTest, BytesThatAreNotAFrameAreRefused) {
+  std::string junk(sizeof(Frame), 'X');
+  ASSERT_TRUE(WriteAll(fds_[1], junk.data(), junk.size()).ok());
+  Frame f;
+  absl::Status st = AwaitFrame(fds_[0], "peer", [] { return false; }, f);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("not a frame"));
+}
+
+TEST_F(SocketPairTest, WaitingForAFrameStopsOnRequest) {
   std::atomic<bool> stop{false};
   std::thread stopper([&] {
     absl::SleepFor(absl::Milliseconds(150));
     stop = true;
   });
   absl::Time start = absl::Now();
-  absl::Status st = AwaitDoorbell(fds_[0], "peer", [&] { return stop.load(); });
+  Frame f;
+  absl::Status st = AwaitFrame(fds_[0], "peer", [&] { return stop.load(); }, f);
   stopper.join();
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled);
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
