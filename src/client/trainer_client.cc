@@ -1,6 +1,6 @@
 #include "client/trainer_client.h"
 
-#include "common/auth_preamble.h"
+#include "common/control_connect.h"
 
 #include <cstring>
 #include <future>
@@ -147,14 +147,16 @@ TrainerClient::~TrainerClient() = default;
 
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std::string& address) {
   auto impl = std::make_unique<Impl>();
+  absl::StatusOr<ControlClientOptions> options = ControlClientOptionsFromEnv();
+  if (!options.ok()) return options.status();
+  absl::StatusOr<kj::Own<kj::AsyncIoStream>> conn =
+      ConnectControl(impl->io.provider->getNetwork(), impl->io.waitScope, address, *options);
+  if (!conn.ok()) {
+    return absl::Status(conn.status().code(),
+                        absl::StrCat("cannot connect to refitd at '", address, "': ", conn.status().message()));
+  }
+  impl->conn = kj::mv(*conn);
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-    auto addr = impl->io.provider->getNetwork().parseAddress(address).wait(impl->io.waitScope);
-    impl->conn = addr->connect().wait(impl->io.waitScope);
-    if (IsTcpAddress(address)) {
-      // TCP control connections authenticate with the shared secret first (docs/security.md).
-      std::string preamble = AuthPreamble(ClientToken());
-      impl->conn->write(preamble.data(), preamble.size()).wait(impl->io.waitScope);
-    }
     impl->rpc = kj::heap<capnp::TwoPartyClient>(*impl->conn);
     impl->daemon = impl->rpc->bootstrap().castAs<proto::Daemon>();
   })) {
