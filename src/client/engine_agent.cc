@@ -155,7 +155,8 @@ void EngineAgent::Run(std::string address, Params params) {
         std::string msg = e->getDescription().cStr();
         constexpr std::string_view kPrefix = "remote exception: ";
         if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
-        report(absl::UnavailableError(absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg)));
+        report(absl::UnavailableError(
+            absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg, TlsDisconnectHint(msg))));
         break;
       }
     }

@@ -26,7 +26,9 @@ absl::Status FromException(const kj::Exception& e) {
   std::string msg = e.getDescription().cStr();
   constexpr std::string_view kPrefix = "remote exception: ";
   if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
-  if (e.getType() == kj::Exception::Type::DISCONNECTED) return absl::UnavailableError(absl::StrCat("refitd disconnected: ", msg));
+  if (e.getType() == kj::Exception::Type::DISCONNECTED) {
+    return absl::UnavailableError(absl::StrCat("refitd disconnected: ", msg, TlsDisconnectHint(msg)));
+  }
   if (msg.rfind("refit refused", 0) == 0 || msg.rfind("manifest refused", 0) == 0) return absl::FailedPreconditionError(msg);
   if (msg.rfind("busy", 0) == 0) return absl::UnavailableError(msg);
   return absl::AbortedError(msg);

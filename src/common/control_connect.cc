@@ -1,5 +1,6 @@
 #include "common/control_connect.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +106,14 @@ absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, 
     }
   }
   return stream;
+}
+
+std::string TlsDisconnectHint(const std::string& description) {
+  std::string lower = description;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.find("ssl") == std::string::npos) return "";  // kj-tls and OpenSSL errors say "ssl"
+  return " (over TLS: refitd may require a client certificate, REFIT_TLS_CERT and REFIT_TLS_KEY, or have refused "
+         "this one; its log says why)";
 }
 
 }  // namespace refit

@@ -44,6 +44,11 @@ absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, 
                                                           const std::string& address,
                                                           const ControlClientOptions& options);
 
+// For a connection lost with a TLS error: a hint at the likely causes (refitd requires a client
+// certificate, or refused the one presented; with TLS 1.3 that surfaces only at the first call).
+// "" for other errors.
+std::string TlsDisconnectHint(const std::string& description);
+
 }  // namespace refit
 
 #endif  // REFIT_COMMON_CONTROL_CONNECT_H_
