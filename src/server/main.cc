@@ -3,7 +3,8 @@
 //   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]
 //
 // Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
-// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0.
+// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0. SIGHUP: reload
+// the TLS certificate files (docs/security.md).
 #include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   // signals reach the event loop instead of killing the process.
   kj::UnixEventPort::captureSignal(SIGTERM);
   kj::UnixEventPort::captureSignal(SIGINT);
+  kj::UnixEventPort::captureSignal(SIGHUP);  // reloads the TLS files; ignored (logged) without TLS
   signal(SIGPIPE, SIG_IGN);
   std::string config_path, listen, model_spec;
   bool print_config = false;
@@ -146,8 +148,6 @@ int main(int argc, char** argv) {
                 absl::StrCat("event=tls_loaded subject=\"", ctx->summary.cert_subject, "\" not_after=\"",
                              ctx->summary.cert_not_after, "\" client_cas=", ctx->summary.trusted_cas));
     access.tls_client_certs = !config->tls_client_ca.empty();
-    // SIGHUP reloads the certificate files (rotation); captured before any thread exists.
-    kj::UnixEventPort::captureSignal(SIGHUP);
   } else if (!config->tls_client_ca.empty()) {
     return Fail("tls.client_ca is set without tls.cert and tls.key");
   }
@@ -237,6 +237,10 @@ int main(int argc, char** argv) {
   // fails to load keeps the previous certificate (and is logged).
   std::function<kj::Promise<void>()> reload_on_hup = [&]() -> kj::Promise<void> {
     return io.unixEventPort.onSignal(SIGHUP).then([&](siginfo_t) {
+      if (!with_tls) {
+        server::Log(server::LogLevel::kInfo, "event=sighup_ignored reason=\"no tls: configured, nothing to reload\"");
+        return reload_on_hup();
+      }
       absl::StatusOr<TlsContextAndSummary> next = NewServerTlsContext(tls_files);
       if (!next.ok()) {
         server::Log(server::LogLevel::kError, absl::StrCat("event=tls_reload_failed error=\"", next.status().message(),
@@ -250,8 +254,7 @@ int main(int argc, char** argv) {
       return reload_on_hup();
     });
   };
-  kj::Maybe<kj::Promise<void>> reloading;
-  if (with_tls) reloading = reload_on_hup().eagerlyEvaluate(nullptr);
+  kj::Promise<void> reloading = reload_on_hup().eagerlyEvaluate(nullptr);
   std::string address = config->listen;
   std::string unix_path;
   if (address.rfind("unix:", 0) == 0) {
