@@ -1,6 +1,6 @@
 #include "client/engine_agent.h"
 
-#include "common/auth_preamble.h"
+#include "common/control_connect.h"
 
 #include <future>
 
@@ -98,11 +98,16 @@ void EngineAgent::Run(std::string address, Params params) {
   while (true) {
     // One connection: register, then serve pause/resume until refitd goes away or Stop.
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-      auto conn = io.provider->getNetwork().parseAddress(address).wait(io.waitScope)->connect().wait(io.waitScope);
-      if (IsTcpAddress(address)) {
-        std::string preamble = AuthPreamble(ClientToken());
-        conn->write(preamble.data(), preamble.size()).wait(io.waitScope);
+      absl::StatusOr<ControlClientOptions> options = ControlClientOptionsFromEnv();
+      absl::StatusOr<kj::Own<kj::AsyncIoStream>> connected =
+          options.ok() ? ConnectControl(io.provider->getNetwork(), io.waitScope, address, *options)
+                       : absl::StatusOr<kj::Own<kj::AsyncIoStream>>(options.status());
+      if (!connected.ok()) {
+        // Handled like a lost connection: reported on the first attempt, retried after that.
+        kj::throwFatalException(kj::Exception(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
+                                              kj::heapString(std::string(connected.status().message()).c_str())));
       }
+      kj::Own<kj::AsyncIoStream> conn = kj::mv(*connected);
       capnp::TwoPartyClient rpc(*conn);
       auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
       auto req = daemon.registerEngineRequest();
@@ -150,7 +155,8 @@ void EngineAgent::Run(std::string address, Params params) {
         std::string msg = e->getDescription().cStr();
         constexpr std::string_view kPrefix = "remote exception: ";
         if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
-        report(absl::UnavailableError(absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg)));
+        report(absl::UnavailableError(
+            absl::StrCat("engine registration with refitd at '", address, "' failed: ", msg, TlsDisconnectHint(msg))));
         break;
       }
     }

@@ -1,6 +1,6 @@
 #include "client/trainer_client.h"
 
-#include "common/auth_preamble.h"
+#include "common/control_connect.h"
 
 #include <algorithm>
 #include <cstring>
@@ -29,7 +29,9 @@ absl::Status FromException(const kj::Exception& e) {
   std::string msg = e.getDescription().cStr();
   constexpr std::string_view kPrefix = "remote exception: ";
   if (msg.rfind(kPrefix, 0) == 0) msg = msg.substr(kPrefix.size());
-  if (e.getType() == kj::Exception::Type::DISCONNECTED) return absl::UnavailableError(absl::StrCat("refitd disconnected: ", msg));
+  if (e.getType() == kj::Exception::Type::DISCONNECTED) {
+    return absl::UnavailableError(absl::StrCat("refitd disconnected: ", msg, TlsDisconnectHint(msg)));
+  }
   if (msg.rfind("refit refused", 0) == 0 || msg.rfind("manifest refused", 0) == 0) return absl::FailedPreconditionError(msg);
   if (msg.rfind("busy", 0) == 0) return absl::UnavailableError(msg);
   return absl::AbortedError(msg);
@@ -234,18 +236,20 @@ struct RefitSession::Impl {
 
 namespace {
 
-// Connects the control plane of one daemon.
-absl::StatusOr<std::unique_ptr<TrainerClient::Impl>> ConnectControl(const std::string& address) {
+// Connects the control plane of one daemon (common/control_connect.h: Unix socket, TCP, TLS).
+absl::StatusOr<std::unique_ptr<TrainerClient::Impl>> OpenControl(const std::string& address) {
   auto impl = std::make_unique<TrainerClient::Impl>();
   impl->address = address;
+  absl::StatusOr<ControlClientOptions> options = ControlClientOptionsFromEnv();
+  if (!options.ok()) return options.status();
+  absl::StatusOr<kj::Own<kj::AsyncIoStream>> conn =
+      ConnectControl(impl->io.provider->getNetwork(), impl->io.waitScope, address, *options);
+  if (!conn.ok()) {
+    return absl::Status(conn.status().code(),
+                        absl::StrCat("cannot connect to refitd at '", address, "': ", conn.status().message()));
+  }
+  impl->conn = kj::mv(*conn);
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-    auto addr = impl->io.provider->getNetwork().parseAddress(address).wait(impl->io.waitScope);
-    impl->conn = addr->connect().wait(impl->io.waitScope);
-    if (IsTcpAddress(address)) {
-      // TCP control connections authenticate with the shared secret first (docs/security.md).
-      std::string preamble = AuthPreamble(ClientToken());
-      impl->conn->write(preamble.data(), preamble.size()).wait(impl->io.waitScope);
-    }
     impl->rpc = kj::heap<capnp::TwoPartyClient>(*impl->conn);
     impl->daemon = impl->rpc->bootstrap().castAs<proto::Daemon>();
   })) {
@@ -335,7 +339,7 @@ TrainerClient::TrainerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 TrainerClient::~TrainerClient() = default;
 
 absl::StatusOr<std::unique_ptr<TrainerClient>> TrainerClient::Connect(const std::string& address) {
-  absl::StatusOr<std::unique_ptr<Impl>> impl = ConnectControl(address);
+  absl::StatusOr<std::unique_ptr<Impl>> impl = OpenControl(address);
   if (!impl.ok()) return impl.status();
   return std::unique_ptr<TrainerClient>(new TrainerClient(std::move(*impl)));
 }

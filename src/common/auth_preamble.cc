@@ -23,8 +23,8 @@ absl::StatusOr<uint32_t> ParseAuthHead(const uint8_t head[8]) {
   }
   uint32_t n = 0;
   for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(head[4 + i]) << (8 * i);
-  if (n == 0 || n > kMaxTokenBytes) {
-    return absl::PermissionDeniedError(absl::StrCat("authentication token of ", n, " bytes (1..", kMaxTokenBytes, ")"));
+  if (n > kMaxTokenBytes) {
+    return absl::PermissionDeniedError(absl::StrCat("authentication token of ", n, " bytes (at most ", kMaxTokenBytes, ")"));
   }
   return n;
 }

@@ -1,6 +1,7 @@
 // The shared-secret preamble a client sends on a TCP control connection before any Cap'n Proto
-// message: "RFT1", the token's length (4 bytes, little endian), the token. refitd closes the
-// connection unless the token equals its configured one (docs/security.md). Unix-socket
+// message: "RFT1", the token's length (4 bytes, little endian), the token; inside TLS when the
+// listener has TLS. refitd closes the connection unless the token equals its configured one
+// (docs/security.md). Unix-socket
 // connections send nothing: refitd checks their uid instead.
 //
 // Threading: free functions, no shared state.
@@ -21,7 +22,8 @@ inline constexpr uint32_t kMaxTokenBytes = 4096;
 // The preamble bytes for `token`.
 std::string AuthPreamble(absl::string_view token);
 // Parses the 8-byte head of a preamble: the token length that follows, or an error (bad magic,
-// token longer than kMaxTokenBytes or empty).
+// token longer than kMaxTokenBytes). An empty token is well-formed: a client without a token
+// sends one, and refitd admits it only where no token is required (mutual TLS).
 absl::StatusOr<uint32_t> ParseAuthHead(const uint8_t head[8]);
 // Constant-time comparison (does not reveal how many leading bytes matched).
 bool TokensEqual(absl::string_view a, absl::string_view b);

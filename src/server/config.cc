@@ -63,7 +63,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
                                   {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
-                                   "limits", "admin", "access", "log_level"}));
+                                   "limits", "admin", "access", "tls", "log_level"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
@@ -82,6 +82,14 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     REFIT_RETURN_IF_ERROR(CheckKeys(a, path, "access", {"allowed_uids", "token_file"}));
     REFIT_RETURN_IF_ERROR(Get(a, "allowed_uids", path, "access.", c.allowed_uids));
     REFIT_RETURN_IF_ERROR(Get(a, "token_file", path, "access.", c.token_file));
+  }
+  if (const YAML::Node t = root["tls"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(t, path, "tls", {"cert", "key", "client_ca"}));
+    REFIT_RETURN_IF_ERROR(Get(t, "cert", path, "tls.", c.tls_cert));
+    REFIT_RETURN_IF_ERROR(Get(t, "key", path, "tls.", c.tls_key));
+    REFIT_RETURN_IF_ERROR(Get(t, "client_ca", path, "tls.", c.tls_client_ca));
+    if (c.tls_cert.empty()) return Err(t, path, "tls.cert", "is required when tls is set");
+    if (c.tls_key.empty()) return Err(t, path, "tls.key", "is required when tls is set");
   }
   REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));

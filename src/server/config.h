@@ -22,6 +22,11 @@ struct Config {
   // Shared secret for TCP control connections (first line of the file). Listening on TCP
   // without one is a startup error.
   std::string token_file;
+  // TLS for a TCP control plane (docs/security.md): certificate chain and key (PEM); with
+  // tls_client_ca, clients must present a certificate signed by one of its CAs.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
   std::string model_spec;       // path to the model spec YAML
   std::string model_spec_inline;  // or the spec itself (the embedded demo config uses this)
   // Data plane.

@@ -7,10 +7,89 @@
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
+#include "capnp/rpc.capnp.h"
+#include "capnp/serialize-async.h"
 #include "common/auth_preamble.h"
 #include "server/log.h"
 
 namespace refit::server {
+namespace {
+
+constexpr uint8_t kTlsHandshakeRecord = 0x16;
+
+// A refusal: its description is the reason that is logged.
+kj::Exception Refusal(const std::string& reason) {
+  return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::heapString(reason.c_str()));
+}
+
+// A stream that first returns bytes already read from `inner` (the peeked first byte), then
+// reads from `inner`; writes go straight to `inner`.
+class PrefixedStream final : public kj::AsyncIoStream {
+ public:
+  PrefixedStream(kj::Own<kj::AsyncIoStream> inner, uint8_t first) : inner_(kj::mv(inner)), first_(first) {}
+
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
+    if (!pending_ || max_bytes == 0) return inner_->tryRead(buffer, min_bytes, max_bytes);
+    pending_ = false;
+    auto* out = static_cast<uint8_t*>(buffer);
+    out[0] = first_;
+    if (min_bytes <= 1) return size_t(1);
+    return inner_->tryRead(out + 1, min_bytes - 1, max_bytes - 1).then([](size_t n) { return n + 1; });
+  }
+  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
+    return inner_->write(pieces);
+  }
+  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
+  void shutdownWrite() override { inner_->shutdownWrite(); }
+  void abortRead() override { inner_->abortRead(); }
+  void getsockopt(int level, int option, void* value, uint* length) override {
+    inner_->getsockopt(level, option, value, length);
+  }
+  void setsockopt(int level, int option, const void* value, uint length) override {
+    inner_->setsockopt(level, option, value, length);
+  }
+  void getsockname(struct sockaddr* addr, uint* length) override { inner_->getsockname(addr, length); }
+  void getpeername(struct sockaddr* addr, uint* length) override { inner_->getpeername(addr, length); }
+
+ private:
+  kj::Own<kj::AsyncIoStream> inner_;
+  uint8_t first_;
+  bool pending_ = true;
+};
+
+// Reads and drops what the peer still sends, up to `budget` bytes or its end of stream, so that
+// closing the connection does not reset it before the peer read our last message.
+kj::Promise<void> Drain(kj::AsyncIoStream& stream, size_t budget) {
+  if (budget == 0) return kj::READY_NOW;
+  auto buf = kj::heapArray<uint8_t>(4096);
+  auto* p = buf.begin();
+  return stream.tryRead(p, 1, buf.size()).then([&stream, budget, buf = kj::mv(buf)](size_t n) -> kj::Promise<void> {
+    if (n == 0) return kj::READY_NOW;
+    return Drain(stream, budget > n ? budget - n : 0);
+  });
+}
+
+// A client without TLS on a TLS listener sent the preamble and then expects Cap'n Proto RPC:
+// answer with an RPC Abort, which its RPC system reports as the reason of its failure.
+kj::Promise<void> TellPlainClient(kj::AsyncIoStream& stream) {
+  auto message = kj::heap<capnp::MallocMessageBuilder>();
+  auto abort = message->initRoot<capnp::rpc::Message>().initAbort();
+  abort.setType(capnp::rpc::Exception::Type::FAILED);
+  abort.setReason(
+      "refitd requires TLS on this port: set REFIT_TLS_CA to the CA that signed its certificate "
+      "(docs/security.md)");
+  auto& m = *message;
+  return capnp::writeMessage(stream, m)
+      .then([&stream]() {
+        stream.shutdownWrite();
+        return Drain(stream, 64 * 1024);
+      })
+      .attach(kj::mv(message))
+      .catch_([](kj::Exception&&) {});
+}
+
+}  // namespace
 
 // One admitted connection; members are destroyed in reverse order (RPC system, network, stream).
 struct ControlListener::Connection {
@@ -20,11 +99,12 @@ struct ControlListener::Connection {
 };
 
 ControlListener::ControlListener(capnp::Capability::Client bootstrap, capnp::ReaderOptions reader_options,
-                                 AccessPolicy policy, kj::Timer& timer)
+                                 AccessPolicy policy, kj::Timer& timer, kj::Own<kj::TlsContext> tls)
     : bootstrap_(kj::mv(bootstrap)),
       reader_options_(reader_options),
       policy_(std::move(policy)),
       timer_(timer),
+      tls_(kj::mv(tls)),
       tasks_(error_handler_) {}
 
 ControlListener::~ControlListener() = default;
@@ -38,6 +118,11 @@ kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool
     tasks_.add(Admit(kj::mv(stream), unix_socket));
     return Listen(listener, unix_socket);
   });
+}
+
+void ControlListener::ReplaceTls(kj::Own<kj::TlsContext> tls) {
+  KJ_REQUIRE(tls_.get() != nullptr && tls.get() != nullptr, "ReplaceTls on a listener without TLS");
+  tls_ = kj::mv(tls);
 }
 
 void ControlListener::Refuse(const std::string& reason) {
@@ -67,39 +152,94 @@ kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool
     Serve(kj::mv(stream));
     return kj::READY_NOW;
   }
-  if (policy_.token.empty()) {
-    Refuse("TCP connection, but no access.token_file is configured");
+  if (policy_.token.empty() && !(tls_.get() != nullptr && policy_.tls_client_certs)) {
+    Refuse("TCP connection, but neither access.token_file nor tls.client_ca is configured");
     return kj::READY_NOW;
   }
-  // TCP: the shared-secret preamble, within the handshake timeout, before any RPC.
+  // The whole admission (TLS handshake and preamble) within the handshake timeout: a peer that
+  // sends nothing is dropped then, and meanwhile holds only its own task.
+  auto timeout = timer_.afterDelay(policy_.handshake_timeout).then([this]() -> kj::Own<kj::AsyncIoStream> {
+    kj::throwFatalException(Refusal(absl::StrCat("no authentication within ",
+                                                 policy_.handshake_timeout / kj::MILLISECONDS, " ms")));
+  });
+  return AdmitTcp(kj::mv(stream))
+      .exclusiveJoin(kj::mv(timeout))
+      .then(
+          [this](kj::Own<kj::AsyncIoStream> admitted) {
+            Log(LogLevel::kDebug, absl::StrCat("event=connection_admitted transport=", tls_.get() != nullptr ? "tls" : "tcp"));
+            Serve(kj::mv(admitted));
+          },
+            [this](kj::Exception&& e) { Refuse(e.getDescription().cStr()); });
+}
+
+kj::Promise<kj::Own<kj::AsyncIoStream>> ControlListener::AdmitTcp(kj::Own<kj::AsyncIoStream> stream) {
+  if (tls_.get() == nullptr) return CheckPreamble(kj::mv(stream));
+  return StartTls(kj::mv(stream)).then([this](kj::Own<kj::AsyncIoStream> secured) {
+    return CheckPreamble(kj::mv(secured));
+  });
+}
+
+kj::Promise<kj::Own<kj::AsyncIoStream>> ControlListener::StartTls(kj::Own<kj::AsyncIoStream> stream) {
+  // Peek at the first byte: a TLS handshake starts with a handshake record (0x16). Anything else
+  // is a client without TLS, which is told so instead of seeing a bare disconnect.
+  auto first = kj::heap<uint8_t>(0);
+  uint8_t* first_ptr = first.get();
+  auto& stream_ref = *stream;
+  return stream_ref.tryRead(first_ptr, 1, 1).then(
+      [this, stream = kj::mv(stream), first = kj::mv(first)](size_t n) mutable -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+        if (n != 1) return Refusal("connection closed before the TLS handshake");
+        if (*first != kTlsHandshakeRecord) {
+          auto& s = *stream;
+          return TellPlainClient(s).then([stream = kj::mv(stream)]() mutable -> kj::Own<kj::AsyncIoStream> {
+            kj::throwFatalException(Refusal("client did not start a TLS handshake (a client without REFIT_TLS_CA?)"));
+          });
+        }
+        auto replay = kj::heap<PrefixedStream>(kj::mv(stream), *first);
+        return tls_->wrapServer(kj::mv(replay)).catch_([](kj::Exception&& e) -> kj::Own<kj::AsyncIoStream> {
+          kj::throwFatalException(Refusal(absl::StrCat("TLS handshake failed: ", e.getDescription().cStr())));
+        });
+      });
+}
+
+kj::Promise<kj::Own<kj::AsyncIoStream>> ControlListener::CheckPreamble(kj::Own<kj::AsyncIoStream> stream) {
   auto head = kj::heapArray<uint8_t>(8);
   auto& stream_ref = *stream;
-  auto read = stream_ref.tryRead(head.begin(), 8, 8).then(
-      [this, &stream_ref, head = kj::mv(head)](size_t n) mutable -> kj::Promise<kj::Maybe<kj::String>> {
-        if (n != 8) return kj::Maybe<kj::String>(kj::str("connection closed during authentication"));
+  auto* head_ptr = head.begin();
+  return stream_ref.tryRead(head_ptr, 8, 8).then(
+      [this, stream = kj::mv(stream), head = kj::mv(head)](size_t n) mutable -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+        if (n != 8) return Refusal("connection closed during authentication");
+        if (head[0] == kTlsHandshakeRecord && tls_.get() == nullptr) {
+          return Refusal("client started a TLS handshake, but this listener has no tls: configured");
+        }
         absl::StatusOr<uint32_t> len = ParseAuthHead(head.begin());
-        if (!len.ok()) return kj::Maybe<kj::String>(kj::str(std::string(len.status().message()).c_str()));
+        if (!len.ok()) return Refusal(std::string(len.status().message()));
         auto token = kj::heapArray<char>(*len);
+        auto& s = *stream;
         char* buf = token.begin();
-        return stream_ref.tryRead(buf, *len, *len)
-            .then([this, token = kj::mv(token)](size_t got) -> kj::Maybe<kj::String> {
-              if (got != token.size()) return kj::str("connection closed during authentication");
-              if (!TokensEqual(absl::string_view(token.begin(), token.size()), policy_.token)) {
-                return kj::str("wrong authentication token");
+        // No zero-byte read for an empty token: TLS streams treat it as a read of a record.
+        kj::Promise<size_t> read = *len == 0 ? kj::Promise<size_t>(size_t(0)) : s.tryRead(buf, *len, *len);
+        return read
+            .then([this, stream = kj::mv(stream), token = kj::mv(token)](size_t got) mutable
+                  -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+              if (got != token.size()) return Refusal("connection closed during authentication");
+              if (policy_.token.empty()) return kj::mv(stream);  // admitted by its client certificate
+              if (token.size() == 0) {
+                return Refusal("no authentication token (the client has no REFITD_TOKEN or REFITD_TOKEN_FILE)");
               }
-              return nullptr;
+              if (!TokensEqual(absl::string_view(token.begin(), token.size()), policy_.token)) {
+                return Refusal("wrong authentication token");
+              }
+              return kj::mv(stream);
             });
+      })
+      .catch_([this](kj::Exception&& e) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
+        if (e.getType() != kj::Exception::Type::DISCONNECTED) return kj::mv(e);
+        return Refusal(absl::StrCat("connection lost during authentication",
+                                    tls_.get() != nullptr ? " (a TLS client that does not trust refitd's certificate "
+                                                            "closes here)"
+                                                          : "",
+                                    ": ", e.getDescription().cStr()));
       });
-  return timer_.timeoutAfter(policy_.handshake_timeout, kj::mv(read))
-      .then(
-          [this, stream = kj::mv(stream)](kj::Maybe<kj::String> refusal) mutable {
-            KJ_IF_MAYBE(r, refusal) {
-              Refuse(r->cStr());
-              return;
-            }
-            Serve(kj::mv(stream));
-          },
-          [this](kj::Exception&& e) { Refuse(absl::StrCat("authentication failed: ", e.getDescription().cStr())); });
 }
 
 void ControlListener::Serve(kj::Own<kj::AsyncIoStream> stream) {

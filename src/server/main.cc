@@ -3,7 +3,8 @@
 //   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]
 //
 // Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
-// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0.
+// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0. SIGHUP: reload
+// the TLS certificate files (docs/security.md).
 #include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 
@@ -24,6 +26,7 @@
 #include "metrics/registry.h"
 #include "server/admin/admin_server.h"
 #include "common/failpoint.h"
+#include "common/tls_context.h"
 #include "server/config.h"
 #include "server/control_listener.h"
 #include "server/daemon_metrics.h"
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   // signals reach the event loop instead of killing the process.
   kj::UnixEventPort::captureSignal(SIGTERM);
   kj::UnixEventPort::captureSignal(SIGINT);
+  kj::UnixEventPort::captureSignal(SIGHUP);  // reloads the TLS files; ignored (logged) without TLS
   signal(SIGPIPE, SIG_IGN);
   std::string config_path, listen, model_spec;
   bool print_config = false;
@@ -114,9 +118,38 @@ int main(int argc, char** argv) {
     if (access.token.size() < 16) return Fail("access.token_file: the token must be at least 16 bytes");
   }
   const bool unix_socket = config->listen.rfind("unix:", 0) == 0;
-  if (!unix_socket && access.token.empty()) {
+  if (!unix_socket && access.token.empty() && config->tls_client_ca.empty()) {
     return Fail(absl::StrCat("listen '", config->listen,
-                             "' is TCP: set access.token_file (a shared secret) or listen on a unix: socket"));
+                             "' is TCP: set access.token_file (a shared secret) or tls.client_ca (mutual TLS), "
+                             "or listen on a unix: socket"));
+  }
+  // TLS for the TCP control plane (docs/security.md). Relative paths are relative to the config.
+  TlsFiles tls_files;
+  kj::Own<kj::TlsContext> tls;
+  if (!config->tls_cert.empty()) {
+    if (unix_socket) {
+      return Fail(absl::StrCat("tls: is set, but listen '", config->listen,
+                               "' is a unix: socket; TLS applies to a TCP listen address"));
+    }
+    auto resolve = [&](const std::string& p) {
+      if (p.empty() || config_path.empty() || !std::filesystem::path(p).is_relative()) return p;
+      return (std::filesystem::path(config_path).parent_path() / p).string();
+    };
+    tls_files.cert = resolve(config->tls_cert);
+    tls_files.key = resolve(config->tls_key);
+    tls_files.trust_ca = resolve(config->tls_client_ca);
+    tls_files.cert_setting = "tls.cert";
+    tls_files.key_setting = "tls.key";
+    tls_files.trust_ca_setting = "tls.client_ca";
+    absl::StatusOr<TlsContextAndSummary> ctx = NewServerTlsContext(tls_files);
+    if (!ctx.ok()) return Fail(ctx.status().message());
+    tls = kj::mv(ctx->context);
+    server::Log(server::LogLevel::kInfo,
+                absl::StrCat("event=tls_loaded subject=\"", ctx->summary.cert_subject, "\" not_after=\"",
+                             ctx->summary.cert_not_after, "\" client_cas=", ctx->summary.trusted_cas));
+    access.tls_client_certs = !config->tls_client_ca.empty();
+  } else if (!config->tls_client_ca.empty()) {
+    return Fail("tls.client_ca is set without tls.cert and tls.key");
   }
   gid_t socket_gid = static_cast<gid_t>(-1);
   if (!config->socket_group.empty()) {
@@ -197,7 +230,31 @@ int main(int argc, char** argv) {
 
   capnp::ReaderOptions reader;
   reader.traversalLimitInWords = config->max_message_words;
-  server::ControlListener rpc(server::MakeDaemon(state), reader, std::move(access), io.provider->getTimer());
+  const bool with_tls = tls.get() != nullptr;
+  server::ControlListener rpc(server::MakeDaemon(state), reader, std::move(access), io.provider->getTimer(),
+                              kj::mv(tls));
+  // Certificate rotation: on SIGHUP, new connections use the files' current contents; a file that
+  // fails to load keeps the previous certificate (and is logged).
+  std::function<kj::Promise<void>()> reload_on_hup = [&]() -> kj::Promise<void> {
+    return io.unixEventPort.onSignal(SIGHUP).then([&](siginfo_t) {
+      if (!with_tls) {
+        server::Log(server::LogLevel::kInfo, "event=sighup_ignored reason=\"no tls: configured, nothing to reload\"");
+        return reload_on_hup();
+      }
+      absl::StatusOr<TlsContextAndSummary> next = NewServerTlsContext(tls_files);
+      if (!next.ok()) {
+        server::Log(server::LogLevel::kError, absl::StrCat("event=tls_reload_failed error=\"", next.status().message(),
+                                                           "\" (keeping the previous certificate)"));
+      } else {
+        rpc.ReplaceTls(kj::mv(next->context));
+        server::Log(server::LogLevel::kInfo,
+                    absl::StrCat("event=tls_reloaded subject=\"", next->summary.cert_subject, "\" not_after=\"",
+                                 next->summary.cert_not_after, "\" client_cas=", next->summary.trusted_cas));
+      }
+      return reload_on_hup();
+    });
+  };
+  kj::Promise<void> reloading = reload_on_hup().eagerlyEvaluate(nullptr);
   std::string address = config->listen;
   std::string unix_path;
   if (address.rfind("unix:", 0) == 0) {
@@ -220,7 +277,7 @@ int main(int argc, char** argv) {
     }
   }
   server::Log(server::LogLevel::kInfo,
-              absl::StrCat("event=listening control=", address, " data=", state.receiver->Endpoint(),
+              absl::StrCat("event=listening control=", address, with_tls ? " tls=on" : "", " data=", state.receiver->Endpoint(),
                            " model=", state.spec.model, " pid=", getpid(),
                            admin_server ? absl::StrCat(" admin_port=", admin_server->port()) : ""));
   std::fflush(stdout);

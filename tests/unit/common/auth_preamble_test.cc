@@ -17,10 +17,18 @@ TEST(AuthPreambleTest, RoundTrip) {
 TEST(AuthPreambleTest, RefusesBadHeads) {
   const uint8_t capnp_first[8] = {0, 0, 0, 0, 5, 0, 0, 0};  // a Cap'n Proto segment table
   EXPECT_EQ(ParseAuthHead(capnp_first).status().code(), absl::StatusCode::kPermissionDenied);
-  std::string empty = AuthPreamble("");
-  EXPECT_FALSE(ParseAuthHead(reinterpret_cast<const uint8_t*>(empty.data())).ok());
+  std::string tls_hello = "\x16\x03\x01\x02\x00\x01\x00\x01";  // a TLS ClientHello on a plain listener
+  EXPECT_FALSE(ParseAuthHead(reinterpret_cast<const uint8_t*>(tls_hello.data())).ok());
   std::string huge = AuthPreamble(std::string(kMaxTokenBytes + 1, 'x'));
   EXPECT_FALSE(ParseAuthHead(reinterpret_cast<const uint8_t*>(huge.data())).ok());
+}
+
+TEST(AuthPreambleTest, EmptyTokenIsWellFormed) {
+  // Clients without a token still send the preamble; refitd decides whether that suffices.
+  std::string empty = AuthPreamble("");
+  absl::StatusOr<uint32_t> n = ParseAuthHead(reinterpret_cast<const uint8_t*>(empty.data()));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 0u);
 }
 
 TEST(AuthPreambleTest, TokensEqual) {
