@@ -15,7 +15,9 @@
 // --spec nvfp4 quantizes every expert projection to NVFP4 (three staged outputs each), as
 // tools/bench/moe_nvfp4_spec.yaml does; passthrough copies everything as sent.
 // Prints milliseconds and microseconds per tensor for each phase (median of --iters sessions,
-// after one warm-up session that fills the staging pool).
+// after one warm-up session that fills the staging pool and the planner's memo), and the
+// converter's own work (copies, reference quantizers) timed alone on the same tensors, so that
+// "convert minus converter work" is the session's bookkeeping per tensor.
 #include <unistd.h>
 
 #include <algorithm>
@@ -132,9 +134,36 @@ std::vector<Bucket> PackBuckets(const std::vector<demo::HfTensor>& tensors, int 
 }
 
 struct Phases {
-  double plan = 0, announce = 0, finish = 0, receive = 0, convert = 0, validate = 0, prepare = 0, write = 0,
-         close = 0, total = 0;
+  double plan = 0, announce = 0, finish = 0, receive = 0, convert = 0, work = 0, bookkeeping = 0, validate = 0, prepare = 0,
+         write = 0, close = 0, total = 0;
 };
+
+// The converter's own work on every tensor (copies, reference quantizers) outside the session,
+// into scratch outputs: convert minus this is the session's bookkeeping.
+absl::StatusOr<double> ConverterWorkMs(const Planner& planner, Converter& converter, const std::vector<Bucket>& data) {
+  std::vector<std::vector<uint8_t>> scratch;
+  std::vector<formats::MutableBytes> outs;
+  absl::Duration took;
+  for (const Bucket& b : data) {
+    for (const TensorDesc& d : b.header.tensors) {
+      absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = planner.SharedPlan(d.name, d.dtype, d.shape);
+      if (!plan.ok()) return plan.status();
+      scratch.resize((*plan)->targets.size());
+      outs.clear();
+      for (size_t i = 0; i < scratch.size(); ++i) {
+        scratch[i].resize((*plan)->targets[i].spec.bytes);
+        outs.push_back({scratch[i].data(), scratch[i].size()});
+      }
+      const absl::Time start = absl::Now();
+      absl::Status st = converter.Convert(**plan, d, b.payload.data() + d.offset, storage::MemoryKind::kHost, outs,
+                                          planner.spec().options);
+      took += absl::Now() - start;
+      if (!st.ok()) return st;
+    }
+  }
+  converter.Sync();
+  return absl::ToDoubleMilliseconds(took);
+}
 
 int Run(int argc, char** argv) {
   std::string model = "moe", spec_arg = "nvfp4";
@@ -294,6 +323,13 @@ int Run(int argc, char** argv) {
     p.write = ms(t6 - t5);
     p.close = ms(t7 - t6);
     p.total = ms(t7 - t0);
+    absl::StatusOr<double> work = ConverterWorkMs(*planner, converter, data);
+    if (!work.ok()) {
+      std::fprintf(stderr, "converter: %s\n", std::string(work.status().message()).c_str());
+      return 1;
+    }
+    p.work = *work;
+    p.bookkeeping = p.convert - p.work;
     if (it > 0) runs.push_back(p);
   }
   auto median = [&](double Phases::*field) {
@@ -309,6 +345,8 @@ int Run(int argc, char** argv) {
       {"session start + announce", &Phases::announce},
       {"  receive (session timer)", &Phases::receive},
       {"  convert (session timer)", &Phases::convert},
+      {"    converter work (measured alone)", &Phases::work},
+      {"    convert minus converter work", &Phases::bookkeeping},
       {"finish (receive+convert wall)", &Phases::finish},
       {"validate (Ledger::Check)", &Phases::validate},
       {"prepare commit", &Phases::prepare},
