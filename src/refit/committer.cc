@@ -144,7 +144,9 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     REFIT_RETURN_IF_ERROR(memory.CopyFromHost(buf, bytes.data(), bytes.size()));
     return buf;
   };
-  std::set<size_t> staged(produced.begin(), produced.end());
+  std::vector<bool> staged(params.size(), false);
+  for (size_t i : produced) staged[i] = true;
+  prepared.writes.reserve(produced.size() + planner.derived().size());
   for (size_t i : produced) {
     const ParamSource& src = planner.source(i);
     const storage::ParamInfo& p = params[i];
@@ -192,7 +194,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     prepared.writes.push_back({i, data});
   }
   for (const DerivedTarget& d : planner.derived()) {
-    if (!staged.count(d.from_index)) continue;  // source unchanged in this refit: derived value still valid
+    if (!staged[d.from_index]) continue;  // source unchanged in this refit: derived value still valid
     REFIT_ASSIGN_OR_RETURN(Built from, BuildParam(planner, d.from_index, host_lookup, false));
     const storage::ParamInfo& target = params[d.target_index];
     std::vector<uint8_t> out(target.nbytes);

@@ -1,5 +1,6 @@
 #include "refit/ledger.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -22,24 +23,33 @@ Ledger::Ledger(const Planner& planner) : planner_(planner) {
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].resize(planner.source(i).slots.size());
 }
 
-absl::StatusOr<TensorPlan> Ledger::Arrive(const TensorDesc& desc) {
+absl::StatusOr<std::shared_ptr<const TensorPlan>> Ledger::Arrive(const TensorDesc& desc) {
   absl::MutexLock lock(&mu_);
-  int& count = arrivals_[desc.name];
-  ++count;
-  if (count > 1) return absl::AlreadyExistsError(absl::StrCat("tensor '", desc.name, "' arrived ", count, " times"));
-  absl::StatusOr<TensorPlan> plan = planner_.Plan(desc.name, desc.dtype, desc.shape);
+  Arrival& arrival = arrivals_[desc.name];
+  ++arrival.count;
+  if (arrival.count > 1) {
+    return absl::AlreadyExistsError(absl::StrCat("tensor '", desc.name, "' arrived ", arrival.count, " times"));
+  }
+  absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = planner_.SharedPlan(desc.name, desc.dtype, desc.shape);
   if (!plan.ok()) {
     errors_.push_back(std::string(plan.status().message()));
     return plan;
   }
-  rules_[desc.name] = plan->rule;
-  for (const Target& t : plan->targets) {
+  arrival.plan = *plan;
+  for (const Target& t : (*plan)->targets) {
     Slot& s = slots_[t.engine_index][static_cast<size_t>(t.slot)];
     ++s.count;
-    s.dtype = t.spec.dtype;
-    s.shape = t.spec.shape;
+    s.out = &t.spec;
   }
   return plan;
+}
+
+std::vector<const std::string*> Ledger::SortedNames() const {
+  std::vector<const std::string*> names;
+  names.reserve(arrivals_.size());
+  for (const auto& [name, arrival] : arrivals_) names.push_back(&name);
+  std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  return names;
 }
 
 void Ledger::Fail(const std::string& name, const absl::Status& error) {
@@ -52,8 +62,10 @@ void Ledger::Fail(const std::string& name, const absl::Status& error) {
 absl::Status Ledger::Check(bool partial) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> problems = errors_;
-  for (const auto& [name, count] : arrivals_) {
-    if (count > 1) problems.push_back(absl::StrCat("duplicate: tensor '", name, "' arrived ", count, " times"));
+  const std::vector<const std::string*> names = SortedNames();
+  for (const std::string* name : names) {
+    const int count = arrivals_.find(*name)->second.count;
+    if (count > 1) problems.push_back(absl::StrCat("duplicate: tensor '", *name, "' arrived ", count, " times"));
   }
   const auto& params = planner_.params();
   std::vector<bool> produced(params.size(), false), complete(params.size(), false);
@@ -88,7 +100,7 @@ absl::Status Ledger::Check(bool partial) const {
     const ParamSource& src = planner_.source(i);
     if (src.data_index < 0 || !complete[static_cast<size_t>(src.data_index)]) return -1;
     std::vector<Shape> shapes;
-    for (const Slot& s : slots_[static_cast<size_t>(src.data_index)]) shapes.push_back(s.shape);
+    for (const Slot& s : slots_[static_cast<size_t>(src.data_index)]) shapes.push_back(s.out->shape);
     absl::StatusOr<Shape> a = AssembledShape(*src.rule, shapes);
     return a.ok() && a->size() >= 2 ? (*a)[a->size() - 2] : -1;
   };
@@ -96,14 +108,14 @@ absl::Status Ledger::Check(bool partial) const {
     if (!complete[i]) continue;
     const ParamSource& src = planner_.source(i);
     std::vector<Shape> shapes;
-    for (const Slot& s : slots_[i]) shapes.push_back(s.shape);
+    for (const Slot& s : slots_[i]) shapes.push_back(s.out->shape);
     absl::StatusOr<Shape> assembled = AssembledShape(*src.rule, shapes);
     if (!assembled.ok()) {
       problems.push_back(absl::StrCat("engine parameter '", params[i].name, "': ", assembled.status().message()));
       continue;
     }
     absl::StatusOr<std::pair<DType, Shape>> laid =
-        LayoutShape(*src.rule, src.suffix, slots_[i][0].dtype, *assembled, data_rows(i));
+        LayoutShape(*src.rule, src.suffix, slots_[i][0].out->dtype, *assembled, data_rows(i));
     if (!laid.ok()) {
       problems.push_back(absl::StrCat("engine parameter '", params[i].name, "': ", laid.status().message()));
     } else if (laid->first != params[i].dtype || laid->second != params[i].shape) {
@@ -125,9 +137,10 @@ absl::Status Ledger::Check(bool partial) const {
       }
     }
   } else {
-    for (const auto& [name, rule] : rules_) {
-      if (!rule->partial) {
-        problems.push_back(absl::StrCat("partial refit: tensor '", name, "' (", rule->Describe(),
+    for (const std::string* name : names) {
+      const std::shared_ptr<const TensorPlan>& plan = arrivals_.find(*name)->second.plan;
+      if (plan != nullptr && !plan->rule->partial) {
+        problems.push_back(absl::StrCat("partial refit: tensor '", *name, "' (", plan->rule->Describe(),
                                         ") may not be refit alone"));
       }
     }
@@ -157,7 +170,8 @@ absl::Status Ledger::Check(bool partial) const {
   // Explicit groups: any member present means every member present.
   for (const spec::Group& g : planner_.spec().groups) {
     std::set<std::string> seen_instances;
-    for (const auto& [name, count] : arrivals_) {
+    for (const std::string* arrived : names) {
+      const std::string& name = *arrived;
       for (const spec::NamePattern& member : g.members) {
         std::optional<spec::Captures> caps = member.Match(name);
         if (!caps) continue;

@@ -8,11 +8,12 @@
 #ifndef REFIT_REFIT_LEDGER_H_
 #define REFIT_REFIT_LEDGER_H_
 
-#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "refit/planner.h"
@@ -25,7 +26,7 @@ class Ledger {
 
   // Records one arrival. A duplicate is recorded (and refused at Check) without planning again.
   // Returns the plan when this is the first arrival of `name` and it planned cleanly.
-  absl::StatusOr<TensorPlan> Arrive(const TensorDesc& desc);
+  absl::StatusOr<std::shared_ptr<const TensorPlan>> Arrive(const TensorDesc& desc);
   // Records a failure converting `name` (e.g. NaN input); refuses the commit.
   void Fail(const std::string& name, const absl::Status& error);
 
@@ -40,13 +41,18 @@ class Ledger {
  private:
   struct Slot {
     int count = 0;
-    DType dtype = DType::kU8;
-    Shape shape;
+    const formats::OutputSpec* out = nullptr;  // dtype and shape as staged, in a plan held below
   };
+  struct Arrival {
+    int count = 0;
+    std::shared_ptr<const TensorPlan> plan;  // when the first arrival planned cleanly
+  };
+  // Arrived names in name order (messages list them sorted).
+  std::vector<const std::string*> SortedNames() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Planner& planner_;
   mutable absl::Mutex mu_;
-  std::map<std::string, int> arrivals_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, const spec::Rule*> rules_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<Slot>> slots_ ABSL_GUARDED_BY(mu_);  // per engine parameter
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
 };

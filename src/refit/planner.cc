@@ -125,6 +125,7 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
     } else {
       src.slots.push_back(name);
     }
+    p.memo_limit_ += src.slots.size();
     p.expected_.push_back(i);
   }
   // Scales find their data tensor (pack_ue8m0 needs its rows).
@@ -144,6 +145,30 @@ int64_t Planner::IndexOf(const std::string& name) const {
 }
 
 absl::StatusOr<TensorPlan> Planner::Plan(const std::string& name, DType dtype, const Shape& shape) const {
+  REFIT_ASSIGN_OR_RETURN(std::shared_ptr<const TensorPlan> plan, SharedPlan(name, dtype, shape));
+  return *plan;
+}
+
+absl::StatusOr<std::shared_ptr<const TensorPlan>> Planner::SharedPlan(const std::string& name, DType dtype,
+                                                                      const Shape& shape) const {
+  {
+    absl::MutexLock lock(&memo_->mu);
+    auto it = memo_->plans.find(name);
+    if (it != memo_->plans.end() && it->second.dtype == dtype && it->second.shape == shape) return it->second.plan;
+  }
+  REFIT_ASSIGN_OR_RETURN(TensorPlan resolved, Resolved(name, dtype, shape));
+  auto plan = std::make_shared<const TensorPlan>(std::move(resolved));
+  absl::MutexLock lock(&memo_->mu);
+  auto it = memo_->plans.find(name);
+  if (it != memo_->plans.end()) {
+    it->second = Memo::Entry{dtype, shape, plan};  // the latest dtype/shape this name arrived with
+  } else if (memo_->plans.size() < memo_limit_) {
+    memo_->plans.emplace(name, Memo::Entry{dtype, shape, plan});
+  }
+  return plan;
+}
+
+absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtype, const Shape& shape) const {
   REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(*spec_, name, dtype, shape));
   if (r.rule->never) {
     return absl::InvalidArgumentError(

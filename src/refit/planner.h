@@ -2,16 +2,22 @@
 // and says how every registered engine parameter is produced: built from staged
 // checkpoint-format pieces (one per slot of a fused/stacked parameter), derived from another
 // parameter at commit, or kept as the engine has it (`refit: never`).
-// Built once per engine registration; immutable afterwards (thread-safe to read).
+// Built once per engine registration; immutable afterwards (thread-safe to read). Plans are
+// memoized by tensor name (a plan depends only on the spec, the registration and the tensor's
+// dtype and shape), so a tensor is resolved once per registration, not once per refit.
 #ifndef REFIT_REFIT_PLANNER_H_
 #define REFIT_REFIT_PLANNER_H_
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "formats/format.h"
 #include "refit/resolve.h"
 #include "refit/types.h"
@@ -66,6 +72,12 @@ class Planner {
   // What `name` (dtype, shape as the trainer sends it) becomes. Errors name the tensor and say
   // why (no such engine parameter, dtype/shape mismatch, marked never, format cannot take it).
   absl::StatusOr<TensorPlan> Plan(const std::string& name, DType dtype, const Shape& shape) const;
+  // The same plan, shared: the memoized one when `name` was planned before with this dtype and
+  // shape (one hash lookup), else planned now and memoized when it planned cleanly. Errors are
+  // never memoized. Memory stays bounded: only names that land in a registered slot plan cleanly,
+  // and at most one plan per name is kept.
+  absl::StatusOr<std::shared_ptr<const TensorPlan>> SharedPlan(const std::string& name, DType dtype,
+                                                               const Shape& shape) const;
 
   const spec::ModelSpec& spec() const { return *spec_; }
   const std::vector<storage::ParamInfo>& params() const { return params_; }
@@ -83,6 +95,19 @@ class Planner {
   std::map<std::string, size_t> by_name_;
   std::vector<size_t> expected_;
   std::vector<DerivedTarget> derived_;
+
+  absl::StatusOr<TensorPlan> Resolved(const std::string& name, DType dtype, const Shape& shape) const;
+  struct Memo {
+    struct Entry {
+      DType dtype;
+      Shape shape;
+      std::shared_ptr<const TensorPlan> plan;
+    };
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, Entry> plans ABSL_GUARDED_BY(mu);
+  };
+  size_t memo_limit_ = 0;  // every slot of every built parameter: the most names that plan cleanly
+  std::unique_ptr<Memo> memo_ = std::make_unique<Memo>();
 };
 
 }  // namespace refit

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
@@ -199,18 +200,25 @@ void Session::ConvertLoop() {
 absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                             const TensorPlan& plan, std::optional<float> global_amax, uint64_t& out_bytes) {
   const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
-  std::vector<uint8_t*> staged;
-  std::vector<formats::MutableBytes> outs;
+  absl::InlinedVector<uint8_t*, 4> staged;
+  absl::InlinedVector<formats::MutableBytes, 4> outs;
+  uint64_t tensor_bytes = 0;
   for (const Target& t : plan.targets) {
     REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_.Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
     staged.push_back(buf);
     outs.push_back({buf, t.spec.bytes});
     out_bytes += t.spec.bytes;
+    tensor_bytes += t.spec.bytes;
   }
-  const std::string format = plan.kind == ConvertKind::kCopy ? "passthrough" : formats::FormatName(plan.format);
   {
-    absl::MutexLock lock(&mu_);
-    for (const Target& t : plan.targets) bytes_out_by_format_[format] += t.spec.bytes;
+    const bool copy = plan.kind == ConvertKind::kCopy;
+    auto same = [&](const FormatBytes& f) { return f.copy == copy && (copy || f.format == plan.format); };
+    auto it = std::find_if(bucket_out_by_format_.begin(), bucket_out_by_format_.end(), same);
+    if (it == bucket_out_by_format_.end()) {
+      bucket_out_by_format_.push_back({copy, plan.format, tensor_bytes});
+    } else {
+      it->bytes += tensor_bytes;
+    }
   }
   if (!sharded && !plan.transpose && !global_amax) {
     // The common case: the converter (CPU, or GPU kernels) writes straight into staging.
@@ -256,12 +264,13 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
 }
 
 absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
-                            const TensorPlan& plan, uint64_t& out_bytes) {
+                            std::shared_ptr<const TensorPlan> shared_plan, uint64_t& out_bytes) {
+  const TensorPlan& plan = *shared_plan;
   if (src_kind != storage::MemoryKind::kHost) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor '", desc.name, "' shares a group amax; such tensors need a host data plane"));
   }
-  PendingMember member{desc, plan, std::nullopt, std::vector<uint8_t>(src, src + desc.nbytes)};
+  PendingMember member{desc, std::move(shared_plan), std::nullopt, std::vector<uint8_t>(src, src + desc.nbytes)};
   absl::StatusOr<float> amax =
       TensorAmax(formats::ConstTensor{desc.dtype, desc.shape, member.input.data()}, planner_.spec().options, desc.name);
   if (amax.ok()) {
@@ -285,19 +294,27 @@ absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage:
   absl::Status result;
   for (const PendingMember& m : group) {
     if (!all_ok) break;
-    absl::Status st = Stage(m.desc, m.input.data(), storage::MemoryKind::kHost, m.plan, a, out_bytes);
+    absl::Status st = Stage(m.desc, m.input.data(), storage::MemoryKind::kHost, *m.plan, a, out_bytes);
     if (st.code() == absl::StatusCode::kResourceExhausted) {
       result = st;
     } else if (!st.ok()) {
       ledger_.Fail(m.desc.name, st);
     }
   }
-  pending_.erase(plan.amax_group_key);
+  pending_.erase(plan.amax_group_key);  // `plan` stays valid: the caller holds it too
   return result;
 }
 
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   uint64_t out_bytes = 0;
+  bucket_out_by_format_.clear();
+  // Per-format bytes are counted as tensors are staged (also when the bucket then fails).
+  auto add_format_bytes = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const FormatBytes& f : bucket_out_by_format_) {
+      bytes_out_by_format_[f.copy ? "passthrough" : formats::FormatName(f.format)] += f.bytes;
+    }
+    bucket_out_by_format_.clear();
+  };
   std::vector<std::shared_ptr<uint8_t>> assembled;  // whole tensors from slices, until converted
   for (const TensorDesc& arrived : header.tensors) {
     const TensorDesc* slice_or_whole = &arrived;
@@ -309,6 +326,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
         converter_.Sync();
         absl::MutexLock lock(&mu_);
+        add_format_bytes();
         FailLocked(added.status());
         return;
       }
@@ -323,13 +341,15 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       slice_or_whole = &whole;
     }
     const TensorDesc& desc = *slice_or_whole;
-    absl::StatusOr<TensorPlan> plan = ledger_.Arrive(desc);
+    absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(desc);
     if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
-    absl::Status status = plan->amax_group.empty() ? Stage(desc, src, ring_.kind(), *plan, std::nullopt, out_bytes)
-                                                   : Defer(desc, src, ring_.kind(), *plan, out_bytes);
+    absl::Status status = (*plan)->amax_group.empty()
+                              ? Stage(desc, src, ring_.kind(), **plan, std::nullopt, out_bytes)
+                              : Defer(desc, src, ring_.kind(), *plan, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       converter_.Sync();
       absl::MutexLock lock(&mu_);
+      add_format_bytes();
       std::string msg(status.message());
       FailLocked(absl::ResourceExhaustedError(
           msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
@@ -340,6 +360,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   // The slot is released after this returns: every conversion reading it must be complete.
   for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
   absl::MutexLock lock(&mu_);
+  add_format_bytes();
   bytes_out_ += out_bytes;
 }
 

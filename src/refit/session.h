@@ -86,8 +86,8 @@ class Session {
                      std::optional<float> global_amax, uint64_t& out_bytes);
   // A fused NVFP4 member: held until every member of its group arrived (their shared amax
   // must be known before any member is encoded), then the whole group is converted.
-  absl::Status Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
-                     uint64_t& out_bytes);
+  absl::Status Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                     std::shared_ptr<const TensorPlan> plan, uint64_t& out_bytes);
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckHeader(const BucketHeader& header) const;
 
@@ -114,10 +114,19 @@ class Session {
   absl::Duration receive_time_ ABSL_GUARDED_BY(mu_);
   absl::Duration convert_time_ ABSL_GUARDED_BY(mu_);
 
+  // Bytes staged per format ("passthrough" for copies) in the bucket being converted, added to
+  // bytes_out_by_format_ once per bucket. Converter thread only.
+  struct FormatBytes {
+    bool copy;
+    formats::Format format;
+    uint64_t bytes;
+  };
+  std::vector<FormatBytes> bucket_out_by_format_;
+
   // Fused NVFP4 members waiting for their group, by group key. Converter thread only.
   struct PendingMember {
     TensorDesc desc;
-    TensorPlan plan;
+    std::shared_ptr<const TensorPlan> plan;
     std::optional<float> amax;  // nullopt when the member's input was refused
     std::vector<uint8_t> input;  // a host copy of the member's input bytes
   };

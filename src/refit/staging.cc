@@ -11,11 +11,14 @@ absl::StatusOr<uint8_t*> StagingPool::Get(const std::string& key, uint64_t nbyte
   if (it != buffers_.end() && it->second.bytes >= nbytes) return it->second.data.get();
   absl::StatusOr<std::shared_ptr<uint8_t>> data = memory_->Allocate(nbytes);
   if (!data.ok()) return data.status();
-  if (it != buffers_.end()) bytes_ -= it->second.bytes;
-  Buffer& b = buffers_[key];
-  b = Buffer{std::move(*data), nbytes};
+  if (it == buffers_.end()) {
+    it = buffers_.emplace(key, Buffer{nullptr, 0}).first;
+  } else {
+    bytes_ -= it->second.bytes;
+  }
+  it->second = Buffer{std::move(*data), nbytes};
   bytes_ += nbytes;
-  return b.data.get();
+  return it->second.data.get();
 }
 
 uint64_t StagingPool::bytes() const {
@@ -25,14 +28,19 @@ uint64_t StagingPool::bytes() const {
 
 absl::StatusOr<uint8_t*> Staging::Allocate(const std::string& key, DType dtype, const Shape& shape, uint64_t nbytes) {
   absl::MutexLock lock(&mu_);
-  if (staged_.count(key)) return absl::AlreadyExistsError(absl::StrCat("'", key, "' staged twice"));
+  auto [it, inserted] = staged_.try_emplace(key);
+  if (!inserted) return absl::AlreadyExistsError(absl::StrCat("'", key, "' staged twice"));
   if (nbytes > limit_ - bytes_) {
+    staged_.erase(it);
     return absl::ResourceExhaustedError(absl::StrCat("staging limit of ", limit_, " bytes reached (", bytes_,
                                                      " in use, ", nbytes, " more requested)"));
   }
   absl::StatusOr<uint8_t*> buf = pool_.Get(key, nbytes);
-  if (!buf.ok()) return buf.status();
-  staged_[key] = StagedTensor{dtype, shape, nbytes, *buf, nullptr};
+  if (!buf.ok()) {
+    staged_.erase(it);
+    return buf.status();
+  }
+  it->second = StagedTensor{dtype, shape, nbytes, *buf, nullptr};
   bytes_ += nbytes;
   return *buf;
 }

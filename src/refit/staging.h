@@ -9,11 +9,12 @@
 #define REFIT_REFIT_STAGING_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
@@ -37,7 +38,7 @@ class StagingPool {
   };
   std::unique_ptr<storage::Memory> memory_;
   mutable absl::Mutex mu_;
-  std::map<std::string, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Buffer> buffers_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -69,7 +70,7 @@ class Staging {
   const uint64_t limit_;
   StagingPool& pool_;
   mutable absl::Mutex mu_;
-  std::map<std::string, StagedTensor> staged_ ABSL_GUARDED_BY(mu_);
+  absl::node_hash_map<std::string, StagedTensor> staged_ ABSL_GUARDED_BY(mu_);  // nodes: Get's pointers stay put
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

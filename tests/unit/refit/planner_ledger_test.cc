@@ -111,6 +111,29 @@ TEST_F(PlannerLedgerTest, PlanGivesSlotsShardsAndAmaxGroups) {
               HasSubstr("the engine has no parameter of this name"));
 }
 
+TEST_F(PlannerLedgerTest, PlansAreMemoizedPerNameDtypeAndShape) {
+  auto first = planner_->SharedPlan("l.0.experts.1.w3.weight", DType::kBF16, {32, 64});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = planner_->SharedPlan("l.0.experts.1.w3.weight", DType::kBF16, {32, 64});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(first->get(), again->get());  // resolved once
+  // Another dtype is planned afresh (F32 input quantizes to the same outputs).
+  auto f32 = planner_->SharedPlan("l.0.experts.1.w3.weight", DType::kF32, {32, 64});
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_NE(f32->get(), first->get());
+  EXPECT_EQ((*f32)->targets[0].key, (*first)->targets[0].key);
+  // Errors are not memoized: a wrong shape fails every time, and does not hide the right one.
+  EXPECT_THAT(planner_->SharedPlan("l.0.mlp.gate_proj.weight", DType::kBF16, {384, 128}).status().message(),
+              HasSubstr("cuts a 128-element fp8_block128 block"));
+  EXPECT_THAT(planner_->SharedPlan("l.0.mlp.gate_proj.weight", DType::kBF16, {384, 128}).status().message(),
+              HasSubstr("cuts a 128-element fp8_block128 block"));
+  EXPECT_TRUE(planner_->SharedPlan("l.0.mlp.gate_proj.weight", DType::kBF16, {256, 128}).ok());
+  // Plan() hands out a copy of the memoized plan.
+  auto copy = planner_->Plan("l.0.experts.1.w3.weight", DType::kBF16, {32, 64});
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(copy->targets[0].key, "l.0.experts.1.w3.weight");
+}
+
 TEST_F(PlannerLedgerTest, FullRefitNeedsEverySlotExactlyOnce) {
   Ledger ok(*planner_);
   for (const auto& p : Inputs()) {
