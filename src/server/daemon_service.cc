@@ -367,6 +367,7 @@ class DaemonImpl final : public proto::Daemon::Server {
 
  protected:
   kj::Promise<void> begin(BeginContext context) override {
+    const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     if (!state_.engine) Throw("no engine is registered");
     if (state_.active) Throw(absl::StrCat("busy: session ", state_.active->session->id(), " is active"));
     absl::StatusOr<Manifest> manifest = wire::FromWire(context.getParams().getManifest());
@@ -403,7 +404,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     state_.active = DaemonState::Active{
         std::make_unique<Session>(*state_.engine->planner, *state_.receiver, *state_.ring, *state_.engine->converter,
                                   *state_.engine->pool, options),
-        absl::Now(), false};
+        requested, false};
     uint64_t id = options.id;
     Log(LogLevel::kInfo, absl::StrCat("event=session_begin session=", id, " tensors=", manifest->tensors.size(),
                                       " partial=", manifest->partial ? "true" : "false"));
