@@ -40,6 +40,9 @@ struct PhaseTimes {
   commitMs @3 :Float64;     # copying the prepared bytes into the engine (inside the pause)
   pauseMs @4 :Float64;      # engine paused (the window the engine does not serve)
   totalMs @5 :Float64;      # begin to commit reply
+  planMs @6 :Float64;       # begin: checking and planning the manifest
+  finishMs @7 :Float64;     # commit requested to the last bucket converted
+  prepareMs @8 :Float64;    # building engine parameters and the copy plan, before the pause
 }
 
 struct RefitReport {

@@ -61,7 +61,8 @@ RefitReport FromWire(proto::RefitReport::Reader r) {
   o.buckets = r.getBuckets();
   o.tensors = r.getTensors();
   auto t = r.getTimes();
-  o.times = {t.getReceiveMs(), t.getConvertMs(), t.getValidateMs(), t.getCommitMs(), t.getPauseMs(), t.getTotalMs()};
+  o.times = {t.getReceiveMs(), t.getConvertMs(), t.getValidateMs(), t.getCommitMs(), t.getPauseMs(), t.getTotalMs(),
+             t.getPlanMs(), t.getFinishMs(), t.getPrepareMs()};
   for (auto f : r.getBytesByFormat()) o.bytes_out_by_format[f.getFormat().cStr()] = f.getBytes();
   return o;
 }
@@ -113,6 +114,9 @@ void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   t.setCommitMs(r.times.commit_ms);
   t.setPauseMs(r.times.pause_ms);
   t.setTotalMs(r.times.total_ms);
+  t.setPlanMs(r.times.plan_ms);
+  t.setFinishMs(r.times.finish_ms);
+  t.setPrepareMs(r.times.prepare_ms);
   auto formats = b.initBytesByFormat(static_cast<unsigned>(r.bytes_out_by_format.size()));
   unsigned i = 0;
   for (const auto& [format, bytes] : r.bytes_out_by_format) {

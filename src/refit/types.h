@@ -50,6 +50,9 @@ struct Manifest {
 
 struct PhaseTimes {
   double receive_ms = 0, convert_ms = 0, validate_ms = 0, commit_ms = 0, pause_ms = 0, total_ms = 0;
+  double plan_ms = 0;     // begin: checking and planning the manifest
+  double finish_ms = 0;   // commit requested to the last bucket converted
+  double prepare_ms = 0;  // building engine parameters and the copy plan, before the pause
 };
 
 struct RefitReport {

@@ -35,7 +35,8 @@ std::string ReportLine(const RefitReport& r) {
                       " bytes_in=", r.bytes_in, " bytes_out=", r.bytes_out, " buckets=", r.buckets,
                       " tensors=", r.tensors, " receive_ms=", r.times.receive_ms, " convert_ms=", r.times.convert_ms,
                       " validate_ms=", r.times.validate_ms, " commit_ms=", r.times.commit_ms,
-                      " pause_ms=", r.times.pause_ms, " total_ms=", r.times.total_ms,
+                      " pause_ms=", r.times.pause_ms, " total_ms=", r.times.total_ms, " plan_ms=", r.times.plan_ms,
+                      " finish_ms=", r.times.finish_ms, " prepare_ms=", r.times.prepare_ms,
                       r.reason.empty() ? "" : absl::StrCat(" reason=\"", r.reason, "\""));
 }
 
@@ -74,7 +75,7 @@ class RegistrationImpl final : public proto::Registration::Server {
 struct CommitRun {
   DaemonState& state;
   uint64_t id;
-  double validate_ms = 0, copy_ms = 0, pause_ms = 0;
+  double validate_ms = 0, copy_ms = 0, pause_ms = 0, finish_ms = 0, prepare_ms = 0;
   absl::Status finished;
   absl::StatusOr<CommitStats> copied = absl::UnknownError("not run");
 
@@ -87,6 +88,8 @@ struct CommitRun {
     r.reason = reason;
     r.version = version;
     r.times.validate_ms = validate_ms;
+    r.times.finish_ms = finish_ms;
+    r.times.prepare_ms = prepare_ms;
     r.times.commit_ms = copy_ms;
     r.times.pause_ms = pause_ms;
     r.times.total_ms = Ms(absl::Now() - state.active->begun);
@@ -97,7 +100,13 @@ struct CommitRun {
 kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
   Session* sp = run->state.active->session.get();
   return RunBlocking(
-             run->state.io, [sp, run] { run->finished = sp->Finish(); }, [sp] { sp->Abort("commit cancelled"); })
+             run->state.io,
+             [sp, run] {
+               absl::Time t0 = absl::Now();
+               run->finished = sp->Finish();
+               run->finish_ms = Ms(absl::Now() - t0);
+             },
+             [sp] { sp->Abort("commit cancelled"); })
       .then([run]() -> kj::Promise<void> {
         if (!run->IsActive()) Throw("session ended");
         if (!run->finished.ok()) {
@@ -124,12 +133,14 @@ kj::Promise<void> RunCommit(std::shared_ptr<CommitRun> run) {
         const Session* sp = &s;
         auto prepared = std::make_shared<absl::StatusOr<PreparedCommit>>(absl::UnknownError("not run"));
         return RunBlocking(run->state.io,
-                           [sp, engine, prepared, fp = run->state.failpoints.get()] {
+                           [sp, engine, prepared, run, fp = run->state.failpoints.get()] {
+                             absl::Time t0 = absl::Now();
                              *prepared = PrepareCommit(*engine->planner, sp->staging(), sp->ledger().Produced());
                              if (prepared->ok()) {
                                absl::Status st = PrepareStorageWrites(**prepared, *engine->storage);
                                if (!st.ok()) *prepared = st;
                              }
+                             run->prepare_ms = Ms(absl::Now() - t0);
                              absl::Status hit = REFIT_FAILPOINT(fp, failpoints::kBeforeCommit);
                              if (prepared->ok() && !hit.ok()) *prepared = hit;
                            })
@@ -404,7 +415,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     state_.active = DaemonState::Active{
         std::make_unique<Session>(*state_.engine->planner, *state_.receiver, *state_.ring, *state_.engine->converter,
                                   *state_.engine->pool, options),
-        requested, false};
+        requested, false, Ms(absl::Now() - requested)};
     uint64_t id = options.id;
     Log(LogLevel::kInfo, absl::StrCat("event=session_begin session=", id, " tensors=", manifest->tensors.size(),
                                       " partial=", manifest->partial ? "true" : "false"));
@@ -573,6 +584,7 @@ void DaemonState::ErrorHandler::taskFailed(kj::Exception&& e) {
 }
 
 void DaemonState::EndSession(RefitReport report) {
+  if (active) report.times.plan_ms = active->plan_ms;
   if (report.outcome == "committed") {
     ++committed;
   } else if (report.outcome == "refused") {

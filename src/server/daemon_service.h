@@ -56,6 +56,7 @@ class DaemonState {
     std::unique_ptr<Session> session;
     absl::Time begun;
     bool committing = false;
+    double plan_ms = 0;
   };
 
   const Config config;

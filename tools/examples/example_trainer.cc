@@ -82,7 +82,9 @@ std::string Json(const RefitReport& r, int refit, bool match, const std::string&
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
                       ",\"commit_ms\":", r.times.commit_ms, ",\"pause_ms\":", r.times.pause_ms,
-                      ",\"total_ms\":", r.times.total_ms, ",\"engine_matches_expected\":", match ? "true" : "false",
+                      ",\"total_ms\":", r.times.total_ms, ",\"plan_ms\":", r.times.plan_ms,
+                      ",\"finish_ms\":", r.times.finish_ms, ",\"prepare_ms\":", r.times.prepare_ms,
+                      ",\"engine_matches_expected\":", match ? "true" : "false",
                       ",\"error\":\"", JsonEscape(error), "\"}");
 }
 

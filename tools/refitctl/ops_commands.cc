@@ -75,7 +75,8 @@ json ReportJson(const RefitReport& r) {
               {"buckets", r.buckets},      {"tensors", r.tensors},     {"receive_ms", r.times.receive_ms},
               {"convert_ms", r.times.convert_ms}, {"validate_ms", r.times.validate_ms},
               {"commit_ms", r.times.commit_ms},   {"pause_ms", r.times.pause_ms},
-              {"total_ms", r.times.total_ms}};
+              {"total_ms", r.times.total_ms},     {"plan_ms", r.times.plan_ms},
+              {"finish_ms", r.times.finish_ms},   {"prepare_ms", r.times.prepare_ms}};
 }
 
 std::string ReportLine(const RefitReport& r) {
