@@ -39,13 +39,13 @@ def moe_shape(layers):
             "--experts", "128", "--moe-intermediate", "768"]
 
 
-def start_node(build, name, k, shape, spec, bucket_bytes, tmp):
+def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2):
     """refitd + an idle example engine on GPU k; returns (address, [processes], log)."""
     sock = tmp / f"{name}.{k}.sock"
     cfg = tmp / f"{name}.{k}.yaml"
     text = (f"listen: unix:{sock}\nstaging: device\nadmin: {{listen: ''}}\n"
             f"data_plane:\n  transport: nccl\n  device: {k}\n"
-            f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n")
+            f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: {slots}\n  session_deadline_ms: 600000\n")
     if spec:
         text += f"model_spec: {spec}\n"
     cfg.write_text(text)
@@ -72,7 +72,7 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp):
     return f"unix:{sock}", procs, log
 
 
-def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False):
+def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2):
     """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
     (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon)."""
     fanout = fanout or daemons > 1
@@ -80,7 +80,7 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
     procs, logs, addresses = [], [], []
     try:
         for k in range(1, daemons + 1):
-            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp)
+            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots)
             addresses.append(address)
             procs += ps
             logs.append(log)
@@ -115,7 +115,7 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
     return {
         "workload": label, "daemons": daemons, "fanout": fanout, "bytes_in": bytes_in,
         "bytes_out": reports[-1]["bytes_out"], "tensors": reports[-1]["tensors"], "buckets": reports[-1]["buckets"],
-        "bucket_bytes": bucket_bytes, "refits": reports, "wall_ms": wall, "gbps": bytes_in / wall / 1e6,
+        "bucket_bytes": bucket_bytes, "bucket_slots": slots, "refits": reports, "wall_ms": wall, "gbps": bytes_in / wall / 1e6,
         "engines_equal": all(r.get("engines_equal", True) for r in reports),
         "nccl_raw": raw, "ratio_nccl_over_refit": raw["ms"] / wall,
     }
@@ -129,6 +129,7 @@ def main():
     ap.add_argument("--moe-layers", type=int, default=48)
     ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
     ap.add_argument("--baseline", default="")
+    ap.add_argument("--slots", type=int, default=2, help="refitd's bucket ring slots (limits.bucket_slots)")
     ap.add_argument("--daemons", type=int, default=1,
                     help="refitd daemons on GPUs 1..N fed by one trainer (N > 1 implies --fanout)")
     ap.add_argument("--modes", nargs="*", default=["p2p"], choices=["p2p", "fanout"],
@@ -161,13 +162,13 @@ def main():
             if mode == "p2p" and a.daemons > 1:
                 continue
             if w == "llama8b":
-                r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp, a.daemons, fanout)
+                r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp, a.daemons, fanout, a.slots)
                 if "llama8b_torch_bcast_fp8_refit_s" in base and a.daemons == 1:
                     r["baseline_torch_bcast_fp8_ms"] = base["llama8b_torch_bcast_fp8_refit_s"] * 1e3
                     r["ratio_baseline_over_refit"] = r["baseline_torch_bcast_fp8_ms"] / r["wall_ms"]
             elif w == "moe":
                 r = run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"), a.refits,
-                                 a.bucket_bytes, tmp, a.daemons, fanout)
+                                 a.bucket_bytes, tmp, a.daemons, fanout, a.slots)
             else:
                 raise SystemExit(f"unknown workload {w}")
             out["results"].append(r)
