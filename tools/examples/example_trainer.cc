@@ -420,6 +420,7 @@ int main(int argc, char** argv) {
       session = control->Join(id);
     }
     if (!session.ok()) return Fail(session.status().message());
+    const absl::Time begin_done = absl::Now();
     if (fault == "silent") {
       std::fprintf(stderr, "example_trainer: sending nothing after begin (fault injection)\n");
       pause();
@@ -522,8 +523,15 @@ int main(int argc, char** argv) {
       std::printf("%s\n", Json(r, refit, false, std::string(st.message())).c_str());
       continue;
     }
+    const absl::Time push_done = absl::Now();
     absl::StatusOr<RefitReport> report = pushed.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(pushed);
     const double push_commit_ms = absl::ToDoubleMilliseconds(absl::Now() - begun);
+    // The trainer's own timeline: Begin (manifest sent, refitd planned it), the pushes (packing
+    // and every bucket but the last sent), Commit (the last bucket, then refitd's commit).
+    const std::string trainer_times =
+        absl::StrCat(",\"trainer_begin_ms\":", absl::ToDoubleMilliseconds(begin_done - begun),
+                     ",\"trainer_push_ms\":", absl::ToDoubleMilliseconds(push_done - begin_done),
+                     ",\"trainer_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - push_done));
     device_copies.reset();
     if (!report.ok()) {
       RefitReport r;
@@ -535,6 +543,7 @@ int main(int argc, char** argv) {
     }
     if (!verify) {
       std::string line = Json(*report, refit, false, "not verified", push_commit_ms);
+      line.insert(line.size() - 1, trainer_times);
       if (daemons.size() > 1) {
         // No offline conversion to compare with; every engine must at least hold the same bytes.
         bool equal = true;
@@ -570,7 +579,9 @@ int main(int argc, char** argv) {
         if (it == expected.end() || it->second != p.checksum) match = false;
       }
     }
-    std::printf("%s\n", Json(*report, refit, match, "", push_commit_ms).c_str());
+    std::string line = Json(*report, refit, match, "", push_commit_ms);
+    line.insert(line.size() - 1, trainer_times);
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     if (fault != "none" || !match) ++unexpected;
   }
