@@ -113,13 +113,18 @@ class Engine:
 
 @pytest.fixture
 def node(tmp_path):
-    """make(model, **engine_kwargs) -> (Daemon, Engine); both are stopped after the test."""
+    """make(model, subdir=None, **engine_kwargs) -> (Daemon, Engine); both are stopped after the
+    test. Several nodes in one test each need their own `subdir`."""
     made = []
 
-    def make(model, **kwargs):
-        d = Daemon(tmp_path, model)
+    def make(model, subdir=None, **kwargs):
+        where = tmp_path
+        if subdir is not None:
+            where = tmp_path / subdir
+            where.mkdir()
+        d = Daemon(where, model)
         made.append(d)
-        e = Engine(tmp_path, d.address, model, **kwargs)
+        e = Engine(where, d.address, model, **kwargs)
         made.append(e)
         return d, e
 

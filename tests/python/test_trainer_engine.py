@@ -1,8 +1,6 @@
 """Trainer (this process, refit.TrainerClient) -> real refitd -> engine (another process,
 refit.ModuleEngine over POSIX shm): the engine's tensors change in place, and its outputs equal
 the trainer's reference outputs bit for bit."""
-from pathlib import Path
-
 import pytest
 
 from conftest import needs_torch, needs_transformers
@@ -201,31 +199,16 @@ def test_tiny_llama_refit_outputs_equal_reference(node):
     assert exit_report["mixed"] == 0
 
 
-def test_fanout_client_refits_two_daemons(tmp_path):
+def test_fanout_client_refits_two_daemons(node):
     import models
     import refit
-    from conftest import Daemon, Engine
 
-    made = []
-    try:
-        for sub in ("a", "b"):
-            (tmp_path / sub).mkdir()
-            d = Daemon(tmp_path / sub, models.TOY)
-            made.append(d)
-            made.append(Engine(tmp_path / sub, d.address, models.TOY))
-        daemons, engines = made[0::2], made[1::2]
-        trainer = trainer_model(models.TOY, 9)
-        with refit.TrainerClient([d.address for d in daemons]) as client:
-            with client.session(models.TOY, trainer.named_parameters()) as s:
-                for name, p in trainer.named_parameters():
-                    s.push(name, p)
-            assert s.report.outcome == "committed" and s.report.version == 1
-        for e in engines:
-            assert_same_tensors(e.snapshot(1)["params"], named(trainer))
-    finally:
-        for p in reversed(made):
-            if p.proc.poll() is None:
-                p.proc.kill()
-                p.proc.wait()
-            if isinstance(p, Engine):
-                Path("/dev/shm" + p.shm).unlink(missing_ok=True)
+    daemons, engines = zip(*(node(models.TOY, subdir=sub) for sub in ("a", "b")))
+    trainer = trainer_model(models.TOY, 9)
+    with refit.TrainerClient([d.address for d in daemons]) as client:
+        with client.session(models.TOY, trainer.named_parameters()) as s:
+            for name, p in trainer.named_parameters():
+                s.push(name, p)
+        assert s.report.outcome == "committed" and s.report.version == 1
+    for e in engines:
+        assert_same_tensors(e.snapshot(1)["params"], named(trainer))

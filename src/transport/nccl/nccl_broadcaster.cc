@@ -27,12 +27,7 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     return st;
   }
   std::unique_ptr<NcclBroadcaster> b(new NcclBroadcaster(options, endpoints));
-  std::string name = options.peer_name;
-  if (name.empty()) {
-    char hostname[256] = {};
-    gethostname(hostname, sizeof(hostname) - 1);
-    name = absl::StrCat(hostname, ":", getpid());
-  }
+  const std::string name = nccl::SenderName(options.peer_name);
   ncclUniqueId id;
   if (absl::Status st = nccl::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"); !st.ok()) return st;
   const int nranks = static_cast<int>(endpoints.size()) + 1;
@@ -98,14 +93,8 @@ absl::Status NcclBroadcaster::CheckReceivers() const {
 absl::Status NcclBroadcaster::SendFrame(std::span<const uint64_t> tags, const void* payload, uint64_t bytes,
                                         uint64_t flags, absl::Time deadline) {
   cudaStream_t s = stream_->get();
-  absl::Status st;
-  void* src = const_cast<void*>(payload);  // the root's buffer is only read by ncclBroadcast
-  if (st.ok() && bytes > 0 && !nccl::IsDeviceMemoryOf(payload, options_.device)) {
-    absl::StatusOr<void*> bounce = bounce_->Reserve(bytes, s);
-    st = bounce.status();
-    if (st.ok()) st = CudaStatus(cudaMemcpyAsync(*bounce, payload, bytes, cudaMemcpyDefault, s), "payload copy");
-    src = *bounce;
-  }
+  absl::StatusOr<const void*> src = nccl::OnDevice(payload, bytes, *bounce_, s);
+  absl::Status st = src.status();
   for (size_t i = 0; i < fds_.size() && st.ok(); ++i) {
     Frame f;
     f.tag = tags[i];
@@ -113,7 +102,8 @@ absl::Status NcclBroadcaster::SendFrame(std::span<const uint64_t> tags, const vo
     f.flags = flags;
     st = nccl::WriteAll(fds_[i], &f, sizeof(f));
   }
-  if (st.ok() && bytes > 0) st = comm_->Broadcast(src, bytes, 0, s);
+  // The root's buffer is only read by the in-place broadcast.
+  if (st.ok() && bytes > 0) st = comm_->Broadcast(const_cast<void*>(*src), bytes, 0, s);
   if (st.ok()) st = comm_->Wait(s, deadline, [this] { return CheckReceivers(); });
   return st;
 }

@@ -76,6 +76,24 @@ bool IsDeviceMemoryOf(const void* p, int device) {
   return attr.type == cudaMemoryTypeDevice && attr.device == device;
 }
 
+absl::StatusOr<const void*> OnDevice(const void* payload, uint64_t bytes, DeviceBuffer& bounce, cudaStream_t stream) {
+  if (bytes == 0 || IsDeviceMemoryOf(payload, bounce.device())) return payload;
+  absl::StatusOr<void*> copy = bounce.Reserve(bytes, stream);
+  if (!copy.ok()) return copy.status();
+  if (absl::Status st = CudaStatus(cudaMemcpyAsync(*copy, payload, bytes, cudaMemcpyDefault, stream), "payload copy");
+      !st.ok()) {
+    return st;
+  }
+  return static_cast<const void*>(*copy);
+}
+
+std::string SenderName(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  return absl::StrCat(hostname, ":", getpid());
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Init(int device, const ncclUniqueId& id, int nranks,
                                                                  int rank, absl::Time deadline,
                                                                  const Interrupt& interrupt) {

@@ -70,6 +70,7 @@ class DeviceBuffer {
   // wait for every kernel on the device, including other communicators' pending receives, which
   // can deadlock two senders sharing a GPU pair.
   absl::StatusOr<void*> Reserve(uint64_t bytes, cudaStream_t stream);
+  int device() const { return device_; }
 
  private:
   int device_;
@@ -79,6 +80,13 @@ class DeviceBuffer {
 
 // True when `p` is device memory of `device` (NCCL can use it directly).
 bool IsDeviceMemoryOf(const void* p, int device);
+
+// What a sender sends from: `payload` itself when it is device memory of bounce's device,
+// otherwise a copy into `bounce` enqueued on `stream`.
+absl::StatusOr<const void*> OnDevice(const void* payload, uint64_t bytes, DeviceBuffer& bounce, cudaStream_t stream);
+
+// A sender's name in its receivers' errors: `configured`, or "<hostname>:<pid>" when empty.
+std::string SenderName(const std::string& configured);
 
 class Communicator {
  public:

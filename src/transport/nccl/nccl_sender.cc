@@ -24,12 +24,7 @@ absl::StatusOr<std::unique_ptr<NcclSender>> NcclSender::Connect(const std::strin
   absl::StatusOr<int> fd = nccl::ConnectTcp(host, port);
   if (!fd.ok()) return fd.status();
   std::unique_ptr<NcclSender> s(new NcclSender(options, endpoint, *fd));
-  std::string name = options.peer_name;
-  if (name.empty()) {
-    char hostname[256] = {};
-    gethostname(hostname, sizeof(hostname) - 1);
-    name = absl::StrCat(hostname, ":", getpid());
-  }
+  const std::string name = nccl::SenderName(options.peer_name);
   nccl::Hello hello;
   hello.name_bytes = static_cast<uint32_t>(name.size());
   absl::Status st = nccl::WriteAll(s->fd_, &hello, sizeof(hello));
@@ -77,16 +72,10 @@ absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t b
   f.tag = tag;
   f.bytes = bytes;
   f.flags = flags;
-  absl::Status st;
-  const void* src = payload;
-  if (st.ok() && bytes > 0 && !nccl::IsDeviceMemoryOf(payload, options_.device)) {
-    absl::StatusOr<void*> bounce = bounce_->Reserve(bytes, s);
-    st = bounce.status();
-    if (st.ok()) st = CudaStatus(cudaMemcpyAsync(*bounce, payload, bytes, cudaMemcpyDefault, s), "payload copy");
-    src = *bounce;
-  }
+  absl::StatusOr<const void*> src = nccl::OnDevice(payload, bytes, *bounce_, s);
+  absl::Status st = src.status();
   if (st.ok()) st = nccl::WriteAll(fd_, &f, sizeof(f));
-  if (st.ok() && bytes > 0) st = comm_->Send(src, bytes, 0, s);
+  if (st.ok() && bytes > 0) st = comm_->Send(*src, bytes, 0, s);
   std::string peer = absl::StrCat("receiver ", endpoint_);
   int sock = fd_;
   if (st.ok()) st = comm_->Wait(s, deadline, [sock, peer] { return nccl::CheckIdle(sock, peer); });
