@@ -6,6 +6,55 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("refit::proto");
 
+# Errors are values: a call that fails for a reason the caller handles (bad input, a refused refit,
+# a busy or engineless daemon) answers normally with `status` set; exceptions mean the connection
+# itself failed. Codes are absl's canonical status codes.
+enum StatusCode {
+  ok @0;
+  cancelled @1;
+  unknown @2;
+  invalidArgument @3;     # a field or tensor is wrong; the message names it
+  deadlineExceeded @4;
+  notFound @5;
+  alreadyExists @6;
+  permissionDenied @7;
+  resourceExhausted @8;   # staging memory or a limit; retry later or smaller
+  failedPrecondition @9;  # refused: incomplete, duplicate, mismatched, dirty engine
+  aborted @10;            # the session was aborted
+  outOfRange @11;
+  unimplemented @12;
+  internal @13;
+  unavailable @14;        # no engine, busy, engine unresponsive, peer gone: retry later
+  dataLoss @15;           # a bucket's checksum did not match
+  unauthenticated @16;
+}
+
+struct Status {
+  code @0 :StatusCode;
+  message @1 :Text;
+}
+
+# How a session ended, and why (the metric label refit_sessions_total{reason}).
+enum Outcome {
+  none @0;
+  committed @1;
+  refused @2;
+  aborted @3;
+  failed @4;
+}
+
+enum EndCause {
+  none @0;
+  clientAbort @1;
+  deadlineExceeded @2;
+  disconnected @3;
+  invalidInput @4;
+  incomplete @5;
+  overloaded @6;
+  engineError @7;
+  internal @8;
+}
+
 struct TensorDesc {
   name @0 :Text;            # HF tensor name, as the trainer names it
   dtype @1 :Text;           # safetensors spelling: BF16, F32, F8_E4M3, ...
@@ -48,7 +97,7 @@ struct PhaseTimes {
 struct RefitReport {
   sessionId @0 :UInt64;
   version @1 :UInt64;
-  outcome @2 :Text;         # committed | refused | aborted | failed
+  outcome @2 :Text;         # committed | refused | aborted | failed (the name of outcomeCode)
   reason @3 :Text;
   bytesIn @4 :UInt64;
   bytesOut @5 :UInt64;
@@ -56,6 +105,8 @@ struct RefitReport {
   tensors @7 :UInt32;
   times @8 :PhaseTimes;
   bytesByFormat @9 :List(FormatBytes);  # output bytes per format ("fp8_block128", "passthrough", ...)
+  outcomeCode @10 :Outcome;
+  cause @11 :EndCause;
 }
 
 struct FormatBytes {
@@ -64,20 +115,21 @@ struct FormatBytes {
 }
 
 interface Session {
-  announce @0 (header :BucketHeader) -> (seq :UInt32);
+  announce @0 (header :BucketHeader) -> (seq :UInt32, status :Status);
   # Queues a bucket for receipt. Returns once the daemon will accept its bytes on the data plane
   # (send them after this returns), or fails if the session has already failed. A header with
   # seq 0xFFFFFFFF gets the next sequence number assigned (what several trainer ranks pushing
   # into one session do); `seq` is the bucket's number either way: its data-plane tag is
   # (sessionId << 32) | seq.
 
-  commit @1 () -> (report :RefitReport);
-  # Waits for every announced bucket, validates, and swaps into the engine. Fails (with the report
-  # in the error text) when validation refuses the refit; the engine is then untouched.
+  commit @1 () -> (report :RefitReport, status :Status);
+  # Waits for every announced bucket, validates, and swaps into the engine. `status` is not ok
+  # when the refit did not commit (refused: failedPrecondition, the engine untouched; aborted;
+  # failed); `report` says how it ended either way.
 
-  abort @2 (reason :Text) -> ();
+  abort @2 (reason :Text) -> (status :Status);
 
-  detach @3 () -> ();
+  detach @3 () -> (status :Status);
   # A joined trainer rank has announced and sent everything it will push; dropping this
   # capability afterwards is not a failure. (Without detach, a joined rank's disconnect aborts
   # the session.) The rank that began the session commits, once every rank has detached.
@@ -103,9 +155,11 @@ struct EngineParam {
 
 interface EngineControl {
   pause @0 () -> ();
-  # Returns once the engine runs nothing that reads its parameters.
+  # Returns once the engine runs nothing that reads its parameters. refitd waits for it at most
+  # `engine.pause_timeout_ms`.
   resume @1 (version :UInt64) -> ();
-  # The parameters now hold `version`; serving may continue.
+  # The parameters now hold `version`; serving may continue. A resume with no pause before it
+  # only records the version (refitd sends one after a pause that timed out).
 }
 
 interface Registration {
@@ -130,30 +184,33 @@ struct DaemonStatus {
   engineDirty @13 :Bool;             # the engine's weights may be mixed; only a full refit clears it
   ringBytes @14 :UInt64;             # bucket ring: bucket_bytes x bucket_slots, allocated once
   ringOnDevice @15 :Bool;            # the ring is in GPU memory (NCCL data plane)
+  engineResponsive @16 :Bool;        # false while a pause/resume that timed out is unanswered
 }
 
 interface Daemon {
   begin @0 (manifest :Manifest) -> (session :Session, sessionId :UInt64, dataEndpoint :Text,
-                                    bucketBytes :UInt64);
+                                    bucketBytes :UInt64, status :Status);
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq.
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool)
-      -> (registration :Registration, version :UInt64);
+      -> (registration :Registration, version :UInt64, status :Status);
   # `version` is what the engine holds now (0 for a fresh engine). `dirty`: the engine lost refitd
   # inside a commit window, so its parameters may hold a mix of versions; it stays paused, and
-  # refitd accepts only a full refit for it, until one lands (docs/reliability.md).
+  # refitd accepts only a full refit for it, until one lands (docs/reliability.md). Refused
+  # (unavailable) while another engine is registered: an engine re-registers by dropping its
+  # registration (or its connection) first.
 
   status @2 () -> (status :DaemonStatus);
   abortActive @3 (reason :Text) -> (aborted :Bool);
 
-  join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64);
+  join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64, status :Status);
   # Another trainer rank (a pipeline stage, an expert-parallel or tensor-parallel rank) pushes
   # into the active session `sessionId`: its buckets are announced with assigned sequence
   # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
   # commits.
 
-  checksums @4 () -> (version :UInt64, params :List(ParamChecksum));
+  checksums @4 () -> (version :UInt64, params :List(ParamChecksum), status :Status);
   # Checksum64 of every registered engine parameter, read from the engine's storage
   # (for `refitctl verify` and tests). Fails while a commit is in its pause window.
 }

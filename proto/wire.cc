@@ -26,7 +26,7 @@ absl::StatusOr<TensorDesc> FromWire(proto::TensorDesc::Reader r) {
 
 absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r) {
   Manifest m;
-  m.model = r.getModel().cStr();
+  m.model = Str(r.getModel());
   m.partial = r.getPartial();
   m.deadline_ms = r.getDeadlineMs();
   for (auto t : r.getTensors()) {
@@ -50,12 +50,40 @@ absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r) {
   return h;
 }
 
+Outcome OutcomeFromWire(proto::Outcome o) {
+  auto v = static_cast<uint16_t>(o);
+  return v <= static_cast<uint16_t>(Outcome::kFailed) ? static_cast<Outcome>(v) : Outcome::kFailed;
+}
+
+EndCause CauseFromWire(proto::EndCause c) {
+  auto v = static_cast<uint16_t>(c);
+  return v <= static_cast<uint16_t>(EndCause::kInternal) ? static_cast<EndCause>(v) : EndCause::kInternal;
+}
+
+absl::Status FromWire(proto::Status::Reader r) {
+  auto code = static_cast<uint16_t>(r.getCode());
+  if (code == 0) return absl::OkStatus();
+  // A code this build does not know (a newer daemon) is still an error.
+  absl::StatusCode c = code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
+                           ? static_cast<absl::StatusCode>(code)
+                           : absl::StatusCode::kUnknown;
+  return absl::Status(c, Str(r.getMessage()));
+}
+
+void ToWire(const absl::Status& status, proto::Status::Builder b) {
+  auto code = static_cast<uint16_t>(status.code());
+  if (code > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) code = static_cast<uint16_t>(absl::StatusCode::kUnknown);
+  b.setCode(static_cast<proto::StatusCode>(code));
+  b.setMessage(std::string(status.message()));
+}
+
 RefitReport FromWire(proto::RefitReport::Reader r) {
   RefitReport o;
   o.session_id = r.getSessionId();
   o.version = r.getVersion();
-  o.outcome = r.getOutcome().cStr();
-  o.reason = r.getReason().cStr();
+  o.outcome = OutcomeFromWire(r.getOutcomeCode());
+  o.cause = CauseFromWire(r.getCause());
+  o.reason = Str(r.getReason());
   o.bytes_in = r.getBytesIn();
   o.bytes_out = r.getBytesOut();
   o.buckets = r.getBuckets();
@@ -101,7 +129,9 @@ void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b) {
 void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   b.setSessionId(r.session_id);
   b.setVersion(r.version);
-  b.setOutcome(r.outcome);
+  b.setOutcome(std::string(OutcomeName(r.outcome)));
+  b.setOutcomeCode(static_cast<proto::Outcome>(static_cast<uint16_t>(r.outcome)));
+  b.setCause(static_cast<proto::EndCause>(static_cast<uint16_t>(r.cause)));
   b.setReason(r.reason);
   b.setBytesIn(r.bytes_in);
   b.setBytesOut(r.bytes_out);

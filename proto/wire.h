@@ -13,6 +13,15 @@ absl::StatusOr<TensorDesc> FromWire(proto::TensorDesc::Reader r);
 absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r);
 absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r);
 RefitReport FromWire(proto::RefitReport::Reader r);
+Outcome OutcomeFromWire(proto::Outcome o);
+EndCause CauseFromWire(proto::EndCause c);
+
+// Errors as values across the wire: the canonical code and the message, bytes intact.
+absl::Status FromWire(proto::Status::Reader r);
+void ToWire(const absl::Status& status, proto::Status::Builder b);
+
+// A Text field as a std::string, every byte kept (cStr() would stop at a NUL).
+inline std::string Str(capnp::Text::Reader t) { return std::string(t.begin(), t.size()); }
 
 void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b);
 void ToWire(const Manifest& m, proto::Manifest::Builder b);

@@ -176,7 +176,7 @@ absl::Status LiveSession(const refit_session* s) {
 }
 
 void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out) {
-  s->outcome = r.outcome;
+  s->outcome = std::string(OutcomeName(r.outcome));
   s->reason = r.reason;
   s->format_name_storage.clear();
   s->format_bytes.clear();

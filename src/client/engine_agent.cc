@@ -9,6 +9,7 @@
 #include "kj/async-io.h"
 #include "kj/mutex.h"
 #include "proto/refit.capnp.h"
+#include "proto/wire.h"
 
 namespace refit::client {
 
@@ -38,6 +39,12 @@ class ControlImpl final : public proto::EngineControl::Server {
   }
   kj::Promise<void> resume(ResumeContext context) override {
     uint64_t v = context.getParams().getVersion();
+    if (!paused_.load()) {
+      // refitd sends a resume after a pause that timed out; if that pause never reached the
+      // engine, there is nothing to resume and the weights were never touched.
+      version_ = v;
+      return kj::READY_NOW;
+    }
     version_ = v;
     dirty_ = false;
     paused_ = false;
@@ -145,6 +152,16 @@ void EngineAgent::Run(std::string address, Params params) {
       req.setVersion(version_.load());
       req.setDirty(dirty_.load());
       auto resp = req.send().wait(io.waitScope);
+      if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) {
+        // Refused by refitd (another engine is registered, a parameter it cannot map, a spec
+        // mismatch): reported as it is, never retried.
+        if (!reported) {
+          report(absl::Status(st.code(), absl::StrCat("engine registration with refitd at '", address,
+                                                      "' refused: ", st.message())));
+        }
+        impl_->stopping = true;
+        return;
+      }
       auto registration = resp.getRegistration();
       connected_ = true;
       ++registrations_;

@@ -24,7 +24,8 @@
 namespace refit::client {
 namespace {
 
-// A remote failure as an absl::Status carrying refitd's own message.
+// A connection-level failure as an absl::Status. Failures refitd reports (refused, invalid,
+// busy, no engine) arrive as typed statuses in the results, not as exceptions.
 absl::Status FromException(const kj::Exception& e) {
   std::string msg = e.getDescription().cStr();
   constexpr std::string_view kPrefix = "remote exception: ";
@@ -32,18 +33,26 @@ absl::Status FromException(const kj::Exception& e) {
   if (e.getType() == kj::Exception::Type::DISCONNECTED) {
     return absl::UnavailableError(absl::StrCat("refitd disconnected: ", msg, TlsDisconnectHint(msg)));
   }
-  if (msg.rfind("refit refused", 0) == 0 || msg.rfind("manifest refused", 0) == 0) return absl::FailedPreconditionError(msg);
-  if (msg.rfind("busy", 0) == 0) return absl::UnavailableError(msg);
-  return absl::AbortedError(msg);
+  if (e.getType() == kj::Exception::Type::OVERLOADED) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
 }
 
+template <typename T>
+struct Flat {
+  using type = absl::StatusOr<T>;
+};
+template <typename T>
+struct Flat<absl::StatusOr<T>> {
+  using type = absl::StatusOr<T>;
+};
+
+// Runs a control-plane call; `f` returns a value, or a StatusOr carrying the call's own status.
 template <typename F>
-auto Call(F&& f) -> absl::StatusOr<decltype(f())> {
-  absl::StatusOr<decltype(f())> out = absl::UnknownError("no result");
+auto Call(F&& f) -> typename Flat<decltype(f())>::type {
+  typename Flat<decltype(f())>::type out = absl::UnknownError("no result");
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { out = f(); })) { return FromException(*e); }
   return out;
 }
-
 
 // KJ allows one event loop per thread: every client object made on a thread shares that thread's,
 // which lives while any of them does.
@@ -283,9 +292,10 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
       }
     }
     for (size_t i = 0; i < clients.size(); ++i) {
-      absl::StatusOr<bool> ok = Call([&]() {
+      absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
         if (calls[i] != nullptr) {
           auto resp = calls[i]->wait(wait);
+          if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
           s->members[i].session = resp.getSession();
           s->members[i].id = resp.getSessionId();
           bucket_bytes[i] = resp.getBucketBytes();
@@ -298,10 +308,11 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
     }
   } else {
     for (size_t i = 0; i < clients.size(); ++i) {
-      absl::StatusOr<bool> ok = Call([&]() {
+      absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
         auto req = clients[i]->daemon.joinRequest();
         req.setSessionId(ids[i]);
         auto resp = req.send().wait(wait);
+        if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
         s->members[i].session = resp.getSession();
         s->members[i].id = ids[i];
         bucket_bytes[i] = resp.getBucketBytes();
@@ -399,7 +410,7 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     auto resp = impl_->daemon.statusRequest().send().wait(impl_->io.waitScope);
     auto r = resp.getStatus();
     DaemonStatus s;
-    s.model = r.getModel().cStr();
+    s.model = wire::Str(r.getModel());
     s.engine_registered = r.getEngineRegistered();
     s.engine_params = r.getEngineParams();
     s.engine_bytes = r.getEngineBytes();
@@ -412,7 +423,9 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.committed = r.getCommitted();
     s.refused = r.getRefused();
     s.aborted = r.getAborted();
-    s.data_endpoint = r.getDataEndpoint().cStr();
+    s.data_endpoint = wire::Str(r.getDataEndpoint());
+    s.engine_dirty = r.getEngineDirty();
+    s.engine_responsive = !r.getEngineRegistered() || r.getEngineResponsive();
     s.last_report = wire::FromWire(r.getLastReport());
     return s;
   });
@@ -427,10 +440,11 @@ absl::StatusOr<bool> TrainerClient::AbortActive(const std::string& reason) {
 }
 
 absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> TrainerClient::Checksums() {
-  return Call([&]() {
+  return Call([&]() -> absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> {
     auto resp = impl_->daemon.checksumsRequest().send().wait(impl_->io.waitScope);
+    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
     std::vector<ParamChecksum> out;
-    for (auto p : resp.getParams()) out.push_back({p.getName().cStr(), p.getChecksum(), p.getNbytes()});
+    for (auto p : resp.getParams()) out.push_back({wire::Str(p.getName()), p.getChecksum(), p.getNbytes()});
     return std::make_pair(static_cast<uint64_t>(resp.getVersion()), std::move(out));
   });
 }
@@ -552,8 +566,12 @@ absl::Status RefitSession::Flush() {
   absl::Status announced;
   uint32_t first_seq = 0;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
-    absl::StatusOr<uint32_t> seq = Call([&]() -> uint32_t {
-      if (calls[i] != nullptr) return calls[i]->wait(impl_->wait()).getSeq();
+    absl::StatusOr<uint32_t> seq = Call([&]() -> absl::StatusOr<uint32_t> {
+      if (calls[i] != nullptr) {
+        auto resp = calls[i]->wait(impl_->wait());
+        if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+        return resp.getSeq();
+      }
       KJ_FAIL_REQUIRE("announce request could not be sent");
     });
     if (!seq.ok()) {
@@ -614,8 +632,12 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   absl::Status failed;
   std::vector<std::string> outcomes;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
-    absl::StatusOr<RefitReport> r = Call([&]() -> RefitReport {
-      if (calls[i] != nullptr) return wire::FromWire(calls[i]->wait(impl_->wait()).getReport());
+    absl::StatusOr<RefitReport> r = Call([&]() -> absl::StatusOr<RefitReport> {
+      if (calls[i] != nullptr) {
+        auto resp = calls[i]->wait(impl_->wait());
+        if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+        return wire::FromWire(resp.getReport());
+      }
       KJ_FAIL_REQUIRE("commit request could not be sent");
     });
     if (r.ok()) {
@@ -647,8 +669,9 @@ absl::Status RefitSession::Detach() {
   if (!st.ok()) return st;
   impl_->done = true;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
-    absl::StatusOr<bool> ok = Call([&]() {
-      impl_->members[i].session.detachRequest().send().wait(impl_->wait());
+    absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
+      auto resp = impl_->members[i].session.detachRequest().send().wait(impl_->wait());
+      if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
       return true;
     });
     if (!ok.ok() && st.ok()) st = absl::Status(ok.status().code(), absl::StrCat(impl_->Who(i), ok.status().message()));
@@ -661,10 +684,11 @@ absl::Status RefitSession::Abort(const std::string& reason) {
   (void)impl_->WaitInFlight();
   absl::Status st;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
-    absl::StatusOr<bool> ok = Call([&]() {
+    absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
       auto req = impl_->members[i].session.abortRequest();
       req.setReason(reason);
-      req.send().wait(impl_->wait());
+      auto resp = req.send().wait(impl_->wait());
+      if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
       return true;
     });
     if (!ok.ok() && st.ok()) st = absl::Status(ok.status().code(), absl::StrCat(impl_->Who(i), ok.status().message()));

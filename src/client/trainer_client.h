@@ -59,6 +59,8 @@ struct DaemonStatus {
   bool ring_on_device = false;
   uint64_t committed = 0, refused = 0, aborted = 0;
   std::string data_endpoint;
+  bool engine_dirty = false;       // the engine's weights may be mixed; only a full refit clears it
+  bool engine_responsive = true;   // false while a pause/resume that timed out is unanswered
   RefitReport last_report;
 };
 

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/dtype.h"
 
 namespace refit {
@@ -55,10 +57,38 @@ struct PhaseTimes {
   double prepare_ms = 0;  // building engine parameters and the copy plan, before the pause
 };
 
+// How a session ended. kNone: no session has ended yet.
+enum class Outcome {
+  kNone,
+  kCommitted,  // the engine serves the new version
+  kRefused,    // validation refused the refit before anything was written; the engine is unchanged
+  kAborted,    // ended before commit (trainer, operator, deadline, peer gone); the engine is unchanged
+  kFailed,     // the commit or the session failed (engine, data, resources); see cause and reason
+};
+
+// Why a session that did not commit ended: the metric label, the log's cause, the client's code.
+enum class EndCause {
+  kNone,
+  kClientAbort,       // the trainer or an operator aborted
+  kDeadlineExceeded,  // the session stalled past its deadline
+  kDisconnected,      // a trainer, data-plane peer or refitd itself went away
+  kInvalidInput,      // a manifest, bucket, name, dtype, shape, size or checksum was rejected
+  kIncomplete,        // commit refused: missing, duplicate or mismatched tensors
+  kOverloaded,        // no staging memory; retry later
+  kEngineError,       // the engine left, failed or timed out in pause, copy or resume
+  kInternal,          // a bug or an unexpected device error
+};
+
+const char* OutcomeName(Outcome outcome);    // "none", "committed", "refused", "aborted", "failed"
+const char* EndCauseName(EndCause cause);    // "none", "client_abort", ... (the metric's label values)
+// The cause of a failure a session reported on its own threads, from its status code.
+EndCause CauseOfSessionFailure(const absl::Status& failure);
+
 struct RefitReport {
   uint64_t session_id = 0;
   uint64_t version = 0;
-  std::string outcome;  // committed | refused | aborted | failed
+  Outcome outcome = Outcome::kNone;
+  EndCause cause = EndCause::kNone;
   std::string reason;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
@@ -67,6 +97,11 @@ struct RefitReport {
   PhaseTimes times;
   std::map<std::string, uint64_t> bytes_out_by_format;  // "fp8_block128", "bf16", "passthrough", ...
 };
+
+// The status a trainer gets for a session that ended with `report`: OK when committed; a refused
+// refit is FailedPrecondition; otherwise the code follows the cause (invalid input
+// InvalidArgument, engine or peer gone Unavailable, staging ResourceExhausted, abort Aborted...).
+absl::Status ReportStatus(const RefitReport& report);
 
 // Limits on what a session may ask for; all from the daemon config, checked before allocation.
 struct SessionLimits {

@@ -63,7 +63,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
                                   {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
-                                   "limits", "admin", "access", "tls", "log_level"}));
+                                   "limits", "admin", "access", "tls", "log_level", "engine"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
@@ -90,6 +90,13 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     REFIT_RETURN_IF_ERROR(Get(t, "client_ca", path, "tls.", c.tls_client_ca));
     if (c.tls_cert.empty()) return Err(t, path, "tls.cert", "is required when tls is set");
     if (c.tls_key.empty()) return Err(t, path, "tls.key", "is required when tls is set");
+  }
+  if (const YAML::Node e = root["engine"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(e, path, "engine", {"pause_timeout_ms", "resume_timeout_ms"}));
+    REFIT_RETURN_IF_ERROR(Get(e, "pause_timeout_ms", path, "engine.", c.pause_timeout_ms));
+    REFIT_RETURN_IF_ERROR(Get(e, "resume_timeout_ms", path, "engine.", c.resume_timeout_ms));
+    if (c.pause_timeout_ms < 1) return Err(e, path, "engine.pause_timeout_ms", "must be at least 1");
+    if (c.resume_timeout_ms < 1) return Err(e, path, "engine.resume_timeout_ms", "must be at least 1");
   }
   REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));

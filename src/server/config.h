@@ -39,6 +39,9 @@ struct Config {
   uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)
   std::string admin_listen = "127.0.0.1:0";  // metrics/health HTTP; "" disables
   std::string log_level = "info";
+  // The engine's pause and resume must answer within these (docs/reliability.md).
+  uint32_t pause_timeout_ms = 10'000;
+  uint32_t resume_timeout_ms = 10'000;
 };
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path);

@@ -3,30 +3,28 @@
 #include "absl/time/clock.h"
 
 namespace refit::server {
-namespace {
-bool Has(const std::string& s, std::string_view needle) { return s.find(needle) != std::string::npos; }
-}  // namespace
 
 metrics::SessionOutcome OutcomeOf(const RefitReport& r) {
-  if (r.outcome == "committed") return metrics::SessionOutcome::kCommitted;
-  if (r.outcome == "aborted") return metrics::SessionOutcome::kAborted;
+  if (r.outcome == Outcome::kCommitted) return metrics::SessionOutcome::kCommitted;
+  if (r.outcome == Outcome::kAborted) return metrics::SessionOutcome::kAborted;
   return metrics::SessionOutcome::kFailed;  // refused or failed: the engine keeps its version
 }
 
+// From the report's typed cause: never from the text of its reason.
 metrics::SessionFailureReason ReasonOf(const RefitReport& r) {
   using R = metrics::SessionFailureReason;
-  if (r.outcome == "committed") return R::kNone;
-  if (r.outcome == "refused") return R::kIncomplete;
-  const std::string& m = r.reason;
-  if (Has(m, "trainer aborted") || Has(m, "operator abort")) return R::kClientAbort;
-  if (Has(m, "deadline")) return R::kDeadlineExceeded;
-  if (Has(m, "staging limit") || Has(m, "cannot allocate")) return R::kOverloaded;
-  if (Has(m, "engine")) return R::kEngineError;
-  if (Has(m, "checksum") || Has(m, "exceeds") || Has(m, "out of order") || Has(m, "lies outside") ||
-      Has(m, "declares") || Has(m, "unknown dtype") || Has(m, "rank")) {
-    return R::kInvalidInput;
+  if (r.outcome == Outcome::kCommitted) return R::kNone;
+  switch (r.cause) {
+    case EndCause::kNone: return r.outcome == Outcome::kRefused ? R::kIncomplete : R::kInternal;
+    case EndCause::kClientAbort: return R::kClientAbort;
+    case EndCause::kDeadlineExceeded: return R::kDeadlineExceeded;
+    case EndCause::kDisconnected: return R::kDisconnected;
+    case EndCause::kInvalidInput: return R::kInvalidInput;
+    case EndCause::kIncomplete: return R::kIncomplete;
+    case EndCause::kOverloaded: return R::kOverloaded;
+    case EndCause::kEngineError: return R::kEngineError;
+    case EndCause::kInternal: return R::kInternal;
   }
-  if (Has(m, "disconnected") || Has(m, "receiving bucket") || Has(m, "shutting down")) return R::kDisconnected;
   return R::kInternal;
 }
 
@@ -38,10 +36,10 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
     mp->received_bytes_total->Labels({transport}).Inc(static_cast<double>(r.bytes_in));
     mp->ObservePhase(metrics::RefitPhase::kReceive, absl::Milliseconds(r.times.receive_ms));
     mp->ObservePhase(metrics::RefitPhase::kConvert, absl::Milliseconds(r.times.convert_ms));
-    if (r.outcome == "committed" || r.outcome == "refused") {
+    if (r.outcome == Outcome::kCommitted || r.outcome == Outcome::kRefused) {
       mp->ObservePhase(metrics::RefitPhase::kValidate, absl::Milliseconds(r.times.validate_ms));
     }
-    if (r.outcome == "committed") {
+    if (r.outcome == Outcome::kCommitted) {
       for (const auto& [format, bytes] : r.bytes_out_by_format) {
         mp->converted_bytes_total->Labels({format}).Inc(static_cast<double>(bytes));
       }

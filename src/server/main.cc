@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
       BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, *slot_memory);
   if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));
   server::DaemonState state(*config, std::move(*spec), std::move(receiver), std::move(*ring), *io.lowLevelProvider,
-                            io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport));
-  state.failpoints = std::move(failpoints);
+                            io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport),
+                            std::move(failpoints));
   refit_metrics->engine_registered->Set(0);
 
   std::unique_ptr<admin::AdminServer> admin_server;
@@ -214,11 +214,7 @@ int main(int argc, char** argv) {
     admin::AdminContent content;
     content.registry = &registry;
     content.build = build;
-    content.readiness = [&state]() -> absl::Status {
-      if (!state.engine) return absl::UnavailableError("no engine registered");
-      if (state.engine->dirty) return absl::UnavailableError("engine weights dirty after a failed commit");
-      return absl::OkStatus();
-    };
+    content.readiness = [&state]() -> absl::Status { return state.node.Ready(); };
     admin::AdminOptions options;
     options.listen_address = config->admin_listen;
     absl::StatusOr<std::unique_ptr<admin::AdminServer>> a =
@@ -287,20 +283,13 @@ int main(int argc, char** argv) {
   siginfo_t info = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).wait(io.waitScope);
   server::Log(server::LogLevel::kInfo, absl::StrCat("event=shutdown signal=", info.si_signo));
   // Aborting ends a session that is still receiving (a commit waiting for buckets ends too). A
-  // commit past that point, in its window, runs to the engine's resume (or its failure) before
-  // refitd exits, so a shutdown never leaves the engine paused with half-copied weights.
-  // Bounded: a stuck engine cannot hold the shutdown forever.
-  if (state.active) {
-    state.active->session->Abort("daemon shutting down");
-    if (!state.active->committing) {
-      RefitReport r = state.active->session->Report();
-      r.outcome = "aborted";
-      r.reason = "daemon shutting down";
-      state.EndSession(r);
-    }
-  }
-  for (int i = 0; i < 3000 && state.active && state.active->committing; ++i) {
-    io.provider->getTimer().afterDelay(10 * kj::MILLISECONDS).wait(io.waitScope);
+  // commit past that point, in its window, runs to the engine's resume (or its failure, bounded
+  // by the engine timeouts) before refitd exits, and its outcome is logged.
+  if (!state.Drain(io.waitScope)) {
+    server::Log(server::LogLevel::kError, "event=shutdown_with_commit_running (the engine's timeouts passed)");
+    if (!unix_path.empty()) unlink(unix_path.c_str());
+    std::fflush(stdout);
+    std::_Exit(1);  // the commit's thread cannot be joined; the engine agent knows its state
   }
   if (!unix_path.empty()) unlink(unix_path.c_str());
   return 0;

@@ -69,10 +69,10 @@ def test_bad_tensors_are_refused_naming_them(daemon):
     with refit.TrainerClient(daemon.address) as client:
         with pytest.raises(ValueError, match="complex"):
             client.session("toy", {"w": torch.zeros(2, dtype=torch.complex64)})
-        # No engine registered: refitd refuses the manifest, naming why.
-        with pytest.raises(refit.RefitError) as e:
+        # No engine registered: refitd is unavailable for refits, and says why.
+        with pytest.raises(refit.RefitUnavailable) as e:
             client.session("toy", {"w": torch.zeros(2)})
-        assert "engine" in str(e.value)
+        assert "engine" in str(e.value) and e.value.code_name == "UNAVAILABLE"
 
 
 @needs_torch

@@ -116,10 +116,18 @@ def test_refused_refit_names_missing_and_mismatched_tensors(node):
         with pytest.raises(refit.RefitRefused, match="norm.bias"):
             client.refit(models.TOY, partial)
         wrong = dict(params, **{"proj.weight": torch.zeros(3, 3)})
-        with pytest.raises(refit.RefitError, match="proj.weight"):
+        # A manifest refitd cannot plan is a refused refit (typed, not a message prefix).
+        with pytest.raises(refit.RefitRefused, match="proj.weight") as e:
             client.refit(models.TOY, wrong)
-        with pytest.raises(refit.RefitError, match="this daemon serves .toy."):
+        assert e.value.code_name == "FAILED_PRECONDITION"
+        # A partial refit of tensors the spec does not mark updatable alone: refused.
+        with pytest.raises(refit.RefitRefused, match="partial") as e:
+            client.refit(models.TOY, {"norm.bias": params["norm.bias"]}, partial=True)
+        assert e.value.code_name == "FAILED_PRECONDITION"
+        # The wrong model is invalid input.
+        with pytest.raises(refit.RefitInvalidArgument, match="this daemon serves .toy.") as e:
             client.refit("other-model", params)
+        assert e.value.code_name == "INVALID_ARGUMENT"
         status = client.status()
         assert status.version == 0 and status.committed == 0
     assert engine.shm_digest() == before

@@ -46,6 +46,7 @@
 #include "storage/memory.h"
 #include "storage/shm_region.h"
 #include "storage/shm_storage.h"
+#include "transport/memory/memory_receiver.h"
 #include "transport/transport.h"
 
 namespace refit {
@@ -63,41 +64,6 @@ rules:
   - match: "model.layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.weight"
     format: nvfp4
 )";
-
-// Payloads prepared before the session starts, delivered by tag. Receive copies, like a
-// transport landing bytes in a ring slot.
-class MemoryReceiver final : public transport::Receiver {
- public:
-  void Put(uint64_t tag, const std::vector<uint8_t>* payload) {
-    absl::MutexLock lock(&mu_);
-    payloads_[tag] = payload;
-  }
-  std::string Endpoint() const override { return "memory"; }
-  absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) override {
-    absl::MutexLock lock(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ || payloads_.count(tag) > 0; };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) return absl::DeadlineExceededError("receive");
-    if (cancelled_) return absl::CancelledError("receive cancelled");
-    const std::vector<uint8_t>* p = payloads_[tag];
-    payloads_.erase(tag);
-    if (p->size() > capacity) return absl::InvalidArgumentError("message larger than the slot");
-    std::memcpy(dst, p->data(), p->size());
-    return p->size();
-  }
-  void Cancel() override {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-  }
-  void Reset() override {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = false;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<uint64_t, const std::vector<uint8_t>*> payloads_ ABSL_GUARDED_BY(mu_);
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 struct Bucket {
   BucketHeader header;
@@ -259,7 +225,7 @@ int Run(int argc, char** argv) {
   if (!ring.ok()) return 1;
   StagingPool pool(storage::NewHostMemory());
   CpuConverter converter;
-  MemoryReceiver receiver;
+  transport::MemoryReceiver receiver;
   Manifest manifest;
   for (const Bucket& b : data) manifest.tensors.insert(manifest.tensors.end(), b.header.tensors.begin(), b.header.tensors.end());
 

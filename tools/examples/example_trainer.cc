@@ -76,16 +76,19 @@ std::string JsonEscape(const std::string& in) {
   return out;
 }
 
-std::string Json(const RefitReport& r, int refit, bool match, const std::string& error, double push_commit_ms = 0) {
+std::string Json(const RefitReport& r, int refit, bool match, const std::string& error, double push_commit_ms = 0,
+                 absl::StatusCode code = absl::StatusCode::kOk) {
   return absl::StrCat("{\"push_commit_ms\":", push_commit_ms, ",\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
-                      ",\"outcome\":\"", r.outcome, "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
+                      ",\"outcome\":\"", OutcomeName(r.outcome), "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
                       ",\"commit_ms\":", r.times.commit_ms, ",\"pause_ms\":", r.times.pause_ms,
                       ",\"total_ms\":", r.times.total_ms, ",\"plan_ms\":", r.times.plan_ms,
                       ",\"finish_ms\":", r.times.finish_ms, ",\"prepare_ms\":", r.times.prepare_ms,
                       ",\"engine_matches_expected\":", match ? "true" : "false",
-                      ",\"error\":\"", JsonEscape(error), "\"}");
+                      ",\"error\":\"", JsonEscape(error), "\"",
+                      code == absl::StatusCode::kOk ? "" : absl::StrCat(",\"code\":\"", absl::StatusCodeToString(code), "\""),
+                      "}");
 }
 
 int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const std::string& checkpoint,
@@ -134,8 +137,8 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
   absl::StatusOr<RefitReport> report = push_status.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(push_status);
   if (!report.ok()) {
     RefitReport r;
-    r.outcome = "refused";
-    std::printf("%s\n", Json(r, 0, false, std::string(report.status().message())).c_str());
+    r.outcome = Outcome::kRefused;
+    std::printf("%s\n", Json(r, 0, false, std::string(report.status().message()), 0, report.status().code()).c_str());
     std::fflush(stdout);
     return drop.empty() ? 4 : 0;
   }
@@ -519,8 +522,8 @@ int main(int argc, char** argv) {
     if (fault == "abort") {
       absl::Status st = (*session)->Abort("fault injection: trainer abort");
       RefitReport r;
-      r.outcome = "aborted";
-      std::printf("%s\n", Json(r, refit, false, std::string(st.message())).c_str());
+      r.outcome = Outcome::kAborted;
+      std::printf("%s\n", Json(r, refit, false, std::string(st.message()), 0, st.code()).c_str());
       continue;
     }
     const absl::Time push_done = absl::Now();
@@ -535,8 +538,8 @@ int main(int argc, char** argv) {
     device_copies.reset();
     if (!report.ok()) {
       RefitReport r;
-      r.outcome = "refused";
-      std::printf("%s\n", Json(r, refit, false, std::string(report.status().message())).c_str());
+      r.outcome = Outcome::kRefused;
+      std::printf("%s\n", Json(r, refit, false, std::string(report.status().message()), 0, report.status().code()).c_str());
       std::fflush(stdout);
       if (fault == "none") ++unexpected;
       continue;

@@ -70,7 +70,7 @@ int Error(const CommonFlags& f, absl::string_view msg, int code = kExitFailure) 
 json ReportJson(const RefitReport& r) {
   json bytes_by_format = json::object();
   for (const auto& [k, v] : r.bytes_out_by_format) bytes_by_format[k] = v;
-  return json{{"session", r.session_id},   {"version", r.version},     {"outcome", r.outcome},
+  return json{{"session", r.session_id},   {"version", r.version},     {"outcome", OutcomeName(r.outcome)}, {"cause", EndCauseName(r.cause)},
               {"reason", r.reason},        {"bytes_in", r.bytes_in},   {"bytes_out", r.bytes_out},
               {"buckets", r.buckets},      {"tensors", r.tensors},     {"receive_ms", r.times.receive_ms},
               {"convert_ms", r.times.convert_ms}, {"validate_ms", r.times.validate_ms},
@@ -80,7 +80,7 @@ json ReportJson(const RefitReport& r) {
 }
 
 std::string ReportLine(const RefitReport& r) {
-  return absl::StrCat("session ", r.session_id, " ", r.outcome, " version=", r.version, " bytes_in=", r.bytes_in,
+  return absl::StrCat("session ", r.session_id, " ", OutcomeName(r.outcome), " version=", r.version, " bytes_in=", r.bytes_in,
                       " bytes_out=", r.bytes_out, " buckets=", r.buckets, " tensors=", r.tensors,
                       " receive=", r.times.receive_ms, "ms convert=", r.times.convert_ms,
                       "ms validate=", r.times.validate_ms, "ms commit=", r.times.commit_ms,
@@ -125,6 +125,8 @@ int RunStatus(std::span<const std::string_view> args) {
                       {"engine_registered", s->engine_registered},
                       {"engine_params", s->engine_params},
                       {"engine_bytes", s->engine_bytes},
+                      {"engine_dirty", s->engine_dirty},
+                      {"engine_responsive", s->engine_responsive},
                       {"version", s->version},
                       {"active_session", s->active_session},
                       {"staging_bytes", s->staging_bytes},
@@ -135,20 +137,24 @@ int RunStatus(std::span<const std::string_view> args) {
                       {"refused", s->refused},
                       {"aborted", s->aborted},
                       {"data_endpoint", s->data_endpoint},
-                      {"last_refit", s->last_report.outcome.empty() ? json(nullptr) : ReportJson(s->last_report)}}
+                      {"last_refit", s->last_report.outcome == Outcome::kNone ? json(nullptr) : ReportJson(s->last_report)}}
                      .dump()
               << "\n";
     return kExitOk;
   }
   std::cout << "model:    " << s->model << "\n"
-            << "engine:   " << (s->engine_registered ? absl::StrCat(s->engine_params, " parameters, ", s->engine_bytes, " bytes") : "not registered") << "\n"
+            << "engine:   " << (s->engine_registered ? absl::StrCat(s->engine_params, " parameters, ", s->engine_bytes, " bytes",
+                                                                    s->engine_dirty ? ", DIRTY (only a full refit clears it)" : "",
+                                                                    s->engine_responsive ? "" : ", UNRESPONSIVE (a pause/resume timed out)")
+                                                     : "not registered")
+            << "\n"
             << "version:  " << s->version << "\n"
             << "session:  " << (s->active_session ? absl::StrCat("#", s->active_session, " active") : "none") << "\n"
             << "staging:  " << s->staging_bytes << " of " << s->staging_limit_bytes << " bytes\n"
             << "ring:     " << s->ring_bytes << " bytes in " << (s->ring_on_device ? "GPU" : "host") << " memory\n"
             << "refits:   " << s->committed << " committed, " << s->refused << " refused, " << s->aborted << " aborted\n"
             << "data:     " << s->data_endpoint << "\n"
-            << "last:     " << (s->last_report.outcome.empty() ? "none" : ReportLine(s->last_report)) << "\n";
+            << "last:     " << (s->last_report.outcome == Outcome::kNone ? "none" : ReportLine(s->last_report)) << "\n";
   return kExitOk;
 }
 

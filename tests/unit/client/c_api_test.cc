@@ -33,12 +33,13 @@ std::string LastError() { return refit_last_error(); }
 // refitd serving model "toy" (every tensor `format: auto`) on a Unix socket in a temp dir.
 class Refitd {
  public:
-  Refitd() {
+  explicit Refitd(const std::string& extra_config = "") {
     char tmpl[] = "/tmp/refit-c-api-XXXXXX";
     dir_ = mkdtemp(tmpl);
     std::ofstream(dir_ + "/spec.yaml") << "model: toy\ndefaults:\n  format: auto\n";
     address_ = "unix:" + dir_ + "/refitd.sock";
-    std::ofstream(dir_ + "/refitd.yaml") << "listen: " << address_ << "\nmodel_spec: " << dir_ << "/spec.yaml\n";
+    std::ofstream(dir_ + "/refitd.yaml") << "listen: " << address_ << "\nmodel_spec: " << dir_ << "/spec.yaml\n"
+                                         << extra_config;
     std::string cfg = dir_ + "/refitd.yaml", log = dir_ + "/refitd.log";
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -284,6 +285,65 @@ TEST(CApiTest, RefusedCommitLeavesTheEngineAndNamesTheTensor) {
   EXPECT_EQ(refit_engine_version(engine), 0u);
   for (int i = 0; i < 128; ++i) ASSERT_EQ(shm.data()[i], 0) << i;
   refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+// Each refusal kind reaches a C caller as its own code (refitd sends typed statuses; nothing is
+// parsed out of messages).
+TEST(CApiTest, RefusalsCarryTheirCodes) {
+  Refitd daemon("limits:\n  max_tensors: 2\n");
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  refit_tensor_desc w = Desc("w", kWShape, 2);
+  refit_manifest m{};
+  m.struct_size = sizeof(m);
+  m.model = "toy";
+  m.tensors = &w;
+  m.num_tensors = 1;
+  refit_session* s = nullptr;
+  // No engine registered: unavailable.
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_UNAVAILABLE) << LastError();
+  EXPECT_THAT(LastError(), HasSubstr("no engine"));
+
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  // The wrong model: invalid.
+  m.model = "other";
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_INVALID_ARGUMENT) << LastError();
+  EXPECT_THAT(LastError(), HasSubstr("'other'"));
+  m.model = "toy";
+  // Too many tensors: invalid.
+  std::vector<refit_tensor_desc> many = {Desc("w", kWShape, 2), Desc("b", kBShape, 1), Desc("x", kBShape, 1)};
+  m.tensors = many.data();
+  m.num_tensors = many.size();
+  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_INVALID_ARGUMENT) << LastError();
+  EXPECT_THAT(LastError(), HasSubstr("limit 2"));
+  // A partial refit of a tensor the spec does not mark updatable alone: refused at commit.
+  m.tensors = &w;
+  m.num_tensors = 1;
+  m.partial = 1;
+  ASSERT_EQ(refit_session_begin(c, &m, &s), REFIT_OK) << LastError();
+  std::vector<float> wv(32, 1.0f);
+  refit_tensor tw = Tensor("w", kWShape, 2, wv.data(), 128);
+  ASSERT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  EXPECT_EQ(refit_session_commit(s, &report), REFIT_FAILED_PRECONDITION) << LastError();
+  EXPECT_THAT(LastError(), HasSubstr("partial"));
+  refit_session_close(s);
+  // A second session while one is open: unavailable (busy).
+  m.partial = 0;
+  ASSERT_EQ(refit_session_begin(c, &m, &s), REFIT_OK) << LastError();
+  refit_client* c2 = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c2), REFIT_OK) << LastError();
+  refit_session* s2 = nullptr;
+  EXPECT_EQ(refit_session_begin(c2, &m, &s2), REFIT_UNAVAILABLE) << LastError();
+  EXPECT_THAT(LastError(), HasSubstr("busy"));
+  EXPECT_EQ(calls.pauses.load(), 0);
+  refit_session_close(s);
+  refit_client_close(c2);
   refit_client_close(c);
   refit_engine_stop(engine);
 }

@@ -1,0 +1,33 @@
+// EngineControl: the engine's pause/resume capability, as the commit protocol sees it. The server
+// implements it over the control plane (Cap'n Proto calls issued on its event loop); tests
+// implement it in-process.
+//
+// Threading: Pause and Resume are called from the commit's worker thread and block until the
+// engine answered, the call failed or `timeout` passed. Responsive may be called from any thread.
+#ifndef REFIT_REFIT_ENGINE_CONTROL_H_
+#define REFIT_REFIT_ENGINE_CONTROL_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace refit {
+
+class EngineControl {
+ public:
+  virtual ~EngineControl() = default;
+  // Returns once the engine runs nothing that reads its parameters. DeadlineExceeded when the
+  // engine did not answer within `timeout` (the request stays pending at the engine: it may pause
+  // later); Unavailable when the engine is gone; other codes for an error the engine returned.
+  virtual absl::Status Pause(absl::Duration timeout) = 0;
+  // The parameters hold `version`; the engine may serve again. Codes as for Pause.
+  virtual absl::Status Resume(uint64_t version, absl::Duration timeout) = 0;
+  // False while a call that timed out is still unanswered: the engine's state is unknown until it
+  // answers (or re-registers), and no commit may start.
+  virtual bool Responsive() const = 0;
+};
+
+}  // namespace refit
+
+#endif  // REFIT_REFIT_ENGINE_CONTROL_H_

@@ -1,0 +1,216 @@
+// Node: the refit state of one rollout node — the registered engine, the version it serves, the
+// one active session — and the protocol that takes a session from begin to its outcome: receive,
+// validate, prepare, pause, copy, resume. The server adapts RPCs to these calls; nothing here
+// knows the wire, and every way a session ends goes through one place (End), which produces one
+// report with a typed outcome and cause.
+//
+// Engine records are shared: the node holds the registered one, and the active session (and a
+// commit in flight) hold theirs, so an engine that unregisters or is replaced during a commit
+// leaves its mappings alive until that commit has finished with them. A commit in flight is an
+// outcome for the engine that left (never a write through an unmapped address).
+//
+// Threading: every method runs on one thread (the server's event loop), except RunCommit, which
+// runs on a worker thread for the commit StartCommit handed out and touches only that Commit, its
+// session and its engine record (planner, storage and control; never the node).
+#ifndef REFIT_REFIT_NODE_H_
+#define REFIT_REFIT_NODE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/failpoint.h"
+#include "refit/bucket_ring.h"
+#include "refit/converter.h"
+#include "refit/engine_control.h"
+#include "refit/planner.h"
+#include "refit/session.h"
+#include "refit/staging.h"
+#include "refit/types.h"
+#include "storage/engine_storage.h"
+#include "transport/transport.h"
+
+namespace refit {
+
+// What a registering engine brings: its mapped storage, the planner over its parameters, the
+// staging memory and converter that fit it, its pause/resume control, and what it holds now.
+struct EngineSetup {
+  std::unique_ptr<Planner> planner;
+  std::unique_ptr<storage::EngineStorage> storage;
+  std::unique_ptr<StagingPool> pool;
+  std::unique_ptr<Converter> converter;
+  std::unique_ptr<EngineControl> control;
+  uint64_t version = 0;  // the version the engine serves (0: fresh)
+  bool dirty = false;    // it lost refitd inside a commit window: its weights may be mixed
+};
+
+// A registered engine. Shared by the node, the session that uses it and a commit in flight.
+struct EngineRecord {
+  uint64_t id = 0;
+  std::unique_ptr<Planner> planner;
+  std::unique_ptr<storage::EngineStorage> storage;
+  std::unique_ptr<StagingPool> pool;
+  std::unique_ptr<Converter> converter;
+  std::unique_ptr<EngineControl> control;
+  uint64_t bytes = 0;
+  // Loop thread only.
+  uint64_t version = 0;
+  bool dirty = false;  // a commit failed mid-copy: only a full refit may land
+  bool gone = false;   // unregistered (disconnected); a commit in flight still holds the record
+};
+
+struct NodeHooks {
+  std::function<void(const RefitReport&)> on_report;
+  std::function<void(bool registered)> on_engine;
+  std::function<void(uint64_t staging_bytes, bool active)> on_session;
+  std::function<void(const RefitReport&)> on_log;  // one line per ended session
+  // A commit enters a phase ("pausing", "copying", "resuming"). Called on the commit's worker
+  // thread.
+  std::function<void(uint64_t session_id, const char* phase)> on_commit_phase;
+};
+
+struct NodeOptions {
+  std::string model;  // the spec's model name; manifests must name it
+  SessionLimits limits;
+  absl::Duration pause_timeout = absl::Seconds(10);
+  absl::Duration resume_timeout = absl::Seconds(10);
+  const FailpointSet* failpoints = nullptr;  // test builds only
+};
+
+struct BeginResult {
+  uint64_t session_id = 0;
+  uint32_t deadline_ms = 0;
+};
+
+// One commit: handed out by StartCommit, run by RunCommit on a worker thread, ended by
+// FinishCommit on the loop thread.
+class Commit {
+ public:
+  uint64_t session_id() const { return session_id_; }
+
+ private:
+  friend class Node;
+  uint64_t session_id_ = 0;
+  Session* session_ = nullptr;
+  std::shared_ptr<EngineRecord> engine_;
+  const FailpointSet* failpoints_ = nullptr;
+  const NodeHooks* hooks_ = nullptr;
+  absl::Duration pause_timeout_, resume_timeout_;
+  uint64_t from_version_ = 0;
+  bool dirty_at_start_ = false;
+
+  // Set by RunCommit.
+  Outcome outcome_ = Outcome::kFailed;
+  EndCause cause_ = EndCause::kInternal;
+  std::string reason_;
+  bool engine_dirty_ = false;      // the copy started and did not finish: the engine stays paused
+  bool engine_version_set_ = false;  // the engine holds to_version's bytes
+  PhaseTimes times_;
+};
+
+class Node {
+ public:
+  Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring, NodeHooks hooks);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Registers an engine. Refused (Unavailable) while another engine is registered and has not
+  // gone: only the holder of a registration can end it (by dropping it or disconnecting), so a
+  // client cannot take over a live engine. Ends an active session of an engine that is gone.
+  absl::StatusOr<uint64_t> RegisterEngine(EngineSetup setup);
+  // The engine's registration was dropped. A session not committing is aborted; a commit in
+  // flight keeps the record and ends as an engine error.
+  void UnregisterEngine(uint64_t engine_id);
+
+  // A new session for `manifest`; every refusal names the field or tensor (InvalidArgument),
+  // the missing engine (Unavailable), the busy node (Unavailable) or the dirty engine
+  // (FailedPrecondition).
+  absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested);
+  // Another trainer rank joins the active session.
+  absl::Status Join(uint64_t session_id) const;
+  // Queues a bucket; an invalid header ends the session (InvalidArgument naming the field).
+  absl::StatusOr<uint32_t> Announce(uint64_t session_id, BucketHeader header);
+  // A trainer aborted (kClientAbort) or disconnected (kDisconnected) with `reason`. During a
+  // commit, the commit runs on and this is ignored.
+  void EndByTrainer(uint64_t session_id, EndCause cause, const std::string& reason);
+  // An operator aborts the active session; false when there is none.
+  bool AbortActive(const std::string& reason);
+  // Ends the session if it failed on its own threads or passed its deadline. Returns false once
+  // `session_id` is no longer active (the caller stops polling).
+  bool Poll(uint64_t session_id, absl::Time now);
+  // Shutting down: ends a session that is not committing. Returns true while a commit runs.
+  bool Shutdown();
+
+  // The commit of the active session: StartCommit (loop) → RunCommit (worker) → FinishCommit
+  // (loop). A session has at most one commit.
+  absl::StatusOr<std::shared_ptr<Commit>> StartCommit(uint64_t session_id);
+  static void RunCommit(Commit& commit);
+  // Ends the session with the commit's outcome; returns the report (also last_report()).
+  const RefitReport& FinishCommit(Commit& commit);
+
+  // State, for status and readiness.
+  const EngineRecord* engine() const { return engine_.get(); }
+  // Serving-readiness: an engine registered, clean and answering.
+  absl::Status Ready() const;
+  uint64_t version() const;
+  bool session_active() const { return active_.has_value(); }
+  uint64_t active_session_id() const { return active_ ? active_->session->id() : 0; }
+  bool committing() const { return active_ && active_->committing; }
+  uint64_t staging_bytes() const { return active_ ? active_->session->staging().bytes() : 0; }
+  const RefitReport& last_report() const { return last_report_; }
+  uint64_t committed() const { return committed_; }
+  uint64_t refused() const { return refused_; }
+  uint64_t aborted() const { return aborted_; }
+  const NodeOptions& options() const { return options_; }
+
+  // Checksum64 of every registered parameter read from the engine's storage.
+  struct ParamChecksum {
+    std::string name;
+    uint64_t checksum;
+    uint64_t nbytes;
+  };
+  absl::StatusOr<std::vector<ParamChecksum>> Checksums() const;
+
+ private:
+  struct Active {
+    std::shared_ptr<EngineRecord> engine;  // declared first: outlives the session
+    std::unique_ptr<Session> session;
+    absl::Time begun;
+    absl::Time deadline;
+    double plan_ms = 0;
+    bool committing = false;
+    // Set when the node aborted the session while its commit ran (engine gone, operator,
+    // shutdown): the commit ends with this cause.
+    std::optional<std::pair<EndCause, std::string>> ended_by;
+  };
+  absl::Status CheckActive(uint64_t session_id) const;
+  // Ends the active session: aborts it if still running, counts, reports, resets.
+  void End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times = nullptr);
+  // Aborts the active session with `cause`: at once when not committing, else when the commit ends.
+  void AbortWith(EndCause cause, const std::string& reason);
+  void NotifySession();
+  uint64_t NewSessionId();
+
+  const NodeOptions options_;
+  transport::Receiver& receiver_;
+  BucketRing& ring_;
+  NodeHooks hooks_;
+  std::shared_ptr<EngineRecord> engine_;
+  std::optional<Active> active_;
+  uint64_t next_engine_id_ = 1;
+  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0;
+  uint64_t last_session_id_ = 0;
+  std::random_device entropy_;
+  RefitReport last_report_;
+};
+
+}  // namespace refit
+
+#endif  // REFIT_REFIT_NODE_H_

@@ -1,0 +1,391 @@
+// The node's session lifecycle and commit protocol, in-process: real shared-memory engine
+// storage, the real session threads and CPU converter, an in-process data plane and an engine
+// control that answers (or fails, or never answers) as each test needs. Every branch of the commit
+// ends with one typed outcome, and the engine's bytes, version and dirty flag say what the
+// protocol promises.
+#include "refit/node.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "common/checksum.h"
+#include "refit/cpu_converter.h"
+#include "spec/model_spec.h"
+#include "storage/memory.h"
+#include "storage/shm_region.h"
+#include "storage/shm_storage.h"
+#include "transport/memory/memory_receiver.h"
+
+namespace refit {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"(model: m
+rules:
+  - match: "w.{i}"
+    format: passthrough
+    partial: true
+)";
+constexpr int kParams = 2;
+constexpr int64_t kElems = 256;
+constexpr uint64_t kBytes = kElems * 2;
+
+// The engine's side of pause/resume, scripted per test. Pause and resume may block on a gate
+// (to act while a commit is inside the window).
+class ScriptedControl final : public EngineControl {
+ public:
+  absl::Status Pause(absl::Duration timeout) override {
+    calls.push_back("pause");
+    pause_called = true;
+    if (pause_gate != nullptr) pause_gate->WaitForNotification();
+    if (pause_hangs) return Late(timeout);
+    return pause_status;
+  }
+  absl::Status Resume(uint64_t version, absl::Duration timeout) override {
+    calls.push_back(absl::StrCat("resume:", version, timeout == absl::ZeroDuration() ? ":sent" : ""));
+    if (resume_hangs || timeout == absl::ZeroDuration()) return Late(timeout);
+    return resume_status;
+  }
+  bool Responsive() const override { return late == 0; }
+
+  absl::Status Late(absl::Duration timeout) {
+    ++late;
+    return absl::DeadlineExceededError(absl::StrCat("no answer within ", absl::FormatDuration(timeout)));
+  }
+
+  std::vector<std::string> calls;
+  absl::Status pause_status, resume_status;
+  bool pause_hangs = false, resume_hangs = false;
+  absl::Notification* pause_gate = nullptr;
+  std::atomic<int> late{0};
+  std::atomic<bool> pause_called{false};
+};
+
+std::vector<uint8_t> Payload(uint8_t seed) {
+  std::vector<uint8_t> p(kBytes * kParams);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed + i * 7);
+  return p;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = *spec::ParseModelSpec(kSpec);
+    region_name_ = absl::StrCat("/refit-node-test-", getpid(), "-", counter_++);
+    region_ = *storage::ShmRegion::Create(region_name_, kBytes * kParams);
+    std::memset(region_->data(), 0xAB, region_->size());
+    ring_ = *BucketRing::Create(2, 1 << 16, *ring_memory_);
+    NodeOptions options;
+    options.model = "m";
+    options.pause_timeout = absl::Milliseconds(50);
+    options.resume_timeout = absl::Milliseconds(50);
+    options.failpoints = failpoints_.get();
+    NodeHooks hooks;
+    hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
+    node_ = std::make_unique<Node>(options, receiver_, *ring_, hooks);
+  }
+
+  // Registers an engine whose parameters w.0, w.1 live in the test's shm region.
+  uint64_t Register(ScriptedControl** control_out = nullptr, uint64_t version = 0, bool dirty = false) {
+    std::vector<storage::ShmParam> shm;
+    for (int i = 0; i < kParams; ++i) {
+      shm.push_back({{absl::StrCat("w.", i), DType::kBF16, {kElems}, kBytes}, region_name_, i * kBytes});
+    }
+    EngineSetup setup;
+    setup.storage = *storage::ShmEngineStorage::Open(shm);
+    setup.planner = std::make_unique<Planner>(*Planner::Create(spec_, setup.storage->params()));
+    setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
+    setup.converter = std::make_unique<CpuConverter>();
+    auto control = std::make_unique<ScriptedControl>();
+    if (control_out != nullptr) *control_out = control.get();
+    setup.control = std::move(control);
+    setup.version = version;
+    setup.dirty = dirty;
+    absl::StatusOr<uint64_t> id = node_->RegisterEngine(std::move(setup));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+
+  Manifest ManifestOf(int tensors, bool partial = false) {
+    Manifest m;
+    m.model = "m";
+    m.partial = partial;
+    for (int i = 0; i < tensors; ++i) m.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, 0, kBytes});
+    return m;
+  }
+
+  // Begins a session and sends `tensors` of `payload` in one bucket.
+  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false) {
+    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(tensors, partial), absl::Now());
+    EXPECT_TRUE(begun.ok()) << begun.status();
+    if (!begun.ok()) return 0;
+    BucketHeader h;
+    h.seq = 0;
+    h.nbytes = kBytes * tensors;
+    h.checksum = Checksum64(payload.data(), h.nbytes);
+    for (int i = 0; i < tensors; ++i) h.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, i * kBytes, kBytes});
+    sent_ = std::vector<uint8_t>(payload.begin(), payload.begin() + static_cast<long>(h.nbytes));
+    receiver_.Put(Session::Tag(begun->session_id, 0), &sent_);
+    absl::StatusOr<uint32_t> seq = node_->Announce(begun->session_id, h);
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    return begun->session_id;
+  }
+
+  // The whole commit on this thread (the loop's and the worker's steps in order).
+  const RefitReport& CommitNow(uint64_t session) {
+    absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(session);
+    EXPECT_TRUE(c.ok()) << c.status();
+    Node::RunCommit(**c);
+    return node_->FinishCommit(**c);
+  }
+
+  std::vector<uint8_t> EngineBytes() const { return {region_->data(), region_->data() + region_->size()}; }
+
+  static inline int counter_ = 0;
+  spec::ModelSpec spec_;
+  std::string region_name_;
+  std::unique_ptr<storage::ShmRegion> region_;
+  std::unique_ptr<storage::Memory> ring_memory_ = storage::NewHostMemory();
+  std::unique_ptr<BucketRing> ring_;
+  transport::MemoryReceiver receiver_;
+  std::unique_ptr<FailpointSet> failpoints_;
+  std::unique_ptr<Node> node_;
+  std::vector<RefitReport> reports_;
+  std::vector<uint8_t> sent_;
+};
+
+TEST_F(NodeTest, CommitPausesCopiesResumesAndAdvancesTheVersion) {
+  ScriptedControl* control;
+  Register(&control);
+  std::vector<uint8_t> p = Payload(1);
+  const RefitReport& r = CommitNow(Send(p, kParams));
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.cause, EndCause::kNone);
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_TRUE(ReportStatus(r).ok());
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+  EXPECT_EQ(node_->version(), 1u);
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_EQ(node_->committed(), 1u);
+  ASSERT_EQ(reports_.size(), 1u);
+
+  // The next refit is version 2.
+  std::vector<uint8_t> q = Payload(9);
+  EXPECT_EQ(CommitNow(Send(q, kParams)).version, 2u);
+  EXPECT_EQ(EngineBytes(), q);
+}
+
+TEST_F(NodeTest, IncompleteRefitIsRefusedBeforeThePause) {
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> before = EngineBytes();
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(begun.ok());
+  // Nothing announced: every tensor is missing.
+  const RefitReport& r = CommitNow(begun->session_id);
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_EQ(r.cause, EndCause::kIncomplete);
+  EXPECT_THAT(r.reason, HasSubstr("w.0"));
+  EXPECT_EQ(ReportStatus(r).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(control->calls.empty());
+  EXPECT_EQ(EngineBytes(), before);
+  EXPECT_EQ(node_->version(), 0u);
+}
+
+TEST_F(NodeTest, PauseErrorLeavesTheEngineUntouched) {
+  ScriptedControl* control;
+  Register(&control);
+  control->pause_status = absl::UnavailableError("the engine disconnected during pause");
+  const std::vector<uint8_t> before = EngineBytes();
+  const RefitReport& r = CommitNow(Send(Payload(2), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kEngineError);
+  EXPECT_THAT(r.reason, HasSubstr("untouched"));
+  EXPECT_EQ(ReportStatus(r).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(control->calls, ElementsAre("pause"));
+  EXPECT_EQ(EngineBytes(), before);
+  EXPECT_FALSE(node_->engine()->dirty);
+}
+
+TEST_F(NodeTest, PauseTimeoutSendsTheOldVersionAndRefusesUntilTheEngineAnswers) {
+  ScriptedControl* control;
+  Register(&control, /*version=*/4);
+  control->pause_hangs = true;
+  const std::vector<uint8_t> before = EngineBytes();
+  const RefitReport& r = CommitNow(Send(Payload(3), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kEngineError);
+  EXPECT_THAT(r.reason, HasSubstr("did not pause within"));
+  // A resume with the version it has follows the pause, not waited for.
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:4:sent"));
+  EXPECT_EQ(EngineBytes(), before);
+  EXPECT_EQ(node_->version(), 4u);
+  absl::StatusOr<BeginResult> next = node_->Begin(ManifestOf(kParams), absl::Now());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(next.status().message(), HasSubstr("did not answer"));
+  EXPECT_FALSE(node_->Ready().ok());
+  // The engine answers the late calls: refits are taken again.
+  control->late = 0;
+  control->pause_hangs = false;
+  EXPECT_EQ(CommitNow(Send(Payload(4), kParams)).version, 5u);
+}
+
+TEST_F(NodeTest, ResumeTimeoutKeepsTheNewVersionAndMarksTheEngineUnresponsive) {
+  ScriptedControl* control;
+  Register(&control);
+  control->resume_hangs = true;
+  std::vector<uint8_t> p = Payload(5);
+  const RefitReport& r = CommitNow(Send(p, kParams));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kEngineError);
+  EXPECT_THAT(r.reason, HasSubstr("resume(1)"));
+  EXPECT_EQ(EngineBytes(), p);  // the copy landed whole
+  EXPECT_EQ(node_->version(), 1u);
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_FALSE(node_->Ready().ok());
+}
+
+#if REFIT_FAILPOINTS
+TEST_F(NodeTest, FailedCopyLeavesTheEnginePausedAndDirtyUntilAFullRefit) {
+  failpoints_ = *FailpointSet::Parse("mid_commit=error");
+  SetUp();  // the node takes the failpoints at construction
+  ScriptedControl* control;
+  Register(&control);
+  const RefitReport& r = CommitNow(Send(Payload(6), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_THAT(r.reason, HasSubstr("dirty"));
+  EXPECT_THAT(control->calls, ElementsAre("pause"));  // never resumed with mixed weights
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_EQ(node_->version(), 0u);
+  absl::StatusOr<BeginResult> partial = node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now());
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(partial.status().message(), HasSubstr("dirty"));
+}
+#endif
+
+TEST_F(NodeTest, EngineLeavingDuringTheCommitIsAnOutcomeAndANewEngineMayRegister) {
+  ScriptedControl* control;
+  const uint64_t id = Register(&control);
+  absl::Notification gate;
+  control->pause_gate = &gate;
+  control->pause_status = absl::UnavailableError("the engine disconnected during pause");
+  const uint64_t session = Send(Payload(7), kParams);
+  absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(session);
+  ASSERT_TRUE(c.ok());
+  std::thread worker([&] { Node::RunCommit(**c); });
+  // Inside the window the engine's registration goes away, and another engine registers.
+  while (!control->pause_called) absl::SleepFor(absl::Milliseconds(1));
+  node_->UnregisterEngine(id);
+  EXPECT_EQ(node_->engine(), nullptr);
+  ScriptedControl* next;
+  EXPECT_NE(Register(&next), id);
+  gate.Notify();
+  worker.join();
+  const RefitReport& r = node_->FinishCommit(**c);
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kEngineError);
+  EXPECT_FALSE(node_->session_active());
+  // The new engine takes refits.
+  EXPECT_EQ(CommitNow(Send(Payload(8), kParams)).outcome, Outcome::kCommitted);
+  EXPECT_THAT(next->calls, ElementsAre("pause", "resume:1"));
+}
+
+TEST_F(NodeTest, EngineUnregisteringBeforeTheCommitAbortsTheSession) {
+  const uint64_t id = Register();
+  Send(Payload(1), kParams);
+  node_->UnregisterEngine(id);
+  EXPECT_FALSE(node_->session_active());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_EQ(reports_[0].outcome, Outcome::kAborted);
+  EXPECT_EQ(reports_[0].cause, EndCause::kEngineError);
+  EXPECT_EQ(reports_[0].reason, "engine unregistered");
+}
+
+TEST_F(NodeTest, ASecondEngineIsRefusedWhileOneIsRegistered) {
+  Register();
+  EngineSetup setup;
+  std::vector<storage::ShmParam> shm = {{{"w.0", DType::kBF16, {kElems}, kBytes}, region_name_, 0}};
+  setup.storage = *storage::ShmEngineStorage::Open(shm);
+  setup.planner = std::make_unique<Planner>(*Planner::Create(spec_, setup.storage->params()));
+  setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
+  setup.converter = std::make_unique<CpuConverter>();
+  setup.control = std::make_unique<ScriptedControl>();
+  absl::StatusOr<uint64_t> second = node_->RegisterEngine(std::move(setup));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(), HasSubstr("already registered"));
+}
+
+TEST_F(NodeTest, BeginRefusalsCarryTheirCodes) {
+  EXPECT_EQ(node_->Begin(ManifestOf(kParams), absl::Now()).status().code(), absl::StatusCode::kUnavailable);
+  Register();
+  Manifest wrong = ManifestOf(kParams);
+  wrong.model = "other";
+  absl::Status st = node_->Begin(wrong, absl::Now()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("'other'"));
+  Manifest unknown = ManifestOf(kParams);
+  unknown.tensors.push_back({"nope", DType::kBF16, {kElems}, 0, kBytes});
+  st = node_->Begin(unknown, absl::Now()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("'nope'"));
+  ASSERT_TRUE(node_->Begin(ManifestOf(kParams), absl::Now()).ok());
+  st = node_->Begin(ManifestOf(kParams), absl::Now()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(st.message(), HasSubstr("busy"));
+}
+
+TEST_F(NodeTest, DeadlineAndTrainerEndsAreTyped) {
+  Register();
+  absl::StatusOr<BeginResult> a = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(node_->Poll(a->session_id, absl::Now()));
+  EXPECT_FALSE(node_->Poll(a->session_id, absl::Now() + absl::Hours(1)));
+  EXPECT_EQ(reports_.back().cause, EndCause::kDeadlineExceeded);
+  EXPECT_EQ(ReportStatus(reports_.back()).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(receiver_.disconnects(), 1);
+
+  absl::StatusOr<BeginResult> b = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(b.ok());
+  node_->EndByTrainer(b->session_id, EndCause::kClientAbort, "trainer aborted: test");
+  EXPECT_EQ(reports_.back().outcome, Outcome::kAborted);
+  EXPECT_EQ(reports_.back().cause, EndCause::kClientAbort);
+  EXPECT_EQ(ReportStatus(reports_.back()).code(), absl::StatusCode::kAborted);
+
+  absl::StatusOr<BeginResult> c = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(node_->AbortActive("operator abort: test"));
+  EXPECT_EQ(reports_.back().cause, EndCause::kClientAbort);
+  EXPECT_FALSE(node_->AbortActive("nothing"));
+  // A session that ended is named with how it ended.
+  absl::Status gone = node_->Join(c->session_id);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(gone.message(), HasSubstr("operator abort"));
+}
+
+TEST_F(NodeTest, InvalidBucketEndsTheSessionAsInvalidInput) {
+  Register();
+  absl::StatusOr<BeginResult> a = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(a.ok());
+  BucketHeader h;
+  h.seq = 3;  // out of order
+  h.nbytes = kBytes;
+  h.tensors.push_back({"w.0", DType::kBF16, {kElems}, 0, kBytes});
+  absl::StatusOr<uint32_t> seq = node_->Announce(a->session_id, h);
+  EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_EQ(reports_.back().cause, EndCause::kInvalidInput);
+}
+
+}  // namespace
+}  // namespace refit
