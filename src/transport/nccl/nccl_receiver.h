@@ -43,6 +43,8 @@ class NcclReceiver final : public Receiver {
   ~NcclReceiver() override;
 
   std::string Endpoint() const override { return endpoint_; }
+  // NCCL's transports carry their own integrity checks (nccl_transport.h).
+  bool ChecksIntegrity() const override { return true; }
   absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) override;
   void Cancel() override;
   void Reset() override;
