@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "kernels/batch_copy.h"
 
 namespace refit::kernels {
@@ -67,9 +68,7 @@ __global__ void BatchCopyKernel(const Region* __restrict__ regions, uint32_t n, 
   }
 }
 
-absl::Status Error(cudaError_t e, absl::string_view what) {
-  return absl::InternalError(absl::StrCat("batch copy: ", what, ": ", cudaGetErrorString(e)));
-}
+absl::Status Error(cudaError_t e, absl::string_view what) { return CudaStatus(e, absl::StrCat("batch copy: ", what)); }
 
 }  // namespace
 

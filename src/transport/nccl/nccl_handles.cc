@@ -16,12 +16,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cuda_status.h"
 
 namespace refit::transport::nccl {
 
 absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  // The project's helper, re-coded at this seam: a transport reports its failures as Unavailable.
+  absl::Status st = ::refit::CudaStatus(e, what);
+  return st.ok() ? st : absl::UnavailableError(st.message());
 }
 
 absl::Status NcclStatus(ncclResult_t r, absl::string_view what) {

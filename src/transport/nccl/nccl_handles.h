@@ -24,6 +24,7 @@
 
 namespace refit::transport::nccl {
 
+// CUDA errors as this transport reports them: the project's CudaStatus, as Unavailable.
 absl::Status CudaStatus(cudaError_t e, absl::string_view what);
 absl::Status NcclStatus(ncclResult_t r, absl::string_view what);
 
