@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/nccl/nccl_options.h"
+#include "common/unique_fd.h"
 #include "transport/transport.h"
 
 namespace refit::transport {
@@ -65,7 +66,7 @@ class NcclReceiver final : public Receiver {
     Peer* owner = nullptr;  // the peer writing into dst, once claimed
   };
 
-  NcclReceiver(NcclOptions options, int listen_fd, std::string endpoint);
+  NcclReceiver(NcclOptions options, UniqueFd listen_fd, std::string endpoint);
   void AcceptLoop();
   void ServePeer(Peer& peer);
   // Delivers one message whose frame was just received; false when the peer must stop.
@@ -76,7 +77,7 @@ class NcclReceiver final : public Receiver {
   void PeerFailed(Peer& peer, const absl::Status& status);
 
   const NcclOptions options_;
-  const int listen_fd_;
+  const UniqueFd listen_fd_;
   const std::string endpoint_;
 
   mutable absl::Mutex mu_;
