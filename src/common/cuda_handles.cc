@@ -6,6 +6,20 @@
 #include "common/cuda_status.h"
 
 namespace refit {
+namespace {
+
+// Runs `release` with `device` current, then makes the caller's device current again: a
+// destructor must not move the calling thread (a trainer's, say) to another GPU.
+template <typename F>
+void OnDevice(int device, F release) {
+  int previous = -1;
+  const bool known = cudaGetDevice(&previous) == cudaSuccess;
+  cudaSetDevice(device);
+  release();
+  if (known && previous != device) cudaSetDevice(previous);
+}
+
+}  // namespace
 
 absl::StatusOr<CudaStream> CudaStream::Create(int device) {
   if (absl::Status st = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")); !st.ok()) {
@@ -34,9 +48,10 @@ absl::Status CudaStream::Synchronize() const {
 
 void CudaStream::Reset() {
   if (stream_ == nullptr) return;
-  cudaSetDevice(device_);
-  cudaStreamSynchronize(stream_);
-  cudaStreamDestroy(stream_);
+  OnDevice(device_, [this] {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  });
   stream_ = nullptr;
 }
 
@@ -64,8 +79,7 @@ CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
 
 void CudaEvent::Reset() {
   if (event_ == nullptr) return;
-  cudaSetDevice(device_);
-  cudaEventDestroy(event_);
+  OnDevice(device_, [this] { cudaEventDestroy(event_); });
   event_ = nullptr;
 }
 
@@ -93,8 +107,7 @@ DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&& o) noexcept {
 
 void DeviceAllocation::Reset() {
   if (data_ == nullptr) return;
-  cudaSetDevice(device_);
-  cudaFree(data_);
+  OnDevice(device_, [this] { cudaFree(data_); });
   data_ = nullptr;
   bytes_ = 0;
 }

@@ -1,11 +1,13 @@
-// RAII owners of CUDA runtime handles: one type per handle, one cleanup action each, move-only.
+// RAII owners of CUDA runtime handles: one type per handle, one cleanup action each, move-only
+// (DeviceAllocation, which needs no CUDA types, is in device_allocation.h).
 // Every stream, event and device allocation in refitd's C++ (storage, the GPU converter, kernels'
 // host wrappers, the trainer client) is held by one of these, never as a hand-freed void*.
 // (The NCCL transport's stream-ordered bounce buffers are its own DeviceBuffer: they are freed
 // with cudaFreeAsync for the reason given in transport/nccl/nccl_handles.h.)
 //
-// Built with CUDA only (includes the CUDA runtime header). Threading: an owner is used by one
-// thread at a time; the destructors select the handle's device first.
+// Built with CUDA only (includes the CUDA runtime header). Create/Allocate make the handle's
+// device current on the calling thread; the destructors release on the handle's device and then
+// restore the caller's. Threading: an owner is used by one thread at a time.
 #ifndef REFIT_COMMON_CUDA_HANDLES_H_
 #define REFIT_COMMON_CUDA_HANDLES_H_
 
@@ -14,6 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "common/device_allocation.h"
 
 namespace refit {
 
@@ -59,39 +62,6 @@ class CudaEvent {
   void Reset();
   int device_ = 0;
   cudaEvent_t event_ = nullptr;
-};
-
-// `bytes` of device memory on `device` (cudaMalloc), freed with cudaFree. Allocation failure is
-// ResourceExhausted (the caller may retry with less), other CUDA errors Internal.
-class DeviceAllocation {
- public:
-  static absl::StatusOr<DeviceAllocation> Allocate(int device, uint64_t bytes);
-  DeviceAllocation() = default;
-  DeviceAllocation(DeviceAllocation&& o) noexcept : device_(o.device_), data_(o.data_), bytes_(o.bytes_) {
-    o.data_ = nullptr;
-    o.bytes_ = 0;
-  }
-  DeviceAllocation& operator=(DeviceAllocation&& o) noexcept;
-  DeviceAllocation(const DeviceAllocation&) = delete;
-  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
-  ~DeviceAllocation() { Reset(); }
-
-  void* get() const { return data_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-  uint64_t bytes() const { return bytes_; }
-  int device() const { return device_; }
-  explicit operator bool() const { return data_ != nullptr; }
-  // Frees the memory now (the owner becomes empty).
-  void Reset();
-
- private:
-  DeviceAllocation(int device, void* p, uint64_t bytes) : device_(device), data_(p), bytes_(bytes) {}
-  int device_ = 0;
-  void* data_ = nullptr;
-  uint64_t bytes_ = 0;
 };
 
 }  // namespace refit

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
   absl::StatusOr<CudaStream> stream = CudaStream::Create(s->device_);
   if (!stream.ok()) return stream.status();
   s->stream_ = std::make_unique<CudaStream>(std::move(*stream));
+  if (absl::Status st = CudaStatus(cudaSetDevice(s->device_), "cudaSetDevice"); !st.ok()) return st;  // handles open here
   absl::StatusOr<MemGetAddressRange> address_range = AddressRangeFn();
   if (!address_range.ok()) return address_range.status();
   for (CudaIpcParam& p : params) {
