@@ -45,9 +45,10 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     join.nranks = nranks;
     join.rank = static_cast<int32_t>(i) + 1;
     std::memcpy(join.unique_id, &id, sizeof(id));
-    absl::Status st = nccl::WriteAll(*fd, &hello, sizeof(hello));
-    if (st.ok()) st = nccl::WriteAll(*fd, name.data(), name.size());
-    if (st.ok()) st = nccl::WriteAll(*fd, &join, sizeof(join));
+    const int sock = b->fds_.back().get();
+    absl::Status st = nccl::WriteAll(sock, &hello, sizeof(hello));
+    if (st.ok()) st = nccl::WriteAll(sock, name.data(), name.size());
+    if (st.ok()) st = nccl::WriteAll(sock, &join, sizeof(join));
     if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL fan-out rendezvous with ", endpoints[i], ": ", st.message()));
   }
   NcclBroadcaster* self = b.get();
