@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "kernels/batch_copy.h"
 
 namespace refit::kernels {
@@ -67,9 +68,7 @@ __global__ void BatchCopyKernel(const Region* __restrict__ regions, uint32_t n, 
   }
 }
 
-absl::Status Error(cudaError_t e, absl::string_view what) {
-  return absl::InternalError(absl::StrCat("batch copy: ", what, ": ", cudaGetErrorString(e)));
-}
+absl::Status Error(cudaError_t e, absl::string_view what) { return CudaStatus(e, absl::StrCat("batch copy: ", what)); }
 
 }  // namespace
 
@@ -86,18 +85,19 @@ absl::StatusOr<std::unique_ptr<BatchCopy>> BatchCopy::Create(const CopyRegion* r
   b->regions_ = static_cast<uint32_t>(table.size());
   if (table.empty()) return b;
   const size_t table_bytes = table.size() * sizeof(Region);
-  cudaError_t e = cudaMalloc(&b->table_, table_bytes);
-  if (e != cudaSuccess) return Error(e, "table allocation");
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return Error(e, "table allocation");
+  absl::StatusOr<DeviceAllocation> t = DeviceAllocation::Allocate(device, table_bytes);
+  if (!t.ok()) return absl::InternalError(absl::StrCat("batch copy: table allocation: ", t.status().message()));
+  b->table_ = std::move(*t);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  e = cudaMemcpyAsync(b->table_, table.data(), table_bytes, cudaMemcpyHostToDevice, s);
+  cudaError_t e = cudaMemcpyAsync(b->table_.get(), table.data(), table_bytes, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e != cudaSuccess) return Error(e, "table upload");
   return b;
 }
 
-BatchCopy::~BatchCopy() {
-  if (table_ != nullptr) cudaFree(table_);
-}
+BatchCopy::~BatchCopy() = default;
 
 absl::Status BatchCopy::Launch(void* stream) const {
   if (regions_ == 0) return absl::OkStatus();
@@ -106,7 +106,7 @@ absl::Status BatchCopy::Launch(void* stream) const {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const uint64_t blocks = std::min<uint64_t>(chunks_, static_cast<uint64_t>(std::max(sms, 1)) * 4);
   BatchCopyKernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const Region*>(table_), regions_, chunks_);
+      table_.as<const Region>(), regions_, chunks_);
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? absl::OkStatus() : Error(e, "launch");
 }

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "absl/status/statusor.h"
+#include "common/device_allocation.h"
 
 namespace refit::kernels {
 
@@ -34,7 +35,7 @@ class BatchCopy {
 
  private:
   BatchCopy() = default;
-  void* table_ = nullptr;  // device: regions, then the chunk prefix sums
+  DeviceAllocation table_;  // device: regions, then the chunk prefix sums
   uint32_t regions_ = 0;
   uint64_t chunks_ = 0;
   uint64_t bytes_ = 0;

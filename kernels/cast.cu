@@ -153,7 +153,5 @@ int GemmaPlusOne(const void* w, Output type, int64_t n, void* out, void* stream)
   return static_cast<int>(cudaGetLastError());
 }
 
-const char* ErrorString(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
-
 }  // namespace launch
 }  // namespace refit::kernels

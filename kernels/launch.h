@@ -44,8 +44,6 @@ int GemmaPlusOne(const void* w, Output type, int64_t n, void* out, void* stream)
 int Checksum(const void* data, uint64_t bytes, uint64_t seed, unsigned long long* result,
              void* stream);
 
-const char* ErrorString(int code);
-
 }  // namespace refit::kernels::launch
 
 #endif  // REFIT_KERNELS_LAUNCH_H_

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/launch.h"
 #include "kernels/status.h"
 
@@ -216,11 +217,11 @@ absl::Status AccumulateAmax(const formats::ConstTensor& in, const formats::Quant
 }
 
 absl::StatusOr<NonfiniteProbe> NonfiniteProbe::Create() {
-  unsigned long long* word = nullptr;
-  if (auto s = CudaStatus(static_cast<int>(cudaMalloc(&word, sizeof(*word))), "allocating probe"); !s.ok()) {
-    return s;
-  }
-  NonfiniteProbe probe(word);
+  int device = 0;
+  if (auto s = CudaStatus(static_cast<int>(cudaGetDevice(&device)), "allocating probe"); !s.ok()) return s;
+  absl::StatusOr<DeviceAllocation> word = DeviceAllocation::Allocate(device, sizeof(unsigned long long));
+  if (!word.ok()) return absl::InternalError(absl::StrCat("allocating probe: ", word.status().message()));
+  NonfiniteProbe probe(std::move(*word));
   if (auto s = probe.Reset(nullptr); !s.ok()) return s;
   if (auto s = CudaStatus(static_cast<int>(cudaStreamSynchronize(nullptr)), "clearing probe"); !s.ok()) {
     return s;
@@ -228,29 +229,16 @@ absl::StatusOr<NonfiniteProbe> NonfiniteProbe::Create() {
   return probe;
 }
 
-NonfiniteProbe::NonfiniteProbe(NonfiniteProbe&& other) noexcept : word_(std::exchange(other.word_, nullptr)) {}
-
-NonfiniteProbe& NonfiniteProbe::operator=(NonfiniteProbe&& other) noexcept {
-  if (this != &other) {
-    if (word_ != nullptr) cudaFree(word_);
-    word_ = std::exchange(other.word_, nullptr);
-  }
-  return *this;
-}
-
-NonfiniteProbe::~NonfiniteProbe() {
-  if (word_ != nullptr) cudaFree(word_);
-}
 
 absl::Status NonfiniteProbe::Reset(void* stream) {
-  return CudaStatus(static_cast<int>(cudaMemsetAsync(word_, 0xFF, sizeof(*word_),
+  return CudaStatus(static_cast<int>(cudaMemsetAsync(device_word(), 0xFF, sizeof(unsigned long long),
                                                      static_cast<cudaStream_t>(stream))),
                     "resetting probe");
 }
 
 absl::Status NonfiniteProbe::Check(std::string_view tensor_name, void* stream) const {
   unsigned long long first = 0;
-  if (auto s = CudaStatus(static_cast<int>(cudaMemcpyAsync(&first, word_, sizeof(first), cudaMemcpyDeviceToHost,
+  if (auto s = CudaStatus(static_cast<int>(cudaMemcpyAsync(&first, device_word(), sizeof(first), cudaMemcpyDeviceToHost,
                                                            static_cast<cudaStream_t>(stream))),
                           "reading probe");
       !s.ok()) {

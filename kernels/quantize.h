@@ -15,10 +15,12 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/device_allocation.h"
 #include "formats/format.h"
 
 namespace refit::kernels {
@@ -28,20 +30,19 @@ namespace refit::kernels {
 class NonfiniteProbe {
  public:
   static absl::StatusOr<NonfiniteProbe> Create();
-  NonfiniteProbe(NonfiniteProbe&& other) noexcept;
-  NonfiniteProbe& operator=(NonfiniteProbe&& other) noexcept;
-  ~NonfiniteProbe();
+  NonfiniteProbe(NonfiniteProbe&& other) noexcept = default;
+  NonfiniteProbe& operator=(NonfiniteProbe&& other) noexcept = default;
 
   // Clears the record (enqueued on `stream`).
   absl::Status Reset(void* stream);
   // Synchronizes `stream`; InvalidArgument naming `tensor_name` and the first bad flat index when
   // a non-finite element was recorded since the last Reset.
   absl::Status Check(std::string_view tensor_name, void* stream) const;
-  unsigned long long* device_word() const { return word_; }
+  unsigned long long* device_word() const { return word_.as<unsigned long long>(); }
 
  private:
-  explicit NonfiniteProbe(unsigned long long* word) : word_(word) {}
-  unsigned long long* word_ = nullptr;
+  explicit NonfiniteProbe(DeviceAllocation word) : word_(std::move(word)) {}
+  DeviceAllocation word_;
 };
 
 // Where the global amax of NVFP4 formats comes from: the host (one pass over the input), or a

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/abi_struct.h"
 #include "client/engine_agent.h"
 #include "client/trainer_client.h"
 #include "common/checksum.h"
@@ -81,53 +82,11 @@ int Guard(const char* fn, F&& f) {
   }
 }
 
-// Version-1 size of each struct: every field of version 1 must be present.
-template <typename T>
-constexpr uint32_t kV1Size = sizeof(T);
-
-// Copies a caller's input struct into a zeroed local one, honouring its struct_size.
-template <typename T>
-absl::Status ReadStruct(const T* in, const char* what, T* out) {
-  std::memset(static_cast<void*>(out), 0, sizeof(T));
-  if (in == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is NULL"));
-  if (in->struct_size < kV1Size<T>) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".struct_size is ", in->struct_size,
-                                                   ", below the smallest supported size ", kV1Size<T>));
-  }
-  std::memcpy(static_cast<void*>(out), in, std::min<size_t>(in->struct_size, sizeof(T)));
-  return absl::OkStatus();
-}
-
-// Element `i` of a caller's array, whose elements are the first element's struct_size apart.
-template <typename T>
-absl::Status ReadElement(const T* array, uint64_t count, uint64_t i, const char* what, T* out) {
-  if (array == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is NULL but its count is ", count));
-  const uint32_t stride = array[0].struct_size;
-  if (stride < kV1Size<T>) {
-    return absl::InvalidArgumentError(absl::StrCat(what, "[0].struct_size is ", stride,
-                                                   ", below the smallest supported size ", kV1Size<T>));
-  }
-  const T* e = reinterpret_cast<const T*>(reinterpret_cast<const char*>(array) + i * stride);
-  if (e->struct_size != stride) {
-    return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "].struct_size is ", e->struct_size,
-                                                   " but ", what, "[0].struct_size is ", stride));
-  }
-  return ReadStruct(e, what, out);
-}
-
-// Copies a filled local struct into the caller's, writing only what fits in its struct_size.
-template <typename T>
-absl::Status WriteStruct(const T& value, const char* what, T* out) {
-  if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " is NULL"));
-  const uint32_t size = out->struct_size;
-  if (size < kV1Size<T>) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".struct_size is ", size,
-                                                   ", below the smallest supported size ", kV1Size<T>));
-  }
-  std::memcpy(static_cast<void*>(out), &value, std::min<size_t>(size, sizeof(T)));
-  out->struct_size = size;
-  return absl::OkStatus();
-}
+// Struct sizes: client/abi_struct.h (any size from the frozen version-1 size up).
+using refit::client::abi::kV1Size;
+using refit::client::abi::ReadElement;
+using refit::client::abi::ReadStruct;
+using refit::client::abi::WriteStruct;
 
 absl::StatusOr<DType> ParseDTypeField(const char* dtype, const std::string& owner) {
   if (dtype == nullptr) return absl::InvalidArgumentError(absl::StrCat(owner, ": dtype is NULL"));

@@ -9,7 +9,8 @@
  *     beyond them take their documented defaults (so a newer library serves an older caller);
  *   - outputs: the library writes only fields that fit inside struct_size;
  *   - arrays of structs are struct_size apart (the first element's struct_size; all must agree);
- *   - a struct_size below the version-1 size is refused with REFIT_INVALID_ARGUMENT.
+ *   - a struct_size below the version-1 size (the end of the struct's last version-1 field; fields
+ *     added later never raise it) is refused with REFIT_INVALID_ARGUMENT.
  * Handles are opaque. Strings are NUL-terminated UTF-8.
  *
  * Errors. Functions return 0 (REFIT_OK) or a code below (the canonical status codes); the

@@ -13,13 +13,9 @@
 #include "kj/async-io.h"
 #include "proto/refit.capnp.h"
 #include "proto/wire.h"
-#include "transport/ucx/ucx_sender.h"
-#if REFIT_HAVE_NCCL
-#include <cuda_runtime_api.h>
-
-#include "transport/nccl/nccl_broadcaster.h"
-#include "transport/nccl/nccl_sender.h"
-#endif
+#include "storage/memory.h"
+#include "transport/builtin_transports.h"
+#include "transport/registry.h"
 
 namespace refit::client {
 namespace {
@@ -71,35 +67,32 @@ std::shared_ptr<ThreadIo> AcquireThreadIo() {
 }
 
 // Where a session's buckets are packed and how they leave: one point-to-point sender
-// (TrainerClient) or one group sender to every daemon (FanoutClient). On the NCCL data plane,
-// buckets are packed on the GPU with asynchronous copies on copy_stream into one of two device
-// buffers (bucket_bytes each) while the other one's bucket is being sent.
+// (TrainerClient) or one group sender to every daemon (FanoutClient), of the transport that owns
+// refitd's data endpoint. Buckets live where that transport's payloads live (its descriptor's
+// payload_memory): in host memory, or on the caller's current CUDA device, packed by asynchronous
+// copies into one of two buckets (bucket_bytes each) while the other one's bucket is being sent.
 struct DataPlane {
-  std::unique_ptr<transport::Sender> sender;
-  std::unique_ptr<transport::GroupSender> group;
-  std::vector<std::string> endpoints;  // what sender/group is connected to
-  bool device_buckets = false;
-  int device = 0;
-  void* device_bucket[2] = {nullptr, nullptr};
-  int current = 0;  // the buffer Push packs into
-  uint64_t device_bucket_bytes = 0;
-  void* copy_stream = nullptr;
-
+  explicit DataPlane(transport::TransportRegistry registry) : transports(std::move(registry)) {}
   ~DataPlane() {
     sender.reset();
     group.reset();
-#if REFIT_HAVE_NCCL
-    if (copy_stream == nullptr && device_bucket[0] == nullptr) return;
-    cudaSetDevice(device);
-    if (copy_stream != nullptr) {
-      cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
-      cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream));
-    }
-    for (void* b : device_bucket) {
-      if (b != nullptr) cudaFree(b);
-    }
-#endif
+    if (memory != nullptr) (void)memory->Synchronize();  // before the buckets are freed
   }
+
+  const transport::TransportRegistry transports;
+  const transport::TransportDescriptor* transport = nullptr;  // of the connected endpoints
+  std::unique_ptr<storage::Memory> memory;                    // where the buckets live
+  int memory_device = -1;                                     // for device memory
+  std::shared_ptr<uint8_t> bucket[2];
+  uint64_t bucket_capacity = 0;
+  int current = 0;  // the bucket Push packs into
+  std::unique_ptr<transport::Sender> sender;
+  std::unique_ptr<transport::GroupSender> group;
+  std::vector<std::string> endpoints;  // what sender/group is connected to
+
+  // Device buckets: packing is asynchronous, so a bucket is sent in the background while the
+  // next one is packed into the other buffer. Host buckets are sent at once.
+  bool overlapped() const { return memory->kind() == storage::MemoryKind::kDevice; }
 
   // After a failed send: the next session connects afresh.
   void Drop() {
@@ -108,7 +101,7 @@ struct DataPlane {
     endpoints.clear();
   }
 
-  // Connects the data plane named by refitd's endpoints (all ucx:... or all nccl:...): a
+  // Connects the data plane named by refitd's endpoints (one transport on every daemon): a
   // point-to-point sender for one daemon, a group sender for a fan-out.
   absl::Status Connect(const std::vector<std::string>& want, bool fanout, uint64_t bucket_bytes);
   absl::Status Send(std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
@@ -117,13 +110,19 @@ struct DataPlane {
   }
 
  private:
-  absl::Status ReserveDeviceBuckets(uint64_t bucket_bytes);
+  absl::Status UseMemory(const transport::TransportDescriptor& t, int device);
+  absl::Status ReserveBuckets(uint64_t bucket_bytes);
 };
 
 absl::Status DataPlane::Connect(const std::vector<std::string>& want, bool fanout, uint64_t bucket_bytes) {
-  const bool nccl = want.front().rfind("nccl:", 0) == 0;
+  const transport::TransportDescriptor* t = transports.FindByEndpoint(want.front());
+  if (t == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("refitd offers the data plane '", want.front(),
+                                                 "' but this client was built without its transport (built in: ",
+                                                 transports.Names(), ")"));
+  }
   for (const std::string& e : want) {
-    if ((e.rfind("nccl:", 0) == 0) != nccl) {
+    if (transports.FindByEndpoint(e) != t) {
       return absl::InvalidArgumentError(absl::StrCat("fan-out needs one data plane on every daemon; got '",
                                                      want.front(), "' and '", e, "'"));
     }
@@ -131,72 +130,70 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& want, bool fanou
   const bool connected = fanout ? group != nullptr : sender != nullptr;
   if (!connected || endpoints != want) {
     Drop();
-    if (nccl) {
-#if REFIT_HAVE_NCCL
-      // The trainer's current CUDA device sends (it must differ from refitd's device).
-      if (cudaGetDevice(&device) != cudaSuccess) return absl::UnavailableError("NCCL data plane: no CUDA device");
-      transport::NcclOptions options;
-      options.device = device;
-      if (fanout) {
-        absl::StatusOr<std::unique_ptr<transport::NcclBroadcaster>> g = transport::NcclBroadcaster::Connect(want, options);
-        if (!g.ok()) return g.status();
-        group = std::move(*g);
-      } else {
-        absl::StatusOr<std::unique_ptr<transport::NcclSender>> s = transport::NcclSender::Connect(want.front(), options);
-        if (!s.ok()) return s.status();
-        sender = std::move(*s);
-      }
-      device_buckets = true;
-#else
-      return absl::UnimplementedError(
-          absl::StrCat("refitd offers the NCCL data plane (", want.front(), ") but this client was built without NCCL"));
-#endif
-    } else {
-      std::vector<std::unique_ptr<transport::Sender>> senders;
-      for (const std::string& e : want) {
-        absl::StatusOr<std::unique_ptr<transport::UcxSender>> s = transport::UcxSender::Connect(e, {});
-        if (!s.ok()) return s.status();
-        senders.push_back(std::move(*s));
-      }
-      if (fanout) {
-        group = std::make_unique<transport::SequentialGroupSender>(std::move(senders));
-      } else {
-        sender = std::move(senders.front());
-      }
-      device_buckets = false;
+    transport::ConnectConfig config;
+    if (t->payload_memory == storage::MemoryKind::kDevice) {
+      absl::StatusOr<int> device = storage::CurrentDevice();
+      if (!device.ok()) return absl::UnavailableError(absl::StrCat(t->name, " data plane: no CUDA device"));
+      config.device = *device;
     }
+    if (fanout) {
+      absl::StatusOr<std::unique_ptr<transport::GroupSender>> g = transport::ConnectGroup(*t, want, config);
+      if (!g.ok()) return g.status();
+      group = std::move(*g);
+    } else {
+      absl::StatusOr<std::unique_ptr<transport::Sender>> s = t->connect(want.front(), config);
+      if (!s.ok()) return s.status();
+      sender = std::move(*s);
+    }
+    if (absl::Status st = UseMemory(*t, config.device); !st.ok()) return st;
     endpoints = want;
   }
-  return device_buckets ? ReserveDeviceBuckets(bucket_bytes) : absl::OkStatus();
+  return ReserveBuckets(bucket_bytes);
 }
 
-absl::Status DataPlane::ReserveDeviceBuckets(uint64_t bucket_bytes) {
-#if REFIT_HAVE_NCCL
-  if (device_bucket_bytes >= bucket_bytes) return absl::OkStatus();
-  cudaSetDevice(device);
-  if (copy_stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream));
-  for (void*& b : device_bucket) {
-    if (b != nullptr) cudaFree(b);
-    b = nullptr;
+absl::Status DataPlane::UseMemory(const transport::TransportDescriptor& t, int device) {
+  const bool on_device = t.payload_memory == storage::MemoryKind::kDevice;
+  if (memory != nullptr && memory->kind() == t.payload_memory && (!on_device || memory_device == device)) {
+    transport = &t;
+    return absl::OkStatus();
   }
-  device_bucket_bytes = 0;
-  for (void*& b : device_bucket) {
-    if (cudaMalloc(&b, bucket_bytes) != cudaSuccess) {
-      b = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate two ", bucket_bytes, "-byte device buckets"));
+  if (memory != nullptr) (void)memory->Synchronize();
+  bucket[0].reset();
+  bucket[1].reset();
+  bucket_capacity = 0;
+  current = 0;
+  memory.reset();
+  transport = nullptr;
+  if (on_device) {
+    absl::StatusOr<std::unique_ptr<storage::Memory>> m = t.bucket_memory(device);
+    if (!m.ok()) return m.status();
+    memory = std::move(*m);
+  } else {
+    // Plain host memory: the trainer's buckets need not be page-locked (refitd's ring is).
+    memory = storage::NewHostMemory();
+  }
+  memory_device = device;
+  transport = &t;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::ReserveBuckets(uint64_t bucket_bytes) {
+  if (bucket_capacity >= bucket_bytes) return absl::OkStatus();
+  if (absl::Status st = memory->Synchronize(); !st.ok()) return st;
+  bucket[0].reset();
+  bucket[1].reset();
+  bucket_capacity = 0;
+  current = 0;
+  for (int i = 0; i < (overlapped() ? 2 : 1); ++i) {
+    absl::StatusOr<std::shared_ptr<uint8_t>> b = memory->Allocate(bucket_bytes);
+    if (!b.ok()) {
+      bucket[0].reset();
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the ", bucket_bytes, "-byte buckets: ",
+                                                       b.status().message()));
     }
+    bucket[i] = std::move(*b);
   }
-  device_bucket_bytes = bucket_bytes;
-  if (copy_stream == nullptr) {
-    cudaStream_t s = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-      return absl::UnavailableError("cannot create a CUDA stream");
-    }
-    copy_stream = s;
-  }
-#else
-  (void)bucket_bytes;
-#endif
+  bucket_capacity = bucket_bytes;
   return absl::OkStatus();
 }
 
@@ -209,12 +206,12 @@ struct TrainerClient::Impl {
   kj::Own<kj::AsyncIoStream> conn;
   kj::Own<capnp::TwoPartyClient> rpc;
   proto::Daemon::Client daemon = nullptr;
-  DataPlane data;
+  DataPlane data{transport::BuiltinTransports()};
 };
 
 struct FanoutClient::Impl {
   std::vector<std::unique_ptr<TrainerClient>> daemons;
-  DataPlane data;
+  DataPlane data{transport::BuiltinTransports()};
 };
 
 struct RefitSession::Impl {
@@ -232,10 +229,9 @@ struct RefitSession::Impl {
     return members.size() == 1 ? std::string() : absl::StrCat("refitd at '", members[i].client->address, "': ");
   }
   uint64_t bucket_bytes = 0;
-  std::vector<uint8_t> bucket;
-  uint64_t device_used = 0;  // bytes packed into the device bucket (NCCL)
-  std::future<absl::Status> in_flight;  // the previous device bucket's send (NCCL)
-  // Waits for the previous device bucket's send; its error, if any.
+  uint64_t used = 0;  // bytes packed into the data plane's current bucket
+  std::future<absl::Status> in_flight;  // the previous bucket's send (overlapped data planes)
+  // Waits for the previous bucket's send; its error, if any.
   absl::Status WaitInFlight() { return in_flight.valid() ? in_flight.get() : absl::OkStatus(); }
   BucketHeader header;
   bool member = false;  // joined another rank's session
@@ -476,81 +472,39 @@ absl::Status RefitSession::Push(const TensorRef& t) {
                                                    impl_->bucket_bytes, "-byte bucket"));
   }
   DataPlane* data = impl_->data;
-  const uint64_t used = data->device_buckets ? impl_->device_used : impl_->bucket.size();
   // Keep 16-byte alignment of every tensor inside the bucket.
-  uint64_t offset = (used + 15) & ~uint64_t{15};
+  uint64_t offset = (impl_->used + 15) & ~uint64_t{15};
   if (offset + *nbytes > impl_->bucket_bytes) {
     absl::Status st = Flush();
     if (!st.ok()) return st;
     offset = 0;
   }
-  if (data->device_buckets) {
-#if REFIT_HAVE_NCCL
-    // Host or device source; the copy runs on the data plane's stream and completes before the send.
-    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(data->device_bucket[data->current]) + offset, t.data, *nbytes,
-                                    cudaMemcpyDefault, static_cast<cudaStream_t>(data->copy_stream));
-    if (e != cudaSuccess) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", t.name, "': copy into the device bucket failed: ", cudaGetErrorString(e)));
-    }
-    impl_->device_used = offset + *nbytes;
-#endif
-  } else {
-    impl_->bucket.resize(offset + *nbytes);
-#if REFIT_HAVE_NCCL
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, t.data) == cudaSuccess && attr.type == cudaMemoryTypeDevice) {
-      // A device tensor into a host bucket (UCX data plane).
-      cudaError_t e = cudaMemcpy(impl_->bucket.data() + offset, t.data, *nbytes, cudaMemcpyDeviceToHost);
-      if (e != cudaSuccess) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", t.name, "': copy from device memory failed: ", cudaGetErrorString(e)));
-      }
-      impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
-      return absl::OkStatus();
-    }
-    cudaGetLastError();  // host memory: clear the query's error state
-#endif
-    std::memcpy(impl_->bucket.data() + offset, t.data, *nbytes);
+  // Host or device source; into device buckets the copy is asynchronous and completes before the
+  // bucket is sent.
+  uint8_t* bucket = data->bucket[data->current].get();
+  if (absl::Status st = data->memory->CopyInAsync(bucket + offset, t.data, *nbytes); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': copy into the bucket failed: ", st.message()));
   }
+  impl_->used = offset + *nbytes;
   impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
   return absl::OkStatus();
 }
 
-absl::Status RefitSession::CheckDeviceMemory(const void* p) {
-#if REFIT_HAVE_NCCL
-  cudaPointerAttributes attr{};
-  cudaError_t e = cudaPointerGetAttributes(&attr, p);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", cudaGetErrorString(e), ")"));
-  }
-  if (attr.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("not CUDA device memory");
-  return absl::OkStatus();
-#else
-  (void)p;
-  return absl::UnimplementedError("this client was built without CUDA and sends host memory only");
-#endif
-}
+absl::Status RefitSession::CheckDeviceMemory(const void* p) { return storage::CheckDeviceMemory(p); }
 
 absl::Status RefitSession::Flush() {
   if (impl_->header.tensors.empty()) return absl::OkStatus();
   BucketHeader& h = impl_->header;
   DataPlane* data = impl_->data;
-  const void* payload = impl_->bucket.data();
+  const uint8_t* payload = data->bucket[data->current].get();
   h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
-  if (data->device_buckets) {
-#if REFIT_HAVE_NCCL
-    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(data->copy_stream));
-    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("packing the device bucket: ", cudaGetErrorString(e)));
-#endif
-    h.nbytes = impl_->device_used;
-    h.checksum = 0;  // device buckets are not checksummed (NCCL's transports check integrity)
-    payload = data->device_bucket[data->current];
-  } else {
-    h.nbytes = impl_->bucket.size();
-    h.checksum = Checksum64(impl_->bucket.data(), impl_->bucket.size());
+  if (absl::Status st = data->memory->Synchronize(); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("packing the bucket: ", st.message()));
   }
+  h.nbytes = impl_->used;
+  // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
+  // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
+  h.checksum = data->transport->checks_integrity ? 0 : Checksum64(payload, h.nbytes);
   // Announce on every daemon (the requests go out together); each numbers the bucket itself.
   std::vector<uint64_t> tags(impl_->members.size());
   std::vector<std::unique_ptr<capnp::RemotePromise<proto::Session::AnnounceResults>>> calls;
@@ -582,12 +536,14 @@ absl::Status RefitSession::Flush() {
     tags[i] = (impl_->members[i].id << 32) | *seq;
   }
   if (!announced.ok()) return announced;
-  if (impl_->tamper && !data->device_buckets) {
-    impl_->tamper(first_seq, impl_->bucket);
-    payload = impl_->bucket.data();
+  std::vector<uint8_t> tampered;
+  if (impl_->tamper && data->memory->kind() == storage::MemoryKind::kHost) {
+    tampered.assign(payload, payload + h.nbytes);
+    impl_->tamper(first_seq, tampered);
+    payload = tampered.data();
   }
   absl::Status sent;
-  if (data->device_buckets) {
+  if (data->overlapped()) {
     // Send in the background from this buffer while the next bucket is packed into the other.
     sent = impl_->WaitInFlight();
     if (sent.ok()) {
@@ -606,8 +562,7 @@ absl::Status RefitSession::Flush() {
     // session connects afresh.
     data->Drop();
   }
-  impl_->bucket.clear();
-  impl_->device_used = 0;
+  impl_->used = 0;
   h.tensors.clear();
   return sent;
 }

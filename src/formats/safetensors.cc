@@ -14,6 +14,7 @@
 
 #include "formats/message.h"
 #include "common/status_macros.h"
+#include "common/unique_fd.h"
 #include "nlohmann/json.hpp"
 
 namespace refit::formats {
@@ -172,12 +173,12 @@ const SafetensorsEntry* SafetensorsView::Find(std::string_view name) const {
 }
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const UniqueFd owner(::open(path.c_str(), O_RDONLY | O_CLOEXEC));  // the mapping outlives it
+  const int fd = owner.get();
   if (fd < 0) return absl::NotFoundError(Msg("cannot open '", path, "': ", std::strerror(errno)));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
-    ::close(fd);
     return absl::InternalError(Msg("cannot stat '", path, "': ", std::strerror(err)));
   }
   const size_t size = static_cast<size_t>(st.st_size);
@@ -186,12 +187,10 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
-      ::close(fd);
       return absl::InternalError(Msg("cannot mmap '", path, "': ", std::strerror(err)));
     }
     addr = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);  // the mapping stays valid without the descriptor
   return std::unique_ptr<MappedFile>(new MappedFile(addr, size));
 }
 

@@ -17,8 +17,8 @@ namespace refit {
 
 class BucketRing {
  public:
-  // Slots of `slot_bytes` in `memory` (pinned host for UCX, device for NCCL). REQUIRES: `memory`
-  // outlives the ring.
+  // Slots of `slot_bytes` in `memory` (the transport's bucket memory, transport/registry.h:
+  // pinned host or device). REQUIRES: `memory` outlives the ring.
   static absl::StatusOr<std::unique_ptr<BucketRing>> Create(uint32_t slots, uint64_t slot_bytes,
                                                             storage::Memory& memory);
   // A free slot, or -1 once Cancel() was called. Blocks while all slots are in use.

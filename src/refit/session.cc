@@ -140,9 +140,9 @@ void Session::ReceiveLoop() {
       status = absl::DataLossError(
           absl::StrCat("bucket ", header.seq, ": received ", *got, " bytes, announced ", header.nbytes));
     }
-    if (status.ok() && ring_.kind() == storage::MemoryKind::kHost) {
-      // Device slots (NCCL) are not checksummed here: NCCL's transports carry their own
-      // integrity checks, and reading them back would cost a device-to-host copy.
+    if (status.ok() && !receiver_.ChecksIntegrity()) {
+      // A transport that checks integrity itself announces no checksum (its slots may be on the
+      // device, where reading them back would cost a device-to-host copy).
       uint64_t sum = Checksum64(ring_.data(slot), header.nbytes);
       if (sum != header.checksum) {
         status = absl::DataLossError(absl::StrCat("bucket ", header.seq, ": checksum ", ChecksumHex(sum),

@@ -44,15 +44,49 @@ absl::Status Get(const YAML::Node& map, const char* key, const std::string& path
   return absl::OkStatus();
 }
 
+// The default transport with its keys' defaults.
+void UseDefaultTransport(Config& c, const transport::TransportRegistry& transports) {
+  if (transports.empty()) return;
+  c.transport = transports.Default().name;
+  for (const transport::ConfigKey& k : transports.Default().config_keys) c.transport_keys[k.name] = k.default_value;
+}
+
+// data_plane: transport (a registered name), host, device, and the chosen transport's own keys.
+// Keys of the other registered transports are accepted and ignored.
+absl::Status ParseDataPlane(const YAML::Node& d, const std::string& path, const transport::TransportRegistry& transports,
+                            Config& c) {
+  std::set<std::string> allowed = {"transport", "host", "device"};
+  for (const std::string& k : transports.ConfigKeys()) allowed.insert(k);
+  REFIT_RETURN_IF_ERROR(CheckKeys(d, path, "data_plane", allowed));
+  REFIT_RETURN_IF_ERROR(Get(d, "transport", path, "data_plane.", c.transport));
+  REFIT_RETURN_IF_ERROR(Get(d, "host", path, "data_plane.", c.data_host));
+  REFIT_RETURN_IF_ERROR(Get(d, "device", path, "data_plane.", c.data_device));
+  const transport::TransportDescriptor* t = transports.Find(c.transport);
+  if (t == nullptr) return Err(d["transport"], path, "data_plane.transport", absl::StrCat("supported: ", transports.Names()));
+  c.transport_keys.clear();
+  for (const transport::ConfigKey& k : t->config_keys) {
+    std::string value = k.default_value;
+    REFIT_RETURN_IF_ERROR(Get(d, k.name.c_str(), path, "data_plane.", value));
+    c.transport_keys[k.name] = value;
+  }
+  if (t->payload_memory == storage::MemoryKind::kDevice && c.staging != "device") {
+    return Err(d["transport"], path, "data_plane.transport",
+               absl::StrCat(t->name, " delivers buckets to the GPU and needs staging: device"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-Config DefaultConfig() {
+Config DefaultConfig(const transport::TransportRegistry& transports) {
   Config c;
+  UseDefaultTransport(c, transports);
   c.model_spec_inline = spec::kDemoModelSpec;
   return c;
 }
 
-absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path) {
+absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path,
+                                   const transport::TransportRegistry& transports) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -60,6 +94,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     return absl::InvalidArgumentError(absl::StrCat(path, ":", e.mark.line + 1, ": YAML: ", e.msg));
   }
   Config c;
+  UseDefaultTransport(c, transports);
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
                                   {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
@@ -102,19 +137,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
   if (c.staging != "host" && c.staging != "device") return Err(root["staging"], path, "staging", "must be host or device");
   REFIT_RETURN_IF_ERROR(Get(root, "log_level", path, "", c.log_level));
-  if (const YAML::Node d = root["data_plane"]) {
-    REFIT_RETURN_IF_ERROR(CheckKeys(d, path, "data_plane", {"transport", "ucx_tls", "host", "device"}));
-    REFIT_RETURN_IF_ERROR(Get(d, "transport", path, "data_plane.", c.transport));
-    REFIT_RETURN_IF_ERROR(Get(d, "ucx_tls", path, "data_plane.", c.ucx_tls));
-    REFIT_RETURN_IF_ERROR(Get(d, "host", path, "data_plane.", c.data_host));
-    REFIT_RETURN_IF_ERROR(Get(d, "device", path, "data_plane.", c.data_device));
-    if (c.transport != "ucx" && c.transport != "nccl") {
-      return Err(d["transport"], path, "data_plane.transport", "supported: ucx, nccl");
-    }
-    if (c.transport == "nccl" && c.staging != "device") {
-      return Err(d["transport"], path, "data_plane.transport", "nccl delivers buckets to the GPU and needs staging: device");
-    }
-  }
+  if (const YAML::Node d = root["data_plane"]) REFIT_RETURN_IF_ERROR(ParseDataPlane(d, path, transports, c));
   if (const YAML::Node l = root["limits"]) {
     REFIT_RETURN_IF_ERROR(CheckKeys(l, path, "limits",
                                     {"bucket_bytes", "bucket_slots", "staging_bytes", "max_tensors", "max_name_bytes",
@@ -147,12 +170,12 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   return c;
 }
 
-absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+absl::StatusOr<Config> LoadConfigFile(const std::string& path, const transport::TransportRegistry& transports) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read config '", path, "'"));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseConfig(ss.str(), path);
+  return ParseConfig(ss.str(), path, transports);
 }
 
 }  // namespace refit::server

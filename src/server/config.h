@@ -4,11 +4,13 @@
 #define REFIT_SERVER_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "refit/types.h"
+#include "transport/registry.h"
 
 namespace refit::server {
 
@@ -29,11 +31,12 @@ struct Config {
   std::string tls_client_ca;
   std::string model_spec;       // path to the model spec YAML
   std::string model_spec_inline;  // or the spec itself (the embedded demo config uses this)
-  // Data plane.
-  std::string transport = "ucx";  // ucx | nccl (nccl needs staging: device)
-  std::string ucx_tls = "tcp,sm,self";
+  // Data plane: one transport of the registry the config was parsed against (docs/transports.md).
+  std::string transport;  // data_plane.transport; the registry's default when not set
+  // The transport's own data_plane keys (its descriptor's config_keys), every one present.
+  std::map<std::string, std::string> transport_keys;
   std::string data_host = "127.0.0.1";
-  int data_device = 0;  // nccl: the CUDA device of the bucket slots (the engine's GPU)
+  int data_device = 0;  // the CUDA device of the bucket slots when payloads live on the GPU (the engine's GPU)
   std::string staging = "host";  // host | device
   SessionLimits limits;
   uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)
@@ -44,10 +47,14 @@ struct Config {
   uint32_t resume_timeout_ms = 10'000;
 };
 
-absl::StatusOr<Config> LoadConfigFile(const std::string& path);
-absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path = "<string>");
-// The embedded default: listens on unix:/tmp/refitd.sock with the demo model spec inline.
-Config DefaultConfig();
+// `transports`: the data-plane transports this refitd has (transport/builtin_transports.h);
+// data_plane.transport must name one of them, and its keys are checked against its descriptor.
+absl::StatusOr<Config> LoadConfigFile(const std::string& path, const transport::TransportRegistry& transports);
+absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path,
+                                   const transport::TransportRegistry& transports);
+// The embedded default: listens on unix:/tmp/refitd.sock with the demo model spec inline, on
+// the registry's default transport.
+Config DefaultConfig(const transport::TransportRegistry& transports);
 
 }  // namespace refit::server
 

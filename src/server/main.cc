@@ -34,10 +34,8 @@
 #include "server/log.h"
 #include "spec/model_spec.h"
 #include "storage/memory.h"
-#include "transport/ucx/ucx_receiver.h"
-#if REFIT_HAVE_NCCL
-#include "transport/nccl/nccl_receiver.h"
-#endif
+#include "transport/builtin_transports.h"
+#include "transport/registry.h"
 
 namespace {
 
@@ -82,8 +80,10 @@ int main(int argc, char** argv) {
       return Usage();
     }
   }
-  absl::StatusOr<server::Config> config =
-      config_path.empty() ? absl::StatusOr<server::Config>(server::DefaultConfig()) : server::LoadConfigFile(config_path);
+  const transport::TransportRegistry transports = transport::BuiltinTransports();
+  absl::StatusOr<server::Config> config = config_path.empty()
+                                              ? absl::StatusOr<server::Config>(server::DefaultConfig(transports))
+                                              : server::LoadConfigFile(config_path, transports);
   if (!config.ok()) return Fail(config.status().message());
   if (!listen.empty()) config->listen = listen;
   if (!model_spec.empty()) {
@@ -168,33 +168,18 @@ int main(int argc, char** argv) {
   }
 #endif
 
-  // The data plane: UCX into pinned host slots, or NCCL into slots on the engine's GPU.
-  std::unique_ptr<transport::Receiver> receiver;
-  std::unique_ptr<storage::Memory> slot_memory;
-  if (config->transport == "nccl") {
-#if REFIT_HAVE_NCCL
-    transport::NcclOptions nccl;
-    nccl.device = config->data_device;
-    nccl.listen_host = config->data_host;
-    absl::StatusOr<std::unique_ptr<transport::NcclReceiver>> r = transport::NcclReceiver::Listen(nccl);
-    if (!r.ok()) return Fail(absl::StrCat("data plane: ", r.status().message()));
-    receiver = std::move(*r);
-    absl::StatusOr<std::unique_ptr<storage::Memory>> device = storage::NewDeviceMemory(config->data_device);
-    if (!device.ok()) return Fail(absl::StrCat("bucket ring: ", device.status().message()));
-    slot_memory = std::move(*device);
-#else
-    return Fail("data_plane.transport is nccl, but this refitd was built without NCCL");
-#endif
-  } else {
-    transport::UcxOptions ucx;
-    ucx.tls = config->ucx_tls;
-    ucx.listen_host = config->data_host;
-    absl::StatusOr<std::unique_ptr<transport::UcxReceiver>> r = transport::UcxReceiver::Listen(ucx);
-    if (!r.ok()) return Fail(absl::StrCat("data plane: ", r.status().message()));
-    receiver = std::move(*r);
-    // Bucket slots in pinned host memory (UCX receives into them; device staging copies from them).
-    slot_memory = storage::NewPinnedHostMemory();
-  }
+  // The data plane: the configured transport's receiver, and bucket slots in the memory its
+  // payloads live in (the config parser checked that the transport exists).
+  const transport::TransportDescriptor* data_plane = transports.Find(config->transport);
+  if (data_plane == nullptr) return Fail(absl::StrCat("data_plane.transport '", config->transport, "' is not built in"));
+  transport::ListenConfig listen_config;
+  listen_config.host = config->data_host;
+  listen_config.device = config->data_device;
+  listen_config.keys = config->transport_keys;
+  absl::StatusOr<std::unique_ptr<transport::Receiver>> receiver = data_plane->listen(listen_config);
+  if (!receiver.ok()) return Fail(absl::StrCat("data plane: ", receiver.status().message()));
+  absl::StatusOr<std::unique_ptr<storage::Memory>> slot_memory = data_plane->bucket_memory(config->data_device);
+  if (!slot_memory.ok()) return Fail(absl::StrCat("bucket ring: ", slot_memory.status().message()));
 
   auto io = kj::setupAsyncIo();
   metrics::Registry registry;
@@ -202,9 +187,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<metrics::RefitMetrics> refit_metrics = metrics::RefitMetrics::Register(registry, build);
   if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
   absl::StatusOr<std::unique_ptr<BucketRing>> ring =
-      BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, *slot_memory);
+      BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, **slot_memory);
   if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));
-  server::DaemonState state(*config, std::move(*spec), std::move(receiver), std::move(*ring), *io.lowLevelProvider,
+  server::DaemonState state(*config, std::move(*spec), std::move(*receiver), std::move(*ring), *io.lowLevelProvider,
                             io.provider->getTimer(), server::MetricsHooks(*refit_metrics, config->transport),
                             std::move(failpoints));
   refit_metrics->engine_registered->Set(0);

@@ -7,13 +7,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cuda_handles.h"
+#include "common/cuda_status.h"
 
 namespace refit::storage {
 namespace {
-
-absl::Status CudaError(cudaError_t e, absl::string_view what) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
 
 // cuMemGetAddressRange through the runtime's driver entry point, so that nothing links libcuda
 // (absent on machines without a driver, where refitd must still start for the host path).
@@ -29,6 +27,9 @@ absl::StatusOr<MemGetAddressRange> AddressRangeFn() {
   return reinterpret_cast<MemGetAddressRange>(fn);
 }
 
+// The storage's stream; the default stream for a registration without parameters (which has none).
+cudaStream_t StreamOf(const std::unique_ptr<CudaStream>& stream) { return stream ? stream->get() : nullptr; }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open(std::vector<CudaIpcParam> params) {
@@ -37,7 +38,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
   s->device_ = params[0].device;
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return CudaError(e, "CUDA IPC storage: no usable CUDA device");
+  if (e != cudaSuccess) return CudaStatus(e, "CUDA IPC storage: no usable CUDA device");
   for (const CudaIpcParam& p : params) {
     if (p.device != s->device_) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "' is on device ", p.device,
@@ -47,12 +48,10 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
   if (s->device_ < 0 || s->device_ >= count) {
     return absl::InvalidArgumentError(absl::StrCat("engine device ", s->device_, " does not exist (", count, " devices)"));
   }
-  if ((e = cudaSetDevice(s->device_)) != cudaSuccess) return CudaError(e, "cudaSetDevice");
-  cudaStream_t stream;
-  if ((e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
-    return CudaError(e, "cudaStreamCreate");
-  }
-  s->stream_ = stream;
+  absl::StatusOr<CudaStream> stream = CudaStream::Create(s->device_);
+  if (!stream.ok()) return stream.status();
+  s->stream_ = std::make_unique<CudaStream>(std::move(*stream));
+  if (absl::Status st = CudaStatus(cudaSetDevice(s->device_), "cudaSetDevice"); !st.ok()) return st;  // handles open here
   absl::StatusOr<MemGetAddressRange> address_range = AddressRangeFn();
   if (!address_range.ok()) return address_range.status();
   for (CudaIpcParam& p : params) {
@@ -67,7 +66,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
       std::memcpy(&h, p.handle.data(), sizeof(h));
       void* base = nullptr;
       if ((e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
-        return CudaError(e, absl::StrCat("parameter '", p.info.name, "': cudaIpcOpenMemHandle"));
+        return CudaStatus(e, absl::StrCat("parameter '", p.info.name, "': cudaIpcOpenMemHandle"));
       }
       it = s->opened_.emplace(p.handle, base).first;
     }
@@ -89,36 +88,32 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
 }
 
 CudaIpcEngineStorage::~CudaIpcEngineStorage() {
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-  }
+  batch_.reset();
+  stream_.reset();  // waits for the copies into the mappings, then destroys the stream
   for (auto& [handle, base] : opened_) cudaIpcCloseMemHandle(base);
 }
 
 absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) {
   cudaSetDevice(device_);
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  cudaError_t e = cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyHostToDevice,
-                                  static_cast<cudaStream_t>(stream_));
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("writing '", infos_[index].name, "'"));
+  return CudaStatus(cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyHostToDevice, StreamOf(stream_)),
+                    absl::StrCat("writing '", infos_[index].name, "'"));
 }
 
 absl::Status CudaIpcEngineStorage::WriteFromDevice(size_t index, const void* src) {
   cudaSetDevice(device_);
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  cudaError_t e = cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyDeviceToDevice,
-                                  static_cast<cudaStream_t>(stream_));
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("writing '", infos_[index].name, "'"));
+  return CudaStatus(cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyDeviceToDevice, StreamOf(stream_)),
+                    absl::StrCat("writing '", infos_[index].name, "'"));
 }
 
 absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
   cudaSetDevice(device_);
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cudaStream_t stream = StreamOf(stream_);
   cudaError_t e = cudaMemcpyAsync(dst, addrs_[index], infos_[index].nbytes, cudaMemcpyDeviceToHost, stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, absl::StrCat("reading '", infos_[index].name, "'"));
+  return CudaStatus(e, absl::StrCat("reading '", infos_[index].name, "'"));
 }
 
 absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
@@ -129,7 +124,7 @@ absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pa
     regions.push_back({addrs_[index], src, infos_[index].nbytes});
   }
   absl::StatusOr<std::unique_ptr<kernels::BatchCopy>> batch =
-      kernels::BatchCopy::Create(regions.data(), regions.size(), stream_);
+      kernels::BatchCopy::Create(regions.data(), regions.size(), StreamOf(stream_));
   if (!batch.ok()) return batch.status();
   batch_ = std::move(*batch);
   return absl::OkStatus();
@@ -138,14 +133,13 @@ absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pa
 absl::Status CudaIpcEngineStorage::WritePreparedDevice() {
   if (batch_ == nullptr) return absl::FailedPreconditionError("no prepared device writes");
   cudaSetDevice(device_);
-  absl::Status st = batch_->Launch(stream_);
+  absl::Status st = batch_->Launch(StreamOf(stream_));
   return st;
 }
 
 absl::Status CudaIpcEngineStorage::Flush() {
   cudaSetDevice(device_);
-  cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "commit copy");
+  return CudaStatus(cudaStreamSynchronize(StreamOf(stream_)), "commit copy");
 }
 
 }  // namespace refit::storage

@@ -17,6 +17,10 @@
 #include "kernels/batch_copy.h"
 #include "storage/engine_storage.h"
 
+namespace refit {
+class CudaStream;  // common/cuda_handles.h (kept out of this header: no CUDA include here)
+}  // namespace refit
+
 namespace refit::storage {
 
 inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
@@ -50,7 +54,7 @@ class CudaIpcEngineStorage : public EngineStorage {
   std::vector<ParamInfo> infos_;
   std::vector<uint8_t*> addrs_;
   std::map<std::array<uint8_t, kCudaIpcHandleBytes>, void*> opened_;
-  void* stream_ = nullptr;  // cudaStream_t
+  std::unique_ptr<CudaStream> stream_;
   std::unique_ptr<kernels::BatchCopy> batch_;
   int device_ = 0;
 };

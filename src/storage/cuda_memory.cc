@@ -3,11 +3,26 @@
 
 #include <cstring>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cuda_handles.h"
+#include "common/cuda_status.h"
 #include "storage/memory.h"
 
 namespace refit::storage {
+
+absl::Status CopyAnyToHost(void* dst, const void* src, uint64_t bytes) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, src) == cudaSuccess && attr.type == cudaMemoryTypeDevice) {
+    return CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy from device memory");
+  }
+  (void)cudaGetLastError();  // host memory: clear the query's error state
+  std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
 namespace {
 
 class PinnedHostMemory final : public Memory {
@@ -16,7 +31,7 @@ class PinnedHostMemory final : public Memory {
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) override {
     void* p = nullptr;
     if (cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault) != cudaSuccess) {
-      cudaGetLastError();
+      (void)cudaGetLastError();
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " pinned host bytes"));
     }
     return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
@@ -27,6 +42,8 @@ class PinnedHostMemory final : public Memory {
   }
   absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
   absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
+  absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) override { return CopyAnyToHost(dst, src, bytes); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
 };
 
 class DeviceMemory final : public Memory {
@@ -35,19 +52,10 @@ class DeviceMemory final : public Memory {
 
   MemoryKind kind() const override { return MemoryKind::kDevice; }
   absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) override {
-    void* p = nullptr;
-    cudaSetDevice(device_);
-    cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes on GPU ", device_, ": ", cudaGetErrorString(e)));
-    }
-    int device = device_;
-    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [device](uint8_t* q) {
-      cudaSetDevice(device);
-      cudaFree(q);
-    });
+    absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(device_, bytes);
+    if (!a.ok()) return a.status();
+    auto owner = std::make_shared<DeviceAllocation>(std::move(*a));
+    return std::shared_ptr<uint8_t>(owner, owner->as<uint8_t>());
   }
 
   absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) override {
@@ -59,21 +67,36 @@ class DeviceMemory final : public Memory {
   absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override {
     return Copy(dst, src, bytes, cudaMemcpyHostToDevice);
   }
+  absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    if (!stream_) {
+      absl::StatusOr<CudaStream> s = CudaStream::Create(device_);
+      if (!s.ok()) return s.status();
+      stream_ = std::move(*s);
+    }
+    cudaSetDevice(device_);
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_.get()),
+                      absl::StrCat("copy of ", bytes, " bytes into GPU ", device_));
+  }
+  absl::Status Synchronize() override {
+    absl::MutexLock lock(&mu_);
+    return stream_.Synchronize();
+  }
 
  private:
   absl::Status Copy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
     cudaSetDevice(device_);
-    cudaError_t e = cudaMemcpy(dst, src, bytes, kind);
-    if (e != cudaSuccess) return absl::InternalError(absl::StrCat("GPU copy of ", bytes, " bytes: ", cudaGetErrorString(e)));
-    return absl::OkStatus();
+    return CudaStatus(cudaMemcpy(dst, src, bytes, kind), absl::StrCat("GPU copy of ", bytes, " bytes"));
   }
-  int device_;
+  const int device_;
+  absl::Mutex mu_;
+  CudaStream stream_ ABSL_GUARDED_BY(mu_);  // for CopyInAsync, made on first use
 };
 
 bool HaveDevice() {
   int n = 0;
   bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  cudaGetLastError();
+  (void)cudaGetLastError();
   return ok;
 }
 
@@ -90,11 +113,31 @@ absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || device < 0 || device >= n) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     return absl::UnavailableError(absl::StrCat("no CUDA device ", device, " (",
                                                e != cudaSuccess ? cudaGetErrorString(e) : "out of range", ")"));
   }
   return std::unique_ptr<Memory>(std::make_unique<DeviceMemory>(device));
+}
+
+absl::Status CheckDeviceMemory(const void* p) {
+  cudaPointerAttributes attr{};
+  cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", cudaGetErrorString(e), ")"));
+  }
+  if (attr.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("not CUDA device memory");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CurrentDevice() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::UnavailableError("no CUDA device");
+  }
+  return device;
 }
 
 }  // namespace refit::storage

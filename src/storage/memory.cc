@@ -7,6 +7,17 @@
 #include "absl/strings/str_cat.h"
 
 namespace refit::storage {
+
+#if REFIT_HAVE_CUDA
+// cuda_memory.cc: a device source is copied by the CUDA runtime, a host one with memcpy.
+absl::Status CopyAnyToHost(void* dst, const void* src, uint64_t bytes);
+#else
+absl::Status CopyAnyToHost(void* dst, const void* src, uint64_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+#endif
+
 namespace {
 
 class HostMemory final : public Memory {
@@ -23,6 +34,8 @@ class HostMemory final : public Memory {
   }
   absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
   absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override { return CopyWithin(dst, src, bytes); }
+  absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) override { return CopyAnyToHost(dst, src, bytes); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
 };
 
 }  // namespace
@@ -34,6 +47,10 @@ std::unique_ptr<Memory> NewPinnedHostMemory() { return NewHostMemory(); }
 absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {
   return absl::UnavailableError("refitd was built without CUDA: no device staging");
 }
+absl::Status CheckDeviceMemory(const void*) {
+  return absl::UnimplementedError("this client was built without CUDA and sends host memory only");
+}
+absl::StatusOr<int> CurrentDevice() { return absl::UnavailableError("this build has no CUDA: no CUDA device"); }
 #endif
 
 }  // namespace refit::storage

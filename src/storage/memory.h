@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace refit::storage {
@@ -25,6 +26,11 @@ class Memory {
   virtual absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host_dst, const void* src, uint64_t bytes) = 0;
   virtual absl::Status CopyFromHost(void* dst, const void* host_src, uint64_t bytes) = 0;
+  // Copies from `src` — host memory or CUDA device memory, told apart by the CUDA runtime — into
+  // `dst` of this kind. Device memory queues the copy on this Memory's own stream; host kinds copy
+  // at once. Every copy is complete (and `src` may change) once Synchronize() returned OK.
+  virtual absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
 };
 
 // Plain host memory.
@@ -34,6 +40,12 @@ std::unique_ptr<Memory> NewHostMemory();
 std::unique_ptr<Memory> NewPinnedHostMemory();
 // Memory of GPU `device` (cudaMalloc). Unavailable when CUDA is not built in or no device exists.
 absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device);
+
+// OK when `p` is CUDA device memory; InvalidArgument saying why not; Unimplemented in a build
+// without CUDA.
+absl::Status CheckDeviceMemory(const void* p);
+// The calling thread's current CUDA device; Unavailable without CUDA or a device.
+absl::StatusOr<int> CurrentDevice();
 
 }  // namespace refit::storage
 

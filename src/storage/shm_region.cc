@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/unique_fd.h"
 
 namespace refit::storage {
 namespace {
@@ -18,13 +19,6 @@ absl::Status Errno(std::string_view what, const std::string& name) {
   return absl::UnavailableError(absl::StrCat(std::string(what), " '", name, "': ", strerror(errno)));
 }
 
-// Closes an fd on scope exit; the mapping outlives it.
-struct FdCloser {
-  int fd;
-  ~FdCloser() {
-    if (fd >= 0) close(fd);
-  }
-};
 
 }  // namespace
 
@@ -33,13 +27,13 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
     return absl::InvalidArgumentError(absl::StrCat("shm name '", name, "' must be '/name' with no other '/'"));
   }
   if (bytes == 0) return absl::InvalidArgumentError("shm region of 0 bytes");
-  FdCloser fd{shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)};
-  if (fd.fd < 0) return Errno("shm_open(create)", name);
-  if (ftruncate(fd.fd, static_cast<off_t>(bytes)) != 0) {
+  UniqueFd fd{shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)};
+  if (fd.get() < 0) return Errno("shm_open(create)", name);
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     shm_unlink(name.c_str());
     return Errno("ftruncate", name);
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     return Errno("mmap", name);
@@ -51,13 +45,13 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& na
   if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("shm name '", name, "' must be '/name' with no other '/'"));
   }
-  FdCloser fd{shm_open(name.c_str(), O_RDWR, 0)};
-  if (fd.fd < 0) return Errno("shm_open", name);
+  UniqueFd fd{shm_open(name.c_str(), O_RDWR, 0)};
+  if (fd.get() < 0) return Errno("shm_open", name);
   struct stat st;
-  if (fstat(fd.fd, &st) != 0) return Errno("fstat", name);
+  if (fstat(fd.get(), &st) != 0) return Errno("fstat", name);
   if (st.st_size <= 0) return absl::InvalidArgumentError(absl::StrCat("shm '", name, "' is empty"));
   uint64_t size = static_cast<uint64_t>(st.st_size);
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return Errno("mmap", name);
   return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), size, false));
 }

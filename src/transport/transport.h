@@ -1,5 +1,6 @@
 // The data-plane seam: moves opaque bucket payloads from trainer processes to refitd.
-// Implementations live in src/transport/<name>/ (ucx/ now; nccl/, ipc/ later). The control plane
+// Implementations live in src/transport/<name>/, each described by a TransportDescriptor
+// (registry.h) and listed in builtin_transports.cc. The control plane
 // (Cap'n Proto) announces each bucket (tag, size, tensor descriptors, checksum); the data plane
 // only carries bytes matched by tag. The core (src/refit/) sees only this interface.
 //
@@ -44,6 +45,9 @@ class Receiver {
   // Drops every connected sender, so that one blocked in Send fails instead of waiting for a
   // receive that an aborted session will never post. Senders reconnect for their next session.
   virtual void DisconnectPeers() {}
+  // True when the transport itself guarantees that received bytes equal the sent ones (its
+  // descriptor's checks_integrity, registry.h): the session then verifies no announced checksum.
+  virtual bool ChecksIntegrity() const { return false; }
 };
 
 // Sending end, owned by a trainer process; one per connection to one refitd.

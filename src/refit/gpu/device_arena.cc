@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 
 namespace refit {
 namespace {
@@ -10,10 +11,6 @@ namespace {
 constexpr uint64_t kAlign = 256;
 
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) & ~(kAlign - 1); }
-
-absl::Status CudaError(cudaError_t e, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
 
 }  // namespace
 
@@ -46,7 +43,7 @@ absl::StatusOr<DeviceArena::Slot> DeviceArena::Take(cudaStream_t stream) {
     // Probe words to ~0 (no bad index yet), amax floats to +0: two memsets per bucket.
     cudaError_t e = cudaMemsetAsync(base, 0xFF, capacity_ * sizeof(unsigned long long), stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(base + amax_offset_, 0, capacity_ * sizeof(float), stream);
-    if (e != cudaSuccess) return CudaError(e, "resetting the converter's probe words");
+    if (e != cudaSuccess) return CudaStatus(e, "resetting the converter's probe words");
   }
   const size_t i = used_++;
   return Slot{i, reinterpret_cast<unsigned long long*>(base) + i, reinterpret_cast<float*>(base + amax_offset_) + i};
@@ -69,7 +66,7 @@ absl::Status DeviceArena::Collect(cudaStream_t stream) {
                         stream);
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "GPU conversion");
+  return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "GPU conversion");
 }
 
 void DeviceArena::Reset() {

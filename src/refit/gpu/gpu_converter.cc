@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_handles.h"
+#include "common/cuda_status.h"
 #include "kernels/batch_quantize.h"
 #include "kernels/quantize.h"
 #include "refit/gpu/device_arena.h"
@@ -16,9 +18,6 @@
 namespace refit {
 namespace {
 
-absl::Status CudaError(cudaError_t e, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
 
 using Failures = std::vector<std::pair<std::string, absl::Status>>;
 
@@ -26,9 +25,11 @@ class GpuConverter final : public Converter {
  public:
   static absl::StatusOr<std::unique_ptr<Converter>> Create(int device, const GpuConverterOptions& options) {
     auto c = std::unique_ptr<GpuConverter>(new GpuConverter(device, options));
-    cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking);
-    if (e != cudaSuccess) return CudaError(e, absl::StrCat("GPU converter on device ", device));
+    absl::StatusOr<CudaStream> stream = CudaStream::Create(device);
+    if (!stream.ok()) {
+      return absl::Status(stream.status().code(), absl::StrCat("GPU converter on device ", device, ": ", stream.status().message()));
+    }
+    c->stream_ = std::move(*stream);
     absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(device);
     if (!memory.ok()) return memory.status();
     c->memory_ = std::move(*memory);
@@ -39,12 +40,8 @@ class GpuConverter final : public Converter {
     return std::unique_ptr<Converter>(std::move(c));
   }
 
-  ~GpuConverter() override {
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
-  }
+  // The stream is drained before the arena's buffers go; it is destroyed last.
+  ~GpuConverter() override { (void)stream_.Synchronize(); }
 
   storage::MemoryKind staging_kind() const override { return storage::MemoryKind::kDevice; }
 
@@ -58,8 +55,8 @@ class GpuConverter final : public Converter {
       // so the copies and kernels of consecutive tensors overlap on the stream.
       absl::StatusOr<uint8_t*> scratch = Scratch(desc.nbytes);
       if (!scratch.ok()) return scratch.status();
-      cudaError_t e = cudaMemcpyAsync(*scratch, src, desc.nbytes, cudaMemcpyHostToDevice, stream_);
-      if (e != cudaSuccess) return CudaError(e, absl::StrCat("copying '", desc.name, "' to the GPU"));
+      cudaError_t e = cudaMemcpyAsync(*scratch, src, desc.nbytes, cudaMemcpyHostToDevice, stream_.get());
+      if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("copying '", desc.name, "' to the GPU"));
       input = *scratch;
     }
     absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
@@ -79,12 +76,12 @@ class GpuConverter final : public Converter {
         }
       }
       // The single-tensor two-pass path: the tensor's amax into its slot, then the encode.
-      absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_);
+      absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_.get());
       if (!st.ok()) return st;
       amax.device = slot->amax;
     }
     absl::Status st = kernels::QuantizeRecording(plan.format, in, options, amax, outs, desc.name,
-                                                 reject ? slot->probe : nullptr, stream_);
+                                                 reject ? slot->probe : nullptr, stream_.get());
     if (!st.ok()) return st;
     Count(&GpuConverterStats::tensors);
     if (reject) pending_.push_back({desc.name, slot->index});
@@ -143,8 +140,8 @@ class GpuConverter final : public Converter {
     cudaError_t e = cudaMemcpyAsync(outs[0].data, src, desc.nbytes,
                                     src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice
                                                                            : cudaMemcpyDeviceToDevice,
-                                    stream_);
-    if (e != cudaSuccess) return CudaError(e, absl::StrCat("staging '", desc.name, "'"));
+                                    stream_.get());
+    if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("staging '", desc.name, "'"));
     Count(&GpuConverterStats::tensors);
     return absl::OkStatus();
   }
@@ -168,7 +165,7 @@ class GpuConverter final : public Converter {
     if (nvfp4_.items.empty()) return;
     absl::StatusOr<DeviceArena::Table> table = arena_->TakeTable(kernels::Nvfp4BatchTableBytes(nvfp4_.items.size()));
     absl::Status st = table.status();
-    if (st.ok()) st = kernels::QuantizeNvfp4Batch(nvfp4_.kind, nvfp4_.items, table->host, table->device, stream_);
+    if (st.ok()) st = kernels::QuantizeNvfp4Batch(nvfp4_.kind, nvfp4_.items, table->host, table->device, stream_.get());
     if (!st.ok()) {
       for (const std::string& name : nvfp4_.names) failed.push_back({name, st});
     }
@@ -183,7 +180,7 @@ class GpuConverter final : public Converter {
     if (copies_.items.empty()) return;
     absl::StatusOr<DeviceArena::Table> table = arena_->TakeTable(kernels::CopyBatchTableBytes(copies_.items.size()));
     absl::Status st = table.status();
-    if (st.ok()) st = kernels::CopyBatch(copies_.items, table->host, table->device, stream_);
+    if (st.ok()) st = kernels::CopyBatch(copies_.items, table->host, table->device, stream_.get());
     if (!st.ok()) {
       for (const std::string& name : copies_.names) failed.push_back({name, st});
     }
@@ -202,7 +199,7 @@ class GpuConverter final : public Converter {
       Count(&GpuConverterStats::drains);
       if (absl::Status st = arena_->Grow(arena_->used() + 1); !st.ok()) return st;
     }
-    return arena_->Take(stream_);
+    return arena_->Take(stream_.get());
   }
 
   // Launches the open runs, waits for the stream, reads every probe word back with one copy, and
@@ -212,7 +209,7 @@ class GpuConverter final : public Converter {
     FlushCopies(failed_);
     Failures failed = std::move(failed_);
     failed_.clear();
-    absl::Status st = arena_->Collect(stream_);
+    absl::Status st = arena_->Collect(stream_.get());
     if (!st.ok()) failed.push_back({"(bucket)", st});
     for (const Pending& p : pending_) {
       const unsigned long long first = arena_->probe(p.slot);
@@ -232,8 +229,8 @@ class GpuConverter final : public Converter {
     uint64_t offset = (scratch_used_ + 255) & ~uint64_t{255};
     if (offset + bytes > scratch_bytes_) {
       if (offset > 0) {
-        cudaError_t e = cudaStreamSynchronize(stream_);  // earlier tensors still read the old buffer
-        if (e != cudaSuccess) return CudaError(e, "GPU conversion");
+        cudaError_t e = cudaStreamSynchronize(stream_.get());  // earlier tensors still read the old buffer
+        if (e != cudaSuccess) return CudaStatus(e, "GPU conversion");
       }
       uint64_t want = std::max<uint64_t>(offset + bytes, scratch_bytes_ * 2);
       absl::StatusOr<std::shared_ptr<uint8_t>> a = memory_->Allocate(want);
@@ -249,7 +246,7 @@ class GpuConverter final : public Converter {
 
   const int device_;
   const GpuConverterOptions options_;
-  cudaStream_t stream_ = nullptr;
+  CudaStream stream_;
   std::unique_ptr<storage::Memory> memory_;
   std::unique_ptr<storage::Memory> pinned_;
   std::unique_ptr<DeviceArena> arena_;

@@ -35,9 +35,9 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     std::string host;
     uint16_t port = 0;
     if (absl::Status st = nccl::ParseEndpoint(endpoints[i], host, port); !st.ok()) return st;
-    absl::StatusOr<int> fd = nccl::ConnectTcp(host, port);
+    absl::StatusOr<UniqueFd> fd = nccl::ConnectTcp(host, port);
     if (!fd.ok()) return absl::UnavailableError(absl::StrCat("NCCL fan-out to ", endpoints[i], ": ", fd.status().message()));
-    b->fds_.push_back(*fd);
+    b->fds_.push_back(std::move(*fd));
     nccl::Hello hello;
     hello.magic = nccl::Hello::kGroupMagic;
     hello.name_bytes = static_cast<uint32_t>(name.size());
@@ -45,9 +45,10 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     join.nranks = nranks;
     join.rank = static_cast<int32_t>(i) + 1;
     std::memcpy(join.unique_id, &id, sizeof(id));
-    absl::Status st = nccl::WriteAll(*fd, &hello, sizeof(hello));
-    if (st.ok()) st = nccl::WriteAll(*fd, name.data(), name.size());
-    if (st.ok()) st = nccl::WriteAll(*fd, &join, sizeof(join));
+    const int sock = b->fds_.back().get();
+    absl::Status st = nccl::WriteAll(sock, &hello, sizeof(hello));
+    if (st.ok()) st = nccl::WriteAll(sock, name.data(), name.size());
+    if (st.ok()) st = nccl::WriteAll(sock, &join, sizeof(join));
     if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL fan-out rendezvous with ", endpoints[i], ": ", st.message()));
   }
   NcclBroadcaster* self = b.get();
@@ -71,21 +72,20 @@ NcclBroadcaster::~NcclBroadcaster() {
     const absl::Time deadline = absl::Now() + options_.close_timeout;
     std::vector<uint64_t> none(endpoints_.size(), 0);
     if (SendFrame(none, nullptr, 0, Frame::kGoodbye, deadline).ok()) {
-      for (int fd : fds_) {
+      for (const UniqueFd& fd : fds_) {
         char ack = 0;
-        (void)nccl::ReadAll(fd, &ack, 1, deadline);
+        (void)nccl::ReadAll(fd.get(), &ack, 1, deadline);
       }
     }
   }
   comm_.reset();
   stream_.reset();
   bounce_.reset();
-  for (int fd : fds_) close(fd);
-}
+}  // fds_ close last
 
 absl::Status NcclBroadcaster::CheckReceivers() const {
   for (size_t i = 0; i < fds_.size(); ++i) {
-    if (absl::Status st = nccl::CheckIdle(fds_[i], absl::StrCat("receiver ", endpoints_[i])); !st.ok()) return st;
+    if (absl::Status st = nccl::CheckIdle(fds_[i].get(), absl::StrCat("receiver ", endpoints_[i])); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -100,7 +100,7 @@ absl::Status NcclBroadcaster::SendFrame(std::span<const uint64_t> tags, const vo
     f.tag = tags[i];
     f.bytes = bytes;
     f.flags = flags;
-    st = nccl::WriteAll(fds_[i], &f, sizeof(f));
+    st = nccl::WriteAll(fds_[i].get(), &f, sizeof(f));
   }
   // The root's buffer is only read by the in-place broadcast.
   if (st.ok() && bytes > 0) st = comm_->Broadcast(const_cast<void*>(*src), bytes, 0, s);
@@ -118,7 +118,7 @@ absl::Status NcclBroadcaster::Send(std::span<const uint64_t> tags, const void* s
     // One receiver failing ends the broadcast for all: abort, and close every socket so the other
     // receivers abort their side of the communicator too rather than wait for the next message.
     if (comm_ != nullptr) comm_->Abort();
-    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    for (const UniqueFd& fd : fds_) shutdown(fd.get(), SHUT_RDWR);
     failed_ = absl::UnavailableError(absl::StrCat("NCCL fan-out send: ", st.message()));
     return failed_;
   }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "transport/nccl/nccl_options.h"
 #include "transport/transport.h"
 
@@ -53,7 +54,7 @@ class NcclBroadcaster final : public GroupSender {
 
   const NcclOptions options_;
   const std::vector<std::string> endpoints_;
-  std::vector<int> fds_;
+  std::vector<UniqueFd> fds_;  // rendezvous sockets, one per receiver
   std::unique_ptr<nccl::Communicator> comm_;
   std::unique_ptr<nccl::Stream> stream_;
   std::unique_ptr<nccl::DeviceBuffer> bounce_;

@@ -16,12 +16,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cuda_status.h"
 
 namespace refit::transport::nccl {
 
 absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  // The project's helper, re-coded at this seam: a transport reports its failures as Unavailable.
+  absl::Status st = ::refit::CudaStatus(e, what);
+  return st.ok() ? st : absl::UnavailableError(st.message());
 }
 
 absl::Status NcclStatus(ncclResult_t r, absl::string_view what) {
@@ -205,8 +207,9 @@ absl::Status Communicator::Wait(cudaStream_t stream, absl::Time deadline, const 
 
 // ---- rendezvous sockets ----
 
-absl::StatusOr<int> ListenTcp(const std::string& host, uint16_t port, uint16_t& bound_port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port, uint16_t& bound_port) {
+  UniqueFd owner(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int fd = owner.get();
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -214,21 +217,18 @@ absl::StatusOr<int> ListenTcp(const std::string& host, uint16_t port, uint16_t& 
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    close(fd);
     return absl::InvalidArgumentError(absl::StrCat("NCCL listen_host '", host, "' is not an IPv4 address"));
   }
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
-    std::string err = std::strerror(errno);
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, ": ", err));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port, ": ", std::strerror(errno)));
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   bound_port = ntohs(addr.sin_port);
-  return fd;
+  return owner;
 }
 
-absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port) {
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& host, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -236,17 +236,17 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port) {
   if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
     return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
   }
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  UniqueFd owner(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int fd = owner.get();
   int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
   std::string err = std::strerror(errno);
   freeaddrinfo(res);
   if (rc != 0) {
-    if (fd >= 0) close(fd);
     return absl::UnavailableError(absl::StrCat("cannot connect to NCCL endpoint ", host, ":", port, ": ", err));
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
+  return owner;
 }
 
 absl::Status WriteAll(int fd, const void* data, uint64_t bytes) {

@@ -21,9 +21,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
 
 namespace refit::transport::nccl {
 
+// CUDA errors as this transport reports them: the project's CudaStatus, as Unavailable.
 absl::Status CudaStatus(cudaError_t e, absl::string_view what);
 absl::Status NcclStatus(ncclResult_t r, absl::string_view what);
 
@@ -117,8 +119,8 @@ class Communicator {
 };
 
 // Rendezvous sockets (TCP). All return Unavailable on a broken or closed connection.
-absl::StatusOr<int> ListenTcp(const std::string& host, uint16_t port, uint16_t& bound_port);
-absl::StatusOr<int> ConnectTcp(const std::string& host, uint16_t port);
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port, uint16_t& bound_port);
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& host, uint16_t port);
 absl::Status WriteAll(int fd, const void* data, uint64_t bytes);
 absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline);
 // OK while the connection is open (the peer has not closed or reset it).

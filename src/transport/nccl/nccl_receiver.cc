@@ -22,14 +22,13 @@ using nccl::DeviceBuffer;
 using nccl::Frame;
 
 struct NcclReceiver::Peer {
-  explicit Peer(int fd_in, int device) : fd(fd_in), bounce(device) {}
+  explicit Peer(UniqueFd fd_in, int device) : fd(std::move(fd_in)), bounce(device) {}
   ~Peer() {
     if (thread.joinable()) thread.join();
     comm.reset();
     stream.reset();
-    close(fd);
-  }
-  int fd;
+  }  // the socket closes last
+  const UniqueFd fd;
   std::string name = "(connecting)";
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<nccl::Stream> stream;
@@ -59,15 +58,16 @@ absl::StatusOr<std::unique_ptr<NcclReceiver>> NcclReceiver::Listen(const NcclOpt
                                                    count, " present)"));
   }
   uint16_t port = 0;
-  absl::StatusOr<int> fd = nccl::ListenTcp(options.listen_host, options.listen_port, port);
+  absl::StatusOr<UniqueFd> fd = nccl::ListenTcp(options.listen_host, options.listen_port, port);
   if (!fd.ok()) return fd.status();
-  std::unique_ptr<NcclReceiver> r(new NcclReceiver(options, *fd, nccl::FormatEndpoint(options.listen_host, port)));
+  std::unique_ptr<NcclReceiver> r(
+      new NcclReceiver(options, std::move(*fd), nccl::FormatEndpoint(options.listen_host, port)));
   r->accept_thread_ = std::thread([p = r.get()] { p->AcceptLoop(); });
   return r;
 }
 
-NcclReceiver::NcclReceiver(NcclOptions options, int listen_fd, std::string endpoint)
-    : options_(std::move(options)), listen_fd_(listen_fd), endpoint_(std::move(endpoint)) {}
+NcclReceiver::NcclReceiver(NcclOptions options, UniqueFd listen_fd, std::string endpoint)
+    : options_(std::move(options)), listen_fd_(std::move(listen_fd)), endpoint_(std::move(endpoint)) {}
 
 NcclReceiver::~NcclReceiver() {
   {
@@ -82,8 +82,7 @@ NcclReceiver::~NcclReceiver() {
     peers.swap(peers_);
   }
   peers.clear();  // joins every progress thread; their communicators are aborted
-  close(listen_fd_);
-}
+}  // listen_fd_ closes last
 
 int NcclReceiver::connected() const {
   absl::MutexLock lock(&mu_);
@@ -94,7 +93,7 @@ int NcclReceiver::connected() const {
 
 void NcclReceiver::AcceptLoop() {
   while (!stopping_) {
-    pollfd pfd{listen_fd_, POLLIN, 0};
+    pollfd pfd{listen_fd_.get(), POLLIN, 0};
     int rc = poll(&pfd, 1, 100);
     std::vector<std::unique_ptr<Peer>> done;
     {
@@ -110,11 +109,11 @@ void NcclReceiver::AcceptLoop() {
     }
     done.clear();
     if (rc <= 0 || stopping_) continue;
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd.valid()) continue;
     int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    auto peer = std::make_unique<Peer>(fd, options_.device);
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto peer = std::make_unique<Peer>(std::move(fd), options_.device);
     Peer* p = peer.get();
     {
       absl::MutexLock lock(&mu_);
@@ -135,25 +134,25 @@ void NcclReceiver::ServePeer(Peer& peer) {
     ~Finish() {
       // Whatever ended the peer, its sender must notice: a blocked Send polls the socket.
       p.comm.reset();
-      shutdown(p.fd, SHUT_RDWR);
+      shutdown(p.fd.get(), SHUT_RDWR);
       p.finished = true;
     }
   } finish{peer};
   cudaSetDevice(options_.device);
   nccl::Hello hello;
-  if (!nccl::ReadAll(peer.fd, &hello, sizeof(hello), absl::Now() + absl::Seconds(10)).ok() ||
+  if (!nccl::ReadAll(peer.fd.get(), &hello, sizeof(hello), absl::Now() + absl::Seconds(10)).ok() ||
       (hello.magic != nccl::Hello::kMagic && hello.magic != nccl::Hello::kGroupMagic) || hello.name_bytes > 1024) {
     return;  // not a sender of ours
   }
   std::string name(hello.name_bytes, '\0');
-  if (!nccl::ReadAll(peer.fd, name.data(), name.size(), absl::Now() + absl::Seconds(10)).ok()) return;
+  if (!nccl::ReadAll(peer.fd.get(), name.data(), name.size(), absl::Now() + absl::Seconds(10)).ok()) return;
   peer.name = absl::StrCat(name, " at ", endpoint_);
   ncclUniqueId id;
   if (hello.magic == nccl::Hello::kGroupMagic) {
     // A fan-out group: the sender made the unique id and is rank 0; this receiver is one of the
     // group's other ranks and receives every message by broadcast.
     nccl::GroupJoin join;
-    if (!nccl::ReadAll(peer.fd, &join, sizeof(join), absl::Now() + absl::Seconds(10)).ok() || join.nranks < 2 ||
+    if (!nccl::ReadAll(peer.fd.get(), &join, sizeof(join), absl::Now() + absl::Seconds(10)).ok() || join.nranks < 2 ||
         join.nranks > nccl::kMaxGroupRanks || join.rank < 1 || join.rank >= join.nranks) {
       return;
     }
@@ -164,14 +163,14 @@ void NcclReceiver::ServePeer(Peer& peer) {
     peer.name = absl::StrCat(peer.name, " (fan-out rank ", join.rank, " of ", join.nranks, ")");
   } else {
     if (!nccl::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId").ok()) return;
-    if (!nccl::WriteAll(peer.fd, &id, sizeof(id)).ok()) return;
+    if (!nccl::WriteAll(peer.fd.get(), &id, sizeof(id)).ok()) return;
   }
   peer.interrupt = [this, &peer]() -> absl::Status {
     if (stopping_) return absl::CancelledError("NCCL receiver shutting down");
     if (peer.abort_requested) {
       return absl::DeadlineExceededError(absl::StrCat("NCCL peer ", peer.name, " stalled mid-message past the deadline; communicator aborted"));
     }
-    return CheckIdle(peer.fd, peer.name);
+    return CheckIdle(peer.fd.get(), peer.name);
   };
   absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Init(
       options_.device, id, peer.nranks, peer.rank, absl::Now() + options_.connect_timeout, peer.interrupt);
@@ -183,7 +182,7 @@ void NcclReceiver::ServePeer(Peer& peer) {
   peer.ready = true;
   while (true) {
     Frame f;
-    absl::Status st = nccl::AwaitFrame(peer.fd, peer.name, [this] { return stopping_.load(); }, f);
+    absl::Status st = nccl::AwaitFrame(peer.fd.get(), peer.name, [this] { return stopping_.load(); }, f);
     if (!st.ok()) {
       if (stopping_) return;
       std::string msg(st.message());
@@ -192,7 +191,7 @@ void NcclReceiver::ServePeer(Peer& peer) {
       return;
     }
     if (f.flags & Frame::kGoodbye) {
-      (void)nccl::WriteAll(peer.fd, "A", 1);
+      (void)nccl::WriteAll(peer.fd.get(), "A", 1);
       return;
     }
     if (!Deliver(peer, f.tag, f.bytes)) return;
@@ -250,7 +249,7 @@ bool NcclReceiver::Deliver(Peer& peer, uint64_t tag, uint64_t bytes) {
         break;
       }
     }
-    if (absl::Status st = CheckIdle(peer.fd, peer.name); !st.ok()) {
+    if (absl::Status st = CheckIdle(peer.fd.get(), peer.name); !st.ok()) {
       PeerFailed(peer, st);
       return false;
     }

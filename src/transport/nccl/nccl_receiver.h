@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/nccl/nccl_options.h"
+#include "common/unique_fd.h"
 #include "transport/transport.h"
 
 namespace refit::transport {
@@ -43,6 +44,8 @@ class NcclReceiver final : public Receiver {
   ~NcclReceiver() override;
 
   std::string Endpoint() const override { return endpoint_; }
+  // NCCL's transports carry their own integrity checks (nccl_transport.h).
+  bool ChecksIntegrity() const override { return true; }
   absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) override;
   void Cancel() override;
   void Reset() override;
@@ -63,7 +66,7 @@ class NcclReceiver final : public Receiver {
     Peer* owner = nullptr;  // the peer writing into dst, once claimed
   };
 
-  NcclReceiver(NcclOptions options, int listen_fd, std::string endpoint);
+  NcclReceiver(NcclOptions options, UniqueFd listen_fd, std::string endpoint);
   void AcceptLoop();
   void ServePeer(Peer& peer);
   // Delivers one message whose frame was just received; false when the peer must stop.
@@ -74,7 +77,7 @@ class NcclReceiver final : public Receiver {
   void PeerFailed(Peer& peer, const absl::Status& status);
 
   const NcclOptions options_;
-  const int listen_fd_;
+  const UniqueFd listen_fd_;
   const std::string endpoint_;
 
   mutable absl::Mutex mu_;

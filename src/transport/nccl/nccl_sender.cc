@@ -21,20 +21,20 @@ absl::StatusOr<std::unique_ptr<NcclSender>> NcclSender::Connect(const std::strin
       !st.ok()) {
     return st;
   }
-  absl::StatusOr<int> fd = nccl::ConnectTcp(host, port);
+  absl::StatusOr<UniqueFd> fd = nccl::ConnectTcp(host, port);
   if (!fd.ok()) return fd.status();
-  std::unique_ptr<NcclSender> s(new NcclSender(options, endpoint, *fd));
+  std::unique_ptr<NcclSender> s(new NcclSender(options, endpoint, std::move(*fd)));
   const std::string name = nccl::SenderName(options.peer_name);
   nccl::Hello hello;
   hello.name_bytes = static_cast<uint32_t>(name.size());
-  absl::Status st = nccl::WriteAll(s->fd_, &hello, sizeof(hello));
-  if (st.ok()) st = nccl::WriteAll(s->fd_, name.data(), name.size());
+  absl::Status st = nccl::WriteAll(s->fd_.get(), &hello, sizeof(hello));
+  if (st.ok()) st = nccl::WriteAll(s->fd_.get(), name.data(), name.size());
   ncclUniqueId id;
   const absl::Time deadline = absl::Now() + options.connect_timeout;
-  if (st.ok()) st = nccl::ReadAll(s->fd_, &id, sizeof(id), deadline);
+  if (st.ok()) st = nccl::ReadAll(s->fd_.get(), &id, sizeof(id), deadline);
   if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL rendezvous with ", endpoint, ": ", st.message()));
   std::string peer = absl::StrCat("receiver ", endpoint);
-  int sock = s->fd_;
+  int sock = s->fd_.get();
   absl::StatusOr<std::unique_ptr<nccl::Communicator>> comm = nccl::Communicator::Init(
       options.device, id, 2, 1, deadline, [sock, peer] { return nccl::CheckIdle(sock, peer); });
   if (!comm.ok()) return comm.status();
@@ -45,10 +45,10 @@ absl::StatusOr<std::unique_ptr<NcclSender>> NcclSender::Connect(const std::strin
   return s;
 }
 
-NcclSender::NcclSender(NcclOptions options, std::string endpoint, int fd)
+NcclSender::NcclSender(NcclOptions options, std::string endpoint, UniqueFd fd)
     : options_(std::move(options)),
       endpoint_(std::move(endpoint)),
-      fd_(fd),
+      fd_(std::move(fd)),
       bounce_(std::make_unique<nccl::DeviceBuffer>(options_.device)) {}
 
 NcclSender::~NcclSender() {
@@ -56,14 +56,13 @@ NcclSender::~NcclSender() {
     const absl::Time deadline = absl::Now() + options_.close_timeout;
     if (SendFrame(0, nullptr, 0, Frame::kGoodbye, deadline).ok()) {
       char ack = 0;
-      (void)nccl::ReadAll(fd_, &ack, 1, deadline);
+      (void)nccl::ReadAll(fd_.get(), &ack, 1, deadline);
     }
   }
   comm_.reset();
   stream_.reset();
   bounce_.reset();
-  close(fd_);
-}
+}  // fd_ closes last
 
 absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t bytes, uint64_t flags,
                                    absl::Time deadline) {
@@ -74,10 +73,10 @@ absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t b
   f.flags = flags;
   absl::StatusOr<const void*> src = nccl::OnDevice(payload, bytes, *bounce_, s);
   absl::Status st = src.status();
-  if (st.ok()) st = nccl::WriteAll(fd_, &f, sizeof(f));
+  if (st.ok()) st = nccl::WriteAll(fd_.get(), &f, sizeof(f));
   if (st.ok() && bytes > 0) st = comm_->Send(*src, bytes, 0, s);
   std::string peer = absl::StrCat("receiver ", endpoint_);
-  int sock = fd_;
+  int sock = fd_.get();
   if (st.ok()) st = comm_->Wait(s, deadline, [sock, peer] { return nccl::CheckIdle(sock, peer); });
   return st;
 }
@@ -85,7 +84,7 @@ absl::Status NcclSender::SendFrame(uint64_t tag, const void* payload, uint64_t b
 absl::Status NcclSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
   if (!failed_.ok()) return failed_;
   cudaSetDevice(options_.device);
-  absl::Status st = nccl::CheckIdle(fd_, absl::StrCat("receiver ", endpoint_));
+  absl::Status st = nccl::CheckIdle(fd_.get(), absl::StrCat("receiver ", endpoint_));
   if (st.ok()) st = SendFrame(tag, src, bytes, 0, absl::InfiniteFuture());
   if (!st.ok()) {
     failed_ = absl::UnavailableError(absl::StrCat("NCCL send to ", endpoint_, ": ", st.message()));

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/unique_fd.h"
 #include "transport/nccl/nccl_options.h"
 #include "transport/transport.h"
 
@@ -36,12 +37,12 @@ class NcclSender final : public Sender {
   int device() const { return options_.device; }
 
  private:
-  NcclSender(NcclOptions options, std::string endpoint, int fd);
+  NcclSender(NcclOptions options, std::string endpoint, UniqueFd fd);
   absl::Status SendFrame(uint64_t tag, const void* payload, uint64_t bytes, uint64_t flags, absl::Time deadline);
 
   const NcclOptions options_;
   const std::string endpoint_;
-  const int fd_;
+  const UniqueFd fd_;  // the rendezvous socket: frames, goodbye, liveness
   std::unique_ptr<nccl::Communicator> comm_;
   std::unique_ptr<nccl::Stream> stream_;
   std::unique_ptr<nccl::DeviceBuffer> bounce_;

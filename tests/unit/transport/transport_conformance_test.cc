@@ -1,5 +1,6 @@
-// Conformance suite for transport.h: every transport configuration in AllTransportConfigs() must
-// pass the same tests, written only against Receiver/Sender. Contents are checked byte for byte
+// Conformance suite for transport.h: every transport of BuiltinTransports() (and the further
+// configurations in AllTransportConfigs()) must pass the same tests, written only against
+// Receiver/Sender. Contents are checked byte for byte
 // against a pattern that sender and receiver compute independently.
 #include <signal.h>
 #include <spawn.h>
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/builtin_transports.h"
 #include "transport/transport.h"
 #include "transport_test_support.h"
 
@@ -91,6 +93,18 @@ absl::Status SendPattern(Sender& sender, uint64_t tag, uint64_t seed, uint64_t b
 
 TEST_P(TransportConformanceTest, EndpointIsNonEmpty) {
   EXPECT_FALSE(receiver_->Endpoint().empty());
+}
+
+// The endpoint names its transport: the trainer client picks the transport by it.
+TEST_P(TransportConformanceTest, EndpointCarriesItsTransportsScheme) {
+  const TransportRegistry transports = BuiltinTransports();
+  const TransportDescriptor* d = transports.FindByEndpoint(receiver_->Endpoint());
+  ASSERT_NE(d, nullptr) << receiver_->Endpoint() << " matches none of: " << transports.Names();
+}
+
+// The session skips the announced checksum exactly when the descriptor says so.
+TEST_P(TransportConformanceTest, ReceiverChecksIntegrityAsItsDescriptorSays) {
+  EXPECT_EQ(receiver_->ChecksIntegrity(), GetParam().checks_integrity);
 }
 
 TEST_P(TransportConformanceTest, TinyMessagesIntoBuffersOfDifferentSizes) {

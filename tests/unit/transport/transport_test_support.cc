@@ -2,14 +2,12 @@
 
 #include <cstring>
 
+#include "transport/builtin_transports.h"
 #include "transport/ucx/ucx_handles.h"
 #include "transport/ucx/ucx_receiver.h"
 #include "transport/ucx/ucx_sender.h"
-#if REFIT_HAVE_NCCL
+#if REFIT_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
-#include "transport/nccl/nccl_receiver.h"
-#include "transport/nccl/nccl_sender.h"
 #endif
 
 namespace refit::transport::testing {
@@ -26,6 +24,8 @@ uint8_t PatternByte(uint64_t seed, uint64_t offset) {
   return static_cast<uint8_t>(SplitMix64(seed * 0x100000001b3ull + offset / 8) >> (8 * (offset % 8)));
 }
 
+// A further UCX configuration beyond the registered transport's defaults (the shared-memory
+// lanes, which need the connection-manager error mode).
 TransportConfig UcxConfig(std::string name, std::string tls, UcxErrorMode error_mode) {
   UcxOptions options;
   options.tls = std::move(tls);
@@ -45,48 +45,50 @@ TransportConfig UcxConfig(std::string name, std::string tls, UcxErrorMode error_
       nullptr};
 }
 
-#if REFIT_HAVE_NCCL
-// Receiver on GPU 1, sender on GPU 0 (two ranks of one communicator need two devices).
-TransportConfig NcclConfig() {
-  return TransportConfig{
-      "nccl",
-      []() -> absl::StatusOr<std::unique_ptr<Receiver>> {
-        NcclOptions options;
-        options.device = 1;
-        absl::StatusOr<std::unique_ptr<NcclReceiver>> r = NcclReceiver::Listen(options);
-        if (!r.ok()) return r.status();
-        return std::unique_ptr<Receiver>(*std::move(r));
-      },
-      [](const std::string& endpoint) -> absl::StatusOr<std::unique_ptr<Sender>> {
-        NcclOptions options;
-        options.device = 0;
-        options.connect_timeout = absl::Seconds(20);
-        absl::StatusOr<std::unique_ptr<NcclSender>> s = NcclSender::Connect(endpoint, options);
-        if (!s.ok()) return s.status();
-        return std::unique_ptr<Sender>(*std::move(s));
-      },
-      []() -> std::string {
-        int count = 0;
-        cudaError_t e = cudaGetDeviceCount(&count);
-        if (e != cudaSuccess) return std::string("needs 2 CUDA devices: ") + cudaGetErrorString(e);
-        if (count < 2) return "needs 2 CUDA devices, " + std::to_string(count) + " present";
-        return "";
-      }};
-}
+// Two CUDA devices, for transports whose payloads live on the GPU: the receiver on device 1, the
+// sender on device 0 (NCCL refuses two ranks of one communicator on one device).
+std::string TwoDevicesMissing() {
+#if REFIT_HAVE_CUDA
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("needs 2 CUDA devices: ") + cudaGetErrorString(e);
+  if (count < 2) return "needs 2 CUDA devices, " + std::to_string(count) + " present";
+  return "";
+#else
+  return "needs CUDA";
 #endif
+}
+
+// A registered transport as its descriptor makes it: refitd's listen defaults, the client's
+// connect.
+TransportConfig RegisteredConfig(const TransportDescriptor& d) {
+  ListenConfig listen;
+  for (const ConfigKey& k : d.config_keys) listen.keys[k.name] = k.default_value;
+  ConnectConfig connect;
+  const bool on_device = d.payload_memory != storage::MemoryKind::kHost;
+  if (on_device) {
+    listen.device = 1;
+    connect.device = 0;
+  }
+  return TransportConfig{
+      d.name,
+      [listen, f = d.listen]() { return f(listen); },
+      [connect, f = d.connect](const std::string& endpoint) { return f(endpoint, connect); },
+      on_device ? std::function<std::string()>(TwoDevicesMissing) : nullptr,
+      d.checks_integrity};
+}
 
 }  // namespace
 
 void QuietTransportLogs() { (void)ucx::SetUcxLogLevel("error"); }
 
 std::vector<TransportConfig> AllTransportConfigs() {
-  return {
-      UcxConfig("ucx_tcp", "tcp", UcxErrorMode::kPeer),
-      UcxConfig("ucx_shm", "sm,self,tcp", UcxErrorMode::kConnectionManager),
-#if REFIT_HAVE_NCCL
-      NcclConfig(),
-#endif
-  };
+  std::vector<TransportConfig> out;
+  const TransportRegistry transports = BuiltinTransports();
+  for (const TransportDescriptor& d : transports.descriptors()) out.push_back(RegisteredConfig(d));
+  out.push_back(UcxConfig("ucx_tcp", "tcp", UcxErrorMode::kPeer));
+  out.push_back(UcxConfig("ucx_shm", "sm,self,tcp", UcxErrorMode::kConnectionManager));
+  return out;
 }
 
 std::optional<TransportConfig> FindTransportConfig(std::string_view name) {

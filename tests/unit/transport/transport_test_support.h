@@ -1,6 +1,7 @@
-// Support for the transport conformance suite: the transport configurations under test (each a
-// small factory for a Receiver and a Sender, so other transports join by adding an entry), and a
-// payload pattern that sender and receiver compute independently.
+// Support for the transport conformance suite: the transport configurations under test (every
+// transport of BuiltinTransports() as its descriptor makes it, plus further UCX configurations),
+// each a small factory for a Receiver and a Sender, and a payload pattern that sender and
+// receiver compute independently.
 //
 // Threading: the factories may be called from any thread.
 #ifndef REFIT_TESTS_UNIT_TRANSPORT_TRANSPORT_TEST_SUPPORT_H_
@@ -27,6 +28,8 @@ struct TransportConfig {
   // Non-empty when this machine cannot run the configuration (e.g. "needs 2 CUDA devices, 0
   // present"); the suite then skips it, printing the reason.
   std::function<std::string()> unavailable;
+  // What the receiver's ChecksIntegrity() must say (the descriptor's checks_integrity).
+  bool checks_integrity = false;
 };
 
 // gtest prints a configuration by its name.

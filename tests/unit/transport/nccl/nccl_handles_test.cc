@@ -123,23 +123,24 @@ TEST_F(SocketPairTest, WaitingForAFrameStopsOnRequest) {
 
 TEST(NcclRendezvousTest, ReadAllTimesOutAndListenConnectRoundTrip) {
   uint16_t port = 0;
-  absl::StatusOr<int> listener = ListenTcp("127.0.0.1", 0, port);
+  absl::StatusOr<UniqueFd> listener = ListenTcp("127.0.0.1", 0, port);
   ASSERT_TRUE(listener.ok()) << listener.status();
   ASSERT_NE(port, 0);
-  absl::StatusOr<int> client = ConnectTcp("127.0.0.1", port);
+  absl::StatusOr<UniqueFd> client = ConnectTcp("127.0.0.1", port);
   ASSERT_TRUE(client.ok()) << client.status();
-  int server = accept(*listener, nullptr, nullptr);
+  UniqueFd owned_server(accept(listener->get(), nullptr, nullptr));
+  const int server = owned_server.get();
   ASSERT_GE(server, 0);
   char buf[4];
   absl::Status st = ReadAll(server, buf, sizeof(buf), absl::Now() + absl::Milliseconds(100));
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
-  ASSERT_TRUE(WriteAll(*client, "ping", 4).ok());
+  ASSERT_TRUE(WriteAll(client->get(), "ping", 4).ok());
   ASSERT_TRUE(ReadAll(server, buf, 4, absl::Now() + absl::Seconds(5)).ok());
   EXPECT_EQ(std::string(buf, 4), "ping");
-  close(server);
-  close(*client);
-  close(*listener);
-  absl::StatusOr<int> refused = ConnectTcp("127.0.0.1", port);
+  owned_server.reset();
+  client->reset();
+  listener->reset();
+  absl::StatusOr<UniqueFd> refused = ConnectTcp("127.0.0.1", port);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(ListenTcp("not-an-address", 0, port).ok());
 }
