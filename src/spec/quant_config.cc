@@ -54,7 +54,7 @@ absl::StatusOr<formats::Format> ModelOptAlgo(std::string_view source, const YAML
         (!names.modelopt_alias.empty() && algo == names.modelopt_alias)) {
       return info.format;
     }
-    if (names.reads_modelopt_algo) absl::StrAppend(&supported, names.modelopt_algo, ", ");
+    if (names.reads_modelopt_algo) absl::StrAppend(&supported, std::string(names.modelopt_algo), ", ");
   }
   return Error(source, node, key,
                absl::StrCat("quant_algo '", node.as<std::string>(), "' has no refitd format (supported: ", supported,
@@ -161,7 +161,7 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(std::string_view source, con
   }
   if (!row->checkpoint.fmt.empty() && q["fmt"] && q["fmt"].as<std::string>() != row->checkpoint.fmt) {
     return Error(source, q["fmt"], key + ".fmt",
-                 absl::StrCat("only ", row->checkpoint.fmt, " ", row->name, " checkpoints are supported"));
+                 absl::StrCat("only ", std::string(row->checkpoint.fmt), " ", std::string(row->name), " checkpoints are supported"));
   }
   c.format = row->format;
   return c;
