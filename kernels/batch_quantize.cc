@@ -29,6 +29,8 @@ absl::StatusOr<std::optional<Nvfp4BatchItem>> Nvfp4BatchItemFor(formats::Format 
                                                                 std::span<const formats::MutableBytes> outs,
                                                                 std::string_view tensor_name, float* amax,
                                                                 unsigned long long* first_bad) {
+  // The batched launcher is NVFP4's own kernel (one launch for many small two-pass tensors,
+  // docs/kernels.md), not a per-format dispatch: every other format takes Quantize.
   if (f != formats::Format::kNvfp4 && f != formats::Format::kNvfp4Te) return std::nullopt;
   if (auto st = CheckQuantizeArgs(f, in, outs, tensor_name); !st.ok()) return st;
   if (options.nonfinite == formats::NonfinitePolicy::kReject && first_bad == nullptr) {

@@ -89,6 +89,22 @@ __device__ __forceinline__ uint32_t PackE2m1SignBit(const float (&y)[kCount]) {
   return mags | signs;
 }
 
+// Stores one chunk's kCount packed 4-bit codes (kCount / 2 bytes) at dst + elem / 2: one vector
+// store on the vector path (dst + elem / 2 is then aligned to it), bytes otherwise.
+template <int kCount, bool kVec>
+__device__ __forceinline__ void StorePackedNibbles(uint8_t* dst, int64_t elem, uint32_t packed) {
+  if constexpr (kVec) {
+    if constexpr (kCount == 8) {
+      *reinterpret_cast<uint32_t*>(dst + elem / 2) = packed;
+    } else {
+      *reinterpret_cast<uint16_t*>(dst + elem / 2) = static_cast<uint16_t>(packed);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCount / 2; ++i) dst[elem / 2 + i] = static_cast<uint8_t>(packed >> (8 * i));
+  }
+}
+
 // BF16x2 arithmetic, round to nearest even (PTX mul/add .rn.bf16x2, sm_90).
 __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   uint32_t r;

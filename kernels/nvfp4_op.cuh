@@ -125,16 +125,7 @@ struct Nvfp4Op {
     }
     if (chunk == 0) *scale_2 = st.global;  // written even for an empty tensor
     if (!valid) return;
-    if constexpr (kVec) {
-      if constexpr (kC == 8) {
-        *reinterpret_cast<uint32_t*>(q + elem / 2) = packed;
-      } else {
-        *reinterpret_cast<uint16_t*>(q + elem / 2) = static_cast<uint16_t>(packed);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kC / 2; ++i) q[elem / 2 + i] = static_cast<uint8_t>(packed >> (8 * i));
-    }
+    StorePackedNibbles<kC, kVec>(q, elem, packed);
     if (chunk % kLanes == 0) scales[elem / 16] = static_cast<uint8_t>(scale_byte);
   }
 };

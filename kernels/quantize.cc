@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "formats/format_info.h"
 #include "kernels/launch.h"
+#include "kernels/quantize_table.h"
 #include "kernels/status.h"
 
 namespace refit::kernels {
@@ -45,49 +47,19 @@ absl::StatusOr<View> MakeView(const formats::ConstTensor& in, const formats::Qua
   return View{launch::Src{in.data, input, batch, rows, cols}, *n};
 }
 
-absl::Status NeedMultiple(const Shape& shape, int64_t k, std::string_view format) {
-  if (shape.back() % k != 0) {
-    return absl::InvalidArgumentError(Msg(format, " needs the last dimension to be a multiple of ",
-                                                   k, ", got K=", shape.back()));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<uint64_t>> OutputBytes(Format f, DType input, const Shape& shape) {
+  // The kernels read BF16 or F32 (casts from F16 are CPU-only) and view the input as a matrix.
   if (input != DType::kBF16 && input != DType::kF32) {
     return absl::InvalidArgumentError(Msg("input dtype ", DTypeName(input), " is not BF16 or F32"));
   }
   if (shape.empty()) return absl::InvalidArgumentError("scalar input");
-  auto n_or = NumElements(shape);
-  if (!n_or.ok()) return n_or.status();
-  const uint64_t n = static_cast<uint64_t>(*n_or);
-  switch (f) {
-    case Format::kBf16:
-    case Format::kFp16:
-      return std::vector<uint64_t>{2 * n};
-    case Format::kFp32:
-      return std::vector<uint64_t>{4 * n};
-    case Format::kFp8Block128:
-    case Format::kFp8Block128Ue8m0: {
-      if (shape.size() < 2) return absl::InvalidArgumentError("fp8_block128 needs a matrix (rank >= 2)");
-      const uint64_t rows = shape[shape.size() - 2], cols = shape.back();
-      const uint64_t batch = rows * cols == 0 ? 0 : n / (rows * cols);
-      return std::vector<uint64_t>{n, batch * ((rows + 127) / 128) * ((cols + 127) / 128) * 4};
-    }
-    case Format::kMxfp8:
-      if (auto s = NeedMultiple(shape, 32, "mxfp8"); !s.ok()) return s;
-      return std::vector<uint64_t>{n, n / 32};
-    case Format::kNvfp4:
-    case Format::kNvfp4Te:
-      if (auto s = NeedMultiple(shape, 16, "nvfp4"); !s.ok()) return s;
-      return std::vector<uint64_t>{n / 2, n / 16, 4};
-    case Format::kMxfp4:
-      if (auto s = NeedMultiple(shape, 32, "mxfp4"); !s.ok()) return s;
-      return std::vector<uint64_t>{n / 2, n / 32};
-  }
-  return absl::InvalidArgumentError("unknown format");
+  auto plan = formats::PlanOutputs(f, input, shape);
+  if (!plan.ok()) return plan.status();
+  std::vector<uint64_t> bytes;
+  for (const formats::OutputSpec& o : *plan) bytes.push_back(o.bytes);
+  return bytes;
 }
 
 absl::Status CheckQuantizeArgs(Format f, const formats::ConstTensor& in, std::span<const formats::MutableBytes> outs,
@@ -112,11 +84,9 @@ absl::Status CheckQuantizeArgs(Format f, const formats::ConstTensor& in, std::sp
   if (reinterpret_cast<uintptr_t>(in.data) % DTypeSize(in.dtype) != 0) {
     return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": input is not aligned to its element size"));
   }
+  const std::span<const formats::OutputRole> roles = formats::Info(f).Outputs();
   for (size_t i = 0; i < outs.size(); ++i) {
-    const bool f32_part = f == Format::kFp32 || (i == 1 && (f == Format::kFp8Block128 || f == Format::kFp8Block128Ue8m0)) ||
-                          (i == 2 && (f == Format::kNvfp4 || f == Format::kNvfp4Te));
-    const bool f16_part = i == 0 && (f == Format::kBf16 || f == Format::kFp16);
-    const uintptr_t align = f32_part ? 4 : (f16_part ? 2 : 1);
+    const uintptr_t align = DTypeSize(roles[i].dtype);
     if (reinterpret_cast<uintptr_t>(outs[i].data) % align != 0) {
       return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": output ", i, " is not ", align, "-byte aligned"));
     }
@@ -149,56 +119,22 @@ absl::Status QuantizeRecording(Format f, const formats::ConstTensor& in, const f
   }
   auto view = MakeView(in, options, tensor_name);
   if (!view.ok()) return view.status();
-  const launch::Src& src = view->src;
-  auto out8 = [&](size_t i) { return static_cast<uint8_t*>(outs[i].data); };
-  int rc = 0;
-  switch (f) {
-    case Format::kBf16:
-    case Format::kFp16:
-    case Format::kFp32: {
-      const launch::Output out = f == Format::kBf16 ? launch::Output::kBf16
-                                 : f == Format::kFp16 ? launch::Output::kF16
-                                                      : launch::Output::kF32;
-      const bool same = (f == Format::kBf16 && src.input == launch::Input::kBf16) ||
-                        (f == Format::kFp32 && src.input == launch::Input::kF32);
-      if (same && bad == nullptr) {
-        rc = static_cast<int>(cudaMemcpyAsync(outs[0].data, in.data, outs[0].bytes,
-                                              cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
-      } else {
-        rc = launch::Cast(src, out, outs[0].data, bad, stream);
-      }
-      break;
+  const formats::FormatInfo& info = formats::Info(f);
+  if (info.global_amax != formats::GlobalAmax::kNone && amax.device == nullptr) {
+    if (!amax.host.has_value()) {
+      return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": ", info.name,
+                                            " needs the global amax (host value or AccumulateAmax result)"));
     }
-    case Format::kFp8Block128:
-    case Format::kFp8Block128Ue8m0:
-      rc = launch::Fp8Block128(src, f == Format::kFp8Block128Ue8m0, out8(0),
-                               static_cast<float*>(outs[1].data), bad, stream);
-      break;
-    case Format::kMxfp8:
-      rc = launch::Mxfp8(src, out8(0), out8(1), bad, stream);
-      break;
-    case Format::kMxfp4:
-      rc = launch::Mxfp4(src, out8(0), out8(1), bad, stream);
-      break;
-    case Format::kNvfp4:
-    case Format::kNvfp4Te: {
-      if (amax.device == nullptr && !amax.host.has_value()) {
-        return absl::InvalidArgumentError(Msg(
-            "tensor ", tensor_name, ": nvfp4 needs the global amax (host value or AccumulateAmax result)"));
-      }
-      if (amax.device == nullptr && bad != nullptr && !(std::isfinite(*amax.host) && *amax.host >= 0.0f)) {
-        return absl::InvalidArgumentError(
-            Msg("tensor ", tensor_name, ": global amax ", *amax.host, " is not finite and >= 0"));
-      }
-      if (f == Format::kNvfp4 && amax.device == nullptr && *amax.host == 0.0f) {
-        return absl::InvalidArgumentError(Msg("tensor ", tensor_name,
-                                              ": nvfp4 global amax is 0 (ModelOpt scales would be 0/0)"));
-      }
-      rc = launch::Nvfp4(src, f == Format::kNvfp4Te, amax.device, amax.host.value_or(0.0f), out8(0), out8(1),
-                         static_cast<float*>(outs[2].data), bad, stream);
-      break;
+    if (bad != nullptr && !(std::isfinite(*amax.host) && *amax.host >= 0.0f)) {
+      return absl::InvalidArgumentError(
+          Msg("tensor ", tensor_name, ": global amax ", *amax.host, " is not finite and >= 0"));
+    }
+    if (info.global_amax == formats::GlobalAmax::kNonzero && *amax.host == 0.0f) {
+      return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": ", info.name,
+                                            " global amax is 0 (the producer's block scales would be 0/0)"));
     }
   }
+  const int rc = GpuInfo(f).quantize(GpuQuantizeArgs{view->src, outs, amax, bad, stream});
   return CudaStatus(rc, Msg("quantizing tensor ", tensor_name));
 }
 

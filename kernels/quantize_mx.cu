@@ -101,16 +101,7 @@ struct Mxfp4Op {
       packed = PackE2m1SignBit(y);
     }
     if (!valid) return;
-    if constexpr (kVec) {
-      if constexpr (kC == 8) {
-        *reinterpret_cast<uint32_t*>(blocks + elem / 2) = packed;
-      } else {
-        *reinterpret_cast<uint16_t*>(blocks + elem / 2) = static_cast<uint16_t>(packed);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kC / 2; ++i) blocks[elem / 2 + i] = static_cast<uint8_t>(packed >> (8 * i));
-    }
+    StorePackedNibbles<kC, kVec>(blocks, elem, packed);
     if (chunk % kLanes == 0) scales[elem / 32] = static_cast<uint8_t>(sbits >> 23);
   }
 };

@@ -2,23 +2,10 @@
 
 #include <cstring>
 
-#include "formats/message.h"
-#include "common/status_macros.h"
 #include "formats/bits.h"
 #include "formats/input.h"
 
 namespace refit::formats::cast {
-
-absl::StatusOr<std::vector<OutputSpec>> Plan(DType target, DType input, const Shape& shape) {
-  if (input != DType::kBF16 && input != DType::kF16 && input != DType::kF32) {
-    return absl::InvalidArgumentError(
-        Msg("dtype ", DTypeName(input), " is not BF16, F16 or F32"));
-  }
-  std::vector<OutputSpec> specs;
-  REFIT_ASSIGN_OR_RETURN(OutputSpec d, MakeSpec("", target, shape));
-  specs.push_back(std::move(d));
-  return specs;
-}
 
 void Quantize(DType target, const ConstTensor& in, Fp32InputPolicy policy,
               std::span<const MutableBytes> outs) {
@@ -51,7 +38,7 @@ void Quantize(DType target, const ConstTensor& in, Fp32InputPolicy policy,
   }
 }
 
-void Dequantize(std::span<const ConstTensor> parts, std::span<float> out) {
+void Dequantize(const Shape& /*shape*/, std::span<const ConstTensor> parts, std::span<float> out) {
   const ConstTensor& p = parts[0];
   LoadF32(p, Fp32InputPolicy::kExact, 0, static_cast<int64_t>(out.size()), out.data());
 }

@@ -7,19 +7,23 @@
 #include <span>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "formats/format.h"
 
 namespace refit::formats::cast {
 
-// `target` is kBF16, kF16 or kF32. Inputs may be BF16, F16 or F32.
-absl::StatusOr<std::vector<OutputSpec>> Plan(DType target, DType input, const Shape& shape);
-
-// REQUIRES: `in` passed CheckFinite; `outs` match Plan(target, in.dtype, in.shape).
+// `target` is kBF16, kF16 or kF32; inputs may be BF16, F16 or F32 (format.cc checks).
+// REQUIRES: `in` passed CheckFinite; `outs` match PlanOutputs.
 void Quantize(DType target, const ConstTensor& in, Fp32InputPolicy policy,
               std::span<const MutableBytes> outs);
 
-void Dequantize(std::span<const ConstTensor> parts, std::span<float> out);
+// The entry point of the cast to `kTarget` (format_info.h QuantizeFn; no global amax).
+template <DType kTarget>
+void QuantizeTo(const ConstTensor& in, Fp32InputPolicy policy, float /*global_amax*/,
+                std::span<const MutableBytes> outs) {
+  Quantize(kTarget, in, policy, outs);
+}
+
+void Dequantize(const Shape& shape, std::span<const ConstTensor> parts, std::span<float> out);
 
 }  // namespace refit::formats::cast
 

@@ -1,48 +1,18 @@
-// Format names, validation shared by every format, and dispatch to the per-format files.
+// Format names, validation shared by every format, and dispatch to the per-format files
+// through the descriptor table (format_info.h).
 #include "formats/format.h"
 
-#include <array>
+#include <algorithm>
 #include <cmath>
 
-#include "formats/message.h"
 #include "common/status_macros.h"
 #include "formats/bits.h"
-#include "formats/cast.h"
-#include "formats/fp8_block128.h"
+#include "formats/format_info.h"
 #include "formats/input.h"
-#include "formats/mxfp4.h"
-#include "formats/mxfp8.h"
-#include "formats/nvfp4.h"
+#include "formats/message.h"
 
 namespace refit::formats {
 namespace {
-
-struct NameEntry {
-  Format format;
-  std::string_view name;
-};
-
-constexpr std::array<NameEntry, 9> kNames = {{
-    {Format::kBf16, "bf16"},
-    {Format::kFp16, "fp16"},
-    {Format::kFp32, "fp32"},
-    {Format::kFp8Block128, "fp8_block128"},
-    {Format::kFp8Block128Ue8m0, "fp8_block128_ue8m0"},
-    {Format::kMxfp8, "mxfp8"},
-    {Format::kNvfp4, "nvfp4"},
-    {Format::kNvfp4Te, "nvfp4_te"},
-    {Format::kMxfp4, "mxfp4"},
-}};
-
-bool IsCast(Format f) { return f == Format::kBf16 || f == Format::kFp16 || f == Format::kFp32; }
-
-DType CastTarget(Format f) {
-  switch (f) {
-    case Format::kBf16: return DType::kBF16;
-    case Format::kFp16: return DType::kF16;
-    default: return DType::kF32;
-  }
-}
 
 absl::Status Named(std::string_view tensor_name, const absl::Status& s) {
   if (s.ok()) return s;
@@ -63,41 +33,94 @@ float RawAmax(const ConstTensor& in, Fp32InputPolicy policy) {
   return amax;
 }
 
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The shape of one emitted tensor. REQUIRES: `in` passed CheckMatrixShape for any role but kInput.
+// A closed switch on purpose: OutputShape is the small vocabulary rows are written in; a new
+// format picks from it, and only a new kind of tensor adds a case here.
+Shape ShapeOf(OutputShape kind, const BlockGeometry& block, const Shape& in) {
+  Shape s = in;
+  switch (kind) {
+    case OutputShape::kInput:
+      return s;
+    case OutputShape::kPackedPairs:
+      s.back() /= 2;
+      return s;
+    case OutputShape::kPerBlock:
+    case OutputShape::kPerBlockPacked:
+      s[s.size() - 2] = CeilDiv(s[s.size() - 2], block.rows);
+      s.back() = CeilDiv(s.back(), block.cols);
+      if (kind == OutputShape::kPerBlockPacked) s.push_back(block.cols / 2);
+      return s;
+    case OutputShape::kScalar:
+      return Shape{};
+  }
+  return s;
+}
+
 }  // namespace
 
 const char* FormatName(Format f) {
-  for (const NameEntry& e : kNames) {
-    if (e.format == f) return e.name.data();
-  }
-  return "unknown";
+  if (static_cast<size_t>(f) >= kFormatCount) return "unknown";
+  return Info(f).name.data();  // the table's names are string literals
 }
 
 absl::StatusOr<Format> ParseFormat(std::string_view name) {
-  for (const NameEntry& e : kNames) {
-    if (e.name == name) return e.format;
+  for (const FormatInfo& info : AllFormats()) {
+    if (info.name == name) return info.format;
   }
   std::string known;
-  for (const NameEntry& e : kNames) known += Msg(known.empty() ? "" : ", ", e.name);
+  for (const FormatInfo& info : AllFormats()) known += Msg(known.empty() ? "" : ", ", info.name);
   return absl::InvalidArgumentError(Msg("unknown format '", name, "' (known: ", known, ")"));
 }
 
-bool NeedsGlobalAmax(Format f) { return f == Format::kNvfp4 || f == Format::kNvfp4Te; }
+bool NeedsGlobalAmax(Format f) { return Info(f).global_amax != GlobalAmax::kNone; }
+
+std::optional<Format> CastFormatFor(DType dtype) {
+  for (const FormatInfo& info : AllFormats()) {
+    if (!info.quantized && info.outputs[0].dtype == dtype) return info.format;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string_view> AllOutputSuffixes() {
+  std::vector<std::string_view> out;
+  for (const FormatInfo& info : AllFormats()) {
+    for (const OutputRole& o : info.Outputs()) {
+      if (std::find(out.begin(), out.end(), o.suffix) == out.end()) out.push_back(o.suffix);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](std::string_view a, std::string_view b) { return a.size() > b.size(); });
+  return out;
+}
+
+int64_t BlockAlong(Format f, int dim, size_t rank) {
+  const BlockGeometry& b = Info(f).block;
+  if (dim == static_cast<int>(rank) - 1) return b.cols;
+  if (dim == static_cast<int>(rank) - 2) return b.rows;
+  return 1;
+}
 
 absl::StatusOr<std::vector<OutputSpec>> PlanOutputs(Format f, DType input, const Shape& shape) {
-  if (IsCast(f)) return cast::Plan(CastTarget(f), input, shape);
-  if (input != DType::kBF16 && input != DType::kF32) {
-    return absl::InvalidArgumentError(
-        Msg(FormatName(f), ": dtype ", DTypeName(input), " is not BF16 or F32"));
+  const FormatInfo& info = Info(f);
+  if (!info.quantized) {
+    if (input != DType::kBF16 && input != DType::kF16 && input != DType::kF32) {
+      return absl::InvalidArgumentError(Msg("dtype ", DTypeName(input), " is not BF16, F16 or F32"));
+    }
+  } else {
+    if (input != DType::kBF16 && input != DType::kF32) {
+      return absl::InvalidArgumentError(
+          Msg(info.name, ": dtype ", DTypeName(input), " is not BF16 or F32"));
+    }
+    REFIT_RETURN_IF_ERROR(CheckMatrixShape(shape, info.block, info.name));
   }
-  switch (f) {
-    case Format::kFp8Block128:
-    case Format::kFp8Block128Ue8m0: return fp8_block128::Plan(shape);
-    case Format::kMxfp8: return mxfp8::Plan(shape);
-    case Format::kNvfp4:
-    case Format::kNvfp4Te: return nvfp4::Plan(shape);
-    case Format::kMxfp4: return mxfp4::Plan(shape);
-    default: return absl::InvalidArgumentError("unknown format");
+  std::vector<OutputSpec> specs;
+  for (const OutputRole& o : info.Outputs()) {
+    REFIT_ASSIGN_OR_RETURN(OutputSpec spec, MakeSpec(std::string(o.suffix), o.dtype, ShapeOf(o.shape, info.block, shape)));
+    specs.push_back(std::move(spec));
   }
+  return specs;
 }
 
 absl::StatusOr<float> Amax(const ConstTensor& in, const QuantizeOptions& options,
@@ -116,11 +139,12 @@ absl::StatusOr<float> Amax(const ConstTensor& in, const QuantizeOptions& options
 absl::Status Quantize(Format f, const ConstTensor& in, const QuantizeOptions& options,
                       std::optional<float> global_amax, std::span<const MutableBytes> outs,
                       std::string_view tensor_name) {
+  const FormatInfo& info = Info(f);
   absl::StatusOr<std::vector<OutputSpec>> plan = PlanOutputs(f, in.dtype, in.shape);
   if (!plan.ok()) return Named(tensor_name, plan.status());
   if (outs.size() != plan->size()) {
     return Named(tensor_name, absl::InvalidArgumentError(Msg(
-                                  FormatName(f), " emits ", plan->size(), " tensors, got ",
+                                  info.name, " emits ", plan->size(), " tensors, got ",
                                   outs.size(), " output buffers")));
   }
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -137,52 +161,34 @@ absl::Status Quantize(Format f, const ConstTensor& in, const QuantizeOptions& op
   REFIT_RETURN_IF_ERROR(CheckFinite(in, options, tensor_name));
   const Fp32InputPolicy policy = options.fp32_input;
 
-  if (IsCast(f)) {
-    cast::Quantize(CastTarget(f), in, policy, outs);
-    return absl::OkStatus();
-  }
-  switch (f) {
-    case Format::kFp8Block128:
-    case Format::kFp8Block128Ue8m0:
-      fp8_block128::Quantize(in, policy, f == Format::kFp8Block128Ue8m0, outs);
-      return absl::OkStatus();
-    case Format::kMxfp8:
-      mxfp8::Quantize(in, policy, outs);
-      return absl::OkStatus();
-    case Format::kMxfp4:
-      mxfp4::Quantize(in, policy, outs);
-      return absl::OkStatus();
-    default:
-      break;
-  }
-  // NVFP4: one global amax A for the tensor (or its fused group).
-  const float own = RawAmax(in, policy);
-  const float a = global_amax.value_or(own);
-  const bool reject = options.nonfinite == NonfinitePolicy::kReject;
-  if (reject && !bits::IsFinite(a)) {
-    return Named(tensor_name, absl::InvalidArgumentError(
-                                  Msg("global amax ", a, " is not finite")));
-  }
-  if (!std::isnan(a) && !std::isnan(own) && a < own) {
-    return Named(tensor_name, absl::InvalidArgumentError(Msg(
-                                  "global amax ", a, " is below the tensor's own max|x| ", own)));
-  }
-  if (f == Format::kNvfp4) {
-    if (a == 0.0f) {
+  // One global amax A for the tensor (or its fused group), for the formats that take one.
+  float a = 0.0f;
+  if (info.global_amax != GlobalAmax::kNone) {
+    const float own = RawAmax(in, policy);
+    a = global_amax.value_or(own);
+    const bool reject = options.nonfinite == NonfinitePolicy::kReject;
+    if (reject && !bits::IsFinite(a)) {
       return Named(tensor_name, absl::InvalidArgumentError(
-                                    "nvfp4: amax is 0, so the ModelOpt block scales would be "
-                                    "0/0 (NaN); keep the tensor unquantized"));
+                                    Msg("global amax ", a, " is not finite")));
     }
-    nvfp4::QuantizeModelOpt(in, policy, a, outs);
-  } else {
-    nvfp4::QuantizeTe(in, policy, a, outs);
+    if (!std::isnan(a) && !std::isnan(own) && a < own) {
+      return Named(tensor_name, absl::InvalidArgumentError(Msg(
+                                    "global amax ", a, " is below the tensor's own max|x| ", own)));
+    }
+    if (info.global_amax == GlobalAmax::kNonzero && a == 0.0f) {
+      return Named(tensor_name, absl::InvalidArgumentError(Msg(
+                                    info.name, ": amax is 0, so the producer's block scales would be "
+                                    "0/0 (NaN); keep the tensor unquantized")));
+    }
   }
+  info.quantize(in, policy, a, outs);
   return absl::OkStatus();
 }
 
 absl::Status Dequantize(Format f, const Shape& shape, std::span<const ConstTensor> parts,
                         std::span<float> out) {
-  const DType nominal = IsCast(f) ? CastTarget(f) : DType::kF32;
+  const FormatInfo& info = Info(f);
+  const DType nominal = info.quantized ? DType::kF32 : info.outputs[0].dtype;
   REFIT_ASSIGN_OR_RETURN(std::vector<OutputSpec> plan, PlanOutputs(f, nominal, shape));
   REFIT_RETURN_IF_ERROR(CheckParts(plan, parts));
   REFIT_ASSIGN_OR_RETURN(int64_t n, NumElements(shape));
@@ -190,15 +196,7 @@ absl::Status Dequantize(Format f, const Shape& shape, std::span<const ConstTenso
     return absl::InvalidArgumentError(
         Msg("output has ", out.size(), " floats, shape ", ShapeString(shape), " needs ", n));
   }
-  switch (f) {
-    case Format::kFp8Block128:
-    case Format::kFp8Block128Ue8m0: fp8_block128::Dequantize(shape, parts, out); break;
-    case Format::kMxfp8: mxfp8::Dequantize(shape, parts, out); break;
-    case Format::kNvfp4:
-    case Format::kNvfp4Te: nvfp4::Dequantize(shape, parts, out); break;
-    case Format::kMxfp4: mxfp4::Dequantize(shape, parts, out); break;
-    default: cast::Dequantize(parts, out); break;
-  }
+  info.dequantize(shape, parts, out);
   return absl::OkStatus();
 }
 

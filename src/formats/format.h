@@ -1,10 +1,13 @@
 // Checkpoint formats refitd emits, and the CPU reference quantizers that define their bytes.
 // ../shared/FORMATS.md Part A names the one producer each format reproduces bit for bit; the
-// CUDA kernels in kernels/ must equal these functions byte for byte.
+// CUDA kernels in kernels/ must equal these functions byte for byte. What each format is
+// (geometry, outputs, metadata names, entry points) is its row in format_info.h's table; the
+// functions here read that table.
 // Thread-safe: pure functions; callers own all buffers.
 #ifndef REFIT_FORMATS_FORMAT_H_
 #define REFIT_FORMATS_FORMAT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -29,6 +32,8 @@ enum class Format : uint8_t {
   kNvfp4Te,            // TransformerEngine 1-D NVFP4
   kMxfp4,              // triton_kernels downcast_to_mxfp_torch ROUND_UP, gpt-oss naming
 };
+// Keep in step with the last enumerator: format_table.cc checks one row per enumerator.
+inline constexpr size_t kFormatCount = static_cast<size_t>(Format::kMxfp4) + 1;
 
 // "bf16", "fp16", "fp32", "fp8_block128", "fp8_block128_ue8m0", "mxfp8", "nvfp4", "nvfp4_te", "mxfp4".
 const char* FormatName(Format f);

@@ -4,26 +4,16 @@
 
 #include "formats/bits.h"
 #include "formats/input.h"
-#include "common/status_macros.h"
 
 namespace refit::formats::fp8_block128 {
 
-absl::StatusOr<std::vector<OutputSpec>> Plan(const Shape& shape) {
-  REFIT_RETURN_IF_ERROR(CheckMatrixShape(shape, 1, "fp8_block128"));
-  Shape scale_shape = shape;
-  const size_t r = shape.size();
-  scale_shape[r - 2] = (shape[r - 2] + kTile - 1) / kTile;
-  scale_shape[r - 1] = (shape[r - 1] + kTile - 1) / kTile;
-  std::vector<OutputSpec> specs;
-  REFIT_ASSIGN_OR_RETURN(OutputSpec data, MakeSpec("", DType::kF8E4M3, shape));
-  REFIT_ASSIGN_OR_RETURN(OutputSpec scale, MakeSpec("_scale_inv", DType::kF32, scale_shape));
-  specs.push_back(std::move(data));
-  specs.push_back(std::move(scale));
-  return specs;
+void Quantize(const ConstTensor& in, Fp32InputPolicy policy, float /*global_amax*/,
+              std::span<const MutableBytes> outs) {
+  QuantizeTiles(in, policy, /*ue8m0=*/false, outs);
 }
 
-void Quantize(const ConstTensor& in, Fp32InputPolicy policy, bool ue8m0,
-              std::span<const MutableBytes> outs) {
+void QuantizeTiles(const ConstTensor& in, Fp32InputPolicy policy, bool ue8m0,
+                   std::span<const MutableBytes> outs) {
   const size_t rank = in.shape.size();
   const int64_t batch = BatchCount(in.shape);
   const int64_t n = in.shape[rank - 2];

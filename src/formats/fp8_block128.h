@@ -7,23 +7,25 @@
 
 #include <cstdint>
 #include <span>
-#include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "formats/format.h"
 
 namespace refit::formats::fp8_block128 {
 
 inline constexpr int64_t kTile = 128;
 
-absl::StatusOr<std::vector<OutputSpec>> Plan(const Shape& shape);
-
-// REQUIRES: `in` passed CheckQuantizableInput/CheckFinite; `outs` match Plan(in.shape).
-void Quantize(const ConstTensor& in, Fp32InputPolicy policy, bool ue8m0,
+// The entry points of fp8_block128 and fp8_block128_ue8m0 (format_info.h QuantizeFn; no global
+// amax). Both are QuantizeTiles.
+void Quantize(const ConstTensor& in, Fp32InputPolicy policy, float global_amax,
               std::span<const MutableBytes> outs);
+void QuantizeUe8m0(const ConstTensor& in, Fp32InputPolicy policy, float global_amax,
+                   std::span<const MutableBytes> outs);
 
-// REQUIRES: `parts` match Plan(shape); out.size() == elements of shape.
+// REQUIRES: `in` passed CheckQuantizableInput/CheckFinite; `outs` match PlanOutputs.
+void QuantizeTiles(const ConstTensor& in, Fp32InputPolicy policy, bool ue8m0,
+                   std::span<const MutableBytes> outs);
+
+// REQUIRES: `parts` match PlanOutputs; out.size() == elements of shape.
 void Dequantize(const Shape& shape, std::span<const ConstTensor> parts, std::span<float> out);
 
 // The canonical UE8M0 form of one quantized tile (B §4.4): what a bf16 dequantize plus a

@@ -1,12 +1,17 @@
-// UE8M0 canonicalization for fp8_block128_ue8m0 (FORMATS.md B §4.4): the tile as the engine
-// holds it after SGLang's Blackwell load path dequantizes to bf16 and requantizes with
-// DeepGEMM per_block_cast_to_fp8(use_ue8m0=True).
+// fp8_block128_ue8m0's entry point and its UE8M0 canonicalization (FORMATS.md B §4.4): the
+// tile as the engine holds it after SGLang's Blackwell load path dequantizes to bf16 and
+// requantizes with DeepGEMM per_block_cast_to_fp8(use_ue8m0=True).
 #include <algorithm>
 
 #include "formats/bits.h"
 #include "formats/fp8_block128.h"
 
 namespace refit::formats::fp8_block128 {
+
+void QuantizeUe8m0(const ConstTensor& in, Fp32InputPolicy policy, float /*global_amax*/,
+                   std::span<const MutableBytes> outs) {
+  QuantizeTiles(in, policy, /*ue8m0=*/true, outs);
+}
 
 void CanonicalizeUe8m0Tile(uint8_t* q, int64_t rows, int64_t cols, int64_t stride, float* scale) {
   // E4M3 codes are ordered by magnitude, so the largest |q| is the largest code & 0x7F

@@ -93,7 +93,7 @@ absl::StatusOr<OutputSpec> MakeSpec(std::string suffix, DType dtype, Shape shape
   return OutputSpec{std::move(suffix), dtype, std::move(shape), *bytes};
 }
 
-absl::Status CheckMatrixShape(const Shape& shape, int64_t k_multiple, std::string_view format) {
+absl::Status CheckMatrixShape(const Shape& shape, const BlockGeometry& block, std::string_view format) {
   if (shape.size() < 2) {
     return absl::InvalidArgumentError(Msg(format, " needs a tensor of rank >= 2, got ",
                                                    ShapeString(shape)));
@@ -101,9 +101,14 @@ absl::Status CheckMatrixShape(const Shape& shape, int64_t k_multiple, std::strin
   for (int64_t d : shape) {
     if (d < 0) return absl::InvalidArgumentError(Msg("negative dimension in ", ShapeString(shape)));
   }
+  const int64_t n = shape[shape.size() - 2];
   const int64_t k = shape.back();
-  if (k_multiple > 1 && k % k_multiple != 0) {
-    return absl::InvalidArgumentError(Msg(format, ": K=", k, " is not a multiple of ", k_multiple,
+  if (!block.partial && block.cols > 1 && k % block.cols != 0) {
+    return absl::InvalidArgumentError(Msg(format, ": K=", k, " is not a multiple of ", block.cols,
+                                          " (shape ", ShapeString(shape), ")"));
+  }
+  if (!block.partial && block.rows > 1 && n % block.rows != 0) {
+    return absl::InvalidArgumentError(Msg(format, ": N=", n, " is not a multiple of ", block.rows,
                                           " (shape ", ShapeString(shape), ")"));
   }
   return NumElements(shape).status();

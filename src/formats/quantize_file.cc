@@ -4,27 +4,26 @@
 #include <memory>
 #include <set>
 
-#include "formats/message.h"
 #include "common/status_macros.h"
+#include "formats/format_info.h"
 #include "formats/message.h"
 
 namespace refit::formats {
 namespace {
 
-bool IsCastFormat(Format f) { return f == Format::kBf16 || f == Format::kFp16 || f == Format::kFp32; }
-
 // Why `e` stays unquantized, or empty when the format takes it; fills `plan` then.
 absl::StatusOr<std::string> Decide(const QuantizeFileOptions& o, const SafetensorsView& view,
                                    const SafetensorsEntry& e, std::vector<OutputSpec>* plan) {
   if (!IsFloating(e.dtype)) return Msg("not a floating tensor (", DTypeName(e.dtype), ")");
-  if (!IsCastFormat(o.format) && e.shape.size() < 2) {
+  const FormatInfo& info = Info(o.format);
+  if (info.quantized && e.shape.size() < 2) {
     return Msg("rank ", e.shape.size(), " (", FormatName(o.format), " takes rank >= 2)");
   }
   absl::StatusOr<std::vector<OutputSpec>> p = PlanOutputs(o.format, e.dtype, e.shape);
   if (!p.ok()) return std::string(p.status().message());
-  if (o.format == Format::kNvfp4) {
+  if (info.global_amax == GlobalAmax::kNonzero) {
     REFIT_ASSIGN_OR_RETURN(float amax, Amax(view.Tensor(e), o.quantize, e.name));
-    if (amax == 0.0f) return std::string("all zeros: ModelOpt nvfp4 scales would be 0/0");
+    if (amax == 0.0f) return Msg("all zeros: ", info.name, " block scales would be 0/0");
   }
   *plan = std::move(*p);
   return std::string();

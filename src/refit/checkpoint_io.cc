@@ -7,24 +7,32 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "formats/format_info.h"
 #include "nlohmann/json.hpp"
 #include "refit/resolve.h"
 
 namespace refit {
 namespace {
 
-const char* ModelOptAlgo(formats::Format f) {
-  switch (f) {
-    case formats::Format::kNvfp4:
-    case formats::Format::kNvfp4Te:
-      return "NVFP4";
-    case formats::Format::kMxfp8:
-      return "MXFP8";
-    case formats::Format::kMxfp4:
-      return "MXFP4";
-    default:
-      return "FP8_BLOCK128";
-  }
+// One layer's (or the whole checkpoint's) ModelOpt description of format `f`.
+nlohmann::json ModelOptQuantization(formats::Format f) {
+  const formats::CheckpointNames& names = formats::Info(f).checkpoint;
+  nlohmann::json q = {{"quant_algo", std::string(names.modelopt_algo)}};
+  if (names.group_size > 0) q["group_size"] = names.group_size;
+  return q;
+}
+
+// config.json "quantization_config" of a single-format checkpoint in its family's own form.
+// REQUIRES: the format's row names a quant_method.
+nlohmann::json FamilyQuantizationConfig(formats::Format f, const nlohmann::json& exclude) {
+  const formats::FormatInfo& info = formats::Info(f);
+  const formats::CheckpointNames& names = info.checkpoint;
+  nlohmann::json qc = {{"quant_method", std::string(names.quant_method)}, {"modules_to_not_convert", exclude}};
+  if (!names.fmt.empty()) qc["fmt"] = std::string(names.fmt);
+  if (!names.activation_scheme.empty()) qc["activation_scheme"] = std::string(names.activation_scheme);
+  if (names.weight_block_size) qc["weight_block_size"] = {info.block.rows, info.block.cols};
+  if (!names.scale_fmt.empty()) qc["scale_fmt"] = std::string(names.scale_fmt);
+  return qc;
 }
 
 std::string Module(const std::string& name) {
@@ -102,40 +110,24 @@ absl::StatusOr<std::map<std::string, std::string>> QuantMetadata(const spec::Mod
   nlohmann::json producer = {{"name", "refitd"}, {"version", "0.1.0"}};
   if (used.size() > 1) {
     nlohmann::json layers = nlohmann::json::object();
-    for (const auto& [m, f] : quantized) {
-      layers[m] = {{"quant_algo", ModelOptAlgo(f)}};
-      if (f == formats::Format::kNvfp4 || f == formats::Format::kNvfp4Te) layers[m]["group_size"] = 16;
-    }
+    for (const auto& [m, f] : quantized) layers[m] = ModelOptQuantization(f);
     nlohmann::json q = {{"quant_algo", "MIXED_PRECISION"}, {"quantized_layers", layers}, {"exclude_modules", exclude}};
     files["hf_quant_config.json"] = nlohmann::json{{"producer", producer}, {"quantization", q}}.dump(2);
     return files;
   }
   const formats::Format f = *used.begin();
   nlohmann::json qc;
-  switch (f) {
-    case formats::Format::kNvfp4:
-    case formats::Format::kNvfp4Te: {
-      nlohmann::json q = {{"quant_algo", "NVFP4"}, {"group_size", 16}, {"exclude_modules", exclude}};
-      files["hf_quant_config.json"] = nlohmann::json{{"producer", producer}, {"quantization", q}}.dump(2);
-      qc = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16}, {"ignore", exclude},
-            {"producer", producer}};
-      break;
-    }
-    case formats::Format::kFp8Block128:
-    case formats::Format::kFp8Block128Ue8m0:
-      qc = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-            {"weight_block_size", {128, 128}}, {"modules_to_not_convert", exclude}};
-      if (f == formats::Format::kFp8Block128Ue8m0) qc["scale_fmt"] = "ue8m0";
-      break;
-    case formats::Format::kMxfp8:
-      qc = {{"quant_method", "mxfp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-            {"weight_block_size", {1, 32}}, {"scale_fmt", "ue8m0"}, {"modules_to_not_convert", exclude}};
-      break;
-    case formats::Format::kMxfp4:
-      qc = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", exclude}};
-      break;
-    default:
-      return files;
+  if (formats::Info(f).checkpoint.quant_method.empty()) {
+    // ModelOpt form: hf_quant_config.json, and config.json's quant_method modelopt.
+    nlohmann::json q = ModelOptQuantization(f);
+    q["exclude_modules"] = exclude;
+    files["hf_quant_config.json"] = nlohmann::json{{"producer", producer}, {"quantization", q}}.dump(2);
+    qc = ModelOptQuantization(f);
+    qc["quant_method"] = "modelopt";
+    qc["ignore"] = exclude;
+    qc["producer"] = producer;
+  } else {
+    qc = FamilyQuantizationConfig(f, exclude);
   }
   files["config.json"] = nlohmann::json{{"quantization_config", qc}}.dump(2);
   return files;

@@ -4,22 +4,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "formats/format_info.h"
 
 namespace refit {
 namespace {
 
-bool IsCastTarget(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32; }
+// The dtypes a cast format produces (bf16, fp16, fp32).
+bool IsCastTarget(DType t) { return formats::CastFormatFor(t).has_value(); }
 
-formats::Format CastFormat(DType t) {
-  switch (t) {
-    case DType::kF16:
-      return formats::Format::kFp16;
-    case DType::kF32:
-      return formats::Format::kFp32;
-    default:
-      return formats::Format::kBf16;
-  }
-}
+// REQUIRES: IsCastTarget(t).
+formats::Format CastFormat(DType t) { return *formats::CastFormatFor(t); }
 
 std::string Describe(DType t, const Shape& s) { return absl::StrCat(DTypeName(t), ShapeString(s)); }
 
@@ -28,9 +22,7 @@ bool Emits(const spec::ModelSpec& spec, const spec::Rule& rule, std::string_view
   if (suffix.empty()) return true;
   switch (rule.conversion) {
     case spec::Conversion::kFormat: {
-      absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(rule.format, DType::kBF16, {128, 128});
-      if (!outs.ok()) return false;
-      for (const formats::OutputSpec& o : *outs) {
+      for (const formats::OutputRole& o : formats::Info(rule.format).Outputs()) {
         if (o.suffix == suffix) return true;
       }
       return false;
@@ -61,6 +53,7 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
       return absl::InvalidArgumentError(absl::StrCat("engine registered parameter '", p.params_[i].name, "' twice"));
     }
   }
+  const std::vector<std::string_view> suffixes = formats::AllOutputSuffixes();
   for (size_t i = 0; i < p.params_.size(); ++i) {
     const std::string& name = p.params_[i].name;
     ParamSource& src = p.sources_[i];
@@ -89,7 +82,7 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
     const spec::Rule* rule = nullptr;
     std::string base;
     spec::Captures caps;
-    for (std::string_view suffix : kOutputSuffixes) {
+    for (std::string_view suffix : suffixes) {
       if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
       std::string b = name.substr(0, name.size() - suffix.size());
       if (b.empty()) continue;

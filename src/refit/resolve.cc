@@ -7,32 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "formats/format_info.h"
 
 namespace refit {
 namespace {
 
 absl::Status Bad(const std::string& name, const spec::Rule& rule, absl::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", rule.Describe(), ": ", msg));
-}
-
-// Elements per quantization block along input dim `dim` (normalized) of a rank-`rank` tensor.
-int64_t BlockAlong(formats::Format f, bool quantized, int dim, size_t rank) {
-  if (!quantized) return 1;
-  const bool last = dim == static_cast<int>(rank) - 1;
-  const bool rows = dim == static_cast<int>(rank) - 2;
-  switch (f) {
-    case formats::Format::kFp8Block128:
-    case formats::Format::kFp8Block128Ue8m0:
-      return (last || rows) ? 128 : 1;
-    case formats::Format::kNvfp4:
-    case formats::Format::kNvfp4Te:
-      return last ? 16 : 1;
-    case formats::Format::kMxfp8:
-    case formats::Format::kMxfp4:
-      return last ? 32 : 1;
-    default:
-      return 1;
-  }
 }
 
 }  // namespace
@@ -90,8 +71,7 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
     outs = std::move(*o);
     res.kind = ConvertKind::kQuantize;
     res.format = format;
-    res.quantized = format != formats::Format::kBf16 && format != formats::Format::kFp16 &&
-                    format != formats::Format::kFp32;
+    res.quantized = formats::Info(format).quantized;
     if (!res.quantized && dtype == outs[0].dtype) res.kind = ConvertKind::kCopy;
   } else {
     REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(dtype, shape));
@@ -114,12 +94,15 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
                                            absl::StrJoin(rule->fuse->order, ", "), "]"));
     }
     member = it - rule->fuse->order.begin();
-    if (res.quantized && (format == formats::Format::kFp8Block128 || format == formats::Format::kFp8Block128Ue8m0) &&
-        member + 1 < members && res.input_shape.size() >= 2 && res.input_shape[res.input_shape.size() - 2] % 128 != 0) {
+    // Members are fused along rows, so a format blocked along rows needs whole row blocks in
+    // every member but the last.
+    const int64_t block_rows = res.quantized ? formats::Info(format).block.rows : 1;
+    if (block_rows > 1 && member + 1 < members && res.input_shape.size() >= 2 &&
+        res.input_shape[res.input_shape.size() - 2] % block_rows != 0) {
       return Bad(name, *rule,
                  absl::StrCat("fused member with ", res.input_shape[res.input_shape.size() - 2],
-                              " rows is not the last of its fusion and its rows are not a multiple of 128: the "
-                              "fused block-128 scales would not line up"));
+                              " rows is not the last of its fusion and its rows are not a multiple of ", block_rows,
+                              ": the fused ", formats::FormatName(format), " scale blocks would not line up"));
     }
   }
   int64_t entry = 0;
@@ -142,7 +125,7 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
     if (n % parts != 0) {
       return Bad(name, *rule, absl::StrCat("dim ", d, " (", n, ") does not split into ", parts, " tensor-parallel parts"));
     }
-    const int64_t block = BlockAlong(format, res.quantized, d, rank);
+    const int64_t block = res.quantized ? formats::BlockAlong(format, d, rank) : 1;
     if ((n / parts) % block != 0 && n / parts != 0) {
       return Bad(name, *rule,
                  absl::StrCat("splitting dim ", d, " (", n, ") into ", parts, " tensor-parallel parts gives ", n / parts,

@@ -20,9 +20,6 @@ namespace refit {
 
 enum class ConvertKind : uint8_t { kCopy, kQuantize };
 
-// The suffixes a checkpoint-format tensor may carry after its base name, longest first ("" last).
-inline constexpr std::string_view kOutputSuffixes[] = {"_scale_inv", "_scale_2", "_scales", "_blocks", "_scale", ""};
-
 struct ResolvedOutput {
   std::string checkpoint_name;  // trainer name + suffix: what `refitctl convert` writes; staging key
   std::string suffix;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "formats/format_info.h"
 #include "yaml-cpp/yaml.h"
 
 namespace refit::spec {
@@ -170,10 +171,7 @@ bool Contains(const std::vector<std::string>& v, const std::string& x) { return 
 // The suffixes a format emits ("" for the data tensor).
 std::vector<std::string> Suffixes(formats::Format f) {
   std::vector<std::string> out;
-  absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(f, DType::kBF16, {128, 128});
-  if (outs.ok()) {
-    for (const formats::OutputSpec& o : *outs) out.push_back(o.suffix);
-  }
+  for (const formats::OutputRole& o : formats::Info(f).Outputs()) out.push_back(std::string(o.suffix));
   return out;
 }
 
@@ -260,6 +258,8 @@ absl::Status CheckRule(const Reader& r, const YAML::Node& n, const std::string& 
                                     ")"));
       }
     }
+    // A layout op's precondition, not a format switch: pack_ue8m0 packs F32 power-of-two scales,
+    // which of the formats only this one emits (formats/layout.h).
     if (s.op == LayoutOp::kPackUe8m0 && rule.conversion == Conversion::kFormat &&
         rule.format != formats::Format::kFp8Block128Ue8m0) {
       return r.Error(n["layout"], where + ".layout",
@@ -269,8 +269,7 @@ absl::Status CheckRule(const Reader& r, const YAML::Node& n, const std::string& 
   }
   // The rule's explicit format must agree with the checkpoint's metadata.
   if (spec.checkpoint && rule.conversion == Conversion::kFormat && spec.checkpoint->format &&
-      rule.format != *spec.checkpoint->format && rule.format != formats::Format::kBf16 &&
-      rule.format != formats::Format::kFp16 && rule.format != formats::Format::kFp32) {
+      rule.format != *spec.checkpoint->format && formats::Info(rule.format).quantized) {
     return r.Error(n["format"], where + ".format",
                    absl::StrCat("quantizes to ", formats::FormatName(rule.format), " but the checkpoint (",
                                 spec.checkpoint->source, ", ", spec.checkpoint->algo, ") holds ",

@@ -1,12 +1,15 @@
 #include "spec/quant_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "formats/format_info.h"
 #include "yaml-cpp/yaml.h"
 
 namespace refit::spec {
@@ -41,17 +44,29 @@ absl::Status CheckGroupSize(std::string_view source, const YAML::Node& q, const 
   return absl::OkStatus();
 }
 
-// A ModelOpt quant_algo as a refitd format.
+// A ModelOpt quant_algo as a refitd format: the row that reads that name (format_info.h).
 absl::StatusOr<formats::Format> ModelOptAlgo(std::string_view source, const YAML::Node& node, const std::string& key) {
   std::string algo = absl::AsciiStrToUpper(node.as<std::string>());
-  if (algo == "NVFP4") return formats::Format::kNvfp4;
-  if (algo == "MXFP8") return formats::Format::kMxfp8;
-  if (algo == "MXFP4") return formats::Format::kMxfp4;
-  if (algo == "FP8_BLOCK128" || algo == "FP8_PB_WO") return formats::Format::kFp8Block128;
+  std::string supported;
+  for (const formats::FormatInfo& info : formats::AllFormats()) {
+    const formats::CheckpointNames& names = info.checkpoint;
+    if ((names.reads_modelopt_algo && algo == names.modelopt_algo) ||
+        (!names.modelopt_alias.empty() && algo == names.modelopt_alias)) {
+      return info.format;
+    }
+    if (names.reads_modelopt_algo) absl::StrAppend(&supported, std::string(names.modelopt_algo), ", ");
+  }
   return Error(source, node, key,
-               absl::StrCat("quant_algo '", node.as<std::string>(),
-                            "' has no refitd format (supported: NVFP4, MXFP8, MXFP4, FP8_BLOCK128, MIXED_PRECISION); "
-                            "this checkpoint layout cannot be refit"));
+               absl::StrCat("quant_algo '", node.as<std::string>(), "' has no refitd format (supported: ", supported,
+                            "MIXED_PRECISION); this checkpoint layout cannot be refit"));
+}
+
+// group_size, when the format's checkpoints name one, must be it.
+absl::Status CheckFormatGroupSize(std::string_view source, const YAML::Node& q, const std::string& key,
+                                  formats::Format f) {
+  const int64_t want = formats::Info(f).checkpoint.group_size;
+  if (want == 0) return absl::OkStatus();
+  return CheckGroupSize(source, q, key, static_cast<int>(want));
 }
 
 // hf_quant_config.json "quantization", or config.json "quantization_config" with quant_method modelopt.
@@ -73,20 +88,18 @@ absl::StatusOr<QuantConfig> ParseModelOpt(std::string_view source, const YAML::N
       std::string where = absl::StrCat(key, ".quantized_layers.", module);
       if (!kv.second.IsMap() || !kv.second["quant_algo"]) return Error(source, kv.second, where, "needs 'quant_algo'");
       REFIT_ASSIGN_OR_RETURN(formats::Format f, ModelOptAlgo(source, kv.second["quant_algo"], where + ".quant_algo"));
-      if (f == formats::Format::kNvfp4) REFIT_RETURN_IF_ERROR(CheckGroupSize(source, kv.second, where, 16));
+      REFIT_RETURN_IF_ERROR(CheckFormatGroupSize(source, kv.second, where, f));
       c.layers[module] = f;
     }
     return c;
   }
   REFIT_ASSIGN_OR_RETURN(formats::Format f, ModelOptAlgo(source, q["quant_algo"], absl::StrCat(key, ".quant_algo")));
-  if (f == formats::Format::kNvfp4) {
-    REFIT_RETURN_IF_ERROR(CheckGroupSize(source, q, key, 16));
-    if (const YAML::Node groups = q["config_groups"]) {
-      for (const auto& g : groups) {
-        if (g.second["weights"]) {
-          REFIT_RETURN_IF_ERROR(CheckGroupSize(source, g.second["weights"],
-                                               absl::StrCat(key, ".config_groups.", g.first.as<std::string>(), ".weights"), 16));
-        }
+  REFIT_RETURN_IF_ERROR(CheckFormatGroupSize(source, q, key, f));
+  if (const YAML::Node groups = q["config_groups"]; groups && formats::Info(f).checkpoint.group_size > 0) {
+    for (const auto& g : groups) {
+      if (g.second["weights"]) {
+        REFIT_RETURN_IF_ERROR(CheckFormatGroupSize(
+            source, g.second["weights"], absl::StrCat(key, ".config_groups.", g.first.as<std::string>(), ".weights"), f));
       }
     }
   }
@@ -106,7 +119,35 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(std::string_view source, con
   REFIT_ASSIGN_OR_RETURN(c.exclude, StringList(source, q["modules_to_not_convert"], key + ".modules_to_not_convert"));
   REFIT_ASSIGN_OR_RETURN(std::vector<std::string> ignored, StringList(source, q["ignored_layers"], key + ".ignored_layers"));
   c.exclude.insert(c.exclude.end(), ignored.begin(), ignored.end());
-  auto block = [&](int64_t want_rows, int64_t want_cols) -> absl::Status {
+  // The rows of this quant_method (format_info.h CheckpointNames); scale_fmt picks among them.
+  std::vector<const formats::FormatInfo*> rows;
+  std::vector<std::string> methods, scale_fmts;
+  for (const formats::FormatInfo& info : formats::AllFormats()) {
+    const std::string_view m = info.checkpoint.quant_method;
+    if (m.empty()) continue;
+    if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.emplace_back(m);
+    if (m != method) continue;
+    rows.push_back(&info);
+    if (!info.checkpoint.scale_fmt.empty()) scale_fmts.emplace_back(info.checkpoint.scale_fmt);
+  }
+  if (rows.empty()) {
+    return Error(source, q["quant_method"], key + ".quant_method",
+                 absl::StrCat("'", method, "' has no refitd format (supported: modelopt, ", absl::StrJoin(methods, ", "),
+                              ")"));
+  }
+  const formats::FormatInfo* row = rows[0];  // scale_fmt absent: the method's first row
+  const std::string scale_fmt = q["scale_fmt"] ? q["scale_fmt"].as<std::string>() : "";
+  if (!scale_fmt.empty() && !scale_fmts.empty()) {
+    auto it = std::find_if(rows.begin(), rows.end(),
+                           [&](const formats::FormatInfo* r) { return r->checkpoint.scale_fmt == scale_fmt; });
+    if (it == rows.end()) {
+      return Error(source, q["scale_fmt"], key + ".scale_fmt",
+                   absl::StrCat("must be ", absl::StrJoin(scale_fmts, " or "), " when present"));
+    }
+    row = *it;
+  }
+  if (row->checkpoint.weight_block_size) {
+    const int64_t want_rows = row->block.rows, want_cols = row->block.cols;
     const YAML::Node b = q["weight_block_size"];
     if (!b) return Error(source, q, key, "missing 'weight_block_size'");
     std::vector<int64_t> v;
@@ -117,27 +158,12 @@ absl::StatusOr<QuantConfig> ParseQuantizationConfig(std::string_view source, con
                    absl::StrCat("[", v[0], ", ", v[1], "] is not [", want_rows, ", ", want_cols,
                                 "]; refitd cannot produce this checkpoint layout"));
     }
-    return absl::OkStatus();
-  };
-  std::string scale_fmt = q["scale_fmt"] ? q["scale_fmt"].as<std::string>() : "";
-  if (method == "fp8") {
-    REFIT_RETURN_IF_ERROR(block(128, 128));
-    if (q["fmt"] && q["fmt"].as<std::string>() != "e4m3") {
-      return Error(source, q["fmt"], key + ".fmt", "only e4m3 block-128 checkpoints are supported");
-    }
-    if (!scale_fmt.empty() && scale_fmt != "ue8m0") {
-      return Error(source, q["scale_fmt"], key + ".scale_fmt", "must be ue8m0 when present");
-    }
-    c.format = scale_fmt == "ue8m0" ? formats::Format::kFp8Block128Ue8m0 : formats::Format::kFp8Block128;
-  } else if (method == "mxfp8") {
-    REFIT_RETURN_IF_ERROR(block(1, 32));
-    c.format = formats::Format::kMxfp8;
-  } else if (method == "mxfp4") {
-    c.format = formats::Format::kMxfp4;
-  } else {
-    return Error(source, q["quant_method"], key + ".quant_method",
-                 absl::StrCat("'", method, "' has no refitd format (supported: modelopt, fp8, mxfp8, mxfp4)"));
   }
+  if (!row->checkpoint.fmt.empty() && q["fmt"] && q["fmt"].as<std::string>() != row->checkpoint.fmt) {
+    return Error(source, q["fmt"], key + ".fmt",
+                 absl::StrCat("only ", std::string(row->checkpoint.fmt), " ", std::string(row->name), " checkpoints are supported"));
+  }
+  c.format = row->format;
   return c;
 }
 

@@ -1,6 +1,6 @@
 // Cross-format properties: names, input policy (BF16 vs exact FP32 byte identity,
 // round_to_bf16, NaN/Inf rejection), output-buffer validation, casts, and
-// dequant(quant(x)) error bounds for every format.
+// dequant(quant(x)) error bounds for every format, and the format table itself.
 #include "formats/format.h"
 
 #include <cmath>
@@ -10,6 +10,7 @@
 
 #include <random>
 
+#include "formats/format_info.h"
 #include "gtest/gtest.h"
 #include "oracle.h"
 #include "run_quantize.h"
@@ -39,6 +40,55 @@ TEST(FormatTest, NamesRoundTrip) {
   EXPECT_TRUE(NeedsGlobalAmax(Format::kNvfp4));
   EXPECT_TRUE(NeedsGlobalAmax(Format::kNvfp4Te));
   EXPECT_FALSE(NeedsGlobalAmax(Format::kMxfp4));
+}
+
+TEST(FormatTableTest, OneRowPerFormatInEnumOrder) {
+  ASSERT_EQ(AllFormats().size(), kFormatCount);
+  for (size_t i = 0; i < kFormatCount; ++i) {
+    EXPECT_EQ(AllFormats()[i].format, kAll[i]);
+    EXPECT_EQ(&Info(kAll[i]), &AllFormats()[i]);
+    EXPECT_NE(AllFormats()[i].quantize, nullptr);
+    EXPECT_NE(AllFormats()[i].dequantize, nullptr);
+    // The row's roles are what PlanOutputs emits.
+    absl::StatusOr<std::vector<OutputSpec>> plan = PlanOutputs(kAll[i], DType::kBF16, {256, 256});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->size(), AllFormats()[i].Outputs().size());
+    for (size_t j = 0; j < plan->size(); ++j) {
+      EXPECT_EQ((*plan)[j].suffix, AllFormats()[i].Outputs()[j].suffix);
+      EXPECT_EQ((*plan)[j].dtype, AllFormats()[i].Outputs()[j].dtype);
+    }
+  }
+}
+
+TEST(FormatTableTest, GeometrySuffixesAndCasts) {
+  EXPECT_EQ(BlockAlong(Format::kFp8Block128, 1, 2), 128);
+  EXPECT_EQ(BlockAlong(Format::kFp8Block128Ue8m0, 0, 2), 128);
+  EXPECT_EQ(BlockAlong(Format::kFp8Block128, 0, 3), 1);  // a batch (expert) dimension
+  EXPECT_EQ(BlockAlong(Format::kNvfp4, 1, 2), 16);
+  EXPECT_EQ(BlockAlong(Format::kNvfp4Te, 0, 2), 1);
+  EXPECT_EQ(BlockAlong(Format::kMxfp8, 2, 3), 32);
+  EXPECT_EQ(BlockAlong(Format::kMxfp4, 1, 3), 1);
+  EXPECT_EQ(BlockAlong(Format::kBf16, 1, 2), 1);
+  const std::vector<std::string_view> suffixes = AllOutputSuffixes();
+  EXPECT_EQ(suffixes, (std::vector<std::string_view>{"_scale_inv", "_scale_2", "_blocks", "_scales", "_scale", ""}));
+  EXPECT_EQ(CastFormatFor(DType::kBF16), Format::kBf16);
+  EXPECT_EQ(CastFormatFor(DType::kF16), Format::kFp16);
+  EXPECT_EQ(CastFormatFor(DType::kF32), Format::kFp32);
+  EXPECT_EQ(CastFormatFor(DType::kU8), std::nullopt);
+}
+
+TEST(FormatTableTest, PartialBlocksOnlyWhereTheGeometryPads) {
+  // fp8_block128 zero-pads edge tiles; the 1xB formats refuse a K that is not whole blocks.
+  absl::StatusOr<std::vector<OutputSpec>> fp8 = PlanOutputs(Format::kFp8Block128, DType::kBF16, {2, 130, 200});
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ((*fp8)[1].shape, (Shape{2, 2, 2}));
+  EXPECT_FALSE(PlanOutputs(Format::kNvfp4Te, DType::kBF16, {4, 40}).ok());
+  absl::StatusOr<std::vector<OutputSpec>> mx4 = PlanOutputs(Format::kMxfp4, DType::kF32, {3, 4, 64});
+  ASSERT_TRUE(mx4.ok()) << mx4.status();
+  EXPECT_EQ((*mx4)[0].shape, (Shape{3, 4, 2, 16}));
+  EXPECT_EQ((*mx4)[1].shape, (Shape{3, 4, 2}));
+  EXPECT_FALSE(PlanOutputs(Format::kMxfp8, DType::kBF16, {64}).ok());  // rank 1
+  EXPECT_TRUE(PlanOutputs(Format::kFp16, DType::kBF16, {}).ok());      // casts take any rank
 }
 
 class EveryFormatTest : public ::testing::TestWithParam<Format> {};

@@ -1,0 +1,116 @@
+// The quantization metadata a converted checkpoint carries (QuantMetadata), per format, and that
+// reading it back (spec/quant_config.h) names the format again: both come from the format
+// table's CheckpointNames.
+#include "refit/checkpoint_io.h"
+
+#include <string>
+
+#include "formats/format_info.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "spec/quant_config.h"
+
+namespace refit {
+namespace {
+
+using formats::Format;
+using nlohmann::json;
+
+const json kProducer = {{"name", "refitd"}, {"version", "0.1.0"}};
+const json kExclude = json::array({"l.0.n"});
+
+// Quantizes l.0.q.weight to `format`, keeps l.0.n.weight (so l.0.n is excluded).
+std::map<std::string, std::string> MetadataFor(const std::string& format) {
+  const std::string text = "model: m\nrules:\n  - match: \"l.{i}.q.weight\"\n    format: " + format + "\n";
+  absl::StatusOr<spec::ModelSpec> s = spec::ParseModelSpec(text);
+  EXPECT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<std::map<std::string, std::string>> files =
+      QuantMetadata(*s, {{"l.0.q.weight", DType::kBF16, {128, 128}, 128 * 128 * 2},
+                         {"l.0.n.weight", DType::kBF16, {128, 128}, 128 * 128 * 2}});
+  EXPECT_TRUE(files.ok()) << files.status();
+  return files.ok() ? *files : std::map<std::string, std::string>{};
+}
+
+json QuantizationConfig(const std::map<std::string, std::string>& files) {
+  auto it = files.find("config.json");
+  if (it == files.end()) return json();
+  return json::parse(it->second)["quantization_config"];
+}
+
+TEST(QuantMetadataTest, FamilyFormsInConfigJson) {
+  const json fp8 = {{"quant_method", "fp8"},       {"fmt", "e4m3"},
+                    {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}},
+                    {"modules_to_not_convert", kExclude}};
+  json ue8m0 = fp8;
+  ue8m0["scale_fmt"] = "ue8m0";
+  const json mxfp8 = {{"quant_method", "mxfp8"},      {"fmt", "e4m3"},        {"activation_scheme", "dynamic"},
+                      {"weight_block_size", {1, 32}}, {"scale_fmt", "ue8m0"}, {"modules_to_not_convert", kExclude}};
+  const json mxfp4 = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", kExclude}};
+  for (const auto& [name, want] : std::vector<std::pair<std::string, json>>{
+           {"fp8_block128", fp8}, {"fp8_block128_ue8m0", ue8m0}, {"mxfp8", mxfp8}, {"mxfp4", mxfp4}}) {
+    const auto files = MetadataFor(name);
+    EXPECT_EQ(files.size(), 1u) << name;
+    EXPECT_EQ(QuantizationConfig(files), want) << name;
+  }
+}
+
+TEST(QuantMetadataTest, Nvfp4InTheModelOptForm) {
+  for (const char* name : {"nvfp4", "nvfp4_te"}) {
+    const auto files = MetadataFor(name);
+    ASSERT_EQ(files.size(), 2u) << name;
+    const json hf = json::parse(files.at("hf_quant_config.json"));
+    EXPECT_EQ(hf, (json{{"producer", kProducer},
+                        {"quantization", {{"quant_algo", "NVFP4"}, {"group_size", 16}, {"exclude_modules", kExclude}}}}))
+        << name;
+    EXPECT_EQ(QuantizationConfig(files), (json{{"quant_method", "modelopt"},
+                                               {"quant_algo", "NVFP4"},
+                                               {"group_size", 16},
+                                               {"ignore", kExclude},
+                                               {"producer", kProducer}}))
+        << name;
+  }
+}
+
+TEST(QuantMetadataTest, MixedFormatsAreModelOptLayers) {
+  const std::string text =
+      "model: m\nrules:\n"
+      "  - match: \"l.0.{p:a,b,c,d}.weight\"\n    format: nvfp4\n"
+      "  - match: \"l.1.{p:a,b,c,d}.weight\"\n    format: mxfp8\n"
+      "  - match: \"l.2.{p:a,b,c,d}.weight\"\n    format: fp8_block128_ue8m0\n"
+      "  - match: \"l.3.{p:a,b,c,d}.weight\"\n    format: mxfp4\n";
+  absl::StatusOr<spec::ModelSpec> s = spec::ParseModelSpec(text);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto files = QuantMetadata(*s, {{"l.0.a.weight", DType::kBF16, {128, 128}, 0},
+                                  {"l.1.a.weight", DType::kBF16, {128, 128}, 0},
+                                  {"l.2.a.weight", DType::kBF16, {128, 128}, 0},
+                                  {"l.3.a.weight", DType::kBF16, {128, 128}, 0}});
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 1u);
+  const json layers = {{"l.0.a", {{"quant_algo", "NVFP4"}, {"group_size", 16}}},
+                       {"l.1.a", {{"quant_algo", "MXFP8"}}},
+                       {"l.2.a", {{"quant_algo", "FP8_BLOCK128"}}},
+                       {"l.3.a", {{"quant_algo", "MXFP4"}}}};
+  EXPECT_EQ(json::parse(files->at("hf_quant_config.json")),
+            (json{{"producer", kProducer},
+                  {"quantization",
+                   {{"quant_algo", "MIXED_PRECISION"}, {"quantized_layers", layers},
+                    {"exclude_modules", json::array()}}}}));
+}
+
+TEST(QuantMetadataTest, WhatIsWrittenReadsBackAsTheFormat) {
+  for (const formats::FormatInfo& info : formats::AllFormats()) {
+    if (!info.quantized) continue;
+    const auto files = MetadataFor(std::string(info.name));
+    for (const auto& [file, text] : files) {
+      absl::StatusOr<spec::QuantConfig> q = spec::ParseQuantConfigText(text, file);
+      ASSERT_TRUE(q.ok()) << info.name << " " << file << ": " << q.status();
+      // TE's NVFP4 is written as ModelOpt's NVFP4, which reads as nvfp4: same tensors and meaning.
+      const Format want = info.format == Format::kNvfp4Te ? Format::kNvfp4 : info.format;
+      EXPECT_EQ(q->FormatForTensor("l.0.q.weight"), want) << info.name << " " << file;
+      EXPECT_EQ(q->FormatForTensor("l.0.n.weight"), std::nullopt) << info.name << " " << file;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace refit
