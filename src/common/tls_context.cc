@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/bounded_file.h"
 #include "kj/vector.h"
 
 namespace refit {
@@ -43,11 +44,10 @@ std::string TakeOpensslErrors() {
 }
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& setting) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(setting, ": cannot read '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  // A certificate chain or CA bundle is kilobytes; 4 MiB leaves room for the largest bundles.
+  absl::StatusOr<std::string> read = ReadBoundedFile(path, 4 << 20, "file");
+  if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat(setting, ": ", read.status().message()));
+  std::string text = std::move(*read);
   if (text.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(setting, ": '", path, "' is not a PEM file"));
   }
