@@ -162,7 +162,7 @@ absl::StatusOr<Loaded> Load(const TlsFiles& f) {
     })) {
       ERR_clear_error();
       return absl::InvalidArgumentError(
-          absl::StrCat(f.cert_setting, "/", f.key_setting, ": ", e->getDescription().cStr()));
+          absl::StrCat(f.cert_setting, "/", f.key_setting, ": ", absl::string_view(e->getDescription().begin(), e->getDescription().size())));
     }
   }
   if (!f.trust_ca.empty()) {
@@ -186,7 +186,7 @@ absl::StatusOr<TlsContextAndSummary> Build(Loaded loaded, bool server) {
   out.summary = loaded.summary;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { out.context = kj::heap<kj::TlsContext>(kj::mv(options)); })) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat("TLS setup failed: ", e->getDescription().cStr()));
+    return absl::InvalidArgumentError(absl::StrCat("TLS setup failed: ", absl::string_view(e->getDescription().begin(), e->getDescription().size())));
   }
   return out;
 }
