@@ -77,8 +77,8 @@ int main(int argc, char** argv) {
   using namespace refit;
   // Before any thread exists (UCX starts some): every thread inherits the blocked mask, so the
   // signals reach the event loop instead of killing the process.
-  // SIGTERM/SIGINT are captured only before the data plane starts: until then (parsing the
-  // config and the model spec) their default action ends refitd at once.
+  // SIGTERM/SIGINT are captured further down, just before the data plane starts: until then
+  // (parsing the config and the model spec) their default action ends refitd at once.
   kj::UnixEventPort::captureSignal(SIGHUP);  // re-reads the log level, reloads the TLS files
   signal(SIGPIPE, SIG_IGN);
   std::string config_path, listen, model_spec;

@@ -1,6 +1,6 @@
 // Checkpoints with hundreds of thousands of tensors: writing and parsing the header stays
 // linear in the tensor count (the ctest TIMEOUT catches a quadratic regression: before, 200k
-// tensors ran over 15 minutes), and the header keeps its order and bytes.
+// tensors took over 5 CPU-minutes), and the header keeps its order and bytes.
 #include <cstdio>
 #include <filesystem>
 #include <string>
