@@ -19,7 +19,7 @@ std::string Env(const char* name) {
 // A failed TLS handshake, explained in terms of the settings that fix it.
 absl::Status HandshakeError(const kj::Exception& e, const ControlClientOptions& options,
                             const std::string& server_name) {
-  std::string detail = e.getDescription().cStr();
+  std::string detail(e.getDescription().begin(), e.getDescription().size());
   if (detail.find("hostname mismatch") != std::string::npos) {
     return absl::UnavailableError(absl::StrCat("TLS: refitd's certificate does not carry the name '", server_name,
                                                "' (set REFIT_TLS_SERVER_NAME to a name it carries): ", detail));
@@ -87,7 +87,7 @@ absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, 
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     stream = network.parseAddress(address).wait(wait_scope)->connect().wait(wait_scope);
   })) {
-    return absl::UnavailableError(e->getDescription().cStr());
+    return absl::UnavailableError(absl::string_view(e->getDescription().begin(), e->getDescription().size()));
   }
   if (tls.get() != nullptr) {
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
@@ -102,7 +102,7 @@ absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, 
     // Every TCP connection starts with the preamble (docs/security.md); inside TLS when TLS is on.
     std::string preamble = AuthPreamble(options.token);
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { stream->write(preamble.data(), preamble.size()).wait(wait_scope); })) {
-      return absl::UnavailableError(absl::StrCat("sending the authentication preamble: ", e->getDescription().cStr()));
+      return absl::UnavailableError(absl::StrCat("sending the authentication preamble: ", absl::string_view(e->getDescription().begin(), e->getDescription().size())));
     }
   }
   return stream;

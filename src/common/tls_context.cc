@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/bounded_file.h"
 #include "kj/vector.h"
 
 namespace refit {
@@ -43,11 +44,10 @@ std::string TakeOpensslErrors() {
 }
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& setting) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(setting, ": cannot read '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
+  // A certificate chain or CA bundle is kilobytes; 4 MiB leaves room for the largest bundles.
+  absl::StatusOr<std::string> read = ReadBoundedFile(path, 4 << 20, "file");
+  if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat(setting, ": ", read.status().message()));
+  std::string text = std::move(*read);
   if (text.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(setting, ": '", path, "' is not a PEM file"));
   }
@@ -162,7 +162,7 @@ absl::StatusOr<Loaded> Load(const TlsFiles& f) {
     })) {
       ERR_clear_error();
       return absl::InvalidArgumentError(
-          absl::StrCat(f.cert_setting, "/", f.key_setting, ": ", e->getDescription().cStr()));
+          absl::StrCat(f.cert_setting, "/", f.key_setting, ": ", absl::string_view(e->getDescription().begin(), e->getDescription().size())));
     }
   }
   if (!f.trust_ca.empty()) {
@@ -186,7 +186,7 @@ absl::StatusOr<TlsContextAndSummary> Build(Loaded loaded, bool server) {
   out.summary = loaded.summary;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { out.context = kj::heap<kj::TlsContext>(kj::mv(options)); })) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat("TLS setup failed: ", e->getDescription().cStr()));
+    return absl::InvalidArgumentError(absl::StrCat("TLS setup failed: ", absl::string_view(e->getDescription().begin(), e->getDescription().size())));
   }
   return out;
 }

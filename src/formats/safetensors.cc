@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "formats/message.h"
@@ -31,14 +32,14 @@ absl::Status BadTensor(std::string_view name, std::string_view msg) {
   return absl::InvalidArgumentError(Msg("safetensors: tensor '", name, "': ", msg));
 }
 
-absl::StatusOr<uint64_t> ReadUnsigned(const Json& j, std::string_view name, std::string_view field) {
+absl::StatusOr<uint64_t> ReadUnsigned(const nlohmann::json& j, std::string_view name, std::string_view field) {
   if (!j.is_number_unsigned()) {
     return BadTensor(name, Msg(field, " must hold non-negative integers, got ", j.dump()));
   }
   return j.get<uint64_t>();
 }
 
-absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const Json& j,
+absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const nlohmann::json& j,
                                             uint64_t data_bytes) {
   if (name.empty()) return Bad("empty tensor name");
   if (!j.is_object()) return BadTensor(name, "entry is not a JSON object");
@@ -57,7 +58,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const Json&
   absl::StatusOr<DType> dtype = ParseDType(j["dtype"].get<std::string>());
   if (!dtype.ok()) return BadTensor(name, std::string(dtype.status().message()));
   e.dtype = *dtype;
-  for (const Json& d : j["shape"]) {
+  for (const nlohmann::json& d : j["shape"]) {
     REFIT_ASSIGN_OR_RETURN(uint64_t v, ReadUnsigned(d, name, "shape"));
     if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return BadTensor(name, Msg("shape dimension ", v, " is too large"));
@@ -82,6 +83,61 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const Json&
   return e;
 }
 
+// SAX handler recording the header's top-level keys in order (the first duplicate too) and the
+// keys of __metadata__ in order (each once); builds no values.
+struct HeaderKeys {
+  using number_integer_t = nlohmann::json::number_integer_t;
+  using number_unsigned_t = nlohmann::json::number_unsigned_t;
+  using number_float_t = nlohmann::json::number_float_t;
+  using string_t = nlohmann::json::string_t;
+  using binary_t = nlohmann::json::binary_t;
+
+  std::vector<std::string> top;
+  std::vector<std::string> metadata;
+  std::string duplicate;
+  std::set<std::string> seen_top, seen_metadata;
+  int depth = 0;
+  bool in_metadata = false;
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(number_integer_t) { return true; }
+  bool number_unsigned(number_unsigned_t) { return true; }
+  bool number_float(number_float_t, const string_t&) { return true; }
+  bool string(string_t&) { return true; }
+  bool binary(binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    ++depth;
+    return true;
+  }
+  bool end_object() {
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    ++depth;
+    return true;
+  }
+  bool end_array() {
+    --depth;
+    return true;
+  }
+  bool key(string_t& k) {
+    if (depth == 1) {
+      in_metadata = k == kMetadataKey;
+      if (seen_top.insert(k).second) {
+        top.push_back(k);
+      } else if (duplicate.empty()) {
+        duplicate = k;
+      }
+    } else if (depth == 2 && in_metadata && seen_metadata.insert(k).second) {
+      metadata.push_back(k);
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+};
+
 }  // namespace
 
 absl::StatusOr<SafetensorsView> SafetensorsView::Parse(std::span<const uint8_t> file,
@@ -100,39 +156,39 @@ absl::StatusOr<SafetensorsView> SafetensorsView::Parse(std::span<const uint8_t> 
                             file.size(), "-byte file"));
   }
   const char* text = reinterpret_cast<const char*>(file.data() + 8);
-  std::set<std::string> seen;
-  std::string duplicate;
-  Json::parser_callback_t cb = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth == 1 && event == Json::parse_event_t::key) {
-      std::string key = parsed.get<std::string>();
-      if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
-    }
-    return true;
-  };
-  Json root;
+  // The header's key order (of the tensors and of __metadata__) and its duplicate keys come from
+  // a SAX pass; the values from a plain parse into a std::map-backed object. (An ordered_json
+  // object searches its member vector on every insert, and nlohmann's callback parser scans the
+  // parent object at every closing brace: both quadratic in the tensor count.)
+  HeaderKeys keys;
+  nlohmann::json root;
   try {
-    root = Json::parse(text, text + header_len, cb);
-  } catch (const Json::exception& e) {
+    root = nlohmann::json::parse(text, text + header_len);  // throws, naming the problem
+    if (!nlohmann::json::sax_parse(text, text + header_len, &keys)) return Bad("header is not valid JSON");
+  } catch (const nlohmann::json::exception& e) {
     return Bad(Msg("header is not valid JSON: ", e.what()));
   }
+  const std::vector<std::string>& order_in_header = keys.top;
+  const std::vector<std::string>& metadata_order = keys.metadata;
+  const std::string& duplicate = keys.duplicate;
   if (!duplicate.empty()) return Bad(Msg("duplicate header key '", duplicate, "'"));
   if (!root.is_object()) return Bad("header is not a JSON object");
 
   SafetensorsView view;
   view.data_ = file.subspan(8 + header_len);
   const uint64_t data_bytes = view.data_.size();
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    if (it.key() == kMetadataKey) {
-      if (!it.value().is_object()) return Bad("__metadata__ is not a JSON object");
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (!m.value().is_string()) {
-          return Bad(Msg("__metadata__ value for '", m.key(), "' is not a string"));
-        }
-        view.metadata_.emplace_back(m.key(), m.value().get<std::string>());
+  for (const std::string& key : order_in_header) {
+    const nlohmann::json& value = root.at(key);
+    if (key == kMetadataKey) {
+      if (!value.is_object()) return Bad("__metadata__ is not a JSON object");
+      for (const std::string& m : metadata_order) {
+        const nlohmann::json& v = value.at(m);
+        if (!v.is_string()) return Bad(Msg("__metadata__ value for '", m, "' is not a string"));
+        view.metadata_.emplace_back(m, v.get<std::string>());
       }
       continue;
     }
-    REFIT_ASSIGN_OR_RETURN(SafetensorsEntry e, ParseEntry(it.key(), it.value(), data_bytes));
+    REFIT_ASSIGN_OR_RETURN(SafetensorsEntry e, ParseEntry(key, value, data_bytes));
     view.tensors_.push_back(std::move(e));
   }
 
@@ -265,11 +321,39 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const Safetenso
     std::sort(order.begin(), order.end(),
               [](const SafetensorsWriteEntry* a, const SafetensorsWriteEntry* b) { return a->name < b->name; });
   }
-  Json header = Json::object();
+  // The header object is written member by member, in order: building it as one ordered_json
+  // object would search its member vector on every insert (quadratic in the tensor count). The
+  // bytes are those ordered_json::dump() gives.
+  std::string text = "{";
+  auto member = [&text](std::string_view key, const Json& value) {
+    if (text.size() > 1) text += ',';
+    text += Json(std::string(key)).dump();
+    text += ':';
+    text += value.dump();
+  };
   if (!options.metadata.empty()) {
-    Json meta = Json::object();
-    for (const auto& [k, v] : options.metadata) meta[k] = v;
-    header[std::string(kMetadataKey)] = std::move(meta);
+    // A repeated key keeps its first place and its last value, as an ordered_json object would.
+    std::map<std::string_view, size_t> place;
+    std::vector<std::pair<std::string_view, std::string_view>> members;
+    for (const auto& [k, v] : options.metadata) {
+      auto [it, fresh] = place.emplace(k, members.size());
+      if (fresh) {
+        members.emplace_back(k, v);
+      } else {
+        members[it->second].second = v;
+      }
+    }
+    std::string meta = "{";
+    for (const auto& [k, v] : members) {
+      if (meta.size() > 1) meta += ',';
+      meta += Json(std::string(k)).dump();
+      meta += ':';
+      meta += Json(std::string(v)).dump();
+    }
+    meta += '}';
+    text += Json(std::string(kMetadataKey)).dump();
+    text += ':';
+    text += meta;
   }
   std::vector<uint64_t> sizes;
   uint64_t offset = 0;
@@ -284,11 +368,11 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const Safetenso
     j["dtype"] = std::string(DTypeName(e->dtype));
     j["shape"] = e->shape;
     j["data_offsets"] = {offset, offset + *bytes};
-    header[e->name] = std::move(j);
+    member(e->name, j);
     sizes.push_back(*bytes);
     offset += *bytes;
   }
-  std::string text = header.dump();
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');
   const std::string tmp = path + ".tmp";
   absl::Status s = WriteBody(tmp, text, order, sizes);

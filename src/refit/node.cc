@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/checksum.h"
 #include "refit/committer.h"
+#include "refit/manifest_check.h"
 
 namespace refit {
 namespace {
@@ -76,7 +77,8 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   }
   if (manifest.model != options_.model) {
     return absl::InvalidArgumentError(
-        absl::StrCat("manifest is for model '", manifest.model, "' but this daemon serves '", options_.model, "'"));
+        absl::StrCat("manifest is for model '", PrintableName(manifest.model), "' but this daemon serves '",
+                     options_.model, "'"));
   }
   if (engine_->dirty && manifest.partial) {
     return absl::FailedPreconditionError(
@@ -84,10 +86,8 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
         "first");
   }
   const SessionLimits& limits = options_.limits;
-  if (manifest.tensors.size() > limits.max_tensors) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("manifest lists ", manifest.tensors.size(), " tensors (limit ", limits.max_tensors, ")"));
-  }
+  // Count and names first: nothing below plans, logs or echoes a name this refuses.
+  if (absl::Status checked = CheckManifest(manifest, limits); !checked.ok()) return checked;
   // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
   std::vector<std::string> problems;
   size_t count = 0;

@@ -97,8 +97,8 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
         src.suffix = std::string(suffix);
         return true;
       };
-      for (const spec::Rule& r : spec.rules) {
-        if (try_rule(r)) break;
+      for (const spec::Rule* r : spec.TargetCandidates(b)) {
+        if (try_rule(*r)) break;
       }
       if (rule == nullptr) try_rule(spec.defaults);
       if (rule != nullptr) break;

@@ -1,12 +1,11 @@
 #include "server/config.h"
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_file.h"
 #include "common/status_macros.h"
 #include "spec/demo_spec.h"
 #include "yaml-cpp/yaml.h"
@@ -76,6 +75,22 @@ absl::Status ParseDataPlane(const YAML::Node& d, const std::string& path, const 
   return absl::OkStatus();
 }
 
+// `log: {format, level}`; the older top-level `log_level` is still read (`log.level` wins).
+absl::Status ParseLogSection(const YAML::Node& root, const std::string& path, Config& c) {
+  REFIT_RETURN_IF_ERROR(Get(root, "log_level", path, "", c.log_level));
+  if (const YAML::Node l = root["log"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(l, path, "log", {"format", "level"}));
+    REFIT_RETURN_IF_ERROR(Get(l, "format", path, "log.", c.log_format));
+    REFIT_RETURN_IF_ERROR(Get(l, "level", path, "log.", c.log_level));
+  }
+  const YAML::Node at = root["log"] ? root["log"] : root;
+  if (c.log_format != "text" && c.log_format != "json") return Err(at, path, "log.format", "must be text or json");
+  if (c.log_level != "debug" && c.log_level != "info" && c.log_level != "warn" && c.log_level != "error") {
+    return Err(at, path, "log.level", "must be debug, info, warn or error");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Config DefaultConfig(const transport::TransportRegistry& transports) {
@@ -98,7 +113,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
                                   {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
-                                   "limits", "admin", "access", "tls", "log_level", "engine"}));
+                                   "limits", "admin", "access", "tls", "log", "log_level", "engine"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
@@ -115,6 +130,10 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "socket_group", path, "", c.socket_group));
   if (const YAML::Node a = root["access"]) {
     REFIT_RETURN_IF_ERROR(CheckKeys(a, path, "access", {"allowed_uids", "token_file"}));
+    if (const YAML::Node uids = a["allowed_uids"]; uids && uids.IsSequence() && uids.size() > kMaxAllowedUids) {
+      return Err(uids, path, "access.allowed_uids",
+                 absl::StrCat("lists ", uids.size(), " uids; at most ", kMaxAllowedUids, " (use socket_group for more)"));
+    }
     REFIT_RETURN_IF_ERROR(Get(a, "allowed_uids", path, "access.", c.allowed_uids));
     REFIT_RETURN_IF_ERROR(Get(a, "token_file", path, "access.", c.token_file));
   }
@@ -136,7 +155,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
   if (c.staging != "host" && c.staging != "device") return Err(root["staging"], path, "staging", "must be host or device");
-  REFIT_RETURN_IF_ERROR(Get(root, "log_level", path, "", c.log_level));
+  REFIT_RETURN_IF_ERROR(ParseLogSection(root, path, c));
   if (const YAML::Node d = root["data_plane"]) REFIT_RETURN_IF_ERROR(ParseDataPlane(d, path, transports, c));
   if (const YAML::Node l = root["limits"]) {
     REFIT_RETURN_IF_ERROR(CheckKeys(l, path, "limits",
@@ -171,11 +190,9 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path, const transport::TransportRegistry& transports) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseConfig(ss.str(), path, transports);
+  absl::StatusOr<std::string> text = ReadBoundedFile(path, kMaxConfigFileBytes, "config");
+  if (!text.ok()) return text.status();
+  return ParseConfig(*text, path, transports);
 }
 
 }  // namespace refit::server

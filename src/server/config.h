@@ -41,11 +41,19 @@ struct Config {
   SessionLimits limits;
   uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)
   std::string admin_listen = "127.0.0.1:0";  // metrics/health HTTP; "" disables
+  // Log (docs/config.md, `log:`): format text | json, level debug | info | warn | error. The
+  // level is re-read from the config file on SIGHUP; the format is fixed at start.
+  std::string log_format = "text";
   std::string log_level = "info";
   // The engine's pause and resume must answer within these (docs/reliability.md).
   uint32_t pause_timeout_ms = 10'000;
   uint32_t resume_timeout_ms = 10'000;
 };
+
+// Largest config file read (bytes); a bigger file, or one that is not a regular file, is refused.
+inline constexpr uint64_t kMaxConfigFileBytes = 1 << 20;
+// Largest access.allowed_uids list.
+inline constexpr size_t kMaxAllowedUids = 4096;
 
 // `transports`: the data-plane transports this refitd has (transport/builtin_transports.h);
 // data_plane.transport must name one of them, and its keys are checked against its descriptor.

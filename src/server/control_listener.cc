@@ -110,7 +110,8 @@ ControlListener::ControlListener(capnp::Capability::Client bootstrap, capnp::Rea
 ControlListener::~ControlListener() = default;
 
 void ControlListener::ErrorHandler::taskFailed(kj::Exception&& e) {
-  Log(LogLevel::kDebug, absl::StrCat("event=connection_closed error=\"", e.getDescription().cStr(), "\""));
+  const kj::StringPtr error = e.getDescription();
+  LogEvent(LogLevel::kDebug, "connection_closed").Add("error", absl::string_view(error.begin(), error.size()));
 }
 
 kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool unix_socket) {
@@ -127,7 +128,7 @@ void ControlListener::ReplaceTls(kj::Own<kj::TlsContext> tls) {
 
 void ControlListener::Refuse(const std::string& reason) {
   ++refused_;
-  Log(LogLevel::kWarn, absl::StrCat("event=connection_refused reason=\"", reason, "\""));
+  LogEvent(LogLevel::kWarn, "connection_refused").Add("reason", reason);
 }
 
 kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool unix_socket) {
@@ -166,10 +167,10 @@ kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool
       .exclusiveJoin(kj::mv(timeout))
       .then(
           [this](kj::Own<kj::AsyncIoStream> admitted) {
-            Log(LogLevel::kDebug, absl::StrCat("event=connection_admitted transport=", tls_.get() != nullptr ? "tls" : "tcp"));
+            LogEvent(LogLevel::kDebug, "connection_admitted").Add("transport", tls_.get() != nullptr ? "tls" : "tcp");
             Serve(kj::mv(admitted));
           },
-            [this](kj::Exception&& e) { Refuse(e.getDescription().cStr()); });
+            [this](kj::Exception&& e) { Refuse(std::string(e.getDescription().begin(), e.getDescription().size())); });
 }
 
 kj::Promise<kj::Own<kj::AsyncIoStream>> ControlListener::AdmitTcp(kj::Own<kj::AsyncIoStream> stream) {

@@ -28,33 +28,27 @@ kj::Promise<void> Answer(Context& context, const absl::Status& status) {
   return kj::READY_NOW;
 }
 
-// A value as the log line carries it: quoted, with quotes, backslashes and control bytes escaped
-// so that no value can start a line of its own.
-std::string Quoted(std::string_view v) {
-  std::string out = "\"";
-  for (unsigned char ch : v) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += static_cast<char>(ch);
-    } else if (ch < 0x20 || ch == 0x7f) {
-      absl::StrAppend(&out, "\\x", absl::Hex(ch, absl::kZeroPad2));
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  out += '"';
-  return out;
-}
-
-std::string ReportLine(const RefitReport& r) {
-  return absl::StrCat("event=refit session=", r.session_id, " outcome=", OutcomeName(r.outcome), " cause=",
-                      EndCauseName(r.cause), " version=", r.version, " bytes_in=", r.bytes_in,
-                      " bytes_out=", r.bytes_out, " buckets=", r.buckets, " tensors=", r.tensors,
-                      " receive_ms=", r.times.receive_ms, " convert_ms=", r.times.convert_ms,
-                      " validate_ms=", r.times.validate_ms, " commit_ms=", r.times.commit_ms,
-                      " pause_ms=", r.times.pause_ms, " total_ms=", r.times.total_ms, " plan_ms=", r.times.plan_ms,
-                      " finish_ms=", r.times.finish_ms, " prepare_ms=", r.times.prepare_ms,
-                      r.reason.empty() ? "" : absl::StrCat(" reason=", Quoted(r.reason)));
+// One line per ended session; values are escaped by the log (no value can forge a line).
+void LogReport(const RefitReport& r) {
+  LogEvent e(r.outcome == Outcome::kCommitted ? LogLevel::kInfo : LogLevel::kWarn, "refit");
+  e.Add("session", r.session_id)
+      .Add("outcome", OutcomeName(r.outcome))
+      .Add("cause", EndCauseName(r.cause))
+      .Add("version", r.version)
+      .Add("bytes_in", r.bytes_in)
+      .Add("bytes_out", r.bytes_out)
+      .Add("buckets", r.buckets)
+      .Add("tensors", r.tensors)
+      .Add("receive_ms", r.times.receive_ms)
+      .Add("convert_ms", r.times.convert_ms)
+      .Add("validate_ms", r.times.validate_ms)
+      .Add("commit_ms", r.times.commit_ms)
+      .Add("pause_ms", r.times.pause_ms)
+      .Add("total_ms", r.times.total_ms)
+      .Add("plan_ms", r.times.plan_ms)
+      .Add("finish_ms", r.times.finish_ms)
+      .Add("prepare_ms", r.times.prepare_ms);
+  if (!r.reason.empty()) e.Add("reason", r.reason);
 }
 
 // The engine's pause/resume over the control plane. The commit's worker thread calls it; each
@@ -144,7 +138,7 @@ class RegistrationImpl final : public proto::Registration::Server {
   ~RegistrationImpl() {
     const EngineRecord* e = state_.node.engine();
     if (e == nullptr || e->id != engine_id_) return;
-    Log(LogLevel::kInfo, absl::StrCat("event=engine_unregistered engine=", engine_id_));
+    LogEvent(LogLevel::kInfo, "engine_unregistered").Add("engine", engine_id_);
     state_.node.UnregisterEngine(engine_id_);
   }
 
@@ -324,8 +318,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     absl::StatusOr<BeginResult> begun = state_.node.Begin(*manifest, requested);
     if (!begun.ok()) return Answer(context, begun.status());
     const uint64_t id = begun->session_id;
-    Log(LogLevel::kInfo, absl::StrCat("event=session_begin session=", id, " tensors=", manifest->tensors.size(),
-                                      " partial=", manifest->partial ? "true" : "false"));
+    LogEvent(LogLevel::kInfo, "session_begin")
+        .Add("session", id)
+        .Add("tensors", manifest->tensors.size())
+        .Add("partial", manifest->partial);
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
@@ -342,7 +338,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     const uint64_t id = context.getParams().getSessionId();
     absl::Status joined = state_.node.Join(id);
     if (!joined.ok()) return Answer(context, joined);
-    Log(LogLevel::kInfo, absl::StrCat("event=session_join session=", id));
+    LogEvent(LogLevel::kInfo, "session_join").Add("session", id);
     auto results = context.getResults();
     results.setSession(kj::heap<SessionImpl>(state_, id, /*member=*/true));
     results.setDataEndpoint(state_.receiver->Endpoint());
@@ -374,9 +370,12 @@ class DaemonImpl final : public proto::Daemon::Server {
     absl::StatusOr<uint64_t> id = state_.node.RegisterEngine(std::move(setup));
     if (!id.ok()) return Answer(context, id.status());
     const EngineRecord& e = *state_.node.engine();
-    Log(e.dirty ? LogLevel::kWarn : LogLevel::kInfo,
-        absl::StrCat("event=engine_registered engine=", *id, " params=", nparams, " bytes=", e.bytes,
-                     " version=", e.version, " dirty=", e.dirty ? "true" : "false"));
+    LogEvent(e.dirty ? LogLevel::kWarn : LogLevel::kInfo, "engine_registered")
+        .Add("engine", *id)
+        .Add("params", nparams)
+        .Add("bytes", e.bytes)
+        .Add("version", e.version)
+        .Add("dirty", e.dirty);
     context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, *id));
     context.getResults().setVersion(e.version);
     return kj::READY_NOW;
@@ -466,11 +465,9 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
           [&] {
             NodeHooks h = std::move(hooks_in);
             h.on_commit_phase = [](uint64_t session, const char* phase) {
-              Log(LogLevel::kDebug, absl::StrCat("event=commit_window session=", session, " phase=", phase));
+              LogEvent(LogLevel::kDebug, "commit_window").Add("session", session).Add("phase", phase);
             };
-            h.on_log = [](const RefitReport& r) {
-              Log(r.outcome == Outcome::kCommitted ? LogLevel::kInfo : LogLevel::kWarn, ReportLine(r));
-            };
+            h.on_log = LogReport;
             return h;
           }()),
       tasks(error_handler_) {}
@@ -489,7 +486,7 @@ bool DaemonState::Drain(kj::WaitScope& wait_scope) {
 }
 
 void DaemonState::ErrorHandler::taskFailed(kj::Exception&& e) {
-  Log(LogLevel::kError, absl::StrCat("event=task_failed error=", Quoted(e.getDescription().cStr())));
+  LogEvent(LogLevel::kError, "task_failed").Add("error", e.getDescription().cStr());
 }
 
 proto::Daemon::Client MakeDaemon(DaemonState& state) { return kj::heap<DaemonImpl>(state); }

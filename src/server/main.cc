@@ -3,8 +3,9 @@
 //   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]
 //
 // Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
-// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0. SIGHUP: reload
-// the TLS certificate files (docs/security.md).
+// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0 (during start-up,
+// before the data plane exists, they end refitd at once). SIGHUP: re-read the config file's log
+// level and reload the TLS certificate files (docs/operations.md, docs/security.md).
 #include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@
 #include "metrics/refit_metrics.h"
 #include "metrics/registry.h"
 #include "server/admin/admin_server.h"
+#include "common/bounded_file.h"
 #include "common/failpoint.h"
 #include "common/tls_context.h"
 #include "server/config.h"
@@ -45,8 +47,26 @@ int Usage() {
 }
 
 int Fail(absl::string_view msg) {
-  refit::server::Log(refit::server::LogLevel::kError, absl::StrCat("event=fatal error=\"", msg, "\""));
+  refit::server::LogEvent(refit::server::LogLevel::kError, "fatal").Add("error", msg);
   return 1;
+}
+
+// SIGHUP: the config file's log level applies from now on; an unreadable or invalid file keeps
+// the current level (and is logged). Nothing else of the config is re-read.
+void ReloadLogLevel(const std::string& config_path, const refit::transport::TransportRegistry& transports) {
+  using refit::server::LogEvent;
+  using refit::server::LogLevel;
+  if (config_path.empty()) return;
+  absl::StatusOr<refit::server::Config> next = refit::server::LoadConfigFile(config_path, transports);
+  LogLevel level = refit::server::GetLogLevel();
+  if (!next.ok() || !refit::server::ParseLogLevel(next->log_level, level)) {
+    LogEvent(LogLevel::kError, "log_reload_failed")
+        .Add("error", next.ok() ? "invalid log.level" : next.status().message())
+        .Add("keeping", refit::server::LogLevelName(refit::server::GetLogLevel()));
+    return;
+  }
+  refit::server::SetLogLevel(level);
+  LogEvent(LogLevel::kInfo, "log_reloaded").Add("level", refit::server::LogLevelName(level));
 }
 
 }  // namespace
@@ -55,9 +75,9 @@ int main(int argc, char** argv) {
   using namespace refit;
   // Before any thread exists (UCX starts some): every thread inherits the blocked mask, so the
   // signals reach the event loop instead of killing the process.
-  kj::UnixEventPort::captureSignal(SIGTERM);
-  kj::UnixEventPort::captureSignal(SIGINT);
-  kj::UnixEventPort::captureSignal(SIGHUP);  // reloads the TLS files; ignored (logged) without TLS
+  // SIGTERM/SIGINT are captured further down, just before the data plane starts: until then
+  // (parsing the config and the model spec) their default action ends refitd at once.
+  kj::UnixEventPort::captureSignal(SIGHUP);  // re-reads the log level, reloads the TLS files
   signal(SIGPIPE, SIG_IGN);
   std::string config_path, listen, model_spec;
   bool print_config = false;
@@ -97,6 +117,11 @@ int main(int argc, char** argv) {
   server::LogLevel level;
   if (!server::ParseLogLevel(config->log_level, level)) return Fail(absl::StrCat("unknown log_level '", config->log_level, "'"));
   server::SetLogLevel(level);
+  server::LogFormat log_format;
+  if (!server::ParseLogFormat(config->log_format, log_format)) {
+    return Fail(absl::StrCat("unknown log.format '", config->log_format, "'"));
+  }
+  server::SetLogFormat(log_format);
 
   absl::StatusOr<spec::ModelSpec> spec = config->model_spec.empty()
                                              ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>")
@@ -112,9 +137,9 @@ int main(int argc, char** argv) {
   access.allowed_uids.insert(static_cast<uint32_t>(getuid()));
   for (uint32_t uid : config->allowed_uids) access.allowed_uids.insert(uid);
   if (!config->token_file.empty()) {
-    std::ifstream in(config->token_file);
-    std::getline(in, access.token);
-    if (!in && access.token.empty()) return Fail(absl::StrCat("cannot read access.token_file '", config->token_file, "'"));
+    absl::StatusOr<std::string> token = ReadBoundedFile(config->token_file, 64 << 10, "access.token_file");
+    if (!token.ok()) return Fail(token.status().message());
+    access.token = token->substr(0, token->find('\n'));
     if (access.token.size() < 16) return Fail("access.token_file: the token must be at least 16 bytes");
   }
   const bool unix_socket = config->listen.rfind("unix:", 0) == 0;
@@ -144,9 +169,10 @@ int main(int argc, char** argv) {
     absl::StatusOr<TlsContextAndSummary> ctx = NewServerTlsContext(tls_files);
     if (!ctx.ok()) return Fail(ctx.status().message());
     tls = kj::mv(ctx->context);
-    server::Log(server::LogLevel::kInfo,
-                absl::StrCat("event=tls_loaded subject=\"", ctx->summary.cert_subject, "\" not_after=\"",
-                             ctx->summary.cert_not_after, "\" client_cas=", ctx->summary.trusted_cas));
+    server::LogEvent(server::LogLevel::kInfo, "tls_loaded")
+        .Add("subject", ctx->summary.cert_subject)
+        .Add("not_after", ctx->summary.cert_not_after)
+        .Add("client_cas", ctx->summary.trusted_cas);
     access.tls_client_certs = !config->tls_client_ca.empty();
   } else if (!config->tls_client_ca.empty()) {
     return Fail("tls.client_ca is set without tls.cert and tls.key");
@@ -164,9 +190,14 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<FailpointSet>> parsed = FailpointSet::Parse(fp);
     if (!parsed.ok()) return Fail(absl::StrCat("REFIT_FAILPOINTS: ", parsed.status().message()));
     failpoints = std::move(*parsed);
-    server::Log(server::LogLevel::kWarn, absl::StrCat("event=failpoints_armed spec=\"", fp, "\""));
+    server::LogEvent(server::LogLevel::kWarn, "failpoints_armed").Add("spec", fp);
   }
 #endif
+
+  // From here on the event loop handles them (before any thread exists: UCX starts some, and
+  // every thread inherits the blocked mask, so the signals reach the event loop).
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
 
   // The data plane: the configured transport's receiver, and bucket slots in the memory its
   // payloads live in (the config parser checked that the transport exists).
@@ -218,19 +249,19 @@ int main(int argc, char** argv) {
   // fails to load keeps the previous certificate (and is logged).
   std::function<kj::Promise<void>()> reload_on_hup = [&]() -> kj::Promise<void> {
     return io.unixEventPort.onSignal(SIGHUP).then([&](siginfo_t) {
-      if (!with_tls) {
-        server::Log(server::LogLevel::kInfo, "event=sighup_ignored reason=\"no tls: configured, nothing to reload\"");
-        return reload_on_hup();
-      }
+      ReloadLogLevel(config_path, transports);
+      if (!with_tls) return reload_on_hup();
       absl::StatusOr<TlsContextAndSummary> next = NewServerTlsContext(tls_files);
       if (!next.ok()) {
-        server::Log(server::LogLevel::kError, absl::StrCat("event=tls_reload_failed error=\"", next.status().message(),
-                                                           "\" (keeping the previous certificate)"));
+        server::LogEvent(server::LogLevel::kError, "tls_reload_failed")
+            .Add("error", next.status().message())
+            .Add("keeping", "the previous certificate");
       } else {
         rpc.ReplaceTls(kj::mv(next->context));
-        server::Log(server::LogLevel::kInfo,
-                    absl::StrCat("event=tls_reloaded subject=\"", next->summary.cert_subject, "\" not_after=\"",
-                                 next->summary.cert_not_after, "\" client_cas=", next->summary.trusted_cas));
+        server::LogEvent(server::LogLevel::kInfo, "tls_reloaded")
+            .Add("subject", next->summary.cert_subject)
+            .Add("not_after", next->summary.cert_not_after)
+            .Add("client_cas", next->summary.trusted_cas);
       }
       return reload_on_hup();
     });
@@ -257,16 +288,19 @@ int main(int argc, char** argv) {
       return Fail(absl::StrCat("cannot chmod ", unix_path, ": ", std::strerror(errno)));
     }
   }
-  server::Log(server::LogLevel::kInfo,
-              absl::StrCat("event=listening control=", address, with_tls ? " tls=on" : "", " data=", state.receiver->Endpoint(),
-                           " model=", state.spec.model, " pid=", getpid(),
-                           admin_server ? absl::StrCat(" admin_port=", admin_server->port()) : ""));
+  {
+    server::LogEvent listening(server::LogLevel::kInfo, "listening");
+    listening.Add("control", address);
+    if (with_tls) listening.Add("tls", "on");
+    listening.Add("data", state.receiver->Endpoint()).Add("model", state.spec.model).Add("pid", getpid());
+    if (admin_server) listening.Add("admin_port", admin_server->port());
+  }
   std::fflush(stdout);
 
   auto serving = rpc.Listen(*listener, unix_socket);
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   siginfo_t info = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).wait(io.waitScope);
-  server::Log(server::LogLevel::kInfo, absl::StrCat("event=shutdown signal=", info.si_signo));
+  server::LogEvent(server::LogLevel::kInfo, "shutdown").Add("signal", info.si_signo);
   // Aborting ends a session that is still receiving (a commit waiting for buckets ends too). A
   // commit past that point, in its window, runs to the engine's resume (or its failure, bounded
   // by the engine timeouts) before refitd exits, and its outcome is logged.

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_file.h"
 #include "common/status_macros.h"
 #include "formats/format_info.h"
 #include "yaml-cpp/yaml.h"
@@ -293,9 +294,24 @@ int64_t Rule::Slots() const {
   return (fuse ? static_cast<int64_t>(fuse->order.size()) : 1) * (stack ? stack->count : 1);
 }
 
+namespace {
+
+// Ids of the entries of `items` that `index` says may match `name`: all of them when the index
+// does not cover `items` (a spec assembled by hand).
+template <typename T>
+std::vector<size_t> Candidates(const PatternIndex& index, const std::vector<T>& items, std::string_view name) {
+  if (index.size() == items.size()) return index.MatchCandidates(name);
+  std::vector<size_t> all(items.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return all;
+}
+
+}  // namespace
+
 absl::StatusOr<const Rule*> ModelSpec::RuleFor(std::string_view name) const {
   const Rule* found = nullptr;
-  for (const Rule& r : rules) {
+  for (size_t i : Candidates(match_index, rules, name)) {
+    const Rule& r = rules[i];
     if (!r.match.Match(name)) continue;
     if (found != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name), "' matches both ",
@@ -307,17 +323,25 @@ absl::StatusOr<const Rule*> ModelSpec::RuleFor(std::string_view name) const {
 }
 
 const Rule* ModelSpec::NeverRuleFor(std::string_view name) const {
-  for (const Rule& r : rules) {
+  for (size_t i : Candidates(match_index, rules, name)) {
+    const Rule& r = rules[i];
     if (r.never && r.match.Match(name)) return &r;
   }
   return nullptr;
 }
 
 std::optional<std::pair<const Derived*, Captures>> ModelSpec::DerivedFor(std::string_view engine_param) const {
-  for (const Derived& d : derived) {
+  for (size_t i : Candidates(derived_index, derived, engine_param)) {
+    const Derived& d = derived[i];
     if (auto caps = d.target.Match(engine_param)) return std::make_pair(&d, *caps);
   }
   return std::nullopt;
+}
+
+std::vector<const Rule*> ModelSpec::TargetCandidates(std::string_view base) const {
+  std::vector<const Rule*> out;
+  for (size_t i : Candidates(target_index, rules, base)) out.push_back(&rules[i]);
+  return out;
 }
 
 absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path, std::string_view base_dir) {
@@ -376,6 +400,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   if (const YAML::Node rules = root["rules"]) {
     if (!rules.IsSequence()) return r.Error(rules, "rules", "expected a list");
+    if (rules.size() > kMaxRules) {
+      return r.Error(rules, "rules", absl::StrCat("lists ", rules.size(), " rules; at most ", kMaxRules));
+    }
     for (size_t i = 0; i < rules.size(); ++i) {
       const YAML::Node n = rules[i];
       std::string where = absl::StrCat("rules[", i, "]");
@@ -448,22 +475,33 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       }
       if (n["layout"]) REFIT_RETURN_IF_ERROR(r.Layout(n["layout"], where + ".layout", rule));
       REFIT_RETURN_IF_ERROR(CheckRule(r, n, where, rule, spec));
-      for (const Rule& other : spec.rules) {
+      for (size_t j : spec.match_index.OverlapCandidates(rule.match)) {
+        const Rule& other = spec.rules[j];
         if (other.match.Overlaps(rule.match)) {
           return r.Error(n["match"], where + ".match",
                          absl::StrCat("'", rule.match.text(), "' overlaps ", other.Describe(),
                                       ": some tensor name matches both"));
         }
-        if (rule.target && other.target && !rule.never && !other.never && rule.target->Overlaps(*other.target)) {
-          return r.Error(n["target"], where + ".target",
-                         absl::StrCat("'", rule.target->text(), "' overlaps the target of ", other.Describe()));
+      }
+      if (rule.target && !rule.never) {
+        for (size_t j : spec.target_index.OverlapCandidates(*rule.target)) {
+          const Rule& other = spec.rules[j];
+          if (other.target && !other.never && rule.target->Overlaps(*other.target)) {
+            return r.Error(n["target"], where + ".target",
+                           absl::StrCat("'", rule.target->text(), "' overlaps the target of ", other.Describe()));
+          }
         }
       }
+      spec.match_index.Add(rule.match);
+      spec.target_index.Add(rule.target ? *rule.target : rule.match);
       spec.rules.push_back(std::move(rule));
     }
   }
   if (const YAML::Node groups = root["groups"]) {
     if (!groups.IsSequence()) return r.Error(groups, "groups", "expected a list");
+    if (groups.size() > kMaxRules) {
+      return r.Error(groups, "groups", absl::StrCat("lists ", groups.size(), " entries; at most ", kMaxRules));
+    }
     for (size_t i = 0; i < groups.size(); ++i) {
       const YAML::Node n = groups[i];
       std::string where = absl::StrCat("groups[", i, "]");
@@ -489,6 +527,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   if (const YAML::Node derived = root["derived"]) {
     if (!derived.IsSequence()) return r.Error(derived, "derived", "expected a list");
+    if (derived.size() > kMaxRules) {
+      return r.Error(derived, "derived", absl::StrCat("lists ", derived.size(), " entries; at most ", kMaxRules));
+    }
     for (size_t i = 0; i < derived.size(); ++i) {
       const YAML::Node n = derived[i];
       std::string where = absl::StrCat("derived[", i, "]");
@@ -507,12 +548,14 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       std::sort(tc.begin(), tc.end());
       std::sort(fc.begin(), fc.end());
       if (tc != fc) return r.Error(n, where, "target and from must use the same captures");
-      for (const Derived& other : spec.derived) {
+      for (size_t j : spec.derived_index.OverlapCandidates(d.target)) {
+        const Derived& other = spec.derived[j];
         if (other.target.Overlaps(d.target)) {
           return r.Error(n["target"], where + ".target", absl::StrCat("overlaps derived target '", other.target.text(),
                                                                        "' (line ", other.line, ")"));
         }
       }
+      spec.derived_index.Add(d.target);
       spec.derived.push_back(std::move(d));
     }
   }
@@ -534,11 +577,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
 }
 
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read model spec '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseModelSpec(ss.str(), path, std::filesystem::path(path).parent_path().string());
+  REFIT_ASSIGN_OR_RETURN(std::string text, ReadBoundedFile(path, kMaxModelSpecFileBytes, "model spec"));
+  return ParseModelSpec(text, path, std::filesystem::path(path).parent_path().string());
 }
 
 }  // namespace refit::spec

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "formats/format.h"
 #include "spec/name_pattern.h"
+#include "spec/pattern_index.h"
 #include "spec/quant_config.h"
 
 namespace refit::spec {
@@ -114,6 +115,12 @@ struct ModelSpec {
   int tp_size = 1;
   int tp_rank = 0;
 
+  // Over rules[i].match, rules[i].target (or .match when it has none) and derived[i].target,
+  // built by ParseModelSpec; a spec assembled by hand without them is searched rule by rule.
+  PatternIndex match_index;
+  PatternIndex target_index;
+  PatternIndex derived_index;
+
   // The rule for trainer tensor `name`: the one rule whose pattern matches, else `defaults`.
   // Error naming both rules when two match (overlapping rules).
   absl::StatusOr<const Rule*> RuleFor(std::string_view name) const;
@@ -121,7 +128,14 @@ struct ModelSpec {
   const Rule* NeverRuleFor(std::string_view name) const;
   // The derived entry whose target matches `engine_param`, with its captures; nullopt if none.
   std::optional<std::pair<const Derived*, Captures>> DerivedFor(std::string_view engine_param) const;
+  // The rules, in order, whose target (their match when they have none) may match the engine
+  // parameter base name `base`; every rule whose target matches it is among them.
+  std::vector<const Rule*> TargetCandidates(std::string_view base) const;
 };
+
+// Largest model spec file read (bytes) and most rules in one spec; beyond them the spec is refused.
+inline constexpr uint64_t kMaxModelSpecFileBytes = 4 << 20;
+inline constexpr size_t kMaxRules = 20000;
 
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
 // `base_dir` resolves a relative checkpoint.quant_config path ("" = the current directory).

@@ -159,6 +159,16 @@ bool NamePattern::Expandable() const {
   return true;
 }
 
+std::string_view NamePattern::LiteralPrefix() const {
+  if (tokens_.empty() || tokens_.front().kind != Kind::kLiteral) return {};
+  return tokens_.front().text;
+}
+
+std::string_view NamePattern::LiteralSuffix() const {
+  if (tokens_.size() < 2 || tokens_.back().kind != Kind::kLiteral) return {};
+  return tokens_.back().text;
+}
+
 namespace {
 
 // A character-level NFA: label 0 = epsilon, 1 = any character but '.', 2 = any character,

@@ -39,6 +39,11 @@ class NamePattern {
   // True when some name matches both patterns (conservative: a capture used twice is treated
   // as two independent captures).
   bool Overlaps(const NamePattern& other) const;
+  // The literal text every matching name starts with (ends with): the pattern's first (last)
+  // token when it is a literal, else "". A pattern that is one literal has itself as prefix and
+  // "" as suffix.
+  std::string_view LiteralPrefix() const;
+  std::string_view LiteralSuffix() const;
 
  private:
   enum class Kind { kLiteral, kStar, kDoubleStar, kCapture, kAlternation };

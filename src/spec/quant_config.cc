@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bounded_file.h"
 #include "common/status_macros.h"
 #include "formats/format_info.h"
 #include "yaml-cpp/yaml.h"
@@ -234,11 +235,10 @@ absl::StatusOr<QuantConfig> ParseQuantConfigText(std::string_view text, std::str
 }
 
 absl::StatusOr<QuantConfig> LoadQuantConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read checkpoint quantization config '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseQuantConfigText(ss.str(), path);
+  absl::StatusOr<std::string> text =
+      ReadBoundedFile(path, kMaxQuantConfigFileBytes, "checkpoint quantization config");
+  if (!text.ok()) return text.status();
+  return ParseQuantConfigText(*text, path);
 }
 
 }  // namespace refit::spec

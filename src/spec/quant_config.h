@@ -10,6 +10,7 @@
 #ifndef REFIT_SPEC_QUANT_CONFIG_H_
 #define REFIT_SPEC_QUANT_CONFIG_H_
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -43,6 +44,9 @@ bool GlobMatch(std::string_view pattern, std::string_view text);
 
 // Parses JSON (or YAML) text of either file kind. `source` names it in errors.
 absl::StatusOr<QuantConfig> ParseQuantConfigText(std::string_view text, std::string_view source);
+// Largest quantization config file read (bytes); a bigger one, or one that is not a regular file
+// (/dev/zero), is refused naming the file.
+inline constexpr uint64_t kMaxQuantConfigFileBytes = 16 << 20;
 absl::StatusOr<QuantConfig> LoadQuantConfigFile(const std::string& path);
 // `root` holds "quantization" (hf_quant_config.json) or "quantization_config" (config.json).
 absl::StatusOr<QuantConfig> ParseQuantConfigNode(const YAML::Node& root, std::string_view source);

@@ -158,3 +158,25 @@ TEST(ModelSpecTest, TensorParallelAndDerivedAreValidated) {
 
 }  // namespace
 }  // namespace refit::spec
+
+namespace refit::spec {
+namespace {
+
+TEST(ModelSpecInputsTest, QuantConfigDevZeroIsRefusedNamingTheFile) {
+  absl::Status s = ParseModelSpec("model: m\ncheckpoint:\n  quant_config: /dev/zero\n", "z.yaml").status();
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("z.yaml:3: checkpoint.quant_config: checkpoint quantization config "
+                                                "'/dev/zero' is not a regular file (a character device)"));
+}
+
+TEST(ModelSpecInputsTest, OversizedSpecFileIsRefused) {
+  const std::string path = (std::filesystem::temp_directory_path() / "refit_big_spec.yaml").string();
+  {
+    std::ofstream out(path);
+    out << "model: m\n" << std::string(kMaxModelSpecFileBytes, '#');
+  }
+  EXPECT_THAT(LoadModelSpecFile(path).status().message(), ::testing::HasSubstr("over the limit of 4 MiB"));
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace refit::spec

@@ -1,0 +1,54 @@
+#include "server/config.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "transport/builtin_transports.h"
+
+namespace refit::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path) {
+  return server::ParseConfig(yaml, path, transport::BuiltinTransports());
+}
+
+TEST(ConfigTest, LogSectionIsRead) {
+  absl::StatusOr<Config> c = ParseConfig("log:\n  format: json\n  level: warn\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->log_format, "json");
+  EXPECT_EQ(c->log_level, "warn");
+  c = ParseConfig("log_level: debug\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->log_format, "text");
+  EXPECT_EQ(c->log_level, "debug");
+  c = ParseConfig("log_level: debug\nlog: {level: error}\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->log_level, "error");  // log.level wins
+}
+
+TEST(ConfigTest, BadLogSettingsNameTheKey) {
+  EXPECT_THAT(ParseConfig("log:\n  format: xml\n", "c.yaml").status().message(),
+              HasSubstr("c.yaml:2: log.format: must be text or json"));
+  EXPECT_THAT(ParseConfig("log:\n  level: loud\n", "c.yaml").status().message(), HasSubstr("log.level: must be"));
+  EXPECT_THAT(ParseConfig("log:\n  colour: red\n", "c.yaml").status().message(), HasSubstr("unknown key 'colour'"));
+}
+
+TEST(ConfigTest, AllowedUidsAreCapped) {
+  std::string uids;
+  for (size_t i = 0; i <= kMaxAllowedUids; ++i) absl::StrAppend(&uids, i == 0 ? "" : ",", 1000 + i);
+  absl::Status s = ParseConfig(absl::StrCat("access:\n  allowed_uids: [", uids, "]\n"), "c.yaml").status();
+  EXPECT_THAT(s.message(), HasSubstr("access.allowed_uids: lists 4097 uids; at most 4096"));
+}
+
+TEST(ConfigTest, ConfigFileIsBounded) {
+  EXPECT_THAT(LoadConfigFile("/dev/zero", transport::BuiltinTransports()).status().message(),
+              HasSubstr("config '/dev/zero' is not a regular file (a character device)"));
+  EXPECT_EQ(LoadConfigFile("/nonexistent/refitd.yaml", transport::BuiltinTransports()).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace refit::server
