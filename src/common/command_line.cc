@@ -14,14 +14,17 @@
 namespace refit::cli {
 namespace {
 
-std::string Canonical(std::string_view spelled) { return absl::StrReplaceAll(spelled, {{"-", "_"}}); }
+// This Abseil's string_view is its own type, not std::string_view.
+absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+std::string Canonical(std::string_view spelled) { return absl::StrReplaceAll(Absl(spelled), {{"-", "_"}}); }
 
 bool Accepted(std::span<const std::string_view> accepted, std::string_view name) {
   return std::find(accepted.begin(), accepted.end(), name) != accepted.end();
 }
 
 absl::CommandLineFlag& Find(std::string_view name) {
-  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(Absl(name));
   // A program naming a flag it never defined is a bug in the program, not a usage error.
   if (flag == nullptr) {
     std::fprintf(stderr, "internal error: flag '%.*s' is not defined\n", static_cast<int>(name.size()), name.data());
@@ -35,7 +38,7 @@ std::string ValueName(std::string_view flag_name) { return absl::AsciiStrToUpper
 }  // namespace
 
 std::string Spelling(std::string_view flag_name) {
-  return absl::StrCat("--", absl::StrReplaceAll(flag_name, {{"_", "-"}}));
+  return absl::StrCat("--", absl::StrReplaceAll(Absl(flag_name), {{"_", "-"}}));
 }
 
 absl::StatusOr<ParsedArgs> ParseFlags(std::span<const std::string_view> args,
@@ -70,7 +73,7 @@ absl::StatusOr<ParsedArgs> ParseFlags(std::span<const std::string_view> args,
       negated = true;
     }
     if (name.empty() || !Accepted(accepted, name)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", a.substr(0, a.find('=')), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", Absl(a.substr(0, a.find('='))), "'"));
     }
     absl::CommandLineFlag& flag = Find(name);
     std::string value;

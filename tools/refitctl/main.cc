@@ -7,8 +7,6 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "refitctl/command.h"
 #include "refitctl/convert_command.h"
@@ -39,10 +37,22 @@ int PrintCommandHelp(const Command& c) {
   return kExitOk;
 }
 
+// Abseil's string functions here take absl::string_view, a type of its own: split by hand.
+std::vector<std::string_view> Words(std::string_view text) {
+  std::vector<std::string_view> out;
+  while (!text.empty()) {
+    const size_t space = text.find(' ');
+    if (space != 0) out.push_back(text.substr(0, space));
+    if (space == std::string_view::npos) break;
+    text.remove_prefix(space + 1);
+  }
+  return out;
+}
+
 // The command `words` begin with (one word, or two for "spec lint"); null if none.
 const Command* FindCommand(std::span<const std::string_view> words, size_t& used) {
   for (const Command& c : kCommands) {
-    const std::vector<std::string_view> name = absl::StrSplit(c.name, ' ');
+    const std::vector<std::string_view> name = Words(c.name);
     if (name.size() <= words.size() && std::equal(name.begin(), name.end(), words.begin())) {
       used = name.size();
       return &c;
@@ -65,21 +75,21 @@ int Main(int argc, char** argv) {
   if (c == &kCommands.back()) {  // refitctl help [COMMAND...]
     if (words.size() == 1) return PrintUsage(std::cout, kExitOk);
     const Command* about = FindCommand(std::span(words).subspan(1), used);
-    if (about == nullptr) return UsageError(*c, absl::StrCat("unknown command '", words[1], "'"));
+    if (about == nullptr) return UsageError(*c, "unknown command '" + std::string(words[1]) + "'");
     return PrintCommandHelp(*about);
   }
   absl::StatusOr<cli::ParsedArgs> parsed = cli::ParseFlags(std::span(words).subspan(used), c->flags);
-  if (!parsed.ok()) return UsageError(*c, parsed.status().message());
+  if (!parsed.ok()) return UsageError(*c, std::string(parsed.status().message()));
   if (parsed->help) return PrintCommandHelp(*c);
   if (parsed->version) return UsageError(*c, "--version is a refitctl flag: refitctl --version");
   const std::vector<std::string>& args = parsed->positional;
   if (args.size() < c->min_args) {
-    const std::vector<std::string_view> names = absl::StrSplit(c->arguments, ' ', absl::SkipEmpty());
-    std::string missing;
-    for (size_t i = args.size(); i < c->min_args && i < names.size(); ++i) absl::StrAppend(&missing, " ", names[i]);
-    return UsageError(*c, absl::StrCat("missing", missing));
+    const std::vector<std::string_view> names = Words(c->arguments);
+    std::string missing = "missing";
+    for (size_t i = args.size(); i < c->min_args && i < names.size(); ++i) (missing += " ") += names[i];
+    return UsageError(*c, missing);
   }
-  if (args.size() > c->max_args) return UsageError(*c, absl::StrCat("unexpected argument '", args[c->max_args], "'"));
+  if (args.size() > c->max_args) return UsageError(*c, "unexpected argument '" + args[c->max_args] + "'");
   return c->run(args);
 }
 
@@ -87,8 +97,10 @@ int Main(int argc, char** argv) {
 
 std::string CommandUsage(const Command& c) {
   const std::string flags = cli::FlagsSynopsis(c.flags);
-  return absl::StrCat("usage: refitctl ", c.name, flags.empty() ? "" : " ", flags, c.arguments.empty() ? "" : " ",
-                      c.arguments, "\n");
+  std::string usage = "usage: refitctl " + std::string(c.name);
+  if (!flags.empty()) usage += " " + flags;
+  if (!c.arguments.empty()) (usage += " ") += c.arguments;
+  return usage + "\n";
 }
 
 int UsageError(const Command& c, std::string_view problem) {

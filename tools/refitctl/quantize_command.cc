@@ -19,7 +19,7 @@ int RunQuantize(std::span<const std::string> paths) {
   const std::string format_name = absl::GetFlag(FLAGS_format);
   if (format_name.empty()) return UsageError(kQuantizeCommand, "--format is required");
   absl::StatusOr<formats::Format> format = formats::ParseFormat(format_name);
-  if (!format.ok()) return UsageError(kQuantizeCommand, format.status().message());
+  if (!format.ok()) return UsageError(kQuantizeCommand, std::string(format.status().message()));
   formats::QuantizeFileOptions options;
   const std::string fp32_input = absl::GetFlag(FLAGS_fp32_input);
   if (fp32_input == "exact") {

@@ -20,7 +20,7 @@ namespace refit::refitctl {
 
 int RunSpecLint(std::span<const std::string> args) {
   const bool json_output = absl::GetFlag(FLAGS_json);
-  auto fail = [&](std::string_view msg) {
+  auto fail = [&](absl::string_view msg) {
     if (json_output) {
       std::cout << nlohmann::json{{"ok", false}, {"error", std::string(msg)}}.dump() << "\n";
     } else {
