@@ -12,6 +12,9 @@
 #   lib/systemd/system/refitd.service, refitd@.service
 #   etc/refitd/refitd.yaml, etc/refitd/models/demo-llama.yaml (/etc for the prefix /usr)
 include(GNUInstallDirs)
+# `make install` and cpack install what is built and build nothing first: a release tree builds
+# just the installed targets (README, "Install"), and cpack on a built test tree stays fast.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
 
 install(TARGETS refitd refitctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS refit_client_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
@@ -42,6 +45,10 @@ set(CPACK_PACKAGE_DESCRIPTION "refitd converts the weights RL trainers stream to
 and swaps them into a running inference engine's memory in place. The package holds refitd, refitctl,
 librefit_client.so and its C header, the refit Python package sources, model specs and systemd units.")
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+# Stripped binaries (a RelWithDebInfo refitd is mostly debug info); zstd packs fast and dpkg 1.21
+# (Debian 12) reads it.
+set(CPACK_STRIP_FILES ON)
+set(CPACK_DEBIAN_COMPRESSION_TYPE zstd)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "https://example.com/refitd")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
