@@ -153,6 +153,10 @@ int main(int argc, char** argv) {
                 absl::StrCat("event=failpoints_armed spec=\"", std::getenv("REFIT_FAILPOINTS"), "\""));
   }
 
+  // systemd's notify socket, when refitd runs as a Type=notify unit (null otherwise).
+  absl::StatusOr<std::unique_ptr<server::ServiceNotifier>> notifier = server::ServiceNotifier::FromEnvironment();
+  if (!notifier.ok()) return Fail(notifier.status().message());
+
   // The data plane: UCX into pinned host slots, or NCCL into slots on the engine's GPU.
   std::unique_ptr<transport::Receiver> receiver;
   std::unique_ptr<storage::Memory> slot_memory;
@@ -267,8 +271,6 @@ int main(int argc, char** argv) {
                            admin_server ? absl::StrCat(" admin_port=", admin_server->port()) : ""));
   std::fflush(stdout);
   // systemd (Type=notify): ready now that connections are accepted; watchdog pings from here on.
-  absl::StatusOr<std::unique_ptr<server::ServiceNotifier>> notifier = server::ServiceNotifier::FromEnvironment();
-  if (!notifier.ok()) return Fail(notifier.status().message());
   kj::Promise<void> watchdog = kj::READY_NOW;
   if (*notifier) {
     if (absl::Status st = (*notifier)->Notify("READY=1"); !st.ok()) return Fail(st.message());

@@ -72,7 +72,7 @@ int Main(int argc, char** argv) {
     std::cerr << "refitctl: unknown command '" << words[0] << "'\n";
     return PrintUsage(std::cerr, kExitUsage);
   }
-  if (c == &kCommands.back()) {  // refitctl help [COMMAND...]
+  if (c->name == kHelpCommand.name) {  // refitctl help [COMMAND...]
     if (words.size() == 1) return PrintUsage(std::cout, kExitOk);
     const Command* about = FindCommand(std::span(words).subspan(1), used);
     if (about == nullptr) return UsageError(*c, "unknown command '" + std::string(words[1]) + "'");
