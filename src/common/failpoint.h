@@ -8,9 +8,10 @@
 // hit). `crash` ends the process with SIGKILL, as `kill -9` would; `error` makes the step return
 // an Internal error naming the failpoint; `delay:MS` sleeps MS milliseconds, then continues.
 //
-// Failpoints are compiled only when REFIT_FAILPOINTS is defined (test builds; configure with
-// -DREFIT_FAILPOINTS=OFF for release). Without it, REFIT_FAILPOINT(...) is an OK status and the
-// set is never consulted.
+// Failpoints are compiled only into test builds: the CMake option REFIT_FAILPOINTS defines the
+// macro REFIT_FAILPOINTS, and it is ON only when REFIT_TESTING is (the default for a checkout;
+// packages and images build with -DREFIT_TESTING=OFF). Without it, ArmFailpointsFromEnvironment
+// ignores the variable and REFIT_FAILPOINT(...) is an OK status that never consults a set.
 //
 // Threading: after Parse, Hit may be called from any thread (hit counters are atomic).
 #ifndef REFIT_COMMON_FAILPOINT_H_
@@ -18,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,6 +67,35 @@ class FailpointSet {
 
 // True when a failpoint name is one refitd defines.
 bool IsKnownFailpoint(const std::string& name);
+
+}  // namespace refit
+
+namespace refit {
+
+// The two builds' versions of the inline functions below live in different inline namespaces,
+// so a test compiled without failpoints can link the (test-build) refit_common libraries.
+#if defined(REFIT_FAILPOINTS) && REFIT_FAILPOINTS
+inline namespace failpoints_compiled_in {
+inline constexpr bool kFailpointsCompiledIn = true;
+
+// The set armed by $REFIT_FAILPOINTS: null when it is unset or empty, an error when it does not
+// parse (a test that arms a failpoint it misspelled must fail, not pass silently).
+inline absl::StatusOr<std::unique_ptr<FailpointSet>> ArmFailpointsFromEnvironment() {
+  const char* spec = std::getenv("REFIT_FAILPOINTS");
+  if (spec == nullptr || *spec == '\0') return std::unique_ptr<FailpointSet>();
+  return FailpointSet::Parse(spec);
+}
+}  // namespace failpoints_compiled_in
+#else
+inline namespace failpoints_compiled_out {
+inline constexpr bool kFailpointsCompiledIn = false;
+
+// A build without failpoints never reads $REFIT_FAILPOINTS: nothing can be armed.
+inline absl::StatusOr<std::unique_ptr<FailpointSet>> ArmFailpointsFromEnvironment() {
+  return std::unique_ptr<FailpointSet>();
+}
+}  // namespace failpoints_compiled_out
+#endif
 
 }  // namespace refit
 

@@ -1,11 +1,14 @@
 // refitd: the refit daemon. One per rollout node, next to the inference engine.
 //
-//   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]
+//   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--admin-listen ADDR] [--print-config]
+//   refitd --help | --version
 //
 // Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
 // model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0 (during start-up,
 // before the data plane exists, they end refitd at once). SIGHUP: re-read the config file's log
-// level and reload the TLS certificate files (docs/operations.md, docs/security.md).
+// level and reload the TLS certificate files (docs/operations.md, docs/security.md). Under systemd
+// (Type=notify, sd_notify.h): READY=1 once the control socket listens, WATCHDOG=1 pings while the
+// event loop runs.
 #include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -29,22 +32,20 @@
 #include "common/bounded_file.h"
 #include "common/failpoint.h"
 #include "common/tls_context.h"
+#include "common/version.h"
 #include "server/config.h"
 #include "server/control_listener.h"
 #include "server/daemon_metrics.h"
 #include "server/daemon_service.h"
+#include "server/flags.h"
 #include "server/log.h"
+#include "server/sd_notify.h"
 #include "spec/model_spec.h"
 #include "storage/memory.h"
 #include "transport/builtin_transports.h"
 #include "transport/registry.h"
 
 namespace {
-
-int Usage() {
-  std::fprintf(stderr, "usage: refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--print-config]\n");
-  return 2;
-}
 
 int Fail(absl::string_view msg) {
   refit::server::LogEvent(refit::server::LogLevel::kError, "fatal").Add("error", msg);
@@ -79,33 +80,19 @@ int main(int argc, char** argv) {
   // (parsing the config and the model spec) their default action ends refitd at once.
   kj::UnixEventPort::captureSignal(SIGHUP);  // re-reads the log level, reloads the TLS files
   signal(SIGPIPE, SIG_IGN);
-  std::string config_path, listen, model_spec;
-  bool print_config = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) return false;
-      out = argv[++i];
-      return true;
-    };
-    if (a == "--config") {
-      if (!value(config_path)) return Usage();
-    } else if (a == "--listen") {
-      if (!value(listen)) return Usage();
-    } else if (a == "--model-spec") {
-      if (!value(model_spec)) return Usage();
-    } else if (a == "--print-config") {
-      print_config = true;
-    } else {
-      return Usage();
-    }
-  }
+  const server::CommandLine command_line = server::ParseCommandLine(argc, argv);
+  if (command_line.exit_code) return *command_line.exit_code;
+  const std::string& config_path = command_line.config_path;
+  const std::string& listen = command_line.listen;
+  const std::string& model_spec = command_line.model_spec;
+  const bool print_config = command_line.print_config;
   const transport::TransportRegistry transports = transport::BuiltinTransports();
   absl::StatusOr<server::Config> config = config_path.empty()
                                               ? absl::StatusOr<server::Config>(server::DefaultConfig(transports))
                                               : server::LoadConfigFile(config_path, transports);
   if (!config.ok()) return Fail(config.status().message());
   if (!listen.empty()) config->listen = listen;
+  if (!command_line.admin_listen.empty()) config->admin_listen = command_line.admin_listen;
   if (!model_spec.empty()) {
     config->model_spec = model_spec;
     config->model_spec_inline.clear();
@@ -184,15 +171,17 @@ int main(int argc, char** argv) {
     socket_gid = g->gr_gid;
   }
 
-  std::unique_ptr<FailpointSet> failpoints;
-#if defined(REFIT_FAILPOINTS) && REFIT_FAILPOINTS
-  if (const char* fp = std::getenv("REFIT_FAILPOINTS"); fp != nullptr && *fp != '\0') {
-    absl::StatusOr<std::unique_ptr<FailpointSet>> parsed = FailpointSet::Parse(fp);
-    if (!parsed.ok()) return Fail(absl::StrCat("REFIT_FAILPOINTS: ", parsed.status().message()));
-    failpoints = std::move(*parsed);
-    server::LogEvent(server::LogLevel::kWarn, "failpoints_armed").Add("spec", fp);
+  // Test builds only (REFIT_TESTING): a release build ignores REFIT_FAILPOINTS.
+  absl::StatusOr<std::unique_ptr<FailpointSet>> armed = ArmFailpointsFromEnvironment();
+  if (!armed.ok()) return Fail(absl::StrCat("REFIT_FAILPOINTS: ", armed.status().message()));
+  std::unique_ptr<FailpointSet> failpoints = std::move(*armed);
+  if (failpoints) {
+    server::LogEvent(server::LogLevel::kWarn, "failpoints_armed").Add("spec", std::getenv("REFIT_FAILPOINTS"));
   }
-#endif
+
+  // systemd's notify socket, when refitd runs as a Type=notify unit (null otherwise).
+  absl::StatusOr<std::unique_ptr<server::ServiceNotifier>> notifier = server::ServiceNotifier::FromEnvironment();
+  if (!notifier.ok()) return Fail(notifier.status().message());
 
   // From here on the event loop handles them (before any thread exists: UCX starts some, and
   // every thread inherits the blocked mask, so the signals reach the event loop).
@@ -214,7 +203,7 @@ int main(int argc, char** argv) {
 
   auto io = kj::setupAsyncIo();
   metrics::Registry registry;
-  metrics::BuildInfo build{REFIT_VERSION, REFIT_GIT_COMMIT, REFIT_BUILD_TYPE, REFIT_WITH_CUDA != 0};
+  metrics::BuildInfo build{kVersion, kGitCommit, kBuildType, kWithCuda};
   absl::StatusOr<metrics::RefitMetrics> refit_metrics = metrics::RefitMetrics::Register(registry, build);
   if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
   absl::StatusOr<std::unique_ptr<BucketRing>> ring =
@@ -296,16 +285,25 @@ int main(int argc, char** argv) {
     if (admin_server) listening.Add("admin_port", admin_server->port());
   }
   std::fflush(stdout);
+  // systemd (Type=notify): ready now that connections are accepted; watchdog pings from here on.
+  kj::Promise<void> watchdog = kj::READY_NOW;
+  if (*notifier) {
+    if (absl::Status st = (*notifier)->Notify("READY=1"); !st.ok()) return Fail(st.message());
+    if ((*notifier)->watchdog_usec()) {
+      watchdog = server::PingWatchdog(**notifier, io.provider->getTimer()).eagerlyEvaluate(nullptr);
+    }
+  }
 
   auto serving = rpc.Listen(*listener, unix_socket);
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   siginfo_t info = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).wait(io.waitScope);
   server::LogEvent(server::LogLevel::kInfo, "shutdown").Add("signal", info.si_signo);
+  if (*notifier) (void)(*notifier)->Notify("STOPPING=1");
   // Aborting ends a session that is still receiving (a commit waiting for buckets ends too). A
   // commit past that point, in its window, runs to the engine's resume (or its failure, bounded
   // by the engine timeouts) before refitd exits, and its outcome is logged.
   if (!state.Drain(io.waitScope)) {
-    server::Log(server::LogLevel::kError, "event=shutdown_with_commit_running (the engine's timeouts passed)");
+    server::LogEvent(server::LogLevel::kError, "shutdown_with_commit_running").Add("reason", "the engine timeouts passed");
     if (!unix_path.empty()) unlink(unix_path.c_str());
     std::fflush(stdout);
     std::_Exit(1);  // the commit's thread cannot be joined; the engine agent knows its state

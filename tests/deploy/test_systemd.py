@@ -111,3 +111,54 @@ def test_refitd_refits_with_the_deploy_config(systemd_refitd):
     assert re.search(r"^refit_committed_version 1$", body, re.M), body
     assert re.search(r'^refit_sessions_total\{outcome="committed",reason="none"\} 1$', body, re.M), body
     assert systemd_refitd.stop() == 0
+
+
+TEMPLATE = DEPLOY / "systemd/refitd@.service"
+
+
+def test_notify_readiness_watchdog_and_reload():
+    """Type=notify: refitd sends READY=1 once listening (test_systemd_notify.py proves it) and
+    pings the watchdog; reload is SIGHUP, which refitd handles (main.cc) instead of dying."""
+    s = unit_settings(UNIT.read_text())
+    assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
+    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    watchdog = s["WatchdogSec"][0]
+    assert re.fullmatch(r"\d+s", watchdog) and 10 <= int(watchdog[:-1]) <= 120, watchdog
+    # A watchdog kill counts as a failure, so Restart=on-failure restarts it.
+    assert s["Restart"] == ["on-failure"]
+    main = (SRC / "src/server/main.cc").read_text()
+    assert "captureSignal(SIGHUP)" in main
+
+
+def test_reload_is_documented():
+    ops = (SRC / "docs/operations.md").read_text()
+    assert "### Reload" in ops and "SIGHUP" in ops and "systemctl reload" in ops
+
+
+def test_template_differs_only_in_the_instance_settings():
+    unit, template = unit_settings(UNIT.read_text()), unit_settings(TEMPLATE.read_text())
+    per_instance = {"Description", "ExecStart", "RuntimeDirectory", "CacheDirectory", "Environment"}
+    assert {k: v for k, v in unit.items() if k not in per_instance} == \
+        {k: v for k, v in template.items() if k not in per_instance}
+    assert template["ExecStart"] == [
+        f"{INSTALLED_BINARY} --config /etc/refitd/%i.yaml --listen unix:/run/refitd/%i/refitd.sock"]
+    assert template["RuntimeDirectory"] == ["refitd/%i"]
+    assert template["CacheDirectory"] == ["refitd/%i"]
+    assert template["Environment"] == ["CUDA_CACHE_PATH=%C/refitd/%i/cuda"]
+    assert "%i" in template["Description"][0]
+
+
+def test_template_instance_serves_on_its_own_socket(tmp_path):
+    """What refitd@llama.service runs: the instance's config, the socket the command line names
+    (overriding the config's listen), with the instance's own admin address."""
+    instance = "llama"
+    cfg = deploy_config_for_test(CONFIG.read_text(), tmp_path, DEPLOY / "models/demo-llama.yaml")
+    (tmp_path / f"{instance}.yaml").write_text(cfg.read_text())
+    exec_start = unit_settings(TEMPLATE.read_text())["ExecStart"][0]
+    args = exec_start.replace("%i", instance).replace("/etc/refitd", str(tmp_path)).replace(
+        "/run/refitd", str(tmp_path)).split()[1:]
+    (tmp_path / instance).mkdir()
+    p = subprocess.run([str(need_refitd()), *args, "--admin-listen", "127.0.0.1:0", "--print-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"listen: unix:{tmp_path}/{instance}/refitd.sock" in p.stdout

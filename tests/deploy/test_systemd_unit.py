@@ -11,6 +11,7 @@ import pytest
 from conftest import DEPLOY, need_refitd, need_tool
 
 UNIT = DEPLOY / "systemd/refitd.service"
+TEMPLATE = DEPLOY / "systemd/refitd@.service"
 INSTALLED_BINARY = "/usr/local/bin/refitd"
 
 
@@ -19,10 +20,10 @@ def verify(path: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def unit_for_this_machine(tmp_path: Path) -> Path:
-    text = UNIT.read_text()
+def unit_for_this_machine(tmp_path: Path, unit: Path = UNIT, name: str = "refitd.service") -> Path:
+    text = unit.read_text()
     assert f"ExecStart={INSTALLED_BINARY} " in text
-    out = tmp_path / "refitd.service"
+    out = tmp_path / name
     out.write_text(text.replace(f"ExecStart={INSTALLED_BINARY} ", f"ExecStart={need_refitd()} "))
     return out
 
@@ -65,3 +66,18 @@ def test_security_exposure_is_low(tmp_path, verify_baseline):
     assert p.returncode == 0, f"exposure {overall.group(1)} is above 2.0:\n{p.stdout}"
 
 
+
+
+def test_template_instance_verifies_without_warnings(tmp_path, verify_baseline):
+    """refitd@.service, verified as an instance (verify needs an instance name for %i)."""
+    p = verify(unit_for_this_machine(tmp_path, TEMPLATE, "refitd@demo.service"))
+    findings = [l for l in (p.stdout + p.stderr).splitlines() if l not in verify_baseline]
+    assert p.returncode == 0 and not findings, "\n".join(findings)
+
+
+def test_template_security_exposure_is_low(tmp_path, verify_baseline):
+    p = subprocess.run([need_tool("systemd-analyze"), "security", "--offline=true", "--threshold=20",
+                        "--no-pager", str(unit_for_this_machine(tmp_path, TEMPLATE, "refitd@demo.service"))],
+                       capture_output=True, text=True, timeout=60)
+    assert re.search(r"Overall exposure level for \S+: ([\d.]+)", p.stdout), p.stdout + p.stderr
+    assert p.returncode == 0, p.stdout

@@ -5,18 +5,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "formats/safetensors.h"
 #include "refit/checkpoint_io.h"
 #include "refit/offline.h"
 #include "spec/model_spec.h"
 
+ABSL_FLAG(std::string, spec, "", "the model spec (required; deploy/models/*.yaml)");
+ABSL_FLAG(bool, engine_layout, false,
+          "also write engine.safetensors: the parameters an engine holds after refitting IN");
+
 namespace refit::refitctl {
 namespace {
 
-int Usage(std::string_view problem) {
-  std::cerr << "refitctl convert: " << problem << "\nusage: refitctl convert " << kConvertCommand.usage << "\n";
-  return kExitUsage;
-}
+int Usage(std::string_view problem) { return UsageError(kConvertCommand, problem); }
 
 int Fail(absl::string_view msg) {
   std::cerr << "refitctl convert: " << std::string(msg) << "\n";
@@ -25,25 +27,10 @@ int Fail(absl::string_view msg) {
 
 }  // namespace
 
-int RunConvert(std::span<const std::string_view> args) {
-  std::string spec_path;
-  bool engine_layout = false;
-  std::vector<std::string> paths;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--spec") {
-      if (i + 1 >= args.size()) return Usage("--spec needs a value");
-      spec_path = std::string(args[++i]);
-    } else if (a == "--engine-layout") {
-      engine_layout = true;
-    } else if (a.size() > 1 && a[0] == '-') {
-      return Usage("unknown option '" + std::string(a) + "'");
-    } else {
-      paths.emplace_back(a);
-    }
-  }
+int RunConvert(std::span<const std::string> paths) {
+  const std::string spec_path = absl::GetFlag(FLAGS_spec);
+  const bool engine_layout = absl::GetFlag(FLAGS_engine_layout);
   if (spec_path.empty()) return Usage("--spec is required");
-  if (paths.size() != 2) return Usage("expected IN and OUT_DIR");
   absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(spec_path);
   if (!spec.ok()) return Fail(spec.status().message());
   absl::StatusOr<std::unique_ptr<Checkpoint>> in = Checkpoint::Open(paths[0]);

@@ -10,12 +10,13 @@
 
 namespace refit::refitctl {
 
-int RunConvert(std::span<const std::string_view> args);
+int RunConvert(std::span<const std::string> args);
+
+inline constexpr std::string_view kConvertFlags[] = {"spec", "engine_layout"};
 
 inline constexpr Command kConvertCommand = {
-    "convert",
-    "--spec SPEC.yaml [--engine-layout] IN OUT_DIR",
-    "converts checkpoint IN (a directory of .safetensors or one file) as SPEC says into OUT_DIR: "
+    "convert", "IN OUT_DIR", 2, 2, kConvertFlags,
+    "converts checkpoint IN (a directory of .safetensors or one file) as --spec says into OUT_DIR: "
     "model.safetensors (HF names plus scales) and the quantization metadata (config.json, "
     "hf_quant_config.json); --engine-layout also writes engine.safetensors, the parameters an "
     "engine holds after refitting IN (fused, stacked, sharded, laid out, derived)",

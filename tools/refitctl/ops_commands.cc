@@ -12,54 +12,27 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
 #include "common/checksum.h"
 #include "formats/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "refitctl/common_flags.h"
+
+ABSL_FLAG(std::string, model, "", "the model name of the manifest (default: the daemon's model)");
+ABSL_FLAG(bool, partial, false, "a partial refit: the checkpoint holds only some of the model's tensors");
+ABSL_FLAG(bool, progress, false, "show progress on stderr (the default on a terminal, without --json)");
+ABSL_FLAG(std::string, reason, "refitctl abort", "why the session is aborted (logged and reported)");
+ABSL_FLAG(bool, strict, false, "also fail when engine parameters are missing from the checkpoint");
 
 namespace refit::refitctl {
 namespace {
 
 using nlohmann::json;
 
-struct CommonFlags {
-  std::string address;
-  bool json = false;
-  std::vector<std::string> positional;
-  std::map<std::string, std::string> values;
-  std::map<std::string, bool> switches;
-};
-
-// Parses --address/--json plus the given value flags and switches; false on a usage error.
-bool Parse(std::span<const std::string_view> args, const std::vector<std::string>& value_flags,
-           const std::vector<std::string>& switch_flags, CommonFlags& out) {
-  const char* env = std::getenv("REFITD_ADDRESS");
-  out.address = env != nullptr ? env : "unix:/tmp/refitd.sock";
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a(args[i]);
-    if (a == "--json") {
-      out.json = true;
-    } else if (a == "--address") {
-      if (++i >= args.size()) return false;
-      out.address = std::string(args[i]);
-    } else if (std::find(value_flags.begin(), value_flags.end(), a) != value_flags.end()) {
-      if (++i >= args.size()) return false;
-      out.values[a] = std::string(args[i]);
-    } else if (std::find(switch_flags.begin(), switch_flags.end(), a) != switch_flags.end()) {
-      out.switches[a] = true;
-    } else if (a.rfind("--", 0) == 0) {
-      std::cerr << "refitctl: unknown flag " << a << "\n";
-      return false;
-    } else {
-      out.positional.push_back(a);
-    }
-  }
-  return true;
-}
-
-int Error(const CommonFlags& f, absl::string_view msg, int code = kExitFailure) {
-  if (f.json) {
+int Error(absl::string_view msg, int code = kExitFailure) {
+  if (absl::GetFlag(FLAGS_json)) {
     std::cout << json{{"ok", false}, {"error", std::string(msg)}}.dump() << "\n";
   } else {
     std::cerr << "refitctl: " << msg << "\n";
@@ -112,14 +85,13 @@ absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> OpenCheck
 
 }  // namespace
 
-int RunStatus(std::span<const std::string_view> args) {
-  CommonFlags f;
-  if (!Parse(args, {}, {}, f) || !f.positional.empty()) return kExitUsage;
-  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
-  if (!c.ok()) return Error(f, c.status().message());
+int RunStatus(std::span<const std::string> args) {
+  const bool json_output = absl::GetFlag(FLAGS_json);
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
   absl::StatusOr<client::DaemonStatus> s = (*c)->Status();
-  if (!s.ok()) return Error(f, s.status().message());
-  if (f.json) {
+  if (!s.ok()) return Error(s.status().message());
+  if (json_output) {
     std::cout << json{{"ok", true},
                       {"model", s->model},
                       {"engine_registered", s->engine_registered},
@@ -158,22 +130,21 @@ int RunStatus(std::span<const std::string_view> args) {
   return kExitOk;
 }
 
-int RunRefit(std::span<const std::string_view> args) {
-  CommonFlags f;
-  if (!Parse(args, {"--model"}, {"--partial", "--progress"}, f) || f.positional.size() != 1) return kExitUsage;
-  absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> files = OpenCheckpoint(f.positional[0]);
-  if (!files.ok()) return Error(f, files.status().message());
-  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
-  if (!c.ok()) return Error(f, c.status().message());
+int RunRefit(std::span<const std::string> args) {
+  const bool json_output = absl::GetFlag(FLAGS_json);
+  absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> files = OpenCheckpoint(args[0]);
+  if (!files.ok()) return Error(files.status().message());
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
   Manifest manifest;
-  if (f.values.count("--model")) {
-    manifest.model = f.values["--model"];
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    manifest.model = absl::GetFlag(FLAGS_model);
   } else {
     absl::StatusOr<client::DaemonStatus> s = (*c)->Status();
-    if (!s.ok()) return Error(f, s.status().message());
+    if (!s.ok()) return Error(s.status().message());
     manifest.model = s->model;
   }
-  manifest.partial = f.switches["--partial"];
+  manifest.partial = absl::GetFlag(FLAGS_partial);
   uint64_t total = 0;
   for (const auto& file : *files) {
     for (const formats::SafetensorsEntry& e : file->view().tensors()) {
@@ -183,16 +154,16 @@ int RunRefit(std::span<const std::string_view> args) {
   }
   absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*c)->Begin(manifest);
   if (!session.ok()) {
-    return Error(f, session.status().message(),
+    return Error(session.status().message(),
                  session.status().code() == absl::StatusCode::kFailedPrecondition ? kExitRefused : kExitFailure);
   }
-  const bool progress = f.switches["--progress"] || (!f.json && isatty(STDERR_FILENO));
+  const bool progress = absl::GetFlag(FLAGS_progress) || (!json_output && isatty(STDERR_FILENO));
   uint64_t sent = 0;
   size_t count = 0;
   for (const auto& file : *files) {
     for (const formats::SafetensorsEntry& e : file->view().tensors()) {
       absl::Status st = (*session)->Push({e.name, e.dtype, e.shape, file->view().Data(e).data()});
-      if (!st.ok()) return Error(f, st.message());
+      if (!st.ok()) return Error(st.message());
       sent += e.end - e.begin;
       ++count;
       if (progress) {
@@ -204,10 +175,10 @@ int RunRefit(std::span<const std::string_view> args) {
   if (progress) std::fprintf(stderr, "\n");
   absl::StatusOr<RefitReport> report = (*session)->Commit();
   if (!report.ok()) {
-    return Error(f, report.status().message(),
+    return Error(report.status().message(),
                  report.status().code() == absl::StatusCode::kFailedPrecondition ? kExitRefused : kExitFailure);
   }
-  if (f.json) {
+  if (json_output) {
     json j = ReportJson(*report);
     j["ok"] = true;
     std::cout << j.dump() << "\n";
@@ -217,15 +188,14 @@ int RunRefit(std::span<const std::string_view> args) {
   return kExitOk;
 }
 
-int RunAbort(std::span<const std::string_view> args) {
-  CommonFlags f;
-  if (!Parse(args, {"--reason"}, {}, f) || !f.positional.empty()) return kExitUsage;
-  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
-  if (!c.ok()) return Error(f, c.status().message());
-  std::string reason = f.values.count("--reason") ? f.values["--reason"] : "refitctl abort";
+int RunAbort(std::span<const std::string> args) {
+  const bool json_output = absl::GetFlag(FLAGS_json);
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  const std::string reason = absl::GetFlag(FLAGS_reason);
   absl::StatusOr<bool> aborted = (*c)->AbortActive(reason);
-  if (!aborted.ok()) return Error(f, aborted.status().message());
-  if (f.json) {
+  if (!aborted.ok()) return Error(aborted.status().message());
+  if (json_output) {
     std::cout << json{{"ok", true}, {"aborted", *aborted}}.dump() << "\n";
   } else {
     std::cout << (*aborted ? "aborted the active session\n" : "no active session\n");
@@ -233,11 +203,10 @@ int RunAbort(std::span<const std::string_view> args) {
   return *aborted ? kExitOk : kExitNothing;
 }
 
-int RunVerify(std::span<const std::string_view> args) {
-  CommonFlags f;
-  if (!Parse(args, {}, {"--strict"}, f) || f.positional.size() != 1) return kExitUsage;
-  absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> files = OpenCheckpoint(f.positional[0]);
-  if (!files.ok()) return Error(f, files.status().message());
+int RunVerify(std::span<const std::string> args) {
+  const bool json_output = absl::GetFlag(FLAGS_json);
+  absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> files = OpenCheckpoint(args[0]);
+  if (!files.ok()) return Error(files.status().message());
   std::map<std::string, uint64_t> expected;
   for (const auto& file : *files) {
     for (const formats::SafetensorsEntry& e : file->view().tensors()) {
@@ -245,10 +214,10 @@ int RunVerify(std::span<const std::string_view> args) {
       expected[e.name] = Checksum64(d.data(), d.size());
     }
   }
-  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(f.address);
-  if (!c.ok()) return Error(f, c.status().message());
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
   auto sums = (*c)->Checksums();
-  if (!sums.ok()) return Error(f, sums.status().message());
+  if (!sums.ok()) return Error(sums.status().message());
   std::vector<std::string> mismatched, unchecked, absent;
   size_t matched = 0;
   for (const client::ParamChecksum& p : sums->second) {
@@ -263,8 +232,8 @@ int RunVerify(std::span<const std::string_view> args) {
     if (it != expected.end()) expected.erase(it);
   }
   for (const auto& [name, sum] : expected) absent.push_back(name);
-  const bool ok = mismatched.empty() && absent.empty() && (!f.switches["--strict"] || unchecked.empty());
-  if (f.json) {
+  const bool ok = mismatched.empty() && absent.empty() && (!absl::GetFlag(FLAGS_strict) || unchecked.empty());
+  if (json_output) {
     std::cout << json{{"ok", ok},
                       {"version", sums->first},
                       {"matched", matched},

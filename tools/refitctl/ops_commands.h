@@ -15,21 +15,25 @@ namespace refit::refitctl {
 inline constexpr int kExitRefused = 3;
 inline constexpr int kExitNothing = 4;
 
-int RunStatus(std::span<const std::string_view> args);
-int RunRefit(std::span<const std::string_view> args);
-int RunAbort(std::span<const std::string_view> args);
-int RunVerify(std::span<const std::string_view> args);
+int RunStatus(std::span<const std::string> args);
+int RunRefit(std::span<const std::string> args);
+int RunAbort(std::span<const std::string> args);
+int RunVerify(std::span<const std::string> args);
 
-inline constexpr Command kStatusCommand{"status", "[--address ADDR] [--json]",
+inline constexpr std::string_view kStatusFlags[] = {"address", "json"};
+inline constexpr std::string_view kRefitFlags[] = {"address", "json", "partial", "model", "progress"};
+inline constexpr std::string_view kAbortFlags[] = {"address", "json", "reason"};
+inline constexpr std::string_view kVerifyFlags[] = {"address", "json", "strict"};
+
+inline constexpr Command kStatusCommand{"status", "", 0, 0, kStatusFlags,
                                         "show the daemon, engine, version, active session and last refit",
                                         &RunStatus};
 inline constexpr Command kRefitCommand{
-    "refit", "[--address ADDR] [--json] [--partial] [--model NAME] CHECKPOINT",
+    "refit", "CHECKPOINT", 1, 1, kRefitFlags,
     "push a safetensors file or directory to refitd as a trainer would, then commit", &RunRefit};
-inline constexpr Command kAbortCommand{"abort", "[--address ADDR] [--json] [--reason TEXT]",
-                                       "abort the active refit session", &RunAbort};
+inline constexpr Command kAbortCommand{"abort", "", 0, 0, kAbortFlags, "abort the active refit session", &RunAbort};
 inline constexpr Command kVerifyCommand{
-    "verify", "[--address ADDR] [--json] [--strict] CONVERTED",
+    "verify", "CONVERTED", 1, 1, kVerifyFlags,
     "compare the engine's parameters with a converted checkpoint (checksums)", &RunVerify};
 
 }  // namespace refit::refitctl

@@ -1,62 +1,42 @@
 #include "refitctl/quantize_command.h"
 
 #include <iostream>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
 #include "formats/quantize_file.h"
 
+ABSL_FLAG(std::string, format, "", "the output format (required): bf16, fp16, fp32, fp8_block128, "
+          "fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4");
+ABSL_FLAG(std::string, fp32_input, "exact", "FP32 input tensors: exact, or round_to_bf16 first");
+ABSL_FLAG(std::string, nonfinite, "reject", "NaN/Inf in an input: reject (fail, naming the tensor) or propagate");
+
 namespace refit::refitctl {
-namespace {
 
-int Usage(std::string_view problem) {
-  std::cerr << "refitctl quantize: " << problem << "\nusage: refitctl quantize "
-            << kQuantizeCommand.usage << "\n";
-  return kExitUsage;
-}
-
-}  // namespace
-
-int RunQuantize(std::span<const std::string_view> args) {
-  std::optional<formats::Format> format;
+int RunQuantize(std::span<const std::string> paths) {
+  const std::string format_name = absl::GetFlag(FLAGS_format);
+  if (format_name.empty()) return UsageError(kQuantizeCommand, "--format is required");
+  absl::StatusOr<formats::Format> format = formats::ParseFormat(format_name);
+  if (!format.ok()) return UsageError(kQuantizeCommand, std::string(format.status().message()));
   formats::QuantizeFileOptions options;
-  std::vector<std::string> paths;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--format" || a == "--fp32-input" || a == "--nonfinite") {
-      if (i + 1 >= args.size()) return Usage(std::string(a) + " needs a value");
-      const std::string_view v = args[++i];
-      if (a == "--format") {
-        absl::StatusOr<formats::Format> f = formats::ParseFormat(v);
-        if (!f.ok()) return Usage(std::string(f.status().message()));
-        format = *f;
-      } else if (a == "--fp32-input") {
-        if (v == "exact") {
-          options.quantize.fp32_input = formats::Fp32InputPolicy::kExact;
-        } else if (v == "round_to_bf16") {
-          options.quantize.fp32_input = formats::Fp32InputPolicy::kRoundToBf16;
-        } else {
-          return Usage("--fp32-input takes exact or round_to_bf16, got '" + std::string(v) + "'");
-        }
-      } else {
-        if (v == "reject") {
-          options.quantize.nonfinite = formats::NonfinitePolicy::kReject;
-        } else if (v == "propagate") {
-          options.quantize.nonfinite = formats::NonfinitePolicy::kPropagate;
-        } else {
-          return Usage("--nonfinite takes reject or propagate, got '" + std::string(v) + "'");
-        }
-      }
-    } else if (a.size() > 1 && a[0] == '-') {
-      return Usage("unknown option '" + std::string(a) + "'");
-    } else {
-      paths.emplace_back(a);
-    }
+  const std::string fp32_input = absl::GetFlag(FLAGS_fp32_input);
+  if (fp32_input == "exact") {
+    options.quantize.fp32_input = formats::Fp32InputPolicy::kExact;
+  } else if (fp32_input == "round_to_bf16") {
+    options.quantize.fp32_input = formats::Fp32InputPolicy::kRoundToBf16;
+  } else {
+    return UsageError(kQuantizeCommand, "--fp32-input takes exact or round_to_bf16, got '" + fp32_input + "'");
   }
-  if (!format) return Usage("--format is required");
-  if (paths.size() != 2) return Usage("expected IN.safetensors and OUT.safetensors");
+  const std::string nonfinite = absl::GetFlag(FLAGS_nonfinite);
+  if (nonfinite == "reject") {
+    options.quantize.nonfinite = formats::NonfinitePolicy::kReject;
+  } else if (nonfinite == "propagate") {
+    options.quantize.nonfinite = formats::NonfinitePolicy::kPropagate;
+  } else {
+    return UsageError(kQuantizeCommand, "--nonfinite takes reject or propagate, got '" + nonfinite + "'");
+  }
   options.format = *format;
   absl::StatusOr<std::vector<formats::TensorReport>> reports =
       formats::QuantizeFile(paths[0], paths[1], options);

@@ -6,13 +6,13 @@
 
 namespace refit::refitctl {
 
-int RunQuantize(std::span<const std::string_view> args);
+int RunQuantize(std::span<const std::string> args);
+
+inline constexpr std::string_view kQuantizeFlags[] = {"format", "fp32_input", "nonfinite"};
 
 inline constexpr Command kQuantizeCommand = {
-    "quantize",
-    "--format F [--fp32-input exact|round_to_bf16] [--nonfinite reject|propagate] "
-    "IN.safetensors OUT.safetensors",
-    "quantize every eligible tensor of IN into format F (bf16, fp16, fp32, fp8_block128, "
+    "quantize", "IN.safetensors OUT.safetensors", 2, 2, kQuantizeFlags,
+    "quantize every eligible tensor of IN into --format (bf16, fp16, fp32, fp8_block128, "
     "fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4); copy the rest",
     RunQuantize,
 };

@@ -69,3 +69,23 @@ TEST(FailpointTest, MacroCompilesOutWithoutFailpoints) {
 
 }  // namespace
 }  // namespace refit
+
+#if defined(REFIT_FAILPOINTS) && REFIT_FAILPOINTS
+namespace refit {
+namespace {
+
+// Test builds arm from $REFIT_FAILPOINTS (failpoint_compiled_out_test.cc: release builds do not).
+TEST(FailpointTest, TestBuildsArmFromTheEnvironment) {
+  ASSERT_EQ(setenv("REFIT_FAILPOINTS", "before_commit=error", 1), 0);
+  absl::StatusOr<std::unique_ptr<FailpointSet>> armed = ArmFailpointsFromEnvironment();
+  ASSERT_TRUE(armed.ok() && *armed != nullptr);
+  EXPECT_FALSE(REFIT_FAILPOINT(armed->get(), failpoints::kBeforeCommit).ok());
+  ASSERT_EQ(setenv("REFIT_FAILPOINTS", "no_such_point=crash", 1), 0);
+  EXPECT_FALSE(ArmFailpointsFromEnvironment().ok());
+  unsetenv("REFIT_FAILPOINTS");
+  EXPECT_EQ(*ArmFailpointsFromEnvironment(), nullptr);
+}
+
+}  // namespace
+}  // namespace refit
+#endif
