@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
 #include "common/checksum.h"
+#include "common/control_connect.h"
 #include "formats/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -35,7 +36,7 @@ struct CommonFlags {
 bool Parse(std::span<const std::string_view> args, const std::vector<std::string>& value_flags,
            const std::vector<std::string>& switch_flags, CommonFlags& out) {
   const char* env = std::getenv("REFITD_ADDRESS");
-  out.address = env != nullptr ? env : "unix:/tmp/refitd.sock";
+  out.address = env != nullptr ? env : kDefaultControlAddress;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a(args[i]);
     if (a == "--json") {
