@@ -83,14 +83,14 @@ void ListenerMetrics::Count(metrics::CounterFamily* family, const char* listener
 kj::Own<ConnectionCounter::Slot> ConnectionCounter::TryAcquire(int64_t uid, const char** reason) {
   if (total_ >= max_total_) {
     *reason = "max_connections";
-    return nullptr;
+    return kj::Own<Slot>();
   }
   if (uid >= 0) {
     uint32_t& n = per_uid_[uid];
     if (n >= max_per_uid_) {
       if (n == 0) per_uid_.erase(uid);
       *reason = "max_connections_per_uid";
-      return nullptr;
+      return kj::Own<Slot>();
     }
     ++n;
   }
@@ -125,7 +125,7 @@ MessageLimitedStream::MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, con
                                            std::function<void(const char*, const std::string&)> on_drop)
     : inner_(kj::mv(inner)), limits_(limits), budget_(budget), timer_(timer), on_drop_(std::move(on_drop)) {}
 
-MessageLimitedStream::~MessageLimitedStream() { budget_.Release(reserved_); }
+MessageLimitedStream::~MessageLimitedStream() noexcept(false) { budget_.Release(reserved_); }
 
 kj::Exception MessageLimitedStream::Drop(const char* reason, const std::string& detail) {
   if (!dropped_) {

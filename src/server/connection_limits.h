@@ -120,7 +120,7 @@ class MessageLimitedStream final : public kj::AsyncIoStream {
  public:
   MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits, MessageBudget& budget,
                        kj::Timer& timer, std::function<void(const char*, const std::string&)> on_drop);
-  ~MessageLimitedStream() override;
+  ~MessageLimitedStream() noexcept(false);
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override;
   kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
