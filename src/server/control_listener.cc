@@ -125,7 +125,10 @@ void ControlListener::ErrorHandler::taskFailed(kj::Exception&& e) {
 }
 
 kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool unix_socket) {
-  return listener.accept().then(
+  // evalNow: KJ's accept() tries accept(2) at once and throws EMFILE synchronously; that must
+  // reach the error branch below too, not the promise of the previous accept.
+  return kj::evalNow([&listener]() { return listener.accept(); })
+      .then(
       [this, &listener, unix_socket](kj::Own<kj::AsyncIoStream>&& stream) {
         tasks_.add(Admit(kj::mv(stream), unix_socket));
         return Listen(listener, unix_socket);

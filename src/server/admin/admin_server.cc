@@ -142,7 +142,9 @@ void AdminServer::Warn(const std::string& line) {
 }
 
 kj::Promise<void> AdminServer::AcceptLoop() {
-  return listener_->accept().then(
+  // evalNow: accept() may throw EMFILE synchronously; the error branch handles that too.
+  return kj::evalNow([this]() { return listener_->accept(); })
+      .then(
       [this](kj::Own<kj::AsyncIoStream>&& connection) {
         if (open_ >= options_.max_connections) {
           // Closed at once (dropping it): idle connections must not hold every descriptor.

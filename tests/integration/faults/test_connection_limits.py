@@ -38,14 +38,19 @@ def connect_unix(path):
 
 
 def closed_by_peer(s, timeout=10.0):
-    """True when the peer closes `s` (EOF or reset) within `timeout`."""
-    s.settimeout(timeout)
+    """True when the peer closes `s` (EOF or reset) within `timeout`; what it sends before
+    (refitd's Cap'n Proto Abort message) is read and dropped."""
+    deadline = time.monotonic() + timeout
     try:
-        return s.recv(1) == b""
+        while time.monotonic() < deadline:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            if s.recv(65536) == b"":
+                return True
     except ConnectionResetError:
         return True
     except socket.timeout:
-        return False
+        pass
+    return False
 
 
 def metric(node, name, **labels):
