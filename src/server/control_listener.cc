@@ -129,11 +129,13 @@ kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool
   // reach the error branch below too, not the promise of the previous accept.
   return kj::evalNow([&listener]() { return listener.accept(); })
       .then(
-      [this, &listener, unix_socket](kj::Own<kj::AsyncIoStream>&& stream) {
-        tasks_.add(Admit(kj::mv(stream), unix_socket));
-        return Listen(listener, unix_socket);
-      },
-      [this, &listener, unix_socket](kj::Exception&& e) { return AcceptFailed(listener, unix_socket, kj::mv(e)); });
+          [this, &listener, unix_socket](kj::Own<kj::AsyncIoStream>&& stream) {
+            tasks_.add(Admit(kj::mv(stream), unix_socket));
+            return Listen(listener, unix_socket);
+          },
+          [this, &listener, unix_socket](kj::Exception&& e) {
+            return AcceptFailed(listener, unix_socket, kj::mv(e));
+          });
 }
 
 // Out of file descriptors (EMFILE, ENFILE), or any other accept() error: the pending

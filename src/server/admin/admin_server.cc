@@ -145,32 +145,32 @@ kj::Promise<void> AdminServer::AcceptLoop() {
   // evalNow: accept() may throw EMFILE synchronously; the error branch handles that too.
   return kj::evalNow([this]() { return listener_->accept(); })
       .then(
-      [this](kj::Own<kj::AsyncIoStream>&& connection) {
-        if (open_ >= options_.max_connections) {
-          // Closed at once (dropping it): idle connections must not hold every descriptor.
-          if (options_.refused_connections != nullptr) options_.refused_connections->Inc();
-          if (refused_logged_++ % 100 == 0) {
-            Warn(absl::StrCat("event=connection_refused listener=admin reason=\"admin.max_connections (",
-                              options_.max_connections, ") reached\" refused=", refused_logged_));
-          }
-        } else {
-          ++open_;
-          if (options_.open_connections != nullptr) options_.open_connections->Set(open_);
-          connections_.add(http_->listenHttp(kj::mv(connection)).attach(kj::defer([this]() {
-            --open_;
-            if (options_.open_connections != nullptr) options_.open_connections->Set(open_);
-          })));
-        }
-        return AcceptLoop();
-      },
-      [this](kj::Exception&& e) {
-        if (options_.accept_errors != nullptr) options_.accept_errors->Inc();
-        if (accept_errors_logged_++ % 100 == 0) {
-          Warn(absl::StrCat("event=accept_failed listener=admin open_connections=", open_, " backoff_ms=100 errors=",
-                            accept_errors_logged_, " error=\"", e.getDescription().cStr(), "\""));
-        }
-        return timer_.afterDelay(100 * kj::MILLISECONDS).then([this]() { return AcceptLoop(); });
-      });
+          [this](kj::Own<kj::AsyncIoStream>&& connection) {
+            if (open_ >= options_.max_connections) {
+              // Closed at once (dropping it): idle connections must not hold every descriptor.
+              if (options_.refused_connections != nullptr) options_.refused_connections->Inc();
+              if (refused_logged_++ % 100 == 0) {
+                Warn(absl::StrCat("event=connection_refused listener=admin reason=\"admin.max_connections (",
+                                  options_.max_connections, ") reached\" refused=", refused_logged_));
+              }
+            } else {
+              ++open_;
+              if (options_.open_connections != nullptr) options_.open_connections->Set(open_);
+              connections_.add(http_->listenHttp(kj::mv(connection)).attach(kj::defer([this]() {
+                --open_;
+                if (options_.open_connections != nullptr) options_.open_connections->Set(open_);
+              })));
+            }
+            return AcceptLoop();
+          },
+          [this](kj::Exception&& e) {
+            if (options_.accept_errors != nullptr) options_.accept_errors->Inc();
+            if (accept_errors_logged_++ % 100 == 0) {
+              Warn(absl::StrCat("event=accept_failed listener=admin open_connections=", open_, " backoff_ms=100 errors=",
+                                accept_errors_logged_, " error=\"", e.getDescription().cStr(), "\""));
+            }
+            return timer_.afterDelay(100 * kj::MILLISECONDS).then([this]() { return AcceptLoop(); });
+          });
 }
 
 kj::Promise<void> AdminServer::Drain() {
