@@ -139,7 +139,7 @@ kj::Exception MessageLimitedStream::Drop(const char* reason, const std::string& 
 }
 
 kj::Promise<size_t> MessageLimitedStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {
-  if (dropped_) return Drop("", "");
+  if (dropped_) return size_t(0);  // after a drop: end of stream
   kj::Promise<size_t> read = inner_->tryRead(buffer, min_bytes, max_bytes);
   if (InsideMessage()) {
     read = read.exclusiveJoin(timer_.afterDelay(limits_.idle_timeout).then([this]() -> size_t {

@@ -125,9 +125,14 @@ void ControlListener::ErrorHandler::taskFailed(kj::Exception&& e) {
 }
 
 kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool unix_socket) {
-  // evalNow: KJ's accept() tries accept(2) at once and throws EMFILE synchronously; that must
-  // reach the error branch below too, not the promise of the previous accept.
-  return kj::evalNow([&listener]() { return listener.accept(); })
+  // KJ's accept() tries accept(2) at once and throws EMFILE synchronously: that must reach
+  // AcceptFailed too, not the promise of the previous accept. (Not kj::evalNow: the broken
+  // promise it builds trips UBSAN's vptr check against the uninstrumented KJ library.)
+  kj::Maybe<kj::Promise<kj::Own<kj::AsyncIoStream>>> accepted;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { accepted = listener.accept(); })) {
+    return AcceptFailed(listener, unix_socket, kj::mv(*e));
+  }
+  return KJ_ASSERT_NONNULL(accepted)
       .then(
           [this, &listener, unix_socket](kj::Own<kj::AsyncIoStream>&& stream) {
             tasks_.add(Admit(kj::mv(stream), unix_socket));

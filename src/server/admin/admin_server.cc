@@ -142,8 +142,13 @@ void AdminServer::Warn(const std::string& line) {
 }
 
 kj::Promise<void> AdminServer::AcceptLoop() {
-  // evalNow: accept() may throw EMFILE synchronously; the error branch handles that too.
-  return kj::evalNow([this]() { return listener_->accept(); })
+  // accept() may throw EMFILE synchronously; that goes to AcceptFailed like a rejected promise.
+  // (Not kj::evalNow: its broken promise trips UBSAN's vptr check against the KJ library.)
+  kj::Maybe<kj::Promise<kj::Own<kj::AsyncIoStream>>> accepted;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { accepted = listener_->accept(); })) {
+    return AcceptFailed(kj::mv(*e));
+  }
+  return KJ_ASSERT_NONNULL(accepted)
       .then(
           [this](kj::Own<kj::AsyncIoStream>&& connection) {
             if (open_ >= options_.max_connections) {
@@ -163,14 +168,16 @@ kj::Promise<void> AdminServer::AcceptLoop() {
             }
             return AcceptLoop();
           },
-          [this](kj::Exception&& e) {
-            if (options_.accept_errors != nullptr) options_.accept_errors->Inc();
-            if (accept_errors_logged_++ % 100 == 0) {
-              Warn(absl::StrCat("event=accept_failed listener=admin open_connections=", open_, " backoff_ms=100 errors=",
-                                accept_errors_logged_, " error=\"", e.getDescription().cStr(), "\""));
-            }
-            return timer_.afterDelay(100 * kj::MILLISECONDS).then([this]() { return AcceptLoop(); });
-          });
+          [this](kj::Exception&& e) { return AcceptFailed(kj::mv(e)); });
+}
+
+kj::Promise<void> AdminServer::AcceptFailed(kj::Exception&& e) {
+  if (options_.accept_errors != nullptr) options_.accept_errors->Inc();
+  if (accept_errors_logged_++ % 100 == 0) {
+    Warn(absl::StrCat("event=accept_failed listener=admin open_connections=", open_, " backoff_ms=100 errors=",
+                      accept_errors_logged_, " error=\"", e.getDescription().cStr(), "\""));
+  }
+  return timer_.afterDelay(100 * kj::MILLISECONDS).then([this]() { return AcceptLoop(); });
 }
 
 kj::Promise<void> AdminServer::Drain() {

@@ -70,6 +70,7 @@ class AdminServer {
   AdminServer(kj::Timer& timer, kj::Own<kj::ConnectionReceiver> listener, AdminContent content,
               AdminOptions options, kj::HttpHeaderTable::Builder&& headers);
   kj::Promise<void> AcceptLoop();
+  kj::Promise<void> AcceptFailed(kj::Exception&& e);  // counts, logs, retries after 100 ms
   void Warn(const std::string& line);
 
   kj::Timer& timer_;
