@@ -11,7 +11,9 @@ import time
 import urllib.error
 import urllib.request
 
-from conftest import wait_for
+import pytest
+
+from conftest import BIN, wait_for
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 
@@ -68,6 +70,15 @@ def refit_commits(node, version):
     assert node.resumed_versions()[-1] == version
 
 
+def sanitized_build():
+    cache = BIN / "CMakeCache.txt"
+    return cache.exists() and re.search(r"^REFIT_SANITIZE:\w+=.*undefined", cache.read_text(), re.M) is not None
+
+
+# UBSAN's vptr check probes memory through a pipe(2); with no descriptor left that fails and it
+# reports "invalid vptr" on a sound object (and -fno-sanitize-recover ends refitd). The caps and
+# drops below, which keep refitd short of EMFILE, run under the sanitizers too.
+@pytest.mark.skipif(sanitized_build(), reason="UBSAN's vptr check cannot run out of file descriptors")
 def test_control_socket_fd_exhaustion_does_not_kill_refitd(fault_node):
     """accept() failing with EMFILE used to throw out of the listener: refitd aborted."""
     node = fault_node(config="limits:\n  max_connections: 100000\n  max_connections_per_uid: 100000\n")
