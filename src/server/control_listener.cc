@@ -126,8 +126,7 @@ void ControlListener::ErrorHandler::taskFailed(kj::Exception&& e) {
 
 kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool unix_socket) {
   // KJ's accept() tries accept(2) at once and throws EMFILE synchronously: that must reach
-  // AcceptFailed too, not the promise of the previous accept. (Not kj::evalNow: the broken
-  // promise it builds trips UBSAN's vptr check against the uninstrumented KJ library.)
+  // AcceptFailed too, not the promise of the previous accept.
   kj::Maybe<kj::Promise<kj::Own<kj::AsyncIoStream>>> accepted;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { accepted = listener.accept(); })) {
     return AcceptFailed(listener, unix_socket, kj::mv(*e));

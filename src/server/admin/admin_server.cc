@@ -143,7 +143,6 @@ void AdminServer::Warn(const std::string& line) {
 
 kj::Promise<void> AdminServer::AcceptLoop() {
   // accept() may throw EMFILE synchronously; that goes to AcceptFailed like a rejected promise.
-  // (Not kj::evalNow: its broken promise trips UBSAN's vptr check against the KJ library.)
   kj::Maybe<kj::Promise<kj::Own<kj::AsyncIoStream>>> accepted;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { accepted = listener_->accept(); })) {
     return AcceptFailed(kj::mv(*e));
