@@ -11,7 +11,7 @@ Three levels:
     registers them, and gates inference with `serving()`: pause waits for every open serving()
     block to end and holds new ones back until resume, so each forward pass sees one version.
 
-        engine = refit.ModuleEngine("unix:/tmp/refitd.sock", model)
+        engine = refit.ModuleEngine("unix:/run/refitd/refitd.sock", model)
         with engine.serving():
             logits = model(input_ids)
 

@@ -1,7 +1,7 @@
 """Minimal adapter for a Hugging Face `transformers` model on either side of a refit.
 
 Engine side:
-    engine = refit.hf.attach("unix:/tmp/refitd.sock", model)  # a PreTrainedModel
+    engine = refit.hf.attach("unix:/run/refitd/refitd.sock", model)  # a PreTrainedModel
     ids = engine.generate(input_ids, max_new_tokens=16)       # each call sees one version
 
 Trainer side:

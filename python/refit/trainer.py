@@ -1,6 +1,6 @@
 """Trainer side: push named torch tensors to refitd and commit them as one refit.
 
-    client = refit.TrainerClient("unix:/tmp/refitd.sock")
+    client = refit.TrainerClient("unix:/run/refitd/refitd.sock")
     report = client.refit("my-model", model.named_parameters())     # begin, push all, commit
 
 or, step by step:

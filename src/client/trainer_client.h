@@ -1,7 +1,7 @@
 // Trainer-side client library: connects to refitd's control plane, opens a refit session,
 // packs tensors into buckets and sends them over the data plane, then commits.
 //
-//   auto client = TrainerClient::Connect("unix:/tmp/refitd.sock");
+//   auto client = TrainerClient::Connect("unix:/run/refitd/refitd.sock");
 //   auto session = (*client)->Begin(manifest);
 //   for (auto& t : tensors) session->Push(t);
 //   absl::StatusOr<RefitReport> report = session->Commit();

@@ -1,6 +1,7 @@
 // The one way clients (trainer client, engine agent, refitctl, the C API and the Python package
 // through it) open a control-plane connection to refitd:
-//   - "unix:PATH": a plain Unix-socket connection (refitd checks the peer's uid).
+//   - "unix:PATH": a plain Unix-socket connection (refitd checks the peer's uid); by default
+//     kDefaultControlAddress.
 //   - "HOST:PORT": TCP; with TLS when $REFIT_TLS_CA is set (docs/security.md), then the
 //     shared-secret preamble (common/auth_preamble.h), inside TLS when TLS is on.
 // Settings come from the environment:
@@ -19,6 +20,11 @@
 #include "kj/async-io.h"
 
 namespace refit {
+
+// Where refitd listens and clients connect when nothing says otherwise ($REFITD_ADDRESS, a
+// --address flag, the `listen` key): a socket in refitd's own runtime directory (systemd
+// RuntimeDirectory=refitd), never in a world-writable one (docs/security.md).
+inline constexpr char kDefaultControlAddress[] = "unix:/run/refitd/refitd.sock";
 
 struct ControlClientOptions {
   std::string token;

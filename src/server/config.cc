@@ -160,7 +160,9 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (const YAML::Node l = root["limits"]) {
     REFIT_RETURN_IF_ERROR(CheckKeys(l, path, "limits",
                                     {"bucket_bytes", "bucket_slots", "staging_bytes", "max_tensors", "max_name_bytes",
-                                     "session_deadline_ms", "max_message_words"}));
+                                     "session_deadline_ms", "max_message_words", "max_connections",
+                                     "max_connections_per_uid", "connection_buffer_bytes", "buffered_message_bytes",
+                                     "idle_timeout_ms"}));
     SessionLimits& s = c.limits;
     REFIT_RETURN_IF_ERROR(Get(l, "bucket_bytes", path, "limits.", s.bucket_bytes));
     REFIT_RETURN_IF_ERROR(Get(l, "bucket_slots", path, "limits.", s.bucket_slots));
@@ -169,6 +171,26 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     REFIT_RETURN_IF_ERROR(Get(l, "max_name_bytes", path, "limits.", s.max_name_bytes));
     REFIT_RETURN_IF_ERROR(Get(l, "session_deadline_ms", path, "limits.", s.deadline_ms));
     REFIT_RETURN_IF_ERROR(Get(l, "max_message_words", path, "limits.", c.max_message_words));
+    REFIT_RETURN_IF_ERROR(Get(l, "max_connections", path, "limits.", c.max_connections));
+    REFIT_RETURN_IF_ERROR(Get(l, "max_connections_per_uid", path, "limits.", c.max_connections_per_uid));
+    REFIT_RETURN_IF_ERROR(Get(l, "connection_buffer_bytes", path, "limits.", c.connection_buffer_bytes));
+    REFIT_RETURN_IF_ERROR(Get(l, "buffered_message_bytes", path, "limits.", c.buffered_message_bytes));
+    REFIT_RETURN_IF_ERROR(Get(l, "idle_timeout_ms", path, "limits.", c.idle_timeout_ms));
+    if (c.max_connections < 2 || c.max_connections > 1000000) {
+      return Err(l, path, "limits.max_connections", "must be 2 .. 1000000");
+    }
+    if (c.max_connections_per_uid < 2 || c.max_connections_per_uid > c.max_connections) {
+      return Err(l, path, "limits.max_connections_per_uid", "must be 2 .. limits.max_connections");
+    }
+    if (c.connection_buffer_bytes < 65536 || c.connection_buffer_bytes > (64ull << 30)) {
+      return Err(l, path, "limits.connection_buffer_bytes", "must be 64 KiB .. 64 GiB");
+    }
+    if (c.buffered_message_bytes < c.connection_buffer_bytes || c.buffered_message_bytes > (1ull << 40)) {
+      return Err(l, path, "limits.buffered_message_bytes", "must be limits.connection_buffer_bytes .. 1 TiB");
+    }
+    if (c.idle_timeout_ms < 100 || c.idle_timeout_ms > 86400000) {
+      return Err(l, path, "limits.idle_timeout_ms", "must be 100 .. 86400000 (1 day)");
+    }
     if (s.bucket_slots < 1 || s.bucket_slots > 64) return Err(l, path, "limits.bucket_slots", "must be 1..64");
     if (s.staging_bytes < 1) return Err(l, path, "limits.staging_bytes", "must be at least 1");
     if (s.max_tensors < 1) return Err(l, path, "limits.max_tensors", "must be at least 1");
@@ -182,11 +204,27 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     }
   }
   if (const YAML::Node a = root["admin"]) {
-    REFIT_RETURN_IF_ERROR(CheckKeys(a, path, "admin", {"listen"}));
+    REFIT_RETURN_IF_ERROR(CheckKeys(a, path, "admin", {"listen", "token_file", "max_connections"}));
     REFIT_RETURN_IF_ERROR(Get(a, "listen", path, "admin.", c.admin_listen));
+    REFIT_RETURN_IF_ERROR(Get(a, "token_file", path, "admin.", c.admin_token_file));
+    REFIT_RETURN_IF_ERROR(Get(a, "max_connections", path, "admin.", c.admin_max_connections));
+    if (c.admin_max_connections < 1 || c.admin_max_connections > 100000) {
+      return Err(a, path, "admin.max_connections", "must be 1 .. 100000");
+    }
   }
   if (c.model_spec.empty()) c.model_spec_inline = spec::kDemoModelSpec;
   return c;
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& setting) {
+  // The first line, read bounded: a token is short, the file may not be (a device, a mistake).
+  absl::StatusOr<std::string> text = ReadBoundedFile(path, 64 << 10, setting);
+  if (!text.ok()) return text.status();
+  std::string token = text->substr(0, text->find('\n'));
+  if (token.size() > 4096) return absl::InvalidArgumentError(absl::StrCat(setting, ": the token's line is over 4096 bytes"));
+  if (!token.empty() && token.back() == '\r') token.pop_back();
+  if (token.size() < 16) return absl::InvalidArgumentError(absl::StrCat(setting, ": the token must be at least 16 bytes"));
+  return token;
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path, const transport::TransportRegistry& transports) {

@@ -9,14 +9,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/control_connect.h"
 #include "refit/types.h"
 #include "transport/registry.h"
 
 namespace refit::server {
 
 struct Config {
-  // Control plane: "unix:/path" (default) or "HOST:PORT".
-  std::string listen = "unix:/tmp/refitd.sock";
+  // Control plane: "unix:/path" (default kDefaultControlAddress, common/control_connect.h) or
+  // "HOST:PORT". The socket's directory is checked at start (server/socket_dir.h).
+  std::string listen = kDefaultControlAddress;
   uint32_t socket_mode = 0660;  // for unix sockets
   std::string socket_group;     // group owning the unix socket; "" leaves refitd's own
   // Access control (docs/security.md). Unix-socket peers: refitd's own uid plus these.
@@ -40,7 +42,16 @@ struct Config {
   std::string staging = "host";  // host | device
   SessionLimits limits;
   uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)
+  // Control connections (server/connection_limits.h): caps, buffered message bytes, stalls.
+  uint32_t max_connections = 128;
+  uint32_t max_connections_per_uid = 64;
+  uint64_t connection_buffer_bytes = 512ull << 20;
+  uint64_t buffered_message_bytes = 1ull << 30;
+  uint64_t idle_timeout_ms = 30000;
   std::string admin_listen = "127.0.0.1:0";  // metrics/health HTTP; "" disables
+  // With a token (first line of the file), every admin request needs "Authorization: Bearer T".
+  std::string admin_token_file;
+  uint32_t admin_max_connections = 16;
   // Log (docs/config.md, `log:`): format text | json, level debug | info | warn | error. The
   // level is re-read from the config file on SIGHUP; the format is fixed at start.
   std::string log_format = "text";
@@ -60,9 +71,13 @@ inline constexpr size_t kMaxAllowedUids = 4096;
 absl::StatusOr<Config> LoadConfigFile(const std::string& path, const transport::TransportRegistry& transports);
 absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& path,
                                    const transport::TransportRegistry& transports);
-// The embedded default: listens on unix:/tmp/refitd.sock with the demo model spec inline, on
+// The embedded default: listens on kDefaultControlAddress with the demo model spec inline, on
 // the registry's default transport.
 Config DefaultConfig(const transport::TransportRegistry& transports);
+
+// The first line of a secret file (a token): at least 16 bytes. `setting` names the config key
+// in errors.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& setting);
 
 }  // namespace refit::server
 

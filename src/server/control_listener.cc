@@ -16,6 +16,8 @@ namespace refit::server {
 namespace {
 
 constexpr uint8_t kTlsHandshakeRecord = 0x16;
+constexpr kj::Duration kAcceptBackoff = 100 * kj::MILLISECONDS;
+constexpr uint32_t kLogLinesPerSecond = 10;
 
 // A refusal: its description is the reason that is logged.
 kj::Exception Refusal(const std::string& reason) {
@@ -93,18 +95,27 @@ kj::Promise<void> TellPlainClient(kj::AsyncIoStream& stream) {
 
 // One admitted connection; members are destroyed in reverse order (RPC system, network, stream).
 struct ControlListener::Connection {
+  kj::Own<ConnectionCounter::Slot> slot;  // first: released last
   kj::Own<kj::AsyncIoStream> stream;
   kj::Own<capnp::TwoPartyVatNetwork> network;
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
 };
 
 ControlListener::ControlListener(capnp::Capability::Client bootstrap, capnp::ReaderOptions reader_options,
-                                 AccessPolicy policy, kj::Timer& timer, kj::Own<kj::TlsContext> tls)
+                                 AccessPolicy policy, kj::Timer& timer, kj::Own<kj::TlsContext> tls,
+                                 ConnectionLimits limits, ListenerMetrics metrics)
     : bootstrap_(kj::mv(bootstrap)),
       reader_options_(reader_options),
       policy_(std::move(policy)),
       timer_(timer),
       tls_(kj::mv(tls)),
+      limits_(limits),
+      metrics_(metrics),
+      counter_(limits.max_connections, limits.max_connections_per_uid,
+               [open = metrics.open](uint32_t n) {
+                 if (open != nullptr) open->Labels({"control"}).Set(n);
+               }),
+      budget_(limits.buffered_message_bytes, metrics.buffered_bytes),
       tasks_(error_handler_) {}
 
 ControlListener::~ControlListener() = default;
@@ -115,10 +126,63 @@ void ControlListener::ErrorHandler::taskFailed(kj::Exception&& e) {
 }
 
 kj::Promise<void> ControlListener::Listen(kj::ConnectionReceiver& listener, bool unix_socket) {
-  return listener.accept().then([this, &listener, unix_socket](kj::Own<kj::AsyncIoStream>&& stream) {
-    tasks_.add(Admit(kj::mv(stream), unix_socket));
-    return Listen(listener, unix_socket);
-  });
+  // KJ's accept() tries accept(2) at once and throws EMFILE synchronously: that must reach
+  // AcceptFailed too, not the promise of the previous accept.
+  kj::Maybe<kj::Promise<kj::Own<kj::AsyncIoStream>>> accepted;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { accepted = listener.accept(); })) {
+    return AcceptFailed(listener, unix_socket, kj::mv(*e));
+  }
+  return KJ_ASSERT_NONNULL(accepted)
+      .then(
+          [this, &listener, unix_socket](kj::Own<kj::AsyncIoStream>&& stream) {
+            tasks_.add(Admit(kj::mv(stream), unix_socket));
+            return Listen(listener, unix_socket);
+          },
+          [this, &listener, unix_socket](kj::Exception&& e) {
+            return AcceptFailed(listener, unix_socket, kj::mv(e));
+          });
+}
+
+// Out of file descriptors (EMFILE, ENFILE), or any other accept() error: the pending
+// connection stays queued, and accepting again at once would spin. Wait, then go on.
+kj::Promise<void> ControlListener::AcceptFailed(kj::ConnectionReceiver& listener, bool unix_socket,
+                                                kj::Exception&& e) {
+  metrics_.Count(metrics_.accept_errors, "control");
+  if (LogAllowed()) {
+    Log(LogLevel::kWarn, absl::StrCat("event=accept_failed listener=control open_connections=", counter_.open(),
+                                      " backoff_ms=", kAcceptBackoff / kj::MILLISECONDS, " error=\"",
+                                      e.getDescription().cStr(), "\""));
+  }
+  return timer_.afterDelay(kAcceptBackoff).then([this, &listener, unix_socket]() { return Listen(listener, unix_socket); });
+}
+
+bool ControlListener::LogAllowed() {
+  const int64_t second = (timer_.now() - kj::origin<kj::TimePoint>()) / kj::SECONDS;
+  if (second != log_second_) {
+    if (log_suppressed_ > 0) {
+      Log(LogLevel::kWarn, absl::StrCat("event=connection_log_suppressed lines=", log_suppressed_));
+    }
+    log_second_ = second;
+    logged_this_second_ = 0;
+    log_suppressed_ = 0;
+  }
+  if (logged_this_second_ >= kLogLinesPerSecond) {
+    ++log_suppressed_;
+    return false;
+  }
+  ++logged_this_second_;
+  return true;
+}
+
+void ControlListener::RefuseOverCap(const char* cap, const std::string& peer) {
+  ++refused_;
+  metrics_.Count(metrics_.refused, "control", cap);
+  if (LogAllowed()) {
+    Log(LogLevel::kWarn, absl::StrCat("event=connection_refused reason=\"", peer, ": limits.", cap, " (",
+                                      std::string(cap) == "max_connections" ? limits_.max_connections
+                                                                            : limits_.max_connections_per_uid,
+                                      ") reached\" open_connections=", counter_.open()));
+  }
 }
 
 void ControlListener::ReplaceTls(kj::Own<kj::TlsContext> tls) {
@@ -128,7 +192,7 @@ void ControlListener::ReplaceTls(kj::Own<kj::TlsContext> tls) {
 
 void ControlListener::Refuse(const std::string& reason) {
   ++refused_;
-  LogEvent(LogLevel::kWarn, "connection_refused").Add("reason", reason);
+  if (LogAllowed()) LogEvent(LogLevel::kWarn, "connection_refused").Add("reason", reason);
 }
 
 kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool unix_socket) {
@@ -150,11 +214,24 @@ kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool
       Refuse(absl::StrCat("uid ", cred.uid, " (pid ", cred.pid, ") is not in access.allowed_uids"));
       return kj::READY_NOW;
     }
-    Serve(kj::mv(stream));
+    const char* cap = nullptr;
+    kj::Own<ConnectionCounter::Slot> slot = counter_.TryAcquire(cred.uid, &cap);
+    if (slot.get() == nullptr) {
+      RefuseOverCap(cap, absl::StrCat("uid ", cred.uid, " (pid ", cred.pid, ")"));
+      return kj::READY_NOW;
+    }
+    Serve(kj::mv(stream), kj::mv(slot));
     return kj::READY_NOW;
   }
   if (policy_.token.empty() && !(tls_.get() != nullptr && policy_.tls_client_certs)) {
     Refuse("TCP connection, but neither access.token_file nor tls.client_ca is configured");
+    return kj::READY_NOW;
+  }
+  // A TCP peer holds its place from accept on, through the handshake.
+  const char* cap = nullptr;
+  kj::Own<ConnectionCounter::Slot> slot = counter_.TryAcquire(-1, &cap);
+  if (slot.get() == nullptr) {
+    RefuseOverCap(cap, "TCP peer");
     return kj::READY_NOW;
   }
   // The whole admission (TLS handshake and preamble) within the handshake timeout: a peer that
@@ -166,9 +243,9 @@ kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool
   return AdmitTcp(kj::mv(stream))
       .exclusiveJoin(kj::mv(timeout))
       .then(
-          [this](kj::Own<kj::AsyncIoStream> admitted) {
+          [this, slot = kj::mv(slot)](kj::Own<kj::AsyncIoStream> admitted) mutable {
             LogEvent(LogLevel::kDebug, "connection_admitted").Add("transport", tls_.get() != nullptr ? "tls" : "tcp");
-            Serve(kj::mv(admitted));
+            Serve(kj::mv(admitted), kj::mv(slot));
           },
             [this](kj::Exception&& e) { Refuse(std::string(e.getDescription().begin(), e.getDescription().size())); });
 }
@@ -243,10 +320,17 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> ControlListener::CheckPreamble(kj::Own<k
       });
 }
 
-void ControlListener::Serve(kj::Own<kj::AsyncIoStream> stream) {
+void ControlListener::Serve(kj::Own<kj::AsyncIoStream> stream, kj::Own<ConnectionCounter::Slot> slot) {
   ++admitted_;
   auto conn = kj::heap<Connection>();
-  conn->stream = kj::mv(stream);
+  conn->slot = kj::mv(slot);
+  conn->stream = kj::heap<MessageLimitedStream>(
+      kj::mv(stream), limits_, budget_, timer_, [this](const char* reason, const std::string& detail) {
+        metrics_.Count(metrics_.dropped, "control", reason);
+        if (LogAllowed()) {
+          Log(LogLevel::kWarn, absl::StrCat("event=connection_dropped reason=", reason, " detail=\"", detail, "\""));
+        }
+      });
   conn->network =
       kj::heap<capnp::TwoPartyVatNetwork>(*conn->stream, capnp::rpc::twoparty::Side::SERVER, reader_options_);
   conn->rpc = kj::heap(capnp::makeRpcServer(*conn->network, bootstrap_));

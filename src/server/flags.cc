@@ -13,7 +13,7 @@
 
 ABSL_FLAG(std::string, config, "",
           "configuration file (docs/config.md); without it refitd runs the embedded default: "
-          "unix:/tmp/refitd.sock and the demo model spec");
+          "unix:/run/refitd/refitd.sock and the demo model spec");
 ABSL_FLAG(std::string, listen, "", "control-plane address, unix:PATH or HOST:PORT; overrides the config's `listen`");
 ABSL_FLAG(std::string, model_spec, "",
           "model spec file (deploy/models/); overrides the config's `model_spec`");

@@ -3,8 +3,8 @@
 //   refitd [--config FILE] [--listen ADDR] [--model-spec FILE] [--admin-listen ADDR] [--print-config]
 //   refitd --help | --version
 //
-// Without --config it runs the embedded default configuration (unix:/tmp/refitd.sock, the demo
-// model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0 (during start-up,
+// Without --config it runs the embedded default configuration (unix:/run/refitd/refitd.sock, the
+// demo model spec). SIGTERM/SIGINT: abort any active session, stop listening, exit 0 (during start-up,
 // before the data plane exists, they end refitd at once). SIGHUP: re-read the config file's log
 // level and reload the TLS certificate files (docs/operations.md, docs/security.md). Under systemd
 // (Type=notify, sd_notify.h): READY=1 once the control socket listens, WATCHDOG=1 pings while the
@@ -34,12 +34,14 @@
 #include "common/tls_context.h"
 #include "common/version.h"
 #include "server/config.h"
+#include "server/connection_limits.h"
 #include "server/control_listener.h"
 #include "server/daemon_metrics.h"
 #include "server/daemon_service.h"
 #include "server/flags.h"
 #include "server/log.h"
 #include "server/sd_notify.h"
+#include "server/socket_dir.h"
 #include "spec/model_spec.h"
 #include "storage/memory.h"
 #include "transport/builtin_transports.h"
@@ -206,6 +208,8 @@ int main(int argc, char** argv) {
   metrics::BuildInfo build{kVersion, kGitCommit, kBuildType, kWithCuda};
   absl::StatusOr<metrics::RefitMetrics> refit_metrics = metrics::RefitMetrics::Register(registry, build);
   if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
+  absl::StatusOr<server::ListenerMetrics> listener_metrics = server::ListenerMetrics::Register(registry);
+  if (!listener_metrics.ok()) return Fail(listener_metrics.status().message());
   absl::StatusOr<std::unique_ptr<BucketRing>> ring =
       BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, **slot_memory);
   if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));
@@ -220,10 +224,10 @@ int main(int argc, char** argv) {
     content.registry = &registry;
     content.build = build;
     content.readiness = [&state]() -> absl::Status { return state.node.Ready(); };
-    admin::AdminOptions options;
-    options.listen_address = config->admin_listen;
+    absl::StatusOr<admin::AdminOptions> options = server::AdminOptionsFromConfig(*config, *listener_metrics);
+    if (!options.ok()) return Fail(options.status().message());
     absl::StatusOr<std::unique_ptr<admin::AdminServer>> a =
-        admin::AdminServer::Listen(io.provider->getNetwork(), io.provider->getTimer(), options, content)
+        admin::AdminServer::Listen(io.provider->getNetwork(), io.provider->getTimer(), *options, content)
             .wait(io.waitScope);
     if (!a.ok()) return Fail(absl::StrCat("admin endpoint: ", a.status().message()));
     admin_server = std::move(*a);
@@ -233,7 +237,7 @@ int main(int argc, char** argv) {
   reader.traversalLimitInWords = config->max_message_words;
   const bool with_tls = tls.get() != nullptr;
   server::ControlListener rpc(server::MakeDaemon(state), reader, std::move(access), io.provider->getTimer(),
-                              kj::mv(tls));
+                              kj::mv(tls), server::ConnectionLimitsFromConfig(*config), *listener_metrics);
   // Certificate rotation: on SIGHUP, new connections use the files' current contents; a file that
   // fails to load keeps the previous certificate (and is logged).
   std::function<kj::Promise<void>()> reload_on_hup = [&]() -> kj::Promise<void> {
@@ -260,7 +264,7 @@ int main(int argc, char** argv) {
   std::string unix_path;
   if (address.rfind("unix:", 0) == 0) {
     unix_path = address.substr(5);
-    unlink(unix_path.c_str());  // a stale socket from a previous run
+    if (absl::Status ok = server::PrepareSocketPath(unix_path); !ok.ok()) return Fail(ok.message());
   }
   kj::Own<kj::ConnectionReceiver> listener;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {

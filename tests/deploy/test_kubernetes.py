@@ -84,11 +84,13 @@ def test_control_socket_and_shared_memory_are_shared():
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     cfg = refitd_config()
     assert cfg["listen"].startswith("unix:")
-    socket_dir = str(Path(cfg["listen"][len("unix:"):]).parent)
+    socket_path = Path(cfg["listen"][len("unix:"):])
     for name, c in containers(deployment).items():
         mounts = mounts_of(c)
-        assert socket_dir in mounts, f"{name} does not mount {socket_dir}"
-        assert "emptyDir" in volumes[mounts[socket_dir]]
+        # The socket lives in (a directory refitd creates in) an emptyDir both mount.
+        mount = next((m for m in mounts if m != "/" and socket_path.is_relative_to(m)), None)
+        assert mount, f"{name} mounts nothing that holds {socket_path}"
+        assert "emptyDir" in volumes[mounts[mount]]
         # The engine's POSIX shm objects (files in /dev/shm) must be the same files for refitd.
         assert mounts.get("/dev/shm") == "dshm", f"{name} does not mount the shared /dev/shm"
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
@@ -123,6 +125,22 @@ def test_admin_port_probes_annotations_and_service_agree():
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     [service_port] = service["spec"]["ports"]
     assert service_port["targetPort"] == "admin" and service_port["port"] == port
+
+
+def test_admin_port_is_admitted_from_monitoring_only():
+    """The admin endpoint listens on the Pod's address without a token: only the monitoring
+    namespace may reach it (the kubelet's probes come from the node, always admitted)."""
+    policy = resources()["NetworkPolicy"]
+    labels = resources()["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    by_port = {}
+    for rule in policy["spec"]["ingress"]:
+        for p in rule["ports"]:
+            by_port[p["port"]] = rule.get("from")
+    assert by_port["admin"] and all("namespaceSelector" in f for f in by_port["admin"]), by_port
+    ports = {p["name"] for c in containers(resources()["Deployment"]).values() for p in c.get("ports", [])}
+    assert set(by_port) <= ports and "http" in by_port
 
 
 def quantity_bytes(q: str) -> int:

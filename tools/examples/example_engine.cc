@@ -7,7 +7,7 @@
 // `mixed` counts requests that saw bytes that are neither the old nor the new version of any
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
-//   example_engine [--address unix:/tmp/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE] [--idle]
+//   example_engine [--address unix:/run/refitd/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE] [--idle]
 //                  [--reconnect] [shape flags]
 // --reconnect keeps serving when refitd goes away and registers again when it is back (a dirty
 // engine, one that lost refitd inside a commit window, stays paused until a full refit lands).
@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/engine_agent.h"
 #include "common/checksum.h"
+#include "common/control_connect.h"
 #include "demo_model.h"
 #include "refit/checkpoint_io.h"
 #include "refit/offline.h"
@@ -63,7 +64,7 @@ struct Served {
 
 int main(int argc, char** argv) {
   using namespace refit;
-  std::string address = "unix:/tmp/refitd.sock", spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
+  std::string address = refit::kDefaultControlAddress, spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
   int gpu = -1;
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)

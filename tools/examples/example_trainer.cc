@@ -2,7 +2,7 @@
 // of N refits (fresh weights every time), commits, and checks the engine's bytes (read back
 // through refitd) against the offline conversion of the same weights. One JSON line per refit.
 //
-//   example_trainer [--address unix:/tmp/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
+//   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
 //                   [--ranks N --rank R --session-file F] [shape flags]
@@ -45,6 +45,7 @@
 #include <cuda_runtime_api.h>
 #endif
 #include "common/checksum.h"
+#include "common/control_connect.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
 #include "refit/checkpoint_io.h"
@@ -184,7 +185,7 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string address = "unix:/tmp/refitd.sock", spec_path, fault = "none", checkpoint, expected_dir;
+  std::string address = refit::kDefaultControlAddress, spec_path, fault = "none", checkpoint, expected_dir;
   std::vector<std::string> only, drop, addresses;
   bool fanout = false;
   int refits = 3;

@@ -11,7 +11,7 @@ ABSL_DECLARE_FLAG(bool, json);
 
 namespace refit::refitctl {
 
-// --address, else $REFITD_ADDRESS, else unix:/tmp/refitd.sock.
+// --address, else $REFITD_ADDRESS, else unix:/run/refitd/refitd.sock.
 std::string DaemonAddress();
 
 }  // namespace refit::refitctl

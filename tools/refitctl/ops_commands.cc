@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/trainer_client.h"
 #include "common/checksum.h"
+#include "common/control_connect.h"
 #include "formats/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "refitctl/common_flags.h"

@@ -3,7 +3,7 @@
 //   refit    push a safetensors checkpoint (file or directory of *.safetensors) as a trainer would
 //   abort    abort the active session
 //   verify   compare the engine's parameters with a converted checkpoint, by checksum
-// Each takes --address ADDR (default $REFITD_ADDRESS or unix:/tmp/refitd.sock) and --json.
+// Each takes --address ADDR (default $REFITD_ADDRESS or unix:/run/refitd/refitd.sock) and --json.
 // Exit codes: 0 ok, 1 failure, 2 usage, 3 refused or mismatch, 4 nothing to abort.
 #ifndef REFIT_TOOLS_REFITCTL_OPS_COMMANDS_H_
 #define REFIT_TOOLS_REFITCTL_OPS_COMMANDS_H_

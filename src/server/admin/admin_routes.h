@@ -5,6 +5,7 @@
 //   GET /readyz   200 "ready" when the readiness check passes, else 503 with its reason
 //   GET /version  200, JSON build description
 //   other paths   404; other methods on a known path 405 with "Allow: GET"
+// (With AdminOptions::token set, AdminServer answers 401 before routing a request that lacks it.)
 // Threading: RouteAdminRequest runs on the caller's thread and calls `readiness` there; the
 // registry may be updated concurrently from any thread.
 #ifndef REFIT_SERVER_ADMIN_ADMIN_ROUTES_H_

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -34,6 +35,7 @@ class AdminServerTest : public ::testing::Test {
         network_(io_->provider->getNetwork()) {
     kj::HttpHeaderTable::Builder builder;
     allow_ = builder.add("Allow");
+    authorization_ = builder.add("Authorization");
     table_ = builder.build();
     client_ = kj::newHttpClient(timer_, *table_, network_, nullptr);
     counter_ = *registry_.AddCounter("test_requests_total", "Requests.", {"code"});
@@ -51,8 +53,7 @@ class AdminServerTest : public ::testing::Test {
     return c;
   }
 
-  std::unique_ptr<AdminServer> Start(const std::string& address = "127.0.0.1:0") {
-    AdminOptions options;
+  std::unique_ptr<AdminServer> Start(const std::string& address = "127.0.0.1:0", AdminOptions options = {}) {
     options.listen_address = address;
     absl::StatusOr<std::unique_ptr<AdminServer>> server =
         AdminServer::Listen(network_, timer_, options, Content()).wait(io_->waitScope);
@@ -61,8 +62,9 @@ class AdminServerTest : public ::testing::Test {
   }
 
   Reply Fetch(const AdminServer& server, const std::string& path,
-              kj::HttpMethod method = kj::HttpMethod::GET) {
+              kj::HttpMethod method = kj::HttpMethod::GET, const std::string& authorization = "") {
     kj::HttpHeaders headers(*table_);
+    if (!authorization.empty()) headers.set(authorization_, kj::StringPtr(authorization.c_str()));
     const std::string url = "http://127.0.0.1:" + std::to_string(server.port()) + path;
     auto request = client_->request(method, kj::StringPtr(url.c_str()), headers, uint64_t{0});
     kj::HttpClient::Response response = request.response.wait(io_->waitScope);
@@ -80,6 +82,7 @@ class AdminServerTest : public ::testing::Test {
   kj::Timer& timer_;
   kj::Network& network_;
   kj::HttpHeaderId allow_ = kj::HttpHeaderId::HOST;
+  kj::HttpHeaderId authorization_ = kj::HttpHeaderId::HOST;
   kj::Own<kj::HttpHeaderTable> table_;
   kj::Own<kj::HttpClient> client_;
   metrics::Registry registry_;
@@ -156,6 +159,53 @@ TEST_F(AdminServerTest, ServesOnAGivenListener) {
   AdminServer server(timer_, address->listen(), Content());
   EXPECT_EQ(Fetch(server, "/healthz").status, 200u);
   server.Drain().wait(io_->waitScope);
+}
+
+TEST_F(AdminServerTest, TokenIsRequiredOnEveryPathWhenSet) {
+  AdminOptions options;
+  options.token = "0123456789abcdef-token";
+  auto server = Start("127.0.0.1:0", options);
+  ASSERT_NE(server, nullptr);
+  for (const char* path : {"/metrics", "/healthz", "/readyz", "/version", "/nope"}) {
+    EXPECT_EQ(Fetch(*server, path).status, 401u) << path;
+    EXPECT_EQ(Fetch(*server, path, kj::HttpMethod::GET, "Bearer 0123456789abcdef-tokeN").status, 401u) << path;
+    EXPECT_EQ(Fetch(*server, path, kj::HttpMethod::GET, "0123456789abcdef-token").status, 401u) << path;
+  }
+  EXPECT_EQ(Fetch(*server, "/healthz", kj::HttpMethod::GET, "Bearer 0123456789abcdef-token").status, 200u);
+  EXPECT_EQ(Fetch(*server, "/readyz", kj::HttpMethod::GET, "Bearer 0123456789abcdef-token").status, 503u);
+}
+
+TEST_F(AdminServerTest, ConnectionsOverTheCapAreClosedAndCounted) {
+  metrics::Counter refused;
+  AdminOptions options;
+  options.max_connections = 2;
+  options.refused_connections = &refused;
+  std::vector<std::string> warnings;
+  options.warn = [&warnings](const std::string& line) { warnings.push_back(line); };
+  auto server = Start("127.0.0.1:0", options);
+  ASSERT_NE(server, nullptr);
+  kj::Own<kj::NetworkAddress> address =
+      network_.parseAddress("127.0.0.1", server->port()).wait(io_->waitScope);
+  auto held1 = address->connect().wait(io_->waitScope);
+  auto held2 = address->connect().wait(io_->waitScope);
+  auto over = address->connect().wait(io_->waitScope);
+  char byte = 0;
+  // The third is closed by the server: its read ends (EOF) instead of waiting.
+  EXPECT_EQ(over->tryRead(&byte, 1, 1).wait(io_->waitScope), 0u);
+  EXPECT_EQ(refused.Value(), 1.0);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("admin.max_connections (2) reached"));
+  held1 = nullptr;
+  held2 = nullptr;
+  // Places free again once the held connections close.
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {
+    timer_.afterDelay(10 * kj::MILLISECONDS).wait(io_->waitScope);
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { served = Fetch(*server, "/healthz").status == 200u; })) {
+      (void)e;  // refused while the server had not yet seen the held ones close
+    }
+  }
+  EXPECT_TRUE(served);
 }
 
 TEST_F(AdminServerTest, BadAddressIsInvalidArgumentNamingIt) {
