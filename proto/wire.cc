@@ -74,7 +74,8 @@ void ToWire(const absl::Status& status, proto::Status::Builder b) {
   auto code = static_cast<uint16_t>(status.code());
   if (code > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) code = static_cast<uint16_t>(absl::StatusCode::kUnknown);
   b.setCode(static_cast<proto::StatusCode>(code));
-  b.setMessage(std::string(status.message()));
+  const std::string message(status.message());
+  b.setMessage(Text(message));
 }
 
 RefitReport FromWire(proto::RefitReport::Reader r) {
@@ -96,7 +97,7 @@ RefitReport FromWire(proto::RefitReport::Reader r) {
 }
 
 void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b) {
-  b.setName(d.name);
+  b.setName(Text(d.name));
   b.setDtype(std::string(DTypeName(d.dtype)));
   auto shape = b.initShape(static_cast<unsigned>(d.shape.size()));
   for (size_t i = 0; i < d.shape.size(); ++i) shape.set(static_cast<unsigned>(i), d.shape[i]);
@@ -111,7 +112,7 @@ void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b) {
 }
 
 void ToWire(const Manifest& m, proto::Manifest::Builder b) {
-  b.setModel(m.model);
+  b.setModel(Text(m.model));
   b.setPartial(m.partial);
   b.setDeadlineMs(m.deadline_ms);
   auto list = b.initTensors(static_cast<unsigned>(m.tensors.size()));
@@ -132,7 +133,7 @@ void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   b.setOutcome(std::string(OutcomeName(r.outcome)));
   b.setOutcomeCode(static_cast<proto::Outcome>(static_cast<uint16_t>(r.outcome)));
   b.setCause(static_cast<proto::EndCause>(static_cast<uint16_t>(r.cause)));
-  b.setReason(r.reason);
+  b.setReason(Text(r.reason));
   b.setBytesIn(r.bytes_in);
   b.setBytesOut(r.bytes_out);
   b.setBuckets(r.buckets);
@@ -150,7 +151,7 @@ void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   auto formats = b.initBytesByFormat(static_cast<unsigned>(r.bytes_out_by_format.size()));
   unsigned i = 0;
   for (const auto& [format, bytes] : r.bytes_out_by_format) {
-    formats[i].setFormat(format);
+    formats[i].setFormat(Text(format));
     formats[i].setBytes(bytes);
     ++i;
   }

@@ -22,6 +22,8 @@ void ToWire(const absl::Status& status, proto::Status::Builder b);
 
 // A Text field as a std::string, every byte kept (cStr() would stop at a NUL).
 inline std::string Str(capnp::Text::Reader t) { return std::string(t.begin(), t.size()); }
+// A std::string as a Text value, every byte kept (the implicit conversion stops at a NUL).
+inline capnp::Text::Reader Text(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
 
 void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b);
 void ToWire(const Manifest& m, proto::Manifest::Builder b);

@@ -60,6 +60,7 @@ absl::StatusOr<ListenerMetrics> ListenerMetrics::Register(metrics::Registry& reg
       {"listener", "reason"});
   if (!dropped.ok()) return dropped.status();
   m.dropped = *dropped;
+  m.dropped->Labels({"control", "idle_timeout"});  // the family is listed before its first drop
   absl::StatusOr<metrics::GaugeFamily*> open =
       registry.AddGauge("refit_open_connections", "Open connections of a listener.", {"listener"});
   if (!open.ok()) return open.status();

@@ -39,8 +39,9 @@ def need_refitd() -> Path:
 
 
 def registered_families() -> dict[str, str]:
-    """name -> type of every family RefitMetrics::Register adds, read from its source."""
-    text = (SRC / "src/metrics/refit_metrics.cc").read_text()
+    """name -> type of every family refitd registers (RefitMetrics::Register and the listeners'
+    ListenerMetrics::Register), read from their source."""
+    text = (SRC / "src/metrics/refit_metrics.cc").read_text() + (SRC / "src/server/connection_limits.cc").read_text()
     found = re.findall(r'registry\.Add(Counter|Gauge|Histogram)\(\s*"([A-Za-z_:][\w:]*)"', text)
     assert found, "no registrations found in src/metrics/refit_metrics.cc"
     return {name: kind.lower() for kind, name in found}

@@ -220,7 +220,7 @@ def test_limits_refuse_hostile_sessions(fault_node):
     node = fault_node(config="limits:\n  max_tensors: 3\n")
     before = node.shm_digest()
     p, _ = node.trainer("--refits", "1")
-    assert p.returncode != 0 and "(limit 3)" in p.stderr, p.stderr
+    assert p.returncode != 0 and "(limit 3" in p.stderr, p.stderr
     assert node.shm_digest() == before
     finish(node, [])
     node2 = fault_node(config="limits:\n  max_name_bytes: 12\n")
