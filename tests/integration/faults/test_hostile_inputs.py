@@ -61,8 +61,7 @@ def test_newline_in_a_tensor_name_forges_no_log_line(fault_node, where):
 
 def test_nul_in_a_manifest_name_is_not_cut_from_the_error(fault_node):
     # Expected: refused naming the tensor; the error the trainer gets carries the name past the
-    # NUL (escaped), not a text cut at it. Passes once begin calls CheckManifest
-    # (src/refit/manifest_check.h).
+    # NUL (escaped), not a text cut at it (Node::Begin runs CheckManifest first).
     node = fault_node()
     out = hostile(node, manifest_name="evil\0tail.weight")
     assert not out["ok"] and out["stage"] == "begin", out
