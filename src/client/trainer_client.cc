@@ -604,6 +604,10 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
     }
   }
   if (!failed.ok()) {
+    // The session ended without committing; refitd may have dropped this trainer's data-plane
+    // connection meanwhile (a deadline passed while the commit waited): the next session
+    // connects afresh rather than send into a connection nobody reads.
+    impl_->data->Drop();
     if (impl_->members.size() == 1) return failed;
     std::string all;
     for (const std::string& o : outcomes) absl::StrAppend(&all, all.empty() ? "" : "; ", o);

@@ -19,7 +19,12 @@ std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSecond
 }  // namespace
 
 Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring, NodeHooks hooks)
-    : options_(std::move(options)), receiver_(receiver), ring_(ring), hooks_(std::move(hooks)) {}
+    : options_(std::move(options)),
+      system_clock_(options_.clock == nullptr ? NewSystemClock() : nullptr),
+      clock_(options_.clock != nullptr ? options_.clock : system_clock_.get()),
+      receiver_(receiver),
+      ring_(ring),
+      hooks_(std::move(hooks)) {}
 
 Node::~Node() {
   if (active_) active_->session->Abort("daemon shutting down");
@@ -105,6 +110,8 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   Session::Options so;
   so.id = NewSessionId();
   so.partial = manifest.partial;
+  // The session's blocking waits (buckets, receives) run on the real clock; the node ends the
+  // session at its deadline by its own clock (Poll).
   so.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
   so.limits = limits;
   so.failpoints = options_.failpoints;
@@ -112,7 +119,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.engine = engine_;
   a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, *engine_->pool, so);
   a.begun = requested;
-  a.deadline = so.deadline;
+  a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
   a.plan_ms = Ms(absl::Now() - requested);
   active_ = std::move(a);
   NotifySession();
@@ -182,7 +189,7 @@ void Node::AbortWith(EndCause cause, const std::string& reason) {
   End(Outcome::kAborted, cause, reason);
 }
 
-bool Node::Poll(uint64_t session_id, absl::Time now) {
+bool Node::Poll(uint64_t session_id) {
   if (!active_ || active_->session->id() != session_id) return false;
   if (active_->committing) return true;  // the commit ends it
   absl::Status failure = active_->session->failure();
@@ -191,7 +198,7 @@ bool Node::Poll(uint64_t session_id, absl::Time now) {
         CauseOfSessionFailure(failure), std::string(failure.message()));
     return false;
   }
-  if (now >= active_->deadline) {
+  if (clock_->Now() >= active_->deadline) {
     End(Outcome::kAborted, EndCause::kDeadlineExceeded, "session deadline passed");
     return false;
   }
@@ -205,6 +212,7 @@ bool Node::Shutdown() {
 
 void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times) {
   if (!active_) return;
+  const bool sealed = active_->session->sealed();
   if (outcome != Outcome::kCommitted) active_->session->Abort(reason);
   RefitReport r = active_->session->Report();
   if (times != nullptr) {
@@ -227,10 +235,12 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
   }
   last_report_ = r;
   if (hooks_.on_log) hooks_.on_log(r);
-  if (outcome != Outcome::kCommitted && r.cause != EndCause::kClientAbort) {
-    // Ended by refitd (deadline, a corrupt bucket, engine gone, shutdown): a trainer of this
-    // session may be blocked sending a bucket nobody will receive. Its connection is dropped so
-    // the send fails; it reconnects for its next session.
+  if (outcome != Outcome::kCommitted && r.cause != EndCause::kClientAbort && !sealed) {
+    // Ended by refitd before every bucket was in (deadline, a corrupt bucket, engine gone,
+    // shutdown): a trainer of this session may be blocked sending a bucket nobody will receive.
+    // Its connection is dropped so the send fails; it reconnects for its next session. A session
+    // refused or failed after its buckets were all received (validation, commit) blocks nobody:
+    // its trainers keep their connections.
     receiver_.DisconnectPeers();
   }
   if (hooks_.on_report) hooks_.on_report(r);

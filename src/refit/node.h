@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/failpoint.h"
 #include "refit/bucket_ring.h"
 #include "refit/converter.h"
@@ -81,6 +82,8 @@ struct NodeOptions {
   absl::Duration pause_timeout = absl::Seconds(10);
   absl::Duration resume_timeout = absl::Seconds(10);
   const FailpointSet* failpoints = nullptr;  // test builds only
+  // What session deadlines are computed and checked against; the system clock when null.
+  const Clock* clock = nullptr;
 };
 
 struct BeginResult {
@@ -142,9 +145,9 @@ class Node {
   void EndByTrainer(uint64_t session_id, EndCause cause, const std::string& reason);
   // An operator aborts the active session; false when there is none.
   bool AbortActive(const std::string& reason);
-  // Ends the session if it failed on its own threads or passed its deadline. Returns false once
-  // `session_id` is no longer active (the caller stops polling).
-  bool Poll(uint64_t session_id, absl::Time now);
+  // Ends the session if it failed on its own threads or passed its deadline (by the options'
+  // clock). Returns false once `session_id` is no longer active (the caller stops polling).
+  bool Poll(uint64_t session_id);
   // Shutting down: ends a session that is not committing. Returns true while a commit runs.
   bool Shutdown();
 
@@ -199,6 +202,8 @@ class Node {
   uint64_t NewSessionId();
 
   const NodeOptions options_;
+  const std::unique_ptr<Clock> system_clock_;  // when options_.clock is null
+  const Clock* const clock_;
   transport::Receiver& receiver_;
   BucketRing& ring_;
   NodeHooks hooks_;

@@ -374,11 +374,16 @@ absl::Status Session::Validate() const {
   return absl::FailedPreconditionError(msg);
 }
 
+bool Session::sealed() const {
+  absl::MutexLock lock(&mu_);
+  return sealed_;
+}
+
 absl::Status Session::Finish() {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || converted_ == next_seq_; };
   mu_.Await(absl::Condition(&done));
-  if (failure_.ok()) stopping_ = true;  // sealed: no more buckets; the deadline no longer applies
+  if (failure_.ok()) stopping_ = sealed_ = true;  // no more buckets; the deadline no longer applies
   return failure_;
 }
 

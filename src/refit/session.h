@@ -60,6 +60,8 @@ class Session {
   absl::Status Announce(BucketHeader header, uint32_t* assigned = nullptr);
   // Blocks until every announced bucket is received and converted, or the session failed.
   absl::Status Finish();
+  // Finish succeeded: every announced bucket is in, and no trainer can be sending one.
+  bool sealed() const;
   // The Ledger's verdict, and every tensor whose slices did not tile it (call after Finish).
   absl::Status Validate() const;
   void Abort(const std::string& reason);
@@ -108,6 +110,7 @@ class Session {
   uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool sealed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_out_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> bytes_out_by_format_ ABSL_GUARDED_BY(mu_);

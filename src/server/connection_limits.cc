@@ -124,7 +124,7 @@ void MessageBudget::Release(uint64_t bytes) {
 MessageLimitedStream::MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits,
                                            MessageBudget& budget, kj::Timer& timer,
                                            std::function<void(const char*, const std::string&)> on_drop)
-    : inner_(kj::mv(inner)), limits_(limits), budget_(budget), timer_(timer), on_drop_(std::move(on_drop)) {}
+    : ForwardingStream(kj::mv(inner)), limits_(limits), budget_(budget), timer_(timer), on_drop_(std::move(on_drop)) {}
 
 MessageLimitedStream::~MessageLimitedStream() noexcept(false) { budget_.Release(reserved_); }
 
@@ -141,7 +141,7 @@ kj::Exception MessageLimitedStream::Drop(const char* reason, const std::string& 
 
 kj::Promise<size_t> MessageLimitedStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {
   if (dropped_) return size_t(0);  // after a drop: end of stream
-  kj::Promise<size_t> read = inner_->tryRead(buffer, min_bytes, max_bytes);
+  kj::Promise<size_t> read = inner().tryRead(buffer, min_bytes, max_bytes);
   if (InsideMessage()) {
     read = read.exclusiveJoin(timer_.afterDelay(limits_.idle_timeout).then([this]() -> size_t {
       kj::throwFatalException(

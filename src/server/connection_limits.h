@@ -25,6 +25,7 @@
 #include "kj/timer.h"
 #include "metrics/registry.h"
 #include "server/admin/admin_server.h"
+#include "server/forwarding_stream.h"
 
 namespace refit::server {
 
@@ -116,28 +117,13 @@ class MessageBudget {
 // count, segment sizes, segments) of the bytes read, enforces the limits above on each message,
 // and fails the read (which drops the connection) with the reason when one is exceeded.
 // `on_drop(reason, detail)` is called once, before that failure.
-class MessageLimitedStream final : public kj::AsyncIoStream {
+class MessageLimitedStream final : public ForwardingStream {
  public:
   MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits, MessageBudget& budget,
                        kj::Timer& timer, std::function<void(const char*, const std::string&)> on_drop);
   ~MessageLimitedStream() noexcept(false);
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override;
-  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    return inner_->write(pieces);
-  }
-  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
-  void shutdownWrite() override { inner_->shutdownWrite(); }
-  void abortRead() override { inner_->abortRead(); }
-  void getsockopt(int level, int option, void* value, uint* length) override {
-    inner_->getsockopt(level, option, value, length);
-  }
-  void setsockopt(int level, int option, const void* value, uint length) override {
-    inner_->setsockopt(level, option, value, length);
-  }
-  void getsockname(struct sockaddr* addr, uint* length) override { inner_->getsockname(addr, length); }
-  void getpeername(struct sockaddr* addr, uint* length) override { inner_->getpeername(addr, length); }
 
  private:
   // Follows the framing over `n` bytes just read; a kj::Exception when a limit is exceeded.
@@ -145,7 +131,6 @@ class MessageLimitedStream final : public kj::AsyncIoStream {
   kj::Exception Drop(const char* reason, const std::string& detail);
   bool InsideMessage() const { return !first_message_done_ || header_words_seen_ > 0 || word_fill_ > 0 || body_left_ > 0; }
 
-  kj::Own<kj::AsyncIoStream> inner_;
   const ConnectionLimits limits_;
   MessageBudget& budget_;
   kj::Timer& timer_;

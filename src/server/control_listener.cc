@@ -10,6 +10,7 @@
 #include "capnp/rpc.capnp.h"
 #include "capnp/serialize-async.h"
 #include "common/auth_preamble.h"
+#include "server/forwarding_stream.h"
 #include "server/log.h"
 
 namespace refit::server {
@@ -26,36 +27,20 @@ kj::Exception Refusal(const std::string& reason) {
 
 // A stream that first returns bytes already read from `inner` (the peeked first byte), then
 // reads from `inner`; writes go straight to `inner`.
-class PrefixedStream final : public kj::AsyncIoStream {
+class PrefixedStream final : public ForwardingStream {
  public:
-  PrefixedStream(kj::Own<kj::AsyncIoStream> inner, uint8_t first) : inner_(kj::mv(inner)), first_(first) {}
+  PrefixedStream(kj::Own<kj::AsyncIoStream> inner, uint8_t first) : ForwardingStream(kj::mv(inner)), first_(first) {}
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
-    if (!pending_ || max_bytes == 0) return inner_->tryRead(buffer, min_bytes, max_bytes);
+    if (!pending_ || max_bytes == 0) return inner().tryRead(buffer, min_bytes, max_bytes);
     pending_ = false;
     auto* out = static_cast<uint8_t*>(buffer);
     out[0] = first_;
     if (min_bytes <= 1) return size_t(1);
-    return inner_->tryRead(out + 1, min_bytes - 1, max_bytes - 1).then([](size_t n) { return n + 1; });
+    return inner().tryRead(out + 1, min_bytes - 1, max_bytes - 1).then([](size_t n) { return n + 1; });
   }
-  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    return inner_->write(pieces);
-  }
-  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
-  void shutdownWrite() override { inner_->shutdownWrite(); }
-  void abortRead() override { inner_->abortRead(); }
-  void getsockopt(int level, int option, void* value, uint* length) override {
-    inner_->getsockopt(level, option, value, length);
-  }
-  void setsockopt(int level, int option, const void* value, uint length) override {
-    inner_->setsockopt(level, option, value, length);
-  }
-  void getsockname(struct sockaddr* addr, uint* length) override { inner_->getsockname(addr, length); }
-  void getpeername(struct sockaddr* addr, uint* length) override { inner_->getpeername(addr, length); }
 
  private:
-  kj::Own<kj::AsyncIoStream> inner_;
   uint8_t first_;
   bool pending_ = true;
 };

@@ -431,7 +431,7 @@ class DaemonImpl final : public proto::Daemon::Server {
  private:
   kj::Promise<void> Watch(uint64_t id) {
     return state_.timer.afterDelay(50 * kj::MILLISECONDS).then([this, id]() -> kj::Promise<void> {
-      if (!state_.node.Poll(id, absl::Now())) return kj::READY_NOW;
+      if (!state_.node.Poll(id)) return kj::READY_NOW;
       return Watch(id);
     });
   }

@@ -120,6 +120,10 @@ def test_refused_refit_names_missing_and_mismatched_tensors(node):
         with pytest.raises(refit.RefitRefused, match="proj.weight") as e:
             client.refit(models.TOY, wrong)
         assert e.value.code_name == "FAILED_PRECONDITION"
+        # A partial refit of tensors the spec does not mark updatable alone: refused.
+        with pytest.raises(refit.RefitRefused, match="partial") as e:
+            client.refit(models.TOY, {"norm.bias": params["norm.bias"]}, partial=True)
+        assert e.value.code_name == "FAILED_PRECONDITION"
         # The wrong model is invalid input.
         with pytest.raises(refit.RefitInvalidArgument, match="this daemon serves .toy.") as e:
             client.refit("other-model", params)

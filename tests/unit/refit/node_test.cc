@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/checksum.h"
+#include "common/fake_clock.h"
 #include "refit/cpu_converter.h"
 #include "spec/model_spec.h"
 #include "storage/memory.h"
@@ -90,6 +91,7 @@ class NodeTest : public ::testing::Test {
     options.pause_timeout = absl::Milliseconds(50);
     options.resume_timeout = absl::Milliseconds(50);
     options.failpoints = failpoints_.get();
+    options.clock = &clock_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
     node_ = std::make_unique<Node>(options, receiver_, *ring_, hooks);
@@ -159,6 +161,7 @@ class NodeTest : public ::testing::Test {
   std::unique_ptr<BucketRing> ring_;
   transport::MemoryReceiver receiver_;
   std::unique_ptr<FailpointSet> failpoints_;
+  FakeClock clock_;  // declared before node_: outlives it
   std::unique_ptr<Node> node_;
   std::vector<RefitReport> reports_;
   std::vector<uint8_t> sent_;
@@ -349,8 +352,13 @@ TEST_F(NodeTest, DeadlineAndTrainerEndsAreTyped) {
   Register();
   absl::StatusOr<BeginResult> a = node_->Begin(ManifestOf(kParams), absl::Now());
   ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(node_->Poll(a->session_id, absl::Now()));
-  EXPECT_FALSE(node_->Poll(a->session_id, absl::Now() + absl::Hours(1)));
+  // The deadline is the manifest's (or the limit's) milliseconds after Begin, on the node's clock.
+  clock_.Advance(absl::Milliseconds(a->deadline_ms) - absl::Nanoseconds(1));
+  EXPECT_TRUE(node_->Poll(a->session_id));
+  EXPECT_TRUE(node_->session_active());
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_FALSE(node_->Poll(a->session_id));
+  EXPECT_FALSE(node_->session_active());
   EXPECT_EQ(reports_.back().cause, EndCause::kDeadlineExceeded);
   EXPECT_EQ(ReportStatus(reports_.back()).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_GE(receiver_.disconnects(), 1);
