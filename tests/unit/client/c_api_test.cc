@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,11 +69,17 @@ class Refitd {
     std::vector<char*> argv = {const_cast<char*>(REFITD_BINARY), const_cast<char*>("--config"), cfg.data(), nullptr};
     EXPECT_EQ(posix_spawn(&pid_, REFITD_BINARY, &actions, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&actions);
+    // The socket file appears at bind(), before listen(): wait for refitd to say it listens.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!std::filesystem::exists(dir_ + "/refitd.sock") && std::chrono::steady_clock::now() < deadline) {
+    auto listening = [&log]() {
+      std::ifstream in(log);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      return text.find("event=listening") != std::string::npos;
+    };
+    while (!listening() && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    EXPECT_TRUE(std::filesystem::exists(dir_ + "/refitd.sock")) << "refitd did not start";
+    EXPECT_TRUE(listening()) << "refitd did not start";
   }
   ~Refitd() {
     kill(pid_, SIGTERM);
