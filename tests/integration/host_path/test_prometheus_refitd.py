@@ -15,6 +15,17 @@ from prometheus_scrape_test import DEADLINE_S, api, query_until, start_prometheu
 from conftest import TRAINER  # noqa: E402
 
 
+def query_nonempty(prom_port, query, deadline):
+    """Polls an instant query (a comparison filter) until it returns one series."""
+    last = None
+    while time.monotonic() < deadline:
+        last = api(prom_port, "/api/v1/query", query=query)
+        if len(last.get("data", {}).get("result", [])) == 1:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"query {query!r} returned no series within {DEADLINE_S}s; last: {last}")
+
+
 def test_prometheus_scrapes_refitd_during_refits(node_factory, tmp_path):
     binary = shutil.which("prometheus")
     if binary is None:
@@ -33,6 +44,12 @@ def test_prometheus_scrapes_refitd_during_refits(node_factory, tmp_path):
         assert series["metric"]["job"] == "refit_fixture"
         query_until(prom_port, "refit_committed_version", "2", deadline)
         query_until(prom_port, "refit_engine_registered", "1", deadline)
+        # Prometheus read the process_* families and the byte counters as it reads any client's.
+        for q in ["process_resident_memory_bytes > 1e6", "process_open_fds > 0", "process_max_fds > 0",
+                  "process_virtual_memory_bytes > 0", "process_start_time_seconds > 1.6e9",
+                  "process_cpu_seconds_total > 0", 'refit_received_bytes_total{transport="ucx"} > 0',
+                  'sum(refit_converted_bytes_total) > 0']:
+            query_nonempty(prom_port, q, deadline)
         targets = api(prom_port, "/api/v1/targets")["data"]["activeTargets"]
         assert [(t["health"], t["lastError"]) for t in targets] == [("up", "")]
     except BaseException:
