@@ -59,3 +59,32 @@ def test_prometheus_scrapes_refitd_during_refits(node_factory, tmp_path):
     finally:
         stop(prom)
         log.close()
+
+
+def test_prometheus_sees_a_refit_in_progress(node_factory, tmp_path):
+    """Prometheus scrapes refitd while a refit is in progress (the trainer pushed half the model
+    and stalls): the staging gauge and the byte counters already show it, before it ends."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("no 'prometheus' binary on PATH (tools/setup installs the Debian package 'prometheus')")
+    node = node_factory()
+    admin_port = int(re.search(r"admin_port=(\d+)", node.daemon_log.read_text()).group(1))
+    prom, prom_port, log = start_prometheus(binary, tmp_path, admin_port)
+    trainer = subprocess.Popen([str(TRAINER), "--address", node.address, "--fault", "stall"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        # One scrape shows the session active, nothing committed, and its bytes moving.
+        query_nonempty(prom_port, "refit_active_sessions == 1 and on() refit_staging_bytes > 0 and on() "
+                       'refit_received_bytes_total{transport="ucx"} > 0 and on() sum(refit_converted_bytes_total) > 0 '
+                       'and on() refit_sessions_total{outcome="committed",reason="none"} == 0', deadline)
+        assert trainer.poll() is None, "the trainer was to stall mid-refit"
+    except BaseException:
+        log.seek(0)
+        print(f"prometheus log:\n{log.read()}")
+        raise
+    finally:
+        trainer.kill()
+        trainer.wait()
+        stop(prom)
+        log.close()
