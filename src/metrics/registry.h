@@ -43,8 +43,9 @@ class Registry {
                                                 std::vector<std::string> label_names = {});
 
   // Runs `hook` at the start of every Collect(), before the snapshots: families whose values are
-  // read from elsewhere at scrape time (process_* from /proc) refresh themselves there. Hooks may
-  // run concurrently with each other's previous call only if they lock themselves.
+  // read from elsewhere at scrape time (process_* from /proc) refresh themselves there. Two
+  // scrapes may run a hook at once (a hook locks what it shares); a hook runs under the
+  // registry's shared lock, so it must not register families.
   void AddCollectHook(std::function<void()> hook) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Snapshots of every family, in registration order. A family without labels always has its
