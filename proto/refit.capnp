@@ -185,6 +185,8 @@ struct DaemonStatus {
   ringBytes @14 :UInt64;             # bucket ring: bucket_bytes x bucket_slots, allocated once
   ringOnDevice @15 :Bool;            # the ring is in GPU memory (NCCL data plane)
   engineResponsive @16 :Bool;        # false while a pause/resume that timed out is unanswered
+  daemonVersion @17 :Text;           # refitd's version (CMake project version, e.g. "0.1.0"); empty from older daemons
+  daemonCommit @18 :Text;            # the git commit refitd was built from, or "unknown"
 }
 
 interface Daemon {

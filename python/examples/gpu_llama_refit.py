@@ -373,8 +373,9 @@ def start_refitd(a, tmp: Path, env: dict):
 
 
 def convert(a, checkpoint: Path, out_dir: Path) -> Path:
-    p = subprocess.run([str(a.build / "tools/refitctl"), "convert", "--spec", str(a.spec), str(checkpoint),
-                        str(out_dir)], capture_output=True, text=True)
+    # One model.safetensors (load_checkpoint reads one file): no shards below 1 TB.
+    p = subprocess.run([str(a.build / "tools/refitctl"), "convert", "--spec", str(a.spec), "--max-shard-size", "1TB",
+                        str(checkpoint), str(out_dir)], capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"refitctl convert failed ({p.returncode}): {p.stdout}{p.stderr}")
     return out_dir / "model.safetensors"

@@ -420,6 +420,8 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.refused = r.getRefused();
     s.aborted = r.getAborted();
     s.data_endpoint = wire::Str(r.getDataEndpoint());
+    s.daemon_version = wire::Str(r.getDaemonVersion());
+    s.daemon_commit = wire::Str(r.getDaemonCommit());
     s.engine_dirty = r.getEngineDirty();
     s.engine_responsive = !r.getEngineRegistered() || r.getEngineResponsive();
     s.last_report = wire::FromWire(r.getLastReport());

@@ -62,6 +62,8 @@ struct DaemonStatus {
   bool engine_dirty = false;       // the engine's weights may be mixed; only a full refit clears it
   bool engine_responsive = true;   // false while a pause/resume that timed out is unanswered
   RefitReport last_report;
+  std::string daemon_version;  // refitd's version; empty from a daemon older than the field
+  std::string daemon_commit;   // the git commit refitd was built from
 };
 
 class RefitSession;

@@ -95,10 +95,16 @@ absl::StatusOr<HistogramFamily*> Registry::AddHistogram(std::string_view name,
   return out;
 }
 
+void Registry::AddCollectHook(std::function<void()> hook) {
+  std::unique_lock lock(mu_);
+  collect_hooks_.push_back(std::move(hook));
+}
+
 std::vector<FamilySnapshot> Registry::Collect() const {
   std::vector<const FamilyBase*> families;
   {
     std::shared_lock lock(mu_);
+    for (const auto& hook : collect_hooks_) hook();
     families.reserve(families_.size());
     for (const auto& f : families_) families.push_back(f.get());
   }

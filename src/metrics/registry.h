@@ -9,6 +9,7 @@
 #ifndef REFIT_METRICS_REGISTRY_H_
 #define REFIT_METRICS_REGISTRY_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -41,6 +42,12 @@ class Registry {
                                                 std::vector<double> upper_bounds,
                                                 std::vector<std::string> label_names = {});
 
+  // Runs `hook` at the start of every Collect(), before the snapshots: families whose values are
+  // read from elsewhere at scrape time (process_* from /proc) refresh themselves there. Two
+  // scrapes may run a hook at once (a hook locks what it shares); a hook runs under the
+  // registry's shared lock, so it must not register families.
+  void AddCollectHook(std::function<void()> hook) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Snapshots of every family, in registration order. A family without labels always has its
   // single child, so it is exposed (at zero) from registration on.
   std::vector<FamilySnapshot> Collect() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -56,6 +63,7 @@ class Registry {
   mutable std::shared_mutex mu_;
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> series_names_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> collect_hooks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace refit::metrics

@@ -115,6 +115,8 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   so.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
   so.limits = limits;
   so.failpoints = options_.failpoints;
+  so.on_received = hooks_.on_received;
+  so.on_converted = hooks_.on_converted;
   Active a;
   a.engine = engine_;
   a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, *engine_->pool, so);

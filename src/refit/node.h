@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -70,6 +71,10 @@ struct NodeHooks {
   std::function<void(const RefitReport&)> on_report;
   std::function<void(bool registered)> on_engine;
   std::function<void(uint64_t staging_bytes, bool active)> on_session;
+  // Per bucket, on the session's threads (see Session::Options): a bucket arrived; a bucket was
+  // converted (bytes staged per format, and the session's staged bytes now).
+  std::function<void(uint64_t bytes)> on_received;
+  std::function<void(const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes)> on_converted;
   std::function<void(const RefitReport&)> on_log;  // one line per ended session
   // A commit enters a phase ("pausing", "copying", "resuming"). Called on the commit's worker
   // thread.

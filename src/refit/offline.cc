@@ -13,10 +13,9 @@
 #include "refit/staging.h"
 
 namespace refit {
-namespace {
 
-absl::StatusOr<std::vector<ConvertedTensor>> ConvertOne(const spec::ModelSpec& spec, const Resolution& r,
-                                                        const InputTensor& in, std::optional<float> amax) {
+absl::StatusOr<std::vector<ConvertedTensor>> ConvertResolved(const spec::ModelSpec& spec, const Resolution& r,
+                                                             const InputTensor& in, std::optional<float> amax) {
   std::vector<ConvertedTensor> out;
   for (const ResolvedOutput& o : r.outputs) {
     REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(o.dtype, o.full_shape));
@@ -29,8 +28,6 @@ absl::StatusOr<std::vector<ConvertedTensor>> ConvertOne(const spec::ModelSpec& s
       ConvertFull(step, formats::ConstTensor{in.dtype, in.shape, in.data}, spec.options, amax, outs, in.name));
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<storage::ParamInfo>> ConvertedLayout(const spec::ModelSpec& spec, const std::string& name,
                                                                DType dtype, const Shape& shape) {
@@ -46,7 +43,7 @@ absl::StatusOr<std::vector<storage::ParamInfo>> ConvertedLayout(const spec::Mode
 absl::StatusOr<std::vector<ConvertedTensor>> ConvertTensor(const spec::ModelSpec& spec, const std::string& name,
                                                            DType dtype, const Shape& shape, const void* data) {
   REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, name, dtype, shape));
-  return ConvertOne(spec, r, InputTensor{name, dtype, shape, data}, std::nullopt);
+  return ConvertResolved(spec, r, InputTensor{name, dtype, shape, data}, std::nullopt);
 }
 
 absl::StatusOr<std::vector<ConvertedTensor>> ConvertCheckpoint(const spec::ModelSpec& spec,
@@ -68,7 +65,7 @@ absl::StatusOr<std::vector<ConvertedTensor>> ConvertCheckpoint(const spec::Model
     const Resolution& r = resolved[i];
     std::optional<float> amax;
     if (!r.amax_group.empty()) amax = group_amax[r.amax_group_key];
-    REFIT_ASSIGN_OR_RETURN(std::vector<ConvertedTensor> t, ConvertOne(spec, r, inputs[i], amax));
+    REFIT_ASSIGN_OR_RETURN(std::vector<ConvertedTensor> t, ConvertResolved(spec, r, inputs[i], amax));
     for (ConvertedTensor& c : t) out.push_back(std::move(c));
   }
   return out;

@@ -8,6 +8,7 @@
 #define REFIT_REFIT_OFFLINE_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,12 @@ absl::StatusOr<std::vector<storage::ParamInfo>> ConvertedLayout(const spec::Mode
 // ConvertCheckpoint for whole checkpoints).
 absl::StatusOr<std::vector<ConvertedTensor>> ConvertTensor(const spec::ModelSpec& spec, const std::string& name,
                                                            DType dtype, const Shape& shape, const void* data);
+
+// Converts one HF tensor resolved by Resolve (refit/resolve.h); `amax`: its fused group's
+// shared amax, when it has one.
+struct Resolution;
+absl::StatusOr<std::vector<ConvertedTensor>> ConvertResolved(const spec::ModelSpec& spec, const Resolution& r,
+                                                             const InputTensor& in, std::optional<float> amax);
 
 // Converts a whole checkpoint: fused NVFP4 members share their group's amax (max over the
 // members present). Outputs follow the input order, each tensor's outputs in format order.

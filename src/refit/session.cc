@@ -150,7 +150,7 @@ void Session::ReceiveLoop() {
       }
     }
     if (status.ok()) status = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterReceive);
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     receive_time_ += took;
     if (!status.ok()) {
       ring_.Release(slot);
@@ -162,8 +162,11 @@ void Session::ReceiveLoop() {
       FailLocked(status);
       return;
     }
-    bytes_in_ += header.nbytes;
+    const uint64_t bytes = header.nbytes;
+    bytes_in_ += bytes;
     received_.push_back({std::move(header), slot});
+    lock.Release();
+    if (options_.on_received) options_.on_received(bytes);
   }
 }
 
@@ -183,9 +186,11 @@ void Session::ConvertLoop() {
       received_.pop_front();
     }
     absl::Time start = absl::Now();
+    bucket_report_.clear();
     Convert(item.header, ring_.data(item.slot));
     absl::Duration took = absl::Now() - start;
     ring_.Release(item.slot);
+    if (options_.on_converted) options_.on_converted(bucket_report_, staging_.bytes());
     absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
     absl::MutexLock lock(&mu_);
     convert_time_ += took;
@@ -308,10 +313,13 @@ absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage:
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   uint64_t out_bytes = 0;
   bucket_out_by_format_.clear();
-  // Per-format bytes are counted as tensors are staged (also when the bucket then fails).
+  // Per-format bytes are counted as tensors are staged (also when the bucket then fails), and
+  // reported to on_converted once the lock is released (the caller, ConvertLoop).
   auto add_format_bytes = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const FormatBytes& f : bucket_out_by_format_) {
-      bytes_out_by_format_[f.copy ? "passthrough" : formats::FormatName(f.format)] += f.bytes;
+      const std::string name = f.copy ? "passthrough" : std::string(formats::FormatName(f.format));
+      bytes_out_by_format_[name] += f.bytes;
+      if (options_.on_converted) bucket_report_[name] += f.bytes;
     }
     bucket_out_by_format_.clear();
   };

@@ -9,6 +9,7 @@
 #define REFIT_REFIT_SESSION_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +40,12 @@ class Session {
     absl::Time deadline = absl::InfiniteFuture();
     SessionLimits limits;
     const FailpointSet* failpoints = nullptr;  // test builds: after_receive, after_convert
+    // Progress, for live metrics. Called on the session's own threads (receiver, converter),
+    // outside its lock: on_received after each bucket arrived intact (its payload bytes);
+    // on_converted after each bucket was converted (the bytes it staged per output format,
+    // "passthrough" for copies, and the bytes the session's staging holds now).
+    std::function<void(uint64_t bytes)> on_received;
+    std::function<void(const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes)> on_converted;
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
@@ -125,6 +132,8 @@ class Session {
     uint64_t bytes;
   };
   std::vector<FormatBytes> bucket_out_by_format_;
+  // The bucket's bytes per format name, for on_converted. Converter thread only.
+  std::map<std::string, uint64_t> bucket_report_;
 
   // Fused NVFP4 members waiting for their group, by group key. Converter thread only.
   struct PendingMember {

@@ -33,21 +33,27 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
   const metrics::RefitMetrics* mp = &m;
   h.on_report = [mp, transport](const RefitReport& r) {
     mp->RecordSession(OutcomeOf(r), ReasonOf(r));
-    mp->received_bytes_total->Labels({transport}).Inc(static_cast<double>(r.bytes_in));
     mp->ObservePhase(metrics::RefitPhase::kReceive, absl::Milliseconds(r.times.receive_ms));
     mp->ObservePhase(metrics::RefitPhase::kConvert, absl::Milliseconds(r.times.convert_ms));
     if (r.outcome == Outcome::kCommitted || r.outcome == Outcome::kRefused) {
       mp->ObservePhase(metrics::RefitPhase::kValidate, absl::Milliseconds(r.times.validate_ms));
     }
     if (r.outcome == Outcome::kCommitted) {
-      for (const auto& [format, bytes] : r.bytes_out_by_format) {
-        mp->converted_bytes_total->Labels({format}).Inc(static_cast<double>(bytes));
-      }
       mp->ObservePhase(metrics::RefitPhase::kCommit, absl::Milliseconds(r.times.commit_ms));
       mp->RecordCommit(r.version, absl::Now(), absl::Milliseconds(r.times.pause_ms));
     }
   };
   h.on_engine = [mp](bool registered) { mp->engine_registered->Set(registered ? 1 : 0); };
+  // Byte counters and the staging gauge move per bucket, on the session's threads, so a scrape
+  // during a refit sees its progress (not one step at the session's end).
+  metrics::Counter* received = &mp->received_bytes_total->Labels({transport});
+  h.on_received = [received](uint64_t bytes) { received->Inc(static_cast<double>(bytes)); };
+  h.on_converted = [mp](const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes) {
+    for (const auto& [format, bytes] : bytes_by_format) {
+      mp->converted_bytes_total->Labels({format}).Inc(static_cast<double>(bytes));
+    }
+    mp->staging_bytes->Set(static_cast<double>(staged_bytes));
+  };
   h.on_session = [mp](uint64_t staging_bytes, bool active) {
     mp->staging_bytes->Set(static_cast<double>(staging_bytes));
     mp->active_sessions->Set(active ? 1 : 0);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/version.h"
 #include "kj/debug.h"
 #include "proto/wire.h"
 #include "refit/cpu_converter.h"
@@ -404,6 +405,8 @@ class DaemonImpl final : public proto::Daemon::Server {
     s.setRefused(node.refused());
     s.setAborted(node.aborted());
     s.setDataEndpoint(state_.receiver->Endpoint());
+    s.setDaemonVersion(kVersion);
+    s.setDaemonCommit(kGitCommit);
     return kj::READY_NOW;
   }
 

@@ -27,6 +27,7 @@
 #include "kj/async-io.h"
 #include "kj/async-unix.h"
 #include "metrics/refit_metrics.h"
+#include "metrics/process_metrics.h"
 #include "metrics/registry.h"
 #include "server/admin/admin_server.h"
 #include "common/bounded_file.h"
@@ -210,6 +211,7 @@ int main(int argc, char** argv) {
   if (!refit_metrics.ok()) return Fail(refit_metrics.status().message());
   absl::StatusOr<server::ListenerMetrics> listener_metrics = server::ListenerMetrics::Register(registry);
   if (!listener_metrics.ok()) return Fail(listener_metrics.status().message());
+  if (absl::Status st = metrics::RegisterProcessMetrics(registry); !st.ok()) return Fail(st.message());
   absl::StatusOr<std::unique_ptr<BucketRing>> ring =
       BucketRing::Create(config->limits.bucket_slots, config->limits.bucket_bytes, **slot_memory);
   if (!ring.ok()) return Fail(absl::StrCat("bucket ring: ", ring.status().message()));

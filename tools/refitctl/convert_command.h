@@ -12,14 +12,17 @@ namespace refit::refitctl {
 
 int RunConvert(std::span<const std::string> args);
 
-inline constexpr std::string_view kConvertFlags[] = {"spec", "engine_layout"};
+inline constexpr std::string_view kConvertFlags[] = {"spec", "threads", "max_shard_size", "progress", "json",
+                                                     "engine_layout"};
 
 inline constexpr Command kConvertCommand = {
     "convert", "IN OUT_DIR", 2, 2, kConvertFlags,
-    "converts checkpoint IN (a directory of .safetensors or one file) as --spec says into OUT_DIR: "
-    "model.safetensors (HF names plus scales) and the quantization metadata (config.json, "
-    "hf_quant_config.json); --engine-layout also writes engine.safetensors, the parameters an "
-    "engine holds after refitting IN (fused, stacked, sharded, laid out, derived)",
+    "converts checkpoint IN (a directory of .safetensors or one file) as --spec says into OUT_DIR, "
+    "tensor by tensor on --threads workers with bounded memory: model.safetensors (HF names plus "
+    "scales), or shards of --max-shard-size with model.safetensors.index.json, and the quantization "
+    "metadata (config.json, hf_quant_config.json); progress on a terminal, JSON progress lines with "
+    "--json; --engine-layout also writes engine.safetensors, the parameters an engine holds after "
+    "refitting IN (fused, stacked, sharded, laid out, derived)",
     RunConvert,
 };
 

@@ -20,6 +20,25 @@ inline constexpr Command kSpecLintCommand{
     "and tensors no rule matches",
     &RunSpecLint};
 
+// `refitctl spec init [--checkpoint FILE|DIR] [--engine [--address ADDR]] [--model NAME]
+// [--output FILE]`: writes a spec skeleton that `spec lint` passes against the same names. The
+// names come from a checkpoint, or from the parameters of the engine registered with the
+// daemon (its control plane's checksums call), or both (the checkpoint's names make the
+// rules; engine parameters no checkpoint tensor names are listed in a comment: they need a
+// `target:`). Numeric name components become captures ({L} the first, {E} the second, then
+// {N3}...), names differing in one literal component merge into an alternation, and every
+// rule reads `format: auto` for the user to change. Exit codes: 0 written, 1 unreadable
+// checkpoint, unreachable daemon or no engine, a name no pattern can spell, 2 usage.
+int RunSpecInit(std::span<const std::string> args);
+
+inline constexpr std::string_view kSpecInitFlags[] = {"checkpoint", "engine", "address", "model", "output"};
+
+inline constexpr Command kSpecInitCommand{
+    "spec init", "", 0, 0, kSpecInitFlags,
+    "write a model spec skeleton from a checkpoint's tensor names and/or the registered engine's parameters "
+    "({L}/{E} patterns, one rule per family of names)",
+    &RunSpecInit};
+
 }  // namespace refit::refitctl
 
 #endif  // REFIT_TOOLS_REFITCTL_SPEC_COMMAND_H_

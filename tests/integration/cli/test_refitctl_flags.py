@@ -3,9 +3,9 @@ print the usage and name what is wrong (exit 2), flags before or after arguments
 import json
 import struct
 
-from conftest import REFITCTL, SRC, run
+from conftest import REFITCTL, REFITD, SRC, run
 
-COMMANDS = ["status", "refit", "abort", "verify", "quantize", "convert", "spec lint", "version"]
+COMMANDS = ["status", "refit", "abort", "verify", "quantize", "convert", "spec lint", "spec init", "version"]
 
 
 def test_help_lists_every_command():
@@ -73,7 +73,42 @@ def test_version():
     assert out["client"]["version"] and out["daemon"] == {
         "address": "unix:/nonexistent/sock", "reachable": False, "error": out["daemon"]["error"]}
     p = run(REFITCTL, "version", "--address", "unix:/nonexistent/sock")
-    assert "refitctl " in p.stdout and "unreachable" in p.stdout
+    assert p.returncode == 1
+    assert p.stdout.startswith("refitctl ") and "refitd   unreachable at unix:/nonexistent/sock" in p.stdout
+    assert "only the client version is known" in p.stdout
+
+
+def test_version_shows_the_daemon_version(tmp_path):
+    """A live refitd reports its build version and commit over the control plane."""
+    import subprocess
+    import time
+    sock = tmp_path / "refitd.sock"
+    log = open(tmp_path / "refitd.log", "w")
+    daemon = subprocess.Popen([str(REFITD), "--listen", f"unix:{sock}", "--admin-listen", "127.0.0.1:0"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() and daemon.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sock.exists(), (tmp_path / "refitd.log").read_text()
+        client = run(REFITCTL, "--version").stdout.split()[1]
+        daemon_version = run(REFITD, "--version").stdout
+        p = run(REFITCTL, "version", "--json", "--address", f"unix:{sock}")
+        assert p.returncode == 0, p.stdout + p.stderr
+        out = json.loads(p.stdout)
+        assert out["ok"] and out["client"]["version"] == client
+        assert out["daemon"]["reachable"] and out["daemon"]["model"] == "demo-llama"
+        assert out["daemon"]["version"] == client and out["daemon"]["version"] in daemon_version
+        assert out["daemon"]["commit"] == out["client"]["commit"] and out["daemon"]["commit"]
+        p = run(REFITCTL, "version", "--address", f"unix:{sock}")
+        assert p.returncode == 0
+        lines = p.stdout.splitlines()
+        assert lines[0].startswith(f"refitctl {client} (commit ")
+        assert lines[1].startswith(f"refitd   {client} (commit {out['daemon']['commit']}) at unix:{sock}"), lines
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        log.close()
 
 
 def write_safetensors(path, names):
@@ -107,3 +142,68 @@ def test_spec_lint(tmp_path):
     assert p.returncode == 1 and "fp9" in p.stderr, p.stderr
     p = run(REFITCTL, "spec", "lint")
     assert p.returncode == 2 and "missing SPEC" in p.stderr
+
+
+def test_spec_init_from_a_checkpoint_lints_clean(tmp_path):
+    """spec init writes a skeleton whose rules cover every tensor of the checkpoint, one rule per
+    family of names ({L} layers, {E} experts, alternations), and spec lint passes it."""
+    layers, experts = 3, 4
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    for l in range(layers):
+        p = f"model.layers.{l}"
+        names += [f"{p}.self_attn.{x}_proj.weight" for x in "qkvo"]
+        names += [f"{p}.{n}.weight" for n in ["input_layernorm", "post_attention_layernorm"]]
+        names += [f"{p}.mlp.gate.weight"]
+        names += [f"{p}.mlp.experts.{e}.{x}_proj.weight" for e in range(experts) for x in ["gate", "up", "down"]]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    # Two shards with an index, as HF writes them.
+    half = len(names) // 2
+    write_safetensors(ckpt / "model-00001-of-00002.safetensors", names[:half])
+    write_safetensors(ckpt / "model-00002-of-00002.safetensors", names[half:])
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        n: f"model-0000{1 if i < half else 2}-of-00002.safetensors" for i, n in enumerate(names)}}))
+    spec = tmp_path / "spec.yaml"
+    p = run(REFITCTL, "spec", "init", "--checkpoint", ckpt, "--model", "tiny-moe", "--output", spec)
+    assert p.returncode == 0, p.stderr
+    text = spec.read_text()
+    matches = [l.split('"')[1] for l in text.splitlines() if l.strip().startswith("- match:")]
+    assert "model.layers.{L}.mlp.experts.{E}.{down_proj,gate_proj,up_proj}.weight" in matches, matches
+    assert "model.layers.{L}.self_attn.{k_proj,o_proj,q_proj,v_proj}.weight" in matches, matches
+    assert len(matches) <= 6, matches  # families, not one rule per tensor
+    assert 'model: "tiny-moe"' in text
+    p = run(REFITCTL, "spec", "lint", spec, "--checkpoint", ckpt, "--json")
+    out = json.loads(p.stdout)
+    assert p.returncode == 0 and out["ok"], p.stdout + p.stderr
+    assert out["tensors"] == len(names)
+    assert out["rules_matching_nothing"] == [] and out["conflicts"] == [] and out["tensors_taking_defaults"] == []
+    # refitd loads it too.
+    p = run(REFITD, "--model-spec", spec, "--listen", "unix:/nonexistent/x.sock", "--print-config")
+    assert p.returncode == 0 and "model: tiny-moe" in p.stdout, p.stdout + p.stderr
+    # Without --output it prints the same spec.
+    p = run(REFITCTL, "spec", "init", "--checkpoint", ckpt, "--model", "tiny-moe")
+    assert p.returncode == 0 and p.stdout == text
+
+
+def test_spec_init_from_the_demo_checkpoint(tmp_path):
+    trainer = REFITCTL.parent / "examples/example_trainer"
+    p = run(trainer, "--dump", tmp_path, "--seed", "1")
+    assert p.returncode == 0, p.stderr
+    spec = tmp_path / "spec.yaml"
+    p = run(REFITCTL, "spec", "init", "--checkpoint", tmp_path / "model.safetensors", "--output", spec)
+    assert p.returncode == 0, p.stderr
+    p = run(REFITCTL, "spec", "lint", spec, "--checkpoint", tmp_path / "model.safetensors", "--json")
+    out = json.loads(p.stdout)
+    assert p.returncode == 0 and out["ok"] and out["tensors_taking_defaults"] == [], p.stdout
+
+
+def test_spec_init_errors(tmp_path):
+    p = run(REFITCTL, "spec", "init")
+    assert p.returncode == 2 and "give --checkpoint, --engine, or both" in p.stderr
+    p = run(REFITCTL, "spec", "init", "--checkpoint", tmp_path / "missing")
+    assert p.returncode == 1 and "missing" in p.stderr
+    write_safetensors(tmp_path / "odd.safetensors", ["a.{x}.weight"])
+    p = run(REFITCTL, "spec", "init", "--checkpoint", tmp_path / "odd.safetensors")
+    assert p.returncode == 1 and "tensor 'a.{x}.weight'" in p.stderr, p.stderr
+    p = run(REFITCTL, "spec", "init", "--engine", "--address", "unix:/nonexistent/sock")
+    assert p.returncode == 1 and "/nonexistent/sock" in p.stderr
