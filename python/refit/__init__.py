@@ -14,6 +14,7 @@ from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefuse
                      RefitUnimplemented, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
 from .trainer import DaemonStatus, RefitReport, RefitSession, TrainerClient, checksum
+from . import distributed
 
 __version__ = "0.1.0"
 

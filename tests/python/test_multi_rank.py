@@ -1,0 +1,182 @@
+"""Multi-rank refits from Python: 2-4 trainer processes (ranks_main.py, a torch.distributed gloo
+group) each push only their own row/column shards of the toy model into one session through
+refit.distributed.refit (rank 0 begins and commits, the others join and detach). The engine's
+bytes must equal a single-rank refit of the full tensors; a missing slice is refused naming the
+tensor and the missing range; a rank SIGKILLed mid-session aborts the session, engine unchanged."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import HERE, PYTHON_PKG, needs_torch, wait_for
+
+pytestmark = needs_torch
+
+
+def spawn_ranks(tmp_path, address, world, mode, seed):
+    run = tmp_path / f"{mode}-{world}-{seed}"
+    run.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_PKG), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(HERE / "ranks_main.py"), "--rank", str(r), "--world", str(world),
+                               "--init", str(run / "store"), "--address", address, "--mode", mode, "--seed", str(seed),
+                               "--out", str(run / f"rank{r}.json")],
+                              stdout=open(run / f"rank{r}.log", "w"), stderr=subprocess.STDOUT, env=env)
+             for r in range(world)]
+    return run, procs
+
+
+def finish(run, procs, timeout=120):
+    results = []
+    for r, p in enumerate(procs):
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"rank {r} did not finish: " + (run / f"rank{r}.log").read_text())
+        out = run / f"rank{r}.json"
+        assert p.returncode == 0 and out.exists(), f"rank {r} rc {p.returncode}: " + (run / f"rank{r}.log").read_text()
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def ranks(tmp_path, address, world, mode, seed):
+    run, procs = spawn_ranks(tmp_path, address, world, mode, seed)
+    return finish(run, procs)
+
+
+def full_refit(address, seed):
+    import models
+    import refit
+
+    with refit.TrainerClient(address) as client:
+        return client.refit(models.TOY, models.build(models.TOY, seed).named_parameters())
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ranks_pushing_their_shards_equal_a_single_rank_refit(node, tmp_path, world):
+    import torch
+
+    import models
+
+    daemon, engine = node(models.TOY)
+    before = engine.shm_digest()
+    out = ranks(tmp_path, daemon.address, world, "helper", seed=31)
+    reports = [o.get("report") for o in out]
+    assert all(r is not None for r in reports), out
+    assert reports[0]["outcome"] == "committed" and reports[0]["version"] == 1
+    assert reports[0]["tensors"] == len(list(models.build(models.TOY, 31).parameters()))  # assembled, whole
+    assert all(r == reports[0] for r in reports), reports  # every rank returns the same report
+    sharded = engine.shm_digest()
+    assert sharded != before
+    want = {n: p.detach() for n, p in models.build(models.TOY, 31).named_parameters()}
+    snap = engine.snapshot(1)["params"]
+    for name in want:
+        assert torch.equal(snap[name], want[name]), f"parameter '{name}' differs"
+    # A single-rank refit of the full tensors: other weights, then the same ones again.
+    assert full_refit(daemon.address, 32).version == 2
+    assert engine.shm_digest() != sharded
+    assert full_refit(daemon.address, 31).version == 3
+    assert engine.shm_digest() == sharded
+    log = daemon.log.read_text()
+    assert log.count("event=session_join") == world - 1
+    assert log.count("event=session_detach") == world - 1
+
+
+def test_a_missing_slice_is_refused_naming_the_tensor_and_range(node, tmp_path):
+    import models
+
+    daemon, engine = node(models.TOY)
+    before = engine.shm_digest()
+    out = ranks(tmp_path, daemon.address, 2, "missing", seed=41)
+    errors = [o.get("error") for o in out]
+    assert all(e is not None for e in errors), out
+    for e in errors:  # every rank raises the refusal, with its code
+        assert e["type"] == "RefitRefused" and e["code_name"] == "FAILED_PRECONDITION", e
+        # rank 1's columns of proj.weight [48, 48]: torch.tensor_split(48, 2) -> [24, 48)
+        assert "tensor 'proj.weight'" in e["message"] and "missing [24, 48)" in e["message"], e
+        assert "dimension 1" in e["message"], e
+    assert engine.shm_digest() == before
+    # The next refit is unaffected.
+    out = ranks(tmp_path, daemon.address, 2, "helper", seed=42)
+    assert all(o.get("report", {}).get("outcome") == "committed" for o in out), out
+
+
+def test_a_rank_killed_mid_session_aborts_and_leaves_the_engine(node, tmp_path):
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY)
+    assert full_refit(daemon.address, 51).version == 1
+    before = engine.shm_digest()
+    run, procs = spawn_ranks(tmp_path, daemon.address, 2, "kill", seed=52)
+    pushed = run / "rank1.json.pushed"
+    wait_for(lambda: pushed.exists() or procs[1].poll() is not None or procs[0].poll() is not None, timeout=120,
+             what="rank 1 pushing")
+    assert pushed.exists(), (run / "rank1.log").read_text() + (run / "rank0.log").read_text()
+    time.sleep(0.2)  # rank 0 is committing: its commit waits for rank 1's detach
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait(timeout=30)
+    assert procs[1].returncode == -signal.SIGKILL
+    procs[0].wait(timeout=120)
+    assert procs[0].returncode == 0, (run / "rank0.log").read_text()
+    result = json.loads((run / "rank0.json").read_text())
+    err = result.get("error")
+    assert err is not None, result
+    assert err["type"] == "RefitAborted" and err["code_name"] == "ABORTED", err
+    assert "a joined trainer rank disconnected before detaching" in err["message"], err
+    assert engine.shm_digest() == before
+    with refit.TrainerClient(daemon.address) as client:
+        status = client.status()
+        assert status.version == 1 and status.active_session == 0 and status.aborted == 1
+    assert full_refit(daemon.address, 53).version == 2
+    assert engine.shm_digest() != before
+
+
+def test_single_process_join_detach_and_refusals(node):
+    """join/detach/slices from one process with two clients (each its own connection and data
+    plane), and the refusals a user meets on the way, none of which ends the session: joining a
+    session that is not active, commit from a joined rank, detach from the beginning rank, a slice
+    outside its tensor."""
+    import torch
+
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY)
+    params = {n: p.detach() for n, p in models.build(models.TOY, 61).named_parameters()}
+    w, emb = params["proj.weight"], params["embed.weight"]
+    with refit.TrainerClient(daemon.address) as c0, refit.TrainerClient(daemon.address) as c1:
+        with pytest.raises(refit.RefitRefused) as e:
+            c1.join(12345)
+        assert e.value.code_name == "FAILED_PRECONDITION" and "session 12345 is not active" in str(e.value)
+        with c0.session(models.TOY, params) as s0:
+            with c1.join(s0.id) as s1:
+                assert s1.joined and not s0.joined and s1.id == s0.id and s1.ids == s0.ids == [s0.id]
+                with pytest.raises(refit.RefitRefused) as e:
+                    s1.commit()
+                assert e.value.code_name == "FAILED_PRECONDITION" and "detaches" in str(e.value)
+                with pytest.raises(refit.RefitRefused) as e:
+                    s0.detach()
+                assert e.value.code_name == "FAILED_PRECONDITION" and "detach is for joined ranks" in str(e.value)
+                with pytest.raises(refit.RefitInvalidArgument) as e:
+                    s1.push("embed.weight", emb[:10], dim=0, start=45, full_shape=emb.shape)
+                assert e.value.code_name == "INVALID_ARGUMENT" and "tensor 'embed.weight'" in str(e.value)
+                assert "[45, 55) of dimension 0 lies outside its 50 rows" in str(e.value)
+                with pytest.raises(ValueError):
+                    s1.push("embed.weight", emb[:10], dim=0)
+                s1.push("proj.weight", w[:, 16:], dim=-1, start=16, full_shape=w.shape)
+                s1.push_slice("embed.weight", emb[20:], 0, 20, emb.shape)
+            # leaving the joined block detached it
+            s0.push("proj.weight", w[:, :16], dim=1, start=0, full_shape=w.shape)
+            s0.push("embed.weight", emb[:20], dim=0, start=0, full_shape=emb.shape)
+            for name in ("proj.bias", "norm.weight", "norm.bias", "head.weight"):
+                s0.push(name, params[name])
+        assert s0.report.outcome == "committed" and s0.report.version == 1
+    snap = engine.snapshot(1)["params"]
+    for name in params:
+        assert torch.equal(snap[name], params[name]), name
