@@ -180,3 +180,35 @@ def test_single_process_join_detach_and_refusals(node):
     snap = engine.snapshot(1)["params"]
     for name in params:
         assert torch.equal(snap[name], params[name]), name
+
+
+def test_fanout_ranks_join_with_one_id_per_daemon(node):
+    """Fan-out: two ranks, each a fan-out client of the same two daemons; rank 1 joins with
+    rank 0's `ids` (one per daemon, in client order) and pushes its slices to both."""
+    import torch
+
+    import models
+    import refit
+
+    daemons, engines = zip(*(node(models.TOY, subdir=sub) for sub in ("a", "b")))
+    addresses = [d.address for d in daemons]
+    params = {n: p.detach() for n, p in models.build(models.TOY, 71).named_parameters()}
+    head = params["head.weight"]
+    with refit.TrainerClient(addresses) as c0, refit.TrainerClient(addresses) as c1:
+        with c0.session(models.TOY, params) as s0:
+            assert len(s0.ids) == 2
+            with pytest.raises(refit.RefitInvalidArgument) as e:
+                c1.join(s0.ids[0])
+            assert "one session id per daemon" in str(e.value)
+            with c1.join(s0.ids) as s1:
+                assert s1.ids == s0.ids
+                s1.push("head.weight", head[10:], dim=0, start=10, full_shape=head.shape)
+            s0.push("head.weight", head[:10], dim=0, start=0, full_shape=head.shape)
+            for name, p in params.items():
+                if name != "head.weight":
+                    s0.push(name, p)
+        assert s0.report.outcome == "committed" and s0.report.version == 1
+    for e in engines:
+        snap = e.snapshot(1)["params"]
+        for name in params:
+            assert torch.equal(snap[name], params[name]), name
