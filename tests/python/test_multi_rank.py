@@ -212,3 +212,29 @@ def test_fanout_ranks_join_with_one_id_per_daemon(node):
         snap = e.snapshot(1)["params"]
         for name in params:
             assert torch.equal(snap[name], params[name]), name
+
+
+def test_commit_waits_for_a_joined_rank_until_the_deadline(node):
+    """A joined rank that neither detaches nor dies: rank 0's commit waits for it until the
+    session deadline, then fails DEADLINE_EXCEEDED; the engine keeps its weights."""
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY)
+    before = engine.shm_digest()
+    params = {n: p.detach() for n, p in models.build(models.TOY, 81).named_parameters()}
+    with refit.TrainerClient(daemon.address) as c0, refit.TrainerClient(daemon.address) as c1:
+        s0 = c0.session(models.TOY, params, deadline_ms=800)
+        s1 = c1.join(s0.id)  # joined, never detaches
+        s0.push_all(params)
+        t0 = time.monotonic()
+        with pytest.raises(refit.RefitError) as e:
+            s0.commit()
+        waited = time.monotonic() - t0
+        assert e.value.code_name == "DEADLINE_EXCEEDED", e.value
+        assert "session deadline passed" in str(e.value)
+        assert 0.4 < waited < 10, waited
+        s0.close()
+        s1.close()
+        assert c0.status().version == 0
+    assert engine.shm_digest() == before
