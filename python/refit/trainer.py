@@ -208,8 +208,8 @@ class TrainerClient:
 
 
 class RefitSession:
-    """One refit in progress. Use as a context manager: a normal exit commits (unless the session
-    already ended), an exception aborts and propagates."""
+    """One refit in progress. Use as a context manager: a normal exit commits (a joined session:
+    detaches) unless the session already ended; an exception aborts the refit and propagates."""
 
     def __init__(self, client: TrainerClient, handle: ctypes.c_void_p, joined: bool = False):
         self._client = client  # keeps the client alive as long as the session

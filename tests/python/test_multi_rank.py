@@ -238,3 +238,21 @@ def test_commit_waits_for_a_joined_rank_until_the_deadline(node):
         s1.close()
         assert c0.status().version == 0
     assert engine.shm_digest() == before
+
+
+def test_manifest_of_the_ranks_descriptions_and_disagreements():
+    """refit.distributed builds rank 0's manifest from every rank's (name, dtype, full shape,
+    slice); ranks that disagree on a tensor are refused naming it and both ranks."""
+    import torch
+
+    from refit.distributed import Shard, _describe, manifest_of
+
+    t = torch.zeros(4, 6)
+    s = Shard.even(t[:, :3], dim=-1, index=1, count=2)
+    assert (s.dim, s.start, s.full_shape) == (1, 3, (4, 6))
+    gathered = [[_describe("a", Shard.even(t[:, :3], 1, 0, 2)), _describe("n", torch.zeros(6))], [_describe("a", s)]]
+    assert manifest_of(gathered) == [("a", ("F32", (4, 6))), ("n", ("F32", (6,)))]
+    gathered[1].append(_describe("n", torch.zeros(6, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError) as e:
+        manifest_of(gathered)
+    assert "tensor 'n': rank 0 pushes F32[6] but rank 1 pushes BF16[6]" in str(e.value)
