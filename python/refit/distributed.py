@@ -26,7 +26,10 @@ or raises the same error, with its code: the first failing rank's (in rank order
 push, else root's commit or a rank's detach failure. The failing rank re-raises its own exception.
 
 A rank that dies mid-refit aborts the session in refitd at once (the engine keeps its weights);
-the surviving ranks' next collective then fails the way torch.distributed reports a dead peer.
+the surviving ranks' next collective then fails the way torch.distributed reports a dead peer
+(gloo: at once, the connection closed). A surviving rank whose own step failed meanwhile (root's
+commit: RefitAborted, "a joined trainer rank disconnected before detaching") raises that, chained
+to the collective's error.
 
 Collectives used, on every rank in this order: all_gather_object (descriptions), broadcast_object_list
 (session ids), all_gather_object (join results), all_gather_object (outcomes). Any backend that
@@ -195,7 +198,12 @@ def refit(group, client: TrainerClient, model: str, named_shards, *, root: int =
 
     # 5. Every rank learns every outcome and ends alike.
     outcomes = [None] * world
-    dist.all_gather_object(outcomes, (None if own is None else _portable(me, own, stage), report), group=group)
+    try:
+        dist.all_gather_object(outcomes, (None if own is None else _portable(me, own, stage), report), group=group)
+    except Exception as e:  # a rank died: this rank's own failure (e.g. the aborted commit) says more
+        if own is not None:
+            raise own from e
+        raise
     failures = sorted(f for f, _ in outcomes if f is not None)
     if failures:
         raise _rebuild(failures[0], me, own)

@@ -9,6 +9,7 @@ Shards of world size W (torch.tensor_split: uneven when W does not divide the di
 
 --mode helper:  refit.distributed.refit; writes {"report": ...} or {"error": ...} to --out.
 --mode missing: as helper, but the last rank leaves out its slice of proj.weight.
+--mode die:     as helper, but rank 1 SIGKILLs itself after pushing its first slice.
 --mode kill:    plain API: rank 0 begins, broadcasts the id and pushes its shards, the others join;
                 after a barrier rank 0 commits (refitd waits for the joined ranks' detach) while
                 the other ranks push half their shards, write <out>.pushed and wait to be killed
@@ -55,7 +56,7 @@ def main():
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--init", required=True)
     ap.add_argument("--address", required=True)
-    ap.add_argument("--mode", choices=["helper", "missing", "kill"], required=True)
+    ap.add_argument("--mode", choices=["helper", "missing", "kill", "die"], required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -65,7 +66,19 @@ def main():
     out = Path(a.out)
     client = refit.TrainerClient(a.address)
     result = {"rank": a.rank}
-    if a.mode in ("helper", "missing"):
+    if a.mode == "die" and a.rank == 1:
+        # Rank 1 SIGKILLs itself inside refit.distributed.refit, after its first slice was sent.
+        import os
+        import signal
+
+        def push_then_die(self, *args, **kwargs):
+            push(self, *args, **kwargs)
+            self.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        push = refit.RefitSession.push
+        refit.RefitSession.push = push_then_die
+    if a.mode in ("helper", "missing", "die"):
         drop = ("proj.weight",) if a.mode == "missing" and a.rank == a.world - 1 else ()
         try:
             report = refit.distributed.refit(None, client, models.TOY, shards_of(model, a.rank, a.world, drop))

@@ -46,7 +46,13 @@ def finish(run, procs, timeout=120):
 
 def ranks(tmp_path, address, world, mode, seed):
     run, procs = spawn_ranks(tmp_path, address, world, mode, seed)
-    return finish(run, procs)
+    try:
+        return finish(run, procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def full_refit(address, seed):
@@ -114,6 +120,18 @@ def test_a_rank_killed_mid_session_aborts_and_leaves_the_engine(node, tmp_path):
     assert full_refit(daemon.address, 51).version == 1
     before = engine.shm_digest()
     run, procs = spawn_ranks(tmp_path, daemon.address, 2, "kill", seed=52)
+    try:
+        check_killed_rank(run, procs, daemon, engine, before)
+    finally:
+        for p in procs:  # nothing outlives the test, whatever failed
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def check_killed_rank(run, procs, daemon, engine, before):
+    import refit
+
     pushed = run / "rank1.json.pushed"
     wait_for(lambda: pushed.exists() or procs[1].poll() is not None or procs[0].poll() is not None, timeout=120,
              what="rank 1 pushing")
@@ -256,3 +274,30 @@ def test_manifest_of_the_ranks_descriptions_and_disagreements():
     with pytest.raises(ValueError) as e:
         manifest_of(gathered)
     assert "tensor 'n': rank 0 pushes F32[6] but rank 1 pushes BF16[6]" in str(e.value)
+
+
+def test_a_rank_dying_inside_the_helper_aborts_and_the_others_raise(node, tmp_path):
+    """refit.distributed.refit with rank 1 SIGKILLing itself mid-push: refitd aborts the session
+    (engine unchanged) and rank 0 raises RefitAborted instead of hanging."""
+    import models
+
+    daemon, engine = node(models.TOY)
+    before = engine.shm_digest()
+    run, procs = spawn_ranks(tmp_path, daemon.address, 2, "die", seed=91)
+    try:
+        procs[1].wait(timeout=120)
+        assert procs[1].returncode == -signal.SIGKILL, (run / "rank1.log").read_text()
+        procs[0].wait(timeout=120)
+        log0 = (run / "rank0.log").read_text()
+        assert procs[0].returncode == 0, log0
+        err = json.loads((run / "rank0.json").read_text()).get("error")
+        assert err is not None and err["code_name"] == "ABORTED", (err, log0)
+        assert "a joined trainer rank disconnected before detaching" in err["message"], err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert engine.shm_digest() == before
+    out = ranks(tmp_path, daemon.address, 2, "helper", seed=92)  # the next refit is unaffected
+    assert all(o.get("report", {}).get("outcome") == "committed" for o in out), out
