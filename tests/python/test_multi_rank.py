@@ -301,3 +301,75 @@ def test_a_rank_dying_inside_the_helper_aborts_and_the_others_raise(node, tmp_pa
     assert engine.shm_digest() == before
     out = ranks(tmp_path, daemon.address, 2, "helper", seed=92)  # the next refit is unaffected
     assert all(o.get("report", {}).get("outcome") == "committed" for o in out), out
+
+
+ENGINE_OF_THE_EXAMPLE = """
+import signal, sys, threading, torch, refit
+m = torch.nn.Module()
+names = {"model.layers.0.mlp.up_proj.weight": (1024, 256), "model.layers.0.mlp.down_proj.weight": (256, 1024),
+         "model.layers.0.post_attention_layernorm.weight": (256,)}
+params = [(n, torch.nn.Parameter(torch.zeros(*s, dtype=torch.bfloat16))) for n, s in names.items()]
+for i, (_, p) in enumerate(params):
+    m.register_parameter(f"p{i}", p)
+e = refit.ModuleEngine(sys.argv[1], m, named_params=params)
+print("registered", flush=True)
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+stop.wait()
+e.close()
+"""
+
+
+def test_the_docs_example_runs(tmp_path):
+    """python/examples/refit_tp.py (the multi-rank example of docs/python.md), 2 ranks launched
+    as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): three refits, and the engine
+    holds the concatenation of the ranks' shards."""
+    import socket
+
+    import torch
+
+    import refit
+    from conftest import Daemon
+
+    example = PYTHON_PKG / "examples" / "refit_tp.py"
+    # docs/python.md shows this file as it is
+    assert "```python\n" + example.read_text() + "```" in (PYTHON_PKG.parent / "docs" / "python.md").read_text()
+    daemon = Daemon(tmp_path, "my-model")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_PKG), os.environ.get("PYTHONPATH", "")]))
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE_OF_THE_EXAMPLE, daemon.address], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = []
+    try:
+        assert engine.stdout.readline().strip() == "registered"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for rank in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, str(example), daemon.address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, env=dict(env, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))))
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert "step 2: engine at version 3" in outs[0], outs
+        ups, downs = [], []
+        for rank in range(2):  # what the example's ranks hold after three steps
+            torch.manual_seed(rank)
+            up, down = torch.randn(512, 256).bfloat16(), torch.randn(256, 512).bfloat16()
+            for _ in range(3):
+                up.mul_(0.5)
+                down.add_(1.0)
+            ups.append(up)
+            downs.append(down)
+        want = {"model.layers.0.mlp.up_proj.weight": torch.cat(ups, 0),
+                "model.layers.0.mlp.down_proj.weight": torch.cat(downs, 1),
+                "model.layers.0.post_attention_layernorm.weight": torch.ones(256).bfloat16()}
+        with refit.TrainerClient(daemon.address) as client:
+            version, sums = client.checksums()
+        assert version == 3
+        assert sums == {n: (refit.checksum(t), t.numel() * 2) for n, t in want.items()}
+    finally:
+        for p in procs + [engine]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        daemon.stop()
