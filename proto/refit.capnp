@@ -123,7 +123,11 @@ interface Session {
   # (sessionId << 32) | seq.
 
   commit @1 () -> (report :RefitReport, status :Status);
-  # Waits for every announced bucket, validates, and swaps into the engine. `status` is not ok
+  # First waits until every rank that joined the session has detached (bounded by the
+  # session's deadline; a joined rank that disconnects without detaching aborts the session, and
+  # the commit then fails with status aborted naming why). Ranks must have joined before the
+  # commit is sent: a rank joining later is too late once the commit started.
+  # Then waits for every announced bucket, validates, and swaps into the engine. `status` is not ok
   # when the refit did not commit (refused: failedPrecondition, the engine untouched; aborted;
   # failed); `report` says how it ended either way.
 
@@ -132,7 +136,7 @@ interface Session {
   detach @3 () -> (status :Status);
   # A joined trainer rank has announced and sent everything it will push; dropping this
   # capability afterwards is not a failure. (Without detach, a joined rank's disconnect aborts
-  # the session.) The rank that began the session commits, once every rank has detached.
+  # the session.) The rank that began the session commits; its commit waits for every detach.
 }
 
 struct EngineParam {

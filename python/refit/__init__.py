@@ -4,6 +4,7 @@
     refit.TrainerClient(address).refit(model_name, model.named_parameters())   # trainer
     engine = refit.ModuleEngine(address, model)                                # engine (CPU)
     engine = refit.GatedEngine(address, refit.CudaParams.from_tensors(t, "cuda:1").params)  # CUDA IPC
+    refit.distributed.refit(group, client, model_name, my_shards)     # every rank of a torch.distributed group
 
 See docs/python.md. The package binds librefit_client.so's C ABI with ctypes (refit._native
 says how the library is found).
@@ -14,11 +15,12 @@ from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefuse
                      RefitUnimplemented, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
 from .trainer import DaemonStatus, RefitReport, RefitSession, TrainerClient, checksum
+from . import distributed
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EngineAgent", "GatedEngine", "ModuleEngine", "CudaParam", "CudaParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
     "RefitReport", "DaemonStatus", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
-    "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty",
+    "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty", "distributed",
 ]

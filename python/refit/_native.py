@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 2  # the REFIT_ABI_VERSION these declarations were written against
+ABI_VERSION = 3  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions)
 
 OK = 0
 MEMORY_HOST = 0
@@ -45,7 +45,10 @@ class Manifest(ctypes.Structure):
 class Tensor(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
                 ("shape", c_int64_p), ("rank", ctypes.c_uint32), ("data", ctypes.c_void_p),
-                ("nbytes", ctypes.c_uint64), ("memory", ctypes.c_uint32), ("device", ctypes.c_int32)]
+                ("nbytes", ctypes.c_uint64), ("memory", ctypes.c_uint32), ("device", ctypes.c_int32),
+                # ABI 3: a slice of the tensor (full_rank 0: the whole tensor)
+                ("full_shape", c_int64_p), ("full_rank", ctypes.c_uint32), ("slice_dim", ctypes.c_int32),
+                ("slice_start", ctypes.c_uint64)]
 
 
 class Report(ctypes.Structure):
@@ -116,6 +119,10 @@ _SIGNATURES = {
     "refit_session_commit": (ctypes.c_int, [_P, ctypes.POINTER(Report)]),
     "refit_session_abort": (ctypes.c_int, [_P, ctypes.c_char_p]),
     "refit_session_close": (None, [_P]),
+    "refit_session_join": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint64, ctypes.POINTER(_P)]),
+    "refit_session_detach": (ctypes.c_int, [_P]),
+    "refit_session_ids": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint64,
+                                         ctypes.POINTER(ctypes.c_uint64)]),
     "refit_engine_start": (ctypes.c_int, [ctypes.POINTER(EngineOptions), ctypes.POINTER(EngineParam), ctypes.c_uint64,
                                           ctypes.POINTER(_P)]),
     "refit_engine_version": (ctypes.c_uint64, [_P]),

@@ -10,6 +10,12 @@ or, step by step:
             s.push(name, p)
     # leaving the block commits; an exception inside it aborts (and propagates)
 
+Several trainer processes (tensor-, pipeline-, expert-parallel ranks) push one refit together:
+rank 0 begins (its manifest lists every whole tensor) and hands `session.ids` to the others,
+which `client.join(ids)`, push their own tensors or slices (`push(name, shard, dim=, start=,
+full_shape=)`) and `detach()`; rank 0's `commit()` waits until every joined rank detached.
+refit.distributed.refit(...) does all of it over a torch.distributed process group.
+
 Tensors: CPU tensors are read in place (refitd's client copies them into its send bucket);
 non-contiguous ones are made contiguous first. CUDA tensors are offered to the library as device
 memory; a library without the GPU path refuses that (RefitUnimplemented) and the tensor is
@@ -63,6 +69,16 @@ class DaemonStatus:
 
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if value else ""
+
+
+def _describe(name: str, value) -> tuple:
+    """(dtype name, shape) of a manifest entry: a tensor, or a (dtype, shape) pair."""
+    if isinstance(value, tuple) and len(value) == 2:
+        dtype, shape = value
+        return (dtype if isinstance(dtype, str) else dtype_name(dtype)), [int(d) for d in shape]
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return dtype_name(value.dtype), [int(d) for d in value.shape]
+    raise TypeError(f"manifest entry '{name}': expected a tensor or a (dtype, shape) pair, got {type(value).__name__}")
 
 
 def _named(tensors) -> list:
@@ -121,21 +137,40 @@ class TrainerClient:
 
     def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0) -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
-        names, dtypes and shapes only). Raises RefitUnavailable while another session is open."""
-        named = _named(tensors)
-        shapes = [_native.shape_array(t.shape) for _, t in named]
+        names, dtypes and shapes only; a value may also be a (dtype, shape) pair, the dtype a torch
+        dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitUnavailable while
+        another session is open.
+
+        In a multi-rank refit the manifest lists every tensor of the refit, whole (the full
+        shape of sliced tensors), whichever rank pushes it."""
+        named = [(n, _describe(n, t)) for n, t in _named(tensors)]
+        shapes = [_native.shape_array(shape) for _, (_, shape) in named]
         names = [n.encode() for n, _ in named]
-        dtypes = [dtype_name(t.dtype).encode() for _, t in named]
+        dtypes = [dt.encode() for _, (dt, _) in named]
         descs = (_native.TensorDesc * max(len(named), 1))()
-        for i, (_, t) in enumerate(named):
+        for i, (_, (_, shape)) in enumerate(named):
             descs[i] = _native.new(_native.TensorDesc, name=names[i], dtype=dtypes[i],
-                                   shape=ctypes.cast(shapes[i], _native.c_int64_p), rank=t.dim())
+                                   shape=ctypes.cast(shapes[i], _native.c_int64_p), rank=len(shape))
         manifest = _native.new(_native.Manifest, model=model.encode(), tensors=descs, num_tensors=len(named),
                                partial=int(partial), deadline_ms=deadline_ms)
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_session_begin(self._live(), ctypes.byref(manifest), ctypes.byref(handle)),
                       f"begin a refit of '{model}'")
         return RefitSession(self, handle)
+
+    def join(self, session_id) -> "RefitSession":
+        """Joins the active session another trainer rank began: `session_id` is its `id` (or, for a
+        fan-out client, its `ids`, one per daemon in the same order). The joined session pushes
+        over this client's own data-plane connection and ends with detach(); leaving its `with`
+        block detaches (an exception aborts the whole refit). A joined rank that exits without
+        detaching aborts the refit too. Raises RefitRefused (FAILED_PRECONDITION) when that
+        session is not active or already committing."""
+        ids = [int(i) for i in session_id] if isinstance(session_id, (list, tuple)) else [int(session_id)]
+        arr = (ctypes.c_uint64 * len(ids))(*ids)
+        handle = ctypes.c_void_p()
+        _native.check(self._lib.refit_session_join(self._live(), arr, len(ids), ctypes.byref(handle)),
+                      f"join session {', '.join(map(str, ids))}")
+        return RefitSession(self, handle, joined=True)
 
     def refit(self, model: str, tensors, **kwargs) -> RefitReport:
         """One whole refit: begin with a manifest of `tensors`, push them all, commit."""
@@ -173,22 +208,43 @@ class TrainerClient:
 
 
 class RefitSession:
-    """One refit in progress. Use as a context manager: a normal exit commits (unless the session
-    already ended), an exception aborts and propagates."""
+    """One refit in progress. Use as a context manager: a normal exit commits (a joined session:
+    detaches) unless the session already ended; an exception aborts the refit and propagates."""
 
-    def __init__(self, client: TrainerClient, handle: ctypes.c_void_p):
+    def __init__(self, client: TrainerClient, handle: ctypes.c_void_p, joined: bool = False):
         self._client = client  # keeps the client alive as long as the session
         self._lib = client._lib
         self._handle = handle
+        self.joined = joined  # joined another rank's session: detach() instead of commit()
         self.id = self._lib.refit_session_id(handle)
+        count = ctypes.c_uint64()
+        _native.check(self._lib.refit_session_ids(handle, None, 0, ctypes.byref(count)), "session ids")
+        ids = (ctypes.c_uint64 * max(count.value, 1))()
+        _native.check(self._lib.refit_session_ids(handle, ids, count.value, ctypes.byref(count)), "session ids")
+        self.ids = [ids[i] for i in range(count.value)]  # one per daemon: what other ranks join
         self.bucket_bytes = self._lib.refit_session_bucket_bytes(handle)
         self.report: Optional[RefitReport] = None
         self._ended = False
         self._stage_cuda_on_host = False
         self._in_flight: list = []  # CUDA tensors pushed in place, kept until their bucket is sent
 
-    def push(self, name: str, tensor) -> None:
-        """Sends one tensor (copied before this returns: the tensor may change afterwards)."""
+    def push(self, name: str, tensor, *, dim: Optional[int] = None, start: int = 0, full_shape=None) -> None:
+        """Sends one tensor (copied before this returns: the tensor may change afterwards).
+
+        With `dim` and `full_shape`, `tensor` is a slice of the manifest's tensor `name` (e.g.
+        this rank's tensor-parallel shard): it equals the whole tensor of shape `full_shape`
+        except along `dim`, where it holds indices [start, start + tensor.shape[dim]). refitd
+        assembles the tensor from its slices, pushed by any ranks in any order; a commit with a
+        slice missing is refused naming the tensor and the missing range."""
+        if (dim is None) != (full_shape is None):
+            raise ValueError(f"tensor '{name}': a slice needs both dim and full_shape")
+        if dim is not None:
+            full = [int(d) for d in full_shape]
+            if dim < 0:
+                dim += len(full)
+            slice_ = (int(dim), int(start), full)
+        else:
+            slice_ = None
         t = tensor.detach()
         if not t.is_contiguous():
             t = t.contiguous()
@@ -199,20 +255,33 @@ class RefitSession:
             # bucket is sent: the tensor must be computed before, and stay allocated until then.
             torch.cuda.current_stream(t.device).synchronize()
             try:
-                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0)
+                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0, slice_)
                 self._in_flight.append(t)
                 return
             except RefitUnimplemented:
                 self._stage_cuda_on_host = True  # this library has no GPU path: stage every CUDA tensor
         if t.is_cuda:
             t = t.cpu()
-        self._push(name, t, _native.MEMORY_HOST, -1)
+        self._push(name, t, _native.MEMORY_HOST, -1, slice_)
 
-    def _push(self, name, t, memory, device):
+    def push_slice(self, name: str, tensor, dim: int, start: int, full_shape) -> None:
+        """push(name, tensor, dim=dim, start=start, full_shape=full_shape)."""
+        self.push(name, tensor, dim=dim, start=start, full_shape=full_shape)
+
+    def _push(self, name, t, memory, device, slice_=None):
         shape = _native.shape_array(t.shape)
         ref = _native.new(_native.Tensor, name=name.encode(), dtype=dtype_name(t.dtype).encode(),
                           shape=ctypes.cast(shape, _native.c_int64_p), rank=t.dim(), data=t.data_ptr(),
                           nbytes=t.numel() * t.element_size(), memory=memory, device=device)
+        if slice_ is not None:
+            dim, start, full = slice_
+            if len(full) == 0:
+                raise ValueError(f"tensor '{name}': a slice's full_shape needs at least one dimension")
+            full_arr = _native.shape_array(full)  # alive until the call below returns
+            ref.full_shape = ctypes.cast(full_arr, _native.c_int64_p)
+            ref.full_rank = len(full)
+            ref.slice_dim = dim
+            ref.slice_start = start
         _native.check(self._lib.refit_session_push(self._live(), ctypes.byref(ref)), f"push '{name}'")
 
     def push_all(self, tensors) -> None:
@@ -227,7 +296,7 @@ class RefitSession:
         """Asks refitd to validate and swap. RefitRefused names every offending tensor; the engine
         keeps its previous version then."""
         out = _native.new(_native.Report)
-        self._ended = True
+        self._ended = not self.joined  # a joined rank's commit is refused and leaves it open
         try:
             _native.check(self._lib.refit_session_commit(self._live(), ctypes.byref(out)),
                           f"commit session {self.id}")
@@ -239,6 +308,16 @@ class RefitSession:
             {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total")},
             {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)})
         return self.report
+
+    def detach(self) -> None:
+        """A joined rank is done: flushes, waits until everything it pushed was sent, and tells
+        refitd, whose commit on the beginning rank waits for every joined rank's detach. The
+        session has ended afterwards. The beginning rank's detach is refused (it commits)."""
+        self._ended = self.joined
+        try:
+            _native.check(self._lib.refit_session_detach(self._live()), f"detach from session {self.id}")
+        finally:
+            self._in_flight.clear()
 
     def abort(self, reason: str = "aborted by the trainer") -> None:
         self._ended = True
@@ -268,7 +347,7 @@ class RefitSession:
                     except Exception:  # the original exception matters more than a failed abort
                         pass
             elif not self._ended:
-                self.commit()
+                self.detach() if self.joined else self.commit()
         finally:
             self.close()
         return False

@@ -43,7 +43,9 @@ struct refit_session {
   refit_client* client;  // null once the client was closed
   std::unique_ptr<refit::client::RefitSession> impl;
   uint64_t id = 0;
+  std::vector<uint64_t> ids;  // one per daemon (fan-out)
   uint64_t bucket_bytes = 0;
+  bool joined = false;  // joined another rank's session: detaches instead of committing
   bool ended = false;
   // Storage behind the pointers of the last refit_report.
   std::string outcome, reason;
@@ -162,6 +164,36 @@ void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out
   out->num_formats = static_cast<uint32_t>(s->format_names.size());
   out->format_names = s->format_names.data();
   out->format_bytes = s->format_bytes.data();
+}
+
+// A new session handle owning `impl`, registered with its client.
+refit_session* AdoptSession(refit_client* client, std::unique_ptr<refit::client::RefitSession> impl, bool joined) {
+  auto s = std::make_unique<refit_session>();
+  s->client = client;
+  s->id = impl->id();
+  s->ids = impl->ids();
+  s->bucket_bytes = impl->bucket_bytes();
+  s->joined = joined;
+  s->impl = std::move(impl);
+  absl::MutexLock l(&client->mu);
+  client->sessions.insert(s.get());
+  return s.release();
+}
+
+// The slice fields of a pushed tensor (ABI 3): none when full_rank is 0.
+absl::StatusOr<refit::TensorSlice> SliceFields(const refit_tensor& t, const std::string& owner) {
+  refit::TensorSlice slice;
+  if (t.full_rank == 0) return slice;
+  absl::StatusOr<Shape> full = ShapeField(t.full_shape, t.full_rank, absl::StrCat(owner, " full_shape"));
+  if (!full.ok()) return full.status();
+  if (t.slice_dim < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(owner, ": slice_dim is ", t.slice_dim, " (a slice needs 0 <= slice_dim < ",
+                                                   t.full_rank, ")"));
+  }
+  slice.dim = t.slice_dim;
+  slice.start = t.slice_start;
+  slice.full_shape = std::move(*full);
+  return slice;
 }
 
 }  // namespace
@@ -375,16 +407,54 @@ int refit_session_begin(refit_client* client, const refit_manifest* manifest, re
     }
     auto session = client->fanout != nullptr ? client->fanout->Begin(cm) : client->impl->Begin(cm);
     if (!session.ok()) return session.status();
-    auto s = std::make_unique<refit_session>();
-    s->client = client;
-    s->id = (*session)->id();
-    s->bucket_bytes = (*session)->bucket_bytes();
-    s->impl = std::move(*session);
-    {
-      absl::MutexLock l(&client->mu);
-      client->sessions.insert(s.get());
+    *out = AdoptSession(client, std::move(*session), /*joined=*/false);
+    return absl::OkStatus();
+  });
+}
+
+int refit_session_join(refit_client* client, const uint64_t* session_ids, uint64_t count, refit_session** out) {
+  return Guard("refit_session_join", [&]() -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    *out = nullptr;
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    if (session_ids == nullptr || count == 0) return absl::InvalidArgumentError("session_ids is NULL or count is 0");
+    const uint64_t daemons = client->fanout != nullptr ? client->fanout->size() : 1;
+    if (count != daemons) {
+      return absl::InvalidArgumentError(absl::StrCat("join needs one session id per daemon of the client: got ", count,
+                                                     " for ", daemons));
     }
-    *out = s.release();
+    for (uint64_t i = 0; i < count; ++i) {
+      if (session_ids[i] == 0) return absl::InvalidArgumentError(absl::StrCat("session_ids[", i, "] is 0"));
+    }
+    auto session = client->fanout != nullptr
+                       ? client->fanout->Join(std::vector<uint64_t>(session_ids, session_ids + count))
+                       : client->impl->Join(session_ids[0]);
+    if (!session.ok()) return session.status();
+    *out = AdoptSession(client, std::move(*session), /*joined=*/true);
+    return absl::OkStatus();
+  });
+}
+
+int refit_session_detach(refit_session* session) {
+  return Guard("refit_session_detach", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    if (!session->joined) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", session->id, " was begun by this rank, which commits or aborts it; detach is for joined ranks"));
+    }
+    session->ended = true;
+    return session->impl->Detach();
+  });
+}
+
+int refit_session_ids(const refit_session* session, uint64_t* out_ids, uint64_t capacity, uint64_t* out_count) {
+  return Guard("refit_session_ids", [&]() -> absl::Status {
+    if (session == nullptr) return absl::InvalidArgumentError("session is NULL");
+    if (out_count == nullptr) return absl::InvalidArgumentError("out_count is NULL");
+    if (capacity > 0 && out_ids == nullptr) return absl::InvalidArgumentError("out_ids is NULL");
+    for (uint64_t i = 0; i < capacity && i < session->ids.size(); ++i) out_ids[i] = session->ids[i];
+    *out_count = session->ids.size();
     return absl::OkStatus();
   });
 }
@@ -421,7 +491,9 @@ int refit_session_push(refit_session* session, const refit_tensor* tensor) {
                                                      refit::ShapeString(*shape), " needs ", *n));
     }
     if (t.data == nullptr && *n > 0) return absl::InvalidArgumentError(absl::StrCat(owner, ": data is NULL"));
-    return session->impl->Push({t.name, *dtype, std::move(*shape), t.data});
+    absl::StatusOr<refit::TensorSlice> slice = SliceFields(t, owner);
+    if (!slice.ok()) return slice.status();
+    return session->impl->Push({t.name, *dtype, std::move(*shape), t.data, std::move(*slice)});
   });
 }
 
@@ -435,6 +507,11 @@ int refit_session_flush(refit_session* session) {
 int refit_session_commit(refit_session* session, refit_report* out) {
   return Guard("refit_session_commit", [&]() -> absl::Status {
     if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    if (session->joined) {
+      return absl::FailedPreconditionError(absl::StrCat("session ", session->id,
+                                                        " was joined by this rank, which detaches; the rank that "
+                                                        "began it commits"));
+    }
     if (out != nullptr && out->struct_size < kV1Size<refit_report>) {
       return absl::InvalidArgumentError(absl::StrCat("report.struct_size is ", out->struct_size,
                                                      ", below the smallest supported size ", kV1Size<refit_report>));

@@ -17,6 +17,23 @@
  * message of the last failure on the calling thread is refit_last_error() (thread-local, valid
  * until the next failing call on that thread). Exceptions never cross the ABI.
  *
+ * Multi-rank sessions (ABI 3). Several trainer processes (tensor-, pipeline-, expert-parallel
+ * ranks) push one refit together:
+ *   rank 0:  refit_session_begin (the manifest lists every tensor of the refit, whole), hand
+ *            refit_session_id to the other ranks (any channel: a collective, a file, an env var);
+ *   rank k:  its own refit_client, refit_session_join(client, &id, 1, &s), push its tensors or
+ *            slices (refit_tensor.full_rank/full_shape/slice_dim/slice_start), refit_session_detach;
+ *   rank 0:  push its own share, then refit_session_commit.
+ * refit_session_commit waits until every rank that has joined has detached, at most until the
+ * session's deadline (refit_manifest.deadline_ms, else refitd's default), then validates the
+ * whole refit: every manifest tensor exactly once, every sliced tensor tiled by its slices (a
+ * refusal names the tensor and the missing range). Make sure every rank has joined before rank 0
+ * commits (a barrier after the joins): a rank that joins once the commit started is refused, and
+ * the commit cannot wait for a rank it has not seen. A joined rank that exits or disconnects
+ * without detaching aborts the session (the engine is untouched); rank 0's commit then returns
+ * REFIT_ABORTED naming why (REFIT_DEADLINE_EXCEEDED if the deadline ended it). A joined rank
+ * cannot commit and rank 0 cannot detach (REFIT_FAILED_PRECONDITION).
+ *
  * Threading. A refit_client and its sessions belong to the thread that connected (they own an
  * event loop); a call from another thread fails with REFIT_FAILED_PRECONDITION. One client per
  * thread. refit_engine functions are thread-safe; its callbacks run on the engine's agent thread.
@@ -36,7 +53,8 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 2  /* 2: refit_client_connect_fanout */
+#define REFIT_ABI_VERSION 3  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+                                 refit_session_detach, refit_session_ids, slices in refit_tensor) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -116,6 +134,16 @@ typedef struct refit_tensor {
   uint64_t nbytes; /* 0: not checked; otherwise must equal the dense size of dtype x shape */
   uint32_t memory; /* REFIT_MEMORY_HOST */
   int32_t device;  /* CUDA device ordinal when memory is REFIT_MEMORY_CUDA */
+  /* ABI 3: a slice of the manifest's tensor `name` (e.g. this rank's tensor-parallel shard).
+   * full_rank 0 (the default, and what older callers pass): the whole tensor. Otherwise
+   * full_shape[full_rank] is the whole tensor's shape (as in the manifest), `shape` is the
+   * slice's: equal to full_shape except in dimension slice_dim, where the slice covers indices
+   * [slice_start, slice_start + shape[slice_dim]). refitd assembles the tensor from its slices
+   * (pushed by any ranks of the session, in any order) before converting it. */
+  const int64_t* full_shape;
+  uint32_t full_rank;
+  int32_t slice_dim;
+  uint64_t slice_start;
 } refit_tensor;
 
 /* What a session did. Strings and arrays are owned by the session handle and stay valid until
@@ -188,6 +216,21 @@ REFIT_API int refit_session_flush(refit_session* session);
  * with refitd's message. `out` may be NULL. The session has ended afterwards, whatever the code. */
 REFIT_API int refit_session_commit(refit_session* session, refit_report* out);
 REFIT_API int refit_session_abort(refit_session* session, const char* reason);
+/* ABI 3. Joins the active session begun by another trainer rank (see "Multi-rank sessions"):
+ * `session_ids` holds one id per daemon of `client` (1 for a client of refit_client_connect;
+ * for a fan-out client the beginning rank's refit_session_ids, in the same daemon order). The
+ * joined session pushes over its own data-plane connection; it ends with refit_session_detach
+ * (or refit_session_abort, which aborts the whole refit). REFIT_FAILED_PRECONDITION when the
+ * session is not active or already committing. */
+REFIT_API int refit_session_join(refit_client* client, const uint64_t* session_ids, uint64_t count,
+                                 refit_session** out);
+/* ABI 3. A joined rank is done: flushes, waits until everything it pushed has been sent, and
+ * tells refitd. The session has ended afterwards (closing it no longer aborts the refit). */
+REFIT_API int refit_session_detach(refit_session* session);
+/* ABI 3. The session's id on each daemon (one unless fan-out): writes min(capacity, count) ids
+ * to `out_ids` and the count to *out_count. */
+REFIT_API int refit_session_ids(const refit_session* session, uint64_t* out_ids, uint64_t capacity,
+                                uint64_t* out_count);
 /* Aborts the session if it has not ended, and frees the handle. */
 REFIT_API void refit_session_close(refit_session* session);
 

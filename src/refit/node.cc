@@ -143,12 +143,23 @@ absl::Status Node::CheckActive(uint64_t session_id) const {
   return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " is not active (no session is)"));
 }
 
-absl::Status Node::Join(uint64_t session_id) const {
+absl::Status Node::Join(uint64_t session_id) {
   absl::Status active = CheckActive(session_id);
   if (!active.ok()) return active;
   if (active_->committing) {
     return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " is committing; too late to join"));
   }
+  ++active_->open_members;
+  return absl::OkStatus();
+}
+
+absl::Status Node::Detach(uint64_t session_id) {
+  absl::Status active = CheckActive(session_id);
+  if (!active.ok()) return active;
+  if (active_->open_members == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " has no joined rank left to detach"));
+  }
+  --active_->open_members;
   return absl::OkStatus();
 }
 

@@ -141,8 +141,14 @@ class Node {
   // the missing engine (Unavailable), the busy node (Unavailable) or the dirty engine
   // (FailedPrecondition).
   absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested);
-  // Another trainer rank joins the active session.
-  absl::Status Join(uint64_t session_id) const;
+  // Another trainer rank joins the active session; it counts as open until it detaches.
+  absl::Status Join(uint64_t session_id);
+  // A joined rank is done pushing (Detach after Join). A joined rank that leaves without
+  // detaching ends the session through EndByTrainer instead.
+  absl::Status Detach(uint64_t session_id);
+  // Joined ranks of the active session that have not detached (0 without a session). The
+  // beginning rank's commit waits for this to reach 0.
+  uint32_t open_members() const { return active_ ? active_->open_members : 0; }
   // Queues a bucket; an invalid header ends the session (InvalidArgument naming the field).
   absl::StatusOr<uint32_t> Announce(uint64_t session_id, BucketHeader header);
   // A trainer aborted (kClientAbort) or disconnected (kDisconnected) with `reason`. During a
@@ -194,6 +200,7 @@ class Node {
     absl::Time deadline;
     double plan_ms = 0;
     bool committing = false;
+    uint32_t open_members = 0;  // joined ranks that have not detached
     // Set when the node aborted the session while its commit ran (engine gone, operator,
     // shutdown): the commit ends with this cause.
     std::optional<std::pair<EndCause, std::string>> ended_by;

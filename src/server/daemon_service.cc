@@ -191,7 +191,9 @@ class SessionImpl final : public proto::Session::Server {
     if (state_.node.active_session_id() != id_) {
       return Answer(context, absl::FailedPreconditionError(absl::StrCat("session ", id_, " is not active")));
     }
+    if (absl::Status st = state_.node.Detach(id_); !st.ok()) return Answer(context, st);
     detached_ = true;
+    LogEvent(LogLevel::kInfo, "session_detach").Add("session", id_).Add("open_ranks", state_.node.open_members());
     return kj::READY_NOW;
   }
 
@@ -209,16 +211,44 @@ class SessionImpl final : public proto::Session::Server {
       return Answer(context, absl::FailedPreconditionError(
                                  "only the rank that began the session commits it; joined ranks detach"));
     }
-    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartCommit(id_);
+    // Joined ranks still pushing: the commit waits until every one of them detached, the
+    // session ended (a joined rank died or aborted, an operator aborted) or its deadline passed.
+    DaemonState* state = &state_;
+    const uint64_t id = id_;
+    if (state_.node.active_session_id() == id && state_.node.open_members() > 0) {
+      LogEvent(LogLevel::kInfo, "commit_waits_for_ranks").Add("session", id).Add("open_ranks", state_.node.open_members());
+    }
+    return WaitForMembers(state, id).then([state, id, context]() mutable { return StartCommit(state, id, context); });
+  }
+
+ private:
+  static kj::Promise<void> WaitForMembers(DaemonState* state, uint64_t id) {
+    if (state->node.active_session_id() != id || state->node.open_members() == 0) return kj::READY_NOW;
+    return state->timer.afterDelay(1 * kj::MILLISECONDS).then([state, id] { return WaitForMembers(state, id); });
+  }
+
+  // A commit of a session that has already ended: Aborted (or DeadlineExceeded) naming why.
+  static absl::Status EndedBeforeCommit(const DaemonState& state, uint64_t id) {
+    const RefitReport& last = state.node.last_report();
+    if (state.node.active_session_id() == id || last.session_id != id || last.outcome != Outcome::kAborted) {
+      return absl::OkStatus();
+    }
+    std::string msg = absl::StrCat("session ", id, " was aborted before its commit: ", last.reason);
+    if (last.cause == EndCause::kDeadlineExceeded) return absl::DeadlineExceededError(msg);
+    return absl::AbortedError(msg);
+  }
+
+  static kj::Promise<void> StartCommit(DaemonState* state, uint64_t id, CommitContext context) {
+    if (absl::Status ended = EndedBeforeCommit(*state, id); !ended.ok()) return Answer(context, ended);
+    absl::StatusOr<std::shared_ptr<Commit>> started = state->node.StartCommit(id);
     if (!started.ok()) return Answer(context, started.status());
     std::shared_ptr<Commit> commit = *started;
-    DaemonState* state = &state_;
     // Run as a daemon task, not as part of this call: a trainer that disconnects during the
     // commit window cannot stop the swap halfway.
-    auto done = RunBlocking(state_.io, [commit] { Node::RunCommit(*commit); })
+    auto done = RunBlocking(state->io, [commit] { Node::RunCommit(*commit); })
                     .then([state, commit] { state->node.FinishCommit(*commit); })
                     .fork();
-    state_.tasks.add(done.addBranch());
+    state->tasks.add(done.addBranch());
     return done.addBranch().then([state, context]() mutable {
       const RefitReport& report = state->node.last_report();
       wire::ToWire(report, context.getResults().initReport());
@@ -231,7 +261,6 @@ class SessionImpl final : public proto::Session::Server {
     });
   }
 
- private:
   DaemonState& state_;
   const uint64_t id_;
   const bool member_;

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -539,6 +540,225 @@ TEST(CApiTest, EngineRegistrationRefusalsNameTheParameter) {
   EXPECT_NE(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK);
   EXPECT_THAT(LastError(), HasSubstr("refit-c-api-no-such-shm"));
   EXPECT_EQ(engine, nullptr);
+}
+
+// ---- Multi-rank sessions (ABI 3): join, detach, slices ---------------------------------------
+
+// w [4, 8] in column slices: columns [begin, end) of `w`, dense row-major [4, end - begin].
+std::vector<float> Columns(const std::vector<float>& w, int begin, int end) {
+  std::vector<float> out;
+  for (int r = 0; r < 4; ++r) {
+    for (int c = begin; c < end; ++c) out.push_back(w[static_cast<size_t>(r * 8 + c)]);
+  }
+  return out;
+}
+
+// A slice of "w" along dimension 1 starting at column `start`; `shape` is the slice's.
+refit_tensor WSlice(const int64_t* shape, const std::vector<float>& data, uint64_t start) {
+  refit_tensor t = Tensor("w", shape, 2, data.data(), data.size() * sizeof(float));
+  t.full_shape = kWShape;
+  t.full_rank = 2;
+  t.slice_dim = 1;
+  t.slice_start = start;
+  return t;
+}
+
+std::vector<float> Ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(i) + 0.5f;
+  return v;
+}
+
+TEST(CApiMultiRankTest, RanksJoinPushSlicesDetachAndTheBeginningRankCommits) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<float> w = Ramp(32, 0.75f), b = Ramp(8, -2.0f);
+
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  ASSERT_NE(s, nullptr);
+  const uint64_t id = refit_session_id(s);
+  uint64_t ids[2] = {0, 0}, count = 0;
+  ASSERT_EQ(refit_session_ids(s, ids, 2, &count), REFIT_OK) << LastError();
+  EXPECT_EQ(count, 1u);
+  EXPECT_EQ(ids[0], id);
+  EXPECT_EQ(refit_session_detach(s), REFIT_FAILED_PRECONDITION);  // the beginning rank commits
+  EXPECT_THAT(LastError(), HasSubstr("detach is for joined ranks"));
+  const int64_t left_shape[] = {4, 3};
+  const std::vector<float> left = Columns(w, 0, 3);
+  refit_tensor tl = WSlice(left_shape, left, 0);
+  ASSERT_EQ(refit_session_push(s, &tl), REFIT_OK) << LastError();
+
+  // Rank 1, on its own thread: its own client, connection and data-plane link. It joins, then
+  // holds its detach back: the commit must wait for it.
+  std::atomic<bool> joined{false}, detached{false};
+  std::string rank1_error;
+  std::thread rank1([&] {
+    auto fail = [&](const std::string& what) { rank1_error = what + ": " + LastError(); };
+    refit_client* c1 = nullptr;
+    if (refit_client_connect(daemon.address().c_str(), &c1) != REFIT_OK) return fail("connect");
+    refit_session* s1 = nullptr;
+    if (refit_session_join(c1, &id, 1, &s1) != REFIT_OK) return fail("join");
+    joined = true;
+    if (refit_session_commit(s1, nullptr) != REFIT_FAILED_PRECONDITION) rank1_error = "a joined rank committed";
+    const int64_t right_shape[] = {4, 5};
+    const std::vector<float> right = Columns(w, 3, 8);
+    refit_tensor tr = WSlice(right_shape, right, 3);
+    refit_tensor bad = WSlice(right_shape, right, 4);  // columns [4, 9) of 8: refused before sending
+    if (refit_session_push(s1, &bad) != REFIT_INVALID_ARGUMENT) rank1_error = "a slice past the tensor was taken";
+    if (LastError().find("[4, 9)") == std::string::npos) rank1_error = "refusal without the range: " + LastError();
+    // A caller compiled against ABI version 1 passes the shorter refit_tensor: a whole tensor.
+    refit_tensor tb = Tensor("b", kBShape, 1, b.data(), 32);
+    tb.struct_size = refit::client::abi::kV1Size<refit_tensor>;
+    tb.full_rank = 2;  // past the caller's struct: not read
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (refit_session_push(s1, &tr) != REFIT_OK) return fail("push w");
+    if (refit_session_push(s1, &tb) != REFIT_OK) return fail("push b");
+    detached = true;
+    if (refit_session_detach(s1) != REFIT_OK) return fail("detach");
+    if (refit_session_push(s1, &tb) != REFIT_FAILED_PRECONDITION) rank1_error = "pushed after detach";
+    refit_session_close(s1);  // after detach: not an abort
+    refit_client_close(c1);
+  });
+  while (!joined && rank1_error.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  const int rc = refit_session_commit(s, &report);
+  const bool waited = detached.load();
+  rank1.join();
+  ASSERT_EQ(rank1_error, "");
+  ASSERT_EQ(rc, REFIT_OK) << LastError();
+  EXPECT_TRUE(waited) << "the commit did not wait for the joined rank's detach";
+  EXPECT_STREQ(report.outcome, "committed");
+  EXPECT_EQ(report.version, 1u);
+  EXPECT_EQ(report.tensors, 2u);
+  EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0);
+  EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0);
+  refit_session_close(s);
+
+  // Joining a session that is not active, or with the wrong number of ids, is refused.
+  refit_session* late = nullptr;
+  EXPECT_EQ(refit_session_join(c, &id, 1, &late), REFIT_FAILED_PRECONDITION);
+  EXPECT_THAT(LastError(), HasSubstr("not active"));
+  EXPECT_EQ(late, nullptr);
+  EXPECT_EQ(refit_session_join(c, ids, 2, &late), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("one session id per daemon"));
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+TEST(CApiMultiRankTest, AMissingSliceIsRefusedNamingTheTensorAndTheRange) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  const std::vector<float> w = Ramp(32, 1.0f), b = Ramp(8, 1.0f);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  const int64_t left_shape[] = {4, 3};
+  const std::vector<float> left = Columns(w, 0, 3);
+  refit_tensor tl = WSlice(left_shape, left, 0), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  ASSERT_EQ(refit_session_push(s, &tl), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+  EXPECT_EQ(refit_session_commit(s, nullptr), REFIT_FAILED_PRECONDITION);
+  EXPECT_THAT(LastError(), HasSubstr("tensor 'w'"));
+  EXPECT_THAT(LastError(), HasSubstr("missing [3, 8)"));
+  EXPECT_EQ(calls.pauses.load(), 0);
+  for (int i = 0; i < 512; ++i) ASSERT_EQ(shm.data()[i], 0) << i;
+  refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+// The child process of JoinedRankKilledMidSessionAbortsAndLeavesTheEngine (this binary, run
+// with the environment below; disabled otherwise): joins, pushes a slice, says so, and waits to be
+// killed.
+TEST(CApiRankChild, DISABLED_JoinPushAndWaitToBeKilled) {
+  const char* address = std::getenv("REFIT_C_API_CHILD_ADDRESS");
+  const char* session = std::getenv("REFIT_C_API_CHILD_SESSION");
+  const char* marker = std::getenv("REFIT_C_API_CHILD_MARKER");
+  ASSERT_TRUE(address != nullptr && session != nullptr && marker != nullptr) << "run by the killed-rank test";
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(address, &c), REFIT_OK) << LastError();
+  const uint64_t id = std::strtoull(session, nullptr, 10);
+  refit_session* s = nullptr;
+  ASSERT_EQ(refit_session_join(c, &id, 1, &s), REFIT_OK) << LastError();
+  const std::vector<float> right = Columns(Ramp(32, 3.0f), 3, 8);
+  const int64_t right_shape[] = {4, 5};
+  refit_tensor tr = WSlice(right_shape, right, 3);
+  ASSERT_EQ(refit_session_push(s, &tr), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_session_flush(s), REFIT_OK) << LastError();
+  std::ofstream(marker) << "pushed\n";
+  std::this_thread::sleep_for(std::chrono::seconds(120));
+}
+
+TEST(CApiMultiRankTest, JoinedRankKilledMidSessionAbortsAndLeavesTheEngine) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  const std::vector<float> w = Ramp(32, 3.0f), b = Ramp(8, 3.0f);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  const int64_t left_shape[] = {4, 3};
+  const std::vector<float> left = Columns(w, 0, 3);
+  refit_tensor tl = WSlice(left_shape, left, 0), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  ASSERT_EQ(refit_session_push(s, &tl), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+
+  const std::string marker = std::filesystem::temp_directory_path() / ("refit-c-api-rank-" + std::to_string(getpid()));
+  std::filesystem::remove(marker);
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e) env_storage.push_back(*e);
+  env_storage.push_back("REFIT_C_API_CHILD_ADDRESS=" + daemon.address());
+  env_storage.push_back("REFIT_C_API_CHILD_SESSION=" + std::to_string(refit_session_id(s)));
+  env_storage.push_back("REFIT_C_API_CHILD_MARKER=" + marker);
+  std::vector<char*> env;
+  for (std::string& e : env_storage) env.push_back(e.data());
+  env.push_back(nullptr);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string filter = "--gtest_filter=CApiRankChild.DISABLED_JoinPushAndWaitToBeKilled";
+  std::string disabled = "--gtest_also_run_disabled_tests";
+  std::vector<char*> argv = {self.data(), filter.data(), disabled.data(), nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv.data(), env.data()), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (!std::filesystem::exists(marker) && std::chrono::steady_clock::now() < deadline &&
+         waitpid(child, &status, WNOHANG) == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(std::filesystem::exists(marker)) << "the child rank did not join and push";
+  // The commit waits for the joined rank's detach; the rank is killed instead.
+  std::thread killer([child] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(child, SIGKILL);
+  });
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  EXPECT_EQ(refit_session_commit(s, &report), REFIT_ABORTED);
+  EXPECT_THAT(LastError(), HasSubstr("a joined trainer rank disconnected before detaching"));
+  killer.join();
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  std::filesystem::remove(marker);
+  EXPECT_EQ(calls.pauses.load(), 0);
+  EXPECT_EQ(refit_engine_version(engine), 0u);
+  for (int i = 0; i < 512; ++i) ASSERT_EQ(shm.data()[i], 0) << i;
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_EQ(st.aborted, 1u);
+  EXPECT_EQ(st.active_session, 0u);
+  refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
 }
 
 }  // namespace

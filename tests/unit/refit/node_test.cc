@@ -381,6 +381,29 @@ TEST_F(NodeTest, DeadlineAndTrainerEndsAreTyped) {
   EXPECT_THAT(gone.message(), HasSubstr("operator abort"));
 }
 
+TEST_F(NodeTest, JoinedRanksCountAsOpenUntilTheyDetach) {
+  Register();
+  EXPECT_EQ(node_->open_members(), 0u);
+  absl::StatusOr<BeginResult> a = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(node_->Join(a->session_id).ok());
+  ASSERT_TRUE(node_->Join(a->session_id).ok());
+  EXPECT_EQ(node_->open_members(), 2u);
+  ASSERT_TRUE(node_->Detach(a->session_id).ok());
+  EXPECT_EQ(node_->open_members(), 1u);
+  ASSERT_TRUE(node_->Detach(a->session_id).ok());
+  EXPECT_EQ(node_->open_members(), 0u);
+  absl::Status extra = node_->Detach(a->session_id);
+  EXPECT_EQ(extra.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(extra.message(), HasSubstr("no joined rank left"));
+  EXPECT_EQ(node_->Detach(a->session_id + 1).code(), absl::StatusCode::kFailedPrecondition);
+  // A joined rank that leaves without detaching ends the session; nothing stays open.
+  ASSERT_TRUE(node_->Join(a->session_id).ok());
+  node_->EndByTrainer(a->session_id, EndCause::kDisconnected, "a joined trainer rank disconnected before detaching");
+  EXPECT_EQ(reports_.back().outcome, Outcome::kAborted);
+  EXPECT_EQ(node_->open_members(), 0u);
+}
+
 TEST_F(NodeTest, InvalidBucketEndsTheSessionAsInvalidInput) {
   Register();
   absl::StatusOr<BeginResult> a = node_->Begin(ManifestOf(kParams), absl::Now());
