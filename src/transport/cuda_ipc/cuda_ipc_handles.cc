@@ -21,7 +21,8 @@
 namespace refit::transport::cuda_ipc {
 namespace {
 
-constexpr absl::string_view kPrefix = "cuda_ipc:";
+constexpr char kPrefix[] = "cuda_ipc:";
+constexpr size_t kPrefixBytes = sizeof(kPrefix) - 1;
 
 absl::StatusOr<std::pair<sockaddr_un, socklen_t>> Address(const std::string& socket) {
   sockaddr_un addr{};
@@ -73,10 +74,10 @@ uint64_t ProcessToken() {
 std::string FormatEndpoint(const std::string& socket) { return absl::StrCat(kPrefix, socket); }
 
 absl::StatusOr<std::string> ParseEndpoint(const std::string& endpoint) {
-  if (endpoint.rfind(kPrefix, 0) != 0 || endpoint.size() == kPrefix.size()) {
+  if (endpoint.rfind(kPrefix, 0) != 0 || endpoint.size() == kPrefixBytes) {
     return absl::InvalidArgumentError(absl::StrCat("'", endpoint, "' is not a CUDA IPC endpoint (cuda_ipc:<socket>)"));
   }
-  return endpoint.substr(kPrefix.size());
+  return endpoint.substr(kPrefixBytes);
 }
 
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, std::string& bound) {
@@ -176,9 +177,14 @@ absl::StatusOr<Allocation> QueryAllocation(const void* p) {
                                  CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
   void* data[] = {&type, &ordinal, &buffer_id, &base, &size, &managed, &ipc};
   Allocation a;
-  // Not a CUDA pointer: every attribute keeps its zero value and the call succeeds.
-  if ((*fn)(sizeof(attrs) / sizeof(attrs[0]), attrs, data, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) {
-    return a;
+  // Not a CUDA pointer: every attribute keeps its zero value and the call succeeds. A driver that
+  // does not know the last attribute fails the call: ask again without it (then whether the
+  // memory is exportable is learnt from cudaIpcGetMemHandle itself).
+  constexpr unsigned int kAll = sizeof(attrs) / sizeof(attrs[0]);
+  const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(p);
+  if ((*fn)(kAll, attrs, data, ptr) != CUDA_SUCCESS) {
+    ipc = 1;
+    if ((*fn)(kAll - 1, attrs, data, ptr) != CUDA_SUCCESS) return a;
   }
   a.device = type == CU_MEMORYTYPE_DEVICE && managed == 0;
   a.ipc_capable = a.device && (ipc & 0xff) != 0;
