@@ -7,6 +7,9 @@
 #if REFIT_HAVE_NCCL
 #include "transport/nccl/nccl_transport.h"
 #endif
+#if REFIT_HAVE_CUDA_IPC
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#endif
 
 namespace refit::transport {
 namespace {
@@ -25,6 +28,9 @@ TransportRegistry BuiltinTransports() {
   Register(r, UcxTransport());  // the default
 #if REFIT_HAVE_NCCL
   Register(r, NcclTransport());
+#endif
+#if REFIT_HAVE_CUDA_IPC
+  Register(r, CudaIpcTransport());
 #endif
   return r;
 }

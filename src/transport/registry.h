@@ -52,6 +52,10 @@ struct TransportDescriptor {
   // then announces no checksum and the session verifies none (its receiver's ChecksIntegrity()
   // says the same). Required for payloads outside host memory.
   bool checks_integrity = false;
+  // Device payloads: true when the sender and the receiver may use the same GPU (CUDA IPC: the
+  // trainer colocated with the engine); false when they need distinct GPUs (NCCL refuses two ranks
+  // of one communicator on one device). The conformance suite places both ends by it.
+  bool shares_device = false;
   // Daemon side: the long-lived receiver.
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>(const ListenConfig&)> listen;
   // Trainer side: one point-to-point connection to `endpoint` (a Receiver's Endpoint()).

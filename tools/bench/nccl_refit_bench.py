@@ -18,6 +18,10 @@ shared/bench/gpu_baseline.py --nccl. Prints one JSON document (and a table on st
 --daemons N (N+1 GPUs) runs N refitd+engine pairs on GPUs 1..N fed by one trainer through
 FanoutClient, against NCCL's own broadcast of the same bytes; each refit line then also says
 whether every engine holds the same bytes (engines_equal).
+
+--transport cuda_ipc runs the colocated case on one GPU instead: trainer, refitd and engine all on
+GPU 0, buckets over CUDA IPC; the raw figure is then tools/bench/cuda_ipc_bench (the same bytes in
+the same bucket-sized messages over CUDA IPC, and the device copy rate of those bytes).
 """
 import argparse
 import json
@@ -39,12 +43,12 @@ def moe_shape(layers):
             "--experts", "128", "--moe-intermediate", "768"]
 
 
-def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2):
+def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transport="nccl"):
     """refitd + an idle example engine on GPU k; returns (address, [processes], log)."""
     sock = tmp / f"{name}.{k}.sock"
     cfg = tmp / f"{name}.{k}.yaml"
     text = (f"listen: unix:{sock}\nstaging: device\nadmin: {{listen: ''}}\n"
-            f"data_plane:\n  transport: nccl\n  device: {k}\n"
+            f"data_plane:\n  transport: {transport}\n  device: {k}\n"
             f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: {slots}\n  session_deadline_ms: 600000\n")
     if spec:
         text += f"model_spec: {spec}\n"
@@ -72,15 +76,17 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2):
     return f"unix:{sock}", procs, log
 
 
-def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2):
+def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2,
+                 transport="nccl"):
     """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
     (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon)."""
     fanout = fanout or daemons > 1
     label = f"{name}-fanout{daemons}" if fanout else name
     procs, logs, addresses = [], [], []
     try:
-        for k in range(1, daemons + 1):
-            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots)
+        first = 0 if transport == "cuda_ipc" else 1  # colocated: refitd and engine on the trainer's GPU
+        for k in range(first, first + daemons):
+            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots, transport)
             addresses.append(address)
             procs += ps
             logs.append(log)
@@ -106,9 +112,15 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
                     proc.kill()
     bytes_in = reports[-1]["bytes_in"]
     mode = ["bcast"] if fanout else []
-    raw = json.loads(subprocess.run([str(build / "tools/bench/nccl_bench"), str(bytes_in), str(bucket_bytes), "5",
-                                     str(daemons), *(mode or ["sendrecv"])],
-                                    capture_output=True, text=True, check=True).stdout)
+    if transport == "cuda_ipc":
+        ipc = json.loads(subprocess.run([str(build / "tools/bench/cuda_ipc_bench"), str(bytes_in), str(bucket_bytes), "5"],
+                                        capture_output=True, text=True, check=True).stdout)
+        raw = {"mode": "cuda_ipc", "ms": ipc["ipc_ms"], "gbps": ipc["ipc_gbps"], "copy_ms": ipc["copy_ms"],
+               "copy_gbps": ipc["copy_gbps"]}
+    else:
+        raw = json.loads(subprocess.run([str(build / "tools/bench/nccl_bench"), str(bytes_in), str(bucket_bytes), "5",
+                                         str(daemons), *(mode or ["sendrecv"])],
+                                        capture_output=True, text=True, check=True).stdout)
     # The first refit also sets up the communicator's connections; steady state is the rest.
     steady = reports[1:] if len(reports) > 1 else reports
     wall = statistics.median(r["push_commit_ms"] for r in steady)
@@ -134,6 +146,8 @@ def main():
                     help="refitd daemons on GPUs 1..N fed by one trainer (N > 1 implies --fanout)")
     ap.add_argument("--modes", nargs="*", default=["p2p"], choices=["p2p", "fanout"],
                     help="p2p: TrainerClient to one daemon; fanout: FanoutClient (NCCL broadcast)")
+    ap.add_argument("--transport", default="nccl", choices=["nccl", "cuda_ipc"],
+                    help="cuda_ipc: trainer, refitd and engine on GPU 0 (colocated)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -162,13 +176,14 @@ def main():
             if mode == "p2p" and a.daemons > 1:
                 continue
             if w == "llama8b":
-                r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp, a.daemons, fanout, a.slots)
+                r = run_workload(build, w, LLAMA8B, "", a.refits, a.bucket_bytes, tmp, a.daemons, fanout, a.slots,
+                                 a.transport)
                 if "llama8b_torch_bcast_fp8_refit_s" in base and a.daemons == 1:
                     r["baseline_torch_bcast_fp8_ms"] = base["llama8b_torch_bcast_fp8_refit_s"] * 1e3
                     r["ratio_baseline_over_refit"] = r["baseline_torch_bcast_fp8_ms"] / r["wall_ms"]
             elif w == "moe":
                 r = run_workload(build, w, moe_shape(a.moe_layers), str(here / "moe_nvfp4_spec.yaml"), a.refits,
-                                 a.bucket_bytes, tmp, a.daemons, fanout, a.slots)
+                                 a.bucket_bytes, tmp, a.daemons, fanout, a.slots, a.transport)
             else:
                 raise SystemExit(f"unknown workload {w}")
             out["results"].append(r)

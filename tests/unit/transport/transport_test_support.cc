@@ -59,22 +59,38 @@ std::string TwoDevicesMissing() {
 #endif
 }
 
+// One CUDA device, for device-payload transports whose two ends may share it (CUDA IPC).
+std::string OneDeviceMissing() {
+#if REFIT_HAVE_CUDA
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("needs a CUDA device: ") + cudaGetErrorString(e);
+  if (count < 1) return "needs a CUDA device, none present";
+  return "";
+#else
+  return "needs CUDA";
+#endif
+}
+
 // A registered transport as its descriptor makes it: refitd's listen defaults, the client's
-// connect.
+// connect. Device payloads: both ends on device 0 when the descriptor says they may share a GPU,
+// otherwise the receiver on device 1 and the sender on device 0.
 TransportConfig RegisteredConfig(const TransportDescriptor& d) {
   ListenConfig listen;
   for (const ConfigKey& k : d.config_keys) listen.keys[k.name] = k.default_value;
   ConnectConfig connect;
   const bool on_device = d.payload_memory != storage::MemoryKind::kHost;
-  if (on_device) {
+  if (on_device && !d.shares_device) {
     listen.device = 1;
     connect.device = 0;
   }
+  std::function<std::string()> unavailable;
+  if (on_device) unavailable = d.shares_device ? OneDeviceMissing : TwoDevicesMissing;
   return TransportConfig{
       d.name,
       [listen, f = d.listen]() { return f(listen); },
       [connect, f = d.connect](const std::string& endpoint) { return f(endpoint, connect); },
-      on_device ? std::function<std::string()>(TwoDevicesMissing) : nullptr,
+      unavailable,
       d.checks_integrity};
 }
 

@@ -1,0 +1,198 @@
+#include "transport/cuda_ipc/cuda_ipc_handles.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cuda_status.h"
+
+namespace refit::transport::cuda_ipc {
+namespace {
+
+constexpr char kPrefix[] = "cuda_ipc:";
+constexpr size_t kPrefixBytes = sizeof(kPrefix) - 1;
+
+absl::StatusOr<std::pair<sockaddr_un, socklen_t>> Address(const std::string& socket) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket.empty() || socket.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC socket name '", socket, "' is empty or longer than ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(addr.sun_path, socket.data(), socket.size());
+  if (socket[0] == '@') addr.sun_path[0] = '\0';  // the abstract namespace
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + socket.size() +
+                                               (socket[0] == '@' ? 0 : 1));
+  return std::make_pair(addr, len);
+}
+
+using PointerGetAttributes = CUresult (*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+
+absl::StatusOr<PointerGetAttributes> PointerAttributesFn() {
+  static const absl::StatusOr<PointerGetAttributes> fn = []() -> absl::StatusOr<PointerGetAttributes> {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 7000, cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || f == nullptr) {
+      (void)cudaGetLastError();
+      return absl::UnavailableError("the CUDA driver has no cuPointerGetAttributes");
+    }
+    return reinterpret_cast<PointerGetAttributes>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+absl::Status CudaStatus(int cuda_error, absl::string_view what) {
+  absl::Status st = ::refit::CudaStatus(cuda_error, what);
+  return st.ok() ? st : absl::UnavailableError(st.message());
+}
+
+uint64_t ProcessToken() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    uint64_t t = 0;
+    while (t == 0) t = (uint64_t{rd()} << 32) ^ rd();
+    return t;
+  }();
+  return token;
+}
+
+std::string FormatEndpoint(const std::string& socket) { return absl::StrCat(kPrefix, socket); }
+
+absl::StatusOr<std::string> ParseEndpoint(const std::string& endpoint) {
+  if (endpoint.rfind(kPrefix, 0) != 0 || endpoint.size() == kPrefixBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("'", endpoint, "' is not a CUDA IPC endpoint (cuda_ipc:<socket>)"));
+  }
+  return endpoint.substr(kPrefixBytes);
+}
+
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, std::string& bound) {
+  std::string name = path;
+  if (name.empty()) {
+    std::random_device rd;
+    name = absl::StrCat("@refitd-cuda-ipc-", getpid(), "-", absl::Hex((uint64_t{rd()} << 32) ^ rd()));
+  }
+  absl::StatusOr<std::pair<sockaddr_un, socklen_t>> addr = Address(name);
+  if (!addr.ok()) return addr.status();
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (name[0] != '@') {
+    struct stat st{};
+    if (lstat(name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(name.c_str());  // a stale socket
+  }
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr->first), addr->second) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot bind the CUDA IPC socket '", name, "': ", std::strerror(errno)));
+  }
+  if (name[0] != '@') chmod(name.c_str(), 0600);
+  if (listen(fd.get(), 64) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", name, "': ", std::strerror(errno)));
+  }
+  bound = name;
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& socket_name) {
+  absl::StatusOr<std::pair<sockaddr_un, socklen_t>> addr = Address(socket_name);
+  if (!addr.ok()) return addr.status();
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  while (connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr->first), addr->second) != 0) {
+    if (errno == EINTR) continue;
+    return absl::UnavailableError(absl::StrCat("cannot connect to the CUDA IPC socket '", socket_name, "': ",
+                                               std::strerror(errno)));
+  }
+  return fd;
+}
+
+absl::Status WriteAll(int fd, const void* data, uint64_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(absl::StrCat("CUDA IPC control socket: ", std::strerror(errno)));
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline, const std::function<bool()>& stop) {
+  char* p = static_cast<char*>(data);
+  bool started = false;
+  while (bytes > 0) {
+    if (!started && stop && stop()) return absl::CancelledError("stopping");
+    int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (deadline != absl::InfiniteFuture() && ms <= 0) {
+      return absl::DeadlineExceededError("timed out on the CUDA IPC control socket");
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    int rc = poll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(ms, 0, 100)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) continue;
+    ssize_t n = recv(fd, p, bytes, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n == 0) return absl::UnavailableError("connection closed by the peer");
+    if (n < 0) return absl::UnavailableError(absl::StrCat("CUDA IPC control socket: ", std::strerror(errno)));
+    started = true;
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOpen(int fd, absl::string_view peer) {
+  pollfd pfd{fd, POLLRDHUP, 0};
+  int rc = poll(&pfd, 1, 0);
+  if (rc <= 0 || (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer, " failed: connection closed without goodbye"));
+}
+
+absl::StatusOr<Allocation> QueryAllocation(const void* p) {
+  absl::StatusOr<PointerGetAttributes> fn = PointerAttributesFn();
+  if (!fn.ok()) return fn.status();
+  unsigned int type = 0;
+  int ordinal = -1;
+  unsigned long long buffer_id = 0;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  int managed = 0;
+  int ipc = 0;  // a bool in the driver's API; zero-filled so that a one-byte write reads right
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 CU_POINTER_ATTRIBUTE_BUFFER_ID,       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE,      CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  void* data[] = {&type, &ordinal, &buffer_id, &base, &size, &managed, &ipc};
+  Allocation a;
+  // Not a CUDA pointer: every attribute keeps its zero value and the call succeeds. A driver that
+  // does not know the last attribute fails the call: ask again without it (then whether the
+  // memory is exportable is learnt from cudaIpcGetMemHandle itself).
+  constexpr unsigned int kAll = sizeof(attrs) / sizeof(attrs[0]);
+  const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(p);
+  if ((*fn)(kAll, attrs, data, ptr) != CUDA_SUCCESS) {
+    ipc = 1;
+    if ((*fn)(kAll - 1, attrs, data, ptr) != CUDA_SUCCESS) return a;
+  }
+  a.device = type == CU_MEMORYTYPE_DEVICE && managed == 0;
+  a.ipc_capable = a.device && (ipc & 0xff) != 0;
+  a.buffer_id = buffer_id;
+  a.base = base;
+  a.size = size;
+  a.ordinal = ordinal;
+  return a;
+}
+
+}  // namespace refit::transport::cuda_ipc

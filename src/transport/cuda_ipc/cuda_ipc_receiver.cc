@@ -1,0 +1,433 @@
+#include "transport/cuda_ipc/cuda_ipc_receiver.h"
+
+#include <cuda_runtime.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cuda_handles.h"
+#include "transport/cuda_ipc/cuda_ipc_handles.h"
+
+namespace refit::transport {
+
+using cuda_ipc::CudaStatus;
+using cuda_ipc::Frame;
+using cuda_ipc::Reply;
+
+struct CudaIpcReceiver::Peer {
+  explicit Peer(UniqueFd fd_in) : fd(std::move(fd_in)) {}
+  ~Peer() {
+    if (thread.joinable()) thread.join();
+  }  // the socket closes last
+  const UniqueFd fd;
+  std::string name = "(connecting)";
+  bool same_process = false;  // the sender is this process: buffers are used at their address
+  CudaStream stream;          // the copies out of this sender's buffers
+  struct Buffer {
+    uint8_t* base = nullptr;
+    uint64_t size = 0;
+    bool mapped = false;  // opened from a handle (else the sender's own address)
+    HandleKey key{};
+  };
+  std::map<uint64_t, Buffer> buffers;  // by the sender's buffer id; the peer's thread only
+  uint64_t active_in = UINT64_MAX;     // generation_ of its last delivery (guarded by the receiver's mu_)
+  std::atomic<bool> dropped{false};    // DisconnectPeers shut its socket: not a failure
+  std::atomic<bool> finished{false};
+  std::thread thread;
+};
+
+absl::StatusOr<std::unique_ptr<CudaIpcReceiver>> CudaIpcReceiver::Listen(const CudaIpcOptions& options) {
+  int count = 0;
+  if (absl::Status st = CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"); !st.ok()) return st;
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC receiver: CUDA device ", options.device,
+                                                   " does not exist (", count, " present)"));
+  }
+  std::string bound;
+  absl::StatusOr<UniqueFd> fd = cuda_ipc::ListenUnix(options.socket_path, bound);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<CudaIpcReceiver> r(new CudaIpcReceiver(options, std::move(*fd), cuda_ipc::FormatEndpoint(bound)));
+  r->accept_thread_ = std::thread([p = r.get()] { p->AcceptLoop(); });
+  return r;
+}
+
+CudaIpcReceiver::CudaIpcReceiver(CudaIpcOptions options, UniqueFd listen_fd, std::string endpoint)
+    : options_(std::move(options)), listen_fd_(std::move(listen_fd)), endpoint_(std::move(endpoint)) {}
+
+CudaIpcReceiver::~CudaIpcReceiver() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    stopping_ = true;
+    for (auto& p : peers_) shutdown(p->fd.get(), SHUT_RDWR);  // a blocked sender fails at once
+  }
+  accept_thread_.join();
+  std::vector<std::unique_ptr<Peer>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    peers.swap(peers_);
+  }
+  peers.clear();  // joins every peer thread; each unmapped its buffers
+  if (!options_.socket_path.empty()) unlink(options_.socket_path.c_str());
+}  // listen_fd_ closes last
+
+int CudaIpcReceiver::connected() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& p : peers_) n += !p->finished;
+  return n;
+}
+
+int CudaIpcReceiver::mapped() const {
+  absl::MutexLock lock(&map_mu_);
+  return static_cast<int>(mappings_.size());
+}
+
+void CudaIpcReceiver::AcceptLoop() {
+  while (!stopping_) {
+    pollfd pfd{listen_fd_.get(), POLLIN, 0};
+    int rc = poll(&pfd, 1, 100);
+    std::vector<std::unique_ptr<Peer>> done;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = peers_.begin(); it != peers_.end();) {
+        if ((*it)->finished) {
+          done.push_back(std::move(*it));
+          it = peers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    done.clear();
+    if (rc <= 0 || stopping_) continue;
+    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd.valid()) continue;
+    auto peer = std::make_unique<Peer>(std::move(fd));
+    Peer* p = peer.get();
+    {
+      absl::MutexLock lock(&mu_);
+      peers_.push_back(std::move(peer));
+    }
+    p->thread = std::thread([this, p] { ServePeer(*p); });
+  }
+}
+
+void CudaIpcReceiver::PeerFailed(Peer& peer, const absl::Status& status) {
+  if (peer.dropped || stopping_) return;
+  absl::MutexLock lock(&mu_);
+  if (failure_.ok() && peer.active_in == generation_) failure_ = status;
+}
+
+void CudaIpcReceiver::ServePeer(Peer& peer) {
+  struct Finish {
+    CudaIpcReceiver& r;
+    Peer& p;
+    ~Finish() {
+      // Every copy out of the sender's buffers has completed (Deliver synchronizes): unmap them.
+      std::vector<uint64_t> ids;
+      for (const auto& [id, b] : p.buffers) ids.push_back(id);
+      for (uint64_t id : ids) r.Forget(p, id);
+      // Whatever ended the peer, its sender must notice: a blocked Send polls the socket.
+      shutdown(p.fd.get(), SHUT_RDWR);
+      p.finished = true;
+    }
+  } finish{*this, peer};
+  cudaSetDevice(options_.device);
+  auto stop = [this, &peer] { return stopping_.load() || peer.dropped.load(); };
+  cuda_ipc::Hello hello;
+  if (!cuda_ipc::ReadAll(peer.fd.get(), &hello, sizeof(hello), absl::Now() + absl::Seconds(10), stop).ok() ||
+      hello.magic != cuda_ipc::kMagic || hello.name_bytes > cuda_ipc::kMaxNameBytes) {
+    return;  // not a sender of ours
+  }
+  std::string name(hello.name_bytes, '\0');
+  if (!cuda_ipc::ReadAll(peer.fd.get(), name.data(), name.size(), absl::Now() + absl::Seconds(10), stop).ok()) return;
+  peer.name = absl::StrCat(name, " (GPU ", hello.device, ") at ", endpoint_);
+  peer.same_process = hello.process_token == cuda_ipc::ProcessToken();
+  absl::StatusOr<CudaStream> stream = CudaStream::Create(options_.device);
+  if (!stream.ok()) return;  // the sender's handshake fails: no acknowledgement
+  peer.stream = std::move(*stream);
+  Reply ack;
+  ack.kind = Reply::kHelloAck;
+  ack.value = cuda_ipc::ProcessToken();
+  if (!cuda_ipc::WriteAll(peer.fd.get(), &ack, sizeof(ack)).ok()) return;
+  while (true) {
+    Frame f;
+    absl::Status st = cuda_ipc::ReadAll(peer.fd.get(), &f, sizeof(f), absl::InfiniteFuture(), stop);
+    if (!st.ok()) {
+      PeerFailed(peer, absl::UnavailableError(
+                           absl::StrCat("CUDA IPC peer ", peer.name, " failed: connection closed without goodbye")));
+      return;
+    }
+    if (f.magic != cuda_ipc::kMagic) {
+      PeerFailed(peer, absl::UnavailableError(
+                           absl::StrCat("CUDA IPC peer ", peer.name, " sent bytes that are not a frame")));
+      return;
+    }
+    switch (f.kind) {
+      case Frame::kExport:
+        if (absl::Status e = Export(peer, f); !e.ok()) {
+          PeerFailed(peer, e);
+          return;
+        }
+        break;
+      case Frame::kForget:
+        Forget(peer, f.buffer_id);
+        break;
+      case Frame::kMessage:
+        if (!Deliver(peer, f)) return;
+        break;
+      case Frame::kGoodbye: {
+        Reply bye;
+        bye.kind = Reply::kGoodbyeAck;
+        (void)cuda_ipc::WriteAll(peer.fd.get(), &bye, sizeof(bye));
+        return;
+      }
+      default:
+        PeerFailed(peer, absl::UnavailableError(
+                             absl::StrCat("CUDA IPC peer ", peer.name, " sent an unknown frame kind ", f.kind)));
+        return;
+    }
+  }
+}
+
+absl::Status CudaIpcReceiver::Export(Peer& peer, const Frame& f) {
+  if (f.buffer_id == 0 || peer.buffers.count(f.buffer_id) != 0 || peer.buffers.size() >= 2 * cuda_ipc::kMaxExports) {
+    return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, " exported buffer ", f.buffer_id,
+                                               " twice, as 0, or past ", 2 * cuda_ipc::kMaxExports, " buffers"));
+  }
+  Peer::Buffer b;
+  b.size = f.bytes;
+  if (peer.same_process) {
+    b.base = reinterpret_cast<uint8_t*>(f.address);
+  } else {
+    std::memcpy(b.key.data(), f.handle, b.key.size());
+    absl::MutexLock lock(&map_mu_);
+    auto it = mappings_.find(b.key);
+    if (it == mappings_.end()) {
+      cudaIpcMemHandle_t h;
+      static_assert(sizeof(h) == cuda_ipc::kHandleBytes);
+      std::memcpy(&h, f.handle, sizeof(h));
+      void* base = nullptr;
+      cudaSetDevice(options_.device);
+      if (absl::Status st = CudaStatus(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
+                                       absl::StrCat("CUDA IPC peer ", peer.name, ": cudaIpcOpenMemHandle of its buffer of ",
+                                                    f.bytes, " bytes"));
+          !st.ok()) {
+        return st;
+      }
+      it = mappings_.emplace(b.key, Mapping{base, 0}).first;
+    }
+    ++it->second.refs;
+    b.base = static_cast<uint8_t*>(it->second.base);
+    b.mapped = true;
+  }
+  peer.buffers.emplace(f.buffer_id, b);
+  return absl::OkStatus();
+}
+
+void CudaIpcReceiver::Forget(Peer& peer, uint64_t buffer_id) {
+  auto it = peer.buffers.find(buffer_id);
+  if (it == peer.buffers.end()) return;
+  if (it->second.mapped) {
+    absl::MutexLock lock(&map_mu_);
+    auto m = mappings_.find(it->second.key);
+    if (m != mappings_.end() && --m->second.refs == 0) {
+      cudaSetDevice(options_.device);
+      cudaIpcCloseMemHandle(m->second.base);
+      (void)cudaGetLastError();
+      mappings_.erase(m);
+    }
+  }
+  peer.buffers.erase(it);
+}
+
+std::list<CudaIpcReceiver::Post*>::iterator CudaIpcReceiver::FindPost(uint64_t tag) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if ((*it)->tag == tag && !(*it)->claimed) return it;
+  }
+  return posted_.end();
+}
+
+bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
+  const uint64_t tag = f.tag;
+  const uint64_t bytes = f.bytes;
+  const uint8_t* src = nullptr;
+  if (bytes > 0) {
+    auto b = peer.buffers.find(f.buffer_id);
+    if (b == peer.buffers.end() || f.offset > b->second.size || bytes > b->second.size - f.offset) {
+      PeerFailed(peer, absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, " announced ", bytes,
+                                                           " bytes at offset ", f.offset, " of buffer ", f.buffer_id,
+                                                           ", which it did not export or which is smaller")));
+      return false;
+    }
+    src = b->second.base + f.offset;
+  }
+  Post* post = nullptr;
+  Held* held = nullptr;
+  bool drop = false;  // nobody will receive it: its session ended
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    epoch = epoch_;
+  }
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto queued = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto it = eager_.find(tag);
+        return it != eager_.end() && !it->second.empty();
+      };
+      auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return bytes <= options_.eager_bytes && eager_held_ + bytes <= options_.eager_limit_bytes;
+      };
+      auto matched = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queued() && FindPost(tag) != posted_.end(); };
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || matched() || fits(); };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
+      if (shutdown_) return false;
+      if (!matched() && !fits() && (cancelled_ || epoch_ != epoch)) {
+        drop = true;
+        break;
+      }
+      if (matched()) {
+        auto it = FindPost(tag);
+        post = *it;
+        post->claimed = true;
+        posted_.erase(it);
+        peer.active_in = generation_;
+        break;
+      }
+      if (fits()) {
+        eager_held_ += bytes;
+        eager_[tag].push_back(Held{bytes, false, absl::OkStatus(), {}});
+        held = &eager_[tag].back();
+        peer.active_in = generation_;
+        break;
+      }
+    }
+    if (peer.dropped) return false;
+    if (absl::Status st = cuda_ipc::CheckOpen(peer.fd.get(), peer.name); !st.ok()) {
+      PeerFailed(peer, st);
+      return false;
+    }
+  }
+  const bool oversized = post != nullptr && bytes > post->capacity;
+  std::vector<uint8_t> host;
+  absl::Status st;
+  if (bytes > 0 && !drop && !oversized) {
+    void* dst = post != nullptr ? post->dst : nullptr;
+    if (held != nullptr) {
+      host.resize(bytes);
+      dst = host.data();
+    }
+    cudaSetDevice(options_.device);
+    st = CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, peer.stream.get()),
+                    absl::StrCat("copy of ", bytes, " bytes out of the sender's buffer"));
+    // The sender is released only once the copy has completed.
+    if (st.ok()) st = CudaStatus(cudaStreamSynchronize(peer.stream.get()), "copy out of the sender's buffer");
+  }
+  if (st.ok()) {
+    Reply released;
+    released.kind = Reply::kReleased;
+    released.value = tag;
+    st = cuda_ipc::WriteAll(peer.fd.get(), &released, sizeof(released));
+  }
+  if (!st.ok() && !stopping_) {
+    st = absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, " failed: ", st.message()));
+    PeerFailed(peer, st);
+  } else if (!st.ok()) {
+    st = absl::CancelledError("CUDA IPC receiver shutting down");
+  }
+  absl::MutexLock lock(&mu_);
+  if (drop) return st.ok();
+  if (held != nullptr) {
+    held->status = st;
+    held->data = std::move(host);
+    held->ready = true;
+  } else {
+    if (!st.ok()) {
+      post->result = st;
+    } else if (oversized) {
+      post->result = absl::InvalidArgumentError(absl::StrCat("message of ", bytes, " bytes on tag ", tag,
+                                                             " exceeds the receive buffer of ", post->capacity,
+                                                             " bytes; dropped"));
+    } else {
+      post->result = bytes;
+    }
+    post->done = true;
+  }
+  return st.ok();
+}
+
+absl::StatusOr<uint64_t> CudaIpcReceiver::Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) {
+  cudaSetDevice(options_.device);
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::CancelledError("receive cancelled");
+  if (!failure_.ok()) return failure_;
+  if (auto it = eager_.find(tag); it != eager_.end() && !it->second.empty()) {
+    // The tag's oldest message is held, or being copied into host memory (milliseconds).
+    Held* front = &it->second.front();
+    mu_.Await(absl::Condition(&front->ready));
+    Held message = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) eager_.erase(it);
+    eager_held_ -= message.bytes;
+    if (!message.status.ok()) return message.status;
+    if (message.bytes > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat("message of ", message.bytes, " bytes on tag ", tag,
+                                                     " exceeds the receive buffer of ", capacity, " bytes; dropped"));
+    }
+    if (message.bytes > 0) {
+      absl::Status st =
+          CudaStatus(cudaMemcpy(dst, message.data.data(), message.bytes, cudaMemcpyDefault), "eager delivery");
+      if (!st.ok()) return st;
+    }
+    return message.bytes;
+  }
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("no message on tag ", tag, " before the deadline"));
+  }
+  Post post{tag, dst, capacity};
+  posted_.push_back(&post);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return post.done || (!post.claimed && (cancelled_ || !failure_.ok() || shutdown_));
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (!post.claimed) {
+    posted_.remove(&post);
+    if (cancelled_ || shutdown_) return absl::CancelledError("receive cancelled");
+    if (!failure_.ok()) return failure_;
+    return absl::DeadlineExceededError(absl::StrCat("no message on tag ", tag, " before the deadline"));
+  }
+  // The message is being copied into dst (a local device copy: the bytes are all there).
+  mu_.Await(absl::Condition(&post.done));
+  return post.result;
+}
+
+void CudaIpcReceiver::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  ++epoch_;
+}
+
+void CudaIpcReceiver::Reset() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = false;
+  failure_ = absl::OkStatus();
+  ++generation_;
+  ++epoch_;
+}
+
+void CudaIpcReceiver::DisconnectPeers() {
+  absl::MutexLock lock(&mu_);
+  for (auto& p : peers_) {
+    p->dropped = true;
+    shutdown(p->fd.get(), SHUT_RDWR);
+  }
+}
+
+}  // namespace refit::transport

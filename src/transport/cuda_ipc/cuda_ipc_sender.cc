@@ -1,0 +1,184 @@
+#include "transport/cuda_ipc/cuda_ipc_sender.h"
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "transport/cuda_ipc/cuda_ipc_handles.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
+
+namespace refit::transport {
+
+using cuda_ipc::CudaStatus;
+using cuda_ipc::Frame;
+using cuda_ipc::Reply;
+
+namespace {
+
+std::string SenderName(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  return absl::StrCat(hostname, ":", getpid());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaIpcSender>> CudaIpcSender::Connect(const std::string& endpoint,
+                                                                       const CudaIpcOptions& options) {
+  absl::StatusOr<std::string> socket_name = cuda_ipc::ParseEndpoint(endpoint);
+  if (!socket_name.ok()) return socket_name.status();
+  if (absl::Status st = CudaStatus(cudaSetDevice(options.device), absl::StrCat("CUDA IPC sender: device ", options.device));
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<UniqueFd> fd = cuda_ipc::ConnectUnix(*socket_name);
+  if (!fd.ok()) return fd.status();
+  std::unique_ptr<CudaIpcSender> s(new CudaIpcSender(options, endpoint, std::move(*fd)));
+  const std::string name = SenderName(options.peer_name);
+  cuda_ipc::Hello hello;
+  hello.process_token = cuda_ipc::ProcessToken();
+  hello.device = options.device;
+  hello.name_bytes = static_cast<uint32_t>(std::min<size_t>(name.size(), cuda_ipc::kMaxNameBytes));
+  absl::Status st = cuda_ipc::WriteAll(s->fd_.get(), &hello, sizeof(hello));
+  if (st.ok()) st = cuda_ipc::WriteAll(s->fd_.get(), name.data(), hello.name_bytes);
+  Reply ack;
+  if (st.ok()) st = cuda_ipc::ReadAll(s->fd_.get(), &ack, sizeof(ack), absl::Now() + options.connect_timeout);
+  if (st.ok() && (ack.magic != cuda_ipc::kMagic || ack.kind != Reply::kHelloAck)) {
+    st = absl::UnavailableError("the receiver answered with bytes that are not a hello acknowledgement");
+  }
+  if (!st.ok()) return absl::UnavailableError(absl::StrCat("CUDA IPC handshake with ", endpoint, ": ", st.message()));
+  s->same_process_ = ack.value == cuda_ipc::ProcessToken();
+  return s;
+}
+
+CudaIpcSender::CudaIpcSender(CudaIpcOptions options, std::string endpoint, UniqueFd fd)
+    : options_(std::move(options)), endpoint_(std::move(endpoint)), fd_(std::move(fd)) {}
+
+CudaIpcSender::~CudaIpcSender() {
+  if (failed_.ok()) {
+    Frame bye;
+    bye.kind = Frame::kGoodbye;
+    if (cuda_ipc::WriteAll(fd_.get(), &bye, sizeof(bye)).ok()) {
+      (void)AwaitReply(Reply::kGoodbyeAck, absl::Now() + options_.close_timeout);
+    }
+  }
+  bounce_.Reset();  // the receiver has unmapped it (or is gone)
+}  // fd_ closes last
+
+absl::Status CudaIpcSender::AwaitReply(uint32_t kind, absl::Time deadline) {
+  Reply r;
+  absl::Status st = cuda_ipc::ReadAll(fd_.get(), &r, sizeof(r), deadline);
+  if (!st.ok()) return st;
+  if (r.magic != cuda_ipc::kMagic || r.kind != kind) {
+    return absl::UnavailableError(absl::StrCat("unexpected reply ", r.kind, " (expected ", kind, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcSender::ExportBuffer(uint64_t buffer_id, uint64_t base, uint64_t size, bool& exported) {
+  exported = true;
+  if (std::find(exported_.begin(), exported_.end(), buffer_id) != exported_.end()) return absl::OkStatus();
+  Frame f;
+  f.kind = Frame::kExport;
+  f.buffer_id = buffer_id;
+  f.bytes = size;
+  f.address = base;
+  if (!same_process_) {
+    cudaIpcMemHandle_t h;
+    static_assert(sizeof(h) == sizeof(f.handle));
+    if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      exported = false;  // not exportable: the caller bounces
+      return absl::OkStatus();
+    }
+    std::memcpy(f.handle, &h, sizeof(h));
+  }
+  if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f)); !st.ok()) return st;
+  ++exports_;
+  exported_.push_back(buffer_id);
+  if (exported_.size() > cuda_ipc::kMaxExports) {
+    Frame forget;
+    forget.kind = Frame::kForget;
+    forget.buffer_id = exported_.front();
+    exported_.pop_front();
+    if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &forget, sizeof(forget)); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset) {
+  buffer_id = 0;
+  offset = 0;
+  if (bytes == 0) return absl::OkStatus();
+  absl::StatusOr<cuda_ipc::Allocation> a = cuda_ipc::QueryAllocation(src);
+  if (!a.ok()) return a.status();
+  if (a->device && a->ipc_capable &&
+      std::find(unexportable_.begin(), unexportable_.end(), a->buffer_id) == unexportable_.end()) {
+    bool exported = false;
+    if (absl::Status st = ExportBuffer(a->buffer_id, a->base, a->size, exported); !st.ok()) return st;
+    if (exported) {
+      buffer_id = a->buffer_id;
+      offset = reinterpret_cast<uint64_t>(src) - a->base;
+      return absl::OkStatus();
+    }
+    unexportable_.push_back(a->buffer_id);
+    if (unexportable_.size() > cuda_ipc::kMaxExports) unexportable_.pop_front();
+  }
+  // Through the bounce buffer (grown as needed; the old one is forgotten first).
+  if (bounce_.bytes() < bytes) {
+    const uint64_t grown = std::max<uint64_t>({bytes, 2 * bounce_.bytes(), 1ull << 20});
+    if (bounce_) {
+      absl::StatusOr<cuda_ipc::Allocation> old = cuda_ipc::QueryAllocation(bounce_.get());
+      auto it = old.ok() ? std::find(exported_.begin(), exported_.end(), old->buffer_id) : exported_.end();
+      if (it != exported_.end()) {
+        Frame forget;
+        forget.kind = Frame::kForget;
+        forget.buffer_id = *it;
+        exported_.erase(it);
+        if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &forget, sizeof(forget)); !st.ok()) return st;
+      }
+      bounce_.Reset();
+    }
+    absl::StatusOr<DeviceAllocation> b = DeviceAllocation::Allocate(options_.device, grown);
+    if (!b.ok()) return b.status();
+    bounce_ = std::move(*b);
+  }
+  if (absl::Status st = CudaStatus(cudaMemcpy(bounce_.get(), src, bytes, cudaMemcpyDefault), "copy into the bounce buffer");
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<cuda_ipc::Allocation> b = cuda_ipc::QueryAllocation(bounce_.get());
+  if (!b.ok()) return b.status();
+  bool exported = false;
+  if (absl::Status st = ExportBuffer(b->buffer_id, b->base, b->size, exported); !st.ok()) return st;
+  if (!exported) return absl::UnavailableError("cudaIpcGetMemHandle refused the bounce buffer");
+  buffer_id = b->buffer_id;
+  offset = reinterpret_cast<uint64_t>(bounce_.get()) - b->base;
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
+  if (!failed_.ok()) return failed_;
+  cudaSetDevice(options_.device);
+  absl::Status st = cuda_ipc::CheckOpen(fd_.get(), absl::StrCat("receiver ", endpoint_));
+  Frame f;
+  f.kind = Frame::kMessage;
+  f.tag = tag;
+  f.bytes = bytes;
+  if (st.ok()) st = Place(src, bytes, f.buffer_id, f.offset);
+  if (st.ok()) st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f));
+  // The buffer is the receiver's until it says its copy completed.
+  if (st.ok()) st = AwaitReply(Reply::kReleased, absl::InfiniteFuture());
+  if (!st.ok()) {
+    failed_ = absl::UnavailableError(absl::StrCat("CUDA IPC send to ", endpoint_, ": ", st.message()));
+    return failed_;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace refit::transport

@@ -1,0 +1,63 @@
+// CUDA IPC data plane, sending end (trainer). Connect() opens the receiver's Unix socket and
+// exchanges hellos. Send(tag, src, bytes) finds the CUDA allocation holding `src`; the first
+// message from an allocation exports it (cudaIpcGetMemHandle, one handle per buffer: the trainer
+// client's two bucket buffers are exported once each, whatever the number of buckets), then every
+// message is a frame (tag, size, buffer, offset) on the socket, and Send blocks until the receiver
+// replies that its copy out of the buffer has completed; only then may `src` be reused. `src`
+// that cannot be exported (host memory, managed or stream-ordered pool memory) is first copied
+// into a bounce buffer of this sender's device, which is exported once like any other. The bytes
+// at `src` must be complete when Send is called (the trainer client synchronizes its packing
+// stream first). At most kMaxExports buffers are exported at once (the oldest is forgotten).
+// The socket is the liveness signal: if it closes, Send returns Unavailable. The destructor sends
+// a goodbye frame and waits for its acknowledgement (close_timeout).
+//
+// Threading: one thread at a time (transport.h).
+#ifndef REFIT_TRANSPORT_CUDA_IPC_CUDA_IPC_SENDER_H_
+#define REFIT_TRANSPORT_CUDA_IPC_CUDA_IPC_SENDER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/device_allocation.h"
+#include "common/unique_fd.h"
+#include "transport/cuda_ipc/cuda_ipc_options.h"
+#include "transport/transport.h"
+
+namespace refit::transport {
+
+class CudaIpcSender final : public Sender {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaIpcSender>> Connect(const std::string& endpoint,
+                                                                const CudaIpcOptions& options);
+  ~CudaIpcSender() override;
+
+  absl::Status Send(uint64_t tag, const void* src, uint64_t bytes) override;
+  int device() const { return options_.device; }
+  // Buffers exported so far (for tests: the bucket buffers, once each).
+  uint64_t exports() const { return exports_; }
+
+ private:
+  CudaIpcSender(CudaIpcOptions options, std::string endpoint, UniqueFd fd);
+  // The buffer id and offset of `src` in an exported buffer, exporting it (or copying `src` into
+  // the bounce buffer) first.
+  absl::Status Place(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset);
+  absl::Status ExportBuffer(uint64_t buffer_id, uint64_t base, uint64_t size, bool& exported);
+  absl::Status AwaitReply(uint32_t kind, absl::Time deadline);
+
+  const CudaIpcOptions options_;
+  const std::string endpoint_;
+  const UniqueFd fd_;
+  bool same_process_ = false;
+  std::deque<uint64_t> exported_;    // buffer ids, oldest first
+  std::deque<uint64_t> unexportable_;  // device buffers cudaIpcGetMemHandle refused
+  DeviceAllocation bounce_;
+  uint64_t exports_ = 0;
+  absl::Status failed_;
+};
+
+}  // namespace refit::transport
+
+#endif  // REFIT_TRANSPORT_CUDA_IPC_CUDA_IPC_SENDER_H_

@@ -1,0 +1,135 @@
+// The CUDA IPC transport's own guarantees, beyond the conformance suite: each device buffer is
+// exported once however many messages come from it, host sources share one bounce buffer, a Send
+// returns only once the receiver's copy out of the buffer has completed, and endpoint strings.
+// GPU cases skip, saying why, without a CUDA device.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "transport/cuda_ipc/cuda_ipc_handles.h"
+#include "transport/cuda_ipc/cuda_ipc_receiver.h"
+#include "transport/cuda_ipc/cuda_ipc_sender.h"
+
+namespace refit::transport {
+namespace {
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
+
+class CudaIpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      (void)cudaGetLastError();
+      GTEST_SKIP() << "needs a CUDA device: " << (e != cudaSuccess ? cudaGetErrorString(e) : "none present");
+    }
+    auto r = CudaIpcReceiver::Listen(CudaIpcOptions{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    receiver_ = std::move(*r);
+    auto s = CudaIpcSender::Connect(receiver_->Endpoint(), CudaIpcOptions{});
+    ASSERT_TRUE(s.ok()) << s.status();
+    sender_ = std::move(*s);
+  }
+  void TearDown() override {
+    for (void* p : device_) cudaFree(p);
+  }
+  uint8_t* DeviceBuffer(uint64_t bytes, uint8_t fill) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    cudaMemset(p, fill, bytes);
+    cudaDeviceSynchronize();
+    device_.push_back(p);
+    return static_cast<uint8_t*>(p);
+  }
+  std::unique_ptr<CudaIpcReceiver> receiver_;
+  std::unique_ptr<CudaIpcSender> sender_;
+  std::vector<void*> device_;
+};
+
+TEST_F(CudaIpcTest, EachDeviceBufferIsExportedOnceForAllItsMessages) {
+  constexpr uint64_t kBytes = 4 << 20;
+  uint8_t* bucket[2] = {DeviceBuffer(kBytes, 0x11), DeviceBuffer(kBytes, 0x22)};
+  uint8_t* slot = DeviceBuffer(kBytes, 0);
+  std::thread send([&] {
+    for (uint64_t i = 0; i < 10; ++i) {
+      // Whole buckets and parts at an offset: one export per allocation either way.
+      const uint64_t offset = i % 3 == 0 ? 4096 : 0;
+      ASSERT_TRUE(sender_->Send(i, bucket[i % 2] + offset, kBytes - offset).ok());
+    }
+  });
+  std::vector<uint8_t> host(kBytes);
+  for (uint64_t i = 0; i < 10; ++i) {
+    const uint64_t offset = i % 3 == 0 ? 4096 : 0;
+    auto got = receiver_->Receive(i, slot, kBytes, Soon());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, kBytes - offset);
+    ASSERT_EQ(cudaMemcpy(host.data(), slot, *got, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (uint64_t b = 0; b < *got; b += 4099) ASSERT_EQ(host[b], i % 2 == 0 ? 0x11 : 0x22) << "message " << i;
+  }
+  send.join();
+  EXPECT_EQ(sender_->exports(), 2u);
+}
+
+TEST_F(CudaIpcTest, HostSourcesShareOneBounceBuffer) {
+  std::vector<uint8_t> data(1 << 16, 0x5A);
+  std::thread send([&] {
+    for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(sender_->Send(i, data.data(), data.size()).ok());
+  });
+  std::vector<uint8_t> out(data.size());
+  for (uint64_t i = 0; i < 5; ++i) {
+    auto got = receiver_->Receive(i, out.data(), out.size(), Soon());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(out, data);
+  }
+  send.join();
+  EXPECT_EQ(sender_->exports(), 1u);
+}
+
+// The producer is released only after the consumer has copied the bucket out: a bucket larger
+// than the eager limit keeps Send blocked until its Receive has run.
+TEST_F(CudaIpcTest, SendReturnsOnlyAfterTheReceiverCopiedTheBucket) {
+  constexpr uint64_t kBytes = 8 << 20;  // > eager_bytes
+  uint8_t* bucket = DeviceBuffer(kBytes, 0x33);
+  uint8_t* slot = DeviceBuffer(kBytes, 0);
+  std::atomic<bool> sent{false};
+  std::thread send([&] {
+    ASSERT_TRUE(sender_->Send(1, bucket, kBytes).ok());
+    sent = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(sent) << "Send returned before any Receive was posted";
+  auto got = receiver_->Receive(1, slot, kBytes, Soon());
+  ASSERT_TRUE(got.ok()) << got.status();
+  send.join();
+  EXPECT_TRUE(sent);
+  // Overwriting the bucket now cannot change what was received.
+  cudaMemset(bucket, 0x44, kBytes);
+  cudaDeviceSynchronize();
+  std::vector<uint8_t> host(kBytes);
+  ASSERT_EQ(cudaMemcpy(host.data(), slot, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host.front(), 0x33);
+  EXPECT_EQ(host.back(), 0x33);
+}
+
+TEST(CudaIpcEndpointTest, FormatAndParse) {
+  EXPECT_EQ(cuda_ipc::FormatEndpoint("@x"), "cuda_ipc:@x");
+  auto s = cuda_ipc::ParseEndpoint("cuda_ipc:/run/refitd/ipc.sock");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s, "/run/refitd/ipc.sock");
+  EXPECT_EQ(cuda_ipc::ParseEndpoint("cuda_ipc:").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda_ipc::ParseEndpoint("ucx:tcp:1.2.3.4:5").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaIpcEndpointTest, ConnectToANameNobodyListensOnFails) {
+  auto s = CudaIpcSender::Connect("cuda_ipc:@refitd-cuda-ipc-nobody-listens", CudaIpcOptions{});
+  EXPECT_FALSE(s.ok());
+}
+
+}  // namespace
+}  // namespace refit::transport
