@@ -53,6 +53,7 @@ enum EndCause {
   overloaded @6;
   engineError @7;
   internal @8;
+  verifyMismatch @9;       # verify-after-commit read engine bytes that differ from the staged ones
 }
 
 struct TensorDesc {
@@ -73,6 +74,8 @@ struct Manifest {
   tensors @1 :List(TensorDesc);
   partial @2 :Bool;         # a partial refit: only whole parameters the spec marks updatable alone
   deadlineMs @3 :UInt32;    # 0: the daemon's default session deadline
+  tag @4 :Text;             # the trainer's version tag (e.g. "step-1200"); "" for none. 1..128 bytes
+                            # of [A-Za-z0-9._:+-]; carried to the report, status, metrics, the engine
 }
 
 struct BucketHeader {
@@ -107,6 +110,7 @@ struct RefitReport {
   bytesByFormat @9 :List(FormatBytes);  # output bytes per format ("fp8_block128", "passthrough", ...)
   outcomeCode @10 :Outcome;
   cause @11 :EndCause;
+  tag @12 :Text;            # the manifest's tag ("" when it had none)
 }
 
 struct FormatBytes {
@@ -157,14 +161,15 @@ interface EngineControl {
   pause @0 () -> ();
   # Returns once the engine runs nothing that reads its parameters. refitd waits for it at most
   # `engine.pause_timeout_ms`.
-  resume @1 (version :UInt64) -> ();
+  resume @1 (version :UInt64, tag :Text) -> ();
+  # `tag`: the trainer's tag of `version` ("" when it had none).
   # The parameters now hold `version`; serving may continue. A resume with no pause before it
   # only records the version (refitd sends one after a pause that timed out).
 }
 
 interface Registration {
   # Dropping this capability (or the connection) unregisters the engine.
-  version @0 () -> (version :UInt64);
+  version @0 () -> (version :UInt64, tag :Text);
 }
 
 struct DaemonStatus {
@@ -185,6 +190,9 @@ struct DaemonStatus {
   ringBytes @14 :UInt64;             # bucket ring: bucket_bytes x bucket_slots, allocated once
   ringOnDevice @15 :Bool;            # the ring is in GPU memory (NCCL data plane)
   engineResponsive @16 :Bool;        # false while a pause/resume that timed out is unanswered
+  tag @17 :Text;                     # the trainer's tag of `version` ("" when none)
+  verifyAfterCommit @18 :Bool;       # config verify_after_commit: engine bytes checked after each copy
+  verifyMismatches @19 :UInt64;      # commits whose engine bytes did not match the staged ones
 }
 
 interface Daemon {
@@ -193,10 +201,12 @@ interface Daemon {
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq.
 
-  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool)
+  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
+                     tag :Text)
       -> (registration :Registration, version :UInt64, status :Status);
-  # `version` is what the engine holds now (0 for a fresh engine). `dirty`: the engine lost refitd
-  # inside a commit window, so its parameters may hold a mix of versions; it stays paused, and
+  # `version` is what the engine holds now (0 for a fresh engine), `tag` the trainer's tag of it
+  # ("" when none). `dirty`: the engine lost refitd inside a commit window, so its parameters may
+  # hold a mix of versions; it stays paused, and
   # refitd accepts only a full refit for it, until one lands (docs/reliability.md). Refused
   # (unavailable) while another engine is registered: an engine re-registers by dropping its
   # registration (or its connection) first.

@@ -43,6 +43,8 @@ class RefitReport:
     tensors: int
     times_ms: dict = field(default_factory=dict)
     bytes_out_by_format: dict = field(default_factory=dict)
+    tag: str = ""    # the manifest's tag ("" when none)
+    cause: str = ""  # why it did not commit: "none", "engine_error", "verify_mismatch", ...
 
 
 @dataclass
@@ -59,6 +61,10 @@ class DaemonStatus:
     refused: int
     aborted: int
     data_endpoint: str
+    tag: str = ""                      # the trainer's tag of `version` ("" when none)
+    engine_dirty: bool = False
+    verify_after_commit: bool = False  # engine.verify_after_commit is on
+    verify_mismatches: int = 0         # commits it failed
 
 
 def _text(value) -> str:
@@ -119,9 +125,13 @@ class TrainerClient:
             raise ValueError("TrainerClient is closed")
         return self._handle
 
-    def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0) -> "RefitSession":
+    def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0,
+                tag=None) -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
-        names, dtypes and shapes only). Raises RefitUnavailable while another session is open."""
+        names, dtypes and shapes only). Raises RefitUnavailable while another session is open.
+        `tag`: the trainer's version tag (a str, or an int such as the training step, sent as its
+        decimal string): 1..128 characters of A-Z a-z 0-9 . _ : + -; refitd reports it with the
+        version (RefitInvalidArgument otherwise)."""
         named = _named(tensors)
         shapes = [_native.shape_array(t.shape) for _, t in named]
         names = [n.encode() for n, _ in named]
@@ -130,8 +140,9 @@ class TrainerClient:
         for i, (_, t) in enumerate(named):
             descs[i] = _native.new(_native.TensorDesc, name=names[i], dtype=dtypes[i],
                                    shape=ctypes.cast(shapes[i], _native.c_int64_p), rank=t.dim())
+        tag_bytes = None if tag is None else str(tag).encode()
         manifest = _native.new(_native.Manifest, model=model.encode(), tensors=descs, num_tensors=len(named),
-                               partial=int(partial), deadline_ms=deadline_ms)
+                               partial=int(partial), deadline_ms=deadline_ms, tag=tag_bytes)
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_session_begin(self._live(), ctypes.byref(manifest), ctypes.byref(handle)),
                       f"begin a refit of '{model}'")
@@ -149,7 +160,8 @@ class TrainerClient:
         _native.check(self._lib.refit_client_status(self._live(), ctypes.byref(out)), "refitd status")
         return DaemonStatus(_text(out.model), bool(out.engine_registered), out.engine_params, out.engine_bytes,
                             out.version, out.active_session, out.staging_bytes, out.staging_limit_bytes,
-                            out.committed, out.refused, out.aborted, _text(out.data_endpoint))
+                            out.committed, out.refused, out.aborted, _text(out.data_endpoint), _text(out.tag),
+                            bool(out.engine_dirty), bool(out.verify_after_commit), out.verify_mismatches)
 
     def abort_active(self, reason: str = "aborted by a trainer") -> bool:
         """Aborts whatever session refitd has open; True if there was one."""
@@ -236,8 +248,10 @@ class RefitSession:
         self.report = RefitReport(
             out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
             out.buckets, out.tensors,
-            {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total")},
-            {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)})
+            {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total",
+                                                  "verify")},
+            {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)},
+            _text(out.tag), _text(out.cause))
         return self.report
 
     def abort(self, reason: str = "aborted by the trainer") -> None:

@@ -35,7 +35,7 @@ struct refit_client {
   // they wait here until the next call on the owning thread.
   std::vector<std::unique_ptr<refit::client::RefitSession>> orphans ABSL_GUARDED_BY(mu);
   // Storage behind the pointers handed out by refit_client_status / refit_client_checksums.
-  std::string status_model, status_endpoint;
+  std::string status_model, status_endpoint, status_tag;
   std::vector<refit::client::ParamChecksum> checksums;
 };
 
@@ -46,7 +46,7 @@ struct refit_session {
   uint64_t bucket_bytes = 0;
   bool ended = false;
   // Storage behind the pointers of the last refit_report.
-  std::string outcome, reason;
+  std::string outcome, reason, tag, cause;
   std::vector<std::string> format_name_storage;
   std::vector<const char*> format_names;
   std::vector<uint64_t> format_bytes;
@@ -137,6 +137,8 @@ absl::Status LiveSession(const refit_session* s) {
 void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out) {
   s->outcome = std::string(OutcomeName(r.outcome));
   s->reason = r.reason;
+  s->tag = r.tag;
+  s->cause = std::string(refit::EndCauseName(r.cause));
   s->format_name_storage.clear();
   s->format_bytes.clear();
   for (const auto& [name, bytes] : r.bytes_out_by_format) {
@@ -162,6 +164,9 @@ void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out
   out->num_formats = static_cast<uint32_t>(s->format_names.size());
   out->format_names = s->format_names.data();
   out->format_bytes = s->format_bytes.data();
+  out->tag = s->tag.c_str();
+  out->cause = s->cause.c_str();
+  out->verify_ms = r.times.verify_ms;
 }
 
 }  // namespace
@@ -283,6 +288,7 @@ int refit_client_status(refit_client* client, refit_daemon_status* out) {
     if (!s.ok()) return s.status();
     client->status_model = s->model;
     client->status_endpoint = s->data_endpoint;
+    client->status_tag = s->tag;
     refit_daemon_status v{};
     v.model = client->status_model.c_str();
     v.engine_registered = s->engine_registered ? 1 : 0;
@@ -296,6 +302,10 @@ int refit_client_status(refit_client* client, refit_daemon_status* out) {
     v.refused = s->refused;
     v.aborted = s->aborted;
     v.data_endpoint = client->status_endpoint.c_str();
+    v.tag = client->status_tag.c_str();
+    v.engine_dirty = s->engine_dirty ? 1 : 0;
+    v.verify_after_commit = s->verify_after_commit ? 1 : 0;
+    v.verify_mismatches = s->verify_mismatches;
     return WriteStruct(v, "status", out);
   });
 }
@@ -354,6 +364,7 @@ int refit_session_begin(refit_client* client, const refit_manifest* manifest, re
     cm.model = m.model;
     cm.partial = m.partial != 0;
     cm.deadline_ms = m.deadline_ms;
+    if (m.tag != nullptr) cm.tag = m.tag;
     cm.tensors.reserve(m.num_tensors);
     for (uint64_t i = 0; i < m.num_tensors; ++i) {
       refit_tensor_desc d;
@@ -515,12 +526,20 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
     refit::client::EngineCallbacks callbacks;
     if (o.pause != nullptr) callbacks.pause = [fn = o.pause, user = o.user]() { fn(user); };
     if (o.resume != nullptr) callbacks.resume = [fn = o.resume, user = o.user](uint64_t v) { fn(user, v); };
+    if (o.resume_tagged != nullptr) {
+      callbacks.resume_tagged = [fn = o.resume_tagged, user = o.user](uint64_t v, const std::string& tag) {
+        fn(user, v, tag.c_str());
+      };
+    }
+    std::string tag = o.tag != nullptr ? o.tag : "";
     if (!cuda.empty() && !shm.empty()) {
       return absl::InvalidArgumentError("an engine registers all parameters in shared memory or all in CUDA memory");
     }
     auto agent = cuda.empty()
-                     ? refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version)
-                     : refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks), o.version);
+                     ? refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version,
+                                                         false, std::move(tag))
+                     : refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks), o.version,
+                                                         false, std::move(tag));
     if (!agent.ok()) return agent.status();
     auto e = std::make_unique<refit_engine>();
     e->impl = std::move(*agent);
@@ -530,6 +549,19 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
 }
 
 uint64_t refit_engine_version(const refit_engine* engine) { return engine == nullptr ? 0 : engine->impl->version(); }
+int refit_engine_tag(const refit_engine* engine, char* out, uint64_t out_size) {
+  return Guard("refit_engine_tag", [&]() -> absl::Status {
+    if (engine == nullptr) return absl::InvalidArgumentError("engine is NULL");
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    const std::string tag = engine->impl->tag();
+    if (out_size < tag.size() + 1) {
+      return absl::OutOfRangeError(absl::StrCat("the tag needs ", tag.size() + 1, " bytes; out_size is ", out_size));
+    }
+    std::memcpy(out, tag.c_str(), tag.size() + 1);
+    return absl::OkStatus();
+  });
+}
+
 int32_t refit_engine_paused(const refit_engine* engine) { return engine != nullptr && engine->impl->paused() ? 1 : 0; }
 int32_t refit_engine_dirty(const refit_engine* engine) { return engine != nullptr && engine->impl->dirty() ? 1 : 0; }
 int32_t refit_engine_connected(const refit_engine* engine) {

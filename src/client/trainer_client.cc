@@ -411,6 +411,7 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.engine_params = r.getEngineParams();
     s.engine_bytes = r.getEngineBytes();
     s.version = r.getVersion();
+    s.tag = wire::Str(r.getTag());
     s.active_session = r.getActiveSession();
     s.staging_bytes = r.getStagingBytes();
     s.staging_limit_bytes = r.getStagingLimitBytes();
@@ -422,6 +423,8 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.data_endpoint = wire::Str(r.getDataEndpoint());
     s.engine_dirty = r.getEngineDirty();
     s.engine_responsive = !r.getEngineRegistered() || r.getEngineResponsive();
+    s.verify_after_commit = r.getVerifyAfterCommit();
+    s.verify_mismatches = r.getVerifyMismatches();
     s.last_report = wire::FromWire(r.getLastReport());
     return s;
   });

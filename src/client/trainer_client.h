@@ -52,6 +52,7 @@ struct DaemonStatus {
   uint32_t engine_params = 0;
   uint64_t engine_bytes = 0;
   uint64_t version = 0;
+  std::string tag;  // the trainer's tag of `version` ("" when none)
   uint64_t active_session = 0;
   uint64_t staging_bytes = 0;
   uint64_t staging_limit_bytes = 0;
@@ -61,6 +62,8 @@ struct DaemonStatus {
   std::string data_endpoint;
   bool engine_dirty = false;       // the engine's weights may be mixed; only a full refit clears it
   bool engine_responsive = true;   // false while a pause/resume that timed out is unanswered
+  bool verify_after_commit = false;  // engine.verify_after_commit is on
+  uint64_t verify_mismatches = 0;    // commits it failed
   RefitReport last_report;
 };
 

@@ -16,6 +16,47 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
 
+// The checksum of the staged bytes each write copies, where they are (host or GPU).
+absl::StatusOr<std::vector<uint64_t>> StagedChecksums(const Planner& planner, const PreparedCommit& prepared,
+                                                      storage::Memory& memory) {
+  std::vector<uint64_t> sums;
+  sums.reserve(prepared.writes.size());
+  for (const PreparedCommit::Write& w : prepared.writes) {
+    absl::StatusOr<uint64_t> sum = memory.Checksum(w.data, planner.params()[w.index].nbytes);
+    if (!sum.ok()) return sum.status();
+    sums.push_back(*sum);
+  }
+  return sums;
+}
+
+// The names of the written parameters whose engine bytes do not match `expected`.
+absl::StatusOr<std::vector<std::string>> VerifyWrites(const Planner& planner, const PreparedCommit& prepared,
+                                                      const std::vector<uint64_t>& expected,
+                                                      const storage::EngineStorage& storage) {
+  std::vector<std::string> mismatched;
+  for (size_t i = 0; i < prepared.writes.size(); ++i) {
+    absl::StatusOr<uint64_t> sum = storage.Checksum(prepared.writes[i].index);
+    if (!sum.ok()) return sum.status();
+    if (*sum != expected[i]) mismatched.push_back(planner.params()[prepared.writes[i].index].name);
+  }
+  return mismatched;
+}
+
+// The corrupt_copy failpoint: flips one bit of the first written parameter's first byte in the
+// engine's storage.
+absl::Status CorruptOneByte(const PreparedCommit& prepared, storage::EngineStorage& storage) {
+  for (const PreparedCommit::Write& w : prepared.writes) {
+    const uint64_t nbytes = storage.params()[w.index].nbytes;
+    if (nbytes == 0) continue;
+    std::vector<uint8_t> bytes(nbytes);
+    if (absl::Status st = storage.ReadToHost(w.index, bytes.data()); !st.ok()) return st;
+    bytes[0] ^= 0x01;
+    if (absl::Status st = storage.WriteFromHost(w.index, bytes.data()); !st.ok()) return st;
+    return storage.Flush();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring, NodeHooks hooks)
@@ -42,6 +83,7 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   record->control = std::move(setup.control);
   for (const auto& p : record->storage->params()) record->bytes += p.nbytes;
   record->version = setup.version;
+  record->tag = std::move(setup.tag);
   record->dirty = setup.dirty;
   engine_ = std::move(record);
   if (hooks_.on_engine) hooks_.on_engine(true);
@@ -65,6 +107,12 @@ absl::Status Node::Ready() const {
 
 uint64_t Node::version() const { return engine_ ? engine_->version : last_report_.version; }
 
+const std::string& Node::tag() const {
+  if (engine_) return engine_->tag;
+  static const std::string kNone;
+  return last_report_.outcome == Outcome::kCommitted ? last_report_.tag : kNone;
+}
+
 // ---- sessions ----
 
 absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested) {
@@ -84,6 +132,9 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     return absl::FailedPreconditionError(
         "partial refit refused: the engine's weights are dirty after an interrupted commit; a full refit must land "
         "first");
+  }
+  if (absl::Status tag = CheckTag(manifest.tag); !tag.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest tag '", PrintableName(manifest.tag), "': ", tag.message()));
   }
   const SessionLimits& limits = options_.limits;
   // Count and names first: nothing below plans, logs or echoes a name this refuses.
@@ -114,6 +165,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.begun = requested;
   a.deadline = so.deadline;
   a.plan_ms = Ms(absl::Now() - requested);
+  a.tag = manifest.tag;
   active_ = std::move(a);
   NotifySession();
   return BeginResult{so.id, deadline_ms};
@@ -213,6 +265,7 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
     r.times.prepare_ms = times->prepare_ms;
     r.times.commit_ms = times->commit_ms;
     r.times.pause_ms = times->pause_ms;
+    r.times.verify_ms = times->verify_ms;
   }
   r.times.plan_ms = active_->plan_ms;
   r.times.total_ms = Ms(absl::Now() - active_->begun);
@@ -220,6 +273,7 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
   r.cause = outcome == Outcome::kCommitted ? EndCause::kNone : cause;
   r.reason = std::move(reason);
   r.version = outcome == Outcome::kCommitted ? active_->engine->version : 0;
+  r.tag = active_->tag;
   switch (outcome) {
     case Outcome::kCommitted: ++committed_; break;
     case Outcome::kRefused: ++refused_; break;
@@ -271,7 +325,10 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   commit->pause_timeout_ = options_.pause_timeout;
   commit->resume_timeout_ = options_.resume_timeout;
   commit->from_version_ = active_->engine->version;
+  commit->from_tag_ = active_->engine->tag;
+  commit->to_tag_ = active_->tag;
   commit->dirty_at_start_ = active_->engine->dirty;
+  commit->verify_ = options_.verify_after_commit;
   return commit;
 }
 
@@ -325,7 +382,21 @@ void Node::RunCommit(Commit& c) {
                absl::StrCat("refit refused: ", prepared.status().message()));
   }
 
-  // The window: pause, copy in place, resume.
+  // verify_after_commit: the checksum of every write's staged bytes, before the pause.
+  std::vector<uint64_t> expected;
+  if (c.verify_) {
+    t0 = absl::Now();
+    absl::StatusOr<std::vector<uint64_t>> sums = StagedChecksums(*engine.planner, *prepared, s.staging().pool().memory());
+    c.times_.verify_ms = Ms(absl::Now() - t0);
+    if (!sums.ok()) {
+      return end(Outcome::kFailed, EndCause::kInternal,
+                 absl::StrCat("verify_after_commit: checksumming the staged bytes failed: ", sums.status().message(),
+                              "; the engine is untouched"));
+    }
+    expected = std::move(*sums);
+  }
+
+  // The window: pause, copy in place, (verify,) resume.
   phase("pausing");
   const absl::Time pause_start = absl::Now();
   absl::Status paused = engine.control->Pause(c.pause_timeout_);
@@ -335,7 +406,7 @@ void Node::RunCommit(Commit& c) {
       // The engine may still pause later: the resume queued behind the pause (calls reach the
       // engine in order) lets it serve the version it has, which nothing touched.
       // Sent, not awaited: the engine stays unresponsive until it answers.
-      absl::Status resumed = engine.control->Resume(c.from_version_, absl::ZeroDuration());
+      absl::Status resumed = engine.control->Resume(c.from_version_, c.from_tag_, absl::ZeroDuration());
       (void)resumed;
       return end(Outcome::kFailed, EndCause::kEngineError,
                  absl::StrCat("engine did not pause within ", Seconds(c.pause_timeout_),
@@ -362,10 +433,38 @@ void Node::RunCommit(Commit& c) {
     return end(Outcome::kFailed, EndCause::kEngineError,
                absl::StrCat("commit failed, engine left paused and dirty: ", copied.status().message()));
   }
+  if (!REFIT_FAILPOINT(c.failpoints_, failpoints::kCorruptCopy).ok()) {
+    // Test builds: one byte of the copy goes wrong, as a faulty copy path would make it.
+    absl::Status corrupted = CorruptOneByte(*prepared, *engine.storage);
+    (void)corrupted;
+  }
+  if (c.verify_) {
+    // Inside the window: an engine whose bytes differ from the staged ones never serves them.
+    t0 = absl::Now();
+    absl::StatusOr<std::vector<std::string>> mismatched = VerifyWrites(*engine.planner, *prepared, expected,
+                                                                       *engine.storage);
+    c.times_.verify_ms += Ms(absl::Now() - t0);
+    if (!mismatched.ok() || !mismatched->empty()) {
+      c.times_.pause_ms = Ms(absl::Now() - pause_start);
+      c.engine_dirty_ = true;
+      if (!mismatched.ok()) {
+        return end(Outcome::kFailed, EndCause::kInternal,
+                   absl::StrCat("verify_after_commit: reading the engine's checksums failed: ",
+                                mismatched.status().message(), "; engine left paused and dirty"));
+      }
+      c.verify_mismatch_ = true;
+      const size_t n = mismatched->size();
+      if (n > 16) mismatched->resize(16);
+      return end(Outcome::kFailed, EndCause::kVerifyMismatch,
+                 absl::StrCat("verify_after_commit: ", n, " engine parameter", n == 1 ? "" : "s",
+                              " differ from the staged bytes after the copy (", absl::StrJoin(*mismatched, ", "),
+                              n > 16 ? ", ..." : "", "); engine left paused and dirty, a full refit must land"));
+    }
+  }
   const uint64_t to_version = c.from_version_ + 1;
   c.engine_version_set_ = true;  // the engine's memory holds to_version from here on
   phase("resuming");
-  absl::Status resumed = engine.control->Resume(to_version, c.resume_timeout_);
+  absl::Status resumed = engine.control->Resume(to_version, c.to_tag_, c.resume_timeout_);
   c.times_.pause_ms = Ms(absl::Now() - pause_start);
   if (!resumed.ok()) {
     if (resumed.code() == absl::StatusCode::kDeadlineExceeded) {
@@ -386,8 +485,10 @@ const RefitReport& Node::FinishCommit(Commit& c) {
   if (c.engine_dirty_) engine.dirty = true;
   if (c.engine_version_set_) {
     engine.version = c.from_version_ + 1;
+    engine.tag = c.to_tag_;
     engine.dirty = false;
   }
+  if (c.verify_mismatch_) ++verify_mismatches_;
   if (!active_ || active_->session->id() != c.session_id_) return last_report_;  // cannot happen: committing
   Outcome outcome = c.outcome_;
   EndCause cause = c.cause_;

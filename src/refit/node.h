@@ -47,6 +47,7 @@ struct EngineSetup {
   std::unique_ptr<Converter> converter;
   std::unique_ptr<EngineControl> control;
   uint64_t version = 0;  // the version the engine serves (0: fresh)
+  std::string tag;       // the trainer's tag of that version ("" when none)
   bool dirty = false;    // it lost refitd inside a commit window: its weights may be mixed
 };
 
@@ -61,6 +62,7 @@ struct EngineRecord {
   uint64_t bytes = 0;
   // Loop thread only.
   uint64_t version = 0;
+  std::string tag;     // the trainer's tag of `version`
   bool dirty = false;  // a commit failed mid-copy: only a full refit may land
   bool gone = false;   // unregistered (disconnected); a commit in flight still holds the record
 };
@@ -80,6 +82,10 @@ struct NodeOptions {
   SessionLimits limits;
   absl::Duration pause_timeout = absl::Seconds(10);
   absl::Duration resume_timeout = absl::Seconds(10);
+  // After the copy, before the resume: checksum every written parameter in the engine's storage
+  // (on the GPU for device storage) against the checksum of the staged bytes it was copied from.
+  // A mismatch fails the commit (cause kVerifyMismatch) and leaves the engine paused and dirty.
+  bool verify_after_commit = false;
   const FailpointSet* failpoints = nullptr;  // test builds only
 };
 
@@ -103,7 +109,9 @@ class Commit {
   const NodeHooks* hooks_ = nullptr;
   absl::Duration pause_timeout_, resume_timeout_;
   uint64_t from_version_ = 0;
+  std::string from_tag_, to_tag_;
   bool dirty_at_start_ = false;
+  bool verify_ = false;
 
   // Set by RunCommit.
   Outcome outcome_ = Outcome::kFailed;
@@ -111,6 +119,7 @@ class Commit {
   std::string reason_;
   bool engine_dirty_ = false;      // the copy started and did not finish: the engine stays paused
   bool engine_version_set_ = false;  // the engine holds to_version's bytes
+  bool verify_mismatch_ = false;     // verify_after_commit found engine bytes unlike the staged ones
   PhaseTimes times_;
 };
 
@@ -160,6 +169,8 @@ class Node {
   // Serving-readiness: an engine registered, clean and answering.
   absl::Status Ready() const;
   uint64_t version() const;
+  // The trainer's tag of version() ("" when none).
+  const std::string& tag() const;
   bool session_active() const { return active_.has_value(); }
   uint64_t active_session_id() const { return active_ ? active_->session->id() : 0; }
   bool committing() const { return active_ && active_->committing; }
@@ -168,6 +179,7 @@ class Node {
   uint64_t committed() const { return committed_; }
   uint64_t refused() const { return refused_; }
   uint64_t aborted() const { return aborted_; }
+  uint64_t verify_mismatches() const { return verify_mismatches_; }
   const NodeOptions& options() const { return options_; }
 
   // Checksum64 of every registered parameter read from the engine's storage.
@@ -185,6 +197,7 @@ class Node {
     absl::Time begun;
     absl::Time deadline;
     double plan_ms = 0;
+    std::string tag;  // the manifest's
     bool committing = false;
     // Set when the node aborted the session while its commit ran (engine gone, operator,
     // shutdown): the commit ends with this cause.
@@ -205,7 +218,7 @@ class Node {
   std::shared_ptr<EngineRecord> engine_;
   std::optional<Active> active_;
   uint64_t next_engine_id_ = 1;
-  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0;
+  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0;
   uint64_t last_session_id_ = 0;
   std::random_device entropy_;
   RefitReport last_report_;

@@ -43,11 +43,19 @@ struct BucketHeader {
   std::vector<TensorDesc> tensors;
 };
 
+// A trainer's version tag: a string it chooses (the training step, "step-1200", a run id and a
+// step), carried from the manifest to the report, status, metrics, logs and the engine's resume.
+// "" is no tag. Otherwise 1..kMaxTagBytes bytes of [A-Za-z0-9._:+-], so that a tag is safe as a
+// metric label, in a log line and on a command line. refitd's own version (a counter it assigns
+// at each commit) stays the order of commits; tags need not be unique or ordered.
+inline constexpr size_t kMaxTagBytes = 128;
+
 struct Manifest {
   std::string model;
   std::vector<TensorDesc> tensors;
   bool partial = false;
   uint32_t deadline_ms = 0;
+  std::string tag;
 };
 
 struct PhaseTimes {
@@ -55,6 +63,7 @@ struct PhaseTimes {
   double plan_ms = 0;     // begin: checking and planning the manifest
   double finish_ms = 0;   // commit requested to the last bucket converted
   double prepare_ms = 0;  // building engine parameters and the copy plan, before the pause
+  double verify_ms = 0;   // verify_after_commit: staged checksums (before the pause) + engine checksums (in it)
 };
 
 // How a session ended. kNone: no session has ended yet.
@@ -77,6 +86,7 @@ enum class EndCause {
   kOverloaded,        // no staging memory; retry later
   kEngineError,       // the engine left, failed or timed out in pause, copy or resume
   kInternal,          // a bug or an unexpected device error
+  kVerifyMismatch,    // verify_after_commit: the engine's bytes after the copy differ from the staged ones
 };
 
 const char* OutcomeName(Outcome outcome);    // "none", "committed", "refused", "aborted", "failed"
@@ -87,6 +97,7 @@ EndCause CauseOfSessionFailure(const absl::Status& failure);
 struct RefitReport {
   uint64_t session_id = 0;
   uint64_t version = 0;
+  std::string tag;  // the manifest's tag ("" when none), whatever the outcome
   Outcome outcome = Outcome::kNone;
   EndCause cause = EndCause::kNone;
   std::string reason;
@@ -113,6 +124,9 @@ struct SessionLimits {
   uint32_t max_rank = 8;
   uint32_t deadline_ms = 600'000;
 };
+
+// InvalidArgument naming the problem when `tag` is not "" and not a valid tag (see kMaxTagBytes).
+absl::Status CheckTag(std::string_view tag);
 
 }  // namespace refit
 

@@ -24,6 +24,7 @@ metrics::SessionFailureReason ReasonOf(const RefitReport& r) {
     case EndCause::kOverloaded: return R::kOverloaded;
     case EndCause::kEngineError: return R::kEngineError;
     case EndCause::kInternal: return R::kInternal;
+    case EndCause::kVerifyMismatch: return R::kVerifyMismatch;
   }
   return R::kInternal;
 }
@@ -45,7 +46,9 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
       }
       mp->ObservePhase(metrics::RefitPhase::kCommit, absl::Milliseconds(r.times.commit_ms));
       mp->RecordCommit(r.version, absl::Now(), absl::Milliseconds(r.times.pause_ms));
+      mp->SetCommittedTag(r.tag);
     }
+    if (r.cause == EndCause::kVerifyMismatch) mp->verify_mismatches_total->Inc();
   };
   h.on_engine = [mp](bool registered) { mp->engine_registered->Set(registered ? 1 : 0); };
   h.on_session = [mp](uint64_t staging_bytes, bool active) {

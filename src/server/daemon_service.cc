@@ -35,6 +35,7 @@ void LogReport(const RefitReport& r) {
       .Add("outcome", OutcomeName(r.outcome))
       .Add("cause", EndCauseName(r.cause))
       .Add("version", r.version)
+      .Add("tag", r.tag)
       .Add("bytes_in", r.bytes_in)
       .Add("bytes_out", r.bytes_out)
       .Add("buckets", r.buckets)
@@ -48,6 +49,7 @@ void LogReport(const RefitReport& r) {
       .Add("plan_ms", r.times.plan_ms)
       .Add("finish_ms", r.times.finish_ms)
       .Add("prepare_ms", r.times.prepare_ms);
+  if (r.times.verify_ms > 0) e.Add("verify_ms", r.times.verify_ms);
   if (!r.reason.empty()) e.Add("reason", r.reason);
 }
 
@@ -70,10 +72,11 @@ class RpcEngineControl final : public EngineControl {
     return Call("pause", timeout, [this] { return client_.pauseRequest().send().ignoreResult(); });
   }
 
-  absl::Status Resume(uint64_t version, absl::Duration timeout) override {
-    return Call("resume", timeout, [this, version] {
+  absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
+    return Call("resume", timeout, [this, version, tag] {
       auto req = client_.resumeRequest();
       req.setVersion(version);
+      req.setTag(wire::Text(tag));
       return req.send().ignoreResult();
     });
   }
@@ -145,6 +148,7 @@ class RegistrationImpl final : public proto::Registration::Server {
  protected:
   kj::Promise<void> version(VersionContext context) override {
     context.getResults().setVersion(state_.node.version());
+    context.getResults().setTag(wire::Text(state_.node.tag()));
     return kj::READY_NOW;
   }
 
@@ -321,7 +325,8 @@ class DaemonImpl final : public proto::Daemon::Server {
     LogEvent(LogLevel::kInfo, "session_begin")
         .Add("session", id)
         .Add("tensors", manifest->tensors.size())
-        .Add("partial", manifest->partial);
+        .Add("partial", manifest->partial)
+        .Add("tag", manifest->tag);
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
@@ -366,6 +371,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     setup.control = std::make_unique<RpcEngineControl>(params.getControl(), state_.timer);
     setup.version = params.getVersion();
     setup.dirty = params.getDirty();
+    setup.tag = wire::Str(params.getTag());
+    if (absl::Status tag = CheckTag(setup.tag); !tag.ok()) {
+      return Answer(context, absl::InvalidArgumentError(absl::StrCat("registration tag: ", tag.message())));
+    }
     const size_t nparams = setup.storage->params().size();
     absl::StatusOr<uint64_t> id = state_.node.RegisterEngine(std::move(setup));
     if (!id.ok()) return Answer(context, id.status());
@@ -375,6 +384,7 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("params", nparams)
         .Add("bytes", e.bytes)
         .Add("version", e.version)
+        .Add("tag", e.tag)
         .Add("dirty", e.dirty);
     context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, *id));
     context.getResults().setVersion(e.version);
@@ -394,6 +404,9 @@ class DaemonImpl final : public proto::Daemon::Server {
       s.setEngineResponsive(e->control->Responsive());
     }
     s.setVersion(node.version());
+    s.setTag(wire::Text(node.tag()));
+    s.setVerifyAfterCommit(state_.config.verify_after_commit);
+    s.setVerifyMismatches(node.verify_mismatches());
     s.setActiveSession(node.active_session_id());
     s.setStagingBytes(node.staging_bytes());
     s.setStagingLimitBytes(state_.config.limits.staging_bytes);
@@ -458,6 +471,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.limits = config.limits;
             o.pause_timeout = absl::Milliseconds(config.pause_timeout_ms);
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
+            o.verify_after_commit = config.verify_after_commit;
             o.failpoints = failpoints.get();
             return o;
           }(),

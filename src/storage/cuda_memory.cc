@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "kernels/checksum.h"
 #include "storage/memory.h"
 
 namespace refit::storage {
@@ -82,6 +83,9 @@ class DeviceMemory final : public Memory {
     absl::MutexLock lock(&mu_);
     return stream_.Synchronize();
   }
+  absl::StatusOr<uint64_t> Checksum(const void* p, uint64_t bytes) override {
+    return DeviceChecksum64(device_, p, bytes, nullptr);
+  }
 
  private:
   absl::Status Copy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
@@ -107,6 +111,20 @@ std::unique_ptr<Memory> NewHostMemory();
 std::unique_ptr<Memory> NewPinnedHostMemory() {
   if (!HaveDevice()) return NewHostMemory();
   return std::make_unique<PinnedHostMemory>();
+}
+
+absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream) {
+  cudaSetDevice(device);
+  absl::StatusOr<DeviceAllocation> word = DeviceAllocation::Allocate(device, sizeof(uint64_t));
+  if (!word.ok()) return word.status();
+  absl::Status st = kernels::DeviceChecksum(p, bytes, 0, word->as<uint64_t>(), stream);
+  if (!st.ok()) return st;
+  uint64_t sum = 0;
+  cudaError_t e = cudaMemcpyAsync(&sum, word->get(), sizeof(sum), cudaMemcpyDeviceToHost,
+                                  static_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("checksum of ", bytes, " bytes on GPU ", device));
+  return sum;
 }
 
 absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {

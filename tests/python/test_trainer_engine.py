@@ -77,6 +77,29 @@ def test_session_context_pushes_and_commits_on_exit(node):
     assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
 
 
+def test_version_tags_reach_the_report_status_and_engine(node):
+    import models
+    import refit
+    from conftest import events
+
+    daemon, engine = node(models.TOY)
+    with refit.TrainerClient(daemon.address) as client:
+        trainer = trainer_model(models.TOY, 3)
+        report = client.refit(models.TOY, trainer.named_parameters(), tag=1200)  # a training step
+        assert report.outcome == "committed" and report.version == 1 and report.tag == "1200"
+        assert report.cause == "none"
+        status = client.status()
+        assert status.version == 1 and status.tag == "1200" and not status.verify_after_commit
+        engine.wait_version(1)
+        assert [e["tag"] for e in events(engine.log) if e["event"] == "resumed"] == ["1200"]
+        report = client.refit(models.TOY, trainer.named_parameters(), tag="run2:step-1300")
+        assert report.version == 2 and report.tag == "run2:step-1300"
+        assert client.status().tag == "run2:step-1300"
+        with pytest.raises(refit.RefitInvalidArgument, match="manifest tag"):
+            client.refit(models.TOY, trainer.named_parameters(), tag="step 1400")
+        assert client.status().version == 2
+
+
 def test_exception_inside_session_aborts_and_engine_keeps_its_weights(node):
     import models
     import refit

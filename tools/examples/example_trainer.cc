@@ -5,7 +5,7 @@
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
-//                   [--ranks N --rank R --session-file F] [shape flags]
+//                   [--ranks N --rank R --session-file F] [--tag T] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -22,6 +22,7 @@
 // Several --address flags (or --fanout with one) feed every daemon at once through one
 // FanoutClient (one NCCL broadcast per bucket on the NCCL data plane); every daemon's engine is
 // checked.
+// --tag T: the manifest's version tag (T with one refit, T-0, T-1, ... with several).
 // --ranks N --rank R: N processes push one refit together, as pipeline/expert/tensor-parallel
 // ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
 // join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
@@ -80,6 +81,7 @@ std::string JsonEscape(const std::string& in) {
 std::string Json(const RefitReport& r, int refit, bool match, const std::string& error, double push_commit_ms = 0,
                  absl::StatusCode code = absl::StatusCode::kOk) {
   return absl::StrCat("{\"push_commit_ms\":", push_commit_ms, ",\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
+                      ",\"tag\":\"", JsonEscape(r.tag), "\"",
                       ",\"outcome\":\"", OutcomeName(r.outcome), "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
@@ -189,6 +191,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> only, drop, addresses;
   bool fanout = false;
   int refits = 3;
+  std::string tag;  // --tag T: each refit's manifest tag (T, or T-<refit> with several refits)
   int gpu = -1;  // --gpu: weights on this GPU
   int slices = 1;  // --slices: push matrices in this many slices
   int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
@@ -207,6 +210,8 @@ int main(int argc, char** argv) {
       fanout = true;
     } else if (a == "--refits" && i + 1 < argc) {
       refits = std::atoi(argv[++i]);
+    } else if (a == "--tag" && i + 1 < argc) {
+      tag = argv[++i];
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--spec" && i + 1 < argc) {
@@ -307,6 +312,7 @@ int main(int argc, char** argv) {
     std::vector<ConvertedTensor> to_send;
     Manifest manifest;
     manifest.model = status->model;
+    if (!tag.empty()) manifest.tag = refits == 1 ? tag : absl::StrCat(tag, "-", refit);
     // Generate the weights on every core (benchmark models are many GB).
     const std::vector<demo::HfTensor> tensors = demo::Tensors(shape);
     // Without verification the workers also produce the bytes to send.

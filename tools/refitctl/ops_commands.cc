@@ -23,6 +23,8 @@
 
 ABSL_FLAG(std::string, model, "", "the model name of the manifest (default: the daemon's model)");
 ABSL_FLAG(bool, partial, false, "a partial refit: the checkpoint holds only some of the model's tensors");
+ABSL_FLAG(std::string, tag, "",
+          "the trainer's version tag of this refit (e.g. step-1200): 1..128 bytes of A-Z a-z 0-9 . _ : + -");
 ABSL_FLAG(bool, progress, false, "show progress on stderr (the default on a terminal, without --json)");
 ABSL_FLAG(std::string, reason, "refitctl abort", "why the session is aborted (logged and reported)");
 ABSL_FLAG(bool, strict, false, "also fail when engine parameters are missing from the checkpoint");
@@ -50,11 +52,13 @@ json ReportJson(const RefitReport& r) {
               {"convert_ms", r.times.convert_ms}, {"validate_ms", r.times.validate_ms},
               {"commit_ms", r.times.commit_ms},   {"pause_ms", r.times.pause_ms},
               {"total_ms", r.times.total_ms},     {"plan_ms", r.times.plan_ms},
-              {"finish_ms", r.times.finish_ms},   {"prepare_ms", r.times.prepare_ms}};
+              {"finish_ms", r.times.finish_ms},   {"prepare_ms", r.times.prepare_ms},
+              {"verify_ms", r.times.verify_ms},   {"tag", r.tag}};
 }
 
 std::string ReportLine(const RefitReport& r) {
-  return absl::StrCat("session ", r.session_id, " ", OutcomeName(r.outcome), " version=", r.version, " bytes_in=", r.bytes_in,
+  return absl::StrCat("session ", r.session_id, " ", OutcomeName(r.outcome), " version=", r.version,
+                      r.tag.empty() ? "" : absl::StrCat(" tag=", r.tag), " bytes_in=", r.bytes_in,
                       " bytes_out=", r.bytes_out, " buckets=", r.buckets, " tensors=", r.tensors,
                       " receive=", r.times.receive_ms, "ms convert=", r.times.convert_ms,
                       "ms validate=", r.times.validate_ms, "ms commit=", r.times.commit_ms,
@@ -101,6 +105,9 @@ int RunStatus(std::span<const std::string> args) {
                       {"engine_dirty", s->engine_dirty},
                       {"engine_responsive", s->engine_responsive},
                       {"version", s->version},
+                      {"tag", s->tag},
+                      {"verify_after_commit", s->verify_after_commit},
+                      {"verify_mismatches", s->verify_mismatches},
                       {"active_session", s->active_session},
                       {"staging_bytes", s->staging_bytes},
                       {"staging_limit_bytes", s->staging_limit_bytes},
@@ -121,7 +128,10 @@ int RunStatus(std::span<const std::string> args) {
                                                                     s->engine_responsive ? "" : ", UNRESPONSIVE (a pause/resume timed out)")
                                                      : "not registered")
             << "\n"
-            << "version:  " << s->version << "\n"
+            << "version:  " << s->version << (s->tag.empty() ? "" : absl::StrCat(" (tag ", s->tag, ")")) << "\n"
+            << "verify:   "
+            << (s->verify_after_commit ? absl::StrCat("after each commit, ", s->verify_mismatches, " mismatches") : "off")
+            << "\n"
             << "session:  " << (s->active_session ? absl::StrCat("#", s->active_session, " active") : "none") << "\n"
             << "staging:  " << s->staging_bytes << " of " << s->staging_limit_bytes << " bytes\n"
             << "ring:     " << s->ring_bytes << " bytes in " << (s->ring_on_device ? "GPU" : "host") << " memory\n"
@@ -146,6 +156,7 @@ int RunRefit(std::span<const std::string> args) {
     manifest.model = s->model;
   }
   manifest.partial = absl::GetFlag(FLAGS_partial);
+  manifest.tag = absl::GetFlag(FLAGS_tag);
   uint64_t total = 0;
   for (const auto& file : *files) {
     for (const formats::SafetensorsEntry& e : file->view().tensors()) {

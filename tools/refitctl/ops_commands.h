@@ -21,7 +21,7 @@ int RunAbort(std::span<const std::string> args);
 int RunVerify(std::span<const std::string> args);
 
 inline constexpr std::string_view kStatusFlags[] = {"address", "json"};
-inline constexpr std::string_view kRefitFlags[] = {"address", "json", "partial", "model", "progress"};
+inline constexpr std::string_view kRefitFlags[] = {"address", "json", "partial", "model", "progress", "tag"};
 inline constexpr std::string_view kAbortFlags[] = {"address", "json", "reason"};
 inline constexpr std::string_view kVerifyFlags[] = {"address", "json", "strict"};
 

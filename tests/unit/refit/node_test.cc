@@ -29,6 +29,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kSpec[] = R"(model: m
 rules:
@@ -51,8 +52,9 @@ class ScriptedControl final : public EngineControl {
     if (pause_hangs) return Late(timeout);
     return pause_status;
   }
-  absl::Status Resume(uint64_t version, absl::Duration timeout) override {
+  absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
     calls.push_back(absl::StrCat("resume:", version, timeout == absl::ZeroDuration() ? ":sent" : ""));
+    tags.push_back(tag);
     if (resume_hangs || timeout == absl::ZeroDuration()) return Late(timeout);
     return resume_status;
   }
@@ -64,6 +66,7 @@ class ScriptedControl final : public EngineControl {
   }
 
   std::vector<std::string> calls;
+  std::vector<std::string> tags;  // each resume's tag
   absl::Status pause_status, resume_status;
   bool pause_hangs = false, resume_hangs = false;
   absl::Notification* pause_gate = nullptr;
@@ -90,13 +93,15 @@ class NodeTest : public ::testing::Test {
     options.pause_timeout = absl::Milliseconds(50);
     options.resume_timeout = absl::Milliseconds(50);
     options.failpoints = failpoints_.get();
+    options.verify_after_commit = verify_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
     node_ = std::make_unique<Node>(options, receiver_, *ring_, hooks);
   }
 
   // Registers an engine whose parameters w.0, w.1 live in the test's shm region.
-  uint64_t Register(ScriptedControl** control_out = nullptr, uint64_t version = 0, bool dirty = false) {
+  uint64_t Register(ScriptedControl** control_out = nullptr, uint64_t version = 0, bool dirty = false,
+                    std::string tag = "") {
     std::vector<storage::ShmParam> shm;
     for (int i = 0; i < kParams; ++i) {
       shm.push_back({{absl::StrCat("w.", i), DType::kBF16, {kElems}, kBytes}, region_name_, i * kBytes});
@@ -111,22 +116,24 @@ class NodeTest : public ::testing::Test {
     setup.control = std::move(control);
     setup.version = version;
     setup.dirty = dirty;
+    setup.tag = std::move(tag);
     absl::StatusOr<uint64_t> id = node_->RegisterEngine(std::move(setup));
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : 0;
   }
 
-  Manifest ManifestOf(int tensors, bool partial = false) {
+  Manifest ManifestOf(int tensors, bool partial = false, std::string tag = "") {
     Manifest m;
     m.model = "m";
     m.partial = partial;
+    m.tag = std::move(tag);
     for (int i = 0; i < tensors; ++i) m.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, 0, kBytes});
     return m;
   }
 
   // Begins a session and sends `tensors` of `payload` in one bucket.
-  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false) {
-    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(tensors, partial), absl::Now());
+  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false, std::string tag = "") {
+    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(tensors, partial, std::move(tag)), absl::Now());
     EXPECT_TRUE(begun.ok()) << begun.status();
     if (!begun.ok()) return 0;
     BucketHeader h;
@@ -159,6 +166,7 @@ class NodeTest : public ::testing::Test {
   std::unique_ptr<BucketRing> ring_;
   transport::MemoryReceiver receiver_;
   std::unique_ptr<FailpointSet> failpoints_;
+  bool verify_ = false;  // NodeOptions::verify_after_commit (set, then SetUp() again)
   std::unique_ptr<Node> node_;
   std::vector<RefitReport> reports_;
   std::vector<uint8_t> sent_;
@@ -271,6 +279,113 @@ TEST_F(NodeTest, FailedCopyLeavesTheEnginePausedAndDirtyUntilAFullRefit) {
   absl::StatusOr<BeginResult> partial = node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now());
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(partial.status().message(), HasSubstr("dirty"));
+}
+#endif
+
+TEST_F(NodeTest, TrainerTagsTravelToTheReportTheEngineAndItsResume) {
+  ScriptedControl* control;
+  Register(&control, /*version=*/0, /*dirty=*/false, "step-0");
+  EXPECT_EQ(node_->tag(), "step-0");
+  const RefitReport& r = CommitNow(Send(Payload(1), kParams, false, "step-10"));
+  ASSERT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.tag, "step-10");
+  EXPECT_EQ(r.version, 1u);  // refitd's own version still orders commits
+  EXPECT_EQ(node_->tag(), "step-10");
+  EXPECT_EQ(node_->engine()->tag, "step-10");
+  EXPECT_THAT(control->tags, ElementsAre("step-10"));
+
+  // A refused refit reports its tag; the engine keeps the one it serves.
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams, false, "step-20"), absl::Now());
+  ASSERT_TRUE(begun.ok());
+  const RefitReport& refused = CommitNow(begun->session_id);
+  EXPECT_EQ(refused.outcome, Outcome::kRefused);
+  EXPECT_EQ(refused.tag, "step-20");
+  EXPECT_EQ(node_->tag(), "step-10");
+
+  // Tags need not be ordered or unique: the version keeps counting.
+  EXPECT_EQ(CommitNow(Send(Payload(2), kParams, false, "step-10")).version, 2u);
+  EXPECT_EQ(CommitNow(Send(Payload(3), kParams)).tag, "");
+  EXPECT_EQ(node_->tag(), "");
+}
+
+TEST_F(NodeTest, APauseTimeoutResumesWithTheTagTheEngineHas) {
+  ScriptedControl* control;
+  Register(&control, /*version=*/4, /*dirty=*/false, "step-4");
+  control->pause_hangs = true;
+  EXPECT_EQ(CommitNow(Send(Payload(3), kParams, false, "step-5")).outcome, Outcome::kFailed);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:4:sent"));
+  EXPECT_THAT(control->tags, ElementsAre("step-4"));
+  EXPECT_EQ(node_->tag(), "step-4");
+}
+
+TEST_F(NodeTest, AnInvalidTagIsRefusedAtBeginNamingIt) {
+  Register();
+  for (const std::string& bad : {std::string("step 1"), std::string("a\nb"), std::string("x/y"),
+                                 std::string(kMaxTagBytes + 1, 'a'), std::string("t\0u", 3)}) {
+    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams, false, bad), absl::Now());
+    EXPECT_EQ(begun.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(begun.status().message(), HasSubstr("manifest tag")) << bad;
+  }
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_TRUE(node_->Begin(ManifestOf(kParams, false, std::string(kMaxTagBytes, 'a')), absl::Now()).ok());
+}
+
+TEST_F(NodeTest, VerifyAfterCommitPassesAGoodCopy) {
+  verify_ = true;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  std::vector<uint8_t> p = Payload(11);
+  const RefitReport& r = CommitNow(Send(p, kParams, false, "step-1"));
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_GE(r.times.verify_ms, 0.0);
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_EQ(node_->verify_mismatches(), 0u);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+}
+
+#if REFIT_FAILPOINTS
+TEST_F(NodeTest, VerifyAfterCommitCatchesACorruptedCopy) {
+  failpoints_ = *FailpointSet::Parse("corrupt_copy=error@1");
+  verify_ = true;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control, /*version=*/0, /*dirty=*/false, "step-0");
+  std::vector<uint8_t> p = Payload(12);
+  const RefitReport& r = CommitNow(Send(p, kParams, false, "step-1"));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kVerifyMismatch);
+  EXPECT_STREQ(EndCauseName(r.cause), "verify_mismatch");
+  EXPECT_EQ(ReportStatus(r).code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.reason, HasSubstr("w.0"));
+  EXPECT_THAT(r.reason, Not(HasSubstr("w.1")));
+  EXPECT_THAT(r.reason, HasSubstr("dirty"));
+  EXPECT_THAT(control->calls, ElementsAre("pause"));  // never resumed with the corrupt bytes
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_EQ(node_->version(), 0u);
+  EXPECT_EQ(node_->tag(), "step-0");
+  EXPECT_EQ(node_->verify_mismatches(), 1u);
+  EXPECT_NE(EngineBytes(), p);
+  // A partial refit is refused; the next full refit (the failpoint fires once) lands clean.
+  EXPECT_EQ(node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const RefitReport& again = CommitNow(Send(p, kParams, false, "step-1"));
+  EXPECT_EQ(again.outcome, Outcome::kCommitted) << again.reason;
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_EQ(node_->tag(), "step-1");
+}
+
+TEST_F(NodeTest, ACorruptedCopyGoesUnnoticedWithoutVerify) {
+  failpoints_ = *FailpointSet::Parse("corrupt_copy=error@1");
+  SetUp();
+  Register();
+  std::vector<uint8_t> p = Payload(13);
+  const RefitReport& r = CommitNow(Send(p, kParams));
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  std::vector<uint8_t> want = p;
+  want[0] ^= 0x01;  // the failpoint flips one bit of the first parameter
+  EXPECT_EQ(EngineBytes(), want);
 }
 #endif
 

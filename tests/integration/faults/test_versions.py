@@ -1,0 +1,125 @@
+"""Trainer version tags and verify-after-commit (docs/versions.md, docs/reliability.md "Verify
+after commit") with real processes: refitd, the example engine (its bytes read from its shm) and
+example trainers. The corrupted copy comes from the corrupt_copy failpoint."""
+import json
+import re
+import subprocess
+
+from conftest import BIN, wait_for
+
+REFITCTL = BIN / "tools/refitctl"
+VERIFY = "engine:\n  verify_after_commit: true\n"
+
+
+def status(node):
+    p = subprocess.run([str(REFITCTL), "status", "--address", node.address, "--json"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    return json.loads(p.stdout)
+
+
+def metric(node, name, labels=""):
+    """The value of one series on /metrics (None when absent)."""
+    code, body = node.admin("/metrics")
+    assert code == 200, body
+    m = re.search(rf"^{re.escape(name + labels)} (\S+)$", body, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def series(node, name):
+    code, body = node.admin("/metrics")
+    assert code == 200, body
+    return [l for l in body.splitlines() if l.startswith(name + "{") or l.startswith(name + " ")]
+
+
+def test_tags_reach_the_report_status_metrics_log_and_engine(fault_node):
+    node = fault_node()
+    p, lines = node.trainer("--refits", "1", "--tag", "step-7")
+    assert p.returncode == 0 and lines[-1]["outcome"] == "committed", (p.stdout, p.stderr)
+    assert lines[-1]["tag"] == "step-7" and lines[-1]["version"] == 1
+    assert lines[-1]["engine_matches_expected"] is True
+    assert node.resumed_versions() == [1] and node.resumed_tags() == ["step-7"]
+    s = status(node)
+    assert s["version"] == 1 and s["tag"] == "step-7", s
+    assert s["last_refit"]["tag"] == "step-7", s
+    assert series(node, "refit_committed_version_info") == ['refit_committed_version_info{tag="step-7"} 1'], \
+        series(node, "refit_committed_version_info")
+    assert metric(node, "refit_committed_version") == 1
+    log = node.log()
+    assert re.search(r"event=session_begin .*tag=step-7", log), log
+    assert re.search(r"event=refit .*outcome=committed .*version=1 tag=step-7", log), log
+
+    # Several refits: T-0, T-1; the info metric keeps one series, the current tag's.
+    p, lines = node.trainer("--refits", "2", "--tag", "run3:step")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert [l["tag"] for l in lines] == ["run3:step-0", "run3:step-1"] and lines[-1]["version"] == 3
+    assert node.resumed_tags() == ["step-7", "run3:step-0", "run3:step-1"]
+    assert status(node)["tag"] == "run3:step-1"
+    assert series(node, "refit_committed_version_info") == ['refit_committed_version_info{tag="run3:step-1"} 1']
+
+    # refitd restarts: the engine registers again with its version and tag.
+    node.daemon.kill()
+    node.daemon.wait()
+    node.start_daemon()
+    node.wait_registered()
+    wait_for(lambda: status(node)["engine_registered"], what="the engine re-registering")
+    s = status(node)
+    assert s["version"] == 3 and s["tag"] == "run3:step-1", s
+    assert re.search(r"event=engine_registered .*version=3 tag=run3:step-1", node.log()), node.log()
+
+
+def test_an_invalid_tag_is_refused_before_anything_is_touched(fault_node):
+    node = fault_node()
+    before = node.shm_digest()
+    for bad in ["step 7", "a/b", "x" * 129]:
+        p, lines = node.trainer("--refits", "1", "--tag", bad)
+        assert p.returncode != 0, (bad, p.stdout)
+        assert "manifest tag" in p.stdout + p.stderr, (bad, p.stdout, p.stderr)
+    assert node.shm_digest() == before
+    assert node.resumed_versions() == []
+    p, lines = node.trainer("--refits", "1", "--tag", "x" * 128)
+    assert p.returncode == 0 and lines[-1]["tag"] == "x" * 128, (p.stdout, p.stderr)
+
+
+def test_verify_after_commit_catches_a_corrupted_copy(fault_node):
+    # Expected: the copy lands with one flipped bit; the check inside the window sees it, the
+    # refit fails with cause verify_mismatch (DATA_LOSS to the trainer), the mismatch is counted,
+    # the engine is never resumed with the bad bytes (paused, dirty) and the next full refit
+    # (the failpoint fires once) lands and matches the offline conversion.
+    node = fault_node(config=VERIFY, failpoints="corrupt_copy=error@1")
+    before = node.shm_digest()
+    p, lines = node.trainer("--refits", "1", "--tag", "step-1")
+    assert p.returncode != 0 and lines and lines[-1]["outcome"] != "committed", (p.stdout, p.stderr)
+    assert lines[-1]["code"] == "DATA_LOSS", lines
+    assert "differ from the staged bytes" in lines[-1]["error"], lines
+    log = node.log()
+    assert "outcome=failed cause=verify_mismatch" in log, log
+    assert node.shm_digest() != before  # the copy happened, with the flipped bit
+    assert node.resumed_versions() == []
+    s = status(node)
+    assert s["verify_after_commit"] is True and s["verify_mismatches"] == 1, s
+    assert s["engine_dirty"] is True and s["version"] == 0 and s["tag"] == "", s
+    assert s["last_refit"]["cause"] == "verify_mismatch" and s["last_refit"]["tag"] == "step-1", s
+    assert metric(node, "refit_verify_mismatches_total") == 1
+    assert metric(node, "refit_sessions_total", '{outcome="failed",reason="verify_mismatch"}') == 1
+    code, body = node.admin("/readyz")
+    assert code == 503 and "dirty" in body, body
+
+    p, lines = node.trainer("--refits", "1", "--tag", "step-2")
+    assert p.returncode == 0 and lines[-1]["outcome"] == "committed", (p.stdout, p.stderr, node.log())
+    assert lines[-1]["engine_matches_expected"] is True and lines[-1]["version"] == 1
+    assert node.resumed_tags() == ["step-2"]
+    s = status(node)
+    assert s["engine_dirty"] is False and s["verify_mismatches"] == 1 and s["tag"] == "step-2", s
+    assert re.search(r"event=refit .*outcome=committed .*verify_ms=", node.log()), node.log()
+
+
+def test_without_verify_the_corrupted_copy_is_served(fault_node):
+    # The same failpoint with the check off: the refit commits and the engine serves the flipped
+    # bit (the trainer's read-back finds it). This is what the option exists to catch.
+    node = fault_node(failpoints="corrupt_copy=error@1")
+    p, lines = node.trainer("--refits", "1")
+    assert lines and lines[-1]["outcome"] == "committed", (p.stdout, p.stderr)
+    assert lines[-1]["engine_matches_expected"] is False, lines
+    assert status(node)["verify_mismatches"] == 0
+    assert metric(node, "refit_verify_mismatches_total") == 0
