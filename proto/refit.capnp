@@ -41,6 +41,7 @@ enum Outcome {
   refused @2;
   aborted @3;
   failed @4;
+  staged @5;                # a stage-only refit is held under its tag (hold: K), not written
 }
 
 enum EndCause {
@@ -76,6 +77,7 @@ struct Manifest {
   deadlineMs @3 :UInt32;    # 0: the daemon's default session deadline
   tag @4 :Text;             # the trainer's version tag (e.g. "step-1200"); "" for none. 1..128 bytes
                             # of [A-Za-z0-9._:+-]; carried to the report, status, metrics, the engine
+  stageOnly @5 :Bool;       # hold: K: validate and keep under `tag`; commitVersion(tag) writes it later
 }
 
 struct BucketHeader {
@@ -100,7 +102,7 @@ struct PhaseTimes {
 struct RefitReport {
   sessionId @0 :UInt64;
   version @1 :UInt64;
-  outcome @2 :Text;         # committed | refused | aborted | failed (the name of outcomeCode)
+  outcome @2 :Text;         # committed | refused | aborted | failed | staged (the name of outcomeCode)
   reason @3 :Text;
   bytesIn @4 :UInt64;
   bytesOut @5 :UInt64;
@@ -220,9 +222,25 @@ interface Daemon {
   # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
   # commits.
 
+  commitVersion @6 (tag :Text) -> (report :RefitReport, status :Status);
+  # Commits the held version `tag` (hold: K) into the engine, atomically as a session's commit.
+  rollback @7 () -> (report :RefitReport, status :Status);
+  # Commits again the version committed before the current one, when it is still staged.
+  versions @8 () -> (versions :List(StagedVersion), holdLimit :UInt32, stagingLimitBytes :UInt64);
+
   checksums @4 () -> (version :UInt64, params :List(ParamChecksum), status :Status);
   # Checksum64 of every registered engine parameter, read from the engine's storage
   # (for `refitctl verify` and tests). Fails while a commit is in its pause window.
+}
+
+# A version kept in staging (hold: K, docs/versions.md).
+struct StagedVersion {
+  tag @0 :Text;
+  state @1 :Text;           # held | current | previous
+  version @2 :UInt64;       # refitd's version when it was last committed (0 while only held)
+  bytes @3 :UInt64;         # staging bytes it occupies
+  checksum @4 :UInt64;      # ParallelChecksum64 chain over its staged tensors (name, bytes), by name
+  sessionId @5 :UInt64;     # the session that staged it
 }
 
 struct ParamChecksum {

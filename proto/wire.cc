@@ -30,6 +30,7 @@ absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r) {
   m.partial = r.getPartial();
   m.deadline_ms = r.getDeadlineMs();
   m.tag = Str(r.getTag());
+  m.stage_only = r.getStageOnly();
   for (auto t : r.getTensors()) {
     absl::StatusOr<TensorDesc> d = FromWire(t);
     if (!d.ok()) return d.status();
@@ -53,7 +54,7 @@ absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r) {
 
 Outcome OutcomeFromWire(proto::Outcome o) {
   auto v = static_cast<uint16_t>(o);
-  return v <= static_cast<uint16_t>(Outcome::kFailed) ? static_cast<Outcome>(v) : Outcome::kFailed;
+  return v <= static_cast<uint16_t>(Outcome::kStaged) ? static_cast<Outcome>(v) : Outcome::kFailed;
 }
 
 EndCause CauseFromWire(proto::EndCause c) {
@@ -118,6 +119,7 @@ void ToWire(const Manifest& m, proto::Manifest::Builder b) {
   b.setPartial(m.partial);
   b.setDeadlineMs(m.deadline_ms);
   b.setTag(Text(m.tag));
+  b.setStageOnly(m.stage_only);
   auto list = b.initTensors(static_cast<unsigned>(m.tensors.size()));
   for (size_t i = 0; i < m.tensors.size(); ++i) ToWire(m.tensors[i], list[static_cast<unsigned>(i)]);
 }

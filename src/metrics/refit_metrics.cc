@@ -12,6 +12,8 @@ std::string_view LabelValue(SessionOutcome outcome) {
       return "aborted";
     case SessionOutcome::kFailed:
       return "failed";
+    case SessionOutcome::kStaged:
+      return "staged";
   }
   return "unknown";
 }

@@ -24,6 +24,7 @@ enum class SessionOutcome {
   kCommitted,  // the engine runs the new version
   kAborted,    // the trainer aborted it, or it was dropped (deadline, disconnect) before commit
   kFailed,     // refitd refused or could not complete it; the engine keeps its last version
+  kStaged,     // a stage-only refit is held in staging under its tag (hold: K)
 };
 
 // Why a session did not commit; kNone for committed sessions.

@@ -29,6 +29,21 @@ absl::StatusOr<std::vector<uint64_t>> StagedChecksums(const Planner& planner, co
   return sums;
 }
 
+// A kept version's checksum: ParallelChecksum64 of each staged tensor, chained with its name by
+// Checksum64, in name order.
+absl::StatusOr<uint64_t> StagingChecksum(const Staging& staging) {
+  uint64_t sum = 0;
+  for (const std::string& key : staging.Keys()) {
+    const StagedTensor* t = staging.Get(key);
+    if (t == nullptr) continue;
+    absl::StatusOr<uint64_t> part = staging.pool().memory().Checksum(t->data, t->nbytes);
+    if (!part.ok()) return part.status();
+    sum = Checksum64(key.data(), key.size(), sum);
+    sum = Checksum64(&*part, sizeof(uint64_t), sum);
+  }
+  return sum;
+}
+
 // The names of the written parameters whose engine bytes do not match `expected`.
 absl::StatusOr<std::vector<std::string>> VerifyWrites(const Planner& planner, const PreparedCommit& prepared,
                                                       const std::vector<uint64_t>& expected,
@@ -78,7 +93,11 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   record->id = next_engine_id_++;
   record->planner = std::move(setup.planner);
   record->storage = std::move(setup.storage);
+  if (options_.hold > 0 && !setup.new_pool) {
+    return absl::InternalError("hold > 0 needs EngineSetup::new_pool (a pool per kept version)");
+  }
   record->pool = std::move(setup.pool);
+  record->new_pool = std::move(setup.new_pool);
   record->converter = std::move(setup.converter);
   record->control = std::move(setup.control);
   for (const auto& p : record->storage->params()) record->bytes += p.nbytes;
@@ -94,6 +113,7 @@ void Node::UnregisterEngine(uint64_t engine_id) {
   if (!engine_ || engine_->id != engine_id) return;
   engine_->gone = true;
   if (active_ && active_->engine.get() == engine_.get()) AbortWith(EndCause::kEngineError, "engine unregistered");
+  versions_.clear();  // kept versions were converted for this registration's parameters
   engine_.reset();
   if (hooks_.on_engine) hooks_.on_engine(false);
 }
@@ -151,17 +171,64 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     return absl::FailedPreconditionError(absl::StrCat("manifest refused (", count, " problem", count == 1 ? "" : "s",
                                                    "): ", absl::StrJoin(problems, "; ")));
   }
+  if (manifest.stage_only) {
+    if (options_.hold == 0) {
+      return absl::FailedPreconditionError("stage-only refit refused: this daemon holds no versions (config hold: 0)");
+    }
+    if (manifest.tag.empty()) return absl::InvalidArgumentError("stage-only refit refused: it needs a tag");
+    if (manifest.partial) return absl::InvalidArgumentError("stage-only refit refused: a held version is a full refit");
+    for (const auto& v : versions_) {
+      if (v->state == StagedVersion::State::kHeld && v->tag == manifest.tag) {
+        return absl::AlreadyExistsError(absl::StrCat("stage-only refit refused: a version tagged '", manifest.tag,
+                                                     "' is already held"));
+      }
+    }
+    std::vector<std::string> held;
+    for (const auto& v : versions_) {
+      if (v->state == StagedVersion::State::kHeld) held.push_back(v->tag);
+    }
+    if (held.size() >= options_.hold) {
+      return absl::ResourceExhaustedError(absl::StrCat("stage-only refit refused: ", held.size(), " of hold: ",
+                                                       options_.hold, " versions are held (",
+                                                       absl::StrJoin(held, ", "), "); commit one first"));
+    }
+  }
+  SessionLimits session_limits = limits;
+  if (options_.hold > 0) {
+    // Room for one more version of this engine: retained committed versions give way (the
+    // previous, then the current one); held versions never do.
+    const uint64_t need = engine_->bytes;
+    for (StagedVersion::State state : {StagedVersion::State::kPrevious, StagedVersion::State::kCurrent}) {
+      if (limits.staging_bytes - std::min(limits.staging_bytes, versions_bytes()) >= need) break;
+      if (std::shared_ptr<StagedVersion> v = Find(state)) Drop(v);
+    }
+    const uint64_t free = limits.staging_bytes - std::min(limits.staging_bytes, versions_bytes());
+    if (free < need) {
+      std::vector<std::string> held;
+      for (const auto& v : versions_) held.push_back(absl::StrCat(v->tag.empty() ? "(untagged)" : v->tag, " ",
+                                                                 v->bytes, " bytes"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "staging cannot hold another version: limits.staging_bytes is ", limits.staging_bytes, ", ",
+          versions_bytes(), " bytes are held by ", versions_.size(), " version", versions_.size() == 1 ? "" : "s",
+          " (", absl::StrJoin(held, ", "), "), and a refit of this engine needs about ", need,
+          " bytes; commit a held version or raise the limit"));
+    }
+    session_limits.staging_bytes = free;
+  }
   const uint32_t deadline_ms =
       manifest.deadline_ms != 0 ? std::min(manifest.deadline_ms, limits.deadline_ms) : limits.deadline_ms;
   Session::Options so;
   so.id = NewSessionId();
   so.partial = manifest.partial;
   so.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
-  so.limits = limits;
+  so.limits = session_limits;
   so.failpoints = options_.failpoints;
   Active a;
   a.engine = engine_;
-  a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, *engine_->pool, so);
+  a.stage_only = manifest.stage_only;
+  if (options_.hold > 0) a.own_pool = engine_->new_pool();
+  StagingPool& pool = a.own_pool ? *a.own_pool : *engine_->pool;
+  a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, pool, so);
   a.begun = requested;
   a.deadline = so.deadline;
   a.plan_ms = Ms(absl::Now() - requested);
@@ -255,9 +322,11 @@ bool Node::Shutdown() {
   return committing();
 }
 
-void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times) {
+void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times,
+               uint64_t staged_checksum) {
   if (!active_) return;
-  if (outcome != Outcome::kCommitted) active_->session->Abort(reason);
+  const bool ended_well = outcome == Outcome::kCommitted || outcome == Outcome::kStaged;
+  if (!ended_well) active_->session->Abort(reason);
   RefitReport r = active_->session->Report();
   if (times != nullptr) {
     r.times.validate_ms = times->validate_ms;
@@ -277,11 +346,27 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
   switch (outcome) {
     case Outcome::kCommitted: ++committed_; break;
     case Outcome::kRefused: ++refused_; break;
+    case Outcome::kStaged: ++staged_; break;
     default: ++aborted_; break;
+  }
+  if (outcome == Outcome::kStaged) {
+    KeepActive(StagedVersion::State::kHeld, staged_checksum);
+  } else if (outcome == Outcome::kCommitted && options_.hold > 0) {
+    // The committed version stays staged for rollback: current becomes previous. After a partial
+    // refit the engine holds current + the partial: no whole staged version equals it, but the
+    // old current is still a whole earlier state to roll back to.
+    if (std::shared_ptr<StagedVersion> old = Find(StagedVersion::State::kPrevious)) Drop(old);
+    if (std::shared_ptr<StagedVersion> cur = Find(StagedVersion::State::kCurrent)) {
+      cur->state = StagedVersion::State::kPrevious;
+    }
+    if (!active_->session->partial()) {
+      KeepActive(StagedVersion::State::kCurrent, staged_checksum);
+      versions_.back()->version = r.version;
+    }
   }
   last_report_ = r;
   if (hooks_.on_log) hooks_.on_log(r);
-  if (outcome != Outcome::kCommitted && r.cause != EndCause::kClientAbort) {
+  if (!ended_well && r.cause != EndCause::kClientAbort) {
     // Ended by refitd (deadline, a corrupt bucket, engine gone, shutdown): a trainer of this
     // session may be blocked sending a bucket nobody will receive. Its connection is dropped so
     // the send fails; it reconnects for its next session.
@@ -312,6 +397,10 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   if (!active.ok()) return active;
   if (active_->committing) return absl::FailedPreconditionError("commit already in progress");
   if (active_->engine->gone) return absl::UnavailableError("the engine unregistered");
+  if (version_commit_ != nullptr && !active_->stage_only) {
+    return absl::UnavailableError(absl::StrCat("busy: the kept version '", version_commit_->held_->tag,
+                                               "' is being committed; commit again when it is done"));
+  }
   if (!active_->engine->control->Responsive()) {
     return absl::UnavailableError("the engine did not answer a pause or resume in time");
   }
@@ -329,11 +418,12 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   commit->to_tag_ = active_->tag;
   commit->dirty_at_start_ = active_->engine->dirty;
   commit->verify_ = options_.verify_after_commit;
+  commit->stage_only_ = active_->stage_only;
+  commit->keep_ = options_.hold > 0 && !active_->session->partial();
   return commit;
 }
 
 void Node::RunCommit(Commit& c) {
-  Session& s = *c.session_;
   EngineRecord& engine = *c.engine_;
   auto phase = [&c](const char* name) {
     if (c.hooks_->on_commit_phase) c.hooks_->on_commit_phase(c.session_id_, name);
@@ -344,28 +434,49 @@ void Node::RunCommit(Commit& c) {
     c.reason_ = std::move(reason);
   };
 
-  // Every announced bucket received and converted.
   absl::Time t0 = absl::Now();
-  absl::Status finished = s.Finish();
-  c.times_.finish_ms = Ms(absl::Now() - t0);
-  if (!finished.ok()) {
-    return end(finished.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
-               CauseOfSessionFailure(finished), std::string(finished.message()));
-  }
+  const Staging* staging = nullptr;
+  std::vector<size_t> produced;
+  if (c.held_ == nullptr) {
+    Session& s = *c.session_;
+    // Every announced bucket received and converted.
+    absl::Status finished = s.Finish();
+    c.times_.finish_ms = Ms(absl::Now() - t0);
+    if (!finished.ok()) {
+      return end(finished.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
+                 CauseOfSessionFailure(finished), std::string(finished.message()));
+    }
 
-  // Complete before commit.
-  t0 = absl::Now();
-  absl::Status valid = s.Validate();
-  if (valid.ok() && c.dirty_at_start_ && s.partial()) {
-    valid = absl::FailedPreconditionError(
-        "refit refused: the engine's weights are dirty after a failed commit; a full refit must land first");
+    // Complete before commit.
+    t0 = absl::Now();
+    absl::Status valid = s.Validate();
+    if (valid.ok() && c.dirty_at_start_ && s.partial()) {
+      valid = absl::FailedPreconditionError(
+          "refit refused: the engine's weights are dirty after a failed commit; a full refit must land first");
+    }
+    c.times_.validate_ms = Ms(absl::Now() - t0);
+    if (!valid.ok()) return end(Outcome::kRefused, EndCause::kIncomplete, std::string(valid.message()));
+    staging = &s.staging();
+    produced = s.ledger().Produced();
+    if (c.keep_) {
+      // hold > 0: the version's checksum, for `refitctl versions` (before any pause).
+      absl::StatusOr<uint64_t> sum = StagingChecksum(*staging);
+      if (!sum.ok()) {
+        return end(Outcome::kFailed, EndCause::kInternal,
+                   absl::StrCat("checksumming the staged version failed: ", sum.status().message()));
+      }
+      c.staged_checksum_ = *sum;
+    }
+    if (c.stage_only_) return end(Outcome::kStaged, EndCause::kNone, "");
+  } else {
+    // A kept version: received, converted and validated when it was staged.
+    staging = c.held_->staging.get();
+    produced = c.held_->produced;
   }
-  c.times_.validate_ms = Ms(absl::Now() - t0);
-  if (!valid.ok()) return end(Outcome::kRefused, EndCause::kIncomplete, std::string(valid.message()));
 
   // Every engine parameter built (assembly, layout steps, derived state) before the pause.
   t0 = absl::Now();
-  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, s.staging(), s.ledger().Produced());
+  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, *staging, produced);
   if (prepared.ok()) {
     absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
     if (!st.ok()) prepared = st;
@@ -386,7 +497,7 @@ void Node::RunCommit(Commit& c) {
   std::vector<uint64_t> expected;
   if (c.verify_) {
     t0 = absl::Now();
-    absl::StatusOr<std::vector<uint64_t>> sums = StagedChecksums(*engine.planner, *prepared, s.staging().pool().memory());
+    absl::StatusOr<std::vector<uint64_t>> sums = StagedChecksums(*engine.planner, *prepared, staging->pool().memory());
     c.times_.verify_ms = Ms(absl::Now() - t0);
     if (!sums.ok()) {
       return end(Outcome::kFailed, EndCause::kInternal,
@@ -481,6 +592,7 @@ void Node::RunCommit(Commit& c) {
 }
 
 const RefitReport& Node::FinishCommit(Commit& c) {
+  if (c.held_ != nullptr) return FinishVersionCommit(c);
   EngineRecord& engine = *c.engine_;
   if (c.engine_dirty_) engine.dirty = true;
   if (c.engine_version_set_) {
@@ -499,7 +611,159 @@ const RefitReport& Node::FinishCommit(Commit& c) {
     cause = active_->ended_by->first;
     reason = active_->ended_by->second;
   }
-  End(outcome, cause, std::move(reason), &c.times_);
+  End(outcome, cause, std::move(reason), &c.times_, c.staged_checksum_);
+  return last_report_;
+}
+
+// ---- versions kept in staging (hold: K) ----
+
+const char* StagedVersionStateName(StagedVersion::State state) {
+  switch (state) {
+    case StagedVersion::State::kHeld: return "held";
+    case StagedVersion::State::kCurrent: return "current";
+    case StagedVersion::State::kPrevious: return "previous";
+  }
+  return "held";
+}
+
+void Node::KeepActive(StagedVersion::State state, uint64_t checksum) {
+  auto v = std::make_shared<StagedVersion>();
+  v->state = state;
+  v->tag = active_->tag;
+  v->session_id = active_->session->id();
+  v->checksum = checksum;
+  v->tensors = static_cast<uint32_t>(active_->session->ledger().tensors());
+  v->produced = active_->session->ledger().Produced();
+  v->staging = active_->session->TakeStaging();
+  v->pool = std::move(active_->own_pool);
+  v->bytes = v->staging->bytes();
+  active_->staging_taken = true;
+  versions_.push_back(std::move(v));
+}
+
+std::shared_ptr<StagedVersion> Node::Find(StagedVersion::State state) const {
+  for (const auto& v : versions_) {
+    if (v->state == state) return v;
+  }
+  return nullptr;
+}
+
+void Node::Drop(const std::shared_ptr<StagedVersion>& v) {
+  versions_.erase(std::remove(versions_.begin(), versions_.end(), v), versions_.end());
+  NotifySession();
+}
+
+uint64_t Node::versions_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& v : versions_) bytes += v->bytes;
+  return bytes;
+}
+
+std::vector<VersionInfo> Node::Versions() const {
+  std::vector<VersionInfo> out;
+  for (StagedVersion::State state :
+       {StagedVersion::State::kHeld, StagedVersion::State::kCurrent, StagedVersion::State::kPrevious}) {
+    for (const auto& v : versions_) {
+      if (v->state != state) continue;
+      out.push_back({v->tag, StagedVersionStateName(v->state), v->version, v->bytes, v->checksum, v->session_id});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Commit>> Node::StartVersionCommit(const std::string& tag) {
+  if (options_.hold == 0) return absl::FailedPreconditionError("this daemon holds no versions (config hold: 0)");
+  std::vector<std::string> held;
+  for (const auto& v : versions_) {
+    if (v->state != StagedVersion::State::kHeld) continue;
+    if (v->tag == tag) return StartKeptCommit(v, false);
+    held.push_back(v->tag);
+  }
+  return absl::NotFoundError(absl::StrCat("no held version is tagged '", PrintableName(tag), "' (held: ",
+                                          held.empty() ? "none" : absl::StrJoin(held, ", "), ")"));
+}
+
+absl::StatusOr<std::shared_ptr<Commit>> Node::StartRollback() {
+  if (options_.hold == 0) return absl::FailedPreconditionError("this daemon holds no versions (config hold: 0)");
+  std::shared_ptr<StagedVersion> previous = Find(StagedVersion::State::kPrevious);
+  if (previous == nullptr) {
+    return absl::FailedPreconditionError(
+        "nothing to roll back to: the version committed before the current one is not staged (none was, or "
+        "staging needed its memory)");
+  }
+  return StartKeptCommit(previous, true);
+}
+
+absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback) {
+  if (!engine_ || engine_->gone) return absl::UnavailableError("no engine is registered");
+  if (version_commit_ != nullptr || (active_ && active_->committing)) {
+    return absl::UnavailableError("busy: another commit is in progress");
+  }
+  if (!engine_->control->Responsive()) {
+    return absl::UnavailableError("the engine did not answer a pause or resume in time");
+  }
+  auto commit = std::make_shared<Commit>();
+  commit->session_id_ = v->session_id;
+  commit->engine_ = engine_;
+  commit->failpoints_ = options_.failpoints;
+  commit->hooks_ = &hooks_;
+  commit->pause_timeout_ = options_.pause_timeout;
+  commit->resume_timeout_ = options_.resume_timeout;
+  commit->from_version_ = engine_->version;
+  commit->from_tag_ = engine_->tag;
+  commit->to_tag_ = v->tag;
+  commit->dirty_at_start_ = engine_->dirty;
+  commit->verify_ = options_.verify_after_commit;
+  commit->held_ = std::move(v);
+  commit->rollback_ = rollback;
+  commit->staged_checksum_ = commit->held_->checksum;
+  version_commit_ = commit;
+  return commit;
+}
+
+const RefitReport& Node::FinishVersionCommit(Commit& c) {
+  EngineRecord& engine = *c.engine_;
+  if (c.engine_dirty_) engine.dirty = true;
+  if (c.engine_version_set_) {
+    engine.version = c.from_version_ + 1;
+    engine.tag = c.to_tag_;
+    engine.dirty = false;
+  }
+  if (c.verify_mismatch_) ++verify_mismatches_;
+  RefitReport r;
+  r.session_id = c.held_->session_id;
+  r.tag = c.held_->tag;
+  r.outcome = c.outcome_;
+  r.cause = c.outcome_ == Outcome::kCommitted ? EndCause::kNone : c.cause_;
+  r.reason = c.reason_;
+  if (c.outcome_ == Outcome::kCommitted) {
+    r.reason = c.rollback_ ? absl::StrCat("rolled back to the version tagged '", c.held_->tag, "'")
+                           : absl::StrCat("committed the held version '", c.held_->tag, "'");
+  }
+  r.version = c.outcome_ == Outcome::kCommitted ? engine.version : 0;
+  r.bytes_out = c.held_->bytes;
+  r.tensors = c.held_->tensors;
+  r.times = c.times_;
+  r.times.total_ms = c.times_.prepare_ms + c.times_.pause_ms + c.times_.verify_ms;
+  switch (c.outcome_) {
+    case Outcome::kCommitted: ++committed_; break;
+    case Outcome::kRefused: ++refused_; break;
+    default: ++aborted_; break;
+  }
+  if (c.outcome_ == Outcome::kCommitted && engine_.get() == &engine) {
+    // The engine serves this version now: it is the current one, the one it replaced the previous.
+    std::shared_ptr<StagedVersion> old_current = Find(StagedVersion::State::kCurrent);
+    std::shared_ptr<StagedVersion> old_previous = Find(StagedVersion::State::kPrevious);
+    if (old_previous != nullptr && old_previous != c.held_) Drop(old_previous);
+    if (old_current != nullptr) old_current->state = StagedVersion::State::kPrevious;
+    c.held_->state = StagedVersion::State::kCurrent;
+    c.held_->version = r.version;
+  }
+  version_commit_.reset();
+  last_report_ = r;
+  if (hooks_.on_log) hooks_.on_log(r);
+  if (hooks_.on_report) hooks_.on_report(r);
+  NotifySession();
   return last_report_;
 }
 

@@ -44,6 +44,9 @@ struct EngineSetup {
   std::unique_ptr<Planner> planner;
   std::unique_ptr<storage::EngineStorage> storage;
   std::unique_ptr<StagingPool> pool;
+  // A new, empty pool of the same memory kind: with hold > 0 every session stages into its own
+  // pool, which a held or retained version keeps. Required when NodeOptions::hold > 0.
+  std::function<std::unique_ptr<StagingPool>()> new_pool;
   std::unique_ptr<Converter> converter;
   std::unique_ptr<EngineControl> control;
   uint64_t version = 0;  // the version the engine serves (0: fresh)
@@ -57,6 +60,7 @@ struct EngineRecord {
   std::unique_ptr<Planner> planner;
   std::unique_ptr<storage::EngineStorage> storage;
   std::unique_ptr<StagingPool> pool;
+  std::function<std::unique_ptr<StagingPool>()> new_pool;
   std::unique_ptr<Converter> converter;
   std::unique_ptr<EngineControl> control;
   uint64_t bytes = 0;
@@ -86,7 +90,36 @@ struct NodeOptions {
   // (on the GPU for device storage) against the checksum of the staged bytes it was copied from.
   // A mismatch fails the commit (cause kVerifyMismatch) and leaves the engine paused and dirty.
   bool verify_after_commit = false;
+  // hold: K (docs/versions.md): up to K stage-only refits kept in staging under their tags, and
+  // the current and previous committed full refits kept for rollback while staging has room.
+  // 0: none (every session reuses the engine's one pool).
+  uint32_t hold = 0;
   const FailpointSet* failpoints = nullptr;  // test builds only
+};
+
+// A converted, validated full refit kept in staging (hold > 0): held (staged only, never
+// committed since), or the engine's current or previous committed version, kept for rollback.
+// Shared by the node's list and a commit in flight.
+struct StagedVersion {
+  enum class State { kHeld, kCurrent, kPrevious };
+  State state = State::kHeld;
+  std::string tag;
+  uint64_t session_id = 0;  // the session that staged it
+  uint64_t version = 0;     // refitd's version when it was last committed (0 while only held)
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+  uint32_t tensors = 0;
+  std::unique_ptr<StagingPool> pool;  // declared before staging: outlives it
+  std::unique_ptr<Staging> staging;
+  std::vector<size_t> produced;  // engine parameters it writes
+};
+const char* StagedVersionStateName(StagedVersion::State state);  // "held", "current", "previous"
+
+// One line of Node::Versions().
+struct VersionInfo {
+  std::string tag;
+  const char* state;
+  uint64_t version, bytes, checksum, session_id;
 };
 
 struct BeginResult {
@@ -120,6 +153,12 @@ class Commit {
   bool engine_dirty_ = false;      // the copy started and did not finish: the engine stays paused
   bool engine_version_set_ = false;  // the engine holds to_version's bytes
   bool verify_mismatch_ = false;     // verify_after_commit found engine bytes unlike the staged ones
+  bool stage_only_ = false;          // a stage-only session: validate, then hold
+  bool keep_ = false;                // hold > 0 and a full refit: its staging is kept after the session
+  uint64_t staged_checksum_ = 0;     // stage-only: the version's checksum
+  // A commit of a version kept in staging (commit by tag, rollback): no session.
+  std::shared_ptr<StagedVersion> held_;
+  bool rollback_ = false;
   PhaseTimes times_;
 };
 
@@ -164,6 +203,16 @@ class Node {
   // Ends the session with the commit's outcome; returns the report (also last_report()).
   const RefitReport& FinishCommit(Commit& commit);
 
+  // hold > 0: the commit of the held version `tag` (NotFound naming the held tags otherwise), or
+  // of the previous committed version (rollback; FailedPrecondition when none is staged). Run
+  // and finished like a session's commit. Unavailable while another commit runs; a session may
+  // be receiving meanwhile.
+  absl::StatusOr<std::shared_ptr<Commit>> StartVersionCommit(const std::string& tag);
+  absl::StatusOr<std::shared_ptr<Commit>> StartRollback();
+  // Held, current and previous versions in staging, held first, then current, then previous.
+  std::vector<VersionInfo> Versions() const;
+  uint64_t versions_bytes() const;
+
   // State, for status and readiness.
   const EngineRecord* engine() const { return engine_.get(); }
   // Serving-readiness: an engine registered, clean and answering.
@@ -173,13 +222,17 @@ class Node {
   const std::string& tag() const;
   bool session_active() const { return active_.has_value(); }
   uint64_t active_session_id() const { return active_ ? active_->session->id() : 0; }
-  bool committing() const { return active_ && active_->committing; }
-  uint64_t staging_bytes() const { return active_ ? active_->session->staging().bytes() : 0; }
+  bool committing() const { return (active_ && active_->committing) || version_commit_ != nullptr; }
+  // Staging in use: the active session's and every kept version's.
+  uint64_t staging_bytes() const {
+    return (active_ && !active_->staging_taken ? active_->session->staging().bytes() : 0) + versions_bytes();
+  }
   const RefitReport& last_report() const { return last_report_; }
   uint64_t committed() const { return committed_; }
   uint64_t refused() const { return refused_; }
   uint64_t aborted() const { return aborted_; }
   uint64_t verify_mismatches() const { return verify_mismatches_; }
+  uint64_t staged() const { return staged_; }
   const NodeOptions& options() const { return options_; }
 
   // Checksum64 of every registered parameter read from the engine's storage.
@@ -193,7 +246,10 @@ class Node {
  private:
   struct Active {
     std::shared_ptr<EngineRecord> engine;  // declared first: outlives the session
+    std::unique_ptr<StagingPool> own_pool;  // hold > 0: this session's pool (outlives the session)
     std::unique_ptr<Session> session;
+    bool stage_only = false;
+    bool staging_taken = false;  // handed to a kept version
     absl::Time begun;
     absl::Time deadline;
     double plan_ms = 0;
@@ -205,11 +261,20 @@ class Node {
   };
   absl::Status CheckActive(uint64_t session_id) const;
   // Ends the active session: aborts it if still running, counts, reports, resets.
-  void End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times = nullptr);
+  void End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times = nullptr,
+           uint64_t staged_checksum = 0);
   // Aborts the active session with `cause`: at once when not committing, else when the commit ends.
   void AbortWith(EndCause cause, const std::string& reason);
   void NotifySession();
   uint64_t NewSessionId();
+  // Keeps the active session's staging as a version in `state` (End, before the session goes).
+  void KeepActive(StagedVersion::State state, uint64_t checksum);
+  // A version of `state`, or null.
+  std::shared_ptr<StagedVersion> Find(StagedVersion::State state) const;
+  void Drop(const std::shared_ptr<StagedVersion>& v);
+  // A commit of a kept version, checked and set up; `rollback` for the report's reason.
+  absl::StatusOr<std::shared_ptr<Commit>> StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback);
+  const RefitReport& FinishVersionCommit(Commit& commit);
 
   const NodeOptions options_;
   transport::Receiver& receiver_;
@@ -218,7 +283,9 @@ class Node {
   std::shared_ptr<EngineRecord> engine_;
   std::optional<Active> active_;
   uint64_t next_engine_id_ = 1;
-  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0;
+  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
+  std::vector<std::shared_ptr<StagedVersion>> versions_;
+  std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
   uint64_t last_session_id_ = 0;
   std::random_device entropy_;
   RefitReport last_report_;

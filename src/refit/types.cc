@@ -11,6 +11,7 @@ const char* OutcomeName(Outcome outcome) {
     case Outcome::kRefused: return "refused";
     case Outcome::kAborted: return "aborted";
     case Outcome::kFailed: return "failed";
+    case Outcome::kStaged: return "staged";
   }
   return "none";
 }
@@ -48,7 +49,7 @@ EndCause CauseOfSessionFailure(const absl::Status& failure) {
 }
 
 absl::Status ReportStatus(const RefitReport& report) {
-  if (report.outcome == Outcome::kCommitted) return absl::OkStatus();
+  if (report.outcome == Outcome::kCommitted || report.outcome == Outcome::kStaged) return absl::OkStatus();
   absl::StatusCode code = absl::StatusCode::kAborted;
   switch (report.cause) {
     case EndCause::kIncomplete: code = absl::StatusCode::kFailedPrecondition; break;

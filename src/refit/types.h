@@ -56,6 +56,10 @@ struct Manifest {
   bool partial = false;
   uint32_t deadline_ms = 0;
   std::string tag;
+  // Stage only (hold: K): receive, convert and validate, then keep the result in staging under
+  // `tag` instead of writing it; a later commit by tag (or rollback) writes it. Needs a tag and a
+  // full refit.
+  bool stage_only = false;
 };
 
 struct PhaseTimes {
@@ -73,6 +77,7 @@ enum class Outcome {
   kRefused,    // validation refused the refit before anything was written; the engine is unchanged
   kAborted,    // ended before commit (trainer, operator, deadline, peer gone); the engine is unchanged
   kFailed,     // the commit or the session failed (engine, data, resources); see cause and reason
+  kStaged,     // a stage-only refit: validated and held in staging under its tag, not written (hold: K)
 };
 
 // Why a session that did not commit ended: the metric label, the log's cause, the client's code.

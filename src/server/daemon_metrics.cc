@@ -7,13 +7,14 @@ namespace refit::server {
 metrics::SessionOutcome OutcomeOf(const RefitReport& r) {
   if (r.outcome == Outcome::kCommitted) return metrics::SessionOutcome::kCommitted;
   if (r.outcome == Outcome::kAborted) return metrics::SessionOutcome::kAborted;
+  if (r.outcome == Outcome::kStaged) return metrics::SessionOutcome::kStaged;
   return metrics::SessionOutcome::kFailed;  // refused or failed: the engine keeps its version
 }
 
 // From the report's typed cause: never from the text of its reason.
 metrics::SessionFailureReason ReasonOf(const RefitReport& r) {
   using R = metrics::SessionFailureReason;
-  if (r.outcome == Outcome::kCommitted) return R::kNone;
+  if (r.outcome == Outcome::kCommitted || r.outcome == Outcome::kStaged) return R::kNone;
   switch (r.cause) {
     case EndCause::kNone: return r.outcome == Outcome::kRefused ? R::kIncomplete : R::kInternal;
     case EndCause::kClientAbort: return R::kClientAbort;

@@ -94,6 +94,8 @@ class NodeTest : public ::testing::Test {
     options.resume_timeout = absl::Milliseconds(50);
     options.failpoints = failpoints_.get();
     options.verify_after_commit = verify_;
+    options.hold = hold_;
+    if (staging_limit_ != 0) options.limits.staging_bytes = staging_limit_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
     node_ = std::make_unique<Node>(options, receiver_, *ring_, hooks);
@@ -110,6 +112,7 @@ class NodeTest : public ::testing::Test {
     setup.storage = *storage::ShmEngineStorage::Open(shm);
     setup.planner = std::make_unique<Planner>(*Planner::Create(spec_, setup.storage->params()));
     setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
+    setup.new_pool = [] { return std::make_unique<StagingPool>(storage::NewHostMemory()); };
     setup.converter = std::make_unique<CpuConverter>();
     auto control = std::make_unique<ScriptedControl>();
     if (control_out != nullptr) *control_out = control.get();
@@ -132,8 +135,11 @@ class NodeTest : public ::testing::Test {
   }
 
   // Begins a session and sends `tensors` of `payload` in one bucket.
-  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false, std::string tag = "") {
-    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(tensors, partial, std::move(tag)), absl::Now());
+  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false, std::string tag = "",
+                bool stage_only = false) {
+    Manifest m = ManifestOf(tensors, partial, std::move(tag));
+    m.stage_only = stage_only;
+    absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
     EXPECT_TRUE(begun.ok()) << begun.status();
     if (!begun.ok()) return 0;
     BucketHeader h;
@@ -167,6 +173,26 @@ class NodeTest : public ::testing::Test {
   transport::MemoryReceiver receiver_;
   std::unique_ptr<FailpointSet> failpoints_;
   bool verify_ = false;  // NodeOptions::verify_after_commit (set, then SetUp() again)
+  uint32_t hold_ = 0;            // NodeOptions::hold
+  uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
+
+  // Stage-only refit of `payload` under `tag`.
+  const RefitReport& Stage(const std::vector<uint8_t>& payload, const std::string& tag) {
+    return CommitNow(Send(payload, kParams, false, tag, /*stage_only=*/true));
+  }
+  // Commits a kept version: `tag`, or the rollback target when `tag` is empty.
+  const RefitReport& CommitKept(const std::string& tag) {
+    absl::StatusOr<std::shared_ptr<Commit>> c = tag.empty() ? node_->StartRollback() : node_->StartVersionCommit(tag);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return node_->last_report();
+    Node::RunCommit(**c);
+    return node_->FinishCommit(**c);
+  }
+  std::vector<std::string> VersionList() const {
+    std::vector<std::string> out;
+    for (const VersionInfo& v : node_->Versions()) out.push_back(absl::StrCat(v.state, ":", v.tag));
+    return out;
+  }
   std::unique_ptr<Node> node_;
   std::vector<RefitReport> reports_;
   std::vector<uint8_t> sent_;
@@ -388,6 +414,158 @@ TEST_F(NodeTest, ACorruptedCopyGoesUnnoticedWithoutVerify) {
   EXPECT_EQ(EngineBytes(), want);
 }
 #endif
+
+TEST_F(NodeTest, HeldVersionsAreCommittedOutOfOrder) {
+  hold_ = 3;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> before = EngineBytes();
+  const std::vector<uint8_t> a = Payload(21), b = Payload(22), c = Payload(23);
+  for (const auto& [payload, tag] : {std::pair{a, "a"}, std::pair{b, "b"}, std::pair{c, "c"}}) {
+    const RefitReport& r = Stage(payload, tag);
+    EXPECT_EQ(r.outcome, Outcome::kStaged) << r.reason;
+    EXPECT_STREQ(OutcomeName(r.outcome), "staged");
+    EXPECT_TRUE(ReportStatus(r).ok());
+    EXPECT_EQ(r.tag, tag);
+    EXPECT_EQ(r.version, 0u);
+  }
+  EXPECT_EQ(EngineBytes(), before);  // staging only: nothing written, nothing paused
+  EXPECT_TRUE(control->calls.empty());
+  EXPECT_EQ(node_->staged(), 3u);
+  std::vector<VersionInfo> held = node_->Versions();
+  ASSERT_EQ(held.size(), 3u);
+  for (const VersionInfo& v : held) {
+    EXPECT_STREQ(v.state, "held");
+    EXPECT_EQ(v.bytes, kBytes * kParams);
+    EXPECT_NE(v.checksum, 0u);
+  }
+  EXPECT_NE(held[0].checksum, held[1].checksum);
+  EXPECT_EQ(node_->staging_bytes(), 3 * kBytes * kParams);
+
+  const RefitReport& rc = CommitKept("c");
+  EXPECT_EQ(rc.outcome, Outcome::kCommitted) << rc.reason;
+  EXPECT_EQ(rc.version, 1u);
+  EXPECT_EQ(rc.tag, "c");
+  EXPECT_EQ(EngineBytes(), c);
+  EXPECT_EQ(node_->tag(), "c");
+  EXPECT_THAT(VersionList(), ElementsAre("held:a", "held:b", "current:c"));
+  EXPECT_EQ(CommitKept("a").version, 2u);
+  EXPECT_EQ(EngineBytes(), a);
+  EXPECT_EQ(CommitKept("b").version, 3u);
+  EXPECT_EQ(EngineBytes(), b);
+  EXPECT_THAT(VersionList(), ElementsAre("current:b", "previous:a"));  // c gave way
+  EXPECT_THAT(control->tags, ElementsAre("c", "a", "b"));
+  EXPECT_EQ(node_->committed(), 3u);
+  // A committed held version is no longer held.
+  EXPECT_EQ(node_->StartVersionCommit("c").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodeTest, RollbackRestoresThePreviousVersionsBytes) {
+  hold_ = 1;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  EXPECT_EQ(node_->StartRollback().status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<uint8_t> p1 = Payload(31), p2 = Payload(32);
+  ASSERT_EQ(CommitNow(Send(p1, kParams, false, "step-1")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("current:step-1"));
+  EXPECT_THAT(node_->StartRollback().status().message(), HasSubstr("nothing to roll back to"));
+  ASSERT_EQ(CommitNow(Send(p2, kParams, false, "step-2")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("current:step-2", "previous:step-1"));
+  const RefitReport& r = CommitKept("");
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_THAT(r.reason, HasSubstr("rolled back"));
+  EXPECT_EQ(r.version, 3u);  // a rollback is a new commit
+  EXPECT_EQ(r.tag, "step-1");
+  EXPECT_EQ(EngineBytes(), p1);
+  EXPECT_EQ(node_->tag(), "step-1");
+  EXPECT_THAT(VersionList(), ElementsAre("current:step-1", "previous:step-2"));
+  // Rolling back again returns to step-2.
+  EXPECT_EQ(CommitKept("").version, 4u);
+  EXPECT_EQ(EngineBytes(), p2);
+  // A partial refit on top: the whole step-2 becomes the rollback target.
+  ASSERT_EQ(CommitNow(Send(Payload(33), 1, /*partial=*/true, "step-3")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("previous:step-2"));
+  CommitKept("");
+  EXPECT_EQ(EngineBytes(), p2);
+}
+
+TEST_F(NodeTest, StagingThatCannotHoldAnotherVersionRefusesClearly) {
+  hold_ = 3;
+  staging_limit_ = kBytes * kParams * 5 / 2;  // room for two versions and a half
+  SetUp();
+  Register();
+  ASSERT_EQ(Stage(Payload(41), "a").outcome, Outcome::kStaged);
+  ASSERT_EQ(Stage(Payload(42), "b").outcome, Outcome::kStaged);
+  Manifest m = ManifestOf(kParams, false, "c");
+  m.stage_only = true;
+  absl::StatusOr<BeginResult> refused = node_->Begin(m, absl::Now());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("staging cannot hold another version"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("a 1024 bytes, b 1024 bytes"));
+  // An ordinary refit needs the room too.
+  EXPECT_EQ(node_->Begin(ManifestOf(kParams), absl::Now()).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(node_->session_active());
+  // Committing one makes it the current version, which gives way to the next refit.
+  ASSERT_EQ(CommitKept("a").outcome, Outcome::kCommitted);
+  EXPECT_EQ(Stage(Payload(43), "c").outcome, Outcome::kStaged);
+  EXPECT_THAT(VersionList(), ElementsAre("held:b", "held:c"));
+}
+
+TEST_F(NodeTest, StageOnlyRefusalsNameTheirReason) {
+  Register();
+  Manifest m = ManifestOf(kParams, false, "a");
+  m.stage_only = true;
+  EXPECT_EQ(node_->Begin(m, absl::Now()).status().code(), absl::StatusCode::kFailedPrecondition);  // hold: 0
+  EXPECT_EQ(node_->StartVersionCommit("a").status().code(), absl::StatusCode::kFailedPrecondition);
+  hold_ = 1;
+  SetUp();
+  Register();
+  m.tag = "";
+  EXPECT_THAT(node_->Begin(m, absl::Now()).status().message(), HasSubstr("needs a tag"));
+  m.tag = "a";
+  m.partial = true;
+  EXPECT_THAT(node_->Begin(m, absl::Now()).status().message(), HasSubstr("full refit"));
+  ASSERT_EQ(Stage(Payload(51), "a").outcome, Outcome::kStaged);
+  m.partial = false;
+  absl::StatusOr<BeginResult> again = node_->Begin(m, absl::Now());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  m.tag = "b";
+  absl::StatusOr<BeginResult> full = node_->Begin(m, absl::Now());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("1 of hold: 1 versions are held (a)"));
+  absl::StatusOr<std::shared_ptr<Commit>> unknown = node_->StartVersionCommit("zz");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("held: a"));
+}
+
+TEST_F(NodeTest, ANewRefitIsReceivedWhileAHeldVersionCommits) {
+  hold_ = 2;
+  SetUp();
+  Register();
+  const std::vector<uint8_t> a = Payload(61), b = Payload(62);
+  ASSERT_EQ(Stage(a, "a").outcome, Outcome::kStaged);
+  absl::StatusOr<std::shared_ptr<Commit>> held = node_->StartVersionCommit("a");
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(node_->committing());
+  // A second commit of a kept version waits its turn.
+  EXPECT_EQ(node_->StartVersionCommit("a").status().code(), absl::StatusCode::kUnavailable);
+  // A new session begins and receives meanwhile ...
+  const uint64_t session = Send(b, kParams, false, "b");
+  ASSERT_NE(session, 0u);
+  // ... but its commit is refused until the held one is done.
+  EXPECT_EQ(node_->StartCommit(session).status().code(), absl::StatusCode::kUnavailable);
+  Node::RunCommit(**held);
+  EXPECT_EQ(node_->FinishCommit(**held).outcome, Outcome::kCommitted);
+  EXPECT_EQ(EngineBytes(), a);
+  EXPECT_TRUE(node_->session_active());
+  const RefitReport& r = CommitNow(session);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_EQ(EngineBytes(), b);
+  EXPECT_THAT(VersionList(), ElementsAre("current:b", "previous:a"));
+}
 
 TEST_F(NodeTest, EngineLeavingDuringTheCommitIsAnOutcomeAndANewEngineMayRegister) {
   ScriptedControl* control;
