@@ -39,7 +39,8 @@ class TensorDesc(ctypes.Structure):
 class Manifest(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("model", ctypes.c_char_p),
                 ("tensors", ctypes.POINTER(TensorDesc)), ("num_tensors", ctypes.c_uint64),
-                ("partial", ctypes.c_uint32), ("deadline_ms", ctypes.c_uint32), ("tag", ctypes.c_char_p)]
+                ("partial", ctypes.c_uint32), ("deadline_ms", ctypes.c_uint32), ("tag", ctypes.c_char_p),
+                ("stage_only", ctypes.c_uint32)]
 
 
 class Tensor(ctypes.Structure):

@@ -126,12 +126,14 @@ class TrainerClient:
         return self._handle
 
     def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0,
-                tag=None) -> "RefitSession":
+                tag=None, stage_only: bool = False) -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
         names, dtypes and shapes only). Raises RefitUnavailable while another session is open.
         `tag`: the trainer's version tag (a str, or an int such as the training step, sent as its
         decimal string): 1..128 characters of A-Z a-z 0-9 . _ : + -; refitd reports it with the
-        version (RefitInvalidArgument otherwise)."""
+        version (RefitInvalidArgument otherwise). `stage_only` (refitd config `hold: K`): the
+        commit validates and keeps the refit in refitd's staging under `tag` (outcome "staged")
+        instead of writing it; `refitctl commit TAG` writes it later."""
         named = _named(tensors)
         shapes = [_native.shape_array(t.shape) for _, t in named]
         names = [n.encode() for n, _ in named]
@@ -142,7 +144,8 @@ class TrainerClient:
                                    shape=ctypes.cast(shapes[i], _native.c_int64_p), rank=t.dim())
         tag_bytes = None if tag is None else str(tag).encode()
         manifest = _native.new(_native.Manifest, model=model.encode(), tensors=descs, num_tensors=len(named),
-                               partial=int(partial), deadline_ms=deadline_ms, tag=tag_bytes)
+                               partial=int(partial), deadline_ms=deadline_ms, tag=tag_bytes,
+                               stage_only=int(stage_only))
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_session_begin(self._live(), ctypes.byref(manifest), ctypes.byref(handle)),
                       f"begin a refit of '{model}'")

@@ -365,6 +365,7 @@ int refit_session_begin(refit_client* client, const refit_manifest* manifest, re
     cm.partial = m.partial != 0;
     cm.deadline_ms = m.deadline_ms;
     if (m.tag != nullptr) cm.tag = m.tag;
+    cm.stage_only = m.stage_only != 0;
     cm.tensors.reserve(m.num_tensors);
     for (uint64_t i = 0; i < m.num_tensors; ++i) {
       refit_tensor_desc d;

@@ -110,6 +110,10 @@ typedef struct refit_manifest {
    * refitd's status, metrics and log, and the engine's resume. refitd's own `version` still
    * orders commits. */
   const char* tag;
+  /* ABI 3. Nonzero: stage only (refitd config hold: K): receive, convert and validate, then keep
+   * the refit in staging under `tag` (required) instead of writing it; the commit reports outcome
+   * "staged". A later commit by tag (`refitctl commit TAG`) writes it. */
+  uint32_t stage_only;
 } refit_manifest;
 
 /* One tensor's bytes, dense row-major. */

@@ -448,6 +448,38 @@ absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> TrainerClient::C
   });
 }
 
+absl::StatusOr<RefitReport> TrainerClient::CommitVersion(const std::string& tag) {
+  return Call([&]() -> absl::StatusOr<RefitReport> {
+    auto req = impl_->daemon.commitVersionRequest();
+    req.setTag(wire::Text(tag));
+    auto resp = req.send().wait(impl_->io.waitScope);
+    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+    return wire::FromWire(resp.getReport());
+  });
+}
+
+absl::StatusOr<RefitReport> TrainerClient::Rollback() {
+  return Call([&]() -> absl::StatusOr<RefitReport> {
+    auto resp = impl_->daemon.rollbackRequest().send().wait(impl_->io.waitScope);
+    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+    return wire::FromWire(resp.getReport());
+  });
+}
+
+absl::StatusOr<VersionsList> TrainerClient::Versions() {
+  return Call([&]() -> absl::StatusOr<VersionsList> {
+    auto resp = impl_->daemon.versionsRequest().send().wait(impl_->io.waitScope);
+    VersionsList out;
+    out.hold_limit = resp.getHoldLimit();
+    out.staging_limit_bytes = resp.getStagingLimitBytes();
+    for (auto v : resp.getVersions()) {
+      out.versions.push_back({wire::Str(v.getTag()), wire::Str(v.getState()), v.getVersion(), v.getBytes(),
+                              v.getChecksum(), v.getSessionId()});
+    }
+    return out;
+  });
+}
+
 RefitSession::RefitSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 RefitSession::~RefitSession() {

@@ -67,6 +67,22 @@ struct DaemonStatus {
   RefitReport last_report;
 };
 
+// A version refitd keeps in staging (hold: K; docs/versions.md).
+struct StagedVersionInfo {
+  std::string tag;
+  std::string state;  // held | current | previous
+  uint64_t version = 0;  // refitd's version when last committed (0 while only held)
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+  uint64_t session_id = 0;
+};
+
+struct VersionsList {
+  std::vector<StagedVersionInfo> versions;
+  uint32_t hold_limit = 0;
+  uint64_t staging_limit_bytes = 0;
+};
+
 class RefitSession;
 class FanoutClient;
 
@@ -84,6 +100,12 @@ class TrainerClient {
   absl::StatusOr<DaemonStatus> Status();
   absl::StatusOr<bool> AbortActive(const std::string& reason);
   absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> Checksums();
+  // hold: K. Commits the held version `tag` (a stage-only refit) into the engine; a refused or
+  // failed commit returns its status (NotFound naming the held tags for an unknown one).
+  absl::StatusOr<RefitReport> CommitVersion(const std::string& tag);
+  // Commits again the version committed before the current one, when it is still staged.
+  absl::StatusOr<RefitReport> Rollback();
+  absl::StatusOr<VersionsList> Versions();
 
   struct Impl;
 

@@ -62,6 +62,10 @@ struct Config {
   // engine.verify_after_commit: after each copy, checksum the engine's bytes against the staged
   // ones before resuming it (docs/reliability.md).
   bool verify_after_commit = false;
+  // hold: K (docs/versions.md): stage-only refits kept in staging, committed later by tag; with
+  // K > 0 the current and previous committed versions are kept for rollback while staging has
+  // room. 0: none.
+  uint32_t hold = 0;
 };
 
 // Largest config file read (bytes); a bigger file, or one that is not a regular file, is refused.

@@ -157,6 +157,27 @@ class RegistrationImpl final : public proto::Registration::Server {
   uint64_t engine_id_;
 };
 
+// Runs `commit` as a daemon task (a caller that disconnects cannot stop the swap halfway) and
+// answers `context` with its report and status once it finished.
+template <typename Context>
+kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context) {
+  DaemonState* state = &state_ref;
+  auto done = RunBlocking(state->io, [commit] { Node::RunCommit(*commit); })
+                  .then([state, commit] { state->node.FinishCommit(*commit); })
+                  .fork();
+  state->tasks.add(done.addBranch());
+  return done.addBranch().then([state, context]() mutable {
+    const RefitReport& report = state->node.last_report();
+    wire::ToWire(report, context.getResults().initReport());
+    absl::Status status = ReportStatus(report);
+    if (status.ok() && report.outcome == Outcome::kCommitted) {
+      // The engine serves the new version; the trainer has not been answered yet.
+      status = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kAfterCommit);
+    }
+    wire::ToWire(status, context.getResults().initStatus());
+  });
+}
+
 class SessionImpl final : public proto::Session::Server {
  public:
   // `member`: a trainer rank that joined the session (Daemon.join) rather than began it; it
@@ -214,24 +235,7 @@ class SessionImpl final : public proto::Session::Server {
     }
     absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartCommit(id_);
     if (!started.ok()) return Answer(context, started.status());
-    std::shared_ptr<Commit> commit = *started;
-    DaemonState* state = &state_;
-    // Run as a daemon task, not as part of this call: a trainer that disconnects during the
-    // commit window cannot stop the swap halfway.
-    auto done = RunBlocking(state_.io, [commit] { Node::RunCommit(*commit); })
-                    .then([state, commit] { state->node.FinishCommit(*commit); })
-                    .fork();
-    state_.tasks.add(done.addBranch());
-    return done.addBranch().then([state, context]() mutable {
-      const RefitReport& report = state->node.last_report();
-      wire::ToWire(report, context.getResults().initReport());
-      absl::Status status = ReportStatus(report);
-      if (status.ok()) {
-        // The engine serves the new version; the trainer has not been answered yet.
-        status = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kAfterCommit);
-      }
-      wire::ToWire(status, context.getResults().initStatus());
-    });
+    return RunCommitTask(state_, *started, kj::mv(context));
   }
 
  private:
@@ -300,12 +304,21 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
     if (!converter.ok()) return converter.status();
     setup.pool = std::make_unique<StagingPool>(std::move(*memory));
     setup.converter = std::move(*converter);
+    const int device = storage.device();
+    setup.new_pool = [device]() -> std::unique_ptr<StagingPool> {
+      absl::StatusOr<std::unique_ptr<storage::Memory>> m = storage::NewDeviceMemory(device);
+      // The device was usable at registration; if it no longer is, allocations fail (overloaded).
+      return std::make_unique<StagingPool>(m.ok() ? std::move(*m) : storage::NewHostMemory());
+    };
     return absl::OkStatus();
 #endif
   }
   // Host staging: pinned when the engine is on the GPU, so the commit copy is a fast H2D copy.
-  setup.pool = std::make_unique<StagingPool>(storage.on_device() ? storage::NewPinnedHostMemory()
-                                                                 : storage::NewHostMemory());
+  const bool pinned = storage.on_device();
+  setup.pool = std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
+  setup.new_pool = [pinned] {
+    return std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
+  };
   setup.converter = std::make_unique<CpuConverter>();
   return absl::OkStatus();
 }
@@ -326,7 +339,8 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("session", id)
         .Add("tensors", manifest->tensors.size())
         .Add("partial", manifest->partial)
-        .Add("tag", manifest->tag);
+        .Add("tag", manifest->tag)
+        .Add("stage_only", manifest->stage_only);
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
@@ -435,6 +449,39 @@ class DaemonImpl final : public proto::Daemon::Server {
     return kj::READY_NOW;
   }
 
+  kj::Promise<void> commitVersion(CommitVersionContext context) override {
+    const std::string tag = wire::Str(context.getParams().getTag());
+    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartVersionCommit(tag);
+    if (!started.ok()) return Answer(context, started.status());
+    LogEvent(LogLevel::kInfo, "commit_version").Add("tag", tag);
+    return RunCommitTask(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> rollback(RollbackContext context) override {
+    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartRollback();
+    if (!started.ok()) return Answer(context, started.status());
+    LogEvent(LogLevel::kInfo, "rollback");
+    return RunCommitTask(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> versions(VersionsContext context) override {
+    std::vector<VersionInfo> versions = state_.node.Versions();
+    auto results = context.getResults();
+    results.setHoldLimit(state_.config.hold);
+    results.setStagingLimitBytes(state_.config.limits.staging_bytes);
+    auto list = results.initVersions(static_cast<unsigned>(versions.size()));
+    for (size_t i = 0; i < versions.size(); ++i) {
+      auto b = list[static_cast<unsigned>(i)];
+      b.setTag(wire::Text(versions[i].tag));
+      b.setState(versions[i].state);
+      b.setVersion(versions[i].version);
+      b.setBytes(versions[i].bytes);
+      b.setChecksum(versions[i].checksum);
+      b.setSessionId(versions[i].session_id);
+    }
+    return kj::READY_NOW;
+  }
+
   kj::Promise<void> abortActive(AbortActiveContext context) override {
     std::string reason = absl::StrCat("operator abort: ", wire::Str(context.getParams().getReason()));
     context.getResults().setAborted(state_.node.AbortActive(reason));
@@ -472,6 +519,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.pause_timeout = absl::Milliseconds(config.pause_timeout_ms);
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
             o.verify_after_commit = config.verify_after_commit;
+            o.hold = config.hold;
             o.failpoints = failpoints.get();
             return o;
           }(),

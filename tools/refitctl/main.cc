@@ -18,9 +18,9 @@
 namespace refit::refitctl {
 namespace {
 
-constexpr std::array<Command, 9> kCommands = {
-    kStatusCommand,   kRefitCommand,    kAbortCommand,    kVerifyCommand,  kQuantizeCommand,
-    kConvertCommand, kSpecLintCommand, kVersionCommand, kHelpCommand,
+constexpr std::array<Command, 12> kCommands = {
+    kStatusCommand,   kRefitCommand,    kCommitCommand,   kRollbackCommand, kVersionsCommand, kAbortCommand,
+    kVerifyCommand,   kQuantizeCommand, kConvertCommand, kSpecLintCommand, kVersionCommand,  kHelpCommand,
 };
 
 int PrintUsage(std::ostream& out, int code) {

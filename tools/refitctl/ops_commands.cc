@@ -23,6 +23,9 @@
 
 ABSL_FLAG(std::string, model, "", "the model name of the manifest (default: the daemon's model)");
 ABSL_FLAG(bool, partial, false, "a partial refit: the checkpoint holds only some of the model's tensors");
+ABSL_FLAG(bool, stage_only, false,
+          "hold: K: validate and keep the refit in staging under --tag instead of writing it (refitctl commit TAG "
+          "writes it later)");
 ABSL_FLAG(std::string, tag, "",
           "the trainer's version tag of this refit (e.g. step-1200): 1..128 bytes of A-Z a-z 0-9 . _ : + -");
 ABSL_FLAG(bool, progress, false, "show progress on stderr (the default on a terminal, without --json)");
@@ -157,6 +160,7 @@ int RunRefit(std::span<const std::string> args) {
   }
   manifest.partial = absl::GetFlag(FLAGS_partial);
   manifest.tag = absl::GetFlag(FLAGS_tag);
+  manifest.stage_only = absl::GetFlag(FLAGS_stage_only);
   uint64_t total = 0;
   for (const auto& file : *files) {
     for (const formats::SafetensorsEntry& e : file->view().tensors()) {
@@ -196,6 +200,74 @@ int RunRefit(std::span<const std::string> args) {
     std::cout << j.dump() << "\n";
   } else {
     std::cout << ReportLine(*report) << "\n";
+  }
+  return kExitOk;
+}
+
+namespace {
+
+// The report of a commit by tag or a rollback, printed like a refit's.
+int PrintKeptCommit(const absl::StatusOr<RefitReport>& report) {
+  if (!report.ok()) {
+    const absl::StatusCode code = report.status().code();
+    return Error(report.status().message(),
+                 code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kNotFound ? kExitRefused
+                                                                                                      : kExitFailure);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    json j = ReportJson(*report);
+    j["ok"] = true;
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << ReportLine(*report) << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunCommitVersion(std::span<const std::string> args) {
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  return PrintKeptCommit((*c)->CommitVersion(args[0]));
+}
+
+int RunRollback(std::span<const std::string> args) {
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  return PrintKeptCommit((*c)->Rollback());
+}
+
+int RunVersions(std::span<const std::string> args) {
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  absl::StatusOr<client::VersionsList> list = (*c)->Versions();
+  if (!list.ok()) return Error(list.status().message());
+  if (absl::GetFlag(FLAGS_json)) {
+    json versions = json::array();
+    for (const client::StagedVersionInfo& v : list->versions) {
+      versions.push_back(json{{"tag", v.tag},
+                              {"state", v.state},
+                              {"version", v.version},
+                              {"bytes", v.bytes},
+                              {"checksum", ChecksumHex(v.checksum)},
+                              {"session", v.session_id}});
+    }
+    std::cout << json{{"ok", true},
+                      {"hold", list->hold_limit},
+                      {"staging_limit_bytes", list->staging_limit_bytes},
+                      {"versions", versions}}
+                     .dump()
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << "hold: " << list->hold_limit << ", staging limit " << list->staging_limit_bytes << " bytes\n";
+  if (list->versions.empty()) std::cout << "no versions in staging\n";
+  for (const client::StagedVersionInfo& v : list->versions) {
+    std::cout << absl::StrCat(v.state, " ", v.tag.empty() ? "(untagged)" : v.tag,
+                              v.version != 0 ? absl::StrCat(" version=", v.version) : "", " bytes=", v.bytes,
+                              " checksum=", ChecksumHex(v.checksum), " session=", v.session_id)
+              << "\n";
   }
   return kExitOk;
 }

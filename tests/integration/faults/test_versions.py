@@ -123,3 +123,112 @@ def test_without_verify_the_corrupted_copy_is_served(fault_node):
     assert lines[-1]["engine_matches_expected"] is False, lines
     assert status(node)["verify_mismatches"] == 0
     assert metric(node, "refit_verify_mismatches_total") == 0
+
+
+# ---- held versions (hold: K) ----
+
+def refitctl(node, *args, check=True):
+    p = subprocess.run([str(REFITCTL), *args, "--address", node.address, "--json"], capture_output=True, text=True,
+                       timeout=60)
+    out = json.loads(p.stdout.splitlines()[-1]) if p.stdout.strip() else {}
+    if check:
+        assert p.returncode == 0 and out.get("ok"), (p.returncode, p.stdout, p.stderr)
+    return p.returncode, out
+
+
+def commit_direct(node, seed, tag=""):
+    """A whole refit of the demo weights of `seed`, committed and checked by the trainer against the
+    offline conversion; returns the engine's shm digest."""
+    p, lines = node.trainer("--refits", "1", "--seed", str(seed), *(["--tag", tag] if tag else []))
+    assert p.returncode == 0 and lines[-1]["outcome"] == "committed", (p.stdout, p.stderr)
+    assert lines[-1]["engine_matches_expected"] is True, lines
+    return node.shm_digest()
+
+
+def stage(node, seed, tag):
+    p, lines = node.trainer("--refits", "1", "--seed", str(seed), "--tag", tag, "--stage-only")
+    assert p.returncode == 0 and lines[-1]["outcome"] == "staged" and lines[-1]["tag"] == tag, (p.stdout, p.stderr)
+    return lines[-1]
+
+
+def held(node):
+    return [(v["state"], v["tag"]) for v in refitctl(node, "versions")[1]["versions"]]
+
+
+def test_held_versions_are_committed_out_of_order(fault_node):
+    node = fault_node(config="hold: 3\n")
+    # The bytes each seed's conversion gives the engine, committed directly first.
+    digest = {seed: commit_direct(node, seed) for seed in (5, 6, 7)}
+    assert len(set(digest.values())) == 3
+    for seed in (5, 6, 7):
+        stage(node, seed, f"s{seed}")
+    assert node.shm_digest() == digest[7]  # staging only: the engine is untouched
+    _, listing = refitctl(node, "versions")
+    assert listing["hold"] == 3
+    held_versions = [v for v in listing["versions"] if v["state"] == "held"]
+    assert [v["tag"] for v in held_versions] == ["s5", "s6", "s7"], listing
+    assert all(v["bytes"] > 0 and v["version"] == 0 for v in held_versions), listing
+    assert len({v["checksum"] for v in held_versions}) == 3, listing
+    assert metric(node, "refit_sessions_total", '{outcome="staged",reason="none"}') == 3
+
+    # A new refit is received and committed while three versions are held.
+    assert commit_direct(node, 8) not in digest.values()
+    assert held(node)[:3] == [("held", "s5"), ("held", "s6"), ("held", "s7")]
+
+    for seed, version in ((6, 5), (5, 6), (7, 7)):
+        _, report = refitctl(node, "commit", f"s{seed}")
+        assert report["outcome"] == "committed" and report["version"] == version, report
+        assert report["tag"] == f"s{seed}", report
+        assert node.shm_digest() == digest[seed], f"s{seed}"
+    assert node.resumed_tags()[-3:] == ["s6", "s5", "s7"]
+    assert held(node) == [("current", "s7"), ("previous", "s5")]
+    s = status(node)
+    assert s["version"] == 7 and s["tag"] == "s7", s
+    code, out = refitctl(node, "commit", "s6", check=False)
+    assert code == 3 and "no held version is tagged 's6'" in out["error"], out
+
+
+def test_rollback_restores_the_earlier_versions_bytes(fault_node):
+    node = fault_node(config="hold: 1\n")
+    code, out = refitctl(node, "rollback", check=False)
+    assert code == 3 and "nothing to roll back to" in out["error"], out
+    d5 = commit_direct(node, 5, "step-5")
+    d6 = commit_direct(node, 6, "step-6")
+    assert d5 != d6
+    assert held(node) == [("current", "step-6"), ("previous", "step-5")]
+    _, report = refitctl(node, "rollback")
+    assert report["outcome"] == "committed" and report["version"] == 3 and report["tag"] == "step-5", report
+    # Equal to what the trainer checked against the offline conversion of seed 5.
+    assert node.shm_digest() == d5
+    assert status(node)["tag"] == "step-5"
+    assert held(node) == [("current", "step-5"), ("previous", "step-6")]
+    _, report = refitctl(node, "rollback")
+    assert report["version"] == 4 and node.shm_digest() == d6
+    assert node.resumed_versions() == [1, 2, 3, 4] and node.resumed_tags() == ["step-5", "step-6", "step-5", "step-6"]
+    assert re.search(r"event=refit .*outcome=committed .*version=3 tag=step-5", node.log()), node.log()
+
+
+def test_staging_that_cannot_hold_another_version_refuses_it(fault_node):
+    node = fault_node()
+    engine_bytes = status(node)["engine_bytes"]
+    # Room for one version and a half.
+    node.config.write_text(node.config.read_text() + f"hold: 3\nlimits:\n  staging_bytes: {engine_bytes * 3 // 2}\n")
+    node.daemon.kill()
+    node.daemon.wait()
+    node.start_daemon()
+    node.wait_registered()
+    before = node.shm_digest()
+    stage(node, 5, "a")
+    p, lines = node.trainer("--refits", "1", "--seed", "6", "--tag", "b", "--stage-only")
+    assert p.returncode != 0, p.stdout
+    assert "staging cannot hold another version" in p.stdout + p.stderr, (p.stdout, p.stderr)
+    assert "a " in p.stdout + p.stderr  # it names what is held
+    assert held(node) == [("held", "a")]
+    assert node.shm_digest() == before
+    # Committing the held version makes it the current one, which gives way to the next refit.
+    refitctl(node, "commit", "a")
+    stage(node, 6, "b")
+    assert held(node) == [("held", "b")]
+    # hold: K also bounds the count.
+    _, listing = refitctl(node, "versions")
+    assert listing["staging_limit_bytes"] == engine_bytes * 3 // 2
