@@ -100,6 +100,30 @@ def test_version_tags_reach_the_report_status_and_engine(node):
         assert client.status().version == 2
 
 
+def test_stage_only_holds_the_refit_until_refitctl_commits_it(node):
+    import subprocess
+
+    import models
+    import refit
+    from conftest import BIN
+
+    daemon, engine = node(models.TOY, config="hold: 2\n")
+    before = engine.shm_digest()
+    trainer = trainer_model(models.TOY, 7)
+    with refit.TrainerClient(daemon.address) as client:
+        report = client.refit(models.TOY, trainer.named_parameters(), tag="step-7", stage_only=True)
+        assert report.outcome == "staged" and report.tag == "step-7" and report.version == 0
+        assert engine.shm_digest() == before and client.status().version == 0
+        with pytest.raises(refit.RefitInvalidArgument, match="needs a tag"):
+            client.refit(models.TOY, trainer.named_parameters(), stage_only=True)
+        p = subprocess.run([str(BIN / "tools/refitctl"), "commit", "step-7", "--address", daemon.address],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "tag=step-7" in p.stdout
+        assert client.status().version == 1 and client.status().tag == "step-7"
+    assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
+
+
 def test_exception_inside_session_aborts_and_engine_keeps_its_weights(node):
     import models
     import refit
