@@ -212,6 +212,8 @@ class Node {
   // Held, current and previous versions in staging, held first, then current, then previous.
   std::vector<VersionInfo> Versions() const;
   uint64_t versions_bytes() const;
+  // A commit by tag or rollback is in flight (a session's commit waits for it).
+  bool version_committing() const { return version_commit_ != nullptr; }
 
   // State, for status and readiness.
   const EngineRecord* engine() const { return engine_.get(); }

@@ -178,6 +178,20 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
   });
 }
 
+// A session's commit waits while a kept version is being committed (the engine's commit window is
+// one at a time); the session may end meanwhile (deadline, abort), which StartCommit then reports.
+template <typename Context>
+kj::Promise<void> CommitSessionWhenFree(DaemonState* state, uint64_t id, Context context) {
+  if (state->node.version_committing() && state->node.active_session_id() == id) {
+    return state->timer.afterDelay(10 * kj::MILLISECONDS).then([state, id, context]() mutable {
+      return CommitSessionWhenFree(state, id, kj::mv(context));
+    });
+  }
+  absl::StatusOr<std::shared_ptr<Commit>> started = state->node.StartCommit(id);
+  if (!started.ok()) return Answer(context, started.status());
+  return RunCommitTask(*state, *started, kj::mv(context));
+}
+
 class SessionImpl final : public proto::Session::Server {
  public:
   // `member`: a trainer rank that joined the session (Daemon.join) rather than began it; it
@@ -233,9 +247,7 @@ class SessionImpl final : public proto::Session::Server {
       return Answer(context, absl::FailedPreconditionError(
                                  "only the rank that began the session commits it; joined ranks detach"));
     }
-    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartCommit(id_);
-    if (!started.ok()) return Answer(context, started.status());
-    return RunCommitTask(state_, *started, kj::mv(context));
+    return CommitSessionWhenFree(&state_, id_, kj::mv(context));
   }
 
  private:
@@ -398,8 +410,8 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("params", nparams)
         .Add("bytes", e.bytes)
         .Add("version", e.version)
-        .Add("tag", e.tag)
-        .Add("dirty", e.dirty);
+        .Add("dirty", e.dirty)
+        .Add("tag", e.tag);
     context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, *id));
     context.getResults().setVersion(e.version);
     return kj::READY_NOW;

@@ -5,7 +5,8 @@ import struct
 
 from conftest import REFITCTL, SRC, run
 
-COMMANDS = ["status", "refit", "abort", "verify", "quantize", "convert", "spec lint", "version"]
+COMMANDS = ["status", "refit", "commit", "rollback", "versions", "abort", "verify", "quantize", "convert", "spec lint",
+            "version"]
 
 
 def test_help_lists_every_command():

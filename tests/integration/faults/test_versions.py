@@ -65,7 +65,7 @@ def test_tags_reach_the_report_status_metrics_log_and_engine(fault_node):
     wait_for(lambda: status(node)["engine_registered"], what="the engine re-registering")
     s = status(node)
     assert s["version"] == 3 and s["tag"] == "run3:step-1", s
-    assert re.search(r"event=engine_registered .*version=3 tag=run3:step-1", node.log()), node.log()
+    assert re.search(r"event=engine_registered .*version=3 dirty=false tag=run3:step-1", node.log()), node.log()
 
 
 def test_an_invalid_tag_is_refused_before_anything_is_touched(fault_node):
@@ -232,3 +232,23 @@ def test_staging_that_cannot_hold_another_version_refuses_it(fault_node):
     # hold: K also bounds the count.
     _, listing = refitctl(node, "versions")
     assert listing["staging_limit_bytes"] == engine_bytes * 3 // 2
+
+
+def test_a_refit_received_while_a_held_version_commits_lands_after_it(fault_node):
+    # The engine's pause takes 1.5 s: a trainer sends a whole refit meanwhile; its commit waits for
+    # the held version's and lands next.
+    node = fault_node(config="hold: 2\n", engine_args=["--pause-ms", "1500"])
+    stage(node, 5, "a")
+    c = subprocess.Popen([str(REFITCTL), "commit", "a", "--address", node.address, "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: node.events("pausing"), what="the held version's commit pausing the engine")
+        p, lines = node.trainer("--refits", "1", "--seed", "6", "--tag", "b")
+        assert p.returncode == 0 and lines[-1]["outcome"] == "committed", (p.stdout, p.stderr, node.log())
+        assert lines[-1]["version"] == 2 and lines[-1]["engine_matches_expected"] is True, lines
+    finally:
+        out, err = c.communicate(timeout=60)
+    report = json.loads(out.splitlines()[-1])
+    assert c.returncode == 0 and report["version"] == 1 and report["tag"] == "a", (out, err)
+    assert node.resumed_tags() == ["a", "b"]
+    assert held(node) == [("current", "b"), ("previous", "a")]
