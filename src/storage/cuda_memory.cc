@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -114,9 +115,19 @@ std::unique_ptr<Memory> NewPinnedHostMemory() {
 }
 
 absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream) {
+  // One result word per device, allocated once (no cudaMalloc per parameter inside a commit's
+  // pause); checksums on a device take turns. Never freed: it lives as long as the process.
+  static absl::Mutex mu;
+  static auto* words = new std::map<int, DeviceAllocation>();
+  absl::MutexLock lock(&mu);
   cudaSetDevice(device);
-  absl::StatusOr<DeviceAllocation> word = DeviceAllocation::Allocate(device, sizeof(uint64_t));
-  if (!word.ok()) return word.status();
+  auto it = words->find(device);
+  if (it == words->end()) {
+    absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(device, sizeof(uint64_t));
+    if (!a.ok()) return a.status();
+    it = words->emplace(device, std::move(*a)).first;
+  }
+  DeviceAllocation* word = &it->second;
   absl::Status st = kernels::DeviceChecksum(p, bytes, 0, word->as<uint64_t>(), stream);
   if (!st.ok()) return st;
   uint64_t sum = 0;
