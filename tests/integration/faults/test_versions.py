@@ -186,6 +186,9 @@ def test_held_versions_are_committed_out_of_order(fault_node):
     assert s["version"] == 7 and s["tag"] == "s7", s
     code, out = refitctl(node, "commit", "s6", check=False)
     assert code == 3 and "no held version is tagged 's6'" in out["error"], out
+    # The engine served throughout: every request saw one version, whole.
+    exit_report = node.stop()
+    assert exit_report["mixed"] == 0 and exit_report["requests"] > 0, exit_report
 
 
 def test_rollback_restores_the_earlier_versions_bytes(fault_node):
@@ -206,6 +209,8 @@ def test_rollback_restores_the_earlier_versions_bytes(fault_node):
     assert report["version"] == 4 and node.shm_digest() == d6
     assert node.resumed_versions() == [1, 2, 3, 4] and node.resumed_tags() == ["step-5", "step-6", "step-5", "step-6"]
     assert re.search(r"event=refit .*outcome=committed .*version=3 tag=step-5", node.log()), node.log()
+    exit_report = node.stop()
+    assert exit_report["mixed"] == 0 and exit_report["requests"] > 0, exit_report
 
 
 def test_staging_that_cannot_hold_another_version_refuses_it(fault_node):
@@ -252,3 +257,5 @@ def test_a_refit_received_while_a_held_version_commits_lands_after_it(fault_node
     assert c.returncode == 0 and report["version"] == 1 and report["tag"] == "a", (out, err)
     assert node.resumed_tags() == ["a", "b"]
     assert held(node) == [("current", "b"), ("previous", "a")]
+    exit_report = node.stop()
+    assert exit_report["mixed"] == 0 and exit_report["requests"] > 0, exit_report
