@@ -567,6 +567,45 @@ TEST_F(NodeTest, ANewRefitIsReceivedWhileAHeldVersionCommits) {
   EXPECT_THAT(VersionList(), ElementsAre("current:b", "previous:a"));
 }
 
+TEST_F(NodeTest, KeptVersionsAreDroppedWithTheirEngine) {
+  hold_ = 2;
+  SetUp();
+  const uint64_t id = Register();
+  ASSERT_EQ(Stage(Payload(71), "a").outcome, Outcome::kStaged);
+  ASSERT_EQ(CommitNow(Send(Payload(72), kParams, false, "b")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("held:a", "current:b"));
+  node_->UnregisterEngine(id);
+  EXPECT_TRUE(node_->Versions().empty());
+  EXPECT_EQ(node_->staging_bytes(), 0u);
+  Register();
+  EXPECT_EQ(node_->StartVersionCommit("a").status().code(), absl::StatusCode::kNotFound);
+}
+
+#if REFIT_FAILPOINTS
+TEST_F(NodeTest, AHeldVersionWhoseCommitFailedVerifyStaysHeldAndCommitsLater) {
+  failpoints_ = *FailpointSet::Parse("corrupt_copy=error@1");
+  verify_ = true;
+  hold_ = 1;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> a = Payload(81);
+  ASSERT_EQ(Stage(a, "a").outcome, Outcome::kStaged);
+  const RefitReport& bad = CommitKept("a");
+  EXPECT_EQ(bad.outcome, Outcome::kFailed);
+  EXPECT_EQ(bad.cause, EndCause::kVerifyMismatch);
+  EXPECT_EQ(bad.tag, "a");
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_EQ(node_->verify_mismatches(), 1u);
+  EXPECT_THAT(VersionList(), ElementsAre("held:a"));  // nothing to resend: it is still staged
+  const RefitReport& good = CommitKept("a");
+  EXPECT_EQ(good.outcome, Outcome::kCommitted) << good.reason;
+  EXPECT_EQ(EngineBytes(), a);
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "pause", "resume:1"));
+}
+#endif
+
 TEST_F(NodeTest, EngineLeavingDuringTheCommitIsAnOutcomeAndANewEngineMayRegister) {
   ScriptedControl* control;
   const uint64_t id = Register(&control);
