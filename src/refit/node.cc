@@ -114,6 +114,7 @@ void Node::UnregisterEngine(uint64_t engine_id) {
   engine_->gone = true;
   if (active_ && active_->engine.get() == engine_.get()) AbortWith(EndCause::kEngineError, "engine unregistered");
   versions_.clear();  // kept versions were converted for this registration's parameters
+  spare_pool_.reset();
   engine_.reset();
   if (hooks_.on_engine) hooks_.on_engine(false);
 }
@@ -226,7 +227,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   Active a;
   a.engine = engine_;
   a.stage_only = manifest.stage_only;
-  if (options_.hold > 0) a.own_pool = engine_->new_pool();
+  if (options_.hold > 0) a.own_pool = spare_pool_ != nullptr ? std::move(spare_pool_) : engine_->new_pool();
   StagingPool& pool = a.own_pool ? *a.own_pool : *engine_->pool;
   a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, pool, so);
   a.begun = requested;
@@ -373,6 +374,8 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
     receiver_.DisconnectPeers();
   }
   if (hooks_.on_report) hooks_.on_report(r);
+  // A session's pool that no version kept (aborted, refused, partial) serves the next session.
+  if (active_->own_pool != nullptr && spare_pool_ == nullptr) spare_pool_ = std::move(active_->own_pool);
   active_.reset();
   NotifySession();
 }
@@ -650,6 +653,12 @@ std::shared_ptr<StagedVersion> Node::Find(StagedVersion::State state) const {
 
 void Node::Drop(const std::shared_ptr<StagedVersion>& v) {
   versions_.erase(std::remove(versions_.begin(), versions_.end(), v), versions_.end());
+  if (v.use_count() == 1 && v->pool != nullptr) {
+    // Only the caller holds it now (no commit in flight uses it): its buffers serve the next
+    // session instead of being freed and allocated again.
+    v->staging.reset();
+    spare_pool_ = std::move(v->pool);
+  }
   NotifySession();
 }
 

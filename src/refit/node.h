@@ -288,6 +288,9 @@ class Node {
   uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
   std::vector<std::shared_ptr<StagedVersion>> versions_;
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
+  // The pool of the last dropped version, its buffers reused by the next session (same keys and
+  // sizes: no allocation). At most one; freed with the engine.
+  std::unique_ptr<StagingPool> spare_pool_;
   uint64_t last_session_id_ = 0;
   std::random_device entropy_;
   RefitReport last_report_;

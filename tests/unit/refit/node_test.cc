@@ -112,7 +112,10 @@ class NodeTest : public ::testing::Test {
     setup.storage = *storage::ShmEngineStorage::Open(shm);
     setup.planner = std::make_unique<Planner>(*Planner::Create(spec_, setup.storage->params()));
     setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
-    setup.new_pool = [] { return std::make_unique<StagingPool>(storage::NewHostMemory()); };
+    setup.new_pool = [this] {
+      ++pools_made_;
+      return std::make_unique<StagingPool>(storage::NewHostMemory());
+    };
     setup.converter = std::make_unique<CpuConverter>();
     auto control = std::make_unique<ScriptedControl>();
     if (control_out != nullptr) *control_out = control.get();
@@ -174,6 +177,7 @@ class NodeTest : public ::testing::Test {
   std::unique_ptr<FailpointSet> failpoints_;
   bool verify_ = false;  // NodeOptions::verify_after_commit (set, then SetUp() again)
   uint32_t hold_ = 0;            // NodeOptions::hold
+  int pools_made_ = 0;           // EngineSetup::new_pool calls
   uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
 
   // Stage-only refit of `payload` under `tag`.
@@ -565,6 +569,27 @@ TEST_F(NodeTest, ANewRefitIsReceivedWhileAHeldVersionCommits) {
   EXPECT_EQ(r.version, 2u);
   EXPECT_EQ(EngineBytes(), b);
   EXPECT_THAT(VersionList(), ElementsAre("current:b", "previous:a"));
+}
+
+TEST_F(NodeTest, ADroppedVersionsBuffersServeTheNextSession) {
+  hold_ = 1;
+  SetUp();
+  Register();
+  for (uint8_t seed = 91; seed < 95; ++seed) {
+    const std::vector<uint8_t> p = Payload(seed);
+    ASSERT_EQ(CommitNow(Send(p, kParams)).outcome, Outcome::kCommitted);
+    EXPECT_EQ(EngineBytes(), p);
+  }
+  // Sessions 1-3 made pools; each commit from session 3 on dropped the version before the
+  // previous one, whose pool the next session reused.
+  EXPECT_EQ(pools_made_, 3);
+  // A refused session's pool goes back too.
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(begun.ok());
+  EXPECT_EQ(CommitNow(begun->session_id).outcome, Outcome::kRefused);
+  ASSERT_EQ(CommitNow(Send(Payload(95), kParams)).outcome, Outcome::kCommitted);
+  EXPECT_EQ(pools_made_, 3);
+  EXPECT_EQ(EngineBytes(), Payload(95));
 }
 
 TEST_F(NodeTest, KeptVersionsAreDroppedWithTheirEngine) {
