@@ -31,6 +31,7 @@
 #include "refit/engine_control.h"
 #include "refit/planner.h"
 #include "refit/session.h"
+#include "refit/staged_version.h"
 #include "refit/staging.h"
 #include "refit/types.h"
 #include "storage/engine_storage.h"
@@ -95,31 +96,6 @@ struct NodeOptions {
   // 0: none (every session reuses the engine's one pool).
   uint32_t hold = 0;
   const FailpointSet* failpoints = nullptr;  // test builds only
-};
-
-// A converted, validated full refit kept in staging (hold > 0): held (staged only, never
-// committed since), or the engine's current or previous committed version, kept for rollback.
-// Shared by the node's list and a commit in flight.
-struct StagedVersion {
-  enum class State { kHeld, kCurrent, kPrevious };
-  State state = State::kHeld;
-  std::string tag;
-  uint64_t session_id = 0;  // the session that staged it
-  uint64_t version = 0;     // refitd's version when it was last committed (0 while only held)
-  uint64_t bytes = 0;
-  uint64_t checksum = 0;
-  uint32_t tensors = 0;
-  std::unique_ptr<StagingPool> pool;  // declared before staging: outlives it
-  std::unique_ptr<Staging> staging;
-  std::vector<size_t> produced;  // engine parameters it writes
-};
-const char* StagedVersionStateName(StagedVersion::State state);  // "held", "current", "previous"
-
-// One line of Node::Versions().
-struct VersionInfo {
-  std::string tag;
-  const char* state;
-  uint64_t version, bytes, checksum, session_id;
 };
 
 struct BeginResult {
