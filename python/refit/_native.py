@@ -76,6 +76,12 @@ class ParamChecksum(ctypes.Structure):
                 ("nbytes", ctypes.c_uint64)]
 
 
+class StagedVersion(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("tag", ctypes.c_char_p), ("state", ctypes.c_char_p),
+                ("version", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("checksum", ctypes.c_uint64),
+                ("session_id", ctypes.c_uint64)]
+
+
 class EngineParam(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
                 ("shape", c_int64_p), ("rank", ctypes.c_uint32), ("storage", ctypes.c_uint32),
@@ -114,6 +120,10 @@ _SIGNATURES = {
     "refit_client_abort_active": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),
     "refit_client_checksums": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]),
     "refit_client_checksum_at": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.POINTER(ParamChecksum)]),
+    "refit_client_commit_version": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(Report)]),
+    "refit_client_rollback": (ctypes.c_int, [_P, ctypes.POINTER(Report)]),
+    "refit_client_versions": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]),
+    "refit_client_version_at": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.POINTER(StagedVersion)]),
     "refit_session_begin": (ctypes.c_int, [_P, ctypes.POINTER(Manifest), ctypes.POINTER(_P)]),
     "refit_session_id": (ctypes.c_uint64, [_P]),
     "refit_session_bucket_bytes": (ctypes.c_uint64, [_P]),

@@ -48,6 +48,27 @@ class RefitReport:
 
 
 @dataclass
+class StagedVersion:
+    """A version refitd keeps in staging (config hold: K): "held" (stage-only, not committed since),
+    or the "current" / "previous" committed one."""
+    tag: str
+    state: str
+    version: int
+    bytes: int
+    checksum: int
+    session_id: int
+
+
+def _report(out) -> "RefitReport":
+    return RefitReport(
+        out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
+        out.buckets, out.tensors,
+        {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total", "verify")},
+        {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)},
+        _text(out.tag), _text(out.cause))
+
+
+@dataclass
 class DaemonStatus:
     model: str
     engine_registered: bool
@@ -166,6 +187,33 @@ class TrainerClient:
                             out.committed, out.refused, out.aborted, _text(out.data_endpoint), _text(out.tag),
                             bool(out.engine_dirty), bool(out.verify_after_commit), out.verify_mismatches)
 
+    def commit_version(self, tag) -> RefitReport:
+        """Commits the held version `tag` (a stage_only refit; refitd config hold: K) into the
+        engine. RefitError NOT_FOUND names the held tags when none has this one."""
+        out = _native.new(_native.Report)
+        _native.check(self._lib.refit_client_commit_version(self._live(), str(tag).encode(), ctypes.byref(out)),
+                      f"commit the held version '{tag}'")
+        return _report(out)
+
+    def rollback(self) -> RefitReport:
+        """Commits again the version committed before the current one (RefitRefused when refitd no
+        longer keeps it)."""
+        out = _native.new(_native.Report)
+        _native.check(self._lib.refit_client_rollback(self._live(), ctypes.byref(out)), "roll back")
+        return _report(out)
+
+    def versions(self) -> list:
+        """The versions refitd keeps in staging: held first, then current, then previous."""
+        count, hold = ctypes.c_uint64(), ctypes.c_uint32()
+        _native.check(self._lib.refit_client_versions(self._live(), ctypes.byref(count), ctypes.byref(hold)),
+                      "list refitd's versions")
+        out = []
+        for i in range(count.value):
+            v = _native.new(_native.StagedVersion)
+            _native.check(self._lib.refit_client_version_at(self._live(), i, ctypes.byref(v)), "read a version")
+            out.append(StagedVersion(_text(v.tag), _text(v.state), v.version, v.bytes, v.checksum, v.session_id))
+        return out
+
     def abort_active(self, reason: str = "aborted by a trainer") -> bool:
         """Aborts whatever session refitd has open; True if there was one."""
         aborted = ctypes.c_int32(0)
@@ -248,13 +296,7 @@ class RefitSession:
                           f"commit session {self.id}")
         finally:
             self._in_flight.clear()
-        self.report = RefitReport(
-            out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
-            out.buckets, out.tensors,
-            {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total",
-                                                  "verify")},
-            {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)},
-            _text(out.tag), _text(out.cause))
+        self.report = _report(out)
         return self.report
 
     def abort(self, reason: str = "aborted by the trainer") -> None:

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -37,6 +38,9 @@ struct refit_client {
   // Storage behind the pointers handed out by refit_client_status / refit_client_checksums.
   std::string status_model, status_endpoint, status_tag;
   std::vector<refit::client::ParamChecksum> checksums;
+  // Behind refit_client_commit_version / rollback reports and refit_client_version_at.
+  std::unique_ptr<refit_session> report_storage;
+  refit::client::VersionsList versions;
 };
 
 struct refit_session {
@@ -348,6 +352,74 @@ int refit_client_checksum_at(refit_client* client, uint64_t index, refit_param_c
     v.checksum = p.checksum;
     v.nbytes = p.nbytes;
     return WriteStruct(v, "checksum", out);
+  });
+}
+
+namespace {
+
+int KeptCommit(const char* fn, refit_client* client, refit_report* out,
+               const std::function<absl::StatusOr<refit::RefitReport>(refit::client::TrainerClient&)>& commit) {
+  return Guard(fn, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    if (out != nullptr && out->struct_size < kV1Size<refit_report>) {
+      return absl::InvalidArgumentError(absl::StrCat("report.struct_size is ", out->struct_size,
+                                                     ", below the smallest supported size ", kV1Size<refit_report>));
+    }
+    absl::StatusOr<refit::RefitReport> report = commit(*client->control());
+    if (!report.ok()) return report.status();
+    if (out == nullptr) return absl::OkStatus();
+    if (client->report_storage == nullptr) client->report_storage = std::make_unique<refit_session>();
+    refit_report v{};
+    FillReport(*report, client->report_storage.get(), &v);
+    return WriteStruct(v, "report", out);
+  });
+}
+
+}  // namespace
+
+int refit_client_commit_version(refit_client* client, const char* tag, refit_report* out) {
+  if (tag == nullptr) tag = "";
+  return KeptCommit("refit_client_commit_version", client, out,
+                    [tag](refit::client::TrainerClient& c) { return c.CommitVersion(tag); });
+}
+
+int refit_client_rollback(refit_client* client, refit_report* out) {
+  return KeptCommit("refit_client_rollback", client, out,
+                    [](refit::client::TrainerClient& c) { return c.Rollback(); });
+}
+
+int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold) {
+  return Guard("refit_client_versions", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (out_count == nullptr) return absl::InvalidArgumentError("out_count is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    absl::StatusOr<refit::client::VersionsList> list = client->control()->Versions();
+    if (!list.ok()) return list.status();
+    client->versions = std::move(*list);
+    *out_count = client->versions.versions.size();
+    if (out_hold != nullptr) *out_hold = client->versions.hold_limit;
+    return absl::OkStatus();
+  });
+}
+
+int refit_client_version_at(refit_client* client, uint64_t index, refit_staged_version* out) {
+  return Guard("refit_client_version_at", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    const auto& versions = client->versions.versions;
+    if (index >= versions.size()) {
+      return absl::OutOfRangeError(absl::StrCat("version index ", index, " is past the ", versions.size(),
+                                                " versions of the last refit_client_versions call"));
+    }
+    const refit::client::StagedVersionInfo& v = versions[index];
+    refit_staged_version o{};
+    o.tag = v.tag.c_str();
+    o.state = v.state.c_str();
+    o.version = v.version;
+    o.bytes = v.bytes;
+    o.checksum = v.checksum;
+    o.session_id = v.session_id;
+    return WriteStruct(o, "version", out);
   });
 }
 

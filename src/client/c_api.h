@@ -38,7 +38,9 @@ extern "C" {
 
 #define REFIT_ABI_VERSION 3  /* 2: refit_client_connect_fanout; 3: version tags (refit_manifest.tag,
                                 refit_report.tag/cause/verify_ms, refit_daemon_status.tag/verify_*,
-                                refit_engine_options.tag/resume_tagged, refit_engine_tag) */
+                                refit_engine_options.tag/resume_tagged, refit_engine_tag) and held
+                                versions (refit_manifest.stage_only, refit_client_commit_version,
+                                refit_client_rollback, refit_client_versions) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -196,6 +198,28 @@ REFIT_API int refit_client_abort_active(refit_client* client, const char* reason
  * sizeof(refit_param_checksum) of this library apart: read them with refit_client_checksum_at. */
 REFIT_API int refit_client_checksums(refit_client* client, uint64_t* out_version, uint64_t* out_count);
 REFIT_API int refit_client_checksum_at(refit_client* client, uint64_t index, refit_param_checksum* out);
+
+/* ABI 3. Versions refitd keeps in staging (config hold: K; docs/versions.md). */
+typedef struct refit_staged_version {
+  uint32_t struct_size;
+  const char* tag;
+  const char* state;   /* "held" | "current" | "previous" */
+  uint64_t version;    /* refitd's version when last committed (0 while only held) */
+  uint64_t bytes;      /* staging bytes it occupies */
+  uint64_t checksum;   /* its staged tensors' checksum chain (docs/versions.md) */
+  uint64_t session_id; /* the session that staged it */
+} refit_staged_version;
+
+/* ABI 3. Commits the held version `tag` (a stage-only refit) into the engine, or (rollback) the
+ * version committed before the current one. REFIT_NOT_FOUND naming the held tags for an unknown
+ * tag; REFIT_FAILED_PRECONDITION when nothing can be rolled back to. `out` (may be NULL) gets the
+ * report; its strings are owned by the client until its next commit_version or rollback call. */
+REFIT_API int refit_client_commit_version(refit_client* client, const char* tag, refit_report* out);
+REFIT_API int refit_client_rollback(refit_client* client, refit_report* out);
+/* ABI 3. Lists the kept versions (held first, then current, then previous) and refitd's hold
+ * limit; read them with refit_client_version_at (owned by the client until its next call). */
+REFIT_API int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold);
+REFIT_API int refit_client_version_at(refit_client* client, uint64_t index, refit_staged_version* out);
 
 /* Opens a session (one per refitd at a time; REFIT_UNAVAILABLE "busy" otherwise). */
 REFIT_API int refit_session_begin(refit_client* client, const refit_manifest* manifest, refit_session** out);

@@ -124,6 +124,34 @@ def test_stage_only_holds_the_refit_until_refitctl_commits_it(node):
     assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
 
 
+def test_held_versions_commit_out_of_order_and_roll_back_from_python(node):
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY, config="hold: 2\n")
+    trainers = {step: trainer_model(models.TOY, step) for step in (10, 20)}
+    with refit.TrainerClient(daemon.address) as client:
+        for step, trainer in trainers.items():
+            assert client.refit(models.TOY, trainer.named_parameters(), tag=step, stage_only=True).outcome == "staged"
+        held = client.versions()
+        assert [(v.state, v.tag) for v in held] == [("held", "10"), ("held", "20")]
+        assert all(v.bytes > 0 and v.checksum != 0 and v.version == 0 for v in held)
+        report = client.commit_version(20)  # the newer one first
+        assert report.outcome == "committed" and report.version == 1 and report.tag == "20"
+        assert_same_tensors(engine.snapshot(1)["params"], named(trainers[20]))
+        report = client.commit_version("10")
+        assert report.version == 2 and report.tag == "10"
+        assert_same_tensors(engine.snapshot(2)["params"], named(trainers[10]))
+        assert [(v.state, v.tag) for v in client.versions()] == [("current", "10"), ("previous", "20")]
+        report = client.rollback()
+        assert report.version == 3 and report.tag == "20"
+        assert_same_tensors(engine.snapshot(3)["params"], named(trainers[20]))
+        with pytest.raises(refit.RefitError, match="no held version is tagged '30'"):
+            client.commit_version(30)
+    (exit_report,) = engine.stop()
+    assert exit_report["mixed"] == 0
+
+
 def test_exception_inside_session_aborts_and_engine_keeps_its_weights(node):
     import models
     import refit
