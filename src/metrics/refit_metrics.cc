@@ -116,6 +116,11 @@ absl::StatusOr<RefitMetrics> RefitMetrics::Register(Registry& registry, const Bu
                           "did not match the staged bytes."));
   m.verify_mismatches_total = &mismatches->Labels({});
   REFIT_ASSIGN_OR_RETURN(
+      m.kept_versions,
+      registry.AddGauge("refit_kept_versions",
+                        "Versions kept in staging (hold: K), by state: held, current, previous.", {"state"}));
+  for (const char* state : {"held", "current", "previous"}) m.kept_versions->Labels({state}).Set(0);
+  REFIT_ASSIGN_OR_RETURN(
       GaugeFamily * staging,
       registry.AddGauge("refit_staging_bytes", "Bytes held in staging buffers."));
   m.staging_bytes = &staging->Labels({});

@@ -327,6 +327,11 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
 
 void Node::NotifySession() {
   if (hooks_.on_session) hooks_.on_session(staging_bytes(), active_.has_value());
+  if (hooks_.on_versions) {
+    uint32_t n[3] = {0, 0, 0};
+    for (const auto& v : versions_) ++n[static_cast<int>(v->state)];
+    hooks_.on_versions(n[0], n[1], n[2]);
+  }
 }
 
 uint64_t Node::NewSessionId() {

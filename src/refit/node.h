@@ -76,6 +76,8 @@ struct NodeHooks {
   std::function<void(const RefitReport&)> on_report;
   std::function<void(bool registered)> on_engine;
   std::function<void(uint64_t staging_bytes, bool active)> on_session;
+  // The versions kept in staging changed (hold: K): how many are held, current, previous.
+  std::function<void(uint32_t held, uint32_t current, uint32_t previous)> on_versions;
   std::function<void(const RefitReport&)> on_log;  // one line per ended session
   // A commit enters a phase ("pausing", "copying", "resuming"). Called on the commit's worker
   // thread.

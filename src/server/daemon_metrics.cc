@@ -51,6 +51,11 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
     }
     if (r.cause == EndCause::kVerifyMismatch) mp->verify_mismatches_total->Inc();
   };
+  h.on_versions = [mp](uint32_t held, uint32_t current, uint32_t previous) {
+    mp->kept_versions->Labels({"held"}).Set(held);
+    mp->kept_versions->Labels({"current"}).Set(current);
+    mp->kept_versions->Labels({"previous"}).Set(previous);
+  };
   h.on_engine = [mp](bool registered) { mp->engine_registered->Set(registered ? 1 : 0); };
   h.on_session = [mp](uint64_t staging_bytes, bool active) {
     mp->staging_bytes->Set(static_cast<double>(staging_bytes));

@@ -170,6 +170,8 @@ def test_held_versions_are_committed_out_of_order(fault_node):
     assert all(v["bytes"] > 0 and v["version"] == 0 for v in held_versions), listing
     assert len({v["checksum"] for v in held_versions}) == 3, listing
     assert metric(node, "refit_sessions_total", '{outcome="staged",reason="none"}') == 3
+    assert metric(node, "refit_kept_versions", '{state="held"}') == 3
+    assert metric(node, "refit_kept_versions", '{state="current"}') == 1
 
     # A new refit is received and committed while three versions are held.
     assert commit_direct(node, 8) not in digest.values()
@@ -182,6 +184,8 @@ def test_held_versions_are_committed_out_of_order(fault_node):
         assert node.shm_digest() == digest[seed], f"s{seed}"
     assert node.resumed_tags()[-3:] == ["s6", "s5", "s7"]
     assert held(node) == [("current", "s7"), ("previous", "s5")]
+    assert metric(node, "refit_kept_versions", '{state="held"}') == 0
+    assert metric(node, "refit_kept_versions", '{state="previous"}') == 1
     s = status(node)
     assert s["version"] == 7 and s["tag"] == "s7", s
     code, out = refitctl(node, "commit", "s6", check=False)

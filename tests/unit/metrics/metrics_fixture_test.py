@@ -74,6 +74,7 @@ def test_metrics_parse_with_prometheus_client(server):
         "refit_committed_version_timestamp_seconds": "gauge",
         "refit_committed_version_info": "gauge",
         "refit_verify_mismatches": "counter",
+        "refit_kept_versions": "gauge",
         "refit_staging_bytes": "gauge",
         "refit_active_sessions": "gauge",
         "refit_engine_registered": "gauge",

@@ -38,6 +38,7 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
                   Pair("refit_committed_version_timestamp_seconds", MetricType::kGauge),
                   Pair("refit_committed_version_info", MetricType::kGauge),
                   Pair("refit_verify_mismatches_total", MetricType::kCounter),
+                  Pair("refit_kept_versions", MetricType::kGauge),
                   Pair("refit_staging_bytes", MetricType::kGauge),
                   Pair("refit_active_sessions", MetricType::kGauge),
                   Pair("refit_engine_registered", MetricType::kGauge),
@@ -49,6 +50,7 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
   EXPECT_TRUE(f["refit_commit_pause_seconds"].label_names.empty());
   EXPECT_THAT(f["refit_committed_version_info"].label_names, ElementsAre("tag"));
   EXPECT_TRUE(f["refit_committed_version_info"].children.empty());  // until the first commit
+  EXPECT_EQ(f["refit_kept_versions"].children.size(), 3u);          // held, current, previous at 0
 
   // Pre-created series: the four phases, committed/none, and the build info at 1.
   std::vector<std::string> phases;
