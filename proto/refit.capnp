@@ -41,6 +41,7 @@ enum Outcome {
   refused @2;
   aborted @3;
   failed @4;
+  staged @5;                # a stage-only refit is held under its tag (hold: K), not written
 }
 
 enum EndCause {
@@ -53,6 +54,7 @@ enum EndCause {
   overloaded @6;
   engineError @7;
   internal @8;
+  verifyMismatch @9;       # verify-after-commit read engine bytes that differ from the staged ones
 }
 
 struct TensorDesc {
@@ -73,6 +75,9 @@ struct Manifest {
   tensors @1 :List(TensorDesc);
   partial @2 :Bool;         # a partial refit: only whole parameters the spec marks updatable alone
   deadlineMs @3 :UInt32;    # 0: the daemon's default session deadline
+  tag @4 :Text;             # the trainer's version tag (e.g. "step-1200"); "" for none. 1..128 bytes
+                            # of [A-Za-z0-9._:+-]; carried to the report, status, metrics, the engine
+  stageOnly @5 :Bool;       # hold: K: validate and keep under `tag`; commitVersion(tag) writes it later
 }
 
 struct BucketHeader {
@@ -97,7 +102,7 @@ struct PhaseTimes {
 struct RefitReport {
   sessionId @0 :UInt64;
   version @1 :UInt64;
-  outcome @2 :Text;         # committed | refused | aborted | failed (the name of outcomeCode)
+  outcome @2 :Text;         # committed | refused | aborted | failed | staged (the name of outcomeCode)
   reason @3 :Text;
   bytesIn @4 :UInt64;
   bytesOut @5 :UInt64;
@@ -107,6 +112,7 @@ struct RefitReport {
   bytesByFormat @9 :List(FormatBytes);  # output bytes per format ("fp8_block128", "passthrough", ...)
   outcomeCode @10 :Outcome;
   cause @11 :EndCause;
+  tag @12 :Text;            # the manifest's tag ("" when it had none)
 }
 
 struct FormatBytes {
@@ -161,14 +167,15 @@ interface EngineControl {
   pause @0 () -> ();
   # Returns once the engine runs nothing that reads its parameters. refitd waits for it at most
   # `engine.pause_timeout_ms`.
-  resume @1 (version :UInt64) -> ();
+  resume @1 (version :UInt64, tag :Text) -> ();
+  # `tag`: the trainer's tag of `version` ("" when it had none).
   # The parameters now hold `version`; serving may continue. A resume with no pause before it
   # only records the version (refitd sends one after a pause that timed out).
 }
 
 interface Registration {
   # Dropping this capability (or the connection) unregisters the engine.
-  version @0 () -> (version :UInt64);
+  version @0 () -> (version :UInt64, tag :Text);
 }
 
 struct DaemonStatus {
@@ -191,6 +198,9 @@ struct DaemonStatus {
   engineResponsive @16 :Bool;        # false while a pause/resume that timed out is unanswered
   daemonVersion @17 :Text;           # refitd's version (CMake project version, e.g. "0.1.0"); empty from older daemons
   daemonCommit @18 :Text;            # the git commit refitd was built from, or "unknown"
+  tag @19 :Text;                     # the trainer's tag of `version` ("" when none)
+  verifyAfterCommit @20 :Bool;       # config verify_after_commit: engine bytes checked after each copy
+  verifyMismatches @21 :UInt64;      # commits whose engine bytes did not match the staged ones
 }
 
 interface Daemon {
@@ -199,10 +209,12 @@ interface Daemon {
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq.
 
-  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool)
+  registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
+                     tag :Text)
       -> (registration :Registration, version :UInt64, status :Status);
-  # `version` is what the engine holds now (0 for a fresh engine). `dirty`: the engine lost refitd
-  # inside a commit window, so its parameters may hold a mix of versions; it stays paused, and
+  # `version` is what the engine holds now (0 for a fresh engine), `tag` the trainer's tag of it
+  # ("" when none). `dirty`: the engine lost refitd inside a commit window, so its parameters may
+  # hold a mix of versions; it stays paused, and
   # refitd accepts only a full refit for it, until one lands (docs/reliability.md). Refused
   # (unavailable) while another engine is registered: an engine re-registers by dropping its
   # registration (or its connection) first.
@@ -216,9 +228,25 @@ interface Daemon {
   # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
   # commits.
 
+  commitVersion @6 (tag :Text) -> (report :RefitReport, status :Status);
+  # Commits the held version `tag` (hold: K) into the engine, atomically as a session's commit.
+  rollback @7 () -> (report :RefitReport, status :Status);
+  # Commits again the version committed before the current one, when it is still staged.
+  versions @8 () -> (versions :List(StagedVersion), holdLimit :UInt32, stagingLimitBytes :UInt64);
+
   checksums @4 () -> (version :UInt64, params :List(ParamChecksum), status :Status);
   # Checksum64 of every registered engine parameter, read from the engine's storage
   # (for `refitctl verify` and tests). Fails while a commit is in its pause window.
+}
+
+# A version kept in staging (hold: K, docs/versions.md).
+struct StagedVersion {
+  tag @0 :Text;
+  state @1 :Text;           # held | current | previous
+  version @2 :UInt64;       # refitd's version when it was last committed (0 while only held)
+  bytes @3 :UInt64;         # staging bytes it occupies
+  checksum @4 :UInt64;      # ParallelChecksum64 chain over its staged tensors (name, bytes), by name
+  sessionId @5 :UInt64;     # the session that staged it
 }
 
 struct ParamChecksum {

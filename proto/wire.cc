@@ -29,6 +29,8 @@ absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r) {
   m.model = Str(r.getModel());
   m.partial = r.getPartial();
   m.deadline_ms = r.getDeadlineMs();
+  m.tag = Str(r.getTag());
+  m.stage_only = r.getStageOnly();
   for (auto t : r.getTensors()) {
     absl::StatusOr<TensorDesc> d = FromWire(t);
     if (!d.ok()) return d.status();
@@ -52,12 +54,12 @@ absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r) {
 
 Outcome OutcomeFromWire(proto::Outcome o) {
   auto v = static_cast<uint16_t>(o);
-  return v <= static_cast<uint16_t>(Outcome::kFailed) ? static_cast<Outcome>(v) : Outcome::kFailed;
+  return v <= static_cast<uint16_t>(Outcome::kStaged) ? static_cast<Outcome>(v) : Outcome::kFailed;
 }
 
 EndCause CauseFromWire(proto::EndCause c) {
   auto v = static_cast<uint16_t>(c);
-  return v <= static_cast<uint16_t>(EndCause::kInternal) ? static_cast<EndCause>(v) : EndCause::kInternal;
+  return v <= static_cast<uint16_t>(EndCause::kVerifyMismatch) ? static_cast<EndCause>(v) : EndCause::kInternal;
 }
 
 absl::Status FromWire(proto::Status::Reader r) {
@@ -82,6 +84,7 @@ RefitReport FromWire(proto::RefitReport::Reader r) {
   RefitReport o;
   o.session_id = r.getSessionId();
   o.version = r.getVersion();
+  o.tag = Str(r.getTag());
   o.outcome = OutcomeFromWire(r.getOutcomeCode());
   o.cause = CauseFromWire(r.getCause());
   o.reason = Str(r.getReason());
@@ -115,6 +118,8 @@ void ToWire(const Manifest& m, proto::Manifest::Builder b) {
   b.setModel(Text(m.model));
   b.setPartial(m.partial);
   b.setDeadlineMs(m.deadline_ms);
+  b.setTag(Text(m.tag));
+  b.setStageOnly(m.stage_only);
   auto list = b.initTensors(static_cast<unsigned>(m.tensors.size()));
   for (size_t i = 0; i < m.tensors.size(); ++i) ToWire(m.tensors[i], list[static_cast<unsigned>(i)]);
 }
@@ -130,6 +135,7 @@ void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b) {
 void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   b.setSessionId(r.session_id);
   b.setVersion(r.version);
+  b.setTag(Text(r.tag));
   b.setOutcome(std::string(OutcomeName(r.outcome)));
   b.setOutcomeCode(static_cast<proto::Outcome>(static_cast<uint16_t>(r.outcome)));
   b.setCause(static_cast<proto::EndCause>(static_cast<uint16_t>(r.cause)));

@@ -14,13 +14,13 @@ from .engine import EngineAgent, GatedEngine, ModuleEngine
 from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefused, RefitUnavailable,
                      RefitUnimplemented, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
-from .trainer import DaemonStatus, RefitReport, RefitSession, TrainerClient, checksum
+from .trainer import DaemonStatus, RefitReport, RefitSession, StagedVersion, TrainerClient, checksum
 from . import distributed
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EngineAgent", "GatedEngine", "ModuleEngine", "CudaParam", "CudaParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
-    "RefitReport", "DaemonStatus", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
+    "RefitReport", "DaemonStatus", "StagedVersion", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
     "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty", "distributed",
 ]

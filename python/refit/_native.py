@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 3  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions)
+ABI_VERSION = 3  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held versions)
 
 OK = 0
 MEMORY_HOST = 0
@@ -39,7 +39,8 @@ class TensorDesc(ctypes.Structure):
 class Manifest(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("model", ctypes.c_char_p),
                 ("tensors", ctypes.POINTER(TensorDesc)), ("num_tensors", ctypes.c_uint64),
-                ("partial", ctypes.c_uint32), ("deadline_ms", ctypes.c_uint32)]
+                ("partial", ctypes.c_uint32), ("deadline_ms", ctypes.c_uint32), ("tag", ctypes.c_char_p),
+                ("stage_only", ctypes.c_uint32)]
 
 
 class Tensor(ctypes.Structure):
@@ -58,7 +59,8 @@ class Report(ctypes.Structure):
                 ("receive_ms", ctypes.c_double), ("convert_ms", ctypes.c_double),
                 ("validate_ms", ctypes.c_double), ("commit_ms", ctypes.c_double), ("pause_ms", ctypes.c_double),
                 ("total_ms", ctypes.c_double), ("num_formats", ctypes.c_uint32),
-                ("format_names", ctypes.POINTER(ctypes.c_char_p)), ("format_bytes", ctypes.POINTER(ctypes.c_uint64))]
+                ("format_names", ctypes.POINTER(ctypes.c_char_p)), ("format_bytes", ctypes.POINTER(ctypes.c_uint64)),
+                ("tag", ctypes.c_char_p), ("cause", ctypes.c_char_p), ("verify_ms", ctypes.c_double)]
 
 
 class DaemonStatus(ctypes.Structure):
@@ -67,12 +69,20 @@ class DaemonStatus(ctypes.Structure):
                 ("engine_bytes", ctypes.c_uint64), ("version", ctypes.c_uint64),
                 ("active_session", ctypes.c_uint64), ("staging_bytes", ctypes.c_uint64),
                 ("staging_limit_bytes", ctypes.c_uint64), ("committed", ctypes.c_uint64),
-                ("refused", ctypes.c_uint64), ("aborted", ctypes.c_uint64), ("data_endpoint", ctypes.c_char_p)]
+                ("refused", ctypes.c_uint64), ("aborted", ctypes.c_uint64), ("data_endpoint", ctypes.c_char_p),
+                ("tag", ctypes.c_char_p), ("engine_dirty", ctypes.c_uint32), ("verify_after_commit", ctypes.c_uint32),
+                ("verify_mismatches", ctypes.c_uint64)]
 
 
 class ParamChecksum(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("checksum", ctypes.c_uint64),
                 ("nbytes", ctypes.c_uint64)]
+
+
+class StagedVersion(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("tag", ctypes.c_char_p), ("state", ctypes.c_char_p),
+                ("version", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("checksum", ctypes.c_uint64),
+                ("session_id", ctypes.c_uint64)]
 
 
 class EngineParam(ctypes.Structure):
@@ -84,11 +94,13 @@ class EngineParam(ctypes.Structure):
 
 PAUSE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 RESUME_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
+RESUME_TAG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
 
 
 class EngineOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("address", ctypes.c_char_p), ("pause", PAUSE_FN),
-                ("resume", RESUME_FN), ("user", ctypes.c_void_p), ("version", ctypes.c_uint64)]
+                ("resume", RESUME_FN), ("user", ctypes.c_void_p), ("version", ctypes.c_uint64),
+                ("tag", ctypes.c_char_p), ("resume_tagged", RESUME_TAG_FN)]
 
 
 def new(struct_type, **fields):
@@ -111,6 +123,10 @@ _SIGNATURES = {
     "refit_client_abort_active": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]),
     "refit_client_checksums": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]),
     "refit_client_checksum_at": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.POINTER(ParamChecksum)]),
+    "refit_client_commit_version": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(Report)]),
+    "refit_client_rollback": (ctypes.c_int, [_P, ctypes.POINTER(Report)]),
+    "refit_client_versions": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]),
+    "refit_client_version_at": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.POINTER(StagedVersion)]),
     "refit_session_begin": (ctypes.c_int, [_P, ctypes.POINTER(Manifest), ctypes.POINTER(_P)]),
     "refit_session_id": (ctypes.c_uint64, [_P]),
     "refit_session_bucket_bytes": (ctypes.c_uint64, [_P]),
@@ -126,6 +142,7 @@ _SIGNATURES = {
     "refit_engine_start": (ctypes.c_int, [ctypes.POINTER(EngineOptions), ctypes.POINTER(EngineParam), ctypes.c_uint64,
                                           ctypes.POINTER(_P)]),
     "refit_engine_version": (ctypes.c_uint64, [_P]),
+    "refit_engine_tag": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_uint64]),
     "refit_engine_paused": (ctypes.c_int32, [_P]),
     "refit_engine_dirty": (ctypes.c_int32, [_P]),
     "refit_engine_connected": (ctypes.c_int32, [_P]),

@@ -44,13 +44,14 @@ class EngineAgent:
 
     def __init__(self, address: str, params: Iterable[ShmParam], *,
                  on_pause: Optional[Callable[[], None]] = None,
-                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0, tag: str = ""):
         self._lib = _native.lib()
         self._on_pause, self._on_resume = on_pause, on_resume
         params = list(params)
         # ctypes objects that must outlive the C call (and, for the callbacks, the agent).
         self._pause_fn = _native.PAUSE_FN(self._pause)
         self._resume_fn = _native.RESUME_FN(self._resume)
+        self._tag_arg = str(tag).encode()
         keep = []
         array = (_native.EngineParam * max(len(params), 1))()
         for i, p in enumerate(params):
@@ -68,7 +69,7 @@ class EngineAgent:
                 fields.update(storage=_native.STORAGE_SHM, shm_name=shm)
             array[i] = _native.new(_native.EngineParam, **fields)
         options = _native.new(_native.EngineOptions, address=address.encode(), pause=self._pause_fn,
-                              resume=self._resume_fn, user=None, version=version)
+                              resume=self._resume_fn, user=None, version=version, tag=self._tag_arg)
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_engine_start(ctypes.byref(options), array, len(params), ctypes.byref(handle)),
                       f"register {len(params)} parameters with refitd at {address}")
@@ -93,6 +94,14 @@ class EngineAgent:
     def version(self) -> int:
         """The version the parameters hold (the last resume's, or the one registered)."""
         return self._lib.refit_engine_version(self._live())
+
+    @property
+    def tag(self) -> str:
+        """The trainer's tag of `version` ("" when none): the last resume's (already set when
+        on_resume runs), or the one registered."""
+        buf = ctypes.create_string_buffer(256)
+        _native.check(self._lib.refit_engine_tag(self._live(), buf, len(buf)), "read the engine's tag")
+        return buf.value.decode("utf-8", "replace")
 
     @property
     def paused(self) -> bool:
@@ -233,6 +242,11 @@ class GatedEngine:
     @property
     def version(self) -> int:
         return self.agent.version
+
+    @property
+    def tag(self) -> str:
+        """The trainer's tag of `version` ("" when none)."""
+        return self.agent.tag
 
     @property
     def dirty(self) -> bool:

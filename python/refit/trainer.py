@@ -49,6 +49,29 @@ class RefitReport:
     tensors: int
     times_ms: dict = field(default_factory=dict)
     bytes_out_by_format: dict = field(default_factory=dict)
+    tag: str = ""    # the manifest's tag ("" when none)
+    cause: str = ""  # why it did not commit: "none", "engine_error", "verify_mismatch", ...
+
+
+@dataclass
+class StagedVersion:
+    """A version refitd keeps in staging (config hold: K): "held" (stage-only, not committed since),
+    or the "current" / "previous" committed one."""
+    tag: str
+    state: str
+    version: int
+    bytes: int
+    checksum: int
+    session_id: int
+
+
+def _report(out) -> "RefitReport":
+    return RefitReport(
+        out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
+        out.buckets, out.tensors,
+        {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total", "verify")},
+        {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)},
+        _text(out.tag), _text(out.cause))
 
 
 @dataclass
@@ -65,6 +88,10 @@ class DaemonStatus:
     refused: int
     aborted: int
     data_endpoint: str
+    tag: str = ""                      # the trainer's tag of `version` ("" when none)
+    engine_dirty: bool = False
+    verify_after_commit: bool = False  # engine.verify_after_commit is on
+    verify_mismatches: int = 0         # commits it failed
 
 
 def _text(value) -> str:
@@ -135,14 +162,21 @@ class TrainerClient:
             raise ValueError("TrainerClient is closed")
         return self._handle
 
-    def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0) -> "RefitSession":
+    def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0,
+                tag=None, stage_only: bool = False) -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
         names, dtypes and shapes only; a value may also be a (dtype, shape) pair, the dtype a torch
         dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitUnavailable while
         another session is open.
 
         In a multi-rank refit the manifest lists every tensor of the refit, whole (the full
-        shape of sliced tensors), whichever rank pushes it."""
+        shape of sliced tensors), whichever rank pushes it.
+
+        `tag`: the trainer's version tag (a str, or an int such as the training step, sent as its
+        decimal string): 1..128 characters of A-Z a-z 0-9 . _ : + -; refitd reports it with the
+        version (RefitInvalidArgument otherwise). `stage_only` (refitd config `hold: K`): the
+        commit validates and keeps the refit in refitd's staging under `tag` (outcome "staged")
+        instead of writing it; `refitctl commit TAG` writes it later."""
         named = [(n, _describe(n, t)) for n, t in _named(tensors)]
         shapes = [_native.shape_array(shape) for _, (_, shape) in named]
         names = [n.encode() for n, _ in named]
@@ -151,8 +185,10 @@ class TrainerClient:
         for i, (_, (_, shape)) in enumerate(named):
             descs[i] = _native.new(_native.TensorDesc, name=names[i], dtype=dtypes[i],
                                    shape=ctypes.cast(shapes[i], _native.c_int64_p), rank=len(shape))
+        tag_bytes = None if tag is None else str(tag).encode()
         manifest = _native.new(_native.Manifest, model=model.encode(), tensors=descs, num_tensors=len(named),
-                               partial=int(partial), deadline_ms=deadline_ms)
+                               partial=int(partial), deadline_ms=deadline_ms, tag=tag_bytes,
+                               stage_only=int(stage_only))
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_session_begin(self._live(), ctypes.byref(manifest), ctypes.byref(handle)),
                       f"begin a refit of '{model}'")
@@ -184,7 +220,35 @@ class TrainerClient:
         _native.check(self._lib.refit_client_status(self._live(), ctypes.byref(out)), "refitd status")
         return DaemonStatus(_text(out.model), bool(out.engine_registered), out.engine_params, out.engine_bytes,
                             out.version, out.active_session, out.staging_bytes, out.staging_limit_bytes,
-                            out.committed, out.refused, out.aborted, _text(out.data_endpoint))
+                            out.committed, out.refused, out.aborted, _text(out.data_endpoint), _text(out.tag),
+                            bool(out.engine_dirty), bool(out.verify_after_commit), out.verify_mismatches)
+
+    def commit_version(self, tag) -> RefitReport:
+        """Commits the held version `tag` (a stage_only refit; refitd config hold: K) into the
+        engine. RefitError NOT_FOUND names the held tags when none has this one."""
+        out = _native.new(_native.Report)
+        _native.check(self._lib.refit_client_commit_version(self._live(), str(tag).encode(), ctypes.byref(out)),
+                      f"commit the held version '{tag}'")
+        return _report(out)
+
+    def rollback(self) -> RefitReport:
+        """Commits again the version committed before the current one (RefitRefused when refitd no
+        longer keeps it)."""
+        out = _native.new(_native.Report)
+        _native.check(self._lib.refit_client_rollback(self._live(), ctypes.byref(out)), "roll back")
+        return _report(out)
+
+    def versions(self) -> list:
+        """The versions refitd keeps in staging: held first, then current, then previous."""
+        count, hold = ctypes.c_uint64(), ctypes.c_uint32()
+        _native.check(self._lib.refit_client_versions(self._live(), ctypes.byref(count), ctypes.byref(hold)),
+                      "list refitd's versions")
+        out = []
+        for i in range(count.value):
+            v = _native.new(_native.StagedVersion)
+            _native.check(self._lib.refit_client_version_at(self._live(), i, ctypes.byref(v)), "read a version")
+            out.append(StagedVersion(_text(v.tag), _text(v.state), v.version, v.bytes, v.checksum, v.session_id))
+        return out
 
     def abort_active(self, reason: str = "aborted by a trainer") -> bool:
         """Aborts whatever session refitd has open; True if there was one."""
@@ -302,11 +366,7 @@ class RefitSession:
                           f"commit session {self.id}")
         finally:
             self._in_flight.clear()
-        self.report = RefitReport(
-            out.session_id, out.version, _text(out.outcome), _text(out.reason), out.bytes_in, out.bytes_out,
-            out.buckets, out.tensors,
-            {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total")},
-            {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)})
+        self.report = _report(out)
         return self.report
 
     def detach(self) -> None:

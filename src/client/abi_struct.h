@@ -99,5 +99,7 @@ REFIT_ABI_V1_SIZE(refit_daemon_status, data_endpoint);
 REFIT_ABI_V1_SIZE(refit_param_checksum, nbytes);
 REFIT_ABI_V1_SIZE(refit_engine_param, cuda_device);
 REFIT_ABI_V1_SIZE(refit_engine_options, version);
+// Structs added after version 1: their first size is frozen the same way.
+REFIT_ABI_V1_SIZE(refit_staged_version, session_id);
 
 #endif  // REFIT_CLIENT_ABI_STRUCT_H_

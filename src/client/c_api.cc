@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -35,8 +36,11 @@ struct refit_client {
   // they wait here until the next call on the owning thread.
   std::vector<std::unique_ptr<refit::client::RefitSession>> orphans ABSL_GUARDED_BY(mu);
   // Storage behind the pointers handed out by refit_client_status / refit_client_checksums.
-  std::string status_model, status_endpoint;
+  std::string status_model, status_endpoint, status_tag;
   std::vector<refit::client::ParamChecksum> checksums;
+  // Behind refit_client_commit_version / rollback reports and refit_client_version_at.
+  std::unique_ptr<refit_session> report_storage;
+  refit::client::VersionsList versions;
 };
 
 struct refit_session {
@@ -48,7 +52,7 @@ struct refit_session {
   bool joined = false;  // joined another rank's session: detaches instead of committing
   bool ended = false;
   // Storage behind the pointers of the last refit_report.
-  std::string outcome, reason;
+  std::string outcome, reason, tag, cause;
   std::vector<std::string> format_name_storage;
   std::vector<const char*> format_names;
   std::vector<uint64_t> format_bytes;
@@ -139,6 +143,8 @@ absl::Status LiveSession(const refit_session* s) {
 void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out) {
   s->outcome = std::string(OutcomeName(r.outcome));
   s->reason = r.reason;
+  s->tag = r.tag;
+  s->cause = std::string(refit::EndCauseName(r.cause));
   s->format_name_storage.clear();
   s->format_bytes.clear();
   for (const auto& [name, bytes] : r.bytes_out_by_format) {
@@ -164,6 +170,9 @@ void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out
   out->num_formats = static_cast<uint32_t>(s->format_names.size());
   out->format_names = s->format_names.data();
   out->format_bytes = s->format_bytes.data();
+  out->tag = s->tag.c_str();
+  out->cause = s->cause.c_str();
+  out->verify_ms = r.times.verify_ms;
 }
 
 // A new session handle owning `impl`, registered with its client.
@@ -315,6 +324,7 @@ int refit_client_status(refit_client* client, refit_daemon_status* out) {
     if (!s.ok()) return s.status();
     client->status_model = s->model;
     client->status_endpoint = s->data_endpoint;
+    client->status_tag = s->tag;
     refit_daemon_status v{};
     v.model = client->status_model.c_str();
     v.engine_registered = s->engine_registered ? 1 : 0;
@@ -328,6 +338,10 @@ int refit_client_status(refit_client* client, refit_daemon_status* out) {
     v.refused = s->refused;
     v.aborted = s->aborted;
     v.data_endpoint = client->status_endpoint.c_str();
+    v.tag = client->status_tag.c_str();
+    v.engine_dirty = s->engine_dirty ? 1 : 0;
+    v.verify_after_commit = s->verify_after_commit ? 1 : 0;
+    v.verify_mismatches = s->verify_mismatches;
     return WriteStruct(v, "status", out);
   });
 }
@@ -373,6 +387,74 @@ int refit_client_checksum_at(refit_client* client, uint64_t index, refit_param_c
   });
 }
 
+namespace {
+
+int KeptCommit(const char* fn, refit_client* client, refit_report* out,
+               const std::function<absl::StatusOr<refit::RefitReport>(refit::client::TrainerClient&)>& commit) {
+  return Guard(fn, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    if (out != nullptr && out->struct_size < kV1Size<refit_report>) {
+      return absl::InvalidArgumentError(absl::StrCat("report.struct_size is ", out->struct_size,
+                                                     ", below the smallest supported size ", kV1Size<refit_report>));
+    }
+    absl::StatusOr<refit::RefitReport> report = commit(*client->control());
+    if (!report.ok()) return report.status();
+    if (out == nullptr) return absl::OkStatus();
+    if (client->report_storage == nullptr) client->report_storage = std::make_unique<refit_session>();
+    refit_report v{};
+    FillReport(*report, client->report_storage.get(), &v);
+    return WriteStruct(v, "report", out);
+  });
+}
+
+}  // namespace
+
+int refit_client_commit_version(refit_client* client, const char* tag, refit_report* out) {
+  if (tag == nullptr) tag = "";
+  return KeptCommit("refit_client_commit_version", client, out,
+                    [tag](refit::client::TrainerClient& c) { return c.CommitVersion(tag); });
+}
+
+int refit_client_rollback(refit_client* client, refit_report* out) {
+  return KeptCommit("refit_client_rollback", client, out,
+                    [](refit::client::TrainerClient& c) { return c.Rollback(); });
+}
+
+int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold) {
+  return Guard("refit_client_versions", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (out_count == nullptr) return absl::InvalidArgumentError("out_count is NULL");
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    absl::StatusOr<refit::client::VersionsList> list = client->control()->Versions();
+    if (!list.ok()) return list.status();
+    client->versions = std::move(*list);
+    *out_count = client->versions.versions.size();
+    if (out_hold != nullptr) *out_hold = client->versions.hold_limit;
+    return absl::OkStatus();
+  });
+}
+
+int refit_client_version_at(refit_client* client, uint64_t index, refit_staged_version* out) {
+  return Guard("refit_client_version_at", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    const auto& versions = client->versions.versions;
+    if (index >= versions.size()) {
+      return absl::OutOfRangeError(absl::StrCat("version index ", index, " is past the ", versions.size(),
+                                                " versions of the last refit_client_versions call"));
+    }
+    const refit::client::StagedVersionInfo& v = versions[index];
+    refit_staged_version o{};
+    o.tag = v.tag.c_str();
+    o.state = v.state.c_str();
+    o.version = v.version;
+    o.bytes = v.bytes;
+    o.checksum = v.checksum;
+    o.session_id = v.session_id;
+    return WriteStruct(o, "version", out);
+  });
+}
+
 int refit_session_begin(refit_client* client, const refit_manifest* manifest, refit_session** out) {
   return Guard("refit_session_begin", [&]() -> absl::Status {
     if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
@@ -386,6 +468,8 @@ int refit_session_begin(refit_client* client, const refit_manifest* manifest, re
     cm.model = m.model;
     cm.partial = m.partial != 0;
     cm.deadline_ms = m.deadline_ms;
+    if (m.tag != nullptr) cm.tag = m.tag;
+    cm.stage_only = m.stage_only != 0;
     cm.tensors.reserve(m.num_tensors);
     for (uint64_t i = 0; i < m.num_tensors; ++i) {
       refit_tensor_desc d;
@@ -592,12 +676,20 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
     refit::client::EngineCallbacks callbacks;
     if (o.pause != nullptr) callbacks.pause = [fn = o.pause, user = o.user]() { fn(user); };
     if (o.resume != nullptr) callbacks.resume = [fn = o.resume, user = o.user](uint64_t v) { fn(user, v); };
+    if (o.resume_tagged != nullptr) {
+      callbacks.resume_tagged = [fn = o.resume_tagged, user = o.user](uint64_t v, const std::string& tag) {
+        fn(user, v, tag.c_str());
+      };
+    }
+    std::string tag = o.tag != nullptr ? o.tag : "";
     if (!cuda.empty() && !shm.empty()) {
       return absl::InvalidArgumentError("an engine registers all parameters in shared memory or all in CUDA memory");
     }
     auto agent = cuda.empty()
-                     ? refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version)
-                     : refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks), o.version);
+                     ? refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version,
+                                                         false, std::move(tag))
+                     : refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks), o.version,
+                                                         false, std::move(tag));
     if (!agent.ok()) return agent.status();
     auto e = std::make_unique<refit_engine>();
     e->impl = std::move(*agent);
@@ -607,6 +699,19 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
 }
 
 uint64_t refit_engine_version(const refit_engine* engine) { return engine == nullptr ? 0 : engine->impl->version(); }
+int refit_engine_tag(const refit_engine* engine, char* out, uint64_t out_size) {
+  return Guard("refit_engine_tag", [&]() -> absl::Status {
+    if (engine == nullptr) return absl::InvalidArgumentError("engine is NULL");
+    if (out == nullptr) return absl::InvalidArgumentError("out is NULL");
+    const std::string tag = engine->impl->tag();
+    if (out_size < tag.size() + 1) {
+      return absl::OutOfRangeError(absl::StrCat("the tag needs ", tag.size() + 1, " bytes; out_size is ", out_size));
+    }
+    std::memcpy(out, tag.c_str(), tag.size() + 1);
+    return absl::OkStatus();
+  });
+}
+
 int32_t refit_engine_paused(const refit_engine* engine) { return engine != nullptr && engine->impl->paused() ? 1 : 0; }
 int32_t refit_engine_dirty(const refit_engine* engine) { return engine != nullptr && engine->impl->dirty() ? 1 : 0; }
 int32_t refit_engine_connected(const refit_engine* engine) {

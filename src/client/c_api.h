@@ -54,7 +54,11 @@ extern "C" {
 #endif
 
 #define REFIT_ABI_VERSION 3  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
-                                 refit_session_detach, refit_session_ids, slices in refit_tensor) */
+                                 refit_session_detach, refit_session_ids, slices in refit_tensor), version
+                                 tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
+                                 refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
+                                 refit_engine_tag) and held versions (refit_manifest.stage_only,
+                                 refit_client_commit_version, refit_client_rollback, refit_client_versions) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -121,6 +125,15 @@ typedef struct refit_manifest {
   uint64_t num_tensors;
   uint32_t partial;     /* nonzero: only whole parameters the spec marks updatable alone */
   uint32_t deadline_ms; /* 0: refitd's default */
+  /* ABI 3. The trainer's version tag, e.g. "step-1200": NULL or "" for none, else 1..128 bytes of
+   * A-Z a-z 0-9 . _ : + - (refused with REFIT_INVALID_ARGUMENT otherwise). Carried to the report,
+   * refitd's status, metrics and log, and the engine's resume. refitd's own `version` still
+   * orders commits. */
+  const char* tag;
+  /* ABI 3. Nonzero: stage only (refitd config hold: K): receive, convert and validate, then keep
+   * the refit in staging under `tag` (required) instead of writing it; the commit reports outcome
+   * "staged". A later commit by tag (`refitctl commit TAG`) writes it. */
+  uint32_t stage_only;
 } refit_manifest;
 
 /* One tensor's bytes, dense row-major. */
@@ -164,6 +177,10 @@ typedef struct refit_report {
   uint32_t num_formats;
   const char* const* format_names;
   const uint64_t* format_bytes;
+  /* ABI 3. */
+  const char* tag;    /* the manifest's tag ("" when none) */
+  const char* cause;  /* "none", "client_abort", ..., "engine_error", "verify_mismatch" (the metric's reason) */
+  double verify_ms;   /* engine.verify_after_commit: checksumming staged and engine bytes */
 } refit_report;
 
 /* refitd's state. Strings are owned by the client handle and valid until its next status call. */
@@ -179,6 +196,11 @@ typedef struct refit_daemon_status {
   uint64_t staging_limit_bytes;
   uint64_t committed, refused, aborted;
   const char* data_endpoint;
+  /* ABI 3. */
+  const char* tag;              /* the trainer's tag of `version` ("" when none) */
+  uint32_t engine_dirty;        /* the engine's weights may be mixed; only a full refit clears it */
+  uint32_t verify_after_commit; /* engine.verify_after_commit is on */
+  uint64_t verify_mismatches;   /* commits it failed */
 } refit_daemon_status;
 
 typedef struct refit_param_checksum {
@@ -204,6 +226,28 @@ REFIT_API int refit_client_abort_active(refit_client* client, const char* reason
  * sizeof(refit_param_checksum) of this library apart: read them with refit_client_checksum_at. */
 REFIT_API int refit_client_checksums(refit_client* client, uint64_t* out_version, uint64_t* out_count);
 REFIT_API int refit_client_checksum_at(refit_client* client, uint64_t index, refit_param_checksum* out);
+
+/* ABI 3. Versions refitd keeps in staging (config hold: K; docs/versions.md). */
+typedef struct refit_staged_version {
+  uint32_t struct_size;
+  const char* tag;
+  const char* state;   /* "held" | "current" | "previous" */
+  uint64_t version;    /* refitd's version when last committed (0 while only held) */
+  uint64_t bytes;      /* staging bytes it occupies */
+  uint64_t checksum;   /* its staged tensors' checksum chain (docs/versions.md) */
+  uint64_t session_id; /* the session that staged it */
+} refit_staged_version;
+
+/* ABI 3. Commits the held version `tag` (a stage-only refit) into the engine, or (rollback) the
+ * version committed before the current one. REFIT_NOT_FOUND naming the held tags for an unknown
+ * tag; REFIT_FAILED_PRECONDITION when nothing can be rolled back to. `out` (may be NULL) gets the
+ * report; its strings are owned by the client until its next commit_version or rollback call. */
+REFIT_API int refit_client_commit_version(refit_client* client, const char* tag, refit_report* out);
+REFIT_API int refit_client_rollback(refit_client* client, refit_report* out);
+/* ABI 3. Lists the kept versions (held first, then current, then previous) and refitd's hold
+ * limit; read them with refit_client_version_at (owned by the client until its next call). */
+REFIT_API int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold);
+REFIT_API int refit_client_version_at(refit_client* client, uint64_t index, refit_staged_version* out);
 
 /* Opens a session (one per refitd at a time; REFIT_UNAVAILABLE "busy" otherwise). */
 REFIT_API int refit_session_begin(refit_client* client, const refit_manifest* manifest, refit_session** out);
@@ -253,6 +297,8 @@ typedef struct refit_engine_param {
  * they now hold `version`. They must not call back into this engine's refit_engine_stop. */
 typedef void (*refit_pause_fn)(void* user);
 typedef void (*refit_resume_fn)(void* user, uint64_t version);
+/* ABI 3: resume with the trainer's tag of `version` ("" when none; valid during the call). */
+typedef void (*refit_resume_tag_fn)(void* user, uint64_t version, const char* tag);
 
 typedef struct refit_engine_options {
   uint32_t struct_size;
@@ -261,6 +307,9 @@ typedef struct refit_engine_options {
   refit_resume_fn resume; /* may be NULL */
   void* user;             /* passed to the callbacks */
   uint64_t version;       /* the version the parameters hold now */
+  /* ABI 3. */
+  const char* tag;                   /* the trainer's tag of `version`; NULL or "" for none */
+  refit_resume_tag_fn resume_tagged; /* when set, called instead of `resume` */
 } refit_engine_options;
 
 /* Connects, registers `params`, and returns once refitd accepted (or refused, naming the
@@ -268,6 +317,9 @@ typedef struct refit_engine_options {
 REFIT_API int refit_engine_start(const refit_engine_options* options, const refit_engine_param* params,
                                  uint64_t num_params, refit_engine** out);
 REFIT_API uint64_t refit_engine_version(const refit_engine* engine);
+/* ABI 3. Copies the trainer's tag of refit_engine_version ("" when none) into `out` (NUL-terminated;
+ * 129 bytes always suffice); REFIT_OUT_OF_RANGE when `out_size` is too small. */
+REFIT_API int refit_engine_tag(const refit_engine* engine, char* out, uint64_t out_size);
 REFIT_API int32_t refit_engine_paused(const refit_engine* engine);
 /* Nonzero when refitd disconnected between pause and resume: the weights may be a mix of
  * versions and must not be served until a later resume. */

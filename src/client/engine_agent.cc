@@ -24,9 +24,9 @@ namespace {
 
 class ControlImpl final : public proto::EngineControl::Server {
  public:
-  ControlImpl(EngineCallbacks& cb, std::atomic<uint64_t>& version, std::atomic<bool>& paused,
-              std::atomic<bool>& dirty)
-      : cb_(cb), version_(version), paused_(paused), dirty_(dirty) {}
+  ControlImpl(EngineCallbacks& cb, std::atomic<uint64_t>& version, std::mutex& tag_mu, std::string& tag,
+              std::atomic<bool>& paused, std::atomic<bool>& dirty)
+      : cb_(cb), version_(version), tag_mu_(tag_mu), tag_(tag), paused_(paused), dirty_(dirty) {}
 
  protected:
   kj::Promise<void> pause(PauseContext) override {
@@ -39,6 +39,11 @@ class ControlImpl final : public proto::EngineControl::Server {
   }
   kj::Promise<void> resume(ResumeContext context) override {
     uint64_t v = context.getParams().getVersion();
+    std::string tag = wire::Str(context.getParams().getTag());
+    {
+      std::lock_guard<std::mutex> lock(tag_mu_);
+      tag_ = tag;
+    }
     if (!paused_.load()) {
       // refitd sends a resume after a pause that timed out; if that pause never reached the
       // engine, there is nothing to resume and the weights were never touched.
@@ -48,13 +53,19 @@ class ControlImpl final : public proto::EngineControl::Server {
     version_ = v;
     dirty_ = false;
     paused_ = false;
-    if (cb_.resume) cb_.resume(v);
+    if (cb_.resume_tagged) {
+      cb_.resume_tagged(v, tag);
+    } else if (cb_.resume) {
+      cb_.resume(v);
+    }
     return kj::READY_NOW;
   }
 
  private:
   EngineCallbacks& cb_;
   std::atomic<uint64_t>& version_;
+  std::mutex& tag_mu_;
+  std::string& tag_;
   std::atomic<bool>& paused_;
   std::atomic<bool>& dirty_;
 };
@@ -63,20 +74,24 @@ class ControlImpl final : public proto::EngineControl::Server {
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<ShmParam> params,
                                                                 EngineCallbacks callbacks, uint64_t version,
-                                                                bool reconnect) {
-  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect);
+                                                                bool reconnect, std::string tag) {
+  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag));
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<CudaParam> params,
                                                                 EngineCallbacks callbacks, uint64_t version,
-                                                                bool reconnect) {
-  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect);
+                                                                bool reconnect, std::string tag) {
+  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag));
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::string& address, Params params,
                                                                    EngineCallbacks callbacks, uint64_t version,
-                                                                   bool reconnect) {
+                                                                   bool reconnect, std::string tag) {
+  if (absl::Status checked = CheckTag(tag); !checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("engine tag: ", checked.message()));
+  }
   std::unique_ptr<EngineAgent> agent(new EngineAgent());
+  agent->tag_.value = std::move(tag);
   agent->reconnect_ = reconnect;
   agent->callbacks_ = std::move(callbacks);
   agent->version_ = version;
@@ -89,6 +104,11 @@ absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::st
   absl::Status st = registered.get();
   if (!st.ok()) return st;
   return agent;
+}
+
+std::string EngineAgent::tag() const {
+  std::lock_guard<std::mutex> lock(tag_.mu);
+  return tag_.value;
 }
 
 void EngineAgent::Run(std::string address, Params params) {
@@ -148,8 +168,9 @@ void EngineAgent::Run(std::string address, Params params) {
           c.setDevice(p.device);
         }
       }
-      req.setControl(kj::heap<ControlImpl>(callbacks_, version_, paused_, dirty_));
+      req.setControl(kj::heap<ControlImpl>(callbacks_, version_, tag_.mu, tag_.value, paused_, dirty_));
       req.setVersion(version_.load());
+      req.setTag(wire::Text(tag()));
       req.setDirty(dirty_.load());
       auto resp = req.send().wait(io.waitScope);
       if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) {

@@ -20,6 +20,7 @@
 #include <variant>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +52,8 @@ struct CudaParam {
 struct EngineCallbacks {
   std::function<void()> pause;
   std::function<void(uint64_t version)> resume;
+  // When set, called instead of `resume`, with the trainer's tag of `version` ("" when none).
+  std::function<void(uint64_t version, const std::string& tag)> resume_tagged;
 };
 
 class EngineAgent {
@@ -59,15 +62,17 @@ class EngineAgent {
   // naming the parameter).
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<ShmParam> params,
                                                             EngineCallbacks callbacks, uint64_t version,
-                                                            bool reconnect = false);
+                                                            bool reconnect = false, std::string tag = "");
   // The same for parameters in GPU memory (CUDA IPC). The engine keeps the allocations alive
   // while registered; refitd opens each allocation once per registration.
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<CudaParam> params,
                                                             EngineCallbacks callbacks, uint64_t version,
-                                                            bool reconnect = false);
+                                                            bool reconnect = false, std::string tag = "");
   ~EngineAgent();
 
   uint64_t version() const { return version_.load(); }
+  // The trainer's tag of version() ("" when none): the one `Start` was given, then each resume's.
+  std::string tag() const;
   bool paused() const { return paused_.load(); }
   bool dirty() const { return dirty_.load(); }
   bool connected() const { return connected_.load(); }
@@ -81,11 +86,16 @@ class EngineAgent {
   using Params = std::variant<std::vector<ShmParam>, std::vector<CudaParam>>;
   static absl::StatusOr<std::unique_ptr<EngineAgent>> StartAny(const std::string& address, Params params,
                                                                EngineCallbacks callbacks, uint64_t version,
-                                                               bool reconnect);
+                                                               bool reconnect, std::string tag);
   void Run(std::string address, Params params);
 
   EngineCallbacks callbacks_;
   std::atomic<uint64_t> version_{0};
+  struct Tag {
+    mutable std::mutex mu;
+    std::string value;
+  };
+  Tag tag_;
   std::atomic<bool> paused_{false};
   std::atomic<bool> dirty_{false};
   std::atomic<bool> connected_{false};

@@ -411,6 +411,7 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.engine_params = r.getEngineParams();
     s.engine_bytes = r.getEngineBytes();
     s.version = r.getVersion();
+    s.tag = wire::Str(r.getTag());
     s.active_session = r.getActiveSession();
     s.staging_bytes = r.getStagingBytes();
     s.staging_limit_bytes = r.getStagingLimitBytes();
@@ -424,6 +425,8 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.daemon_commit = wire::Str(r.getDaemonCommit());
     s.engine_dirty = r.getEngineDirty();
     s.engine_responsive = !r.getEngineRegistered() || r.getEngineResponsive();
+    s.verify_after_commit = r.getVerifyAfterCommit();
+    s.verify_mismatches = r.getVerifyMismatches();
     s.last_report = wire::FromWire(r.getLastReport());
     return s;
   });
@@ -444,6 +447,38 @@ absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> TrainerClient::C
     std::vector<ParamChecksum> out;
     for (auto p : resp.getParams()) out.push_back({wire::Str(p.getName()), p.getChecksum(), p.getNbytes()});
     return std::make_pair(static_cast<uint64_t>(resp.getVersion()), std::move(out));
+  });
+}
+
+absl::StatusOr<RefitReport> TrainerClient::CommitVersion(const std::string& tag) {
+  return Call([&]() -> absl::StatusOr<RefitReport> {
+    auto req = impl_->daemon.commitVersionRequest();
+    req.setTag(wire::Text(tag));
+    auto resp = req.send().wait(impl_->io.waitScope);
+    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+    return wire::FromWire(resp.getReport());
+  });
+}
+
+absl::StatusOr<RefitReport> TrainerClient::Rollback() {
+  return Call([&]() -> absl::StatusOr<RefitReport> {
+    auto resp = impl_->daemon.rollbackRequest().send().wait(impl_->io.waitScope);
+    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+    return wire::FromWire(resp.getReport());
+  });
+}
+
+absl::StatusOr<VersionsList> TrainerClient::Versions() {
+  return Call([&]() -> absl::StatusOr<VersionsList> {
+    auto resp = impl_->daemon.versionsRequest().send().wait(impl_->io.waitScope);
+    VersionsList out;
+    out.hold_limit = resp.getHoldLimit();
+    out.staging_limit_bytes = resp.getStagingLimitBytes();
+    for (auto v : resp.getVersions()) {
+      out.versions.push_back({wire::Str(v.getTag()), wire::Str(v.getState()), v.getVersion(), v.getBytes(),
+                              v.getChecksum(), v.getSessionId()});
+    }
+    return out;
   });
 }
 

@@ -52,6 +52,7 @@ struct DaemonStatus {
   uint32_t engine_params = 0;
   uint64_t engine_bytes = 0;
   uint64_t version = 0;
+  std::string tag;  // the trainer's tag of `version` ("" when none)
   uint64_t active_session = 0;
   uint64_t staging_bytes = 0;
   uint64_t staging_limit_bytes = 0;
@@ -61,9 +62,27 @@ struct DaemonStatus {
   std::string data_endpoint;
   bool engine_dirty = false;       // the engine's weights may be mixed; only a full refit clears it
   bool engine_responsive = true;   // false while a pause/resume that timed out is unanswered
+  bool verify_after_commit = false;  // engine.verify_after_commit is on
+  uint64_t verify_mismatches = 0;    // commits it failed
   RefitReport last_report;
   std::string daemon_version;  // refitd's version; empty from a daemon older than the field
   std::string daemon_commit;   // the git commit refitd was built from
+};
+
+// A version refitd keeps in staging (hold: K; docs/versions.md).
+struct StagedVersionInfo {
+  std::string tag;
+  std::string state;  // held | current | previous
+  uint64_t version = 0;  // refitd's version when last committed (0 while only held)
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+  uint64_t session_id = 0;
+};
+
+struct VersionsList {
+  std::vector<StagedVersionInfo> versions;
+  uint32_t hold_limit = 0;
+  uint64_t staging_limit_bytes = 0;
 };
 
 class RefitSession;
@@ -83,6 +102,12 @@ class TrainerClient {
   absl::StatusOr<DaemonStatus> Status();
   absl::StatusOr<bool> AbortActive(const std::string& reason);
   absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> Checksums();
+  // hold: K. Commits the held version `tag` (a stage-only refit) into the engine; a refused or
+  // failed commit returns its status (NotFound naming the held tags for an unknown one).
+  absl::StatusOr<RefitReport> CommitVersion(const std::string& tag);
+  // Commits again the version committed before the current one, when it is still staged.
+  absl::StatusOr<RefitReport> Rollback();
+  absl::StatusOr<VersionsList> Versions();
 
   struct Impl;
 

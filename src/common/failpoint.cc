@@ -15,7 +15,8 @@ namespace refit {
 
 bool IsKnownFailpoint(const std::string& name) {
   for (const char* known : {failpoints::kAfterReceive, failpoints::kAfterConvert, failpoints::kBeforeCommit,
-                            failpoints::kMidCommit, failpoints::kAfterCopy, failpoints::kAfterCommit}) {
+                            failpoints::kMidCommit, failpoints::kAfterCopy, failpoints::kCorruptCopy,
+                            failpoints::kAfterCommit}) {
     if (name == known) return true;
   }
   return false;

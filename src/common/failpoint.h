@@ -36,6 +36,9 @@ inline constexpr char kAfterConvert[] = "after_convert";  // a bucket was conver
 inline constexpr char kBeforeCommit[] = "before_commit";  // validated and prepared; engine not paused yet
 inline constexpr char kMidCommit[] = "mid_commit";        // engine paused, copy not started
 inline constexpr char kAfterCopy[] = "after_copy";        // copy done, engine not resumed yet
+// Copy done: when it triggers (armed with `error`), one bit of the first written parameter is
+// flipped in the engine's storage instead of failing the step (what verify_after_commit catches).
+inline constexpr char kCorruptCopy[] = "corrupt_copy";
 inline constexpr char kAfterCommit[] = "after_commit";    // engine resumed, trainer not answered yet
 }  // namespace failpoints
 

@@ -96,6 +96,22 @@ class Family final : public FamilyBase {
     return *children_.emplace(std::move(key), make_child_()).first->second;
   }
 
+  // The child for these label values, dropping every other child in the same step (for series
+  // that name one current value, like an info metric's). References returned by earlier calls
+  // for other values become invalid: only for families whose callers keep none.
+  T& Only(absl::Span<const std::string_view> values) ABSL_LOCKS_EXCLUDED(mu_) {
+    T& child = Labels(values);
+    std::unique_lock lock(mu_);
+    for (auto it = children_.begin(); it != children_.end();) {
+      if (it->second.get() == &child) {
+        ++it;
+      } else {
+        it = children_.erase(it);
+      }
+    }
+    return child;
+  }
+
   const std::string& name() const override { return name_; }
   const std::string& help() const { return help_; }
   MetricType type() const override { return type_; }

@@ -12,6 +12,8 @@ std::string_view LabelValue(SessionOutcome outcome) {
       return "aborted";
     case SessionOutcome::kFailed:
       return "failed";
+    case SessionOutcome::kStaged:
+      return "staged";
   }
   return "unknown";
 }
@@ -36,6 +38,8 @@ std::string_view LabelValue(SessionFailureReason reason) {
       return "engine_error";
     case SessionFailureReason::kInternal:
       return "internal";
+    case SessionFailureReason::kVerifyMismatch:
+      return "verify_mismatch";
   }
   return "unknown";
 }
@@ -101,6 +105,22 @@ absl::StatusOr<RefitMetrics> RefitMetrics::Register(Registry& registry, const Bu
                         "Unix time at which the committed version was resumed."));
   m.committed_version_timestamp_seconds = &version_time->Labels({});
   REFIT_ASSIGN_OR_RETURN(
+      m.committed_version_info,
+      registry.AddGauge("refit_committed_version_info",
+                        "The trainer's tag of the version the engine serves (\"\" when none); the value is always 1.",
+                        {"tag"}));
+  REFIT_ASSIGN_OR_RETURN(
+      CounterFamily * mismatches,
+      registry.AddCounter("refit_verify_mismatches_total",
+                          "Commits whose engine bytes, checksummed after the copy (engine.verify_after_commit), "
+                          "did not match the staged bytes."));
+  m.verify_mismatches_total = &mismatches->Labels({});
+  REFIT_ASSIGN_OR_RETURN(
+      m.kept_versions,
+      registry.AddGauge("refit_kept_versions",
+                        "Versions kept in staging (hold: K), by state: held, current, previous.", {"state"}));
+  for (const char* state : {"held", "current", "previous"}) m.kept_versions->Labels({state}).Set(0);
+  REFIT_ASSIGN_OR_RETURN(
       GaugeFamily * staging,
       registry.AddGauge("refit_staging_bytes", "Bytes held in staging buffers."));
   m.staging_bytes = &staging->Labels({});
@@ -136,6 +156,10 @@ void RefitMetrics::RecordSession(SessionOutcome outcome, SessionFailureReason re
 
 void RefitMetrics::ObservePhase(RefitPhase phase, absl::Duration duration) const {
   phase_duration_seconds->Labels({LabelValue(phase)}).Observe(absl::ToDoubleSeconds(duration));
+}
+
+void RefitMetrics::SetCommittedTag(const std::string& tag) const {
+  committed_version_info->Only({tag}).Set(1);
 }
 
 void RefitMetrics::RecordCommit(uint64_t version, absl::Time committed_at,

@@ -24,6 +24,7 @@ enum class SessionOutcome {
   kCommitted,  // the engine runs the new version
   kAborted,    // the trainer aborted it, or it was dropped (deadline, disconnect) before commit
   kFailed,     // refitd refused or could not complete it; the engine keeps its last version
+  kStaged,     // a stage-only refit is held in staging under its tag (hold: K)
 };
 
 // Why a session did not commit; kNone for committed sessions.
@@ -37,6 +38,7 @@ enum class SessionFailureReason {
   kOverloaded,        // no staging memory or session slot; retry later
   kEngineError,       // the engine failed to pause, resume or accept the copy
   kInternal,          // a bug or unexpected device error
+  kVerifyMismatch,    // verify_after_commit: the engine's bytes differ from the staged ones
 };
 
 enum class RefitPhase { kReceive, kConvert, kValidate, kCommit };
@@ -70,6 +72,8 @@ struct RefitMetrics {
   // refit_commit_pause_seconds, after a commit at `committed_at` that paused the engine for
   // `pause`.
   void RecordCommit(uint64_t version, absl::Time committed_at, absl::Duration pause) const;
+  // refit_committed_version_info{tag}: the one series of the engine's current trainer tag.
+  void SetCommittedTag(const std::string& tag) const;
 
   // The families, owned by the registry. Labelled ones take Labels({...}) in the order given.
   CounterFamily* sessions_total = nullptr;        // {outcome, reason}
@@ -79,6 +83,9 @@ struct RefitMetrics {
   Histogram* commit_pause_seconds = nullptr;
   Gauge* committed_version = nullptr;
   Gauge* committed_version_timestamp_seconds = nullptr;
+  GaugeFamily* committed_version_info = nullptr;  // {tag}, value 1: only the current tag's series
+  Counter* verify_mismatches_total = nullptr;     // commits verify_after_commit failed
+  GaugeFamily* kept_versions = nullptr;           // {state}: held, current, previous (hold: K)
   Gauge* staging_bytes = nullptr;      // bytes held in staging (device or pinned host)
   Gauge* active_sessions = nullptr;    // sessions begun and not yet committed or aborted
   Gauge* engine_registered = nullptr;  // 1 while an engine is registered, else 0

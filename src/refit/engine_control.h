@@ -8,6 +8,7 @@
 #define REFIT_REFIT_ENGINE_CONTROL_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -21,8 +22,9 @@ class EngineControl {
   // engine did not answer within `timeout` (the request stays pending at the engine: it may pause
   // later); Unavailable when the engine is gone; other codes for an error the engine returned.
   virtual absl::Status Pause(absl::Duration timeout) = 0;
-  // The parameters hold `version`; the engine may serve again. Codes as for Pause.
-  virtual absl::Status Resume(uint64_t version, absl::Duration timeout) = 0;
+  // The parameters hold `version` (the trainer's tag for it: `tag`, "" when none); the engine may
+  // serve again. Codes as for Pause.
+  virtual absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) = 0;
   // False while a call that timed out is still unanswered: the engine's state is unknown until it
   // answers (or re-registers), and no commit may start.
   virtual bool Responsive() const = 0;

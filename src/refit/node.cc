@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "refit/commit_verify.h"
 #include "refit/committer.h"
 #include "refit/manifest_check.h"
 
@@ -42,11 +43,16 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   record->id = next_engine_id_++;
   record->planner = std::move(setup.planner);
   record->storage = std::move(setup.storage);
+  if (options_.hold > 0 && !setup.new_pool) {
+    return absl::InternalError("hold > 0 needs EngineSetup::new_pool (a pool per kept version)");
+  }
   record->pool = std::move(setup.pool);
+  record->new_pool = std::move(setup.new_pool);
   record->converter = std::move(setup.converter);
   record->control = std::move(setup.control);
   for (const auto& p : record->storage->params()) record->bytes += p.nbytes;
   record->version = setup.version;
+  record->tag = std::move(setup.tag);
   record->dirty = setup.dirty;
   engine_ = std::move(record);
   if (hooks_.on_engine) hooks_.on_engine(true);
@@ -57,6 +63,8 @@ void Node::UnregisterEngine(uint64_t engine_id) {
   if (!engine_ || engine_->id != engine_id) return;
   engine_->gone = true;
   if (active_ && active_->engine.get() == engine_.get()) AbortWith(EndCause::kEngineError, "engine unregistered");
+  versions_.clear();  // kept versions were converted for this registration's parameters
+  spare_pool_.reset();
   engine_.reset();
   if (hooks_.on_engine) hooks_.on_engine(false);
 }
@@ -69,6 +77,12 @@ absl::Status Node::Ready() const {
 }
 
 uint64_t Node::version() const { return engine_ ? engine_->version : last_report_.version; }
+
+const std::string& Node::tag() const {
+  if (engine_) return engine_->tag;
+  static const std::string kNone;
+  return last_report_.outcome == Outcome::kCommitted ? last_report_.tag : kNone;
+}
 
 // ---- sessions ----
 
@@ -90,6 +104,9 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
         "partial refit refused: the engine's weights are dirty after an interrupted commit; a full refit must land "
         "first");
   }
+  if (absl::Status tag = CheckTag(manifest.tag); !tag.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest tag '", PrintableName(manifest.tag), "': ", tag.message()));
+  }
   const SessionLimits& limits = options_.limits;
   // Count and names first: nothing below plans, logs or echoes a name this refuses.
   if (absl::Status checked = CheckManifest(manifest, limits); !checked.ok()) return checked;
@@ -105,6 +122,50 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     return absl::FailedPreconditionError(absl::StrCat("manifest refused (", count, " problem", count == 1 ? "" : "s",
                                                    "): ", absl::StrJoin(problems, "; ")));
   }
+  if (manifest.stage_only) {
+    if (options_.hold == 0) {
+      return absl::FailedPreconditionError("stage-only refit refused: this daemon holds no versions (config hold: 0)");
+    }
+    if (manifest.tag.empty()) return absl::InvalidArgumentError("stage-only refit refused: it needs a tag");
+    if (manifest.partial) return absl::InvalidArgumentError("stage-only refit refused: a held version is a full refit");
+    for (const auto& v : versions_) {
+      if (v->state == StagedVersion::State::kHeld && v->tag == manifest.tag) {
+        return absl::AlreadyExistsError(absl::StrCat("stage-only refit refused: a version tagged '", manifest.tag,
+                                                     "' is already held"));
+      }
+    }
+    std::vector<std::string> held;
+    for (const auto& v : versions_) {
+      if (v->state == StagedVersion::State::kHeld) held.push_back(v->tag);
+    }
+    if (held.size() >= options_.hold) {
+      return absl::ResourceExhaustedError(absl::StrCat("stage-only refit refused: ", held.size(), " of hold: ",
+                                                       options_.hold, " versions are held (",
+                                                       absl::StrJoin(held, ", "), "); commit one first"));
+    }
+  }
+  SessionLimits session_limits = limits;
+  if (options_.hold > 0) {
+    // Room for one more version of this engine: retained committed versions give way (the
+    // previous, then the current one); held versions never do.
+    const uint64_t need = engine_->bytes;
+    for (StagedVersion::State state : {StagedVersion::State::kPrevious, StagedVersion::State::kCurrent}) {
+      if (limits.staging_bytes - std::min(limits.staging_bytes, versions_bytes()) >= need) break;
+      if (std::shared_ptr<StagedVersion> v = Find(state)) Drop(v);
+    }
+    const uint64_t free = limits.staging_bytes - std::min(limits.staging_bytes, versions_bytes());
+    if (free < need) {
+      std::vector<std::string> held;
+      for (const auto& v : versions_) held.push_back(absl::StrCat(v->tag.empty() ? "(untagged)" : v->tag, " ",
+                                                                 v->bytes, " bytes"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "staging cannot hold another version: limits.staging_bytes is ", limits.staging_bytes, ", ",
+          versions_bytes(), " bytes are held by ", versions_.size(), " version", versions_.size() == 1 ? "" : "s",
+          " (", absl::StrJoin(held, ", "), "), and a refit of this engine needs about ", need,
+          " bytes; commit a held version or raise the limit"));
+    }
+    session_limits.staging_bytes = free;
+  }
   const uint32_t deadline_ms =
       manifest.deadline_ms != 0 ? std::min(manifest.deadline_ms, limits.deadline_ms) : limits.deadline_ms;
   Session::Options so;
@@ -113,16 +174,20 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   // The session's blocking waits (buckets, receives) run on the real clock; the node ends the
   // session at its deadline by its own clock (Poll).
   so.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
-  so.limits = limits;
+  so.limits = session_limits;
   so.failpoints = options_.failpoints;
   so.on_received = hooks_.on_received;
   so.on_converted = hooks_.on_converted;
   Active a;
   a.engine = engine_;
-  a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, *engine_->pool, so);
+  a.stage_only = manifest.stage_only;
+  if (options_.hold > 0) a.own_pool = spare_pool_ != nullptr ? std::move(spare_pool_) : engine_->new_pool();
+  StagingPool& pool = a.own_pool ? *a.own_pool : *engine_->pool;
+  a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, pool, so);
   a.begun = requested;
   a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
   a.plan_ms = Ms(absl::Now() - requested);
+  a.tag = manifest.tag;
   active_ = std::move(a);
   NotifySession();
   return BeginResult{so.id, deadline_ms};
@@ -223,10 +288,12 @@ bool Node::Shutdown() {
   return committing();
 }
 
-void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times) {
+void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times,
+               uint64_t staged_checksum) {
   if (!active_) return;
   const bool sealed = active_->session->sealed();
-  if (outcome != Outcome::kCommitted) active_->session->Abort(reason);
+  const bool ended_well = outcome == Outcome::kCommitted || outcome == Outcome::kStaged;
+  if (!ended_well) active_->session->Abort(reason);
   RefitReport r = active_->session->Report();
   if (times != nullptr) {
     r.times.validate_ms = times->validate_ms;
@@ -234,6 +301,7 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
     r.times.prepare_ms = times->prepare_ms;
     r.times.commit_ms = times->commit_ms;
     r.times.pause_ms = times->pause_ms;
+    r.times.verify_ms = times->verify_ms;
   }
   r.times.plan_ms = active_->plan_ms;
   r.times.total_ms = Ms(absl::Now() - active_->begun);
@@ -241,14 +309,31 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
   r.cause = outcome == Outcome::kCommitted ? EndCause::kNone : cause;
   r.reason = std::move(reason);
   r.version = outcome == Outcome::kCommitted ? active_->engine->version : 0;
+  r.tag = active_->tag;
   switch (outcome) {
     case Outcome::kCommitted: ++committed_; break;
     case Outcome::kRefused: ++refused_; break;
+    case Outcome::kStaged: ++staged_; break;
     default: ++aborted_; break;
+  }
+  if (outcome == Outcome::kStaged) {
+    KeepActive(StagedVersion::State::kHeld, staged_checksum);
+  } else if (outcome == Outcome::kCommitted && options_.hold > 0) {
+    // The committed version stays staged for rollback: current becomes previous. After a partial
+    // refit the engine holds current + the partial: no whole staged version equals it, but the
+    // old current is still a whole earlier state to roll back to.
+    if (std::shared_ptr<StagedVersion> old = Find(StagedVersion::State::kPrevious)) Drop(old);
+    if (std::shared_ptr<StagedVersion> cur = Find(StagedVersion::State::kCurrent)) {
+      cur->state = StagedVersion::State::kPrevious;
+    }
+    if (!active_->session->partial()) {
+      KeepActive(StagedVersion::State::kCurrent, staged_checksum);
+      versions_.back()->version = r.version;
+    }
   }
   last_report_ = r;
   if (hooks_.on_log) hooks_.on_log(r);
-  if (outcome != Outcome::kCommitted && r.cause != EndCause::kClientAbort && !sealed) {
+  if (!ended_well && r.cause != EndCause::kClientAbort && !sealed) {
     // Ended by refitd before every bucket was in (deadline, a corrupt bucket, engine gone,
     // shutdown): a trainer of this session may be blocked sending a bucket nobody will receive.
     // Its connection is dropped so the send fails; it reconnects for its next session. A session
@@ -257,12 +342,19 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
     receiver_.DisconnectPeers();
   }
   if (hooks_.on_report) hooks_.on_report(r);
+  // A session's pool that no version kept (aborted, refused, partial) serves the next session.
+  if (active_->own_pool != nullptr && spare_pool_ == nullptr) spare_pool_ = std::move(active_->own_pool);
   active_.reset();
   NotifySession();
 }
 
 void Node::NotifySession() {
   if (hooks_.on_session) hooks_.on_session(staging_bytes(), active_.has_value());
+  if (hooks_.on_versions) {
+    uint32_t n[3] = {0, 0, 0};
+    for (const auto& v : versions_) ++n[static_cast<int>(v->state)];
+    hooks_.on_versions(n[0], n[1], n[2]);
+  }
 }
 
 uint64_t Node::NewSessionId() {
@@ -281,6 +373,10 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   if (!active.ok()) return active;
   if (active_->committing) return absl::FailedPreconditionError("commit already in progress");
   if (active_->engine->gone) return absl::UnavailableError("the engine unregistered");
+  if (version_commit_ != nullptr && !active_->stage_only) {
+    return absl::UnavailableError(absl::StrCat("busy: the kept version '", version_commit_->held_->tag,
+                                               "' is being committed; commit again when it is done"));
+  }
   if (!active_->engine->control->Responsive()) {
     return absl::UnavailableError("the engine did not answer a pause or resume in time");
   }
@@ -294,12 +390,16 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   commit->pause_timeout_ = options_.pause_timeout;
   commit->resume_timeout_ = options_.resume_timeout;
   commit->from_version_ = active_->engine->version;
+  commit->from_tag_ = active_->engine->tag;
+  commit->to_tag_ = active_->tag;
   commit->dirty_at_start_ = active_->engine->dirty;
+  commit->verify_ = options_.verify_after_commit;
+  commit->stage_only_ = active_->stage_only;
+  commit->keep_ = options_.hold > 0 && !active_->session->partial();
   return commit;
 }
 
 void Node::RunCommit(Commit& c) {
-  Session& s = *c.session_;
   EngineRecord& engine = *c.engine_;
   auto phase = [&c](const char* name) {
     if (c.hooks_->on_commit_phase) c.hooks_->on_commit_phase(c.session_id_, name);
@@ -310,28 +410,49 @@ void Node::RunCommit(Commit& c) {
     c.reason_ = std::move(reason);
   };
 
-  // Every announced bucket received and converted.
   absl::Time t0 = absl::Now();
-  absl::Status finished = s.Finish();
-  c.times_.finish_ms = Ms(absl::Now() - t0);
-  if (!finished.ok()) {
-    return end(finished.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
-               CauseOfSessionFailure(finished), std::string(finished.message()));
-  }
+  const Staging* staging = nullptr;
+  std::vector<size_t> produced;
+  if (c.held_ == nullptr) {
+    Session& s = *c.session_;
+    // Every announced bucket received and converted.
+    absl::Status finished = s.Finish();
+    c.times_.finish_ms = Ms(absl::Now() - t0);
+    if (!finished.ok()) {
+      return end(finished.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
+                 CauseOfSessionFailure(finished), std::string(finished.message()));
+    }
 
-  // Complete before commit.
-  t0 = absl::Now();
-  absl::Status valid = s.Validate();
-  if (valid.ok() && c.dirty_at_start_ && s.partial()) {
-    valid = absl::FailedPreconditionError(
-        "refit refused: the engine's weights are dirty after a failed commit; a full refit must land first");
+    // Complete before commit.
+    t0 = absl::Now();
+    absl::Status valid = s.Validate();
+    if (valid.ok() && c.dirty_at_start_ && s.partial()) {
+      valid = absl::FailedPreconditionError(
+          "refit refused: the engine's weights are dirty after a failed commit; a full refit must land first");
+    }
+    c.times_.validate_ms = Ms(absl::Now() - t0);
+    if (!valid.ok()) return end(Outcome::kRefused, EndCause::kIncomplete, std::string(valid.message()));
+    staging = &s.staging();
+    produced = s.ledger().Produced();
+    if (c.keep_) {
+      // hold > 0: the version's checksum, for `refitctl versions` (before any pause).
+      absl::StatusOr<uint64_t> sum = StagingChecksum(*staging);
+      if (!sum.ok()) {
+        return end(Outcome::kFailed, EndCause::kInternal,
+                   absl::StrCat("checksumming the staged version failed: ", sum.status().message()));
+      }
+      c.staged_checksum_ = *sum;
+    }
+    if (c.stage_only_) return end(Outcome::kStaged, EndCause::kNone, "");
+  } else {
+    // A kept version: received, converted and validated when it was staged.
+    staging = c.held_->staging.get();
+    produced = c.held_->produced;
   }
-  c.times_.validate_ms = Ms(absl::Now() - t0);
-  if (!valid.ok()) return end(Outcome::kRefused, EndCause::kIncomplete, std::string(valid.message()));
 
   // Every engine parameter built (assembly, layout steps, derived state) before the pause.
   t0 = absl::Now();
-  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, s.staging(), s.ledger().Produced());
+  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, *staging, produced);
   if (prepared.ok()) {
     absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
     if (!st.ok()) prepared = st;
@@ -348,7 +469,21 @@ void Node::RunCommit(Commit& c) {
                absl::StrCat("refit refused: ", prepared.status().message()));
   }
 
-  // The window: pause, copy in place, resume.
+  // verify_after_commit: the checksum of every write's staged bytes, before the pause.
+  std::vector<uint64_t> expected;
+  if (c.verify_) {
+    t0 = absl::Now();
+    absl::StatusOr<std::vector<uint64_t>> sums = StagedChecksums(*engine.planner, *prepared, staging->pool().memory());
+    c.times_.verify_ms = Ms(absl::Now() - t0);
+    if (!sums.ok()) {
+      return end(Outcome::kFailed, EndCause::kInternal,
+                 absl::StrCat("verify_after_commit: checksumming the staged bytes failed: ", sums.status().message(),
+                              "; the engine is untouched"));
+    }
+    expected = std::move(*sums);
+  }
+
+  // The window: pause, copy in place, (verify,) resume.
   phase("pausing");
   const absl::Time pause_start = absl::Now();
   absl::Status paused = engine.control->Pause(c.pause_timeout_);
@@ -358,7 +493,7 @@ void Node::RunCommit(Commit& c) {
       // The engine may still pause later: the resume queued behind the pause (calls reach the
       // engine in order) lets it serve the version it has, which nothing touched.
       // Sent, not awaited: the engine stays unresponsive until it answers.
-      absl::Status resumed = engine.control->Resume(c.from_version_, absl::ZeroDuration());
+      absl::Status resumed = engine.control->Resume(c.from_version_, c.from_tag_, absl::ZeroDuration());
       (void)resumed;
       return end(Outcome::kFailed, EndCause::kEngineError,
                  absl::StrCat("engine did not pause within ", Seconds(c.pause_timeout_),
@@ -385,10 +520,38 @@ void Node::RunCommit(Commit& c) {
     return end(Outcome::kFailed, EndCause::kEngineError,
                absl::StrCat("commit failed, engine left paused and dirty: ", copied.status().message()));
   }
+  if (!REFIT_FAILPOINT(c.failpoints_, failpoints::kCorruptCopy).ok()) {
+    // Test builds: one byte of the copy goes wrong, as a faulty copy path would make it.
+    absl::Status corrupted = CorruptOneByte(*prepared, *engine.storage);
+    (void)corrupted;
+  }
+  if (c.verify_) {
+    // Inside the window: an engine whose bytes differ from the staged ones never serves them.
+    t0 = absl::Now();
+    absl::StatusOr<std::vector<std::string>> mismatched = VerifyWrites(*engine.planner, *prepared, expected,
+                                                                       *engine.storage);
+    c.times_.verify_ms += Ms(absl::Now() - t0);
+    if (!mismatched.ok() || !mismatched->empty()) {
+      c.times_.pause_ms = Ms(absl::Now() - pause_start);
+      c.engine_dirty_ = true;
+      if (!mismatched.ok()) {
+        return end(Outcome::kFailed, EndCause::kInternal,
+                   absl::StrCat("verify_after_commit: reading the engine's checksums failed: ",
+                                mismatched.status().message(), "; engine left paused and dirty"));
+      }
+      c.verify_mismatch_ = true;
+      const size_t n = mismatched->size();
+      if (n > 16) mismatched->resize(16);
+      return end(Outcome::kFailed, EndCause::kVerifyMismatch,
+                 absl::StrCat("verify_after_commit: ", n, " engine parameter", n == 1 ? "" : "s",
+                              " differ from the staged bytes after the copy (", absl::StrJoin(*mismatched, ", "),
+                              n > 16 ? ", ..." : "", "); engine left paused and dirty, a full refit must land"));
+    }
+  }
   const uint64_t to_version = c.from_version_ + 1;
   c.engine_version_set_ = true;  // the engine's memory holds to_version from here on
   phase("resuming");
-  absl::Status resumed = engine.control->Resume(to_version, c.resume_timeout_);
+  absl::Status resumed = engine.control->Resume(to_version, c.to_tag_, c.resume_timeout_);
   c.times_.pause_ms = Ms(absl::Now() - pause_start);
   if (!resumed.ok()) {
     if (resumed.code() == absl::StatusCode::kDeadlineExceeded) {
@@ -405,12 +568,15 @@ void Node::RunCommit(Commit& c) {
 }
 
 const RefitReport& Node::FinishCommit(Commit& c) {
+  if (c.held_ != nullptr) return FinishVersionCommit(c);
   EngineRecord& engine = *c.engine_;
   if (c.engine_dirty_) engine.dirty = true;
   if (c.engine_version_set_) {
     engine.version = c.from_version_ + 1;
+    engine.tag = c.to_tag_;
     engine.dirty = false;
   }
+  if (c.verify_mismatch_) ++verify_mismatches_;
   if (!active_ || active_->session->id() != c.session_id_) return last_report_;  // cannot happen: committing
   Outcome outcome = c.outcome_;
   EndCause cause = c.cause_;
@@ -421,7 +587,7 @@ const RefitReport& Node::FinishCommit(Commit& c) {
     cause = active_->ended_by->first;
     reason = active_->ended_by->second;
   }
-  End(outcome, cause, std::move(reason), &c.times_);
+  End(outcome, cause, std::move(reason), &c.times_, c.staged_checksum_);
   return last_report_;
 }
 

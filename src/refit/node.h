@@ -33,6 +33,7 @@
 #include "refit/engine_control.h"
 #include "refit/planner.h"
 #include "refit/session.h"
+#include "refit/staged_version.h"
 #include "refit/staging.h"
 #include "refit/types.h"
 #include "storage/engine_storage.h"
@@ -46,9 +47,13 @@ struct EngineSetup {
   std::unique_ptr<Planner> planner;
   std::unique_ptr<storage::EngineStorage> storage;
   std::unique_ptr<StagingPool> pool;
+  // A new, empty pool of the same memory kind: with hold > 0 every session stages into its own
+  // pool, which a held or retained version keeps. Required when NodeOptions::hold > 0.
+  std::function<std::unique_ptr<StagingPool>()> new_pool;
   std::unique_ptr<Converter> converter;
   std::unique_ptr<EngineControl> control;
   uint64_t version = 0;  // the version the engine serves (0: fresh)
+  std::string tag;       // the trainer's tag of that version ("" when none)
   bool dirty = false;    // it lost refitd inside a commit window: its weights may be mixed
 };
 
@@ -58,11 +63,13 @@ struct EngineRecord {
   std::unique_ptr<Planner> planner;
   std::unique_ptr<storage::EngineStorage> storage;
   std::unique_ptr<StagingPool> pool;
+  std::function<std::unique_ptr<StagingPool>()> new_pool;
   std::unique_ptr<Converter> converter;
   std::unique_ptr<EngineControl> control;
   uint64_t bytes = 0;
   // Loop thread only.
   uint64_t version = 0;
+  std::string tag;     // the trainer's tag of `version`
   bool dirty = false;  // a commit failed mid-copy: only a full refit may land
   bool gone = false;   // unregistered (disconnected); a commit in flight still holds the record
 };
@@ -75,6 +82,8 @@ struct NodeHooks {
   // converted (bytes staged per format, and the session's staged bytes now).
   std::function<void(uint64_t bytes)> on_received;
   std::function<void(const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes)> on_converted;
+  // The versions kept in staging changed (hold: K): how many are held, current, previous.
+  std::function<void(uint32_t held, uint32_t current, uint32_t previous)> on_versions;
   std::function<void(const RefitReport&)> on_log;  // one line per ended session
   // A commit enters a phase ("pausing", "copying", "resuming"). Called on the commit's worker
   // thread.
@@ -86,6 +95,14 @@ struct NodeOptions {
   SessionLimits limits;
   absl::Duration pause_timeout = absl::Seconds(10);
   absl::Duration resume_timeout = absl::Seconds(10);
+  // After the copy, before the resume: checksum every written parameter in the engine's storage
+  // (on the GPU for device storage) against the checksum of the staged bytes it was copied from.
+  // A mismatch fails the commit (cause kVerifyMismatch) and leaves the engine paused and dirty.
+  bool verify_after_commit = false;
+  // hold: K (docs/versions.md): up to K stage-only refits kept in staging under their tags, and
+  // the current and previous committed full refits kept for rollback while staging has room.
+  // 0: none (every session reuses the engine's one pool).
+  uint32_t hold = 0;
   const FailpointSet* failpoints = nullptr;  // test builds only
   // What session deadlines are computed and checked against; the system clock when null.
   const Clock* clock = nullptr;
@@ -111,7 +128,9 @@ class Commit {
   const NodeHooks* hooks_ = nullptr;
   absl::Duration pause_timeout_, resume_timeout_;
   uint64_t from_version_ = 0;
+  std::string from_tag_, to_tag_;
   bool dirty_at_start_ = false;
+  bool verify_ = false;
 
   // Set by RunCommit.
   Outcome outcome_ = Outcome::kFailed;
@@ -119,6 +138,13 @@ class Commit {
   std::string reason_;
   bool engine_dirty_ = false;      // the copy started and did not finish: the engine stays paused
   bool engine_version_set_ = false;  // the engine holds to_version's bytes
+  bool verify_mismatch_ = false;     // verify_after_commit found engine bytes unlike the staged ones
+  bool stage_only_ = false;          // a stage-only session: validate, then hold
+  bool keep_ = false;                // hold > 0 and a full refit: its staging is kept after the session
+  uint64_t staged_checksum_ = 0;     // stage-only: the version's checksum
+  // A commit of a version kept in staging (commit by tag, rollback): no session.
+  std::shared_ptr<StagedVersion> held_;
+  bool rollback_ = false;
   PhaseTimes times_;
 };
 
@@ -169,19 +195,38 @@ class Node {
   // Ends the session with the commit's outcome; returns the report (also last_report()).
   const RefitReport& FinishCommit(Commit& commit);
 
+  // hold > 0: the commit of the held version `tag` (NotFound naming the held tags otherwise), or
+  // of the previous committed version (rollback; FailedPrecondition when none is staged). Run
+  // and finished like a session's commit. Unavailable while another commit runs; a session may
+  // be receiving meanwhile.
+  absl::StatusOr<std::shared_ptr<Commit>> StartVersionCommit(const std::string& tag);
+  absl::StatusOr<std::shared_ptr<Commit>> StartRollback();
+  // Held, current and previous versions in staging, held first, then current, then previous.
+  std::vector<VersionInfo> Versions() const;
+  uint64_t versions_bytes() const;
+  // A commit by tag or rollback is in flight (a session's commit waits for it).
+  bool version_committing() const { return version_commit_ != nullptr; }
+
   // State, for status and readiness.
   const EngineRecord* engine() const { return engine_.get(); }
   // Serving-readiness: an engine registered, clean and answering.
   absl::Status Ready() const;
   uint64_t version() const;
+  // The trainer's tag of version() ("" when none).
+  const std::string& tag() const;
   bool session_active() const { return active_.has_value(); }
   uint64_t active_session_id() const { return active_ ? active_->session->id() : 0; }
-  bool committing() const { return active_ && active_->committing; }
-  uint64_t staging_bytes() const { return active_ ? active_->session->staging().bytes() : 0; }
+  bool committing() const { return (active_ && active_->committing) || version_commit_ != nullptr; }
+  // Staging in use: the active session's and every kept version's.
+  uint64_t staging_bytes() const {
+    return (active_ && !active_->staging_taken ? active_->session->staging().bytes() : 0) + versions_bytes();
+  }
   const RefitReport& last_report() const { return last_report_; }
   uint64_t committed() const { return committed_; }
   uint64_t refused() const { return refused_; }
   uint64_t aborted() const { return aborted_; }
+  uint64_t verify_mismatches() const { return verify_mismatches_; }
+  uint64_t staged() const { return staged_; }
   const NodeOptions& options() const { return options_; }
 
   // Checksum64 of every registered parameter read from the engine's storage.
@@ -195,10 +240,14 @@ class Node {
  private:
   struct Active {
     std::shared_ptr<EngineRecord> engine;  // declared first: outlives the session
+    std::unique_ptr<StagingPool> own_pool;  // hold > 0: this session's pool (outlives the session)
     std::unique_ptr<Session> session;
+    bool stage_only = false;
+    bool staging_taken = false;  // handed to a kept version
     absl::Time begun;
     absl::Time deadline;
     double plan_ms = 0;
+    std::string tag;  // the manifest's
     bool committing = false;
     uint32_t open_members = 0;  // joined ranks that have not detached
     // Set when the node aborted the session while its commit ran (engine gone, operator,
@@ -207,11 +256,20 @@ class Node {
   };
   absl::Status CheckActive(uint64_t session_id) const;
   // Ends the active session: aborts it if still running, counts, reports, resets.
-  void End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times = nullptr);
+  void End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times = nullptr,
+           uint64_t staged_checksum = 0);
   // Aborts the active session with `cause`: at once when not committing, else when the commit ends.
   void AbortWith(EndCause cause, const std::string& reason);
   void NotifySession();
   uint64_t NewSessionId();
+  // Keeps the active session's staging as a version in `state` (End, before the session goes).
+  void KeepActive(StagedVersion::State state, uint64_t checksum);
+  // A version of `state`, or null.
+  std::shared_ptr<StagedVersion> Find(StagedVersion::State state) const;
+  void Drop(const std::shared_ptr<StagedVersion>& v);
+  // A commit of a kept version, checked and set up; `rollback` for the report's reason.
+  absl::StatusOr<std::shared_ptr<Commit>> StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback);
+  const RefitReport& FinishVersionCommit(Commit& commit);
 
   const NodeOptions options_;
   const std::unique_ptr<Clock> system_clock_;  // when options_.clock is null
@@ -222,7 +280,12 @@ class Node {
   std::shared_ptr<EngineRecord> engine_;
   std::optional<Active> active_;
   uint64_t next_engine_id_ = 1;
-  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0;
+  uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
+  std::vector<std::shared_ptr<StagedVersion>> versions_;
+  std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
+  // The pool of the last dropped version, its buffers reused by the next session (same keys and
+  // sizes: no allocation). At most one; freed with the engine.
+  std::unique_ptr<StagingPool> spare_pool_;
   uint64_t last_session_id_ = 0;
   std::random_device entropy_;
   RefitReport last_report_;

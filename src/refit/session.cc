@@ -21,7 +21,7 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
       converter_(converter),
       options_(std::move(options)),
       ledger_(planner),
-      staging_(options_.limits.staging_bytes, pool),
+      staging_(std::make_unique<Staging>(options_.limits.staging_bytes, pool)),
       slices_(ring.memory(), options_.limits.staging_bytes) {
   receiver_.Reset();
   ring_.Reset();
@@ -209,7 +209,7 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
   absl::InlinedVector<formats::MutableBytes, 4> outs;
   uint64_t tensor_bytes = 0;
   for (const Target& t : plan.targets) {
-    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_.Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
+    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
     staged.push_back(buf);
     outs.push_back({buf, t.spec.bytes});
     out_bytes += t.spec.bytes;
@@ -236,7 +236,7 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
         "tensor '", desc.name, "' is transposed, sharded or group-scaled; such tensors need a host data plane"));
   }
   const ConvertStep step{plan.kind, plan.format, plan.transpose};
-  const bool host_staging = staging_.kind() == storage::MemoryKind::kHost;
+  const bool host_staging = staging_->kind() == storage::MemoryKind::kHost;
   std::vector<std::vector<uint8_t>> full;  // whole outputs, when this rank keeps a part or staging is on the GPU
   std::vector<formats::MutableBytes> host_outs;
   for (size_t i = 0; i < plan.targets.size(); ++i) {
@@ -263,7 +263,7 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
       if (host_staging) continue;
       bytes = part.data();
     }
-    REFIT_RETURN_IF_ERROR(staging_.pool().memory().CopyFromHost(staged[i], bytes, t.spec.bytes));
+    REFIT_RETURN_IF_ERROR(staging_->pool().memory().CopyFromHost(staged[i], bytes, t.spec.bytes));
   }
   return absl::OkStatus();
 }
@@ -393,6 +393,12 @@ absl::Status Session::Finish() {
   mu_.Await(absl::Condition(&done));
   if (failure_.ok()) stopping_ = sealed_ = true;  // no more buckets; the deadline no longer applies
   return failure_;
+}
+
+std::unique_ptr<Staging> Session::TakeStaging() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  return std::move(staging_);
 }
 
 RefitReport Session::Report() const {

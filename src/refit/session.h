@@ -75,7 +75,10 @@ class Session {
 
   uint64_t id() const { return options_.id; }
   bool partial() const { return options_.partial; }
-  const Staging& staging() const { return staging_; }
+  const Staging& staging() const { return *staging_; }
+  // Hands the staged tensors over (a held version keeps them past the session). REQUIRES: Finish
+  // returned OK; nothing calls staging() afterwards.
+  std::unique_ptr<Staging> TakeStaging();
   const Ledger& ledger() const { return ledger_; }
   // Counters and phase times so far (receive, convert).
   RefitReport Report() const;
@@ -106,7 +109,7 @@ class Session {
   Converter& converter_;
   const Options options_;
   Ledger ledger_;
-  Staging staging_;
+  std::unique_ptr<Staging> staging_;
   SliceAssembler slices_;  // sliced tensors being assembled (in the ring's memory)
 
   mutable absl::Mutex mu_;

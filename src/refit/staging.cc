@@ -1,5 +1,7 @@
 #include "refit/staging.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -57,6 +59,15 @@ void Staging::Release(const std::string& key) {
   if (it == staged_.end()) return;
   bytes_ -= it->second.nbytes;
   staged_.erase(it);
+}
+
+std::vector<std::string> Staging::Keys() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> keys;
+  keys.reserve(staged_.size());
+  for (const auto& [key, t] : staged_) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 uint64_t Staging::bytes() const {

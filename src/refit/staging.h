@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -62,6 +63,8 @@ class Staging {
   // Forgets `key` for this session (no-op when absent); the pool keeps its buffer.
   void Release(const std::string& key);
   uint64_t bytes() const;
+  // Every staged key, sorted.
+  std::vector<std::string> Keys() const;
   uint64_t limit() const { return limit_; }
   storage::MemoryKind kind() const { return pool_.kind(); }
   StagingPool& pool() const { return pool_; }

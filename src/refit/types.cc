@@ -1,5 +1,7 @@
 #include "refit/types.h"
 
+#include <cstdio>
+
 namespace refit {
 
 const char* OutcomeName(Outcome outcome) {
@@ -9,6 +11,7 @@ const char* OutcomeName(Outcome outcome) {
     case Outcome::kRefused: return "refused";
     case Outcome::kAborted: return "aborted";
     case Outcome::kFailed: return "failed";
+    case Outcome::kStaged: return "staged";
   }
   return "none";
 }
@@ -24,6 +27,7 @@ const char* EndCauseName(EndCause cause) {
     case EndCause::kOverloaded: return "overloaded";
     case EndCause::kEngineError: return "engine_error";
     case EndCause::kInternal: return "internal";
+    case EndCause::kVerifyMismatch: return "verify_mismatch";
   }
   return "internal";
 }
@@ -45,7 +49,7 @@ EndCause CauseOfSessionFailure(const absl::Status& failure) {
 }
 
 absl::Status ReportStatus(const RefitReport& report) {
-  if (report.outcome == Outcome::kCommitted) return absl::OkStatus();
+  if (report.outcome == Outcome::kCommitted || report.outcome == Outcome::kStaged) return absl::OkStatus();
   absl::StatusCode code = absl::StatusCode::kAborted;
   switch (report.cause) {
     case EndCause::kIncomplete: code = absl::StatusCode::kFailedPrecondition; break;
@@ -56,10 +60,32 @@ absl::Status ReportStatus(const RefitReport& report) {
     case EndCause::kOverloaded: code = absl::StatusCode::kResourceExhausted; break;
     case EndCause::kEngineError: code = absl::StatusCode::kUnavailable; break;
     case EndCause::kInternal: code = absl::StatusCode::kInternal; break;
+    case EndCause::kVerifyMismatch: code = absl::StatusCode::kDataLoss; break;
     case EndCause::kNone: code = absl::StatusCode::kAborted; break;
   }
   if (report.outcome == Outcome::kRefused) code = absl::StatusCode::kFailedPrecondition;
   return absl::Status(code, report.reason.empty() ? std::string(OutcomeName(report.outcome)) : report.reason);
+}
+
+absl::Status CheckTag(std::string_view tag) {
+  if (tag.empty()) return absl::OkStatus();
+  if (tag.size() > kMaxTagBytes) {
+    return absl::InvalidArgumentError("tag of " + std::to_string(tag.size()) + " bytes (limit " +
+                                      std::to_string(kMaxTagBytes) + ")");
+  }
+  for (size_t i = 0; i < tag.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(tag[i]);
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == ':' || c == '+' || c == '-';
+    if (!ok) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", c);
+      return absl::InvalidArgumentError("tag holds byte " + std::string(hex) + " at offset " + std::to_string(i) +
+                                        " (a tag is 1.." + std::to_string(kMaxTagBytes) +
+                                        " bytes of A-Z a-z 0-9 . _ : + -)");
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace refit

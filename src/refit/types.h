@@ -43,11 +43,23 @@ struct BucketHeader {
   std::vector<TensorDesc> tensors;
 };
 
+// A trainer's version tag: a string it chooses (the training step, "step-1200", a run id and a
+// step), carried from the manifest to the report, status, metrics, logs and the engine's resume.
+// "" is no tag. Otherwise 1..kMaxTagBytes bytes of [A-Za-z0-9._:+-], so that a tag is safe as a
+// metric label, in a log line and on a command line. refitd's own version (a counter it assigns
+// at each commit) stays the order of commits; tags need not be unique or ordered.
+inline constexpr size_t kMaxTagBytes = 128;
+
 struct Manifest {
   std::string model;
   std::vector<TensorDesc> tensors;
   bool partial = false;
   uint32_t deadline_ms = 0;
+  std::string tag;
+  // Stage only (hold: K): receive, convert and validate, then keep the result in staging under
+  // `tag` instead of writing it; a later commit by tag (or rollback) writes it. Needs a tag and a
+  // full refit.
+  bool stage_only = false;
 };
 
 struct PhaseTimes {
@@ -55,6 +67,7 @@ struct PhaseTimes {
   double plan_ms = 0;     // begin: checking and planning the manifest
   double finish_ms = 0;   // commit requested to the last bucket converted
   double prepare_ms = 0;  // building engine parameters and the copy plan, before the pause
+  double verify_ms = 0;   // verify_after_commit: staged checksums (before the pause) + engine checksums (in it)
 };
 
 // How a session ended. kNone: no session has ended yet.
@@ -64,6 +77,7 @@ enum class Outcome {
   kRefused,    // validation refused the refit before anything was written; the engine is unchanged
   kAborted,    // ended before commit (trainer, operator, deadline, peer gone); the engine is unchanged
   kFailed,     // the commit or the session failed (engine, data, resources); see cause and reason
+  kStaged,     // a stage-only refit: validated and held in staging under its tag, not written (hold: K)
 };
 
 // Why a session that did not commit ended: the metric label, the log's cause, the client's code.
@@ -77,6 +91,7 @@ enum class EndCause {
   kOverloaded,        // no staging memory; retry later
   kEngineError,       // the engine left, failed or timed out in pause, copy or resume
   kInternal,          // a bug or an unexpected device error
+  kVerifyMismatch,    // verify_after_commit: the engine's bytes after the copy differ from the staged ones
 };
 
 const char* OutcomeName(Outcome outcome);    // "none", "committed", "refused", "aborted", "failed"
@@ -87,6 +102,7 @@ EndCause CauseOfSessionFailure(const absl::Status& failure);
 struct RefitReport {
   uint64_t session_id = 0;
   uint64_t version = 0;
+  std::string tag;  // the manifest's tag ("" when none), whatever the outcome
   Outcome outcome = Outcome::kNone;
   EndCause cause = EndCause::kNone;
   std::string reason;
@@ -113,6 +129,9 @@ struct SessionLimits {
   uint32_t max_rank = 8;
   uint32_t deadline_ms = 600'000;
 };
+
+// InvalidArgument naming the problem when `tag` is not "" and not a valid tag (see kMaxTagBytes).
+absl::Status CheckTag(std::string_view tag);
 
 }  // namespace refit
 

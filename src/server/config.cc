@@ -113,7 +113,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
                                   {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
-                                   "limits", "admin", "access", "tls", "log", "log_level", "engine"}));
+                                   "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
@@ -146,13 +146,16 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     if (c.tls_key.empty()) return Err(t, path, "tls.key", "is required when tls is set");
   }
   if (const YAML::Node e = root["engine"]) {
-    REFIT_RETURN_IF_ERROR(CheckKeys(e, path, "engine", {"pause_timeout_ms", "resume_timeout_ms"}));
+    REFIT_RETURN_IF_ERROR(CheckKeys(e, path, "engine", {"pause_timeout_ms", "resume_timeout_ms", "verify_after_commit"}));
     REFIT_RETURN_IF_ERROR(Get(e, "pause_timeout_ms", path, "engine.", c.pause_timeout_ms));
     REFIT_RETURN_IF_ERROR(Get(e, "resume_timeout_ms", path, "engine.", c.resume_timeout_ms));
+    REFIT_RETURN_IF_ERROR(Get(e, "verify_after_commit", path, "engine.", c.verify_after_commit));
     if (c.pause_timeout_ms < 1) return Err(e, path, "engine.pause_timeout_ms", "must be at least 1");
     if (c.resume_timeout_ms < 1) return Err(e, path, "engine.resume_timeout_ms", "must be at least 1");
   }
   REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
+  REFIT_RETURN_IF_ERROR(Get(root, "hold", path, "", c.hold));
+  if (c.hold > 64) return Err(root["hold"], path, "hold", "must be at most 64");
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
   if (c.staging != "host" && c.staging != "device") return Err(root["staging"], path, "staging", "must be host or device");
   REFIT_RETURN_IF_ERROR(ParseLogSection(root, path, c));

@@ -59,6 +59,13 @@ struct Config {
   // The engine's pause and resume must answer within these (docs/reliability.md).
   uint32_t pause_timeout_ms = 10'000;
   uint32_t resume_timeout_ms = 10'000;
+  // engine.verify_after_commit: after each copy, checksum the engine's bytes against the staged
+  // ones before resuming it (docs/reliability.md).
+  bool verify_after_commit = false;
+  // hold: K (docs/versions.md): stage-only refits kept in staging, committed later by tag; with
+  // K > 0 the current and previous committed versions are kept for rollback while staging has
+  // room. 0: none.
+  uint32_t hold = 0;
 };
 
 // Largest config file read (bytes); a bigger file, or one that is not a regular file, is refused.

@@ -1,5 +1,8 @@
 #include "server/daemon_metrics.h"
 
+#include <atomic>
+#include <memory>
+
 #include "absl/time/clock.h"
 
 namespace refit::server {
@@ -7,13 +10,14 @@ namespace refit::server {
 metrics::SessionOutcome OutcomeOf(const RefitReport& r) {
   if (r.outcome == Outcome::kCommitted) return metrics::SessionOutcome::kCommitted;
   if (r.outcome == Outcome::kAborted) return metrics::SessionOutcome::kAborted;
+  if (r.outcome == Outcome::kStaged) return metrics::SessionOutcome::kStaged;
   return metrics::SessionOutcome::kFailed;  // refused or failed: the engine keeps its version
 }
 
 // From the report's typed cause: never from the text of its reason.
 metrics::SessionFailureReason ReasonOf(const RefitReport& r) {
   using R = metrics::SessionFailureReason;
-  if (r.outcome == Outcome::kCommitted) return R::kNone;
+  if (r.outcome == Outcome::kCommitted || r.outcome == Outcome::kStaged) return R::kNone;
   switch (r.cause) {
     case EndCause::kNone: return r.outcome == Outcome::kRefused ? R::kIncomplete : R::kInternal;
     case EndCause::kClientAbort: return R::kClientAbort;
@@ -24,6 +28,7 @@ metrics::SessionFailureReason ReasonOf(const RefitReport& r) {
     case EndCause::kOverloaded: return R::kOverloaded;
     case EndCause::kEngineError: return R::kEngineError;
     case EndCause::kInternal: return R::kInternal;
+    case EndCause::kVerifyMismatch: return R::kVerifyMismatch;
   }
   return R::kInternal;
 }
@@ -41,20 +46,31 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
     if (r.outcome == Outcome::kCommitted) {
       mp->ObservePhase(metrics::RefitPhase::kCommit, absl::Milliseconds(r.times.commit_ms));
       mp->RecordCommit(r.version, absl::Now(), absl::Milliseconds(r.times.pause_ms));
+      mp->SetCommittedTag(r.tag);
     }
+    if (r.cause == EndCause::kVerifyMismatch) mp->verify_mismatches_total->Inc();
+  };
+  h.on_versions = [mp](uint32_t held, uint32_t current, uint32_t previous) {
+    mp->kept_versions->Labels({"held"}).Set(held);
+    mp->kept_versions->Labels({"current"}).Set(current);
+    mp->kept_versions->Labels({"previous"}).Set(previous);
   };
   h.on_engine = [mp](bool registered) { mp->engine_registered->Set(registered ? 1 : 0); };
   // Byte counters and the staging gauge move per bucket, on the session's threads, so a scrape
   // during a refit sees its progress (not one step at the session's end).
   metrics::Counter* received = &mp->received_bytes_total->Labels({transport});
   h.on_received = [received](uint64_t bytes) { received->Inc(static_cast<double>(bytes)); };
-  h.on_converted = [mp](const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes) {
+  // The staging gauge is the versions kept in staging (hold: K; set by the loop at each session's
+  // begin and end) plus what the active session has staged so far (set per bucket).
+  auto kept = std::make_shared<std::atomic<uint64_t>>(0);
+  h.on_converted = [mp, kept](const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes) {
     for (const auto& [format, bytes] : bytes_by_format) {
       mp->converted_bytes_total->Labels({format}).Inc(static_cast<double>(bytes));
     }
-    mp->staging_bytes->Set(static_cast<double>(staged_bytes));
+    mp->staging_bytes->Set(static_cast<double>(kept->load() + staged_bytes));
   };
-  h.on_session = [mp](uint64_t staging_bytes, bool active) {
+  h.on_session = [mp, kept](uint64_t staging_bytes, bool active) {
+    kept->store(staging_bytes);  // at begin and end the active session has staged nothing of its own
     mp->staging_bytes->Set(static_cast<double>(staging_bytes));
     mp->active_sessions->Set(active ? 1 : 0);
   };

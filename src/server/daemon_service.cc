@@ -36,6 +36,7 @@ void LogReport(const RefitReport& r) {
       .Add("outcome", OutcomeName(r.outcome))
       .Add("cause", EndCauseName(r.cause))
       .Add("version", r.version)
+      .Add("tag", r.tag)
       .Add("bytes_in", r.bytes_in)
       .Add("bytes_out", r.bytes_out)
       .Add("buckets", r.buckets)
@@ -49,6 +50,7 @@ void LogReport(const RefitReport& r) {
       .Add("plan_ms", r.times.plan_ms)
       .Add("finish_ms", r.times.finish_ms)
       .Add("prepare_ms", r.times.prepare_ms);
+  if (r.times.verify_ms > 0) e.Add("verify_ms", r.times.verify_ms);
   if (!r.reason.empty()) e.Add("reason", r.reason);
 }
 
@@ -71,10 +73,11 @@ class RpcEngineControl final : public EngineControl {
     return Call("pause", timeout, [this] { return client_.pauseRequest().send().ignoreResult(); });
   }
 
-  absl::Status Resume(uint64_t version, absl::Duration timeout) override {
-    return Call("resume", timeout, [this, version] {
+  absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
+    return Call("resume", timeout, [this, version, tag] {
       auto req = client_.resumeRequest();
       req.setVersion(version);
+      req.setTag(wire::Text(tag));
       return req.send().ignoreResult();
     });
   }
@@ -146,6 +149,7 @@ class RegistrationImpl final : public proto::Registration::Server {
  protected:
   kj::Promise<void> version(VersionContext context) override {
     context.getResults().setVersion(state_.node.version());
+    context.getResults().setTag(wire::Text(state_.node.tag()));
     return kj::READY_NOW;
   }
 
@@ -153,6 +157,41 @@ class RegistrationImpl final : public proto::Registration::Server {
   DaemonState& state_;
   uint64_t engine_id_;
 };
+
+// Runs `commit` as a daemon task (a caller that disconnects cannot stop the swap halfway) and
+// answers `context` with its report and status once it finished.
+template <typename Context>
+kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context) {
+  DaemonState* state = &state_ref;
+  auto done = RunBlocking(state->io, [commit] { Node::RunCommit(*commit); })
+                  .then([state, commit] { state->node.FinishCommit(*commit); })
+                  .fork();
+  state->tasks.add(done.addBranch());
+  return done.addBranch().then([state, context]() mutable {
+    const RefitReport& report = state->node.last_report();
+    wire::ToWire(report, context.getResults().initReport());
+    absl::Status status = ReportStatus(report);
+    if (status.ok() && report.outcome == Outcome::kCommitted) {
+      // The engine serves the new version; the trainer has not been answered yet.
+      status = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kAfterCommit);
+    }
+    wire::ToWire(status, context.getResults().initStatus());
+  });
+}
+
+// A session's commit waits while a kept version is being committed (the engine's commit window is
+// one at a time); the session may end meanwhile (deadline, abort), which StartCommit then reports.
+template <typename Context>
+kj::Promise<void> CommitSessionWhenFree(DaemonState* state, uint64_t id, Context context) {
+  if (state->node.version_committing() && state->node.active_session_id() == id) {
+    return state->timer.afterDelay(10 * kj::MILLISECONDS).then([state, id, context]() mutable {
+      return CommitSessionWhenFree(state, id, kj::mv(context));
+    });
+  }
+  absl::StatusOr<std::shared_ptr<Commit>> started = state->node.StartCommit(id);
+  if (!started.ok()) return Answer(context, started.status());
+  return RunCommitTask(*state, *started, kj::mv(context));
+}
 
 class SessionImpl final : public proto::Session::Server {
  public:
@@ -240,25 +279,7 @@ class SessionImpl final : public proto::Session::Server {
 
   static kj::Promise<void> StartCommit(DaemonState* state, uint64_t id, CommitContext context) {
     if (absl::Status ended = EndedBeforeCommit(*state, id); !ended.ok()) return Answer(context, ended);
-    absl::StatusOr<std::shared_ptr<Commit>> started = state->node.StartCommit(id);
-    if (!started.ok()) return Answer(context, started.status());
-    std::shared_ptr<Commit> commit = *started;
-    // Run as a daemon task, not as part of this call: a trainer that disconnects during the
-    // commit window cannot stop the swap halfway.
-    auto done = RunBlocking(state->io, [commit] { Node::RunCommit(*commit); })
-                    .then([state, commit] { state->node.FinishCommit(*commit); })
-                    .fork();
-    state->tasks.add(done.addBranch());
-    return done.addBranch().then([state, context]() mutable {
-      const RefitReport& report = state->node.last_report();
-      wire::ToWire(report, context.getResults().initReport());
-      absl::Status status = ReportStatus(report);
-      if (status.ok()) {
-        // The engine serves the new version; the trainer has not been answered yet.
-        status = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kAfterCommit);
-      }
-      wire::ToWire(status, context.getResults().initStatus());
-    });
+    return CommitSessionWhenFree(state, id, kj::mv(context));
   }
 
   DaemonState& state_;
@@ -326,12 +347,21 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
     if (!converter.ok()) return converter.status();
     setup.pool = std::make_unique<StagingPool>(std::move(*memory));
     setup.converter = std::move(*converter);
+    const int device = storage.device();
+    setup.new_pool = [device]() -> std::unique_ptr<StagingPool> {
+      absl::StatusOr<std::unique_ptr<storage::Memory>> m = storage::NewDeviceMemory(device);
+      // The device was usable at registration; if it no longer is, allocations fail (overloaded).
+      return std::make_unique<StagingPool>(m.ok() ? std::move(*m) : storage::NewHostMemory());
+    };
     return absl::OkStatus();
 #endif
   }
   // Host staging: pinned when the engine is on the GPU, so the commit copy is a fast H2D copy.
-  setup.pool = std::make_unique<StagingPool>(storage.on_device() ? storage::NewPinnedHostMemory()
-                                                                 : storage::NewHostMemory());
+  const bool pinned = storage.on_device();
+  setup.pool = std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
+  setup.new_pool = [pinned] {
+    return std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
+  };
   setup.converter = std::make_unique<CpuConverter>();
   return absl::OkStatus();
 }
@@ -351,7 +381,9 @@ class DaemonImpl final : public proto::Daemon::Server {
     LogEvent(LogLevel::kInfo, "session_begin")
         .Add("session", id)
         .Add("tensors", manifest->tensors.size())
-        .Add("partial", manifest->partial);
+        .Add("partial", manifest->partial)
+        .Add("tag", manifest->tag)
+        .Add("stage_only", manifest->stage_only);
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
@@ -396,6 +428,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     setup.control = std::make_unique<RpcEngineControl>(params.getControl(), state_.timer);
     setup.version = params.getVersion();
     setup.dirty = params.getDirty();
+    setup.tag = wire::Str(params.getTag());
+    if (absl::Status tag = CheckTag(setup.tag); !tag.ok()) {
+      return Answer(context, absl::InvalidArgumentError(absl::StrCat("registration tag: ", tag.message())));
+    }
     const size_t nparams = setup.storage->params().size();
     absl::StatusOr<uint64_t> id = state_.node.RegisterEngine(std::move(setup));
     if (!id.ok()) return Answer(context, id.status());
@@ -405,7 +441,8 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("params", nparams)
         .Add("bytes", e.bytes)
         .Add("version", e.version)
-        .Add("dirty", e.dirty);
+        .Add("dirty", e.dirty)
+        .Add("tag", e.tag);
     context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, *id));
     context.getResults().setVersion(e.version);
     return kj::READY_NOW;
@@ -424,6 +461,9 @@ class DaemonImpl final : public proto::Daemon::Server {
       s.setEngineResponsive(e->control->Responsive());
     }
     s.setVersion(node.version());
+    s.setTag(wire::Text(node.tag()));
+    s.setVerifyAfterCommit(state_.config.verify_after_commit);
+    s.setVerifyMismatches(node.verify_mismatches());
     s.setActiveSession(node.active_session_id());
     s.setStagingBytes(node.staging_bytes());
     s.setStagingLimitBytes(state_.config.limits.staging_bytes);
@@ -450,6 +490,39 @@ class DaemonImpl final : public proto::Daemon::Server {
       b.setName((*sums)[i].name);
       b.setChecksum((*sums)[i].checksum);
       b.setNbytes((*sums)[i].nbytes);
+    }
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> commitVersion(CommitVersionContext context) override {
+    const std::string tag = wire::Str(context.getParams().getTag());
+    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartVersionCommit(tag);
+    if (!started.ok()) return Answer(context, started.status());
+    LogEvent(LogLevel::kInfo, "commit_version").Add("tag", tag);
+    return RunCommitTask(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> rollback(RollbackContext context) override {
+    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartRollback();
+    if (!started.ok()) return Answer(context, started.status());
+    LogEvent(LogLevel::kInfo, "rollback");
+    return RunCommitTask(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> versions(VersionsContext context) override {
+    std::vector<VersionInfo> versions = state_.node.Versions();
+    auto results = context.getResults();
+    results.setHoldLimit(state_.config.hold);
+    results.setStagingLimitBytes(state_.config.limits.staging_bytes);
+    auto list = results.initVersions(static_cast<unsigned>(versions.size()));
+    for (size_t i = 0; i < versions.size(); ++i) {
+      auto b = list[static_cast<unsigned>(i)];
+      b.setTag(wire::Text(versions[i].tag));
+      b.setState(versions[i].state);
+      b.setVersion(versions[i].version);
+      b.setBytes(versions[i].bytes);
+      b.setChecksum(versions[i].checksum);
+      b.setSessionId(versions[i].session_id);
     }
     return kj::READY_NOW;
   }
@@ -490,6 +563,8 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.limits = config.limits;
             o.pause_timeout = absl::Milliseconds(config.pause_timeout_ms);
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
+            o.verify_after_commit = config.verify_after_commit;
+            o.hold = config.hold;
             o.failpoints = failpoints.get();
             return o;
           }(),

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "storage/memory.h"
 
 namespace refit::storage {
 namespace {
@@ -114,6 +115,11 @@ absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
   cudaError_t e = cudaMemcpyAsync(dst, addrs_[index], infos_[index].nbytes, cudaMemcpyDeviceToHost, stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   return CudaStatus(e, absl::StrCat("reading '", infos_[index].name, "'"));
+}
+
+absl::StatusOr<uint64_t> CudaIpcEngineStorage::Checksum(size_t index) const {
+  if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
+  return DeviceChecksum64(device_, addrs_[index], infos_[index].nbytes, StreamOf(stream_));
 }
 
 absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {

@@ -43,6 +43,7 @@ class CudaIpcEngineStorage : public EngineStorage {
   absl::Status WriteFromHost(size_t index, const void* src) override;
   absl::Status WriteFromDevice(size_t index, const void* src) override;
   absl::Status ReadToHost(size_t index, void* dst) const override;
+  absl::StatusOr<uint64_t> Checksum(size_t index) const override;  // on the GPU
   absl::Status Flush() override;
   absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override;
   absl::Status WritePreparedDevice() override;

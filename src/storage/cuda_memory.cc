@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -9,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "kernels/checksum.h"
 #include "storage/memory.h"
 
 namespace refit::storage {
@@ -82,6 +84,9 @@ class DeviceMemory final : public Memory {
     absl::MutexLock lock(&mu_);
     return stream_.Synchronize();
   }
+  absl::StatusOr<uint64_t> Checksum(const void* p, uint64_t bytes) override {
+    return DeviceChecksum64(device_, p, bytes, nullptr);
+  }
 
  private:
   absl::Status Copy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind) {
@@ -107,6 +112,30 @@ std::unique_ptr<Memory> NewHostMemory();
 std::unique_ptr<Memory> NewPinnedHostMemory() {
   if (!HaveDevice()) return NewHostMemory();
   return std::make_unique<PinnedHostMemory>();
+}
+
+absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream) {
+  // One result word per device, allocated once (no cudaMalloc per parameter inside a commit's
+  // pause); checksums on a device take turns. Never freed: it lives as long as the process.
+  static absl::Mutex mu;
+  static auto* words = new std::map<int, DeviceAllocation>();
+  absl::MutexLock lock(&mu);
+  cudaSetDevice(device);
+  auto it = words->find(device);
+  if (it == words->end()) {
+    absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(device, sizeof(uint64_t));
+    if (!a.ok()) return a.status();
+    it = words->emplace(device, std::move(*a)).first;
+  }
+  DeviceAllocation* word = &it->second;
+  absl::Status st = kernels::DeviceChecksum(p, bytes, 0, word->as<uint64_t>(), stream);
+  if (!st.ok()) return st;
+  uint64_t sum = 0;
+  cudaError_t e = cudaMemcpyAsync(&sum, word->get(), sizeof(sum), cudaMemcpyDeviceToHost,
+                                  static_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("checksum of ", bytes, " bytes on GPU ", device));
+  return sum;
 }
 
 absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/parallel_checksum.h"
 
 namespace refit::storage {
 
@@ -49,9 +51,20 @@ class EngineStorage {
   virtual int device() const { return -1; }
   // Copies parameter `index` into host memory `dst` (params()[index].nbytes bytes).
   virtual absl::Status ReadToHost(size_t index, void* dst) const = 0;
+  // ParallelChecksum64 (common/parallel_checksum.h) of parameter `index` as the engine holds it:
+  // on the GPU for device storage, on the CPU for host storage.
+  virtual absl::StatusOr<uint64_t> Checksum(size_t index) const;
   // Returns once every write issued so far is visible to the engine.
   virtual absl::Status Flush() = 0;
 };
+
+inline absl::StatusOr<uint64_t> EngineStorage::Checksum(size_t index) const {
+  if (index >= params().size()) return absl::OutOfRangeError("parameter index " + std::to_string(index));
+  std::vector<uint8_t> bytes(params()[index].nbytes);
+  absl::Status read = ReadToHost(index, bytes.data());
+  if (!read.ok()) return read;
+  return ParallelChecksum64(bytes.data(), bytes.size());
+}
 
 }  // namespace refit::storage
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/parallel_checksum.h"
 
 namespace refit::storage {
 
@@ -31,6 +32,11 @@ class Memory {
   // at once. Every copy is complete (and `src` may change) once Synchronize() returned OK.
   virtual absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) = 0;
   virtual absl::Status Synchronize() = 0;
+  // ParallelChecksum64 (common/parallel_checksum.h) of `bytes` at `p`, a buffer of this kind:
+  // computed where the bytes are (device memory: on the GPU, kernels/checksum.h).
+  virtual absl::StatusOr<uint64_t> Checksum(const void* p, uint64_t bytes) {
+    return ParallelChecksum64(p, bytes);
+  }
 };
 
 // Plain host memory.
@@ -44,6 +50,9 @@ absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device);
 // OK when `p` is CUDA device memory; InvalidArgument saying why not; Unimplemented in a build
 // without CUDA.
 absl::Status CheckDeviceMemory(const void* p);
+// ParallelChecksum64 of device bytes, computed on GPU `device` on `stream` (a cudaStream_t; null:
+// the default stream), waiting for the result. Unimplemented in a build without CUDA.
+absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream);
 // The calling thread's current CUDA device; Unavailable without CUDA or a device.
 absl::StatusOr<int> CurrentDevice();
 

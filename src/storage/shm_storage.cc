@@ -49,6 +49,11 @@ absl::Status ShmEngineStorage::ReadToHost(size_t index, void* dst) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> ShmEngineStorage::Checksum(size_t index) const {
+  if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
+  return ParallelChecksum64(addrs_[index], infos_[index].nbytes);  // in place, in the shared mapping
+}
+
 absl::Status ShmEngineStorage::Flush() {
   // Stores to a shared mapping are visible to the engine once the resume RPC (a syscall and a
   // message) orders after them; a full fence makes the ordering explicit.

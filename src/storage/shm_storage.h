@@ -29,6 +29,7 @@ class ShmEngineStorage : public EngineStorage {
   const std::vector<ParamInfo>& params() const override { return infos_; }
   absl::Status WriteFromHost(size_t index, const void* src) override;
   absl::Status ReadToHost(size_t index, void* dst) const override;
+  absl::StatusOr<uint64_t> Checksum(size_t index) const override;
   absl::Status Flush() override;
 
  private:

@@ -52,14 +52,14 @@ def events(log: Path):
 class Daemon:
     """refitd serving `model` (every tensor `format: auto`) on a Unix socket in `tmp`."""
 
-    def __init__(self, tmp: Path, model: str):
+    def __init__(self, tmp: Path, model: str, config: str = ""):
         self.tmp = tmp
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
         spec = tmp / "spec.yaml"
         spec.write_text(f"model: {model}\ndefaults:\n  format: auto\n")
         cfg = tmp / "refitd.yaml"
-        cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_spec: {spec}\n")
+        cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_spec: {spec}\n" + config)
         self.log = tmp / "refitd.log"
         self.proc = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
                                      stderr=subprocess.STDOUT)
@@ -113,16 +113,17 @@ class Engine:
 
 @pytest.fixture
 def node(tmp_path):
-    """make(model, subdir=None, **engine_kwargs) -> (Daemon, Engine); both are stopped after the
-    test. Several nodes in one test each need their own `subdir`."""
+    """make(model, subdir=None, config="", **engine_kwargs) -> (Daemon, Engine); both are stopped
+    after the test; `config` is appended to refitd's. Several nodes in one test each need their own
+    `subdir`."""
     made = []
 
-    def make(model, subdir=None, **kwargs):
+    def make(model, subdir=None, config="", **kwargs):
         where = tmp_path
         if subdir is not None:
             where = tmp_path / subdir
             where.mkdir()
-        d = Daemon(where, model)
+        d = Daemon(where, model, config)
         made.append(d)
         e = Engine(where, d.address, model, **kwargs)
         made.append(e)

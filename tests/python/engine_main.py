@@ -78,7 +78,7 @@ def main():
         except TimeoutError:
             continue
         seen = snapshot()
-        emit(event="resumed", version=seen)
+        emit(event="resumed", version=seen, tag=engine.tag)
     server.join(timeout=30)
     dirty = engine.dirty
     engine.close()

@@ -29,7 +29,8 @@ def test_struct_layouts_match_the_header(tmp_path):
     structs = {"refit_tensor_desc": _native.TensorDesc, "refit_manifest": _native.Manifest,
                "refit_tensor": _native.Tensor, "refit_report": _native.Report,
                "refit_daemon_status": _native.DaemonStatus, "refit_param_checksum": _native.ParamChecksum,
-               "refit_engine_param": _native.EngineParam, "refit_engine_options": _native.EngineOptions}
+               "refit_engine_param": _native.EngineParam, "refit_engine_options": _native.EngineOptions,
+               "refit_staged_version": _native.StagedVersion}
     lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "client/c_api.h"', "int main(void) {"]
     want = []
     for cname, py in structs.items():

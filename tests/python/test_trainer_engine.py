@@ -77,6 +77,81 @@ def test_session_context_pushes_and_commits_on_exit(node):
     assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
 
 
+def test_version_tags_reach_the_report_status_and_engine(node):
+    import models
+    import refit
+    from conftest import events
+
+    daemon, engine = node(models.TOY)
+    with refit.TrainerClient(daemon.address) as client:
+        trainer = trainer_model(models.TOY, 3)
+        report = client.refit(models.TOY, trainer.named_parameters(), tag=1200)  # a training step
+        assert report.outcome == "committed" and report.version == 1 and report.tag == "1200"
+        assert report.cause == "none"
+        status = client.status()
+        assert status.version == 1 and status.tag == "1200" and not status.verify_after_commit
+        engine.wait_version(1)
+        assert [e["tag"] for e in events(engine.log) if e["event"] == "resumed"] == ["1200"]
+        report = client.refit(models.TOY, trainer.named_parameters(), tag="run2:step-1300")
+        assert report.version == 2 and report.tag == "run2:step-1300"
+        assert client.status().tag == "run2:step-1300"
+        with pytest.raises(refit.RefitInvalidArgument, match="manifest tag"):
+            client.refit(models.TOY, trainer.named_parameters(), tag="step 1400")
+        assert client.status().version == 2
+
+
+def test_stage_only_holds_the_refit_until_refitctl_commits_it(node):
+    import subprocess
+
+    import models
+    import refit
+    from conftest import BIN
+
+    daemon, engine = node(models.TOY, config="hold: 2\n")
+    before = engine.shm_digest()
+    trainer = trainer_model(models.TOY, 7)
+    with refit.TrainerClient(daemon.address) as client:
+        report = client.refit(models.TOY, trainer.named_parameters(), tag="step-7", stage_only=True)
+        assert report.outcome == "staged" and report.tag == "step-7" and report.version == 0
+        assert engine.shm_digest() == before and client.status().version == 0
+        with pytest.raises(refit.RefitInvalidArgument, match="needs a tag"):
+            client.refit(models.TOY, trainer.named_parameters(), stage_only=True)
+        p = subprocess.run([str(BIN / "tools/refitctl"), "commit", "step-7", "--address", daemon.address],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "tag=step-7" in p.stdout
+        assert client.status().version == 1 and client.status().tag == "step-7"
+    assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
+
+
+def test_held_versions_commit_out_of_order_and_roll_back_from_python(node):
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY, config="hold: 2\n")
+    trainers = {step: trainer_model(models.TOY, step) for step in (10, 20)}
+    with refit.TrainerClient(daemon.address) as client:
+        for step, trainer in trainers.items():
+            assert client.refit(models.TOY, trainer.named_parameters(), tag=step, stage_only=True).outcome == "staged"
+        held = client.versions()
+        assert [(v.state, v.tag) for v in held] == [("held", "10"), ("held", "20")]
+        assert all(v.bytes > 0 and v.checksum != 0 and v.version == 0 for v in held)
+        report = client.commit_version(20)  # the newer one first
+        assert report.outcome == "committed" and report.version == 1 and report.tag == "20"
+        assert_same_tensors(engine.snapshot(1)["params"], named(trainers[20]))
+        report = client.commit_version("10")
+        assert report.version == 2 and report.tag == "10"
+        assert_same_tensors(engine.snapshot(2)["params"], named(trainers[10]))
+        assert [(v.state, v.tag) for v in client.versions()] == [("current", "10"), ("previous", "20")]
+        report = client.rollback()
+        assert report.version == 3 and report.tag == "20"
+        assert_same_tensors(engine.snapshot(3)["params"], named(trainers[20]))
+        with pytest.raises(refit.RefitError, match="no held version is tagged '30'"):
+            client.commit_version(30)
+    (exit_report,) = engine.stop()
+    assert exit_report["mixed"] == 0
+
+
 def test_exception_inside_session_aborts_and_engine_keeps_its_weights(node):
     import models
     import refit

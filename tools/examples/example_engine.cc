@@ -8,7 +8,8 @@
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
 //   example_engine [--address unix:/run/refitd/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE] [--idle]
-//                  [--reconnect] [shape flags]
+//                  [--reconnect] [--pause-ms MS] [shape flags]
+// --pause-ms MS makes each pause take MS ms, printing {"event":"pausing"} when it starts.
 // --reconnect keeps serving when refitd goes away and registers again when it is back (a dirty
 // engine, one that lost refitd inside a commit window, stays paused until a full refit lands).
 // --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   demo::ModelShape shape;
   int gpu = -1;
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
+  int pause_ms = 0;   // --pause-ms: a pause that takes this long (draining requests, flushing a cache)
   bool reconnect = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -79,6 +81,8 @@ int main(int argc, char** argv) {
       checkpoint_path = argv[++i];
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
+    } else if (a == "--pause-ms" && i + 1 < argc) {
+      pause_ms = std::atoi(argv[++i]);
     } else if (a == "--idle") {
       idle = true;
     } else if (a == "--reconnect") {
@@ -184,12 +188,17 @@ int main(int argc, char** argv) {
   Served served;
   client::EngineCallbacks callbacks;
   callbacks.pause = [&] {
+    if (pause_ms > 0) {
+      std::printf("{\"event\":\"pausing\"}\n");
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    }
     served.mu.lock();  // waits for in-flight requests; no request starts until resume
     std::lock_guard<std::mutex> l(served.state_mu);
     served.paused = true;
   };
   std::atomic<uint64_t> last_checksum{0};
-  callbacks.resume = [&](uint64_t v) {
+  callbacks.resume_tagged = [&](uint64_t v, const std::string& tag) {
     {
       std::lock_guard<std::mutex> l(served.state_mu);
       served.paused = false;
@@ -198,8 +207,9 @@ int main(int argc, char** argv) {
     uint64_t sum = idle ? 0 : checksum_all();
     last_checksum = sum;
     served.mu.unlock();
-    std::printf("{\"event\":\"resumed\",\"version\":%llu,\"checksum\":\"%s\"}\n", static_cast<unsigned long long>(v),
-                ChecksumHex(sum).c_str());
+    // A tag is 0..128 bytes of [A-Za-z0-9._:+-]: nothing to escape in JSON.
+    std::printf("{\"event\":\"resumed\",\"version\":%llu,\"tag\":\"%s\",\"checksum\":\"%s\"}\n",
+                static_cast<unsigned long long>(v), tag.c_str(), ChecksumHex(sum).c_str());
     std::fflush(stdout);
   };
 

@@ -5,7 +5,7 @@
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
-//                   [--ranks N --rank R --session-file F] [shape flags]
+//                   [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -22,6 +22,9 @@
 // Several --address flags (or --fanout with one) feed every daemon at once through one
 // FanoutClient (one NCCL broadcast per bucket on the NCCL data plane); every daemon's engine is
 // checked.
+// --tag T: the manifest's version tag (T with one refit, T-0, T-1, ... with several).
+// --stage-only: each refit is held in refitd's staging under its tag (config hold: K) instead of
+// committed; its line says "outcome":"staged" and nothing is checked (`refitctl commit TAG` writes it).
 // --ranks N --rank R: N processes push one refit together, as pipeline/expert/tensor-parallel
 // ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
 // join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
@@ -80,6 +83,7 @@ std::string JsonEscape(const std::string& in) {
 std::string Json(const RefitReport& r, int refit, bool match, const std::string& error, double push_commit_ms = 0,
                  absl::StatusCode code = absl::StatusCode::kOk) {
   return absl::StrCat("{\"push_commit_ms\":", push_commit_ms, ",\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
+                      ",\"tag\":\"", JsonEscape(r.tag), "\"",
                       ",\"outcome\":\"", OutcomeName(r.outcome), "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
@@ -189,6 +193,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> only, drop, addresses;
   bool fanout = false;
   int refits = 3;
+  std::string tag;  // --tag T: each refit's manifest tag (T, or T-<refit> with several refits)
+  bool stage_only = false;  // --stage-only: hold each refit in refitd's staging (hold: K) under its tag
   int gpu = -1;  // --gpu: weights on this GPU
   int slices = 1;  // --slices: push matrices in this many slices
   int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
@@ -207,6 +213,10 @@ int main(int argc, char** argv) {
       fanout = true;
     } else if (a == "--refits" && i + 1 < argc) {
       refits = std::atoi(argv[++i]);
+    } else if (a == "--tag" && i + 1 < argc) {
+      tag = argv[++i];
+    } else if (a == "--stage-only") {
+      stage_only = true;
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--spec" && i + 1 < argc) {
@@ -307,6 +317,8 @@ int main(int argc, char** argv) {
     std::vector<ConvertedTensor> to_send;
     Manifest manifest;
     manifest.model = status->model;
+    if (!tag.empty()) manifest.tag = refits == 1 ? tag : absl::StrCat(tag, "-", refit);
+    manifest.stage_only = stage_only;
     // Generate the weights on every core (benchmark models are many GB).
     const std::vector<demo::HfTensor> tensors = demo::Tensors(shape);
     // Without verification the workers also produce the bytes to send.
@@ -543,6 +555,15 @@ int main(int argc, char** argv) {
       std::printf("%s\n", Json(r, refit, false, std::string(report.status().message()), 0, report.status().code()).c_str());
       std::fflush(stdout);
       if (fault == "none") ++unexpected;
+      continue;
+    }
+    if (report->outcome == Outcome::kStaged) {
+      // Held in refitd's staging: the engine is unchanged until `refitctl commit TAG`.
+      std::string line = Json(*report, refit, false, "", push_commit_ms);
+      line.insert(line.size() - 1, trainer_times);
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      if (fault != "none") ++unexpected;
       continue;
     }
     if (!verify) {

@@ -18,9 +18,10 @@
 namespace refit::refitctl {
 namespace {
 
-constexpr std::array<Command, 10> kCommands = {
-    kStatusCommand,  kRefitCommand,    kAbortCommand,    kVerifyCommand,  kQuantizeCommand,
-    kConvertCommand, kSpecLintCommand, kSpecInitCommand, kVersionCommand, kHelpCommand,
+constexpr std::array<Command, 13> kCommands = {
+    kStatusCommand,   kRefitCommand,    kCommitCommand,  kRollbackCommand, kVersionsCommand,
+    kAbortCommand,    kVerifyCommand,   kQuantizeCommand, kConvertCommand, kSpecLintCommand,
+    kSpecInitCommand, kVersionCommand,  kHelpCommand,
 };
 
 int PrintUsage(std::ostream& out, int code) {

@@ -23,6 +23,11 @@
 
 ABSL_FLAG(std::string, model, "", "the model name of the manifest (default: the daemon's model)");
 ABSL_FLAG(bool, partial, false, "a partial refit: the checkpoint holds only some of the model's tensors");
+ABSL_FLAG(bool, stage_only, false,
+          "hold: K: validate and keep the refit in staging under --tag instead of writing it (refitctl commit TAG "
+          "writes it later)");
+ABSL_FLAG(std::string, tag, "",
+          "the trainer's version tag of this refit (e.g. step-1200): 1..128 bytes of A-Z a-z 0-9 . _ : + -");
 ABSL_FLAG(bool, progress, false, "show progress on stderr (the default on a terminal, without --json)");
 ABSL_FLAG(std::string, reason, "refitctl abort", "why the session is aborted (logged and reported)");
 ABSL_FLAG(bool, strict, false, "also fail when engine parameters are missing from the checkpoint");
@@ -50,11 +55,13 @@ json ReportJson(const RefitReport& r) {
               {"convert_ms", r.times.convert_ms}, {"validate_ms", r.times.validate_ms},
               {"commit_ms", r.times.commit_ms},   {"pause_ms", r.times.pause_ms},
               {"total_ms", r.times.total_ms},     {"plan_ms", r.times.plan_ms},
-              {"finish_ms", r.times.finish_ms},   {"prepare_ms", r.times.prepare_ms}};
+              {"finish_ms", r.times.finish_ms},   {"prepare_ms", r.times.prepare_ms},
+              {"verify_ms", r.times.verify_ms},   {"tag", r.tag}};
 }
 
 std::string ReportLine(const RefitReport& r) {
-  return absl::StrCat("session ", r.session_id, " ", OutcomeName(r.outcome), " version=", r.version, " bytes_in=", r.bytes_in,
+  return absl::StrCat("session ", r.session_id, " ", OutcomeName(r.outcome), " version=", r.version,
+                      r.tag.empty() ? "" : absl::StrCat(" tag=", r.tag), " bytes_in=", r.bytes_in,
                       " bytes_out=", r.bytes_out, " buckets=", r.buckets, " tensors=", r.tensors,
                       " receive=", r.times.receive_ms, "ms convert=", r.times.convert_ms,
                       "ms validate=", r.times.validate_ms, "ms commit=", r.times.commit_ms,
@@ -101,6 +108,9 @@ int RunStatus(std::span<const std::string> args) {
                       {"engine_dirty", s->engine_dirty},
                       {"engine_responsive", s->engine_responsive},
                       {"version", s->version},
+                      {"tag", s->tag},
+                      {"verify_after_commit", s->verify_after_commit},
+                      {"verify_mismatches", s->verify_mismatches},
                       {"active_session", s->active_session},
                       {"staging_bytes", s->staging_bytes},
                       {"staging_limit_bytes", s->staging_limit_bytes},
@@ -121,7 +131,10 @@ int RunStatus(std::span<const std::string> args) {
                                                                     s->engine_responsive ? "" : ", UNRESPONSIVE (a pause/resume timed out)")
                                                      : "not registered")
             << "\n"
-            << "version:  " << s->version << "\n"
+            << "version:  " << s->version << (s->tag.empty() ? "" : absl::StrCat(" (tag ", s->tag, ")")) << "\n"
+            << "verify:   "
+            << (s->verify_after_commit ? absl::StrCat("after each commit, ", s->verify_mismatches, " mismatches") : "off")
+            << "\n"
             << "session:  " << (s->active_session ? absl::StrCat("#", s->active_session, " active") : "none") << "\n"
             << "staging:  " << s->staging_bytes << " of " << s->staging_limit_bytes << " bytes\n"
             << "ring:     " << s->ring_bytes << " bytes in " << (s->ring_on_device ? "GPU" : "host") << " memory\n"
@@ -146,6 +159,8 @@ int RunRefit(std::span<const std::string> args) {
     manifest.model = s->model;
   }
   manifest.partial = absl::GetFlag(FLAGS_partial);
+  manifest.tag = absl::GetFlag(FLAGS_tag);
+  manifest.stage_only = absl::GetFlag(FLAGS_stage_only);
   uint64_t total = 0;
   for (const auto& file : *files) {
     for (const formats::SafetensorsEntry& e : file->view().tensors()) {
@@ -185,6 +200,74 @@ int RunRefit(std::span<const std::string> args) {
     std::cout << j.dump() << "\n";
   } else {
     std::cout << ReportLine(*report) << "\n";
+  }
+  return kExitOk;
+}
+
+namespace {
+
+// The report of a commit by tag or a rollback, printed like a refit's.
+int PrintKeptCommit(const absl::StatusOr<RefitReport>& report) {
+  if (!report.ok()) {
+    const absl::StatusCode code = report.status().code();
+    return Error(report.status().message(),
+                 code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kNotFound ? kExitRefused
+                                                                                                      : kExitFailure);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    json j = ReportJson(*report);
+    j["ok"] = true;
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << ReportLine(*report) << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunCommitVersion(std::span<const std::string> args) {
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  return PrintKeptCommit((*c)->CommitVersion(args[0]));
+}
+
+int RunRollback(std::span<const std::string> args) {
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  return PrintKeptCommit((*c)->Rollback());
+}
+
+int RunVersions(std::span<const std::string> args) {
+  absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
+  if (!c.ok()) return Error(c.status().message());
+  absl::StatusOr<client::VersionsList> list = (*c)->Versions();
+  if (!list.ok()) return Error(list.status().message());
+  if (absl::GetFlag(FLAGS_json)) {
+    json versions = json::array();
+    for (const client::StagedVersionInfo& v : list->versions) {
+      versions.push_back(json{{"tag", v.tag},
+                              {"state", v.state},
+                              {"version", v.version},
+                              {"bytes", v.bytes},
+                              {"checksum", ChecksumHex(v.checksum)},
+                              {"session", v.session_id}});
+    }
+    std::cout << json{{"ok", true},
+                      {"hold", list->hold_limit},
+                      {"staging_limit_bytes", list->staging_limit_bytes},
+                      {"versions", versions}}
+                     .dump()
+              << "\n";
+    return kExitOk;
+  }
+  std::cout << "hold: " << list->hold_limit << ", staging limit " << list->staging_limit_bytes << " bytes\n";
+  if (list->versions.empty()) std::cout << "no versions in staging\n";
+  for (const client::StagedVersionInfo& v : list->versions) {
+    std::cout << absl::StrCat(v.state, " ", v.tag.empty() ? "(untagged)" : v.tag,
+                              v.version != 0 ? absl::StrCat(" version=", v.version) : "", " bytes=", v.bytes,
+                              " checksum=", ChecksumHex(v.checksum), " session=", v.session_id)
+              << "\n";
   }
   return kExitOk;
 }

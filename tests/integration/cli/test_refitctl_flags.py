@@ -5,7 +5,8 @@ import struct
 
 from conftest import REFITCTL, REFITD, SRC, run
 
-COMMANDS = ["status", "refit", "abort", "verify", "quantize", "convert", "spec lint", "spec init", "version"]
+COMMANDS = ["status", "refit", "commit", "rollback", "versions", "abort", "verify", "quantize", "convert", "spec lint",
+            "spec init", "version"]
 
 
 def test_help_lists_every_command():

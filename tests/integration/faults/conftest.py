@@ -35,8 +35,10 @@ class FaultNode:
     """refitd + an engine on a temp Unix socket. refitd can be killed and restarted with other
     failpoints; the engine re-registers on its own."""
 
-    def __init__(self, tmp: Path, config: str = "", failpoints: str = "", listen: str = "", env=None):
+    def __init__(self, tmp: Path, config: str = "", failpoints: str = "", listen: str = "", env=None,
+                 engine_args=()):
         self.tmp = tmp
+        self.engine_args = list(engine_args)
         self.sock = tmp / "refitd.sock"
         self.address = listen or f"unix:{self.sock}"
         self.env = dict(os.environ, **(env or {}))
@@ -86,7 +88,8 @@ class FaultNode:
         self.engine_log = self.tmp / f"engine.{self.engines}.log"
         self.shm = f"/refit-fault-{uuid.uuid4().hex[:12]}"
         self.shms.append(self.shm)
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm, "--reconnect"],
+        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm, "--reconnect",
+                                        *self.engine_args],
                                        stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT, env=self.env)
         wait_for(lambda: '"registered"' in self.engine_log.read_text() or self.engine.poll() is not None,
                  what="engine registration")
@@ -101,6 +104,9 @@ class FaultNode:
 
     def resumed_versions(self):
         return [e["version"] for e in self.events("resumed")]
+
+    def resumed_tags(self):
+        return [e["tag"] for e in self.events("resumed")]
 
     def shm_digest(self) -> str:
         return hashlib.sha256(Path("/dev/shm" + self.shm).read_bytes()).hexdigest()
@@ -135,10 +141,10 @@ class FaultNode:
 def fault_node(tmp_path):
     nodes = []
 
-    def make(config="", failpoints="", listen="", env=None):
+    def make(config="", failpoints="", listen="", env=None, engine_args=()):
         d = tmp_path / f"node{len(nodes)}"
         d.mkdir()
-        n = FaultNode(d, config, failpoints, listen, env)
+        n = FaultNode(d, config, failpoints, listen, env, engine_args)
         nodes.append(n)
         return n
 

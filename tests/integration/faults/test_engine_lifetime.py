@@ -94,6 +94,37 @@ def test_engine_stopped_before_the_pause_times_out(fault_node):
     assert node.resumed_versions() == [0, 1]
 
 
+def test_engine_stopped_inside_its_pause_times_out(fault_node):
+    # Expected: the engine has started pausing (its pause takes 800 ms) when it is stopped; the
+    # pause times out, the engine's bytes are untouched and the next begin is refused; once it
+    # runs again it finishes the pause, answers the queued resume(0) and serves version 0
+    # unchanged, and the next refit lands.
+    node = fault_node(config="engine:\n  pause_timeout_ms: 2500\n  resume_timeout_ms: 2500\n",
+                      engine_args=["--pause-ms", "800"])
+    before = node.shm_digest()
+    t = node.trainer_async("--refits", "1")
+    wait_for(lambda: node.events("pausing"), what="the engine pausing")
+    node.engine.send_signal(signal.SIGSTOP)
+    try:
+        out, err = t.communicate(timeout=60)
+        assert t.returncode != 0 and '"outcome":"committed"' not in out, (out, err)
+        log = node.log()
+        assert "outcome=failed cause=engine_error" in log and "did not pause within" in log, log
+        status, body = node.admin("/readyz")
+        assert status == 503 and "did not answer" in body, body
+        p, _ = node.trainer("--refits", "1", timeout=60)
+        assert p.returncode != 0 and "did not answer" in p.stderr + p.stdout, (p.stdout, p.stderr)
+        assert node.resumed_versions() == []
+    finally:
+        node.engine.send_signal(signal.SIGCONT)
+    wait_for(lambda: node.resumed_versions() == [0], what="the late pause and its queued resume")
+    assert node.shm_digest() == before
+    wait_for(lambda: node.admin("/readyz")[0] == 200, what="the engine answering again")
+    _, lines = node.trainer("--refits", "1")
+    assert lines and lines[-1]["outcome"] == "committed" and lines[-1]["version"] == 1, (lines, node.log())
+    assert node.resumed_versions() == [0, 1]
+
+
 def test_engine_stopped_during_the_copy_times_out_its_resume(fault_node):
     # Expected: the copy lands whole, the resume times out; the outcome says the engine's memory
     # holds the new version; when the engine runs again it resumes with that version.

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -289,6 +290,142 @@ TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
   EXPECT_EQ(st.engine_params, 2u);
   EXPECT_EQ(st.committed, 1u);
   refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+struct TaggedCalls {
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, std::string>> tagged;  // resume_tagged calls
+  std::atomic<int> untagged{0};                          // resume calls
+};
+
+void OnTaggedResume(void* user, uint64_t v, const char* tag) {
+  auto* c = static_cast<TaggedCalls*>(user);
+  std::lock_guard<std::mutex> lock(c->mu);
+  c->tagged.emplace_back(v, tag);
+}
+void OnUntaggedResume(void* user, uint64_t) { static_cast<TaggedCalls*>(user)->untagged++; }
+
+refit_engine* StartTaggedEngine(const std::string& address, const Shm& shm, TaggedCalls* calls, uint32_t size,
+                                const char* tag) {
+  refit_engine_options o{};
+  o.struct_size = size;
+  o.address = address.c_str();
+  o.resume = OnUntaggedResume;
+  o.user = calls;
+  o.tag = tag;
+  o.resume_tagged = OnTaggedResume;
+  std::vector<refit_engine_param> params = EngineParams(shm.name());
+  refit_engine* engine = nullptr;
+  EXPECT_EQ(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK) << LastError();
+  return engine;
+}
+
+// One refit of the toy model with `tag`; the manifest and report structs of `manifest_size`
+// and `report_size` bytes (an older caller's).
+int TaggedRefit(refit_client* c, const char* tag, uint32_t manifest_size, refit_report* report, uint32_t report_size) {
+  std::vector<float> w(32, 1.5f), b(8, -2.0f);
+  std::vector<refit_tensor_desc> descs = {Desc("w", kWShape, 2), Desc("b", kBShape, 1)};
+  refit_manifest m{};
+  m.struct_size = manifest_size;
+  m.model = "toy";
+  m.tensors = descs.data();
+  m.num_tensors = descs.size();
+  m.tag = tag;
+  refit_session* s = nullptr;
+  int code = refit_session_begin(c, &m, &s);
+  if (code != REFIT_OK) return code;
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  EXPECT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+  EXPECT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+  report->struct_size = report_size;
+  code = refit_session_commit(s, report);
+  refit_session_close(s);
+  return code;
+}
+
+TEST(CApiTest, VersionTagsCrossTheAbi) {
+  Refitd daemon;
+  Shm shm(512);
+  TaggedCalls calls;
+  refit_engine* engine = StartTaggedEngine(daemon.address(), shm, &calls, sizeof(refit_engine_options), "step-0");
+  ASSERT_NE(engine, nullptr);
+  char tag[129];
+  ASSERT_EQ(refit_engine_tag(engine, tag, sizeof(tag)), REFIT_OK);
+  EXPECT_STREQ(tag, "step-0");
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_STREQ(st.tag, "step-0");  // the engine registered with it
+
+  refit_report report{};
+  ASSERT_EQ(TaggedRefit(c, "step-1", sizeof(refit_manifest), &report, sizeof(report)), REFIT_OK) << LastError();
+  EXPECT_STREQ(report.tag, "step-1");
+  EXPECT_STREQ(report.cause, "none");
+  EXPECT_EQ(report.version, 1u);
+  {
+    std::lock_guard<std::mutex> lock(calls.mu);
+    ASSERT_EQ(calls.tagged.size(), 1u);
+    EXPECT_EQ(calls.tagged[0], std::make_pair(uint64_t{1}, std::string("step-1")));
+  }
+  EXPECT_EQ(calls.untagged.load(), 0);  // resume_tagged is called instead
+  ASSERT_EQ(refit_engine_tag(engine, tag, sizeof(tag)), REFIT_OK);
+  EXPECT_STREQ(tag, "step-1");
+  EXPECT_EQ(refit_engine_tag(engine, tag, 6), REFIT_OUT_OF_RANGE);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_STREQ(st.tag, "step-1");
+  EXPECT_EQ(st.version, 1u);
+  EXPECT_EQ(st.verify_after_commit, 0u);
+
+  // A tag refitd does not accept is refused at begin, naming it.
+  EXPECT_EQ(TaggedRefit(c, "step 2", sizeof(refit_manifest), &report, sizeof(report)), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("manifest tag"));
+
+  // An ABI 2 caller: its manifest ends before `tag` (no tag is read), its report and status
+  // before their ABI 3 fields (nothing is written there).
+  refit_report old{};
+  old.tag = "untouched";
+  ASSERT_EQ(TaggedRefit(c, "never-read", offsetof(refit_manifest, tag), &old, offsetof(refit_report, tag)), REFIT_OK)
+      << LastError();
+  EXPECT_STREQ(old.outcome, "committed");
+  EXPECT_EQ(old.version, 2u);
+  EXPECT_STREQ(old.tag, "untouched");
+  EXPECT_EQ(old.struct_size, offsetof(refit_report, tag));
+  refit_daemon_status old_st{};
+  old_st.struct_size = offsetof(refit_daemon_status, tag);
+  old_st.tag = "untouched";
+  ASSERT_EQ(refit_client_status(c, &old_st), REFIT_OK);
+  EXPECT_EQ(old_st.version, 2u);
+  EXPECT_STREQ(old_st.tag, "untouched");
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_STREQ(st.tag, "");  // that refit had no tag
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+TEST(CApiTest, AnOlderEnginesOptionsGetTheUntaggedResume) {
+  Refitd daemon;
+  Shm shm(512);
+  TaggedCalls calls;
+  refit_engine* engine =
+      StartTaggedEngine(daemon.address(), shm, &calls, offsetof(refit_engine_options, tag), "never-read");
+  ASSERT_NE(engine, nullptr);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_STREQ(st.tag, "");
+  refit_report report{};
+  ASSERT_EQ(TaggedRefit(c, "step-1", sizeof(refit_manifest), &report, sizeof(report)), REFIT_OK) << LastError();
+  EXPECT_EQ(calls.untagged.load(), 1);
+  EXPECT_TRUE(calls.tagged.empty());
+  char tag[129];
+  ASSERT_EQ(refit_engine_tag(engine, tag, sizeof(tag)), REFIT_OK);
+  EXPECT_STREQ(tag, "step-1");  // the agent still knows it
   refit_client_close(c);
   refit_engine_stop(engine);
 }

@@ -43,6 +43,7 @@ void Populate(Registry& registry, const RefitMetrics& m) {
   m.ObservePhase(RefitPhase::kConvert, absl::Milliseconds(20));
   m.ObservePhase(RefitPhase::kConvert, absl::Milliseconds(300));
   m.RecordCommit(7, absl::FromUnixMillis(1700000000500), absl::Microseconds(800));
+  m.SetCommittedTag("step-7");
   m.staging_bytes->Set(4096);
   m.active_sessions->Set(1);
   m.engine_registered->Set(1);

@@ -72,6 +72,9 @@ def test_metrics_parse_with_prometheus_client(server):
         "refit_commit_pause_seconds": "histogram",
         "refit_committed_version": "gauge",
         "refit_committed_version_timestamp_seconds": "gauge",
+        "refit_committed_version_info": "gauge",
+        "refit_verify_mismatches": "counter",
+        "refit_kept_versions": "gauge",
         "refit_staging_bytes": "gauge",
         "refit_active_sessions": "gauge",
         "refit_engine_registered": "gauge",
@@ -95,6 +98,9 @@ def test_metrics_parse_with_prometheus_client(server):
         ("refit_committed_version", ()): 7.0}
     assert sample_values(fams["refit_committed_version_timestamp_seconds"]) == {
         ("refit_committed_version_timestamp_seconds", ()): 1700000000.5}
+    assert sample_values(fams["refit_committed_version_info"]) == {
+        ("refit_committed_version_info", (("tag", "step-7"),)): 1.0}
+    assert sample_values(fams["refit_verify_mismatches"]) == {("refit_verify_mismatches_total", ()): 0.0}
     assert sample_values(fams["refit_staging_bytes"]) == {("refit_staging_bytes", ()): 4096.0}
     assert sample_values(fams["refit_active_sessions"]) == {("refit_active_sessions", ()): 1.0}
     assert sample_values(fams["refit_engine_registered"]) == {

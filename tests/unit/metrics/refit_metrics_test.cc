@@ -36,6 +36,9 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
                   Pair("refit_commit_pause_seconds", MetricType::kHistogram),
                   Pair("refit_committed_version", MetricType::kGauge),
                   Pair("refit_committed_version_timestamp_seconds", MetricType::kGauge),
+                  Pair("refit_committed_version_info", MetricType::kGauge),
+                  Pair("refit_verify_mismatches_total", MetricType::kCounter),
+                  Pair("refit_kept_versions", MetricType::kGauge),
                   Pair("refit_staging_bytes", MetricType::kGauge),
                   Pair("refit_active_sessions", MetricType::kGauge),
                   Pair("refit_engine_registered", MetricType::kGauge),
@@ -45,6 +48,9 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
   EXPECT_THAT(f["refit_converted_bytes_total"].label_names, ElementsAre("format"));
   EXPECT_THAT(f["refit_phase_duration_seconds"].label_names, ElementsAre("phase"));
   EXPECT_TRUE(f["refit_commit_pause_seconds"].label_names.empty());
+  EXPECT_THAT(f["refit_committed_version_info"].label_names, ElementsAre("tag"));
+  EXPECT_TRUE(f["refit_committed_version_info"].children.empty());  // until the first commit
+  EXPECT_EQ(f["refit_kept_versions"].children.size(), 3u);          // held, current, previous at 0
 
   // Pre-created series: the four phases, committed/none, and the build info at 1.
   std::vector<std::string> phases;
@@ -89,6 +95,25 @@ TEST(RefitMetrics, HelpersUpdateTheirSeries) {
   EXPECT_EQ(pause.upper_bounds[3], 0.001);
   EXPECT_EQ(pause.cumulative_counts[2], 0u);
   EXPECT_EQ(pause.cumulative_counts[3], 1u);
+}
+
+TEST(RefitMetrics, TheTagInfoSeriesNamesOnlyTheCurrentTag) {
+  Registry r;
+  RefitMetrics m = *RefitMetrics::Register(r, {});
+  m.SetCommittedTag("step-1");
+  m.SetCommittedTag("step-2");
+  m.SetCommittedTag("step-2");
+  std::map<std::string, FamilySnapshot> f = ByName(r);
+  ASSERT_EQ(f["refit_committed_version_info"].children.size(), 1u);
+  EXPECT_THAT(f["refit_committed_version_info"].children[0].label_values, ElementsAre("step-2"));
+  EXPECT_EQ(f["refit_committed_version_info"].children[0].value, 1);
+  m.SetCommittedTag("");
+  f = ByName(r);
+  ASSERT_EQ(f["refit_committed_version_info"].children.size(), 1u);
+  EXPECT_THAT(f["refit_committed_version_info"].children[0].label_values, ElementsAre(""));
+  m.verify_mismatches_total->Inc();
+  EXPECT_EQ(m.verify_mismatches_total->Value(), 1);
+  EXPECT_EQ(LabelValue(SessionFailureReason::kVerifyMismatch), "verify_mismatch");
 }
 
 TEST(RefitMetrics, LabelValuesAreTheDocumentedStrings) {

@@ -30,6 +30,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kSpec[] = R"(model: m
 rules:
@@ -52,8 +53,9 @@ class ScriptedControl final : public EngineControl {
     if (pause_hangs) return Late(timeout);
     return pause_status;
   }
-  absl::Status Resume(uint64_t version, absl::Duration timeout) override {
+  absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
     calls.push_back(absl::StrCat("resume:", version, timeout == absl::ZeroDuration() ? ":sent" : ""));
+    tags.push_back(tag);
     if (resume_hangs || timeout == absl::ZeroDuration()) return Late(timeout);
     return resume_status;
   }
@@ -65,6 +67,7 @@ class ScriptedControl final : public EngineControl {
   }
 
   std::vector<std::string> calls;
+  std::vector<std::string> tags;  // each resume's tag
   absl::Status pause_status, resume_status;
   bool pause_hangs = false, resume_hangs = false;
   absl::Notification* pause_gate = nullptr;
@@ -92,13 +95,17 @@ class NodeTest : public ::testing::Test {
     options.resume_timeout = absl::Milliseconds(50);
     options.failpoints = failpoints_.get();
     options.clock = &clock_;
+    options.verify_after_commit = verify_;
+    options.hold = hold_;
+    if (staging_limit_ != 0) options.limits.staging_bytes = staging_limit_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
     node_ = std::make_unique<Node>(options, receiver_, *ring_, hooks);
   }
 
   // Registers an engine whose parameters w.0, w.1 live in the test's shm region.
-  uint64_t Register(ScriptedControl** control_out = nullptr, uint64_t version = 0, bool dirty = false) {
+  uint64_t Register(ScriptedControl** control_out = nullptr, uint64_t version = 0, bool dirty = false,
+                    std::string tag = "") {
     std::vector<storage::ShmParam> shm;
     for (int i = 0; i < kParams; ++i) {
       shm.push_back({{absl::StrCat("w.", i), DType::kBF16, {kElems}, kBytes}, region_name_, i * kBytes});
@@ -107,28 +114,37 @@ class NodeTest : public ::testing::Test {
     setup.storage = *storage::ShmEngineStorage::Open(shm);
     setup.planner = std::make_unique<Planner>(*Planner::Create(spec_, setup.storage->params()));
     setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
+    setup.new_pool = [this] {
+      ++pools_made_;
+      return std::make_unique<StagingPool>(storage::NewHostMemory());
+    };
     setup.converter = std::make_unique<CpuConverter>();
     auto control = std::make_unique<ScriptedControl>();
     if (control_out != nullptr) *control_out = control.get();
     setup.control = std::move(control);
     setup.version = version;
     setup.dirty = dirty;
+    setup.tag = std::move(tag);
     absl::StatusOr<uint64_t> id = node_->RegisterEngine(std::move(setup));
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : 0;
   }
 
-  Manifest ManifestOf(int tensors, bool partial = false) {
+  Manifest ManifestOf(int tensors, bool partial = false, std::string tag = "") {
     Manifest m;
     m.model = "m";
     m.partial = partial;
+    m.tag = std::move(tag);
     for (int i = 0; i < tensors; ++i) m.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, 0, kBytes});
     return m;
   }
 
   // Begins a session and sends `tensors` of `payload` in one bucket.
-  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false) {
-    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(tensors, partial), absl::Now());
+  uint64_t Send(const std::vector<uint8_t>& payload, int tensors, bool partial = false, std::string tag = "",
+                bool stage_only = false) {
+    Manifest m = ManifestOf(tensors, partial, std::move(tag));
+    m.stage_only = stage_only;
+    absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
     EXPECT_TRUE(begun.ok()) << begun.status();
     if (!begun.ok()) return 0;
     BucketHeader h;
@@ -161,6 +177,28 @@ class NodeTest : public ::testing::Test {
   std::unique_ptr<BucketRing> ring_;
   transport::MemoryReceiver receiver_;
   std::unique_ptr<FailpointSet> failpoints_;
+  bool verify_ = false;  // NodeOptions::verify_after_commit (set, then SetUp() again)
+  uint32_t hold_ = 0;            // NodeOptions::hold
+  int pools_made_ = 0;           // EngineSetup::new_pool calls
+  uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
+
+  // Stage-only refit of `payload` under `tag`.
+  const RefitReport& Stage(const std::vector<uint8_t>& payload, const std::string& tag) {
+    return CommitNow(Send(payload, kParams, false, tag, /*stage_only=*/true));
+  }
+  // Commits a kept version: `tag`, or the rollback target when `tag` is empty.
+  const RefitReport& CommitKept(const std::string& tag) {
+    absl::StatusOr<std::shared_ptr<Commit>> c = tag.empty() ? node_->StartRollback() : node_->StartVersionCommit(tag);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return node_->last_report();
+    Node::RunCommit(**c);
+    return node_->FinishCommit(**c);
+  }
+  std::vector<std::string> VersionList() const {
+    std::vector<std::string> out;
+    for (const VersionInfo& v : node_->Versions()) out.push_back(absl::StrCat(v.state, ":", v.tag));
+    return out;
+  }
   FakeClock clock_;  // declared before node_: outlives it
   std::unique_ptr<Node> node_;
   std::vector<RefitReport> reports_;
@@ -274,6 +312,325 @@ TEST_F(NodeTest, FailedCopyLeavesTheEnginePausedAndDirtyUntilAFullRefit) {
   absl::StatusOr<BeginResult> partial = node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now());
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(partial.status().message(), HasSubstr("dirty"));
+}
+#endif
+
+TEST_F(NodeTest, TrainerTagsTravelToTheReportTheEngineAndItsResume) {
+  ScriptedControl* control;
+  Register(&control, /*version=*/0, /*dirty=*/false, "step-0");
+  EXPECT_EQ(node_->tag(), "step-0");
+  const RefitReport& r = CommitNow(Send(Payload(1), kParams, false, "step-10"));
+  ASSERT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.tag, "step-10");
+  EXPECT_EQ(r.version, 1u);  // refitd's own version still orders commits
+  EXPECT_EQ(node_->tag(), "step-10");
+  EXPECT_EQ(node_->engine()->tag, "step-10");
+  EXPECT_THAT(control->tags, ElementsAre("step-10"));
+
+  // A refused refit reports its tag; the engine keeps the one it serves.
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams, false, "step-20"), absl::Now());
+  ASSERT_TRUE(begun.ok());
+  const RefitReport& refused = CommitNow(begun->session_id);
+  EXPECT_EQ(refused.outcome, Outcome::kRefused);
+  EXPECT_EQ(refused.tag, "step-20");
+  EXPECT_EQ(node_->tag(), "step-10");
+
+  // Tags need not be ordered or unique: the version keeps counting.
+  EXPECT_EQ(CommitNow(Send(Payload(2), kParams, false, "step-10")).version, 2u);
+  EXPECT_EQ(CommitNow(Send(Payload(3), kParams)).tag, "");
+  EXPECT_EQ(node_->tag(), "");
+}
+
+TEST_F(NodeTest, APauseTimeoutResumesWithTheTagTheEngineHas) {
+  ScriptedControl* control;
+  Register(&control, /*version=*/4, /*dirty=*/false, "step-4");
+  control->pause_hangs = true;
+  EXPECT_EQ(CommitNow(Send(Payload(3), kParams, false, "step-5")).outcome, Outcome::kFailed);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:4:sent"));
+  EXPECT_THAT(control->tags, ElementsAre("step-4"));
+  EXPECT_EQ(node_->tag(), "step-4");
+}
+
+TEST_F(NodeTest, AnInvalidTagIsRefusedAtBeginNamingIt) {
+  Register();
+  for (const std::string& bad : {std::string("step 1"), std::string("a\nb"), std::string("x/y"),
+                                 std::string(kMaxTagBytes + 1, 'a'), std::string("t\0u", 3)}) {
+    absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams, false, bad), absl::Now());
+    EXPECT_EQ(begun.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(begun.status().message(), HasSubstr("manifest tag")) << bad;
+  }
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_TRUE(node_->Begin(ManifestOf(kParams, false, std::string(kMaxTagBytes, 'a')), absl::Now()).ok());
+}
+
+TEST_F(NodeTest, VerifyAfterCommitPassesAGoodCopy) {
+  verify_ = true;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  std::vector<uint8_t> p = Payload(11);
+  const RefitReport& r = CommitNow(Send(p, kParams, false, "step-1"));
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_GE(r.times.verify_ms, 0.0);
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_EQ(node_->verify_mismatches(), 0u);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+}
+
+#if REFIT_FAILPOINTS
+TEST_F(NodeTest, VerifyAfterCommitCatchesACorruptedCopy) {
+  failpoints_ = *FailpointSet::Parse("corrupt_copy=error@1");
+  verify_ = true;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control, /*version=*/0, /*dirty=*/false, "step-0");
+  std::vector<uint8_t> p = Payload(12);
+  const RefitReport& r = CommitNow(Send(p, kParams, false, "step-1"));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kVerifyMismatch);
+  EXPECT_STREQ(EndCauseName(r.cause), "verify_mismatch");
+  EXPECT_EQ(ReportStatus(r).code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.reason, HasSubstr("w.0"));
+  EXPECT_THAT(r.reason, Not(HasSubstr("w.1")));
+  EXPECT_THAT(r.reason, HasSubstr("dirty"));
+  EXPECT_THAT(control->calls, ElementsAre("pause"));  // never resumed with the corrupt bytes
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_EQ(node_->version(), 0u);
+  EXPECT_EQ(node_->tag(), "step-0");
+  EXPECT_EQ(node_->verify_mismatches(), 1u);
+  EXPECT_NE(EngineBytes(), p);
+  // A partial refit is refused; the next full refit (the failpoint fires once) lands clean.
+  EXPECT_EQ(node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const RefitReport& again = CommitNow(Send(p, kParams, false, "step-1"));
+  EXPECT_EQ(again.outcome, Outcome::kCommitted) << again.reason;
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_EQ(node_->tag(), "step-1");
+}
+
+TEST_F(NodeTest, ACorruptedCopyGoesUnnoticedWithoutVerify) {
+  failpoints_ = *FailpointSet::Parse("corrupt_copy=error@1");
+  SetUp();
+  Register();
+  std::vector<uint8_t> p = Payload(13);
+  const RefitReport& r = CommitNow(Send(p, kParams));
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  std::vector<uint8_t> want = p;
+  want[0] ^= 0x01;  // the failpoint flips one bit of the first parameter
+  EXPECT_EQ(EngineBytes(), want);
+}
+#endif
+
+TEST_F(NodeTest, HeldVersionsAreCommittedOutOfOrder) {
+  hold_ = 3;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> before = EngineBytes();
+  const std::vector<uint8_t> a = Payload(21), b = Payload(22), c = Payload(23);
+  for (const auto& [payload, tag] : {std::pair{a, "a"}, std::pair{b, "b"}, std::pair{c, "c"}}) {
+    const RefitReport& r = Stage(payload, tag);
+    EXPECT_EQ(r.outcome, Outcome::kStaged) << r.reason;
+    EXPECT_STREQ(OutcomeName(r.outcome), "staged");
+    EXPECT_TRUE(ReportStatus(r).ok());
+    EXPECT_EQ(r.tag, tag);
+    EXPECT_EQ(r.version, 0u);
+  }
+  EXPECT_EQ(EngineBytes(), before);  // staging only: nothing written, nothing paused
+  EXPECT_TRUE(control->calls.empty());
+  EXPECT_EQ(node_->staged(), 3u);
+  std::vector<VersionInfo> held = node_->Versions();
+  ASSERT_EQ(held.size(), 3u);
+  for (const VersionInfo& v : held) {
+    EXPECT_STREQ(v.state, "held");
+    EXPECT_EQ(v.bytes, kBytes * kParams);
+    EXPECT_NE(v.checksum, 0u);
+  }
+  EXPECT_NE(held[0].checksum, held[1].checksum);
+  EXPECT_EQ(node_->staging_bytes(), 3 * kBytes * kParams);
+
+  const RefitReport& rc = CommitKept("c");
+  EXPECT_EQ(rc.outcome, Outcome::kCommitted) << rc.reason;
+  EXPECT_EQ(rc.version, 1u);
+  EXPECT_EQ(rc.tag, "c");
+  EXPECT_EQ(EngineBytes(), c);
+  EXPECT_EQ(node_->tag(), "c");
+  EXPECT_THAT(VersionList(), ElementsAre("held:a", "held:b", "current:c"));
+  EXPECT_EQ(CommitKept("a").version, 2u);
+  EXPECT_EQ(EngineBytes(), a);
+  EXPECT_EQ(CommitKept("b").version, 3u);
+  EXPECT_EQ(EngineBytes(), b);
+  EXPECT_THAT(VersionList(), ElementsAre("current:b", "previous:a"));  // c gave way
+  EXPECT_THAT(control->tags, ElementsAre("c", "a", "b"));
+  EXPECT_EQ(node_->committed(), 3u);
+  // A committed held version is no longer held.
+  EXPECT_EQ(node_->StartVersionCommit("c").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodeTest, RollbackRestoresThePreviousVersionsBytes) {
+  hold_ = 1;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  EXPECT_EQ(node_->StartRollback().status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<uint8_t> p1 = Payload(31), p2 = Payload(32);
+  ASSERT_EQ(CommitNow(Send(p1, kParams, false, "step-1")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("current:step-1"));
+  EXPECT_THAT(node_->StartRollback().status().message(), HasSubstr("nothing to roll back to"));
+  ASSERT_EQ(CommitNow(Send(p2, kParams, false, "step-2")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("current:step-2", "previous:step-1"));
+  const RefitReport& r = CommitKept("");
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_THAT(r.reason, HasSubstr("rolled back"));
+  EXPECT_EQ(r.version, 3u);  // a rollback is a new commit
+  EXPECT_EQ(r.tag, "step-1");
+  EXPECT_EQ(EngineBytes(), p1);
+  EXPECT_EQ(node_->tag(), "step-1");
+  EXPECT_THAT(VersionList(), ElementsAre("current:step-1", "previous:step-2"));
+  // Rolling back again returns to step-2.
+  EXPECT_EQ(CommitKept("").version, 4u);
+  EXPECT_EQ(EngineBytes(), p2);
+  // A partial refit on top: the whole step-2 becomes the rollback target.
+  ASSERT_EQ(CommitNow(Send(Payload(33), 1, /*partial=*/true, "step-3")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("previous:step-2"));
+  CommitKept("");
+  EXPECT_EQ(EngineBytes(), p2);
+}
+
+TEST_F(NodeTest, StagingThatCannotHoldAnotherVersionRefusesClearly) {
+  hold_ = 3;
+  staging_limit_ = kBytes * kParams * 5 / 2;  // room for two versions and a half
+  SetUp();
+  Register();
+  ASSERT_EQ(Stage(Payload(41), "a").outcome, Outcome::kStaged);
+  ASSERT_EQ(Stage(Payload(42), "b").outcome, Outcome::kStaged);
+  Manifest m = ManifestOf(kParams, false, "c");
+  m.stage_only = true;
+  absl::StatusOr<BeginResult> refused = node_->Begin(m, absl::Now());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("staging cannot hold another version"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("a 1024 bytes, b 1024 bytes"));
+  // An ordinary refit needs the room too.
+  EXPECT_EQ(node_->Begin(ManifestOf(kParams), absl::Now()).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(node_->session_active());
+  // Committing one makes it the current version, which gives way to the next refit.
+  ASSERT_EQ(CommitKept("a").outcome, Outcome::kCommitted);
+  EXPECT_EQ(Stage(Payload(43), "c").outcome, Outcome::kStaged);
+  EXPECT_THAT(VersionList(), ElementsAre("held:b", "held:c"));
+}
+
+TEST_F(NodeTest, StageOnlyRefusalsNameTheirReason) {
+  Register();
+  Manifest m = ManifestOf(kParams, false, "a");
+  m.stage_only = true;
+  EXPECT_EQ(node_->Begin(m, absl::Now()).status().code(), absl::StatusCode::kFailedPrecondition);  // hold: 0
+  EXPECT_EQ(node_->StartVersionCommit("a").status().code(), absl::StatusCode::kFailedPrecondition);
+  hold_ = 1;
+  SetUp();
+  Register();
+  m.tag = "";
+  EXPECT_THAT(node_->Begin(m, absl::Now()).status().message(), HasSubstr("needs a tag"));
+  m.tag = "a";
+  m.partial = true;
+  EXPECT_THAT(node_->Begin(m, absl::Now()).status().message(), HasSubstr("full refit"));
+  ASSERT_EQ(Stage(Payload(51), "a").outcome, Outcome::kStaged);
+  m.partial = false;
+  absl::StatusOr<BeginResult> again = node_->Begin(m, absl::Now());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  m.tag = "b";
+  absl::StatusOr<BeginResult> full = node_->Begin(m, absl::Now());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("1 of hold: 1 versions are held (a)"));
+  absl::StatusOr<std::shared_ptr<Commit>> unknown = node_->StartVersionCommit("zz");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("held: a"));
+}
+
+TEST_F(NodeTest, ANewRefitIsReceivedWhileAHeldVersionCommits) {
+  hold_ = 2;
+  SetUp();
+  Register();
+  const std::vector<uint8_t> a = Payload(61), b = Payload(62);
+  ASSERT_EQ(Stage(a, "a").outcome, Outcome::kStaged);
+  absl::StatusOr<std::shared_ptr<Commit>> held = node_->StartVersionCommit("a");
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(node_->committing());
+  // A second commit of a kept version waits its turn.
+  EXPECT_EQ(node_->StartVersionCommit("a").status().code(), absl::StatusCode::kUnavailable);
+  // A new session begins and receives meanwhile ...
+  const uint64_t session = Send(b, kParams, false, "b");
+  ASSERT_NE(session, 0u);
+  // ... but its commit is refused until the held one is done.
+  EXPECT_EQ(node_->StartCommit(session).status().code(), absl::StatusCode::kUnavailable);
+  Node::RunCommit(**held);
+  EXPECT_EQ(node_->FinishCommit(**held).outcome, Outcome::kCommitted);
+  EXPECT_EQ(EngineBytes(), a);
+  EXPECT_TRUE(node_->session_active());
+  const RefitReport& r = CommitNow(session);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.version, 2u);
+  EXPECT_EQ(EngineBytes(), b);
+  EXPECT_THAT(VersionList(), ElementsAre("current:b", "previous:a"));
+}
+
+TEST_F(NodeTest, ADroppedVersionsBuffersServeTheNextSession) {
+  hold_ = 1;
+  SetUp();
+  Register();
+  for (uint8_t seed = 91; seed < 95; ++seed) {
+    const std::vector<uint8_t> p = Payload(seed);
+    ASSERT_EQ(CommitNow(Send(p, kParams)).outcome, Outcome::kCommitted);
+    EXPECT_EQ(EngineBytes(), p);
+  }
+  // Sessions 1-3 made pools; each commit from session 3 on dropped the version before the
+  // previous one, whose pool the next session reused.
+  EXPECT_EQ(pools_made_, 3);
+  // A refused session's pool goes back too.
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(begun.ok());
+  EXPECT_EQ(CommitNow(begun->session_id).outcome, Outcome::kRefused);
+  ASSERT_EQ(CommitNow(Send(Payload(95), kParams)).outcome, Outcome::kCommitted);
+  EXPECT_EQ(pools_made_, 3);
+  EXPECT_EQ(EngineBytes(), Payload(95));
+}
+
+TEST_F(NodeTest, KeptVersionsAreDroppedWithTheirEngine) {
+  hold_ = 2;
+  SetUp();
+  const uint64_t id = Register();
+  ASSERT_EQ(Stage(Payload(71), "a").outcome, Outcome::kStaged);
+  ASSERT_EQ(CommitNow(Send(Payload(72), kParams, false, "b")).outcome, Outcome::kCommitted);
+  EXPECT_THAT(VersionList(), ElementsAre("held:a", "current:b"));
+  node_->UnregisterEngine(id);
+  EXPECT_TRUE(node_->Versions().empty());
+  EXPECT_EQ(node_->staging_bytes(), 0u);
+  Register();
+  EXPECT_EQ(node_->StartVersionCommit("a").status().code(), absl::StatusCode::kNotFound);
+}
+
+#if REFIT_FAILPOINTS
+TEST_F(NodeTest, AHeldVersionWhoseCommitFailedVerifyStaysHeldAndCommitsLater) {
+  failpoints_ = *FailpointSet::Parse("corrupt_copy=error@1");
+  verify_ = true;
+  hold_ = 1;
+  SetUp();
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> a = Payload(81);
+  ASSERT_EQ(Stage(a, "a").outcome, Outcome::kStaged);
+  const RefitReport& bad = CommitKept("a");
+  EXPECT_EQ(bad.outcome, Outcome::kFailed);
+  EXPECT_EQ(bad.cause, EndCause::kVerifyMismatch);
+  EXPECT_EQ(bad.tag, "a");
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_EQ(node_->verify_mismatches(), 1u);
+  EXPECT_THAT(VersionList(), ElementsAre("held:a"));  // nothing to resend: it is still staged
+  const RefitReport& good = CommitKept("a");
+  EXPECT_EQ(good.outcome, Outcome::kCommitted) << good.reason;
+  EXPECT_EQ(EngineBytes(), a);
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "pause", "resume:1"));
 }
 #endif
 

@@ -44,6 +44,22 @@ TEST(ConfigTest, AllowedUidsAreCapped) {
   EXPECT_THAT(s.message(), HasSubstr("access.allowed_uids: lists 4097 uids; at most 4096"));
 }
 
+TEST(ConfigTest, VerifyAfterCommitAndHoldAreRead) {
+  absl::StatusOr<Config> c = ParseConfig("", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->verify_after_commit);
+  EXPECT_EQ(c->hold, 0u);
+  c = ParseConfig("hold: 3\nengine:\n  verify_after_commit: true\n  pause_timeout_ms: 500\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->verify_after_commit);
+  EXPECT_EQ(c->hold, 3u);
+  EXPECT_EQ(c->pause_timeout_ms, 500u);
+  EXPECT_THAT(ParseConfig("hold: 65\n", "c.yaml").status().message(), HasSubstr("hold: must be at most 64"));
+  EXPECT_THAT(ParseConfig("hold: -1\n", "c.yaml").status().message(), HasSubstr("hold"));
+  EXPECT_THAT(ParseConfig("engine:\n  verify_after_commit: maybe\n", "c.yaml").status().message(),
+              HasSubstr("engine.verify_after_commit: has the wrong type"));
+}
+
 TEST(ConfigTest, ConfigFileIsBounded) {
   EXPECT_THAT(LoadConfigFile("/dev/zero", transport::BuiltinTransports()).status().message(),
               HasSubstr("config '/dev/zero' is not a regular file (a character device)"));
