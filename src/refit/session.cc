@@ -190,7 +190,7 @@ void Session::ConvertLoop() {
     Convert(item.header, ring_.data(item.slot));
     absl::Duration took = absl::Now() - start;
     ring_.Release(item.slot);
-    if (options_.on_converted) options_.on_converted(bucket_report_, staging_.bytes());
+    if (options_.on_converted) options_.on_converted(bucket_report_, staging_->bytes());
     absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
     absl::MutexLock lock(&mu_);
     convert_time_ += took;
