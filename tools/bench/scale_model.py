@@ -283,7 +283,12 @@ def ipc_stream_ms(p, total, bucket):
 # Kimi-K2 (DeepseekV3 architecture) and its shards
 
 
-def kimi_tensors(cfg, fmt, tp=1, ep=1, ep_rank=0):
+# Tensors every GPU of a rollout instance holds whole (the rest are split by TP or EP).
+REPLICATED = {"input_layernorm", "q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm",
+              "post_attention_layernorm", "router", "e_score_correction_bias", "norm"}
+
+
+def kimi_tensors(cfg, fmt, tp=1, ep=1):
     """Tensors of Kimi-K2 as one GPU of a rollout instance holds them with tensor parallelism
     `tp` (attention heads, dense MLP, shared expert, vocabulary) and expert parallelism `ep`
     (routed experts split evenly). tp=ep=1: the whole model. fmt: "fp8" (every linear layer
@@ -335,10 +340,13 @@ def kimi_tensors(cfg, fmt, tp=1, ep=1, ep_rank=0):
     return out
 
 
-def cluster_refit(cfg, fmt, wire, p, nic_efficiency=None):
+def cluster_refit(cfg, fmt, wire, p, nic_efficiency=None, node_broadcast=False):
     """A refit of the whole cluster: each rollout GPU's daemon receives its shard over its own
     NIC from the trainers holding it; each trainer GPU sends its 1/trainer_gpus of every
-    instance's bytes to every instance (one copy per instance). Returns a dict."""
+    instance's bytes to every instance (one copy per instance). node_broadcast: the tensors
+    every GPU holds whole (REPLICATED) cross the NICs once per node and reach the node's other
+    GPUs over NVLink (fan-out broadcast, the node's GPUs taking turns as the receiving one), so
+    each NIC carries 1/gpus_per_node of them. Returns a dict."""
     c = p["cluster"]
     eff = p["nic_efficiency"] if nic_efficiency is None else nic_efficiency
     nic_GBps = p["nic_line_rate_Gbps"] / 8 * eff
@@ -369,15 +377,28 @@ def cluster_refit(cfg, fmt, wire, p, nic_efficiency=None):
         first_bucket_convert = full_ms * min(1.0, p["bucket_bytes"] / part_wire)
     trainer_stream = first_bucket_convert + tr_send
 
-    d = daemon_refit(shard, p, nic_GBps, p["nic_bucket_gap_ms"], wire=wire,
+    link_GBps = nic_GBps
+    nvlink_ms = 0.0
+    shard_wire = sum(wire_bytes(t, wire) for t in shard)
+    if node_broadcast:
+        rep = sum(wire_bytes(t, wire) for t in shard if t[0] in REPLICATED)
+        g = c["gpus_per_node"]
+        nic_bytes = shard_wire - rep * (1 - 1 / g)
+        nvlink_ms = rep / (p["nccl_bcast_nvlink_GBps"] * GB) * 1e3
+        # NVLink and the NIC are separate links: the forwarded bytes overlap the NIC stream, so
+        # the shard arrives at the rate its NIC bytes allow.
+        link_GBps = nic_GBps * shard_wire / nic_bytes
+    d = daemon_refit(shard, p, link_GBps, p["nic_bucket_gap_ms"], wire=wire,
                      start_ms=first_bucket_convert, stream_floor_ms=trainer_stream)
     line_GBps = p["nic_line_rate_Gbps"] / 8
     d.update({
-        "format": fmt, "wire": wire, "nic_efficiency": eff,
+        "format": fmt, "wire": wire, "nic_efficiency": eff, "node_broadcast": node_broadcast,
+        "replicated_bytes": sum(wire_bytes(t, wire) for t in shard if t[0] in REPLICATED),
+        "nvlink_forward_ms": nvlink_ms,
         "instances": instances, "rollout_gpus": c["rollout_gpus"], "trainer_gpus": T,
         "trainer_egress_bytes": egress, "trainer_stream_ms": trainer_stream,
         "trainer_convert_ms": tr_convert, "trainer_first_bucket_convert_ms": first_bucket_convert,
-        "nic_bound_ms": d["wire_bytes"] / (nic_GBps * GB) * 1e3,
+        "nic_bound_ms": d["wire_bytes"] / (link_GBps * GB) * 1e3,
         "line_rate_bound_ms": d["wire_bytes"] / (line_GBps * GB) * 1e3,
         # Fraction of the NIC's line rate a receiving GPU sees over the whole refit.
         "line_rate_fraction": d["wire_bytes"] / (line_GBps * GB) / (d["total_ms"] / 1e3),
@@ -440,19 +461,19 @@ def main(argv=None):
           f"instances of {c['rollout_instance_gpus']}: TP {c['rollout_tp']} attention/dense/shared/"
           f"vocab, EP {c['rollout_ep']} experts), one {p['nic_line_rate_Gbps']} Gb/s NIC per GPU "
           f"at {p['nic_efficiency']:.2f} of line rate")
-    hdr = (f"{'rollout':7s} {'wire (NIC eff.)':17s} {'GB/GPU':>7s} {'tensors':>7s} {'buckets':>7s} "
+    hdr = (f"{'rollout':7s} {'wire (NIC eff.)':21s} {'GB/GPU':>7s} {'tensors':>7s} {'buckets':>7s} "
            f"{'NIC-bound':>9s} {'gaps':>6s} {'begin':>6s} {'conv':>6s} {'commit':>6s} "
            f"{'other':>6s} {'pause':>6s} {'trainer':>8s} {'TOTAL s':>8s} {'of line':>7s}")
     print(hdr)
     preds = []
     for fmt in ("fp8", "nvfp4"):
         for wire in ("bf16", "checkpoint"):
-            for eff in (None, 0.89):
-                r = cluster_refit(cfg, fmt, wire, p, nic_efficiency=eff)
+            for eff, bc in ((None, False), (0.89, False), (None, True)):
+                r = cluster_refit(cfg, fmt, wire, p, nic_efficiency=eff, node_broadcast=bc)
                 conv = (r["trainer_first_bucket_convert_ms"] if wire == "checkpoint"
                         else r["last_convert_ms"])
-                tag = f" ({r['nic_efficiency']:.2f})"
-                print(f"{fmt:7s} {wire + tag:17s} {r['wire_bytes'] / GB:7.1f} {r['tensors']:7d} "
+                tag = f" ({r['nic_efficiency']:.2f}{', bc' if bc else ''})"
+                print(f"{fmt:7s} {wire + tag:21s} {r['wire_bytes'] / GB:7.1f} {r['tensors']:7d} "
                       f"{r['buckets']:7d} {r['nic_bound_ms']:8.0f}m {r['bucket_gaps_ms']:5.0f}m "
                       f"{r['begin_ms']:5.1f}m {conv:5.1f}m {r['commit_host_ms']:5.1f}m "
                       f"{r['unattributed_ms']:5.1f}m "
@@ -463,9 +484,18 @@ def main(argv=None):
           "hand-offs, serial; conv = exposed conversion: the last bucket's on the rollout GPU (BF16 "
           "wire) or the first bucket's on the trainer (checkpoint wire); commit = finish + validate "
           "+ prepare; other = per-tensor time no phase counts; pause = commit copy into the engine + RPCs (the only time the engine stops); "
-          "trainer = a trainer GPU's conversion + egress stream; of line = shard bytes / (total x "
+          "trainer = a trainer GPU's conversion + egress stream; bc = replicated tensors broadcast "
+          "within each node over NVLink, once per node over the NICs; of line = shard bytes / (total x "
           "line rate))")
     print("Published: Perplexity ~1.3 s, Awex ~6 s, checkpoint-engine ~20 s (issue #19)")
+    r = cluster_refit(cfg, "fp8", "checkpoint", p)
+    line = p["nic_line_rate_Gbps"] / 8 * GB
+    need = r["wire_bytes"] / (0.95 * line) * 1e3
+    print(f"FP8 rollout, checkpoint bytes: {r['total_ms'] / 1e3:.2f} s = {r['line_rate_fraction']:.3f} "
+          f"of line rate per receiving GPU; 0.95 needs <= {need:.0f} ms, i.e. at most "
+          f"{need - r['nic_bound_ms']:.0f} ms over the NIC-bound {r['nic_bound_ms']:.0f} ms "
+          f"(the model has {r['total_ms'] - r['nic_bound_ms']:.0f} ms, {r['pause_ms']:.0f} ms of it "
+          f"the commit pause)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"validation": out_rows, "kimi_k2_params": n, "cluster": preds}, f, indent=1)
