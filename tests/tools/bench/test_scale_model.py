@@ -149,4 +149,4 @@ def test_main_prints_table(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "Perplexity" in text and "checkpoint (0.96)" in text
     data = json.loads(out.read_text())
-    assert len(data["cluster"]) == 8
+    assert len(data["cluster"]) == 12  # 2 formats x 2 wires x 3 variants
