@@ -39,9 +39,10 @@ def need_refitd() -> Path:
 
 
 def registered_families() -> dict[str, str]:
-    """name -> type of every family refitd registers (RefitMetrics::Register and the listeners'
-    ListenerMetrics::Register), read from their source."""
-    text = (SRC / "src/metrics/refit_metrics.cc").read_text() + (SRC / "src/server/connection_limits.cc").read_text()
+    """name -> type of every family refitd registers (RefitMetrics::Register, the listeners'
+    ListenerMetrics::Register and the process_* families), read from their source."""
+    text = "".join((SRC / f).read_text() for f in ("src/metrics/refit_metrics.cc", "src/server/connection_limits.cc",
+                                                    "src/metrics/process_metrics.cc"))
     found = re.findall(r'registry\.Add(Counter|Gauge|Histogram)\(\s*"([A-Za-z_:][\w:]*)"', text)
     assert found, "no registrations found in src/metrics/refit_metrics.cc"
     return {name: kind.lower() for kind, name in found}
