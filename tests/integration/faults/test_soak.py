@@ -182,7 +182,9 @@ def test_soak_random_faults(fault_node):
                     hangs.append(("resume", i, fault))
                 versions = node.resumed_versions()
             landed = bool(versions) and versions[-1] > last_version
-        assert versions == sorted(set(versions)), (i, fault, versions)
+        # Never backwards; a version repeats when a late pause is answered by the resume refitd
+        # queued behind it (the engine goes on with the version it has).
+        assert versions == sorted(versions), (i, fault, versions)
         if landed:
             assert kind != "trainer", (i, fault, "a faulty trainer's refit landed")
             last_version = versions[-1]

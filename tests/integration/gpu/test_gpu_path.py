@@ -39,11 +39,14 @@ def require_gpu():
         pytest.skip("refitd was built without CUDA")
 
 
-@pytest.mark.parametrize("staging", ["host", "device"])
-def test_three_gpu_refits_match_offline_conversion(require_gpu, tmp_path, staging):
+@pytest.mark.parametrize("staging,verify", [("host", False), ("device", False), ("host", True), ("device", True)])
+def test_three_gpu_refits_match_offline_conversion(require_gpu, tmp_path, staging, verify):
+    # verify: engine.verify_after_commit checksums the engine's GPU memory after each copy (on
+    # the GPU) against the staged bytes; every commit must pass it.
     sock = tmp_path / "refitd.sock"
     cfg = tmp_path / "refitd.yaml"
-    cfg.write_text(f"listen: unix:{sock}\nstaging: {staging}\n")
+    cfg.write_text(f"listen: unix:{sock}\nstaging: {staging}\n" +
+                   ("engine:\n  verify_after_commit: true\n" if verify else ""))
     log = tmp_path / "refitd.log"
     daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     engine_log = tmp_path / "engine.log"
@@ -61,6 +64,8 @@ def test_three_gpu_refits_match_offline_conversion(require_gpu, tmp_path, stagin
         assert p.returncode == 0, p.stdout + p.stderr + log.read_text()
         assert [l["outcome"] for l in lines] == ["committed"] * 3
         assert all(l["engine_matches_expected"] for l in lines), lines
+        refits = [l for l in log.read_text().splitlines() if "event=refit " in l]
+        assert len(refits) == 3 and all(("verify_ms=" in l) == verify for l in refits), refits
         engine.send_signal(signal.SIGTERM)
         engine.wait(timeout=30)
         exit_report = json.loads(engine_log.read_text().splitlines()[-1])
