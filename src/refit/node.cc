@@ -490,6 +490,14 @@ void Node::RunCommit(Commit& c) {
   if (!paused.ok()) {
     c.times_.pause_ms = Ms(absl::Now() - pause_start);
     if (paused.code() == absl::StatusCode::kDeadlineExceeded) {
+      if (c.dirty_at_start_) {
+        // A dirty engine is paused already (an earlier commit was interrupted): it must go on
+        // waiting for a full refit, so no resume is queued behind the late pause.
+        return end(Outcome::kFailed, EndCause::kEngineError,
+                   absl::StrCat("engine did not pause within ", Seconds(c.pause_timeout_),
+                                "; it stays paused and dirty until a full refit lands, and refits are refused "
+                                "until it answers or registers again"));
+      }
       // The engine may still pause later: the resume queued behind the pause (calls reach the
       // engine in order) lets it serve the version it has, which nothing touched.
       // Sent, not awaited: the engine stays unresponsive until it answers.

@@ -282,6 +282,26 @@ TEST_F(NodeTest, PauseTimeoutSendsTheOldVersionAndRefusesUntilTheEngineAnswers) 
   EXPECT_EQ(CommitNow(Send(Payload(4), kParams)).version, 5u);
 }
 
+// Found by the fault soak: a dirty engine (paused since an interrupted commit) whose pause then
+// timed out was sent the undo-resume and served its mixed bytes as the old version.
+TEST_F(NodeTest, PauseTimeoutOfADirtyEngineQueuesNoResume) {
+  ScriptedControl* control;
+  Register(&control, /*version=*/4, /*dirty=*/true);
+  control->pause_hangs = true;
+  const RefitReport& r = CommitNow(Send(Payload(3), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_EQ(r.cause, EndCause::kEngineError);
+  EXPECT_THAT(r.reason, HasSubstr("stays paused and dirty"));
+  EXPECT_THAT(control->calls, ElementsAre("pause"));
+  EXPECT_TRUE(node_->engine()->dirty);
+  // Once it answers, only a full refit brings it back.
+  control->late = 0;
+  control->pause_hangs = false;
+  const RefitReport& full = CommitNow(Send(Payload(4), kParams));
+  EXPECT_EQ(full.outcome, Outcome::kCommitted) << full.reason;
+  EXPECT_FALSE(node_->engine()->dirty);
+}
+
 TEST_F(NodeTest, ResumeTimeoutKeepsTheNewVersionAndMarksTheEngineUnresponsive) {
   ScriptedControl* control;
   Register(&control);
