@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/cuda_handles.h"
 #include "transport/cuda_ipc/cuda_ipc_handles.h"
+#include "transport/peer_threads.h"
 
 namespace refit::transport {
 
@@ -18,7 +19,7 @@ using cuda_ipc::CudaStatus;
 using cuda_ipc::Frame;
 using cuda_ipc::Reply;
 
-struct CudaIpcReceiver::Peer {
+struct CudaIpcReceiver::Peer : TagMatcher::Sender {
   explicit Peer(UniqueFd fd_in) : fd(std::move(fd_in)) {}
   ~Peer() {
     if (thread.joinable()) thread.join();
@@ -34,7 +35,6 @@ struct CudaIpcReceiver::Peer {
     HandleKey key{};
   };
   std::map<uint64_t, Buffer> buffers;  // by the sender's buffer id; the peer's thread only
-  uint64_t active_in = UINT64_MAX;     // generation_ of its last delivery (guarded by the receiver's mu_)
   std::atomic<bool> dropped{false};    // DisconnectPeers shut its socket: not a failure
   std::atomic<bool> finished{false};
   std::thread thread;
@@ -56,15 +56,18 @@ absl::StatusOr<std::unique_ptr<CudaIpcReceiver>> CudaIpcReceiver::Listen(const C
 }
 
 CudaIpcReceiver::CudaIpcReceiver(CudaIpcOptions options, UniqueFd listen_fd, std::string endpoint)
-    : options_(std::move(options)), listen_fd_(std::move(listen_fd)), endpoint_(std::move(endpoint)) {}
+    : options_(std::move(options)),
+      listen_fd_(std::move(listen_fd)),
+      endpoint_(std::move(endpoint)),
+      matcher_(TagMatcher::Options{options_.eager_bytes, options_.eager_limit_bytes, /*abort_stalled=*/false}) {}
 
 CudaIpcReceiver::~CudaIpcReceiver() {
   {
     absl::MutexLock lock(&mu_);
-    shutdown_ = true;
     stopping_ = true;
     for (auto& p : peers_) shutdown(p->fd.get(), SHUT_RDWR);  // a blocked sender fails at once
   }
+  matcher_.Shutdown();
   accept_thread_.join();
   std::vector<std::unique_ptr<Peer>> peers;
   {
@@ -88,39 +91,14 @@ int CudaIpcReceiver::mapped() const {
 }
 
 void CudaIpcReceiver::AcceptLoop() {
-  while (!stopping_) {
-    pollfd pfd{listen_fd_.get(), POLLIN, 0};
-    int rc = poll(&pfd, 1, 100);
-    std::vector<std::unique_ptr<Peer>> done;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto it = peers_.begin(); it != peers_.end();) {
-        if ((*it)->finished) {
-          done.push_back(std::move(*it));
-          it = peers_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    done.clear();
-    if (rc <= 0 || stopping_) continue;
-    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!fd.valid()) continue;
-    auto peer = std::make_unique<Peer>(std::move(fd));
-    Peer* p = peer.get();
-    {
-      absl::MutexLock lock(&mu_);
-      peers_.push_back(std::move(peer));
-    }
-    p->thread = std::thread([this, p] { ServePeer(*p); });
-  }
+  AcceptPeers<Peer>(
+      listen_fd_.get(), stopping_, mu_, peers_, [](UniqueFd fd) { return std::make_unique<Peer>(std::move(fd)); },
+      [this](Peer& p) { ServePeer(p); });
 }
 
 void CudaIpcReceiver::PeerFailed(Peer& peer, const absl::Status& status) {
   if (peer.dropped || stopping_) return;
-  absl::MutexLock lock(&mu_);
-  if (failure_.ok() && peer.active_in == generation_) failure_ = status;
+  matcher_.PeerFailed(peer, status);
 }
 
 void CudaIpcReceiver::ServePeer(Peer& peer) {
@@ -246,13 +224,6 @@ void CudaIpcReceiver::Forget(Peer& peer, uint64_t buffer_id) {
   peer.buffers.erase(it);
 }
 
-std::list<CudaIpcReceiver::Post*>::iterator CudaIpcReceiver::FindPost(uint64_t tag) {
-  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
-    if ((*it)->tag == tag && !(*it)->claimed) return it;
-  }
-  return posted_.end();
-}
-
 bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
   const uint64_t tag = f.tag;
   const uint64_t bytes = f.bytes;
@@ -267,60 +238,20 @@ bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
     }
     src = b->second.base + f.offset;
   }
-  Post* post = nullptr;
-  Held* held = nullptr;
-  bool drop = false;  // nobody will receive it: its session ended
-  uint64_t epoch;
-  {
-    absl::MutexLock lock(&mu_);
-    epoch = epoch_;
-  }
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto queued = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        auto it = eager_.find(tag);
-        return it != eager_.end() && !it->second.empty();
-      };
-      auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return bytes <= options_.eager_bytes && eager_held_ + bytes <= options_.eager_limit_bytes;
-      };
-      auto matched = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queued() && FindPost(tag) != posted_.end(); };
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || matched() || fits(); };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
-      if (shutdown_) return false;
-      if (!matched() && !fits() && (cancelled_ || epoch_ != epoch)) {
-        drop = true;
-        break;
-      }
-      if (matched()) {
-        auto it = FindPost(tag);
-        post = *it;
-        post->claimed = true;
-        posted_.erase(it);
-        peer.active_in = generation_;
-        break;
-      }
-      if (fits()) {
-        eager_held_ += bytes;
-        eager_[tag].push_back(Held{bytes, false, absl::OkStatus(), {}});
-        held = &eager_[tag].back();
-        peer.active_in = generation_;
-        break;
-      }
-    }
+  const TagMatcher::Arrival a = matcher_.Arrive(peer, tag, bytes, [&] {
     if (peer.dropped) return false;
     if (absl::Status st = cuda_ipc::CheckOpen(peer.fd.get(), peer.name); !st.ok()) {
       PeerFailed(peer, st);
       return false;
     }
-  }
-  const bool oversized = post != nullptr && bytes > post->capacity;
+    return true;
+  });
+  if (a.kind == TagMatcher::Arrival::kStop) return false;
   std::vector<uint8_t> host;
   absl::Status st;
-  if (bytes > 0 && !drop && !oversized) {
-    void* dst = post != nullptr ? post->dst : nullptr;
-    if (held != nullptr) {
+  if (bytes > 0 && a.kind != TagMatcher::Arrival::kDrop && !a.oversized) {
+    void* dst = a.dst;
+    if (a.kind == TagMatcher::Arrival::kHold) {
       host.resize(bytes);
       dst = host.data();
     }
@@ -342,85 +273,20 @@ bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
   } else if (!st.ok()) {
     st = absl::CancelledError("CUDA IPC receiver shutting down");
   }
-  absl::MutexLock lock(&mu_);
-  if (drop) return st.ok();
-  if (held != nullptr) {
-    held->status = st;
-    held->data = std::move(host);
-    held->ready = true;
-  } else {
-    if (!st.ok()) {
-      post->result = st;
-    } else if (oversized) {
-      post->result = absl::InvalidArgumentError(absl::StrCat("message of ", bytes, " bytes on tag ", tag,
-                                                             " exceeds the receive buffer of ", post->capacity,
-                                                             " bytes; dropped"));
-    } else {
-      post->result = bytes;
-    }
-    post->done = true;
-  }
+  matcher_.Complete(a, st, std::move(host));
   return st.ok();
 }
 
 absl::StatusOr<uint64_t> CudaIpcReceiver::Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) {
   cudaSetDevice(options_.device);
-  absl::MutexLock lock(&mu_);
-  if (cancelled_) return absl::CancelledError("receive cancelled");
-  if (!failure_.ok()) return failure_;
-  if (auto it = eager_.find(tag); it != eager_.end() && !it->second.empty()) {
-    // The tag's oldest message is held, or being copied into host memory (milliseconds).
-    Held* front = &it->second.front();
-    mu_.Await(absl::Condition(&front->ready));
-    Held message = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) eager_.erase(it);
-    eager_held_ -= message.bytes;
-    if (!message.status.ok()) return message.status;
-    if (message.bytes > capacity) {
-      return absl::InvalidArgumentError(absl::StrCat("message of ", message.bytes, " bytes on tag ", tag,
-                                                     " exceeds the receive buffer of ", capacity, " bytes; dropped"));
-    }
-    if (message.bytes > 0) {
-      absl::Status st =
-          CudaStatus(cudaMemcpy(dst, message.data.data(), message.bytes, cudaMemcpyDefault), "eager delivery");
-      if (!st.ok()) return st;
-    }
-    return message.bytes;
-  }
-  if (absl::Now() >= deadline) {
-    return absl::DeadlineExceededError(absl::StrCat("no message on tag ", tag, " before the deadline"));
-  }
-  Post post{tag, dst, capacity};
-  posted_.push_back(&post);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return post.done || (!post.claimed && (cancelled_ || !failure_.ok() || shutdown_));
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (!post.claimed) {
-    posted_.remove(&post);
-    if (cancelled_ || shutdown_) return absl::CancelledError("receive cancelled");
-    if (!failure_.ok()) return failure_;
-    return absl::DeadlineExceededError(absl::StrCat("no message on tag ", tag, " before the deadline"));
-  }
-  // The message is being copied into dst (a local device copy: the bytes are all there).
-  mu_.Await(absl::Condition(&post.done));
-  return post.result;
+  return matcher_.Receive(tag, dst, capacity, deadline, [](void* to, const void* from, uint64_t bytes) {
+    return CudaStatus(cudaMemcpy(to, from, bytes, cudaMemcpyDefault), "eager delivery");
+  });
 }
 
-void CudaIpcReceiver::Cancel() {
-  absl::MutexLock lock(&mu_);
-  cancelled_ = true;
-  ++epoch_;
-}
+void CudaIpcReceiver::Cancel() { matcher_.Cancel(); }
 
-void CudaIpcReceiver::Reset() {
-  absl::MutexLock lock(&mu_);
-  cancelled_ = false;
-  failure_ = absl::OkStatus();
-  ++generation_;
-  ++epoch_;
-}
+void CudaIpcReceiver::Reset() { matcher_.Reset(); }
 
 void CudaIpcReceiver::DisconnectPeers() {
   absl::MutexLock lock(&mu_);

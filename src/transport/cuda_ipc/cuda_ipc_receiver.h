@@ -23,8 +23,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +35,7 @@
 #include "common/unique_fd.h"
 #include "transport/cuda_ipc/cuda_ipc_options.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
+#include "transport/tag_matcher.h"
 #include "transport/transport.h"
 
 namespace refit::transport {
@@ -61,14 +60,6 @@ class CudaIpcReceiver final : public Receiver {
 
  private:
   struct Peer;
-  struct Post {
-    uint64_t tag;
-    void* dst;
-    uint64_t capacity;
-    bool claimed = false;
-    bool done = false;
-    absl::StatusOr<uint64_t> result = uint64_t{0};
-  };
   using HandleKey = std::array<uint8_t, cuda_ipc::kHandleBytes>;
   struct Mapping {
     void* base = nullptr;
@@ -82,30 +73,16 @@ class CudaIpcReceiver final : public Receiver {
   void Forget(Peer& peer, uint64_t buffer_id);
   // Delivers one message whose frame was just read; false when the peer must stop.
   bool Deliver(Peer& peer, const cuda_ipc::Frame& f);
-  std::list<Post*>::iterator FindPost(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the failure in the matcher unless the peer was dropped or the receiver is stopping.
   void PeerFailed(Peer& peer, const absl::Status& status);
 
   const CudaIpcOptions options_;
   const UniqueFd listen_fd_;
   const std::string endpoint_;
 
+  // Posted receives, held messages and the failure state (tag_matcher.h).
+  TagMatcher matcher_;
   mutable absl::Mutex mu_;
-  std::list<Post*> posted_ ABSL_GUARDED_BY(mu_);
-  // A message held in host memory for a later Receive, entered (not ready) before its copy so that
-  // later messages of the tag queue behind it.
-  struct Held {
-    uint64_t bytes;
-    bool ready = false;
-    absl::Status status;
-    std::vector<uint8_t> data;
-  };
-  std::map<uint64_t, std::deque<Held>> eager_ ABSL_GUARDED_BY(mu_);
-  uint64_t eager_held_ ABSL_GUARDED_BY(mu_) = 0;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Reset() count
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;       // Cancel() and Reset() count
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
 

@@ -21,9 +21,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <list>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,8 +29,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "transport/nccl/nccl_options.h"
 #include "common/unique_fd.h"
+#include "transport/nccl/nccl_options.h"
+#include "transport/tag_matcher.h"
 #include "transport/transport.h"
 
 namespace refit::transport {
@@ -56,51 +54,22 @@ class NcclReceiver final : public Receiver {
 
  private:
   struct Peer;
-  struct Post {
-    uint64_t tag;
-    void* dst;
-    uint64_t capacity;
-    bool claimed = false;
-    bool done = false;
-    absl::StatusOr<uint64_t> result = uint64_t{0};
-    Peer* owner = nullptr;  // the peer writing into dst, once claimed
-  };
 
   NcclReceiver(NcclOptions options, UniqueFd listen_fd, std::string endpoint);
   void AcceptLoop();
   void ServePeer(Peer& peer);
   // Delivers one message whose frame was just received; false when the peer must stop.
   bool Deliver(Peer& peer, uint64_t tag, uint64_t bytes);
-  std::list<Post*>::iterator FindPost(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails every Receive until Reset(), when the peer delivered anything since the last Reset()
-  // (a sender idle since then, e.g. one left over from an earlier session, fails alone).
-  void PeerFailed(Peer& peer, const absl::Status& status);
 
   const NcclOptions options_;
   const UniqueFd listen_fd_;
   const std::string endpoint_;
 
+  // Posted receives, held messages and the failure state (tag_matcher.h).
+  TagMatcher matcher_;
   mutable absl::Mutex mu_;
-  std::list<Post*> posted_ ABSL_GUARDED_BY(mu_);
-  // A message held in host memory for a later Receive. Entered (not ready) when its transfer
-  // starts, so a Receive that comes meanwhile waits for it rather than posting past it, and later
-  // messages of the tag queue behind it: the order of a tag's messages is kept.
-  struct Held {
-    Peer* owner;
-    uint64_t bytes;
-    bool ready = false;
-    absl::Status status;
-    std::vector<uint8_t> data;
-  };
-  std::map<uint64_t, std::deque<Held>> eager_ ABSL_GUARDED_BY(mu_);
-  uint64_t eager_held_ ABSL_GUARDED_BY(mu_) = 0;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Reset() count
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;       // Cancel() and Reset() count
   std::vector<std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> stopping_{false};  // mirrors shutdown_ for lock-free polling
+  std::atomic<bool> stopping_{false};  // the receiver is being destroyed
   std::thread accept_thread_;
 };
 
