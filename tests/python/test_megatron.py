@@ -193,12 +193,19 @@ class Ranks:
         (self.out / f"go{i}").write_text("")
 
     def close(self, timeout=60):
+        deadline = time.monotonic() + timeout
         for p in self.procs:
             try:
-                p.wait(timeout=timeout)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        self.close(timeout=60 if exc_type is None else 0)  # a failed check: the ranks wait for go files
 
 
 def assert_engine_equals(node, expected: dict, version: int):
@@ -227,8 +234,7 @@ def test_megatron_ranks_refit_equals_offline_conversion(family, node, tmp_path):
     ckpts = [make(tmp_path / f"ckpt{s}", s) for s in range(4)]
     expected = [engine_layout_checksums(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
     n = node(spec, ckpts[0])
-    ranks = Ranks(tmp_path, n, model, arch, ckpts[1:], ep=ep)
-    try:
+    with Ranks(tmp_path, n, model, arch, ckpts[1:], ep=ep) as ranks:
         for i in range(3):
             results = ranks.step(i)
             reports = [r.get("report") for r in results]
@@ -237,8 +243,6 @@ def test_megatron_ranks_refit_equals_offline_conversion(family, node, tmp_path):
             assert all(r == reports[0] for r in reports)
             assert_engine_equals(n, expected[i + 1], i + 1)
             ranks.go(i)
-    finally:
-        ranks.close()
     # Every rank pushed only its own part: no name twice unless sliced (its TP shards).
     pushed = [set(r["pushed"]) for r in results]
     assert sum(len(p) for p in pushed) > len(set().union(*pushed))  # TP slices share names
@@ -261,11 +265,8 @@ def test_a_missing_shard_stage_or_expert_rank_is_refused_naming_it(family, mode,
     ckpts = [make(tmp_path / f"ckpt{s}", s) for s in range(2)]
     n = node(spec, ckpts[0])
     before = n.checksums()
-    ranks = Ranks(tmp_path, n, model, arch, ckpts[1:], ep=ep, mode=mode)
-    try:
+    with Ranks(tmp_path, n, model, arch, ckpts[1:], ep=ep, mode=mode) as ranks:
         results = ranks.step(0)
-    finally:
-        ranks.close()
     errors = [r.get("error") for r in results]
     assert all(e is not None and e["code_name"] == "FAILED_PRECONDITION" for e in errors), results
     for fragment in MISSING[(family, mode)]:
@@ -278,22 +279,16 @@ def test_a_rank_killed_mid_refit_aborts_it(node, tmp_path):
     ckpts = [llama_checkpoint(tmp_path / f"ckpt{s}", s) for s in range(2)]
     n = node(spec, ckpts[0])
     before = n.checksums()
-    ranks = Ranks(tmp_path, n, "llama3-fp8", LLAMA, ckpts[1:], mode="die")
-    try:
+    with Ranks(tmp_path, n, "llama3-fp8", LLAMA, ckpts[1:], mode="die") as ranks:
         wait_for(lambda: ranks.procs[-1].poll() is not None, timeout=120, what="the last rank's death")
         assert ranks.procs[-1].returncode == -signal.SIGKILL
         for p in ranks.procs[:-1]:  # the survivors' next collective fails (gloo: peer gone)
             p.wait(timeout=120)
-    finally:
-        ranks.close()
     assert n.checksums() == before
     # refitd is not wedged: the next refit from all ranks commits.
     expected = engine_layout_checksums(spec, ckpts[1], tmp_path / "conv1")
-    again = Ranks(tmp_path, n, "llama3-fp8", LLAMA, ckpts[1:])
-    try:
+    with Ranks(tmp_path, n, "llama3-fp8", LLAMA, ckpts[1:]) as again:
         results = again.step(0)
         assert results[0]["report"]["outcome"] == "committed", results
         assert_engine_equals(n, expected, results[0]["report"]["version"])
         again.go(0)
-    finally:
-        again.close()
