@@ -77,7 +77,7 @@ def main():
         try:
             report = refit.distributed.refit(None, client, a.model, shards)
             result["report"] = {"outcome": report.outcome, "version": report.version, "tensors": report.tensors,
-                                "bytes_in": report.bytes_in}
+                                "bytes_in": report.bytes_in, "total_ms": report.times_ms.get("total")}
         except Exception as e:  # noqa: BLE001 - reported to the test
             result["error"] = {"type": type(e).__name__, "code_name": getattr(e, "code_name", None), "message": str(e)}
         (out / f"rank{a.rank}.step{i}.json").write_text(json.dumps(result))

@@ -292,3 +292,39 @@ def test_a_rank_killed_mid_refit_aborts_it(node, tmp_path):
         assert results[0]["report"]["outcome"] == "committed", results
         assert_engine_equals(n, expected, results[0]["report"]["version"])
         again.go(0)
+
+
+def test_shards_helper_applies_megatron_conventions_only():
+    import torch
+
+    import refit.megatron
+    from refit.distributed import Shard
+
+    named = [
+        ("module.module.decoder.layers.0.self_attention.linear_qkv.weight", torch.zeros(6, 4)),
+        ("module.decoder.layers.1.self_attention.linear_proj.weight", torch.zeros(4, 3)),
+        ("decoder.layers.1.self_attention.linear_qkv.layer_norm_weight", torch.ones(4)),
+        ("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight", torch.zeros(8, 4)),
+        ("decoder.layers.0.mlp.experts.linear_fc2.weight0", torch.zeros(4, 2)),
+        ("decoder.layers.0.mlp.router.weight", torch.zeros(4, 4)),
+    ]
+    tp1 = refit.megatron.shards(named, tp_rank=1, tp_size=2, layer_offset=4, ep_rank=1, num_local_experts=2)
+    # Replicated tensors are tp rank 0's; non-expert tensors ep rank 0's: only experts remain here.
+    assert sorted(tp1) == ["decoder.layers.4.mlp.experts.linear_fc2.weight2",
+                           "decoder.layers.4.mlp.experts.local_experts.3.linear_fc1.weight"]
+    fc1 = tp1["decoder.layers.4.mlp.experts.local_experts.3.linear_fc1.weight"]
+    assert isinstance(fc1, Shard) and (fc1.dim, fc1.start, fc1.full_shape) == (0, 8, (16, 4))
+    fc2 = tp1["decoder.layers.4.mlp.experts.linear_fc2.weight2"]
+    assert (fc2.dim, fc2.start, fc2.full_shape) == (1, 2, (4, 4))
+    tp0 = refit.megatron.shards(named, tp_rank=0, tp_size=2, layer_offset=4, ep_rank=0, num_local_experts=2)
+    assert tp0["decoder.layers.5.self_attention.linear_qkv.layer_norm_weight"].shape == (4,)  # whole
+    assert tp0["decoder.layers.4.mlp.router.weight"].shape == (4, 4)
+    proj = tp0["decoder.layers.5.self_attention.linear_proj.weight"]
+    assert (proj.dim, proj.start, proj.full_shape) == (1, 0, (4, 6))
+    qkv = tp0["decoder.layers.4.self_attention.linear_qkv.weight"]
+    assert (qkv.dim, qkv.start, qkv.full_shape) == (0, 0, (12, 4))
+    # A parameter's own Megatron-core attributes win over the name.
+    p = torch.nn.Parameter(torch.zeros(4, 6), requires_grad=False)
+    p.tensor_model_parallel, p.partition_dim = True, 1
+    custom = refit.megatron.shards([("decoder.layers.0.mlp.linear_fc1.weight", p)], tp_rank=1, tp_size=2)
+    assert custom["decoder.layers.0.mlp.linear_fc1.weight"].dim == 1
