@@ -15,12 +15,12 @@ from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefuse
                      RefitUnimplemented, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
 from .trainer import DaemonStatus, RefitReport, RefitSession, StagedVersion, TrainerClient, checksum
-from . import distributed
+from . import distributed, megatron
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EngineAgent", "GatedEngine", "ModuleEngine", "CudaParam", "CudaParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
     "RefitReport", "DaemonStatus", "StagedVersion", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
-    "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty", "distributed",
+    "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty", "distributed", "megatron",
 ]

@@ -9,6 +9,7 @@
 #include "refit/commit_verify.h"
 #include "refit/committer.h"
 #include "refit/manifest_check.h"
+#include "refit/megatron_source.h"
 
 namespace refit {
 namespace {
@@ -113,10 +114,23 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
   std::vector<std::string> problems;
   size_t count = 0;
-  for (const TensorDesc& t : manifest.tensors) {
-    absl::StatusOr<TensorPlan> plan = engine_->planner->Plan(t.name, t.dtype, t.shape);
-    if (plan.ok()) continue;
-    if (++count <= 64) problems.push_back(std::string(plan.status().message()));
+  const std::optional<spec::MegatronSource>& source = engine_->planner->spec().source;
+  for (const TensorDesc& entry : manifest.tensors) {
+    // A Megatron-core name (spec `source`) stands for the checkpoint tensors it holds parts of.
+    std::vector<TensorDesc> tensors{entry};
+    if (source) {
+      absl::StatusOr<std::vector<TensorDesc>> mapped = MapMegatronManifest(*source, entry);
+      if (!mapped.ok()) {
+        if (++count <= 64) problems.push_back(std::string(mapped.status().message()));
+        continue;
+      }
+      tensors = std::move(*mapped);
+    }
+    for (const TensorDesc& t : tensors) {
+      absl::StatusOr<TensorPlan> plan = engine_->planner->Plan(t.name, t.dtype, t.shape);
+      if (plan.ok()) continue;
+      if (++count <= 64) problems.push_back(std::string(plan.status().message()));
+    }
   }
   if (count != 0) {
     return absl::FailedPreconditionError(absl::StrCat("manifest refused (", count, " problem", count == 1 ? "" : "s",

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "formats/format.h"
 #include "refit/convert.h"
+#include "refit/megatron_source.h"
 
 namespace refit {
 
@@ -324,46 +325,71 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     bucket_out_by_format_.clear();
   };
   std::vector<std::shared_ptr<uint8_t>> assembled;  // whole tensors from slices, until converted
-  for (const TensorDesc& arrived : header.tensors) {
-    const TensorDesc* slice_or_whole = &arrived;
-    const uint8_t* src = data + arrived.offset;
-    TensorDesc whole;
-    if (arrived.slice.present()) {
-      // A slice: assembled first; the tensor converts once its slices tile it.
-      absl::StatusOr<std::optional<SliceAssembler::Whole>> added = slices_.Add(arrived, src);
-      if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
+  const std::optional<spec::MegatronSource>& source = planner_.spec().source;
+  std::vector<SourcePiece> pieces;
+  for (const TensorDesc& pushed : header.tensors) {
+    // A Megatron-core tensor (spec `source`) is the checkpoint tensors' pieces it holds.
+    pieces.clear();
+    std::optional<std::vector<SourcePiece>> mapped;
+    if (source) {
+      absl::StatusOr<std::optional<std::vector<SourcePiece>>> m = MapMegatron(*source, pushed);
+      if (!m.ok()) {
+        ledger_.Fail(pushed.name, m.status());
+        continue;
+      }
+      mapped = std::move(*m);
+    }
+    if (mapped) {
+      pieces = std::move(*mapped);
+      absl::MutexLock lock(&mu_);
+      for (const SourcePiece& p : pieces) {
+        if (p.desc.slice.present()) source_of_.emplace(p.desc.name, pushed.name);
+      }
+    } else {
+      pieces.push_back(SourcePiece{pushed, 0});
+    }
+    for (const SourcePiece& piece : pieces) {
+      const TensorDesc& arrived = piece.desc;
+      const TensorDesc* slice_or_whole = &arrived;
+      const uint8_t* src = data + pushed.offset + piece.src_offset;
+      TensorDesc whole;
+      if (arrived.slice.present()) {
+        // A slice: assembled first; the tensor converts once its slices tile it.
+        absl::StatusOr<std::optional<SliceAssembler::Whole>> added = slices_.Add(arrived, src);
+        if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
+          converter_.Sync();
+          absl::MutexLock lock(&mu_);
+          add_format_bytes();
+          FailLocked(added.status());
+          return;
+        }
+        if (!added.ok()) {
+          ledger_.Fail(arrived.name, added.status());
+          continue;
+        }
+        if (!added->has_value()) continue;
+        whole = std::move((*added)->desc);
+        assembled.push_back(std::move((*added)->data));
+        src = assembled.back().get();
+        slice_or_whole = &whole;
+      }
+      const TensorDesc& desc = *slice_or_whole;
+      absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(desc);
+      if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
+      absl::Status status = (*plan)->amax_group.empty()
+                                ? Stage(desc, src, ring_.kind(), **plan, std::nullopt, out_bytes)
+                                : Defer(desc, src, ring_.kind(), *plan, out_bytes);
+      if (status.code() == absl::StatusCode::kResourceExhausted) {
         converter_.Sync();
         absl::MutexLock lock(&mu_);
         add_format_bytes();
-        FailLocked(added.status());
+        std::string msg(status.message());
+        FailLocked(absl::ResourceExhaustedError(
+            msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
         return;
       }
-      if (!added.ok()) {
-        ledger_.Fail(arrived.name, added.status());
-        continue;
-      }
-      if (!added->has_value()) continue;
-      whole = std::move((*added)->desc);
-      assembled.push_back(std::move((*added)->data));
-      src = assembled.back().get();
-      slice_or_whole = &whole;
+      if (!status.ok()) ledger_.Fail(desc.name, status);
     }
-    const TensorDesc& desc = *slice_or_whole;
-    absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(desc);
-    if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
-    absl::Status status = (*plan)->amax_group.empty()
-                              ? Stage(desc, src, ring_.kind(), **plan, std::nullopt, out_bytes)
-                              : Defer(desc, src, ring_.kind(), *plan, out_bytes);
-    if (status.code() == absl::StatusCode::kResourceExhausted) {
-      converter_.Sync();
-      absl::MutexLock lock(&mu_);
-      add_format_bytes();
-      std::string msg(status.message());
-      FailLocked(absl::ResourceExhaustedError(
-          msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
-      return;
-    }
-    if (!status.ok()) ledger_.Fail(desc.name, status);
   }
   // The slot is released after this returns: every conversion reading it must be complete.
   for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
@@ -374,6 +400,16 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
 
 absl::Status Session::Validate() const {
   std::vector<std::string> incomplete = slices_.Incomplete();
+  {
+    // A checkpoint tensor assembled from Megatron-core tensors names the one it came from.
+    absl::MutexLock lock(&mu_);
+    for (std::string& line : incomplete) {
+      const size_t open = line.find('\''), close = line.find('\'', open + 1);
+      if (open == std::string::npos || close == std::string::npos) continue;
+      auto it = source_of_.find(line.substr(open + 1, close - open - 1));
+      if (it != source_of_.end()) line.insert(close + 1, absl::StrCat(" (from Megatron-core '", it->second, "')"));
+    }
+  }
   absl::Status ledger = ledger_.Check(options_.partial);
   if (incomplete.empty()) return ledger;
   std::string msg = absl::StrCat("refit refused: ", incomplete.size(), " sliced tensor",

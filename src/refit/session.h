@@ -111,6 +111,8 @@ class Session {
   Ledger ledger_;
   std::unique_ptr<Staging> staging_;
   SliceAssembler slices_;  // sliced tensors being assembled (in the ring's memory)
+  // Checkpoint tensor -> the Megatron-core tensor a slice of it came from (spec `source`).
+  std::map<std::string, std::string> source_of_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);

@@ -355,7 +355,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   ModelSpec spec;
   spec.path = std::string(path);
   REFIT_RETURN_IF_ERROR(r.CheckKeys(
-      root, "spec", {"model", "checkpoint", "tensor_parallel", "defaults", "rules", "groups", "derived"}));
+      root, "spec", {"model", "checkpoint", "tensor_parallel", "source", "defaults", "rules", "groups", "derived"}));
   if (!root["model"]) return r.Error(root, "spec", "missing required key 'model'");
   REFIT_ASSIGN_OR_RETURN(spec.model, r.String(root["model"], "model"));
   if (const YAML::Node c = root["checkpoint"]) {
@@ -383,6 +383,29 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     if (rank >= size) return r.Error(tp["rank"], "tensor_parallel.rank", absl::StrCat("must be below size ", size));
     spec.tp_size = static_cast<int>(size);
     spec.tp_rank = static_cast<int>(rank);
+  }
+  if (const YAML::Node src = root["source"]) {
+    REFIT_RETURN_IF_ERROR(r.CheckKeys(src, "source",
+                                      {"layout", "num_attention_heads", "num_query_groups", "head_dim", "vocab_size"}));
+    if (!src["layout"]) return r.Error(src, "source", "needs 'layout' (megatron)");
+    REFIT_ASSIGN_OR_RETURN(std::string layout, r.String(src["layout"], "source.layout"));
+    if (layout != "megatron") return r.Error(src["layout"], "source.layout", "must be megatron");
+    for (const char* key : {"num_attention_heads", "num_query_groups", "head_dim"}) {
+      if (!src[key]) return r.Error(src, "source", absl::StrCat("layout megatron needs '", key, "'"));
+    }
+    MegatronSource m;
+    m.line = src.Mark().line + 1;
+    REFIT_ASSIGN_OR_RETURN(m.num_attention_heads, r.Int(src["num_attention_heads"], "source.num_attention_heads", 1));
+    REFIT_ASSIGN_OR_RETURN(m.num_query_groups, r.Int(src["num_query_groups"], "source.num_query_groups", 1));
+    REFIT_ASSIGN_OR_RETURN(m.head_dim, r.Int(src["head_dim"], "source.head_dim", 1));
+    if (src["vocab_size"]) {
+      REFIT_ASSIGN_OR_RETURN(m.vocab_size, r.Int(src["vocab_size"], "source.vocab_size", 1));
+    }
+    if (m.num_attention_heads % m.num_query_groups != 0) {
+      return r.Error(src["num_query_groups"], "source.num_query_groups",
+                     absl::StrCat("must divide num_attention_heads ", m.num_attention_heads));
+    }
+    spec.source = m;
   }
   spec.defaults.match = *NamePattern::Parse("**");
   if (const YAML::Node d = root["defaults"]) {

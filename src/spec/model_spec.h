@@ -103,6 +103,17 @@ struct Derived {
   int line = 0;
 };
 
+// `source: {layout: megatron, ...}`: the trainer pushes its Megatron-core model chunk's
+// `named_parameters()` (TP shards as slices, global layer and expert numbers); refitd maps each
+// to the checkpoint tensors (refit/megatron_source.h, docs/config.md "source").
+struct MegatronSource {
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;  // the checkpoint's rows of the embedding and output layer; 0: no padding
+  int line = 0;
+};
+
 struct ModelSpec {
   std::string model;
   std::string path;  // where it was loaded from ("<string>" for inline specs)
@@ -114,6 +125,7 @@ struct ModelSpec {
   std::optional<QuantConfig> checkpoint;  // the rollout checkpoint's quantization metadata
   int tp_size = 1;
   int tp_rank = 0;
+  std::optional<MegatronSource> source;  // absent: the trainer pushes checkpoint names
 
   // Over rules[i].match, rules[i].target (or .match when it has none) and derived[i].target,
   // built by ParseModelSpec; a spec assembled by hand without them is searched rule by rule.

@@ -1,0 +1,63 @@
+// Megatron-core source layout (spec `source: {layout: megatron}`): maps one tensor a trainer
+// rank pushes under its Megatron-core name to the checkpoint (Hugging Face) tensors it holds
+// parts of, as slices (TensorSlice) of those tensors, so that the slice assembler and the
+// ledger validate a Megatron refit exactly like one of checkpoint names: every checkpoint tensor
+// exactly once, every sliced one tiled.
+//
+// What a pushed tensor says: its name with GLOBAL layer and expert numbers (refit.megatron
+// renumbers a pipeline stage's and an expert-parallel rank's local ones), and its tensor-parallel
+// shard as a slice along the dimension Megatron partitions (start = tp_rank * local rows, full
+// shape = the TP-concatenated tensor); a tensor not split by TP is pushed whole, by one rank.
+//
+//   decoder.layers.{L}.self_attention.linear_qkv.{weight,bias}  rows: per query group
+//       [q heads of the group; k; v] -> model.layers.{L}.self_attn.{q,k,v}_proj.*
+//   ...linear_qkv.layer_norm_weight / input_layernorm.weight  -> ...input_layernorm.weight
+//   ...self_attention.linear_proj.weight                       -> ...self_attn.o_proj.weight (slice as pushed)
+//   ...self_attention.{q,k}_layernorm.weight                   -> ...self_attn.{q,k}_norm.weight
+//   ...mlp.linear_fc1.weight  per TP rank [gate shard; up shard] -> ...mlp.{gate,up}_proj.weight
+//   ...mlp.linear_fc1.layer_norm_weight / pre_mlp_layernorm.weight -> ...post_attention_layernorm.weight
+//   ...mlp.linear_fc2.weight                                   -> ...mlp.down_proj.weight
+//   ...mlp.router.weight                                       -> ...mlp.gate.weight
+//   ...mlp.experts.local_experts.{E}.linear_fc{1,2}.weight and grouped-GEMM
+//      ...mlp.experts.linear_fc{1,2}.weight{E}                 -> ...mlp.experts.{E}.{gate,up,down}_proj.weight
+//   embedding.word_embeddings.weight / output_layer.weight (vocab rows, padding past
+//       source.vocab_size dropped)                            -> model.embed_tokens.weight / lm_head.weight
+//   decoder.final_layernorm.weight                             -> model.norm.weight
+// Leading "module." wrappers (DDP, Float16Module) are ignored. Names outside embedding.,
+// decoder. and output_layer. are taken as checkpoint names.
+//
+// Thread-safe (pure functions).
+#ifndef REFIT_REFIT_MEGATRON_SOURCE_H_
+#define REFIT_REFIT_MEGATRON_SOURCE_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "refit/types.h"
+#include "spec/model_spec.h"
+
+namespace refit {
+
+// One checkpoint tensor's part: `desc` (a slice, or whole when it covers the tensor; offset 0)
+// whose bytes lie contiguously at `src_offset` in the pushed tensor's bytes.
+struct SourcePiece {
+  TensorDesc desc;
+  uint64_t src_offset = 0;
+};
+
+// The pieces of pushed tensor `in` (possibly none: rows that are all vocabulary padding);
+// nullopt when `in.name` is not a Megatron-core name. Errors name the tensor: an unknown
+// Megatron name, a shape the source section's heads/groups/head_dim do not explain, a TP shard
+// along another dimension than Megatron's.
+absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::MegatronSource& source,
+                                                                      const TensorDesc& in);
+
+// The whole checkpoint tensors (name, dtype, shape) a manifest entry of a Megatron-core name and
+// full shape stands for; {entry} for a checkpoint name.
+absl::StatusOr<std::vector<TensorDesc>> MapMegatronManifest(const spec::MegatronSource& source, const TensorDesc& entry);
+
+}  // namespace refit
+
+#endif  // REFIT_REFIT_MEGATRON_SOURCE_H_

@@ -1,0 +1,330 @@
+"""Megatron-core trainers (spec `source: {layout: megatron}`, refit.megatron): tp=2 x pp=2
+(x ep=2 for the MoE family) trainer processes in a gloo group, each holding its Megatron-core
+model chunk laid out from an HF checkpoint by megatron_layout.py (written from Megatron-core's
+and Megatron-Bridge's conventions, not from refitd's mapping), push its named_parameters() as
+they are. After each of three refits the engine's bytes (as refitd reads them) equal
+`refitctl convert --engine-layout` of that HF checkpoint; a missing TP shard, pipeline stage or
+expert-parallel rank is refused naming the tensor and the missing rows / layers / experts, and
+a rank killed mid-refit aborts it; the engine keeps its bytes in both cases."""
+import ctypes
+import importlib.util
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, HERE, PYTHON_PKG, SRC_DIR, needs_torch, wait_for
+
+pytestmark = needs_torch
+
+REFITCTL = BIN / "tools/refitctl"
+ENGINE = BIN / "tools/examples/example_engine"
+MODELS = SRC_DIR / "deploy/models"
+SPECS = SRC_DIR / "tests/integration/specs"
+
+LLAMA = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 128}
+QWEN3_MOE = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("make_checkpoints", SPECS / "make_checkpoints.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def llama_checkpoint(out: Path, seed: int) -> Path:
+    subprocess.run([sys.executable, str(SPECS / "make_checkpoints.py"), "llama3", str(out), "--seed", str(seed)],
+                   check=True)
+    return out
+
+
+def qwen3_moe_checkpoint(out: Path, seed: int) -> Path:
+    """The qwen3_moe family with 4 heads in 2 query groups (head_dim 64): Megatron-core needs
+    num_query_groups divisible by tp."""
+    mc = _builder()
+    b = mc.Builder(f"qwen3_moe_gqa:{seed}")
+    h, hd, heads, groups, experts, inter, vocab = 256, 64, 4, 2, 4, 128, 256
+    b.bf16("model.embed_tokens.weight", [vocab, h])
+    for l in range(2):
+        p = f"model.layers.{l}."
+        b.norm(p + "input_layernorm.weight", [h])
+        b.bf16(p + "self_attn.q_proj.weight", [heads * hd, h])
+        b.bf16(p + "self_attn.k_proj.weight", [groups * hd, h])
+        b.bf16(p + "self_attn.v_proj.weight", [groups * hd, h])
+        b.bf16(p + "self_attn.o_proj.weight", [h, heads * hd])
+        b.norm(p + "self_attn.q_norm.weight", [hd])
+        b.norm(p + "self_attn.k_norm.weight", [hd])
+        b.norm(p + "post_attention_layernorm.weight", [h])
+        b.bf16(p + "mlp.gate.weight", [experts, h])
+        for e in range(experts):
+            ep = p + f"mlp.experts.{e}."
+            b.bf16(ep + "gate_proj.weight", [inter, h])
+            b.bf16(ep + "up_proj.weight", [inter, h])
+            b.bf16(ep + "down_proj.weight", [h, inter])
+            for m in ("gate", "up", "down"):
+                b.f32(ep + f"{m}_proj.input_scale", [])
+    b.norm("model.norm.weight", [h])
+    b.bf16("lm_head.weight", [vocab, h])
+    out.mkdir(parents=True, exist_ok=True)
+    mc.st_io.write(str(out / "model.safetensors"), b.tensors, {"format": "pt"})
+    (out / "config.json").write_text(json.dumps({"model_family": "qwen3_moe", "seed": seed}))
+    return out
+
+
+def family_spec(tmp: Path, name: str) -> Path:
+    text = (MODELS / name).read_text()
+    if name.startswith("qwen3_moe"):
+        old = "num_attention_heads: 2, num_query_groups: 1, head_dim: 128"
+        assert old in text
+        text = text.replace(old, "num_attention_heads: 4, num_query_groups: 2, head_dim: 64")
+    spec = tmp / name
+    spec.write_text(text)
+    return spec
+
+
+def engine_layout_checksums(spec: Path, ckpt: Path, out: Path) -> dict:
+    """{engine parameter: refitd checksum} of `refitctl convert --engine-layout`'s output."""
+    import refit._native as native
+
+    p = subprocess.run([str(REFITCTL), "convert", "--engine-layout", "--spec", str(spec), str(ckpt), str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    raw = (out / "engine.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    buf = ctypes.create_string_buffer(raw[8 + n:], len(raw) - 8 - n)
+    lib = native.lib()
+    sums = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = meta["data_offsets"]
+        sums[name] = lib.refit_checksum64(ctypes.addressof(buf) + lo, hi - lo, 0)
+    return sums
+
+
+class Node:
+    def __init__(self, tmp: Path, spec: Path, ckpt: Path):
+        self.tmp = tmp
+        self.sock = tmp / "refitd.sock"
+        self.address = f"unix:{self.sock}"
+        cfg = tmp / "refitd.yaml"
+        cfg.write_text(f"listen: {self.address}\n")
+        self.log = tmp / "refitd.log"
+        self.daemon = subprocess.Popen([str(BIN / "src/server/refitd"), "--config", str(cfg), "--model-spec", str(spec)],
+                                       stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
+        assert self.daemon.poll() is None, self.log.read_text()
+        self.engine_log = tmp / "engine.log"
+        self.shm = f"/refit-mg-{uuid.uuid4().hex[:12]}"
+        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm, "--spec", str(spec),
+                                        "--checkpoint", str(ckpt)],
+                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
+        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
+                 what="engine registration")
+        assert self.engine.poll() is None, self.engine_log.read_text()
+
+    def checksums(self):
+        import refit
+
+        with refit.TrainerClient(self.address) as c:
+            return c.checksums()
+
+    def close(self):
+        for p in (self.engine, self.daemon):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        Path("/dev/shm" + self.shm).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def node(tmp_path):
+    made = []
+
+    def make(spec, ckpt):
+        d = tmp_path / f"node{len(made)}"
+        d.mkdir()
+        made.append(Node(d, spec, ckpt))
+        return made[-1]
+
+    yield make
+    for n in made:
+        n.close()
+
+
+class Ranks:
+    def __init__(self, tmp: Path, node: Node, model: str, arch: dict, ckpts, tp=2, pp=2, ep=1, mode="refit"):
+        self.out = tmp / f"ranks-{mode}-{uuid.uuid4().hex[:6]}"
+        self.out.mkdir()
+        self.world = tp * pp * ep
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_PKG), str(HERE), os.environ.get("PYTHONPATH", "")]))
+        self.procs = [subprocess.Popen(
+            [sys.executable, str(HERE / "megatron_rank.py"), "--rank", str(r), "--init", str(self.out / "store"),
+             "--address", node.address, "--model", model, "--ckpts", ",".join(str(c) for c in ckpts),
+             "--out", str(self.out), "--arch", json.dumps(arch), "--tp", str(tp), "--pp", str(pp), "--ep", str(ep),
+             "--mode", mode],
+            stdout=open(self.out / f"rank{r}.log", "w"), stderr=subprocess.STDOUT, env=env) for r in range(self.world)]
+
+    def step(self, i, ranks=None, timeout=180):
+        ranks = range(self.world) if ranks is None else ranks
+        files = [self.out / f"rank{r}.step{i}.json" for r in ranks]
+        deadline = time.monotonic() + timeout
+        while not all(f.exists() for f in files):
+            for r, p in enumerate(self.procs):
+                if r in ranks and p.poll() is not None and not files[list(ranks).index(r)].exists():
+                    raise AssertionError(f"rank {r} exited {p.returncode}: " + (self.out / f"rank{r}.log").read_text())
+            if time.monotonic() > deadline:
+                raise AssertionError("ranks did not finish step %d: %s" % (
+                    i, {r: (self.out / f"rank{r}.log").read_text()[-2000:] for r in ranks}))
+            time.sleep(0.05)
+        time.sleep(0.05)
+        return [json.loads(f.read_text()) for f in files]
+
+    def go(self, i):
+        (self.out / f"go{i}").write_text("")
+
+    def close(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        self.close(timeout=60 if exc_type is None else 0)  # a failed check: the ranks wait for go files
+
+
+def assert_engine_equals(node, expected: dict, version: int):
+    got_version, got = node.checksums()
+    assert got_version == version
+    compared = 0
+    for name, (checksum, _) in got.items():
+        if name.endswith("input_scale"):  # refit: never; the engine keeps its own
+            continue
+        assert name in expected, name
+        assert checksum == expected[name], f"engine parameter {name} differs from refitctl convert --engine-layout"
+        compared += 1
+    assert compared == len([n for n in expected if not n.endswith("input_scale")])
+
+
+FAMILIES = {
+    "llama3": ("llama3_fp8.yaml", "llama3-fp8", LLAMA, llama_checkpoint, 1),
+    "qwen3_moe": ("qwen3_moe_nvfp4.yaml", "qwen3-moe-nvfp4", QWEN3_MOE, qwen3_moe_checkpoint, 2),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_megatron_ranks_refit_equals_offline_conversion(family, node, tmp_path):
+    spec_name, model, arch, make, ep = FAMILIES[family]
+    spec = family_spec(tmp_path, spec_name)
+    ckpts = [make(tmp_path / f"ckpt{s}", s) for s in range(4)]
+    expected = [engine_layout_checksums(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
+    n = node(spec, ckpts[0])
+    with Ranks(tmp_path, n, model, arch, ckpts[1:], ep=ep) as ranks:
+        for i in range(3):
+            results = ranks.step(i)
+            reports = [r.get("report") for r in results]
+            assert all(r is not None for r in reports), results
+            assert reports[0]["outcome"] == "committed" and reports[0]["version"] == i + 1, reports
+            assert all(r == reports[0] for r in reports)
+            assert_engine_equals(n, expected[i + 1], i + 1)
+            ranks.go(i)
+    # Every rank pushed only its own part: no name twice unless sliced (its TP shards).
+    pushed = [set(r["pushed"]) for r in results]
+    assert sum(len(p) for p in pushed) > len(set().union(*pushed))  # TP slices share names
+
+
+MISSING = {
+    # family, mode -> fragments the refusal must contain
+    ("llama3", "missing-tp"): ["model.layers.1.self_attn.q_proj.weight",
+                               "from Megatron-core 'decoder.layers.1.self_attention.linear_qkv.weight'",
+                               "missing [256, 512)"],
+    ("llama3", "missing-pp"): ["model.layers.1.", "lm_head.weight"],
+    ("qwen3_moe", "missing-ep"): ["model.layers.0.mlp.experts.2.", "model.layers.1.mlp.experts.3."],
+}
+
+
+@pytest.mark.parametrize("family,mode", sorted(MISSING))
+def test_a_missing_shard_stage_or_expert_rank_is_refused_naming_it(family, mode, node, tmp_path):
+    spec_name, model, arch, make, ep = FAMILIES[family]
+    spec = family_spec(tmp_path, spec_name)
+    ckpts = [make(tmp_path / f"ckpt{s}", s) for s in range(2)]
+    n = node(spec, ckpts[0])
+    before = n.checksums()
+    with Ranks(tmp_path, n, model, arch, ckpts[1:], ep=ep, mode=mode) as ranks:
+        results = ranks.step(0)
+    errors = [r.get("error") for r in results]
+    assert all(e is not None and e["code_name"] == "FAILED_PRECONDITION" for e in errors), results
+    for fragment in MISSING[(family, mode)]:
+        assert fragment in errors[0]["message"], errors[0]["message"]
+    assert n.checksums() == before
+
+
+def test_a_rank_killed_mid_refit_aborts_it(node, tmp_path):
+    spec = family_spec(tmp_path, "llama3_fp8.yaml")
+    ckpts = [llama_checkpoint(tmp_path / f"ckpt{s}", s) for s in range(2)]
+    n = node(spec, ckpts[0])
+    before = n.checksums()
+    with Ranks(tmp_path, n, "llama3-fp8", LLAMA, ckpts[1:], mode="die") as ranks:
+        wait_for(lambda: ranks.procs[-1].poll() is not None, timeout=120, what="the last rank's death")
+        assert ranks.procs[-1].returncode == -signal.SIGKILL
+        for p in ranks.procs[:-1]:  # the survivors' next collective fails (gloo: peer gone)
+            p.wait(timeout=120)
+    assert n.checksums() == before
+    # refitd is not wedged: the next refit from all ranks commits.
+    expected = engine_layout_checksums(spec, ckpts[1], tmp_path / "conv1")
+    with Ranks(tmp_path, n, "llama3-fp8", LLAMA, ckpts[1:]) as again:
+        results = again.step(0)
+        assert results[0]["report"]["outcome"] == "committed", results
+        assert_engine_equals(n, expected, results[0]["report"]["version"])
+        again.go(0)
+
+
+def test_shards_helper_applies_megatron_conventions_only():
+    import torch
+
+    import refit.megatron
+    from refit.distributed import Shard
+
+    named = [
+        ("module.module.decoder.layers.0.self_attention.linear_qkv.weight", torch.zeros(6, 4)),
+        ("module.decoder.layers.1.self_attention.linear_proj.weight", torch.zeros(4, 3)),
+        ("decoder.layers.1.self_attention.linear_qkv.layer_norm_weight", torch.ones(4)),
+        ("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight", torch.zeros(8, 4)),
+        ("decoder.layers.0.mlp.experts.linear_fc2.weight0", torch.zeros(4, 2)),
+        ("decoder.layers.0.mlp.router.weight", torch.zeros(4, 4)),
+    ]
+    tp1 = refit.megatron.shards(named, tp_rank=1, tp_size=2, layer_offset=4, ep_rank=1, num_local_experts=2)
+    # Replicated tensors are tp rank 0's; non-expert tensors ep rank 0's: only experts remain here.
+    assert sorted(tp1) == ["decoder.layers.4.mlp.experts.linear_fc2.weight2",
+                           "decoder.layers.4.mlp.experts.local_experts.3.linear_fc1.weight"]
+    fc1 = tp1["decoder.layers.4.mlp.experts.local_experts.3.linear_fc1.weight"]
+    assert isinstance(fc1, Shard) and (fc1.dim, fc1.start, fc1.full_shape) == (0, 8, (16, 4))
+    fc2 = tp1["decoder.layers.4.mlp.experts.linear_fc2.weight2"]
+    assert (fc2.dim, fc2.start, fc2.full_shape) == (1, 2, (4, 4))
+    tp0 = refit.megatron.shards(named, tp_rank=0, tp_size=2, layer_offset=4, ep_rank=0, num_local_experts=2)
+    assert tp0["decoder.layers.5.self_attention.linear_qkv.layer_norm_weight"].shape == (4,)  # whole
+    assert tp0["decoder.layers.4.mlp.router.weight"].shape == (4, 4)
+    proj = tp0["decoder.layers.5.self_attention.linear_proj.weight"]
+    assert (proj.dim, proj.start, proj.full_shape) == (1, 0, (4, 6))
+    qkv = tp0["decoder.layers.4.self_attention.linear_qkv.weight"]
+    assert (qkv.dim, qkv.start, qkv.full_shape) == (0, 0, (12, 4))
+    # A parameter's own Megatron-core attributes win over the name.
+    p = torch.nn.Parameter(torch.zeros(4, 6), requires_grad=False)
+    p.tensor_model_parallel, p.partition_dim = True, 1
+    custom = refit.megatron.shards([("decoder.layers.0.mlp.linear_fc1.weight", p)], tp_rank=1, tp_size=2)
+    assert custom["decoder.layers.0.mlp.linear_fc1.weight"].dim == 1

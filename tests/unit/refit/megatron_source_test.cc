@@ -1,0 +1,164 @@
+// MapMegatron / MapMegatronManifest: Megatron-core tensors -> slices of the checkpoint tensors,
+// checked piece by piece against layouts written out by hand; and the spec's `source` section.
+#include "refit/megatron_source.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "spec/model_spec.h"
+
+namespace refit {
+namespace {
+
+spec::MegatronSource Source(int64_t heads, int64_t groups, int64_t head_dim, int64_t vocab = 0) {
+  spec::MegatronSource m;
+  m.num_attention_heads = heads;
+  m.num_query_groups = groups;
+  m.head_dim = head_dim;
+  m.vocab_size = vocab;
+  return m;
+}
+
+TensorDesc Slice(std::string name, Shape shape, uint64_t start, Shape full) {
+  TensorDesc d;
+  d.name = std::move(name);
+  d.dtype = DType::kBF16;
+  d.shape = std::move(shape);
+  d.nbytes = *DenseBytes(d.dtype, d.shape);
+  d.slice.dim = 0;
+  d.slice.start = start;
+  d.slice.full_shape = std::move(full);
+  return d;
+}
+
+struct Want {
+  std::string name;
+  int64_t rows;
+  int64_t start;   // -1: whole
+  int64_t full;
+  uint64_t src_row;
+};
+
+void Expect(const std::vector<SourcePiece>& got, const std::vector<Want>& want, int64_t cols) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(want[i].name);
+    EXPECT_EQ(got[i].desc.name, want[i].name);
+    EXPECT_EQ(got[i].desc.shape, (Shape{want[i].rows, cols}));
+    EXPECT_EQ(got[i].desc.nbytes, static_cast<uint64_t>(want[i].rows * cols * 2));
+    if (want[i].start < 0) {
+      EXPECT_FALSE(got[i].desc.slice.present());
+    } else {
+      ASSERT_TRUE(got[i].desc.slice.present());
+      EXPECT_EQ(got[i].desc.slice.dim, 0);
+      EXPECT_EQ(got[i].desc.slice.start, static_cast<uint64_t>(want[i].start));
+      EXPECT_EQ(got[i].desc.slice.full_shape, (Shape{want[i].full, cols}));
+    }
+    EXPECT_EQ(got[i].src_offset, want[i].src_row * static_cast<uint64_t>(cols) * 2);
+  }
+}
+
+TEST(MegatronSourceTest, QkvOfTpRankOneSplitsPerQueryGroup) {
+  // 4 heads in 2 groups, head_dim 2: per group [q q; k; v] = 8 rows; TP=2, rank 1 holds group 1.
+  auto m = MapMegatron(Source(4, 2, 2), Slice("module.decoder.layers.3.self_attention.linear_qkv.weight", {8, 5}, 8, {16, 5}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->has_value());
+  Expect(**m, {{"model.layers.3.self_attn.q_proj.weight", 4, 4, 8, 0},
+               {"model.layers.3.self_attn.k_proj.weight", 2, 2, 4, 4},
+               {"model.layers.3.self_attn.v_proj.weight", 2, 2, 4, 6}}, 5);
+}
+
+TEST(MegatronSourceTest, QkvWholeIsOnePiecePerGroupAndPart) {
+  auto m = MapMegatron(Source(2, 2, 3), Slice("decoder.layers.0.self_attention.linear_qkv.weight", {18, 4}, 0, {18, 4}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  Expect(**m, {{"model.layers.0.self_attn.q_proj.weight", 3, 0, 6, 0},
+               {"model.layers.0.self_attn.k_proj.weight", 3, 0, 6, 3},
+               {"model.layers.0.self_attn.v_proj.weight", 3, 0, 6, 6},
+               {"model.layers.0.self_attn.q_proj.weight", 3, 3, 6, 9},
+               {"model.layers.0.self_attn.k_proj.weight", 3, 3, 6, 12},
+               {"model.layers.0.self_attn.v_proj.weight", 3, 3, 6, 15}}, 4);
+}
+
+TEST(MegatronSourceTest, QkvRowsTheHeadsDoNotExplainAreRefused) {
+  auto m = MapMegatron(Source(4, 2, 2), Slice("decoder.layers.0.self_attention.linear_qkv.weight", {8, 5}, 0, {24, 5}));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("decoder.layers.0.self_attention.linear_qkv.weight"), std::string::npos);
+  EXPECT_NE(m.status().message().find("make 16"), std::string::npos) << m.status();
+}
+
+TEST(MegatronSourceTest, Fc1OfATpRankIsItsGateAndUpShards) {
+  auto m = MapMegatron(Source(1, 1, 1),
+                       Slice("decoder.layers.2.mlp.experts.local_experts.5.linear_fc1.weight", {6, 4}, 12, {24, 4}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  Expect(**m, {{"model.layers.2.mlp.experts.5.gate_proj.weight", 3, 6, 12, 0},
+               {"model.layers.2.mlp.experts.5.up_proj.weight", 3, 6, 12, 3}}, 4);
+  auto grouped = MapMegatron(Source(1, 1, 1), Slice("decoder.layers.2.mlp.experts.linear_fc1.weight7", {6, 4}, 0, {6, 4}));
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  Expect(**grouped, {{"model.layers.2.mlp.experts.7.gate_proj.weight", 3, -1, 3, 0},
+                     {"model.layers.2.mlp.experts.7.up_proj.weight", 3, -1, 3, 3}}, 4);
+  auto uneven = MapMegatron(Source(1, 1, 1), Slice("decoder.layers.2.mlp.linear_fc1.weight", {6, 4}, 3, {24, 4}));
+  EXPECT_FALSE(uneven.ok());
+}
+
+TEST(MegatronSourceTest, VocabularyPaddingRowsAreDropped) {
+  // vocab 10 padded to 16, TP=2: rank 0 rows [0, 8) whole part; rank 1 [8, 16) -> rows [8, 10).
+  auto r0 = MapMegatron(Source(1, 1, 1, 10), Slice("embedding.word_embeddings.weight", {8, 2}, 0, {16, 2}));
+  auto r1 = MapMegatron(Source(1, 1, 1, 10), Slice("output_layer.weight", {8, 2}, 8, {16, 2}));
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  Expect(**r0, {{"model.embed_tokens.weight", 8, 0, 10, 0}}, 2);
+  Expect(**r1, {{"lm_head.weight", 2, 8, 10, 0}}, 2);
+  // A shard that is all padding carries nothing.
+  auto pad = MapMegatron(Source(1, 1, 1, 10), Slice("output_layer.weight", {4, 2}, 12, {16, 2}));
+  ASSERT_TRUE(pad.ok());
+  EXPECT_TRUE((*pad)->empty());
+}
+
+TEST(MegatronSourceTest, RenamesKeepTheSliceAndOtherNamesPassThrough) {
+  TensorDesc proj = Slice("decoder.layers.1.self_attention.linear_proj.weight", {4, 3}, 3, {4, 6});
+  proj.slice.dim = 1;
+  auto m = MapMegatron(Source(1, 1, 1), proj);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->size(), 1u);
+  EXPECT_EQ((**m)[0].desc.name, "model.layers.1.self_attn.o_proj.weight");
+  EXPECT_EQ((**m)[0].desc.slice.dim, 1);
+  EXPECT_EQ((**m)[0].desc.slice.start, 3u);
+  auto hf = MapMegatron(Source(1, 1, 1), Slice("model.layers.0.mlp.up_proj.weight", {2, 2}, 0, {4, 2}));
+  ASSERT_TRUE(hf.ok());
+  EXPECT_FALSE(hf->has_value());
+  auto unknown = MapMegatron(Source(1, 1, 1), Slice("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", {2, 2}, 0, {2, 2}));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("no checkpoint name"), std::string::npos);
+}
+
+TEST(MegatronSourceTest, ManifestEntriesStandForWholeCheckpointTensors) {
+  TensorDesc qkv = Slice("decoder.layers.0.self_attention.linear_qkv.weight", {16, 5}, 0, {16, 5});
+  qkv.slice = {};
+  auto t = MapMegatronManifest(Source(4, 2, 2), qkv);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 3u);
+  EXPECT_EQ((*t)[0].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ((*t)[0].shape, (Shape{8, 5}));
+  EXPECT_EQ((*t)[1].shape, (Shape{4, 5}));
+  EXPECT_EQ((*t)[2].name, "model.layers.0.self_attn.v_proj.weight");
+}
+
+TEST(MegatronSourceTest, SpecSourceSection) {
+  auto s = spec::ParseModelSpec(
+      "model: m\nsource: {layout: megatron, num_attention_heads: 8, num_query_groups: 2, head_dim: 64, vocab_size: 100}\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->source.has_value());
+  EXPECT_EQ(s->source->num_query_groups, 2);
+  EXPECT_EQ(s->source->vocab_size, 100);
+  auto bad = spec::ParseModelSpec("model: m\nsource: {layout: megatron, num_attention_heads: 8, num_query_groups: 3, head_dim: 64}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("source.num_query_groups"), std::string::npos) << bad.status();
+  auto missing = spec::ParseModelSpec("model: m\nsource: {layout: megatron, num_attention_heads: 8}\n");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("num_query_groups"), std::string::npos);
+  auto other = spec::ParseModelSpec("model: m\nsource: {layout: fsdp, num_attention_heads: 8}\n");
+  ASSERT_FALSE(other.ok());
+}
+
+}  // namespace
+}  // namespace refit
