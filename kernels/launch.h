@@ -40,6 +40,8 @@ int PackUe8m0(const float* sf, int64_t groups, int64_t mn, int64_t kb, int gran_
               unsigned long long* first_bad, void* stream);
 int Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t cols, uint8_t* out,
                  void* stream);
+int TransposeLast2(const void* in, int64_t batch, int64_t rows, int64_t cols, int elem_bytes, void* out,
+                   void* stream);
 int GemmaPlusOne(const void* w, Output type, int64_t n, void* out, void* stream);
 int Checksum(const void* data, uint64_t bytes, uint64_t seed, unsigned long long* result,
              void* stream);

@@ -40,6 +40,21 @@ absl::Status PackUe8m0Scales(const float* sf, int64_t groups, int64_t mn, int64_
   return CudaStatus(launch::PackUe8m0(sf, groups, mn, kb, gran_mn, out, first_bad, stream), "packing ue8m0 scales");
 }
 
+absl::Status TransposeLast2(const void* in, int64_t batch, int64_t rows, int64_t cols, int elem_bytes, void* out,
+                            void* stream) {
+  if (BadDims(batch, rows, cols)) {
+    return absl::InvalidArgumentError(Msg("transpose: bad dims ", batch, "x", rows, "x", cols));
+  }
+  if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8) {
+    return absl::InvalidArgumentError(Msg("transpose: ", elem_bytes, "-byte elements"));
+  }
+  if (batch > 65535 || (rows + 31) / 32 > 65535) {  // grid z and y limits
+    return absl::InvalidArgumentError(Msg("transpose: ", batch, "x", rows, " rows exceed the launch grid"));
+  }
+  if (batch * rows * cols > 0 && (in == nullptr || out == nullptr)) return absl::InvalidArgumentError("transpose: null pointer");
+  return CudaStatus(launch::TransposeLast2(in, batch, rows, cols, elem_bytes, out, stream), "transposing");
+}
+
 absl::StatusOr<uint64_t> Swizzle128x4OutputBytes(int64_t batch, int64_t rows, int64_t cols) {
   if (BadDims(batch, rows, cols)) {
     return absl::InvalidArgumentError(Msg("swizzle 128x4: bad dims ", batch, "x", rows, "x", cols));

@@ -60,6 +60,27 @@ __global__ void Swizzle128x4Kernel(const uint8_t* s, int64_t batch, int64_t rows
   reinterpret_cast<uint32_t*>(out + b * mp * kp)[w] = word;
 }
 
+// Tiled transpose of the last two dims: out[b, j, i] = in[b, i, j], 32x32 tiles through shared
+// memory so that both the reads and the writes are coalesced. T is the element's storage type.
+constexpr int kTile = 32;
+template <typename T>
+__global__ void TransposeKernel(const T* in, int64_t rows, int64_t cols, T* out) {
+  __shared__ T tile[kTile][kTile + 1];
+  const int64_t b = blockIdx.z;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const T* src = in + b * rows * cols;
+  T* dst = out + b * rows * cols;
+  for (int y = threadIdx.y; y < kTile; y += blockDim.y) {
+    const int64_t r = r0 + y, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[y][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int y = threadIdx.y; y < kTile; y += blockDim.y) {
+    const int64_t c = c0 + y, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][y];
+  }
+}
+
 }  // namespace
 }  // namespace dev
 
@@ -82,6 +103,30 @@ int Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t cols, ui
   const unsigned grid = static_cast<unsigned>((words + dev::kLayoutThreads - 1) / dev::kLayoutThreads);
   dev::Swizzle128x4Kernel<<<grid, dev::kLayoutThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       s, batch, rows, cols, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int TransposeLast2(const void* in, int64_t batch, int64_t rows, int64_t cols, int elem_bytes, void* out,
+                   void* stream) {
+  if (batch == 0 || rows == 0 || cols == 0) return 0;
+  const dim3 grid(static_cast<unsigned>((cols + dev::kTile - 1) / dev::kTile),
+                  static_cast<unsigned>((rows + dev::kTile - 1) / dev::kTile), static_cast<unsigned>(batch));
+  const dim3 block(dev::kTile, 8);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (elem_bytes) {
+    case 1:
+      dev::TransposeKernel<<<grid, block, 0, s>>>(static_cast<const uint8_t*>(in), rows, cols, static_cast<uint8_t*>(out));
+      break;
+    case 2:
+      dev::TransposeKernel<<<grid, block, 0, s>>>(static_cast<const uint16_t*>(in), rows, cols, static_cast<uint16_t*>(out));
+      break;
+    case 4:
+      dev::TransposeKernel<<<grid, block, 0, s>>>(static_cast<const uint32_t*>(in), rows, cols, static_cast<uint32_t*>(out));
+      break;
+    default:
+      dev::TransposeKernel<<<grid, block, 0, s>>>(static_cast<const uint64_t*>(in), rows, cols, static_cast<uint64_t*>(out));
+      break;
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

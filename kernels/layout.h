@@ -27,6 +27,11 @@ absl::StatusOr<uint64_t> Swizzle128x4OutputBytes(int64_t batch, int64_t rows, in
 absl::Status Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t cols, uint8_t* out,
                           uint64_t out_bytes, void* stream);
 
+// Swaps the last two dims of a dense [batch, rows, cols] tensor of `elem_bytes` (1, 2, 4 or 8)
+// elements: out[b, j, i] = in[b, i, j]. `in` and `out` must not overlap.
+absl::Status TransposeLast2(const void* in, int64_t batch, int64_t rows, int64_t cols, int elem_bytes, void* out,
+                            void* stream);
+
 }  // namespace refit::kernels
 
 #endif  // REFIT_KERNELS_LAYOUT_H_

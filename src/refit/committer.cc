@@ -1,5 +1,6 @@
 #include "refit/committer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -119,13 +120,155 @@ absl::StatusOr<Built> BuildParam(const Planner& planner, size_t index, const Pie
   return b;
 }
 
+namespace {
+
+int64_t Product(const Shape& s, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= s[i];
+  return p;
+}
+
+// A parameter being built in device staging memory.
+struct DeviceBuilt {
+  DType dtype;
+  Shape shape;
+  const uint8_t* data;
+  uint64_t nbytes;
+};
+
+// Concatenates the staged pieces of parameter `index` (slot order) in device memory: the one
+// piece as it is, or a pool buffer under `key`.
+absl::StatusOr<DeviceBuilt> AssembleOnDevice(const Planner& planner, size_t index, const Staging& staging,
+                                             DeviceOps& ops, const std::string& key) {
+  const ParamSource& src = planner.source(index);
+  const std::string& name = planner.params()[index].name;
+  std::vector<const StagedTensor*> pieces;
+  std::vector<Shape> shapes;
+  uint64_t total = 0;
+  for (const std::string& k : src.slots) {
+    const StagedTensor* t = staging.Get(k);
+    if (t == nullptr) return absl::InternalError(absl::StrCat("engine parameter '", name, "': '", k, "' was not staged"));
+    if (!pieces.empty() && t->dtype != pieces[0]->dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': pieces of different dtypes"));
+    }
+    pieces.push_back(t);
+    shapes.push_back(t->shape);
+    total += t->nbytes;
+  }
+  REFIT_ASSIGN_OR_RETURN(Shape shape, AssembledShape(*src.rule, shapes));
+  const DType dtype = pieces.empty() ? DType::kU8 : pieces[0]->dtype;
+  if (pieces.size() == 1) return DeviceBuilt{dtype, shape, pieces[0]->data, total};
+  REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging.pool().Get(key, std::max<uint64_t>(total, 1)));
+  uint64_t off = 0;
+  for (const StagedTensor* t : pieces) {
+    REFIT_RETURN_IF_ERROR(ops.Copy(buf + off, t->data, t->nbytes, storage::MemoryKind::kDevice));
+    off += t->nbytes;
+  }
+  return DeviceBuilt{dtype, shape, buf, total};
+}
+
+// BuildParam on the device: assembly, then each layout step through the GPU kernels (swizzle,
+// UE8M0 packing) or strided device copies (row-pair and half swaps, padding). The final bytes
+// land in the pool buffer "built:<name>"; intermediate steps in "layout<k>:<name>".
+absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t index, const Staging& staging,
+                                             DeviceOps& ops) {
+  const ParamSource& src = planner.source(index);
+  const storage::ParamInfo& p = planner.params()[index];
+  const spec::Rule& rule = *src.rule;
+  REFIT_ASSIGN_OR_RETURN(DeviceBuilt cur, AssembleOnDevice(planner, index, staging, ops, "pre:" + p.name));
+  int64_t data_rows = -1;
+  if (src.data_index >= 0) {
+    std::vector<Shape> shapes;
+    bool all = true;
+    for (const std::string& key : planner.source(static_cast<size_t>(src.data_index)).slots) {
+      const StagedTensor* t = staging.Get(key);
+      if (t == nullptr) {
+        all = false;
+        break;
+      }
+      shapes.push_back(t->shape);
+    }
+    if (all) {
+      absl::StatusOr<Shape> s = AssembledShape(rule, shapes);
+      if (s.ok() && s->size() >= 2) data_rows = (*s)[s->size() - 2];
+    }
+  }
+  std::vector<const spec::LayoutStep*> steps;
+  for (const spec::LayoutStep& step : rule.layout) {
+    if (step.AppliesTo(src.suffix)) steps.push_back(&step);
+  }
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const spec::LayoutStep& step = *steps[k];
+    spec::Rule one = rule;
+    one.layout = {step};
+    REFIT_ASSIGN_OR_RETURN(auto next, LayoutShape(one, src.suffix, cur.dtype, cur.shape, data_rows));
+    REFIT_ASSIGN_OR_RETURN(uint64_t nbytes, DenseBytes(next.first, next.second));
+    const std::string key = k + 1 == steps.size() ? "built:" + p.name : absl::StrCat("layout", k, ":", p.name);
+    REFIT_ASSIGN_OR_RETURN(uint8_t* out, staging.pool().Get(key, std::max<uint64_t>(nbytes, 1)));
+    const Shape& s = cur.shape;
+    const uint64_t elem = DTypeSize(cur.dtype);
+    auto dim_geometry = [&](int dim, uint64_t& outer, uint64_t& n, uint64_t& inner) {
+      const size_t d = static_cast<size_t>(dim < 0 ? dim + static_cast<int>(s.size()) : dim);
+      outer = static_cast<uint64_t>(Product(s, 0, d));
+      n = static_cast<uint64_t>(s[d]);
+      inner = static_cast<uint64_t>(Product(s, d + 1, s.size())) * elem;
+    };
+    switch (step.op) {
+      case spec::LayoutOp::kSwizzle128x4:
+        REFIT_RETURN_IF_ERROR(ops.Swizzle128x4(cur.data, Product(s, 0, s.size() - 2), s[s.size() - 2], s[s.size() - 1],
+                                               out, nbytes));
+        break;
+      case spec::LayoutOp::kPackUe8m0:
+        REFIT_RETURN_IF_ERROR(ops.PackUe8m0(reinterpret_cast<const float*>(cur.data), Product(s, 0, s.size() - 2),
+                                            data_rows, s[s.size() - 1], reinterpret_cast<int32_t*>(out), nbytes / 4,
+                                            absl::StrCat(rule.Describe(), " ('", p.name, "')")));
+        break;
+      case spec::LayoutOp::kSwapRowPairs: {
+        uint64_t outer, n, inner;
+        dim_geometry(step.dim, outer, n, inner);
+        // out[o, i ^ 1] = in[o, i]: the even rows one row on, the odd rows one row back.
+        REFIT_RETURN_IF_ERROR(ops.Copy2D(out + inner, 2 * inner, cur.data, 2 * inner, inner, outer * n / 2));
+        REFIT_RETURN_IF_ERROR(ops.Copy2D(out, 2 * inner, cur.data + inner, 2 * inner, inner, outer * n / 2));
+        break;
+      }
+      case spec::LayoutOp::kSwapHalves: {
+        uint64_t outer, n, inner;
+        dim_geometry(step.dim, outer, n, inner);
+        const uint64_t half = n / 2 * inner;
+        REFIT_RETURN_IF_ERROR(ops.Copy2D(out + half, n * inner, cur.data, n * inner, half, outer));
+        REFIT_RETURN_IF_ERROR(ops.Copy2D(out, n * inner, cur.data + half, n * inner, half, outer));
+        break;
+      }
+      case spec::LayoutOp::kPad: {
+        uint64_t outer, n, inner;
+        dim_geometry(step.dim, outer, n, inner);
+        const size_t d = static_cast<size_t>(step.dim < 0 ? step.dim + static_cast<int>(s.size()) : step.dim);
+        const uint64_t np = static_cast<uint64_t>(next.second[d]);
+        REFIT_RETURN_IF_ERROR(ops.Zero(out, nbytes));
+        REFIT_RETURN_IF_ERROR(ops.Copy2D(out, np * inner, cur.data, n * inner, n * inner, outer));
+        break;
+      }
+    }
+    cur = DeviceBuilt{next.first, next.second, out, nbytes};
+  }
+  if (cur.dtype != p.dtype || cur.shape != p.shape || cur.nbytes != p.nbytes) {
+    return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "' built as ", DTypeName(cur.dtype),
+                                                   ShapeString(cur.shape), ", registered as ", DTypeName(p.dtype),
+                                                   ShapeString(p.shape)));
+  }
+  return cur.data;
+}
+
+}  // namespace
+
 absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
-                                             const std::vector<size_t>& produced) {
+                                             const std::vector<size_t>& produced, DeviceOps* ops) {
   PreparedCommit prepared;
   prepared.kind = staging.kind();
   const auto& params = planner.params();
   storage::Memory& memory = staging.pool().memory();
   const bool device = staging.kind() == storage::MemoryKind::kDevice;
+  if (!device) ops = nullptr;
   // Host views of staged pieces, for the builds that run on the host (layout steps, derived).
   std::map<std::string, StagedTensor> host_copies;
   PieceLookup host_lookup = [&](const std::string& key) -> const StagedTensor* {
@@ -188,6 +331,13 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
       prepared.writes.push_back({i, buf});
       continue;
     }
+    if (ops != nullptr) {
+      // Layout steps on the GPU, before the pause.
+      REFIT_ASSIGN_OR_RETURN(const uint8_t* data, BuildOnDevice(planner, i, staging, *ops));
+      prepared.writes.push_back({i, data});
+      ++prepared.built_on_device;
+      continue;
+    }
     // Layout steps run on the host.
     REFIT_ASSIGN_OR_RETURN(Built b, BuildParam(planner, i, host_lookup, true));
     REFIT_ASSIGN_OR_RETURN(const uint8_t* data, upload(i, b.bytes));
@@ -195,6 +345,26 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
   }
   for (const DerivedTarget& d : planner.derived()) {
     if (!staged[d.from_index]) continue;  // source unchanged in this refit: derived value still valid
+    if (ops != nullptr) {
+      const storage::ParamInfo& target = params[d.target_index];
+      REFIT_ASSIGN_OR_RETURN(DeviceBuilt from, AssembleOnDevice(planner, d.from_index, staging, *ops,
+                                                                 "pre:" + params[d.from_index].name));
+      if (target.dtype != DType::kBF16 && target.dtype != DType::kF32) {
+        return absl::UnimplementedError(absl::StrCat("derived parameter '", target.name, "': add_one on ",
+                                                     DTypeName(target.dtype), " is not supported"));
+      }
+      if (from.dtype != target.dtype || from.nbytes != target.nbytes) {
+        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target.name, "': its source is ",
+                                                       DTypeName(from.dtype), ShapeString(from.shape)));
+      }
+      REFIT_ASSIGN_OR_RETURN(uint8_t* out, staging.pool().Get("built:" + target.name, std::max<uint64_t>(target.nbytes, 1)));
+      REFIT_ASSIGN_OR_RETURN(int64_t n, NumElements(target.shape));
+      REFIT_RETURN_IF_ERROR(ops->AddOne(from.data, target.dtype, n, out));
+      prepared.writes.push_back({d.target_index, out});
+      ++prepared.derived;
+      ++prepared.built_on_device;
+      continue;
+    }
     REFIT_ASSIGN_OR_RETURN(Built from, BuildParam(planner, d.from_index, host_lookup, false));
     const storage::ParamInfo& target = params[d.target_index];
     std::vector<uint8_t> out(target.nbytes);
@@ -203,6 +373,8 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     prepared.writes.push_back({d.target_index, data});
     ++prepared.derived;
   }
+  // Everything built on the device is complete (and pack_ue8m0's scales checked) before the pause.
+  if (ops != nullptr) REFIT_RETURN_IF_ERROR(ops->Synchronize());
   return prepared;
 }
 

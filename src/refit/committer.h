@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "refit/converter.h"
 #include "refit/param_build.h"
 #include "refit/planner.h"
 #include "refit/staging.h"
@@ -48,6 +49,7 @@ struct PreparedCommit {
   };
   std::vector<Write> writes;
   uint32_t derived = 0;  // how many of the writes are derived parameters
+  uint32_t built_on_device = 0;  // laid-out and derived parameters built by the GPU (DeviceOps)
   storage::MemoryKind kind = storage::MemoryKind::kHost;
   bool batched = false;  // the storage holds these writes as one prepared device batch
 };
@@ -58,10 +60,14 @@ absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStora
 
 // Builds every produced parameter (and derived one) before the engine pauses. A parameter that
 // is one staged piece with no layout step is written from staging as it is; assembled or laid
-// out ones are built into buffers of the staging pool (laid-out ones on the host). A build error
-// leaves the engine untouched.
+// out ones are built into buffers of the staging pool. With device staging and `ops` (the GPU
+// converter's device side) layout steps and derived parameters run on the GPU, byte-identical
+// to the host build; otherwise laid-out ones are built on the host. Pool memory for a laid-out
+// parameter on the device: its final bytes ("built:"), the assembled pieces when it has several
+// ("pre:"), and one buffer per further layout step ("layout<k>:"), each kept for the next refit.
+// A build error leaves the engine untouched.
 absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
-                                             const std::vector<size_t>& produced);
+                                             const std::vector<size_t>& produced, DeviceOps* ops = nullptr);
 
 // The commit window: copies the prepared bytes in (host→engine or device→engine), then flushes.
 // REQUIRES: the engine is paused.

@@ -21,6 +21,41 @@
 
 namespace refit {
 
+// The device side of a converter whose staging is on the GPU: every step of a plan (transpose,
+// this rank's shard slice, a fused group's shared NVFP4 amax) and every engine layout step and
+// derived parameter, on the converter's own stream, with no host round trip. All pointers but
+// host sources are device memory; every call only enqueues work, except Synchronize.
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+  // Converts `desc` per the whole plan: transposed when plan.transpose, quantized into whole
+  // outputs, then this rank's part of each written to `outs` (plan.targets order, this rank's
+  // bytes). `group_amax`: a device float holding the fused group's amax (NVFP4 formats), or
+  // nullptr for the tensor's own. Errors surface here or at Converter::Sync, as for Convert.
+  virtual absl::Status ConvertPlanned(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
+                                      storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
+                                      const formats::QuantizeOptions& options, const float* group_amax) = 0;
+  // *amax = 0, then *amax = max(*amax, max|x| of `desc` under the input policy).
+  virtual absl::Status ResetAmax(float* amax) = 0;
+  virtual absl::Status AccumulateAmax(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                                      const formats::QuantizeOptions& options, float* amax) = 0;
+  // `bytes` from `src` (host or device) to device `dst`.
+  virtual absl::Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes, storage::MemoryKind src_kind) = 0;
+  // `height` rows of `width` bytes, `src_pitch` / `dst_pitch` bytes apart.
+  virtual absl::Status Copy2D(uint8_t* dst, uint64_t dst_pitch, const uint8_t* src, uint64_t src_pitch,
+                              uint64_t width, uint64_t height) = 0;
+  virtual absl::Status Zero(uint8_t* dst, uint64_t bytes) = 0;
+  // The engine layout kernels (kernels/layout.h, derive.h); PackUe8m0 checks its scales at Synchronize.
+  virtual absl::Status Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t cols, uint8_t* out,
+                                    uint64_t out_bytes) = 0;
+  virtual absl::Status PackUe8m0(const float* sf, int64_t groups, int64_t mn, int64_t kb, int32_t* out,
+                                 uint64_t out_words, const std::string& name) = 0;
+  virtual absl::Status AddOne(const uint8_t* w, DType dtype, int64_t n, uint8_t* out) = 0;
+  // Waits for everything enqueued; the first failure recorded meanwhile (a pack_ue8m0 scale that
+  // is not a power of two, naming its parameter).
+  virtual absl::Status Synchronize() = 0;
+};
+
 class Converter {
  public:
   virtual ~Converter() = default;
@@ -37,6 +72,9 @@ class Converter {
   // Completes every conversion issued so far. Returns the tensors that failed (e.g. NaN input
   // under `nonfinite: reject`), each with its error.
   virtual std::vector<std::pair<std::string, absl::Status>> Sync() = 0;
+
+  // The device side, for converters whose staging is on the GPU; nullptr otherwise.
+  virtual DeviceOps* device_ops() { return nullptr; }
 };
 
 }  // namespace refit

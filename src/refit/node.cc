@@ -466,7 +466,11 @@ void Node::RunCommit(Commit& c) {
 
   // Every engine parameter built (assembly, layout steps, derived state) before the pause.
   t0 = absl::Now();
-  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, *staging, produced);
+  // The live session's commit builds layout steps and derived parameters on the converter's GPU
+  // (its converter thread is idle now); a kept version's, which another session's conversion may
+  // overlap, builds them on the host.
+  DeviceOps* device_ops = c.held_ == nullptr && engine.converter ? engine.converter->device_ops() : nullptr;
+  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, *staging, produced, device_ops);
   if (prepared.ok()) {
     absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
     if (!st.ok()) prepared = st;

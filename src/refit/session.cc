@@ -203,8 +203,13 @@ void Session::ConvertLoop() {
   }
 }
 
+DeviceOps* Session::device_ops() const {
+  return staging_->kind() == storage::MemoryKind::kDevice ? converter_.device_ops() : nullptr;
+}
+
 absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
-                            const TensorPlan& plan, std::optional<float> global_amax, uint64_t& out_bytes) {
+                            const TensorPlan& plan, std::optional<float> global_amax, uint64_t& out_bytes,
+                            const float* device_amax) {
   const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
   absl::InlinedVector<uint8_t*, 4> staged;
   absl::InlinedVector<formats::MutableBytes, 4> outs;
@@ -226,9 +231,14 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
       it->bytes += tensor_bytes;
     }
   }
-  if (!sharded && !plan.transpose && !global_amax) {
+  if (!sharded && !plan.transpose && !global_amax && device_amax == nullptr) {
     // The common case: the converter (CPU, or GPU kernels) writes straight into staging.
     return converter_.Convert(plan, desc, src, src_kind, outs, planner_.spec().options);
+  }
+  if (DeviceOps* ops = device_ops(); ops != nullptr) {
+    // Staging on the GPU: transpose, whole outputs and this rank's slice of each on the device,
+    // from device or host payloads alike.
+    return ops->ConvertPlanned(plan, desc, src, src_kind, outs, planner_.spec().options, device_amax);
   }
   // Transposed, sharded or group-scaled tensors are converted whole on the host, then this
   // rank's part is staged.
@@ -272,6 +282,7 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
 absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                             std::shared_ptr<const TensorPlan> shared_plan, uint64_t& out_bytes) {
   const TensorPlan& plan = *shared_plan;
+  if (DeviceOps* ops = device_ops(); ops != nullptr) return DeferOnDevice(*ops, desc, src, src_kind, std::move(shared_plan), out_bytes);
   if (src_kind != storage::MemoryKind::kHost) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor '", desc.name, "' shares a group amax; such tensors need a host data plane"));
@@ -309,6 +320,101 @@ absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage:
   }
   pending_.erase(plan.amax_group_key);  // `plan` stays valid: the caller holds it too
   return result;
+}
+
+absl::StatusOr<float*> Session::TakeGroupAmax() {
+  constexpr uint64_t kFloatsPerBlock = 4096;
+  if (free_amax_.empty()) {
+    // Blocks of device floats, kept by the pool across sessions (16 KiB each).
+    REFIT_ASSIGN_OR_RETURN(uint8_t* block, staging_->pool().Get(absl::StrCat("group-amax:", amax_blocks_),
+                                                              kFloatsPerBlock * sizeof(float)));
+    ++amax_blocks_;
+    auto* f = reinterpret_cast<float*>(block);
+    for (uint64_t i = kFloatsPerBlock; i > 0; --i) free_amax_.push_back(f + i - 1);
+  }
+  float* a = free_amax_.back();
+  free_amax_.pop_back();
+  return a;
+}
+
+absl::Status Session::DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, const uint8_t* src,
+                                    storage::MemoryKind src_kind, std::shared_ptr<const TensorPlan> shared_plan,
+                                    uint64_t& out_bytes) {
+  const TensorPlan& plan = *shared_plan;
+  const formats::QuantizeOptions& options = planner_.spec().options;
+  auto [it, fresh] = device_pending_.try_emplace(plan.amax_group_key);
+  DeviceGroup& group = it->second;
+  if (fresh) {
+    absl::StatusOr<float*> amax = TakeGroupAmax();
+    if (!amax.ok()) {
+      device_pending_.erase(it);
+      return amax.status();
+    }
+    group.amax = *amax;
+    if (absl::Status st = ops.ResetAmax(group.amax); !st.ok()) group.ok = false;
+  }
+  // Each member raises the group's device amax as it arrives; its bytes stay where they are (the
+  // ring slot) until the bucket ends, and are copied out only if the group is still incomplete then.
+  absl::Status st = ops.AccumulateAmax(desc, src, src_kind, options, group.amax);
+  if (!st.ok()) {
+    ledger_.Fail(desc.name, st);
+    group.ok = false;
+  }
+  group.members.push_back({desc, std::move(shared_plan), src, src_kind, nullptr, 0});
+  if (group.members.size() < plan.amax_group.size()) return absl::OkStatus();
+  absl::Status result;
+  for (const DeviceMember& m : group.members) {
+    if (!group.ok) break;
+    absl::Status staged = Stage(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, out_bytes, group.amax);
+    if (staged.code() == absl::StatusCode::kResourceExhausted) {
+      result = staged;
+    } else if (!staged.ok()) {
+      ledger_.Fail(m.desc.name, staged);
+    }
+  }
+  // Its amax float and held copies stay until the bucket's Sync (kernels may still read them).
+  retiring_.push_back(std::move(group));
+  device_pending_.erase(it);
+  return result;
+}
+
+absl::Status Session::HoldPendingMembers() {
+  DeviceOps* ops = device_ops();
+  if (ops == nullptr) return absl::OkStatus();
+  for (auto& [key, group] : device_pending_) {
+    for (DeviceMember& m : group.members) {
+      if (m.held != nullptr) continue;
+      // The group is incomplete at the end of the bucket: the member's bytes leave the slot for
+      // a device buffer of their own, counted against the staging limit until the group converts.
+      REFIT_RETURN_IF_ERROR(staging_->Reserve(m.desc.nbytes, m.desc.name));
+      absl::StatusOr<std::shared_ptr<uint8_t>> buf = staging_->pool().memory().Allocate(std::max<uint64_t>(m.desc.nbytes, 1));
+      if (!buf.ok()) {
+        staging_->Unreserve(m.desc.nbytes);
+        return absl::ResourceExhaustedError(
+            absl::StrCat("tensor '", m.desc.name, "': holding a fused member on the device: ", buf.status().message()));
+      }
+      REFIT_RETURN_IF_ERROR(ops->Copy(buf->get(), m.src, m.desc.nbytes, m.src_kind));
+      m.held = std::move(*buf);
+      m.reserved = m.desc.nbytes;
+      m.src = m.held.get();
+      m.src_kind = storage::MemoryKind::kDevice;
+      held_bytes_ += m.desc.nbytes;
+      if (held_bytes_ > peak_held_bytes_.load()) peak_held_bytes_.store(held_bytes_);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Session::RetireGroups() {
+  for (DeviceGroup& g : retiring_) {
+    for (const DeviceMember& m : g.members) {
+      if (m.reserved == 0) continue;
+      staging_->Unreserve(m.reserved);
+      held_bytes_ -= m.reserved;
+    }
+    if (g.amax != nullptr) free_amax_.push_back(g.amax);
+  }
+  retiring_.clear();
 }
 
 void Session::Convert(const BucketHeader& header, const uint8_t* data) {
@@ -381,6 +487,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
                                 : Defer(desc, src, ring_.kind(), *plan, out_bytes);
       if (status.code() == absl::StatusCode::kResourceExhausted) {
         converter_.Sync();
+        RetireGroups();
         absl::MutexLock lock(&mu_);
         add_format_bytes();
         std::string msg(status.message());
@@ -391,8 +498,17 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       if (!status.ok()) ledger_.Fail(desc.name, status);
     }
   }
+  // Fused members whose group is still incomplete leave the slot before it is released.
+  absl::Status held = HoldPendingMembers();
   // The slot is released after this returns: every conversion reading it must be complete.
   for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
+  RetireGroups();
+  if (!held.ok()) {
+    absl::MutexLock lock(&mu_);
+    add_format_bytes();
+    FailLocked(held);
+    return;
+  }
   absl::MutexLock lock(&mu_);
   add_format_bytes();
   bytes_out_ += out_bytes;
@@ -448,6 +564,7 @@ RefitReport Session::Report() const {
   r.tensors = static_cast<uint32_t>(ledger_.tensors());
   r.times.receive_ms = absl::ToDoubleMilliseconds(receive_time_);
   r.times.convert_ms = absl::ToDoubleMilliseconds(convert_time_);
+  r.fused_held_peak_bytes = peak_held_bytes_.load();
   return r;
 }
 

@@ -8,6 +8,7 @@
 #ifndef REFIT_REFIT_SESSION_H_
 #define REFIT_REFIT_SESSION_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -94,8 +95,23 @@ class Session {
   void Convert(const BucketHeader& header, const uint8_t* data);
   // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
   // the session; other errors are the tensor's (recorded by the ledger).
+  // `device_amax`: a fused group's amax in a device float (device staging), or nullptr.
   absl::Status Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
-                     std::optional<float> global_amax, uint64_t& out_bytes);
+                     std::optional<float> global_amax, uint64_t& out_bytes, const float* device_amax = nullptr);
+  // The converter's device side when staging is on the GPU, else nullptr.
+  DeviceOps* device_ops() const;
+  // Defer with staging on the GPU: each member raises the group's device amax as it arrives and
+  // stays on the device (in its ring slot while its bucket converts, then, if the group is still
+  // incomplete, in a held device copy counted against the staging limit) until the group is
+  // complete; then every member is encoded against the group's amax. No host round trip.
+  absl::Status DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                             std::shared_ptr<const TensorPlan> plan, uint64_t& out_bytes);
+  // End of a bucket: copies the members of incomplete groups out of the slot (ResourceExhausted
+  // past the staging limit).
+  absl::Status HoldPendingMembers();
+  // After the bucket's Sync: frees the held copies and amax floats of the groups converted.
+  void RetireGroups();
+  absl::StatusOr<float*> TakeGroupAmax();
   // A fused NVFP4 member: held until every member of its group arrived (their shared amax
   // must be known before any member is encoded), then the whole group is converted.
   absl::Status Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
@@ -148,6 +164,27 @@ class Session {
     std::vector<uint8_t> input;  // a host copy of the member's input bytes
   };
   std::map<std::string, std::vector<PendingMember>> pending_;
+
+  // The same with staging on the GPU (DeferOnDevice). Converter thread only.
+  struct DeviceMember {
+    TensorDesc desc;
+    std::shared_ptr<const TensorPlan> plan;
+    const uint8_t* src;  // the ring slot while its bucket converts, then `held`
+    storage::MemoryKind src_kind;
+    std::shared_ptr<uint8_t> held;  // device copy, when the group outlived the member's bucket
+    uint64_t reserved;              // bytes of `held` counted against the staging limit
+  };
+  struct DeviceGroup {
+    std::vector<DeviceMember> members;
+    float* amax = nullptr;  // device float: max over the members so far
+    bool ok = true;
+  };
+  std::map<std::string, DeviceGroup> device_pending_;
+  std::vector<DeviceGroup> retiring_;  // converted this bucket; freed after its Sync
+  std::vector<float*> free_amax_;
+  uint64_t amax_blocks_ = 0;
+  uint64_t held_bytes_ = 0;       // held member copies now
+  std::atomic<uint64_t> peak_held_bytes_{0};  // the most held at once in this session (read by Report)
 
   std::thread receiver_thread_;
   std::thread converter_thread_;

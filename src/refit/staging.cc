@@ -47,6 +47,22 @@ absl::StatusOr<uint8_t*> Staging::Allocate(const std::string& key, DType dtype, 
   return *buf;
 }
 
+absl::Status Staging::Reserve(uint64_t nbytes, const std::string& what) {
+  absl::MutexLock lock(&mu_);
+  if (nbytes > limit_ - bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat("tensor '", what, "': staging limit of ", limit_,
+                                                     " bytes reached holding a fused member for its group (", bytes_,
+                                                     " in use, ", nbytes, " more requested)"));
+  }
+  bytes_ += nbytes;
+  return absl::OkStatus();
+}
+
+void Staging::Unreserve(uint64_t nbytes) {
+  absl::MutexLock lock(&mu_);
+  bytes_ -= std::min(bytes_, nbytes);
+}
+
 const StagedTensor* Staging::Get(const std::string& key) const {
   absl::MutexLock lock(&mu_);
   auto it = staged_.find(key);

@@ -58,6 +58,10 @@ class Staging {
 
   // A buffer for `key`. ResourceExhausted past the limit; AlreadyExists if already staged.
   absl::StatusOr<uint8_t*> Allocate(const std::string& key, DType dtype, const Shape& shape, uint64_t nbytes);
+  // Counts `nbytes` of other session memory (fused members held on the device) against the
+  // limit; ResourceExhausted naming `what` past it. Unreserve gives them back.
+  absl::Status Reserve(uint64_t nbytes, const std::string& what);
+  void Unreserve(uint64_t nbytes);
   // The staged tensor, or nullptr.
   const StagedTensor* Get(const std::string& key) const;
   // Forgets `key` for this session (no-op when absent); the pool keeps its buffer.

@@ -112,6 +112,9 @@ struct RefitReport {
   uint32_t tensors = 0;
   PhaseTimes times;
   std::map<std::string, uint64_t> bytes_out_by_format;  // "fp8_block128", "bf16", "passthrough", ...
+  // Device staging: the most input bytes of fused NVFP4 members held on the device at once,
+  // waiting for the rest of their group across buckets (counted against the staging limit).
+  uint64_t fused_held_peak_bytes = 0;
 };
 
 // The status a trainer gets for a session that ended with `report`: OK when committed; a refused

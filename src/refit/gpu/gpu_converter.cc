@@ -11,6 +11,8 @@
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
 #include "kernels/batch_quantize.h"
+#include "kernels/derive.h"
+#include "kernels/layout.h"
 #include "kernels/quantize.h"
 #include "refit/gpu/device_arena.h"
 #include "storage/memory.h"
@@ -21,7 +23,7 @@ namespace {
 
 using Failures = std::vector<std::pair<std::string, absl::Status>>;
 
-class GpuConverter final : public Converter {
+class GpuConverter final : public Converter, public DeviceOps {
  public:
   static absl::StatusOr<std::unique_ptr<Converter>> Create(int device, const GpuConverterOptions& options) {
     auto c = std::unique_ptr<GpuConverter>(new GpuConverter(device, options));
@@ -88,6 +90,187 @@ class GpuConverter final : public Converter {
     return absl::OkStatus();
   }
 
+
+  DeviceOps* device_ops() override { return this; }
+
+  absl::Status ConvertPlanned(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
+                              storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
+                              const formats::QuantizeOptions& options, const float* group_amax) override {
+    cudaSetDevice(device_);
+    if (outs.size() != plan.targets.size()) {
+      return absl::InternalError(absl::StrCat("tensor '", desc.name, "': ", outs.size(), " outputs for ",
+                                              plan.targets.size(), " targets"));
+    }
+    absl::StatusOr<const uint8_t*> input = DeviceInput(desc, src, src_kind);
+    if (!input.ok()) return input.status();
+    formats::ConstTensor in{desc.dtype, desc.shape, *input};
+    if (plan.transpose) {
+      const size_t r = desc.shape.size();
+      if (r < 2) return absl::InvalidArgumentError(absl::StrCat("tensor '", desc.name, "': transpose needs rank >= 2"));
+      int64_t batch = 1;
+      for (size_t i = 0; i + 2 < r; ++i) batch *= desc.shape[i];
+      absl::StatusOr<uint8_t*> t = Scratch(desc.nbytes);
+      if (!t.ok()) return t.status();
+      absl::Status st = kernels::TransposeLast2(*input, batch, desc.shape[r - 2], desc.shape[r - 1],
+                                                static_cast<int>(DTypeSize(desc.dtype)), *t, stream_.get());
+      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("tensor '", desc.name, "': ", st.message()));
+      std::swap(in.shape[r - 1], in.shape[r - 2]);
+      in.data = *t;
+    }
+    // Whole outputs: straight into staging unless this rank keeps a part of a sharded output.
+    const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
+    std::vector<formats::MutableBytes> whole(outs.begin(), outs.end());
+    std::vector<bool> slice(outs.size(), false);
+    if (sharded) {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const Target& t = plan.targets[i];
+        if (t.full_shape.empty()) continue;  // 0-d: replicated, as ShardPart copies it
+        absl::StatusOr<uint64_t> n = DenseBytes(t.spec.dtype, t.full_shape);
+        if (!n.ok()) return n.status();
+        absl::StatusOr<uint8_t*> buf = Scratch(*n);
+        if (!buf.ok()) return buf.status();
+        whole[i] = {*buf, *n};
+        slice[i] = true;
+      }
+    }
+    if (plan.kind == ConvertKind::kCopy) {
+      if (whole.size() != 1 || whole[0].bytes != desc.nbytes) {
+        return absl::InternalError(absl::StrCat("tensor '", desc.name, "': copy output does not fit"));
+      }
+      cudaError_t e = cudaMemcpyAsync(whole[0].data, in.data, desc.nbytes, cudaMemcpyDeviceToDevice, stream_.get());
+      if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("staging '", desc.name, "'"));
+    } else {
+      absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
+      if (!slot.ok()) return slot.status();
+      const bool reject = options.nonfinite == formats::NonfinitePolicy::kReject;
+      kernels::GlobalAmax amax;
+      if (formats::NeedsGlobalAmax(plan.format)) {
+        if (group_amax != nullptr) {
+          amax.device = group_amax;
+        } else {
+          absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_.get());
+          if (!st.ok()) return st;
+          amax.device = slot->amax;
+        }
+      }
+      absl::Status st = kernels::QuantizeRecording(plan.format, in, options, amax, whole, desc.name,
+                                                   reject ? slot->probe : nullptr, stream_.get());
+      if (!st.ok()) return st;
+      if (reject) pending_.push_back({desc.name, slot->index});
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!slice[i]) continue;
+      // Part `index` of `parts` along the shard dim: `outer` rows of `chunk` bytes, `n * inner` apart.
+      const Target& t = plan.targets[i];
+      const Shape& f = t.full_shape;
+      const size_t d = static_cast<size_t>(*plan.shard_dim);
+      uint64_t outer = 1, inner = DTypeSize(t.spec.dtype);
+      for (size_t k = 0; k < d; ++k) outer *= static_cast<uint64_t>(f[k]);
+      for (size_t k = d + 1; k < f.size(); ++k) inner *= static_cast<uint64_t>(f[k]);
+      const uint64_t n = static_cast<uint64_t>(f[d]), chunk = n / static_cast<uint64_t>(plan.shard_parts) * inner;
+      if (chunk * outer != outs[i].bytes) {
+        return absl::InternalError(absl::StrCat("tensor '", desc.name, "': shard of ", chunk * outer,
+                                                " bytes for a staged part of ", outs[i].bytes));
+      }
+      if (chunk == 0 || outer == 0) continue;
+      cudaError_t e = cudaMemcpy2DAsync(outs[i].data, chunk, whole[i].data + static_cast<uint64_t>(plan.shard_index) * chunk,
+                                        n * inner, chunk, outer, cudaMemcpyDeviceToDevice, stream_.get());
+      if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("slicing '", desc.name, "' for this rank"));
+    }
+    Count(&GpuConverterStats::tensors);
+    Count(&GpuConverterStats::planned);
+    return absl::OkStatus();
+  }
+
+  absl::Status ResetAmax(float* amax) override {
+    cudaSetDevice(device_);
+    return kernels::ResetAmax(amax, stream_.get());
+  }
+
+  absl::Status AccumulateAmax(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                              const formats::QuantizeOptions& options, float* amax) override {
+    cudaSetDevice(device_);
+    absl::StatusOr<const uint8_t*> input = DeviceInput(desc, src, src_kind);
+    if (!input.ok()) return input.status();
+    return kernels::AccumulateAmax(formats::ConstTensor{desc.dtype, desc.shape, *input}, options, amax, stream_.get());
+  }
+
+  absl::Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes, storage::MemoryKind src_kind) override {
+    cudaSetDevice(device_);
+    if (bytes == 0) return absl::OkStatus();
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes,
+                                    src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+                                    stream_.get());
+    return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "device copy");
+  }
+
+  absl::Status Copy2D(uint8_t* dst, uint64_t dst_pitch, const uint8_t* src, uint64_t src_pitch, uint64_t width,
+                      uint64_t height) override {
+    cudaSetDevice(device_);
+    if (width == 0 || height == 0) return absl::OkStatus();
+    cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, stream_.get());
+    return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "strided device copy");
+  }
+
+  absl::Status Zero(uint8_t* dst, uint64_t bytes) override {
+    cudaSetDevice(device_);
+    if (bytes == 0) return absl::OkStatus();
+    cudaError_t e = cudaMemsetAsync(dst, 0, bytes, stream_.get());
+    return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "clearing device memory");
+  }
+
+  absl::Status Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t cols, uint8_t* out,
+                            uint64_t out_bytes) override {
+    cudaSetDevice(device_);
+    return kernels::Swizzle128x4(s, batch, rows, cols, out, out_bytes, stream_.get());
+  }
+
+  absl::Status PackUe8m0(const float* sf, int64_t groups, int64_t mn, int64_t kb, int32_t* out, uint64_t out_words,
+                         const std::string& name) override {
+    cudaSetDevice(device_);
+    constexpr size_t kWordsPerChunk = 4096;
+    if (pack_checks_.size() == pack_chunks_.size() * kWordsPerChunk) {
+      absl::StatusOr<std::shared_ptr<uint8_t>> chunk = memory_->Allocate(kWordsPerChunk * 8);
+      if (!chunk.ok()) return chunk.status();
+      pack_chunks_.push_back(std::move(*chunk));
+    }
+    const size_t k = pack_checks_.size();
+    auto* word = reinterpret_cast<unsigned long long*>(pack_chunks_[k / kWordsPerChunk].get()) + k % kWordsPerChunk;
+    cudaError_t e = cudaMemsetAsync(word, 0xFF, 8, stream_.get());
+    if (e != cudaSuccess) return CudaStatus(e, "pack_ue8m0");
+    absl::Status st = kernels::PackUe8m0Scales(sf, groups, mn, kb, 128, out, out_words, word, stream_.get());
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(name, ": ", st.message()));
+    pack_checks_.push_back(name);
+    return absl::OkStatus();
+  }
+
+  absl::Status AddOne(const uint8_t* w, DType dtype, int64_t n, uint8_t* out) override {
+    cudaSetDevice(device_);
+    return kernels::GemmaPlusOne(w, dtype, n, out, stream_.get());
+  }
+
+  absl::Status Synchronize() override {
+    cudaSetDevice(device_);
+    absl::Status st = stream_.Synchronize();
+    if (st.ok() && !pack_checks_.empty()) {
+      constexpr size_t kWordsPerChunk = 4096;
+      std::vector<unsigned long long> words(pack_checks_.size());
+      for (size_t c = 0; c * kWordsPerChunk < words.size() && st.ok(); ++c) {
+        const size_t n = std::min(kWordsPerChunk, words.size() - c * kWordsPerChunk);
+        cudaError_t e = cudaMemcpy(words.data() + c * kWordsPerChunk, pack_chunks_[c].get(), n * 8, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) st = CudaStatus(e, "reading pack_ue8m0 checks");
+      }
+      for (size_t i = 0; i < words.size() && st.ok(); ++i) {
+        if (words[i] != ~0ULL) {
+          st = absl::InvalidArgumentError(absl::StrCat(pack_checks_[i], " pack_ue8m0: scale at flat index ", words[i],
+                                                       " is not a power of two"));
+        }
+      }
+    }
+    pack_checks_.clear();
+    return st;
+  }
+
   Failures Sync() override {
     cudaSetDevice(device_);
     Failures failed = Drain();
@@ -118,6 +301,16 @@ class GpuConverter final : public Converter {
 
   void Count(uint64_t GpuConverterStats::*field, uint64_t n = 1) {
     if (options_.stats != nullptr) options_.stats->*field += n;
+  }
+
+  // `src` on the device: as it is, or (host memory) copied into this bucket's scratch.
+  absl::StatusOr<const uint8_t*> DeviceInput(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind) {
+    if (src_kind != storage::MemoryKind::kHost) return src;
+    absl::StatusOr<uint8_t*> scratch = Scratch(desc.nbytes);
+    if (!scratch.ok()) return scratch.status();
+    cudaError_t e = cudaMemcpyAsync(*scratch, src, desc.nbytes, cudaMemcpyHostToDevice, stream_.get());
+    if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("copying '", desc.name, "' to the GPU"));
+    return static_cast<const uint8_t*>(*scratch);
   }
 
   absl::Status Copy(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
@@ -257,6 +450,8 @@ class GpuConverter final : public Converter {
   std::vector<Pending> pending_;  // tensors whose probe word is read at the next Drain
   Nvfp4Run nvfp4_;
   CopyRun copies_;
+  std::vector<std::shared_ptr<uint8_t>> pack_chunks_;  // pack_ue8m0 check words, 4096 per chunk
+  std::vector<std::string> pack_checks_;                // the parameter of each word in use
   Failures failed_;  // failures found before the next Sync (failed launches, mid-bucket drains)
 };
 

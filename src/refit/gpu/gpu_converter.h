@@ -25,6 +25,7 @@ struct GpuConverterStats {
   uint64_t batched_copies = 0; // tensors copied in copy runs
   uint64_t runs = 0;           // batched launches (each: one table upload + one or two kernels)
   uint64_t drains = 0;         // mid-bucket synchronizations because the slots ran out
+  uint64_t planned = 0;        // tensors converted with the whole plan on the device (transposed, sharded, fused)
 };
 
 struct GpuConverterOptions {

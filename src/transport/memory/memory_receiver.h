@@ -12,12 +12,19 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/memory.h"
 #include "transport/transport.h"
 
 namespace refit::transport {
 
 class MemoryReceiver final : public Receiver {
  public:
+  MemoryReceiver() = default;
+  // Receives into slots of `slot_memory` (e.g. device memory, standing in for an NCCL ring in
+  // GPU tests); such a receiver checks integrity itself, as device data planes do, so the session
+  // reads no slot back to verify a checksum. REQUIRES: `slot_memory` outlives the receiver.
+  explicit MemoryReceiver(storage::Memory* slot_memory) : slot_memory_(slot_memory) {}
+  bool ChecksIntegrity() const override { return slot_memory_ != nullptr; }
   // `payload` must outlive its receipt.
   void Put(uint64_t tag, const std::vector<uint8_t>* payload) {
     absl::MutexLock lock(&mu_);
@@ -32,7 +39,12 @@ class MemoryReceiver final : public Receiver {
     const std::vector<uint8_t>* p = payloads_[tag];
     payloads_.erase(tag);
     if (p->size() > capacity) return absl::InvalidArgumentError("message larger than the slot");
-    std::memcpy(dst, p->data(), p->size());
+    if (slot_memory_ != nullptr) {
+      absl::Status st = slot_memory_->CopyFromHost(dst, p->data(), p->size());
+      if (!st.ok()) return st;
+    } else {
+      std::memcpy(dst, p->data(), p->size());
+    }
     return p->size();
   }
   void Cancel() override {
@@ -47,6 +59,7 @@ class MemoryReceiver final : public Receiver {
   int disconnects() const { return disconnects_; }
 
  private:
+  storage::Memory* const slot_memory_ = nullptr;
   absl::Mutex mu_;
   std::map<uint64_t, const std::vector<uint8_t>*> payloads_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
