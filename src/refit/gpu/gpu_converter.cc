@@ -91,7 +91,7 @@ class GpuConverter final : public Converter, public DeviceOps {
   }
 
 
-  DeviceOps* device_ops() override { return this; }
+  DeviceOps* device_ops() override { return options_.device_ops ? this : nullptr; }
 
   absl::Status ConvertPlanned(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
                               storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
@@ -173,7 +173,7 @@ class GpuConverter final : public Converter, public DeviceOps {
                                                 " bytes for a staged part of ", outs[i].bytes));
       }
       if (chunk == 0 || outer == 0) continue;
-      cudaError_t e = cudaMemcpy2DAsync(outs[i].data, chunk, whole[i].data + static_cast<uint64_t>(plan.shard_index) * chunk,
+      cudaError_t e = cudaMemcpy2DAsync(outs[i].data, chunk, static_cast<const uint8_t*>(whole[i].data) + static_cast<uint64_t>(plan.shard_index) * chunk,
                                         n * inner, chunk, outer, cudaMemcpyDeviceToDevice, stream_.get());
       if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("slicing '", desc.name, "' for this rank"));
     }

@@ -42,6 +42,9 @@ struct GpuConverterOptions {
   size_t initial_slots = 1024;
   // Batched runs on/off (off: every tensor takes the single-tensor path).
   bool batch = true;
+  // The device side (Converter::device_ops): transposed, sharded and fused-NVFP4 tensors, layout
+  // steps and derived parameters on the GPU. Off: those take the host path (for comparison).
+  bool device_ops = true;
   // When set, updated by the converter; must outlive it.
   GpuConverterStats* stats = nullptr;
 };

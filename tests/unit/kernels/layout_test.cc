@@ -93,6 +93,32 @@ TEST_F(KernelsLayoutTest, Swizzle128x4MatchesReferenceAndClosedForm) {
   }
 }
 
+TEST_F(KernelsLayoutTest, TransposeLast2MatchesTheHostLoopForEveryElementSize) {
+  struct Case {
+    int64_t batch, rows, cols;
+  };
+  for (int elem : {1, 2, 4, 8}) {
+    for (Case c : {Case{1, 1, 1}, Case{1, 33, 65}, Case{3, 64, 32}, Case{2, 7, 300}, Case{1, 2880, 5760}}) {
+      const size_t n = static_cast<size_t>(c.batch * c.rows * c.cols) * elem;
+      std::vector<uint8_t> in(n), want(n);
+      for (auto& b : in) b = static_cast<uint8_t>(rng_());
+      for (int64_t b = 0; b < c.batch; ++b) {
+        for (int64_t i = 0; i < c.rows; ++i) {
+          for (int64_t j = 0; j < c.cols; ++j) {
+            std::memcpy(want.data() + ((b * c.cols + j) * c.rows + i) * elem, in.data() + ((b * c.rows + i) * c.cols + j) * elem,
+                        elem);
+          }
+        }
+      }
+      DeviceBuffer d_in(n), d_out(n);
+      d_in.Upload(in.data(), n);
+      ASSERT_TRUE(TransposeLast2(d_in.get(), c.batch, c.rows, c.cols, elem, d_out.get(), nullptr).ok());
+      EXPECT_EQ(d_out.Download(n), want) << elem << "-byte elements, " << c.batch << "x" << c.rows << "x" << c.cols;
+    }
+  }
+  EXPECT_FALSE(TransposeLast2(nullptr, 1, 2, 2, 3, nullptr, nullptr).ok());
+}
+
 TEST_F(KernelsLayoutTest, GemmaPlusOneRoundsInTheParameterDtype) {
   const int64_t n = 4099;
   std::normal_distribution<float> normal(0.0f, 0.3f);

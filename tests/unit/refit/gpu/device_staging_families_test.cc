@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "common/checksum.h"
 #include "refit/checkpoint_io.h"
 #include "refit/committer.h"
 #include "refit/gpu/gpu_converter.h"
@@ -200,6 +203,218 @@ TEST_P(DeviceStagingFamilies, EngineBytesEqualTheOfflineEngineLayout) {
               "device, fused members held across buckets: %llu bytes at most\n",
               f.name.c_str(), static_cast<unsigned long long>(stats.planned), built_on_device,
               static_cast<unsigned long long>(held_peak));
+}
+
+// Real layer shapes with the shipped specs (REFIT_DEVSTAGING_BENCH=1; skipped otherwise): the
+// session's convert time and the commit's prepare time, device path vs the host path it replaces
+// (GpuConverterOptions::device_ops off: host payloads converted whole on the CPU, layout steps on
+// the host), engine bytes checked against the offline engine layout.
+struct Generated {
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<InputTensor> inputs;
+  void Add(const std::string& name, Shape shape, uint32_t seed, bool norm = false) {
+    const int64_t n = *NumElements(shape);
+    std::vector<uint8_t> b(static_cast<size_t>(n) * 2);
+    uint32_t x = seed * 2654435761u + 12345u;
+    for (int64_t i = 0; i < n; ++i) {
+      x = x * 1664525u + 1013904223u;
+      // BF16 of magnitude ~2^-7 .. 2^-4 with a random sign (norms: 1 .. 2).
+      const uint16_t v = norm ? static_cast<uint16_t>(0x3F80 | ((x >> 9) & 0x7F))
+                              : static_cast<uint16_t>(((x >> 16) & 0x8000) | ((0x78 + ((x >> 13) & 3)) << 7) | ((x >> 3) & 0x7F));
+      b[2 * i] = static_cast<uint8_t>(v);
+      b[2 * i + 1] = static_cast<uint8_t>(v >> 8);
+    }
+    names.push_back(name);
+    shapes.push_back(std::move(shape));
+    bytes.push_back(std::move(b));
+  }
+  void Finish() {
+    for (size_t i = 0; i < names.size(); ++i) inputs.push_back({names[i], DType::kBF16, shapes[i], bytes[i].data()});
+  }
+};
+
+Generated Qwen3MoeLayers(int layers) {  // Qwen3-30B-A3B: hidden 2048, 32 q / 4 kv heads of 128, 128 experts of 768
+  Generated g;
+  uint32_t seed = 1;
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    g.Add(p + "input_layernorm.weight", {2048}, seed++, true);
+    g.Add(p + "self_attn.q_proj.weight", {4096, 2048}, seed++);
+    g.Add(p + "self_attn.k_proj.weight", {512, 2048}, seed++);
+    g.Add(p + "self_attn.v_proj.weight", {512, 2048}, seed++);
+    g.Add(p + "self_attn.o_proj.weight", {2048, 4096}, seed++);
+    g.Add(p + "self_attn.q_norm.weight", {128}, seed++, true);
+    g.Add(p + "self_attn.k_norm.weight", {128}, seed++, true);
+    g.Add(p + "post_attention_layernorm.weight", {2048}, seed++, true);
+    g.Add(p + "mlp.gate.weight", {128, 2048}, seed++);
+    for (int e = 0; e < 128; ++e) {
+      const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
+      g.Add(ep + "gate_proj.weight", {768, 2048}, seed++);
+      g.Add(ep + "up_proj.weight", {768, 2048}, seed++);
+      g.Add(ep + "down_proj.weight", {2048, 768}, seed++);
+    }
+  }
+  g.Finish();
+  return g;
+}
+
+Generated Llama3Layers(int layers) {  // Llama-3-8B: hidden 4096, kv 1024, intermediate 14336
+  Generated g;
+  uint32_t seed = 1;
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    g.Add(p + "input_layernorm.weight", {4096}, seed++, true);
+    g.Add(p + "self_attn.q_proj.weight", {4096, 4096}, seed++);
+    g.Add(p + "self_attn.k_proj.weight", {1024, 4096}, seed++);
+    g.Add(p + "self_attn.v_proj.weight", {1024, 4096}, seed++);
+    g.Add(p + "self_attn.o_proj.weight", {4096, 4096}, seed++);
+    g.Add(p + "post_attention_layernorm.weight", {4096}, seed++, true);
+    g.Add(p + "mlp.gate_proj.weight", {14336, 4096}, seed++);
+    g.Add(p + "mlp.up_proj.weight", {14336, 4096}, seed++);
+    g.Add(p + "mlp.down_proj.weight", {4096, 14336}, seed++);
+  }
+  g.Finish();
+  return g;
+}
+
+struct Timing {
+  double convert_ms = 0, prepare_ms = 0, wall_ms = 0;
+};
+
+// One refit of `g` through a Session into device staging, then PrepareCommit; checks every
+// written parameter against `expected`.
+Timing RefitOnce(const spec::ModelSpec& spec, const Generated& g, const std::vector<ConvertedTensor>& expected,
+                 storage::MemoryKind ring_kind, bool device_ops) {
+  Timing t;
+  std::vector<storage::ParamInfo> params;
+  for (const ConvertedTensor& c : expected) params.push_back({c.name, c.dtype, c.shape, c.bytes.size()});
+  absl::StatusOr<Planner> planner = Planner::Create(spec, params);
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  if (!planner.ok()) return t;
+  GpuConverterOptions copts;
+  copts.device_ops = device_ops;
+  std::unique_ptr<Converter> converter = *NewGpuConverter(0, copts);
+  std::unique_ptr<storage::Memory> device = *storage::NewDeviceMemory(0);
+  std::unique_ptr<storage::Memory> pinned = storage::NewPinnedHostMemory();
+  StagingPool pool(*storage::NewDeviceMemory(0));
+  constexpr uint64_t kBucket = uint64_t{256} << 20;
+  storage::Memory& ring_memory = ring_kind == storage::MemoryKind::kDevice ? *device : *pinned;
+  std::unique_ptr<BucketRing> ring = *BucketRing::Create(2, kBucket, ring_memory);
+  std::vector<BucketHeader> headers;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const uint64_t n = g.bytes[i].size();
+    if (headers.empty() || payloads.back().size() + n + 16 > kBucket) {
+      headers.push_back({});
+      headers.back().seq = static_cast<uint32_t>(headers.size() - 1);
+      payloads.emplace_back();
+      payloads.back().reserve(kBucket);
+    }
+    std::vector<uint8_t>& p = payloads.back();
+    p.resize((p.size() + 15) & ~size_t{15});
+    TensorDesc d{g.names[i], DType::kBF16, g.shapes[i], p.size(), n, {}};
+    p.insert(p.end(), g.bytes[i].begin(), g.bytes[i].end());
+    headers.back().tensors.push_back(d);
+  }
+  std::unique_ptr<transport::MemoryReceiver> receiver =
+      ring_kind == storage::MemoryKind::kDevice ? std::make_unique<transport::MemoryReceiver>(device.get())
+                                                : std::make_unique<transport::MemoryReceiver>();
+  for (size_t b = 0; b < headers.size(); ++b) {
+    headers[b].nbytes = payloads[b].size();
+    if (ring_kind == storage::MemoryKind::kHost) headers[b].checksum = Checksum64(payloads[b].data(), payloads[b].size());
+  }
+  // Two refits on the same converter, ring and staging pool: the second is the steady state
+  // (staging buffers allocated by the first), and the one timed.
+  for (int refit = 0; refit < 2; ++refit) {
+  Session::Options options;
+  options.id = static_cast<uint64_t>(refit + 1);
+  options.limits.bucket_bytes = kBucket;
+  options.limits.staging_bytes = uint64_t{64} << 30;
+  absl::Time t0 = absl::Now();
+  auto session = std::make_unique<Session>(*planner, *receiver, *ring, *converter, pool, options);
+  for (size_t b = 0; b < headers.size(); ++b) {
+    receiver->Put(Session::Tag(options.id, headers[b].seq), &payloads[b]);
+    EXPECT_TRUE(session->Announce(headers[b]).ok());
+  }
+  absl::Status finished = session->Finish();
+  EXPECT_TRUE(finished.ok()) << finished;
+  EXPECT_TRUE(session->Validate().ok()) << session->Validate();
+  absl::Time t1 = absl::Now();
+  absl::StatusOr<PreparedCommit> prepared =
+      PrepareCommit(*planner, session->staging(), session->ledger().Produced(), converter->device_ops());
+  absl::Time t2 = absl::Now();
+  EXPECT_TRUE(prepared.ok()) << prepared.status();
+  t.convert_ms = session->Report().times.convert_ms;
+  t.prepare_ms = absl::ToDoubleMilliseconds(t2 - t1);
+  t.wall_ms = absl::ToDoubleMilliseconds(t2 - t0);
+  if (!prepared.ok()) return t;
+  std::printf("[ bench ]     refit %d: receive %.1f ms, convert %.1f ms, prepare %.1f ms (%u built on the device)\n", refit,
+              session->Report().times.receive_ms, t.convert_ms, t.prepare_ms, prepared->built_on_device);
+  std::map<std::string, const ConvertedTensor*> want;
+  for (const ConvertedTensor& c : expected) want[c.name] = &c;
+  size_t differ = 0;
+  for (const PreparedCommit::Write& w : prepared->writes) {
+    const storage::ParamInfo& p = planner->params()[w.index];
+    std::vector<uint8_t> got(p.nbytes);
+    EXPECT_EQ(cudaMemcpy(got.data(), w.data, p.nbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (got != want[p.name]->bytes) {
+      ++differ;
+      ADD_FAILURE() << "engine parameter '" << p.name << "' differs from the offline engine layout";
+    }
+  }
+  EXPECT_EQ(differ, 0u);
+  session.reset();
+  }
+  return t;
+}
+
+TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU for the device-staging benchmark: " << why;
+  const char* on = std::getenv("REFIT_DEVSTAGING_BENCH");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "benchmark: set REFIT_DEVSTAGING_BENCH=1";
+  struct Case {
+    std::string name, spec;
+    Generated (*make)(int);
+    int layers;
+  };
+  for (const Case& c : {Case{"qwen3_moe_nvfp4 (Qwen3-30B-A3B layer, 128 experts)", "qwen3_moe_nvfp4.yaml", Qwen3MoeLayers, 1},
+                        Case{"llama3_fp8 TP=2 (Llama-3-8B layers)", "llama3_fp8.yaml", Llama3Layers, 2}}) {
+    std::ifstream in(SourceDir() + "/deploy/models/" + c.spec);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string yaml = text.str();
+    for (size_t at; (at = yaml.find("count: 4}")) != std::string::npos;) yaml.replace(at, 9, "count: 128}");
+    absl::StatusOr<spec::ModelSpec> spec = spec::ParseModelSpec(yaml, c.spec);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    Generated g = c.make(c.layers);
+    uint64_t bytes = 0;
+    for (const auto& b : g.bytes) bytes += b.size();
+    absl::Time r0 = absl::Now();
+    absl::StatusOr<std::vector<ConvertedTensor>> converted = ConvertCheckpoint(*spec, g.inputs);
+    ASSERT_TRUE(converted.ok()) << converted.status();
+    std::map<std::string, const ConvertedTensor*> by_name;
+    for (const ConvertedTensor& t : *converted) by_name[t.name] = &t;
+    std::vector<storage::ParamInfo> infos;
+    for (const InputTensor& i : g.inputs) infos.push_back({i.name, i.dtype, i.shape, *DenseBytes(i.dtype, i.shape)});
+    absl::StatusOr<std::vector<ConvertedTensor>> expected = EngineLayout(*spec, infos, by_name);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    const double reference_ms = absl::ToDoubleMilliseconds(absl::Now() - r0);
+    Timing before = RefitOnce(*spec, g, *expected, storage::MemoryKind::kHost, false);
+    Timing host_in = RefitOnce(*spec, g, *expected, storage::MemoryKind::kHost, true);
+    Timing after = RefitOnce(*spec, g, *expected, storage::MemoryKind::kDevice, true);
+    std::printf("[ bench ] %s: %zu tensors, %.2f GB BF16 in; offline reference %.0f ms\n", c.name.c_str(),
+                g.inputs.size(), bytes / 1e9, reference_ms);
+    auto row = [](const char* what, const Timing& t) {
+      std::printf("[ bench ]   %-52s convert %9.1f ms  prepare %8.1f ms  wall %9.1f ms\n", what, t.convert_ms,
+                  t.prepare_ms, t.wall_ms);
+    };
+    row("host payloads, host path (device_ops off: before)", before);
+    row("host payloads, device path", host_in);
+    row("device payloads, device path", after);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, DeviceStagingFamilies,
