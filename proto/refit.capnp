@@ -113,6 +113,9 @@ struct RefitReport {
   outcomeCode @10 :Outcome;
   cause @11 :EndCause;
   tag @12 :Text;            # the manifest's tag ("" when it had none)
+  fusedHeldPeakBytes @13 :UInt64;
+  # Device staging: the most input bytes of fused NVFP4 members held on the device at once,
+  # waiting across buckets for the rest of their group (counted against limits.staging_bytes).
 }
 
 struct FormatBytes {

@@ -96,6 +96,7 @@ RefitReport FromWire(proto::RefitReport::Reader r) {
   o.times = {t.getReceiveMs(), t.getConvertMs(), t.getValidateMs(), t.getCommitMs(), t.getPauseMs(), t.getTotalMs(),
              t.getPlanMs(), t.getFinishMs(), t.getPrepareMs()};
   for (auto f : r.getBytesByFormat()) o.bytes_out_by_format[f.getFormat().cStr()] = f.getBytes();
+  o.fused_held_peak_bytes = r.getFusedHeldPeakBytes();
   return o;
 }
 
@@ -144,6 +145,7 @@ void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   b.setBytesOut(r.bytes_out);
   b.setBuckets(r.buckets);
   b.setTensors(r.tensors);
+  b.setFusedHeldPeakBytes(r.fused_held_peak_bytes);
   auto t = b.initTimes();
   t.setReceiveMs(r.times.receive_ms);
   t.setConvertMs(r.times.convert_ms);
