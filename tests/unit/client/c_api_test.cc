@@ -323,8 +323,18 @@ refit_engine* StartTaggedEngine(const std::string& address, const Shm& shm, Tagg
 }
 
 // One refit of the toy model with `tag`; the manifest and report structs of `manifest_size`
-// and `report_size` bytes (an older caller's).
-int TaggedRefit(refit_client* c, const char* tag, uint32_t manifest_size, refit_report* report, uint32_t report_size) {
+// and `report_size` bytes (an older caller's). The report's strings belong to the session: it
+// stays open until the caller's Session goes (after its checks).
+struct OpenSession {
+  refit_session* s = nullptr;
+  ~OpenSession() { refit_session_close(s); }
+  void Close() {
+    refit_session_close(s);
+    s = nullptr;
+  }
+};
+int TaggedRefit(refit_client* c, const char* tag, uint32_t manifest_size, refit_report* report, uint32_t report_size,
+                OpenSession& session) {
   std::vector<float> w(32, 1.5f), b(8, -2.0f);
   std::vector<refit_tensor_desc> descs = {Desc("w", kWShape, 2), Desc("b", kBShape, 1)};
   refit_manifest m{};
@@ -333,16 +343,15 @@ int TaggedRefit(refit_client* c, const char* tag, uint32_t manifest_size, refit_
   m.tensors = descs.data();
   m.num_tensors = descs.size();
   m.tag = tag;
-  refit_session* s = nullptr;
-  int code = refit_session_begin(c, &m, &s);
+  session.Close();
+  int code = refit_session_begin(c, &m, &session.s);
   if (code != REFIT_OK) return code;
+  refit_session* s = session.s;
   refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
   EXPECT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
   EXPECT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
   report->struct_size = report_size;
-  code = refit_session_commit(s, report);
-  refit_session_close(s);
-  return code;
+  return refit_session_commit(s, report);
 }
 
 TEST(CApiTest, VersionTagsCrossTheAbi) {
@@ -362,7 +371,8 @@ TEST(CApiTest, VersionTagsCrossTheAbi) {
   EXPECT_STREQ(st.tag, "step-0");  // the engine registered with it
 
   refit_report report{};
-  ASSERT_EQ(TaggedRefit(c, "step-1", sizeof(refit_manifest), &report, sizeof(report)), REFIT_OK) << LastError();
+  OpenSession session;  // closed before the client
+  ASSERT_EQ(TaggedRefit(c, "step-1", sizeof(refit_manifest), &report, sizeof(report), session), REFIT_OK) << LastError();
   EXPECT_STREQ(report.tag, "step-1");
   EXPECT_STREQ(report.cause, "none");
   EXPECT_EQ(report.version, 1u);
@@ -381,14 +391,14 @@ TEST(CApiTest, VersionTagsCrossTheAbi) {
   EXPECT_EQ(st.verify_after_commit, 0u);
 
   // A tag refitd does not accept is refused at begin, naming it.
-  EXPECT_EQ(TaggedRefit(c, "step 2", sizeof(refit_manifest), &report, sizeof(report)), REFIT_INVALID_ARGUMENT);
+  EXPECT_EQ(TaggedRefit(c, "step 2", sizeof(refit_manifest), &report, sizeof(report), session), REFIT_INVALID_ARGUMENT);
   EXPECT_THAT(LastError(), HasSubstr("manifest tag"));
 
   // An ABI 2 caller: its manifest ends before `tag` (no tag is read), its report and status
   // before their ABI 3 fields (nothing is written there).
   refit_report old{};
   old.tag = "untouched";
-  ASSERT_EQ(TaggedRefit(c, "never-read", offsetof(refit_manifest, tag), &old, offsetof(refit_report, tag)), REFIT_OK)
+  ASSERT_EQ(TaggedRefit(c, "never-read", offsetof(refit_manifest, tag), &old, offsetof(refit_report, tag), session), REFIT_OK)
       << LastError();
   EXPECT_STREQ(old.outcome, "committed");
   EXPECT_EQ(old.version, 2u);
@@ -402,6 +412,7 @@ TEST(CApiTest, VersionTagsCrossTheAbi) {
   EXPECT_STREQ(old_st.tag, "untouched");
   ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
   EXPECT_STREQ(st.tag, "");  // that refit had no tag
+  session.Close();
   refit_client_close(c);
   refit_engine_stop(engine);
 }
@@ -420,12 +431,14 @@ TEST(CApiTest, AnOlderEnginesOptionsGetTheUntaggedResume) {
   ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
   EXPECT_STREQ(st.tag, "");
   refit_report report{};
-  ASSERT_EQ(TaggedRefit(c, "step-1", sizeof(refit_manifest), &report, sizeof(report)), REFIT_OK) << LastError();
+  OpenSession session;  // closed before the client
+  ASSERT_EQ(TaggedRefit(c, "step-1", sizeof(refit_manifest), &report, sizeof(report), session), REFIT_OK) << LastError();
   EXPECT_EQ(calls.untagged.load(), 1);
   EXPECT_TRUE(calls.tagged.empty());
   char tag[129];
   ASSERT_EQ(refit_engine_tag(engine, tag, sizeof(tag)), REFIT_OK);
   EXPECT_STREQ(tag, "step-1");  // the agent still knows it
+  session.Close();
   refit_client_close(c);
   refit_engine_stop(engine);
 }
