@@ -57,8 +57,6 @@ MiB = 1 << 20
 
 
 def trainer_main(a) -> int:
-    import torch
-
     from gpu_llama_refit import TrainerRole
 
     channel = Channel(a.rx, a.tx)
@@ -75,14 +73,14 @@ def trainer_main(a) -> int:
         step = req["step"]
         change = CHANGES[(step - 1) % len(CHANGES)]
         loss = role.gradient_step(step) if change == "gradient" else role.noise(step)
-        torch.cuda.synchronize()
+        role._sync()
         return {"change": change, "loss": loss}
 
     def push(req):
         import refit.hf
 
         named = refit.hf.named_weights(role.model)
-        torch.cuda.synchronize()
+        role._sync()
         t0 = time.monotonic()
         with role.client.session(role.model_name, named) as s:
             s.push_all(named)
@@ -156,9 +154,11 @@ class Child:
 def start_refitd(a, tmp: Path, env: dict):
     sock = tmp / "refitd.sock"
     cfg = tmp / "refitd.yaml"
-    cfg.write_text(f"listen: unix:{sock}\nmodel_spec: {a.spec}\nadmin: {{listen: ''}}\nstaging: device\n"
-                   f"data_plane:\n  transport: cuda_ipc\n  device: 0\n"
-                   f"limits:\n  bucket_bytes: {a.bucket_bytes}\n  session_deadline_ms: 600000\n")
+    text = (f"listen: unix:{sock}\nmodel_spec: {a.spec}\nadmin: {{listen: ''}}\n"
+            f"limits:\n  bucket_bytes: {a.bucket_bytes}\n  session_deadline_ms: 600000\n")
+    if a.engine_device != "cpu":
+        text += "staging: device\ndata_plane:\n  transport: cuda_ipc\n  device: 0\n"
+    cfg.write_text(text)
     log = tmp / "refitd.log"
     proc = subprocess.Popen([str(a.build / "src/server/refitd"), "--config", str(cfg)], stdout=open(log, "w"),
                             stderr=subprocess.STDOUT, env=env)
@@ -184,10 +184,11 @@ def build_engine(a, tensors, kv_pool_bytes: int, vmm: bool):
     import llama_fp8 as L
     from graph_engine import GraphEngine
 
-    model = L.fp8_engine_model(L.build_bf16(a.size, a.seed).to("cuda:0"), tensors)
+    model = L.fp8_engine_model(L.build_bf16(a.size, a.seed).to(a.engine_device), tensors)
     engine = GraphEngine(model, max_len=a.prompt_len + a.tokens, batch_sizes=(2, 1), kv_pool_bytes=kv_pool_bytes,
                          vmm=vmm)
-    engine.capture()
+    if engine.device.type == "cuda":
+        engine.capture()
     return engine
 
 
@@ -200,6 +201,8 @@ def bytes_of(t):
 def memory(engine) -> dict:
     import torch
 
+    if engine.device.type != "cuda":
+        return dict(engine.resident_bytes(), device_used=0)
     free, total = torch.cuda.mem_get_info(0)
     return dict(engine.resident_bytes(), device_used=int(total - free))
 
@@ -222,12 +225,14 @@ def drive(a) -> int:
     if lib.exists():
         env.setdefault("REFIT_CLIENT_LIB", str(lib))
         os.environ.setdefault("REFIT_CLIENT_LIB", str(lib))
-    torch.cuda.set_device(0)
+    cuda = a.engine_device != "cpu"
+    if cuda:
+        torch.cuda.set_device(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     summary = {"model": spec_model_name(a.spec), "spec": str(a.spec), "size": a.size, "tokens": a.tokens,
                "prompt_len": a.prompt_len, "kv_pool_bytes": a.kv_pool_mib * MiB, "workdir": str(tmp),
-               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "policies": []}
-    daemon = trainer = gated = None
+               "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__, "policies": []}
+    daemon = trainer = gated = store = None
     ok = False
     try:
         import transformers
@@ -237,22 +242,22 @@ def drive(a) -> int:
         # The engine: registered weights first, then the graphs over them.
         bf16 = L.build_bf16(a.size, a.seed)
         table = L.engine_table(bf16)
-        store, params, views = register_engine_params(L.initial_tensors(bf16, table), torch.device("cuda", 0),
+        store, params, views = register_engine_params(L.initial_tensors(bf16, table), torch.device(a.engine_device),
                                                       L.registered_dtypes(table))
         del bf16
-        before = int(torch.cuda.memory_reserved(0))
+        before = int(torch.cuda.memory_reserved(0)) if cuda else 0
         engine = build_engine(a, views, a.kv_pool_mib * MiB, vmm=True)
         summary["engine"] = {"params": len(params), "weight_bytes": sum(p.nbytes for p in params),
                              "kv_cache_bytes": engine.cache_bytes, "kv_pool_bytes": engine.kv.nbytes,
                              "kv_pool_vmm": engine.kv_is_vmm, "kv_vmm_error": engine.kv_error,
                              "graphs": sorted(engine.graphs), "torch_reserved_by_model_and_graphs":
-                                 int(torch.cuda.memory_reserved(0)) - before}
+                                 (int(torch.cuda.memory_reserved(0)) if cuda else 0) - before}
         graph_ids = {b: id(g) for b, g in engine.graphs.items()}
         graph_objects = dict(engine.graphs)
         ptrs = engine.tensor_ptrs()
         view_ptrs = {n: t.data_ptr() for n, t in views.items()}
         gated = refit.GatedEngine(address, params)
-        trainer = Child(["--address", address, "--device", "cuda:0", "--seed", "42", "--size", a.size,
+        trainer = Child(["--address", address, "--device", a.engine_device, "--seed", "42", "--size", a.size,
                          "--model", summary["model"]], tmp / "trainer.log", env)
         summary["trainer"] = trainer.hello()
         prompt2 = prompts(L.SIZES[a.size]["vocab_size"], 2, a.prompt_len)
@@ -278,7 +283,7 @@ def drive(a) -> int:
                 row["engine_version"] = gated.version
                 ids2, logits2 = engine.generate(prompt2, a.tokens)
                 ids1, logits1 = engine.generate(prompt2[:1], a.tokens)
-                loaded = L.load_checkpoint(convert(a, ckpt, tmp / f"converted-{k}"), table, "cuda:0")
+                loaded = L.load_checkpoint(convert(a, ckpt, tmp / f"converted-{k}"), table, a.engine_device)
                 mismatched = [n for n, _, _ in table if not torch.equal(bytes_of(views[n]), bytes_of(loaded[n]))]
             row["rollout_and_convert_ms"] = (time.monotonic() - t0) * 1e3
             reference = build_engine(a, loaded, 0, vmm=False)         # from scratch, its own graphs
@@ -308,7 +313,7 @@ def drive(a) -> int:
                              and row["engine_bytes_equal_reference"] and row["tokens_equal"] and row["logits_equal"]
                              and row["logits_changed_vs_previous"] is not False and row["finite"]
                              and row["same_graphs"] and row["captures"] == len(graph_ids) and row["same_data_ptrs"]
-                             and not pushed["host_staged"])
+                             and not (cuda and pushed["host_staged"]))
             summary["policies"].append(row)
             print(f"policy {k} ({row['change']}): version {version} refit {pushed['wall_ms']:.1f} ms, "
                   f"tokens_equal={row['tokens_equal']} logits_equal={row['logits_equal']} "
@@ -317,9 +322,10 @@ def drive(a) -> int:
                   file=sys.stderr)
         log = daemon_log.read_text(errors="replace")
         summary["data_plane_cuda_ipc"] = "data=cuda_ipc:" in log
+        summary["data_plane"] = "cuda_ipc" if summary["data_plane_cuda_ipc"] else "host"
         summary["dirty"] = gated.dirty
         ok = (len(summary["policies"]) == a.policies and all(r["ok"] for r in summary["policies"])
-              and summary["data_plane_cuda_ipc"] and not gated.dirty)
+              and summary["data_plane_cuda_ipc"] == cuda and not gated.dirty)
     except Exception as e:
         import traceback
 
@@ -330,6 +336,8 @@ def drive(a) -> int:
             trainer.stop()
         if gated is not None:
             gated.close()
+        if store is not None and hasattr(store, "close"):
+            store.close()
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             try:
@@ -364,6 +372,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--kv-pool-mib", type=int, default=1024, help="the engine's KV pool (released while asleep)")
     ap.add_argument("--bucket-bytes", type=int, default=128 << 20, help="refitd bucket size (must hold the largest tensor)")
+    ap.add_argument("--engine-device", default="cuda:0", choices=["cuda:0", "cpu"],
+                    help="cpu: the same flow on the host (shm engine, UCX, no graphs) for machines without a GPU")
     ap.add_argument("--workdir", help="keep checkpoints and logs here (default: a temp dir, removed on success)")
     ap.add_argument("--out", help="also write the JSON summary here")
     ap.add_argument("--role", choices=["trainer"], help=argparse.SUPPRESS)

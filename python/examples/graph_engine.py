@@ -34,12 +34,16 @@ import torch
 
 def register_engine_params(tensors: dict, device, dtypes: dict):
     """The engine's tensors (name -> tensor of the engine table) as refitd-registered CUDA memory:
-    (the CudaParam list to register, {name: the tensor the model must use}). Today: one new
+    (the store that owns it, the CudaParam list to register, {name: the tensor the model must
+    use}); on the CPU, shared memory (SharedParams) instead. Today: one new
     allocation (refit.CudaParams.from_tensors copies the values in); the model is pointed at the
     returned views. Registering the model's existing parameters in place replaces this body only."""
     import refit
 
-    store = refit.CudaParams.from_tensors(tensors, device, dtypes=dtypes)
+    if torch.device(device).type != "cuda":  # host runs of the same flow: POSIX shared memory
+        store = refit.SharedParams.from_tensors(tensors, dtypes=dtypes)
+    else:
+        store = refit.CudaParams.from_tensors(tensors, device, dtypes=dtypes)
     return store, store.params, store.tensors
 
 
@@ -232,8 +236,7 @@ class GraphEngine:
             kc, vc = self.k_cache[i][:b], self.v_cache[i][:b]
             kc.index_copy_(2, pos, k)
             vc.index_copy_(2, pos, v)
-            keys = kc.repeat_interleave(self.groups, dim=1)  # [b, heads, max_len, head_dim]
-            values = vc.repeat_interleave(self.groups, dim=1)
+            keys, values = self._repeat_kv(kc, b), self._repeat_kv(vc, b)  # [b, heads, max_len, head_dim]
             w = torch.matmul(q, keys.transpose(2, 3)) * self.scaling  # [b, heads, 1, max_len]
             w = w.masked_fill(hidden, float("-inf"))
             w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -241,6 +244,11 @@ class GraphEngine:
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.lm_head(m.norm(x))[:, 0].float()  # [b, vocab]
+
+    def _repeat_kv(self, c, b):
+        """Each KV head for its `groups` query heads (transformers' repeat_kv)."""
+        return c[:, :, None].expand(b, self.kv_heads, self.groups, self.max_len, self.head_dim).reshape(
+            b, self.heads, self.max_len, self.head_dim)
 
     @torch.no_grad()
     def capture(self):

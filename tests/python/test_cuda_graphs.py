@@ -106,18 +106,37 @@ def test_fp8_engine_decode_and_sleep_wake_on_the_host():
         engine.capture()
 
 
+def run_loop(tmp_path, *args, timeout):
+    out = tmp_path / "summary.json"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.run([sys.executable, str(EXAMPLES / "colocated_graphs_refit.py"), "--build", str(BIN),
+                        "--policies", "3", "--workdir", str(tmp_path / "work"), "--out", str(out), *args],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.exists(), p.stdout[-4000:] + p.stderr[-6000:]
+    return p, json.loads(out.read_text())
+
+
+def test_colocated_loop_on_the_host_matches_the_offline_conversion(tmp_path):
+    """The loop's driver on the CPU (shm engine, UCX data plane, the decode step run eagerly):
+    three policies, each equal to the engine built from `refitctl convert` output."""
+    p, summary = run_loop(tmp_path, "--engine-device", "cpu", "--size", "tiny", "--tokens", "4", "--prompt-len", "8",
+                          "--kv-pool-mib", "1", "--bucket-bytes", "262144", timeout=240)
+    assert p.returncode == 0 and summary["ok"], p.stderr[-6000:]
+    rows = summary["policies"]
+    assert [r["version"] for r in rows] == [1, 2, 3] and summary["data_plane"] == "host"
+    assert [r["change"] for r in rows] == ["gradient", "noise", "gradient"]
+    for r in rows:
+        assert r["engine_bytes_equal_reference"] and r["tokens_equal"] and r["logits_equal"]
+        assert r["same_data_ptrs"] and r["captures"] == 0
+    assert all(r["logits_changed_vs_previous"] for r in rows[1:])
+
+
 def test_colocated_graph_engine_refits_over_cuda_ipc(tmp_path):
     ready, why = cuda_ready()
     if not ready:
         pytest.skip(why)
-    out = tmp_path / "summary.json"
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    p = subprocess.run([sys.executable, str(EXAMPLES / "colocated_graphs_refit.py"), "--build", str(BIN),
-                        "--policies", "3", "--workdir", str(tmp_path / "work"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=420, env=env)
-    assert out.exists(), p.stdout[-4000:] + p.stderr[-6000:]
-    summary = json.loads(out.read_text())
-    print(json.dumps({k: v for k, v in summary.items() if k != "policies"}))
+    p, summary = run_loop(tmp_path, timeout=420)
+    print(json.dumps(summary))
     for r in summary["policies"]:
         print(json.dumps({k: r[k] for k in ("policy", "change", "version", "wall_ms", "tokens_equal", "logits_equal",
                                             "max_logit_diff", "same_graphs", "same_data_ptrs", "captures",
