@@ -30,6 +30,7 @@ on any mismatch.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -290,6 +291,7 @@ def drive(a) -> int:
             ref_ids2, ref_logits2 = reference.generate(prompt2, a.tokens)
             ref_ids1, ref_logits1 = reference.generate(prompt2[:1], a.tokens)
             del reference, loaded
+            gc.collect()  # the reference's graphs and their pool go before the engine sleeps
             row.update({
                 "outcome": pushed["report"]["outcome"], "version": version,
                 "engine_bytes_equal_reference": not mismatched, "mismatched": mismatched[:10],

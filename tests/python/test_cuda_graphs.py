@@ -62,7 +62,8 @@ def test_decode_step_equals_the_transformers_forward():
     assert float((want - logits).abs().max()) < 1e-4
     assert torch.equal(want.argmax(-1).transpose(0, 1), ids[:, 8:])  # greedy
     one_ids, one_logits = engine.generate(PROMPTS[:1], 5)  # batch size 1: the same sequence
-    assert torch.equal(one_ids, ids[:1]) and torch.equal(one_logits, logits[:, :1])
+    assert torch.equal(one_ids, ids[:1])  # (CPU matmuls may round another batch size differently)
+    assert float((one_logits - logits[:, :1]).abs().max()) < 1e-5
     with pytest.raises(ValueError, match="exceed"):
         engine.generate(PROMPTS, 9)
 
