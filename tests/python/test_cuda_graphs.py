@@ -1,6 +1,6 @@
 """The CUDA-graph engine of python/examples/graph_engine.py and the colocated loop of
 python/examples/colocated_graphs_refit.py. On the CPU: the static-KV decode step (eager) against
-the transformers forward, for the BF16-free FP32 model and the FP8 engine model, batch sizes 2 and
+the transformers forward, for an FP32 model and the FP8 engine model, batch sizes 2 and
 1, and a sleep/wake cycle that leaves generation unchanged. On a GPU (skipping, with the reason,
 without one or without a CUDA build): the colocated loop end to end — three policies pushed over
 CUDA IPC into the weights the captured graphs read; tokens and logits equal to an engine built
