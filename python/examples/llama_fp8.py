@@ -102,7 +102,9 @@ def dequantize(codes: torch.Tensor, scale_inv: torch.Tensor, dtype=torch.bfloat1
     """[N, K] e4m3fn bytes times their block's float32 scale (one float32 product per element),
     then rounded to `dtype`."""
     n, k = codes.shape
-    scales = scale_inv.repeat_interleave(BLOCK, dim=0)[:n].repeat_interleave(BLOCK, dim=1)[:, :k]
+    sn, sk = scale_inv.shape
+    # Each scale broadcast over its block (expand + reshape: no host sync, so CUDA graphs capture it).
+    scales = scale_inv[:, None, :, None].expand(sn, BLOCK, sk, BLOCK).reshape(sn * BLOCK, sk * BLOCK)[:n, :k]
     return (decode_e4m3(codes) * scales).to(dtype)
 
 

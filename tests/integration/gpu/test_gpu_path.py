@@ -2,41 +2,13 @@
 host staging (CPU converter, H2D commit) and device staging (GPU kernels, D2D commit). Three
 refits each, compared byte for byte with the offline conversion. Skips, saying why, where no
 CUDA device is present."""
-import shutil
+import json
+import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host_path"))
-from conftest import BIN, ENGINE, REFITD, TRAINER, wait_for  # noqa: E402
-
-import json  # noqa: E402
-import signal  # noqa: E402
-
-
-def gpu_count():
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0, "nvidia-smi not found"
-    p = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    n = sum(1 for l in p.stdout.splitlines() if l.startswith("GPU "))
-    return n, (p.stderr.strip() or "nvidia-smi lists no GPU")
-
-
-def built_with_cuda():
-    cache = (BIN / "CMakeCache.txt").read_text()
-    return "CMAKE_CUDA_COMPILER:" in cache and "REFIT_CUDA:BOOL=ON" in cache
-
-
-@pytest.fixture
-def require_gpu():
-    n, why = gpu_count()
-    if n == 0:
-        pytest.skip(f"no CUDA device: {why}")
-    if not built_with_cuda():
-        pytest.skip("refitd was built without CUDA")
+from conftest import ENGINE, REFITD, TRAINER, wait_for
 
 
 @pytest.mark.parametrize("staging,verify", [("host", False), ("device", False), ("host", True), ("device", True)])

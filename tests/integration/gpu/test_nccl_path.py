@@ -7,88 +7,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "host_path"))
-from conftest import BIN, ENGINE, REFITD, TRAINER, wait_for  # noqa: E402
-from test_gpu_path import gpu_count  # noqa: E402
+from conftest import TRAINER, node_fixture, wait_for
 
-REFITCTL = BIN / "tools/refitctl"
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 
 @pytest.fixture
-def require_two_gpus():
-    n, why = gpu_count()
-    if n < 2:
-        pytest.skip(f"needs 2 CUDA devices, {n} present ({why})" if n == 0 else f"needs 2 CUDA devices, {n} present")
-    cache = (BIN / "CMakeCache.txt").read_text()
-    if "REFIT_NCCL_LIBRARY:FILEPATH=/" not in cache:
-        pytest.skip("refitd was built without NCCL")
-
-
-class NcclNode:
-    def __init__(self, tmp: Path, deadline_ms: int = 60000):
-        self.tmp = tmp
-        self.sock = tmp / "refitd.sock"
-        self.address = f"unix:{self.sock}"
-        cfg = tmp / "refitd.yaml"
-        cfg.write_text(f"listen: {self.address}\nstaging: device\nlog_level: debug\n"
-                       f"data_plane:\n  transport: nccl\n  device: 1\n"
-                       f"limits:\n  session_deadline_ms: {deadline_ms}\n  bucket_bytes: 1048576\n")
-        self.log = tmp / "refitd.log"
-        self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
-                                       stderr=subprocess.STDOUT)
-        self.engine = None
-        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
-        assert self.daemon.poll() is None, self.log.read_text()
-        self.engine_log = tmp / "engine.log"
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--gpu", "1"],
-                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
-                 what="registration")
-        assert self.engine.poll() is None, self.engine_log.read_text() + self.log.read_text()
-
-    def trainer(self, *args, timeout=180):
-        p = subprocess.run([str(TRAINER), "--address", self.address, "--gpu", "0", *args], capture_output=True,
-                           text=True, timeout=timeout)
-        return p, [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
-
-    def engine_matches(self, seed):
-        """refitctl verify against the offline conversion of refit 0 of `seed`."""
-        d = self.tmp / f"expected-{seed}"
-        d.mkdir(exist_ok=True)
-        subprocess.run([str(TRAINER), "--dump", str(d), "--seed", str(seed)], check=True, capture_output=True)
-        p = subprocess.run([str(REFITCTL), "verify", str(d / "converted.safetensors"), "--address", self.address,
-                            "--json"], capture_output=True, text=True)
-        return json.loads(p.stdout.splitlines()[-1])
-
-    def close(self):
-        for proc in (self.engine, self.daemon):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
-@pytest.fixture
 def node_factory(tmp_path, require_two_gpus):
-    nodes = []
-
-    def make(**kw):
-        nodes.append(NcclNode(tmp_path, **kw))
-        return nodes[-1]
-
-    yield make
-    for n in nodes:
-        n.close()
+    yield from node_fixture(tmp_path, transport="nccl", device=1, trainer_gpu=0)
 
 
 def test_three_nccl_refits_match_offline_conversion(node_factory):

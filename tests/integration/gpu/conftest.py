@@ -1,0 +1,131 @@
+"""What the GPU integration tests share: the binaries and wait_for of the host-path tests
+(tests/integration/host_path/conftest.py), the GPU count, whether the build has CUDA or NCCL, and
+the fixtures that skip, printing why, on a machine without them (`-rs` in CMakeLists.txt shows the
+reasons)."""
+import importlib.util
+import json
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("host_path_conftest",
+                                               Path(__file__).resolve().parents[1] / "host_path" / "conftest.py")
+_host = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_host)
+BIN, ENGINE, REFITD, TRAINER, wait_for = _host.BIN, _host.ENGINE, _host.REFITD, _host.TRAINER, _host.wait_for
+REFITCTL = BIN / "tools/refitctl"
+
+
+def gpu_count():
+    """(number of GPUs nvidia-smi lists, why none when 0)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0, "nvidia-smi not found"
+    p = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    n = sum(1 for l in p.stdout.splitlines() if l.startswith("GPU "))
+    return n, (p.stderr.strip() or "nvidia-smi lists no GPU")
+
+
+def _cache() -> str:
+    path = BIN / "CMakeCache.txt"
+    return path.read_text() if path.exists() else ""
+
+
+def built_with_cuda() -> bool:
+    cache = _cache()
+    return "CMAKE_CUDA_COMPILER:" in cache and "REFIT_CUDA:BOOL=ON" in cache
+
+
+def built_with_nccl() -> bool:
+    return "REFIT_NCCL_LIBRARY:FILEPATH=/" in _cache()
+
+
+@pytest.fixture
+def require_gpu():
+    """Skips without a CUDA device or without a CUDA build of refitd."""
+    n, why = gpu_count()
+    if n == 0:
+        pytest.skip(f"no CUDA device: {why}")
+    if not built_with_cuda():
+        pytest.skip("refitd was built without CUDA")
+
+
+@pytest.fixture
+def require_two_gpus():
+    """Skips with fewer than two CUDA devices or without NCCL in the build."""
+    n, why = gpu_count()
+    if n < 2:
+        pytest.skip(f"needs 2 CUDA devices, {n} present ({why})" if n == 0 else f"needs 2 CUDA devices, {n} present")
+    if not built_with_nccl():
+        pytest.skip("refitd was built without NCCL")
+
+
+class GpuNode:
+    """refitd with `staging: device` and the data plane `transport` on GPU `device`, and the
+    example engine (CUDA IPC registration) on the same GPU, in `tmp`. `trainer(*args)` runs the
+    example trainer on GPU `trainer_gpu`; `engine_matches(seed)` is refitctl verify against the
+    offline conversion of refit 0 of `seed`."""
+
+    def __init__(self, tmp: Path, transport: str, device: int, trainer_gpu: int = 0, deadline_ms: int = 60000,
+                 socket: str = ""):
+        self.tmp = tmp
+        self.trainer_gpu = trainer_gpu
+        self.sock = tmp / "refitd.sock"
+        self.address = f"unix:{self.sock}"
+        cfg = tmp / "refitd.yaml"
+        extra = f"  cuda_ipc_socket: {socket}\n" if socket else ""
+        cfg.write_text(f"listen: {self.address}\nstaging: device\nlog_level: debug\n"
+                       f"data_plane:\n  transport: {transport}\n  device: {device}\n{extra}"
+                       f"limits:\n  session_deadline_ms: {deadline_ms}\n  bucket_bytes: 1048576\n")
+        self.log = tmp / "refitd.log"
+        self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
+                                       stderr=subprocess.STDOUT)
+        self.engine = None
+        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
+        assert self.daemon.poll() is None, self.log.read_text()
+        self.engine_log = tmp / "engine.log"
+        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--gpu", str(device)],
+                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
+        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
+                 what="registration")
+        assert self.engine.poll() is None, self.engine_log.read_text() + self.log.read_text()
+
+    def trainer(self, *args, timeout=180):
+        p = subprocess.run([str(TRAINER), "--address", self.address, "--gpu", str(self.trainer_gpu), *args],
+                           capture_output=True, text=True, timeout=timeout)
+        return p, [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+
+    def engine_matches(self, seed):
+        d = self.tmp / f"expected-{seed}"
+        d.mkdir(exist_ok=True)
+        subprocess.run([str(TRAINER), "--dump", str(d), "--seed", str(seed)], check=True, capture_output=True)
+        p = subprocess.run([str(REFITCTL), "verify", str(d / "converted.safetensors"), "--address", self.address,
+                            "--json"], capture_output=True, text=True)
+        return json.loads(p.stdout.splitlines()[-1])
+
+    def close(self):
+        for proc in (self.engine, self.daemon):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def node_fixture(tmp_path, **defaults):
+    """A generator for a node_factory fixture: make(**kw) starts a GpuNode (defaults updated by
+    kw); every node is closed after the test."""
+    nodes = []
+
+    def make(**kw):
+        nodes.append(GpuNode(tmp_path, **dict(defaults, **kw)))
+        return nodes[-1]
+
+    yield make
+    for n in nodes:
+        n.close()

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Colocated FP8 refit on one GPU over CUDA IPC, against its bound and against the PyTorch loop a
+colocated user writes today, measured in one run.
+
+  refitd    tools/bench/nccl_refit_bench.py's workload with --transport cuda_ipc: the example
+            trainer, refitd (`staging: device`, 2 ring slots) and an idle example engine (CUDA IPC
+            registration) on GPU 0; Llama-3-8B shapes (16.06 GB BF16, 291 tensors) -> FP8 block-128
+            projections, BF16 rest; --refits refits, steady state = all but the first. Wall =
+            the trainer's Begin -> commit reply; pause = refitd's engine pause window.
+  bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
+            (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
+            device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
+            and written once).
+  baseline  two processes on GPU 0: a "trainer" holding the same BF16 tensors sends one CUDA IPC
+            handle per tensor (torch.multiprocessing.reductions.reduce_tensor, as colocated RL
+            frameworks serialize them), the "engine" rebuilds each tensor from its handle,
+            quantizes the projections with torch ops (fp8_block_quant of the --baseline file,
+            shared/bench/gpu_baseline.py) and copies into its preallocated FP8 weights and float32
+            scales (BF16 copy for the rest), synchronizes and drops the handles. Wall = trainer
+            sync -> engine done (CLOCK_MONOTONIC across both processes); one warm-up, median of
+            --refits.
+  copy      a plain device-to-device copy of bytes_out (the engine's bytes) in one cudaMemcpy,
+            against refitd's pause (goal: pause <= copy + 1 ms).
+
+  python3 tools/bench/colocated_refit_bench.py --build build --baseline shared/bench/gpu_baseline.py \
+      [--refits 3] [--out FILE]
+
+Prints one JSON document (and a summary on stderr).
+"""
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def load_module(path):
+    spec = importlib.util.spec_from_file_location("gpu_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(fn, iters, warm=1):
+    import torch
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_rates(copy_bytes: int, engine_bytes: int) -> dict:
+    import torch
+
+    a = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda:0")
+    b = torch.empty_like(a)
+    big_ms = timed(lambda: b.copy_(a), 5)
+    del a, b
+    a = torch.empty(engine_bytes, dtype=torch.uint8, device="cuda:0")
+    b = torch.empty_like(a)
+    engine_ms = timed(lambda: b.copy_(a), 5)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"copy_bytes": copy_bytes, "copy_ms": big_ms, "copy_gbps": copy_bytes / big_ms / 1e6,
+            "engine_bytes_copy_ms": engine_ms}
+
+
+# ---- The PyTorch baseline -----------------------------------------------------------------
+
+
+def baseline_engine(baseline_path: str, rx: int, tx: int) -> int:
+    """Receives per-tensor handles, quantizes and copies into its weights, replies when done."""
+    import torch
+    from torch.multiprocessing import reductions  # noqa: F401 (registers the CUDA rebuild functions)
+
+    base = load_module(baseline_path)
+    torch.cuda.set_device(0)
+    shapes = base.llama8b_shapes()
+    weights = {}
+    for name, s in shapes:
+        if len(s) == 2 and not name.startswith(("embed", "lm_head")):
+            weights[name] = (torch.empty(s, dtype=torch.float8_e4m3fn, device="cuda:0"),
+                             torch.empty(((s[0] + 127) // 128, (s[1] + 127) // 128), dtype=torch.float32,
+                                         device="cuda:0"))
+        else:
+            weights[name] = (torch.empty(s, dtype=torch.bfloat16, device="cuda:0"),)
+    engine_bytes = sum(t.numel() * t.element_size() for ts in weights.values() for t in ts)
+    rfile, wfile = os.fdopen(rx, "rb"), os.fdopen(tx, "wb")
+    pickle.dump({"engine_bytes": engine_bytes}, wfile)
+    wfile.flush()
+    while True:
+        try:
+            msg = pickle.load(rfile)
+        except EOFError:
+            return 0
+        if msg is None:
+            return 0
+        with torch.no_grad():
+            for name, (rebuild, args) in msg:
+                src = rebuild(*args)  # opens (or finds) the trainer's allocation
+                dst = weights[name]
+                if len(dst) == 2:
+                    q, scale = base.fp8_block_quant(src)
+                    dst[0].copy_(q)
+                    dst[1].copy_(scale)
+                else:
+                    dst[0].copy_(src)
+                del src
+        torch.cuda.synchronize()
+        done = time.monotonic()
+        del msg
+        pickle.dump({"done": done}, wfile)
+        wfile.flush()
+
+
+def baseline(baseline_path: str, refits: int) -> dict:
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    base = load_module(baseline_path)
+    torch.cuda.set_device(0)
+    shapes = base.llama8b_shapes()
+    g = torch.Generator(device="cuda:0").manual_seed(0)
+    tensors = [(name, torch.randn(s, dtype=torch.bfloat16, device="cuda:0", generator=g)) for name, s in shapes]
+    bytes_in = sum(t.numel() * t.element_size() for _, t in tensors)
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--baseline-engine", baseline_path,
+                             "--rx", str(to_r), "--tx", str(from_w)], pass_fds=(to_r, from_w))
+    os.close(to_r)
+    os.close(from_w)
+    wfile, rfile = os.fdopen(to_w, "wb"), os.fdopen(from_r, "rb")
+    try:
+        hello = pickle.load(rfile)
+        walls = []
+        for k in range(refits + 1):
+            torch.cuda.synchronize()
+            t0 = time.monotonic()
+            pickle.dump([(name, reduce_tensor(t)) for name, t in tensors], wfile)
+            wfile.flush()
+            reply = pickle.load(rfile)
+            if k > 0:
+                walls.append((reply["done"] - t0) * 1e3)
+        pickle.dump(None, wfile)
+        wfile.flush()
+    finally:
+        wfile.close()
+        proc.wait(timeout=120)
+    del tensors
+    torch.cuda.empty_cache()
+    return {"bytes_in": bytes_in, "engine_bytes": hello["engine_bytes"], "walls_ms": walls,
+            "wall_ms": statistics.median(walls)}
+
+
+# ---- Driver -------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--baseline", required=False, default="", help="shared/bench/gpu_baseline.py (its fp8_block_quant)")
+    ap.add_argument("--refits", type=int, default=3)
+    ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
+    ap.add_argument("--copy-gib", type=int, default=4)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--baseline-engine", help=argparse.SUPPRESS)
+    ap.add_argument("--rx", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tx", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.baseline_engine:
+        return baseline_engine(a.baseline_engine, a.rx, a.tx)
+    import nccl_refit_bench as nb
+
+    build = Path(a.build).resolve()
+    tmp = Path(tempfile.mkdtemp(prefix="refit-colocated-"))
+    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "bucket_bytes": a.bucket_bytes}
+
+    def save():
+        if a.out:
+            Path(a.out).write_text(json.dumps(out, indent=1))
+
+    r = nb.run_workload(build, "llama8b", nb.LLAMA8B, "", a.refits, a.bucket_bytes, tmp, transport="cuda_ipc")
+    steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
+    refitd = {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
+              "pause_ms": statistics.median(x["pause_ms"] for x in steady),
+              "pauses_ms": [x["pause_ms"] for x in r["refits"]],
+              "phases_ms": {k: statistics.median(x[k] for x in steady)
+                            for k in ("receive_ms", "convert_ms", "validate_ms", "commit_ms", "prepare_ms")},
+              "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "tensors": r["tensors"], "buckets": r["buckets"],
+              "raw_cuda_ipc": r["nccl_raw"]}
+    out["refitd"] = refitd
+    print(json.dumps(refitd), file=sys.stderr, flush=True)
+    save()
+    import torch
+
+    out["gpu"] = torch.cuda.get_device_name(0)
+    out["torch"] = torch.__version__
+    copy = copy_rates(a.copy_gib << 30, r["bytes_out"])
+    out["copy"] = copy
+    bound_ms = (r["bytes_in"] + r["bytes_out"]) / (2 * copy["copy_gbps"] * 1e6)
+    out["bound"] = {"ms": bound_ms, "refit_fraction_of_bound": bound_ms / r["wall_ms"]}
+    out["pause_vs_copy"] = {"pause_ms": refitd["pause_ms"], "copy_ms": copy["engine_bytes_copy_ms"],
+                            "pause_minus_copy_ms": refitd["pause_ms"] - copy["engine_bytes_copy_ms"]}
+    save()
+    if a.baseline:
+        b = baseline(a.baseline, a.refits)
+        b["refitd_speedup"] = b["wall_ms"] / r["wall_ms"]
+        b["fraction_of_bound"] = bound_ms / b["wall_ms"]
+        out["baseline"] = b
+        save()
+    print(json.dumps(out, indent=1))
+    s = (f"refitd colocated FP8 refit {r['wall_ms']:.1f} ms ({r['bytes_in'] / 1e9:.2f} GB in, {r['bytes_out'] / 1e9:.2f} "
+         f"GB out); bound {bound_ms:.1f} ms -> {bound_ms / r['wall_ms']:.2f} of it; pause {refitd['pause_ms']:.2f} ms vs "
+         f"copy {copy['engine_bytes_copy_ms']:.2f} ms")
+    if "baseline" in out:
+        s += f"; torch per-tensor IPC + quantize + copy {out['baseline']['wall_ms']:.1f} ms ({out['baseline']['refitd_speedup']:.2f}x)"
+    print(s, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
