@@ -14,6 +14,43 @@ namespace {
 #endif
 constexpr int kTileThreads = REFIT_KERNELS_FP8_TILE_THREADS;
 
+// Tile coordinates (batch entry g, tile row tr, tile column tc) of the tiles a persistent CTA
+// visits: blockIdx.x, then + gridDim.x each step. The first tile and the step are decomposed
+// once (32-bit divisions; the launcher guarantees fewer than 2^32 tiles); each step is then a
+// few adds with carries instead of two divisions and the 64-bit products they fed.
+struct TileWalk {
+  uint32_t tiles_r, tiles_c;
+  uint32_t g, tr, tc;
+  uint32_t step_g, step_tr, step_tc;
+
+  __device__ static void Split(uint32_t t, uint32_t tiles_r, uint32_t tiles_c, uint32_t& g, uint32_t& tr,
+                               uint32_t& tc) {
+    g = t / (tiles_r * tiles_c);
+    const uint32_t in_g = t - g * (tiles_r * tiles_c);
+    tr = in_g / tiles_c;
+    tc = in_g - tr * tiles_c;
+  }
+  __device__ TileWalk(const launch::Src& src, uint32_t first, uint32_t step) {
+    tiles_r = static_cast<uint32_t>((src.rows + 127) / 128);
+    tiles_c = static_cast<uint32_t>((src.cols + 127) / 128);
+    Split(first, tiles_r, tiles_c, g, tr, tc);
+    Split(step, tiles_r, tiles_c, step_g, step_tr, step_tc);
+  }
+  __device__ void Advance() {
+    tc += step_tc;
+    tr += step_tr;
+    g += step_g;
+    if (tc >= tiles_c) {
+      tc -= tiles_c;
+      ++tr;
+    }
+    if (tr >= tiles_r) {
+      tr -= tiles_r;
+      ++g;
+    }
+  }
+};
+
 // The chunks of one 128x128 tile this thread owns: column `col`, rows row0 + p*kRowsPerPass.
 template <launch::Input kIn>
 struct TileGeometry {
@@ -22,25 +59,20 @@ struct TileGeometry {
   static constexpr int kRowsPerPass = kTileThreads / kLanesPerRow;  // 32 or 16 (512 threads)
   static constexpr int kPasses = 128 / kRowsPerPass;                // 4 or 8 (512 threads)
   int64_t base, row0, col;
+  bool full;  // the whole tile lies inside the tensor: no per-pass bounds checks
 
-  // 32-bit tile arithmetic (the launcher guarantees fewer than 2^32 tiles): 64-bit division is
-  // a long emulated sequence, and this runs twice per tile in every thread.
-  __device__ TileGeometry(const launch::Src& src, int64_t tile) {
-    const uint32_t tiles_r = static_cast<uint32_t>((src.rows + 127) / 128);
-    const uint32_t tiles_c = static_cast<uint32_t>((src.cols + 127) / 128);
-    const uint32_t t32 = static_cast<uint32_t>(tile);
-    const uint32_t g = t32 / (tiles_r * tiles_c);
-    const uint32_t in_g = t32 - g * (tiles_r * tiles_c);
-    const uint32_t tr = in_g / tiles_c, tc = in_g - tr * tiles_c;
-    base = static_cast<int64_t>(g) * src.rows * src.cols;
-    row0 = static_cast<int64_t>(tr) * 128 + threadIdx.x / kLanesPerRow;
-    col = static_cast<int64_t>(tc) * 128 + (threadIdx.x % kLanesPerRow) * kC;
+  __device__ TileGeometry(const launch::Src& src, const TileWalk& w) {
+    const int64_t r = static_cast<int64_t>(w.tr) * 128, c = static_cast<int64_t>(w.tc) * 128;
+    row0 = r + threadIdx.x / kLanesPerRow;
+    col = c + (threadIdx.x % kLanesPerRow) * kC;
+    base = static_cast<int64_t>(w.g) * src.rows * src.cols + row0 * src.cols + col;
+    full = r + 128 <= src.rows && c + 128 <= src.cols;
   }
   __device__ bool Inside(const launch::Src& src, int p) const {
-    return row0 + p * kRowsPerPass < src.rows && col < src.cols;
+    return full || (row0 + p * kRowsPerPass < src.rows && col < src.cols);
   }
   __device__ int64_t Elem(const launch::Src& src, int p) const {
-    return base + (row0 + p * kRowsPerPass) * src.cols + col;
+    return base + static_cast<int64_t>(p) * kRowsPerPass * src.cols;
   }
 };
 
@@ -81,10 +113,12 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
   __shared__ uint32_t warp_max[2][2][kTileThreads / 32];
   int parity = 0;
   uint4 cur[kPasses], nxt[kPasses];
-  LoadTileChunks<kIn, kVec>(src, G(src, tile), cur);
+  TileWalk walk(src, static_cast<uint32_t>(tile), gridDim.x);
+  LoadTileChunks<kIn, kVec>(src, G(src, walk), cur);
   for (; tile < n_tiles; tile += gridDim.x) {
-    const G t(src, tile);
-    if (tile + gridDim.x < n_tiles) LoadTileChunks<kIn, kVec>(src, G(src, tile + gridDim.x), nxt);
+    const G t(src, walk);
+    walk.Advance();
+    if (tile + gridDim.x < n_tiles) LoadTileChunks<kIn, kVec>(src, G(src, walk), nxt);
     // m: max|x| bits (NaN dominant). m_num: max over the non-NaN elements, which the UE8M0
     // canonicalization needs (NaN codes are left out of max|q|, as in the reference).
     uint32_t m = 0, m_num = 0;
@@ -134,9 +168,11 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
       if constexpr (kUe8m0) {
         s = formats::bits::CeilToUe8m0DeepGemm(s);
         stored = s;
+        // s = 2^k, k in [-126, 127]: 1/s by exponent arithmetic where it is normal (k < 127).
+        rcp = B(s) <= 0x7E800000u ? F(0x7F000000u - B(s)) : __frcp_rn(s);
         // Canonicalization (B §4.4): max|q| over non-NaN codes is the code of max|x| * (1/s)
         // (RNE is monotonic); amax' = max|q| * s, clamped; s' = ceil_ue8m0(amax' / 448).
-        const uint32_t max_code = E4m3Byte(F(num) * __frcp_rn(s)) & 0x7F;
+        const uint32_t max_code = E4m3Byte(F(num) * rcp) & 0x7F;
         float amax2 = E4m3Value(max_code) * s;
         if (amax2 < 1e-4f) amax2 = 1e-4f;
         const float s2 = formats::bits::CeilToUe8m0DeepGemm(__fdiv_rn(amax2, 448.0f));
@@ -146,7 +182,7 @@ __global__ void __launch_bounds__(kTileThreads) Fp8TileKernel(launch::Src src, u
         }
       }
       if (threadIdx.x == 0) scale_inv[tile] = stored;
-      rcp = __frcp_rn(s);
+      if constexpr (!kUe8m0) rcp = __frcp_rn(s);
     }
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {

@@ -53,6 +53,66 @@ void LaunchAmax(const launch::Src& src, bool vec, uint32_t* out, cudaStream_t s)
   }
 }
 
+
+#ifndef REFIT_KERNELS_NVFP4_BLOCKS
+#define REFIT_KERNELS_NVFP4_BLOCKS 2
+#endif
+constexpr int kNvfp4Blocks = REFIT_KERNELS_NVFP4_BLOCKS;  // 1x16 blocks per thread and tile
+#ifdef REFIT_KERNELS_NVFP4_FLAT_ONLY
+constexpr bool kNvfp4BlockPath = false;  // measurement switch: every NVFP4 tensor on FlatKernel
+#else
+constexpr bool kNvfp4BlockPath = true;
+#endif
+
+// ModelOpt NVFP4, BF16 input, 16-byte aligned input and 8-byte aligned codes, fewer than 2^31
+// blocks: one thread per block (Nvfp4BlockBf16), kNvfp4Blocks blocks per thread and tile.
+// Persistent CTAs walk the tiles from the end of the tensor (what a preceding amax pass left in
+// L2) and prefetch their next tile into registers, as FlatKernel does.
+__global__ void __launch_bounds__(kFlatThreads) Nvfp4BlockKernel(const uint4* __restrict__ in, int32_t n_blocks,
+                                                                  Nvfp4Op<false> op) {
+  constexpr int32_t kPerTile = kFlatThreads * kNvfp4Blocks;
+  const int32_t n_tiles = (n_blocks + kPerTile - 1) / kPerTile;
+  int32_t i = blockIdx.x;
+  if (i >= n_tiles) return;
+  const Nvfp4State st = op.Prepare();
+  if (blockIdx.x == 0 && threadIdx.x == 0) *op.scale_2 = st.global;
+  uint4 cur[2 * kNvfp4Blocks], nxt[2 * kNvfp4Blocks];
+  auto load = [&](int32_t tile, uint4(&buf)[2 * kNvfp4Blocks]) {
+#pragma unroll
+    for (int u = 0; u < kNvfp4Blocks; ++u) {
+      const int32_t blk = tile * kPerTile + u * kFlatThreads + static_cast<int32_t>(threadIdx.x);
+      if (blk < n_blocks) {
+        buf[2 * u] = __ldg(in + 2 * static_cast<uint32_t>(blk));
+        buf[2 * u + 1] = __ldg(in + 2 * static_cast<uint32_t>(blk) + 1);
+      } else {
+        buf[2 * u] = buf[2 * u + 1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load(n_tiles - 1 - i, cur);
+  for (; i < n_tiles; i += gridDim.x) {
+    const int32_t tile = n_tiles - 1 - i;
+    if (i + static_cast<int32_t>(gridDim.x) < n_tiles) load(n_tiles - 1 - (i + gridDim.x), nxt);
+#pragma unroll
+    for (int u = 0; u < kNvfp4Blocks; ++u) {
+      const int32_t blk = tile * kPerTile + u * kFlatThreads + static_cast<int32_t>(threadIdx.x);
+      uint32_t lo, hi;
+      bool nonfinite;
+      const uint32_t scale_byte = Nvfp4BlockBf16(st, cur[2 * u], cur[2 * u + 1], lo, hi, nonfinite);
+      if (blk < n_blocks) {
+        if (nonfinite && op.first_bad != nullptr) {
+          RecordNonfinite<launch::Input::kBf16>(cur[2 * u], 16 * static_cast<int64_t>(blk), op.first_bad);
+          RecordNonfinite<launch::Input::kBf16>(cur[2 * u + 1], 16 * static_cast<int64_t>(blk) + 8, op.first_bad);
+        }
+        reinterpret_cast<uint2*>(op.q)[blk] = make_uint2(lo, hi);
+        op.scales[blk] = static_cast<uint8_t>(scale_byte);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2 * kNvfp4Blocks; ++u) cur[u] = nxt[u];
+  }
+}
+
 }  // namespace
 }  // namespace dev
 
@@ -63,6 +123,18 @@ int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8
   const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(q, 4);
   // Reverse CTA order: after a forward amax pass, the tail of the tensor is still in L2.
   // launch_empty: an empty tensor still gets its weight_scale_2.
+  // The block kernel's 32-bit block indices: n / 16 plus one tile must fit in int32.
+  const int64_t n = src.batch * src.rows * src.cols;
+  const int64_t per_tile = dev::kFlatThreads * dev::kNvfp4Blocks;
+  if (dev::kNvfp4BlockPath && !te && src.input == Input::kBf16 && n > 0 && n % 16 == 0 &&
+      n / 16 <= INT32_MAX - per_tile && dev::Aligned(src.data, 16) && dev::Aligned(q, 8)) {
+    const auto kernel = dev::Nvfp4BlockKernel;
+    const int64_t grid = dev::PersistentGrid(kernel, dev::kFlatThreads, (n / 16 + per_tile - 1) / per_tile);
+    kernel<<<static_cast<unsigned>(grid), dev::kFlatThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint4*>(src.data), static_cast<int32_t>(n / 16),
+        dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad});
+    return static_cast<int>(cudaGetLastError());
+  }
   if (te) {
     return dev::LaunchFlat<true>(
         src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);

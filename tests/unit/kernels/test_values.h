@@ -38,7 +38,8 @@ inline std::vector<float> RandomValues(int64_t n, std::mt19937_64& rng, float st
 
 // Values that exercise every rule of FORMATS.md §12.3 once placed in 16/32/128-element blocks:
 // zero and -0 blocks, saturation points and one ulp around them, E4M3/E2M1 ties after pow2
-// scales, subnormals, tiny blocks next to huge ones (NVFP4 scale underflow), mixed magnitudes.
+// scales, subnormals, tiny blocks next to huge ones (NVFP4 scale underflow), subnormals in a block of normal
+// scale (quotients below the normal range), mixed magnitudes.
 inline std::vector<float> EdgeValues(int64_t n, std::mt19937_64& rng) {
   std::vector<float> v(static_cast<size_t>(n), 0.0f);
   std::uniform_int_distribution<int> pick(0, 15);
@@ -63,6 +64,7 @@ inline std::vector<float> EdgeValues(int64_t n, std::mt19937_64& rng) {
         case 9: x = i == b0 ? 30000.0f : normal(rng) * 1e-3f; break;  // huge outlier
         case 10: x = std::ldexp(1.0f, -10) * (i % 3 == 0 ? 1.0f : 1.0000001f) * scale; break;
         case 11: x = (i % 2 ? -0.0f : 0.0f) + (i == b0 + 5 ? -1e-30f : 0.0f); break;
+        case 12: x = i == b0 ? scale : (i % 2 ? -1.0f : 1.0f) * 1e-39f * static_cast<float>(i - b0); break;  // subnormals beside a normal max (quotients below the normal range)
         default: x = normal(rng) * scale; break;
       }
       v[static_cast<size_t>(i)] = x;
