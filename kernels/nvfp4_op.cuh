@@ -30,6 +30,10 @@ struct Nvfp4Op {
   uint8_t* scales;
   float* scale_2;
   unsigned long long* first_bad;
+  // A trainer-supplied amax of the tensor (claim_word non-null): a block whose max|x| exceeds
+  // `claim` lowers *claim_word to kAmaxClaimBit | its flat index (kernels/quantize.h).
+  float claim = 0.0f;
+  unsigned long long* claim_word = nullptr;
 
   __device__ __forceinline__ Nvfp4State Prepare() const {
     const float A = amax_dev != nullptr ? *amax_dev : amax_host;
@@ -59,6 +63,9 @@ struct Nvfp4Op {
     const uint32_t lane_amax = Decode<kIn>(raw, v);
     if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     const float b = F(GroupMax<kLanes>(lane_amax));
+    if (claim_word != nullptr && valid && b > claim) {
+      atomicMin(claim_word, (1ULL << 63) | static_cast<unsigned long long>(elem));
+    }
     uint32_t scale_byte;
     uint32_t packed = 0;
     if constexpr (kTe) {

@@ -59,16 +59,17 @@ void LaunchAmax(const launch::Src& src, bool vec, uint32_t* out, cudaStream_t s)
 namespace launch {
 
 int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8_t* q,
-          uint8_t* scales, float* scale_2, unsigned long long* first_bad, void* stream) {
+          uint8_t* scales, float* scale_2, unsigned long long* first_bad, float claim,
+          unsigned long long* claim_word, void* stream) {
   const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(q, 4);
   // Reverse CTA order: after a forward amax pass, the tail of the tensor is still in L2.
   // launch_empty: an empty tensor still gets its weight_scale_2.
   if (te) {
     return dev::LaunchFlat<true>(
-        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
+        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad, claim, claim_word}, stream, true);
   }
   return dev::LaunchFlat<true>(
-      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
+      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad, claim, claim_word}, stream, true);
 }
 
 int AccumulateAmax(const Src& src, float* amax_dev, void* stream) {

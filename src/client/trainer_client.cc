@@ -500,44 +500,12 @@ std::vector<uint64_t> RefitSession::ids() const {
 }
 uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 
-namespace {
-
-// A slice's geometry, checked before anything is sent (refitd checks it again): refused here,
-// the push fails alone instead of aborting the session.
-absl::Status CheckSlice(const TensorRef& t) {
-  const TensorSlice& sl = t.slice;
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': slice ", why));
-  };
-  if (sl.full_shape.size() != t.shape.size()) {
-    return bad(absl::StrCat("of shape ", ShapeString(t.shape), " does not have the rank of the full shape ",
-                            ShapeString(sl.full_shape)));
-  }
-  if (static_cast<size_t>(sl.dim) >= t.shape.size()) {
-    return bad(absl::StrCat("dimension ", sl.dim, " is outside rank ", t.shape.size()));
-  }
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (static_cast<int>(i) != sl.dim && t.shape[i] != sl.full_shape[i]) {
-      return bad(absl::StrCat("of shape ", ShapeString(t.shape), " differs from the full shape ",
-                              ShapeString(sl.full_shape), " outside dimension ", sl.dim));
-    }
-  }
-  const int64_t length = t.shape[static_cast<size_t>(sl.dim)];
-  const int64_t full = sl.full_shape[static_cast<size_t>(sl.dim)];
-  if (length <= 0) return bad("is empty");
-  if (sl.start > static_cast<uint64_t>(full) || static_cast<uint64_t>(length) > static_cast<uint64_t>(full) - sl.start) {
-    return bad(absl::StrCat("[", sl.start, ", ", sl.start + static_cast<uint64_t>(length), ") of dimension ", sl.dim,
-                            " lies outside its ", full, " rows"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status RefitSession::Push(const TensorRef& t) {
   if (impl_->done) return absl::FailedPreconditionError("session already ended");
   if (t.slice.present()) {
-    if (absl::Status st = CheckSlice(t); !st.ok()) return st;
+    // Checked before anything is sent (refitd checks it again): refused here, the push fails
+    // alone instead of aborting the session.
+    if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
   }
   absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
   if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
