@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
+#include "client/amax_meter.h"
 #include "common/checksum.h"
 #include "kj/async-io.h"
 #include "proto/refit.capnp.h"
@@ -237,6 +238,7 @@ struct RefitSession::Impl {
   bool member = false;  // joined another rank's session
   bool done = false;
   std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
+  std::unique_ptr<AmaxMeter> amax;  // MeasureAmax(true)
 };
 
 namespace {
@@ -521,6 +523,10 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     if (!st.ok()) return st;
     offset = 0;
   }
+  TensorDesc desc{t.name, t.dtype, t.shape, offset, *nbytes, t.slice, t.amax};
+  if (!t.amax && impl_->amax != nullptr) {
+    if (absl::Status st = impl_->amax->Measure(desc, t.data, impl_->header.tensors.size()); !st.ok()) return st;
+  }
   // Host or device source; into device buckets the copy is asynchronous and completes before the
   // bucket is sent.
   uint8_t* bucket = data->bucket[data->current].get();
@@ -528,8 +534,16 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': copy into the bucket failed: ", st.message()));
   }
   impl_->used = offset + *nbytes;
-  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
+  impl_->header.tensors.push_back(std::move(desc));
   return absl::OkStatus();
+}
+
+void RefitSession::MeasureAmax(bool on) {
+  if (!on) {
+    impl_->amax.reset();
+  } else if (impl_->amax == nullptr) {
+    impl_->amax = std::make_unique<AmaxMeter>();
+  }
 }
 
 absl::Status RefitSession::CheckDeviceMemory(const void* p) { return storage::CheckDeviceMemory(p); }
@@ -544,6 +558,9 @@ absl::Status RefitSession::Flush() {
     return absl::Status(st.code(), absl::StrCat("packing the bucket: ", st.message()));
   }
   h.nbytes = impl_->used;
+  if (impl_->amax != nullptr) {
+    if (absl::Status st = impl_->amax->Collect(h.tensors); !st.ok()) return st;
+  }
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
   h.checksum = data->transport->checks_integrity ? 0 : Checksum64(payload, h.nbytes);
