@@ -70,7 +70,7 @@ struct Tensor {
   float amax = 0;  // real max|x|
 };
 
-class SuppliedAmax : public ::testing::Test {
+class SuppliedAmaxTest : public ::testing::Test {
  protected:
   void SetUp() override {
 #ifdef REFIT_SUPPLIED_AMAX_GPU
@@ -201,7 +201,16 @@ class SuppliedAmax : public ::testing::Test {
   uint64_t id_ = 0;
 };
 
-TEST_F(SuppliedAmax, ExactAmaxConvertsFusedMembersInOnePassAsOffline) {
+// Distinct suite names for the two builds, so their ctest names do not collide.
+#ifdef REFIT_SUPPLIED_AMAX_GPU
+using SuppliedAmaxDeviceStaging = SuppliedAmaxTest;
+#define SUPPLIED_AMAX SuppliedAmaxDeviceStaging
+#else
+using SuppliedAmax = SuppliedAmaxTest;
+#define SUPPLIED_AMAX SuppliedAmax
+#endif
+
+TEST_F(SUPPLIED_AMAX, ExactAmaxConvertsFusedMembersInOnePassAsOffline) {
   MakeBuckets({tensors_[0].amax, tensors_[1].amax, tensors_[2].amax});
   std::unique_ptr<Session> s = Open();
   // The gate member converted with its bucket although its partner had not arrived: not held.
@@ -212,7 +221,7 @@ TEST_F(SuppliedAmax, ExactAmaxConvertsFusedMembersInOnePassAsOffline) {
   for (const auto& [name, bytes] : offline_) EXPECT_EQ(Staged(*s, name), bytes) << name;
 }
 
-TEST_F(SuppliedAmax, WithoutAmaxAFusedMemberWaitsForItsGroup) {
+TEST_F(SUPPLIED_AMAX, WithoutAmaxAFusedMemberWaitsForItsGroup) {
   MakeBuckets({-1, -1, -1});
   std::unique_ptr<Session> s = Open();
   EXPECT_FALSE(StagedAfterFirstBucket(*s, "l.0.gate.weight"));
@@ -221,7 +230,7 @@ TEST_F(SuppliedAmax, WithoutAmaxAFusedMemberWaitsForItsGroup) {
   for (const auto& [name, bytes] : offline_) EXPECT_EQ(Staged(*s, name), bytes) << name;
 }
 
-TEST_F(SuppliedAmax, ManifestAmaxResolvesTheGroupBeforeItsMembersArrive) {
+TEST_F(SUPPLIED_AMAX, ManifestAmaxResolvesTheGroupBeforeItsMembersArrive) {
   // Only the manifest carries the up member's amax; the announcements carry the others'.
   MakeBuckets({tensors_[0].amax, tensors_[1].amax, -1});
   Session::Options options;
@@ -233,7 +242,7 @@ TEST_F(SuppliedAmax, ManifestAmaxResolvesTheGroupBeforeItsMembersArrive) {
   for (const auto& [name, bytes] : offline_) EXPECT_EQ(Staged(*s, name), bytes) << name;
 }
 
-TEST_F(SuppliedAmax, ALargerAmaxGivesTheBytesThatAmaxDefines) {
+TEST_F(SUPPLIED_AMAX, ALargerAmaxGivesTheBytesThatAmaxDefines) {
   // gate claims 4x its max (above up's), down 1.5x: the group encodes against gate's claim.
   const float gate = tensors_[0].amax * 4, down = tensors_[1].amax * 1.5f;
   ASSERT_GT(gate, tensors_[2].amax);
@@ -254,7 +263,7 @@ TEST_F(SuppliedAmax, ALargerAmaxGivesTheBytesThatAmaxDefines) {
   }
 }
 
-TEST_F(SuppliedAmax, AnAmaxBelowTheTensorsMaxIsRefusedNamingIt) {
+TEST_F(SUPPLIED_AMAX, AnAmaxBelowTheTensorsMaxIsRefusedNamingIt) {
   // up claims half its max; down a tenth of its own.
   MakeBuckets({tensors_[0].amax, tensors_[1].amax * 0.1f, tensors_[2].amax * 0.5f});
   std::unique_ptr<Session> s = Open();
