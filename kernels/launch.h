@@ -29,9 +29,11 @@ int Fp8Block128(const Src& src, bool ue8m0, uint8_t* q, float* scale_inv,
 int Mxfp8(const Src& src, uint8_t* q, uint8_t* scales, unsigned long long* first_bad, void* stream);
 int Mxfp4(const Src& src, uint8_t* blocks, uint8_t* scales, unsigned long long* first_bad,
           void* stream);
-// Global amax from `amax_dev` (device float) when non-null, else `amax_host`.
+// Global amax from `amax_dev` (device float) when non-null, else `amax_host`. `claim_word`
+// (nullable): lowered to (1 << 63) | the flat index of a block whose max|x| exceeds `claim`.
 int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8_t* q,
-          uint8_t* scales, float* scale_2, unsigned long long* first_bad, void* stream);
+          uint8_t* scales, float* scale_2, unsigned long long* first_bad, float claim,
+          unsigned long long* claim_word, void* stream);
 // *amax_dev = max(*amax_dev, max|x|) with NaN dominating; *amax_dev must hold a value >= +0.
 int AccumulateAmax(const Src& src, float* amax_dev, void* stream);
 int Cast(const Src& src, Output out_type, void* out, unsigned long long* first_bad, void* stream);

@@ -30,6 +30,10 @@ struct Nvfp4Op {
   uint8_t* scales;
   float* scale_2;
   unsigned long long* first_bad;
+  // A trainer-supplied amax of the tensor (claim_word non-null): a block whose max|x| exceeds
+  // `claim` lowers *claim_word to kAmaxClaimBit | its flat index (kernels/quantize.h).
+  float claim = 0.0f;
+  unsigned long long* claim_word = nullptr;
 
   __device__ __forceinline__ Nvfp4State Prepare() const {
     const float A = amax_dev != nullptr ? *amax_dev : amax_host;
@@ -59,6 +63,9 @@ struct Nvfp4Op {
     const uint32_t lane_amax = Decode<kIn>(raw, v);
     if (first_bad != nullptr && valid && lane_amax >= kInfBits) RecordNonfinite<kIn>(raw, elem, first_bad);
     const float b = F(GroupMax<kLanes>(lane_amax));
+    if (claim_word != nullptr && valid && b > claim) {
+      atomicMin(claim_word, (1ULL << 63) | static_cast<unsigned long long>(elem));
+    }
     uint32_t scale_byte;
     uint32_t packed = 0;
     if constexpr (kTe) {
@@ -205,7 +212,8 @@ __device__ __forceinline__ uint32_t PackNvfp4Bf16x8(const uint32_t (&w)[4], cons
 // byte; the 16 codes go to lo (elements 0-7) and hi (8-15). `nonfinite` is set when the block
 // holds a NaN or Inf (the codes then follow Nvfp4Op's true-division arithmetic).
 __device__ __forceinline__ uint32_t Nvfp4BlockBf16(const Nvfp4State& st, const uint4& r0, const uint4& r1,
-                                                   uint32_t& lo, uint32_t& hi, bool& nonfinite) {
+                                                   uint32_t& lo, uint32_t& hi, bool& nonfinite,
+                                                   float& block_max) {
   const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
   uint32_t a0[4], a1[4];
 #pragma unroll
@@ -218,6 +226,7 @@ __device__ __forceinline__ uint32_t Nvfp4BlockBf16(const Nvfp4State& st, const u
   const uint32_t b_bits = max(m << 16, m & 0xFFFF0000u);
   nonfinite = b_bits >= kInfBits;
   const float b = F(b_bits);
+  block_max = b;
   float s;
   if (st.c_fast && (b_bits - 0x21800000u <= 0x3C000000u || b == 0.0f)) {
     const float q0 = b * st.rc;

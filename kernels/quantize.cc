@@ -110,6 +110,9 @@ absl::Status QuantizeRecording(Format f, const formats::ConstTensor& in, const f
                                std::string_view tensor_name, unsigned long long* first_bad, void* stream) {
   if (auto st = CheckQuantizeArgs(f, in, outs, tensor_name); !st.ok()) return st;
   unsigned long long* bad = nullptr;
+  if (amax.claim && first_bad == nullptr) {
+    return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": a supplied amax needs a device word to record the check"));
+  }
   if (options.nonfinite == formats::NonfinitePolicy::kReject) {
     if (first_bad == nullptr) {
       return absl::InvalidArgumentError(
@@ -134,7 +137,7 @@ absl::Status QuantizeRecording(Format f, const formats::ConstTensor& in, const f
                                             " global amax is 0 (the producer's block scales would be 0/0)"));
     }
   }
-  const int rc = GpuInfo(f).quantize(GpuQuantizeArgs{view->src, outs, amax, bad, stream});
+  const int rc = GpuInfo(f).quantize(GpuQuantizeArgs{view->src, outs, amax, bad, stream, first_bad});
   return CudaStatus(rc, Msg("quantizing tensor ", tensor_name));
 }
 
@@ -185,11 +188,17 @@ absl::Status NonfiniteProbe::Check(std::string_view tensor_name, void* stream) c
       !s.ok()) {
     return s;
   }
-  if (first != ~0ULL) {
-    return absl::InvalidArgumentError(
-        Msg("tensor ", tensor_name, ": non-finite value (NaN or Inf) at flat index ", first));
+  return RecordedStatus(first, tensor_name, std::nullopt);
+}
+
+absl::Status RecordedStatus(unsigned long long word, std::string_view tensor_name, std::optional<float> claim) {
+  if (word == ~0ULL) return absl::OkStatus();
+  if ((word & kAmaxClaimBit) != 0) {
+    return absl::InvalidArgumentError(Msg("tensor '", tensor_name, "': supplied amax ", claim.value_or(0.0f),
+                                          " is below the tensor's max|x| (block at flat index ", word & ~kAmaxClaimBit,
+                                          "; the trainer's amax must cover the bytes it sent)"));
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(Msg("tensor ", tensor_name, ": non-finite value (NaN or Inf) at flat index ", word));
 }
 
 }  // namespace refit::kernels

@@ -47,10 +47,21 @@ class NonfiniteProbe {
 
 // Where the global amax of NVFP4 formats comes from: the host (one pass over the input), or a
 // device float filled by AccumulateAmax (the two-pass path; no host round trip).
+// `claim`: the tensor's own amax as the trainer supplied it (NVFP4 formats): the encode also
+// checks it against every block's max|x| in the same pass and records a block that exceeds it
+// (see kAmaxClaimBit); the caller's check of the word then refuses the tensor.
 struct GlobalAmax {
   std::optional<float> host;
   const float* device = nullptr;
+  std::optional<float> claim;
 };
+
+// A recorded word (~0ULL: nothing) is either the first non-finite flat index, or kAmaxClaimBit |
+// the flat index of a block whose max|x| exceeds GlobalAmax::claim (non-finite input wins: its
+// index is smaller).
+inline constexpr unsigned long long kAmaxClaimBit = 1ULL << 63;
+// OK for ~0ULL; otherwise InvalidArgument naming `tensor_name` and what the word records.
+absl::Status RecordedStatus(unsigned long long word, std::string_view tensor_name, std::optional<float> claim);
 
 // Quantizes the device tensor `in` (BF16 or FP32, dense row-major) into `outs` (device buffers,
 // one per formats::PlanOutputs entry, in that order, exact byte sizes).
@@ -66,7 +77,8 @@ absl::Status Quantize(formats::Format f, const formats::ConstTensor& in,
 // As Quantize, recording non-finite input in `first_bad` instead of a NonfiniteProbe: a device
 // word the caller set to ~0ULL, which the kernels lower to the first bad flat index. Lets one
 // array of words, read back with one copy, serve every tensor of a bucket. `first_bad` may be
-// nullptr only under kPropagate.
+// nullptr only under kPropagate and without amax.claim (an exceeded claim is recorded there
+// too, under either policy; decode with RecordedStatus).
 absl::Status QuantizeRecording(formats::Format f, const formats::ConstTensor& in,
                                const formats::QuantizeOptions& options, const GlobalAmax& amax,
                                std::span<const formats::MutableBytes> outs, std::string_view tensor_name,

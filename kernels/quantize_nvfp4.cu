@@ -98,8 +98,13 @@ __global__ void __launch_bounds__(kFlatThreads) Nvfp4BlockKernel(const uint4* __
       const int32_t blk = tile * kPerTile + u * kFlatThreads + static_cast<int32_t>(threadIdx.x);
       uint32_t lo, hi;
       bool nonfinite;
-      const uint32_t scale_byte = Nvfp4BlockBf16(st, cur[2 * u], cur[2 * u + 1], lo, hi, nonfinite);
+      float block_max;
+      const uint32_t scale_byte = Nvfp4BlockBf16(st, cur[2 * u], cur[2 * u + 1], lo, hi, nonfinite, block_max);
       if (blk < n_blocks) {
+        // A trainer-supplied amax below this block's max|x| (as Nvfp4Op::Apply checks it).
+        if (op.claim_word != nullptr && block_max > op.claim) {
+          atomicMin(op.claim_word, (1ULL << 63) | static_cast<unsigned long long>(16 * static_cast<int64_t>(blk)));
+        }
         if (nonfinite && op.first_bad != nullptr) {
           RecordNonfinite<launch::Input::kBf16>(cur[2 * u], 16 * static_cast<int64_t>(blk), op.first_bad);
           RecordNonfinite<launch::Input::kBf16>(cur[2 * u + 1], 16 * static_cast<int64_t>(blk) + 8, op.first_bad);
@@ -119,7 +124,8 @@ __global__ void __launch_bounds__(kFlatThreads) Nvfp4BlockKernel(const uint4* __
 namespace launch {
 
 int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8_t* q,
-          uint8_t* scales, float* scale_2, unsigned long long* first_bad, void* stream) {
+          uint8_t* scales, float* scale_2, unsigned long long* first_bad, float claim,
+          unsigned long long* claim_word, void* stream) {
   const bool vec = dev::Aligned(src.data, 16) && dev::Aligned(q, 4);
   // Reverse CTA order: after a forward amax pass, the tail of the tensor is still in L2.
   // launch_empty: an empty tensor still gets its weight_scale_2.
@@ -132,15 +138,15 @@ int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8
     const int64_t grid = dev::PersistentGrid(kernel, dev::kFlatThreads, (n / 16 + per_tile - 1) / per_tile);
     kernel<<<static_cast<unsigned>(grid), dev::kFlatThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const uint4*>(src.data), static_cast<int32_t>(n / 16),
-        dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad});
+        dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad, claim, claim_word});
     return static_cast<int>(cudaGetLastError());
   }
   if (te) {
     return dev::LaunchFlat<true>(
-        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
+        src, vec, dev::Nvfp4Op<true>{amax_dev, amax_host, q, scales, scale_2, first_bad, claim, claim_word}, stream, true);
   }
   return dev::LaunchFlat<true>(
-      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad}, stream, true);
+      src, vec, dev::Nvfp4Op<false>{amax_dev, amax_host, q, scales, scale_2, first_bad, claim, claim_word}, stream, true);
 }
 
 int AccumulateAmax(const Src& src, float* amax_dev, void* stream) {

@@ -26,7 +26,7 @@ int Cast(const GpuQuantizeArgs& a) {
 template <bool kTe>
 int Nvfp4(const GpuQuantizeArgs& a) {
   return launch::Nvfp4(a.src, kTe, a.amax.device, a.amax.host.value_or(0.0f), a.bytes(0), a.bytes(1), a.floats(2),
-                       a.first_bad, a.stream);
+                       a.first_bad, a.amax.claim.value_or(0.0f), a.amax.claim ? a.claim_word : nullptr, a.stream);
 }
 
 constexpr std::array<GpuFormat, formats::kFormatCount> kGpuFormats = {{

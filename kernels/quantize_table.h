@@ -21,6 +21,7 @@ struct GpuQuantizeArgs {
   GlobalAmax amax;                              // resolved (checked) for formats with a global amax
   unsigned long long* first_bad;                // nullable: record non-finite input there
   void* stream;
+  unsigned long long* claim_word = nullptr;     // amax.claim set: where an exceeded claim is recorded
 
   uint8_t* bytes(size_t i) const { return static_cast<uint8_t*>(outs[i].data); }
   float* floats(size_t i) const { return static_cast<float*>(outs[i].data); }

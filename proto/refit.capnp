@@ -68,6 +68,12 @@ struct TensorDesc {
   sliceDim @5 :Int32 = -1;  # -1: the whole tensor
   sliceStart @6 :UInt64;
   fullShape @7 :List(Int64);
+  # The tensor's max|x| (after the spec's fp32 input policy), supplied by the trainer so that an
+  # NVFP4 tensor converts in one pass (docs/formats.md, "Trainer-supplied amax"). In a bucket
+  # announcement or the manifest; for a slice, the max over the slice. refitd refuses, naming the
+  # tensor, an amax below the tensor's real max|x|; other formats ignore it.
+  amax @8 :Float32;
+  hasAmax @9 :Bool;         # false: no amax supplied (refitd computes it)
 }
 
 struct Manifest {

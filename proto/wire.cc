@@ -21,6 +21,7 @@ absl::StatusOr<TensorDesc> FromWire(proto::TensorDesc::Reader r) {
     d.slice.start = r.getSliceStart();
     for (int64_t v : r.getFullShape()) d.slice.full_shape.push_back(v);
   }
+  if (r.getHasAmax()) d.amax = r.getAmax();
   return d;
 }
 
@@ -112,6 +113,10 @@ void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b) {
     b.setSliceStart(d.slice.start);
     auto full = b.initFullShape(static_cast<unsigned>(d.slice.full_shape.size()));
     for (size_t i = 0; i < d.slice.full_shape.size(); ++i) full.set(static_cast<unsigned>(i), d.slice.full_shape[i]);
+  }
+  if (d.amax) {
+    b.setHasAmax(true);
+    b.setAmax(*d.amax);
   }
 }
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 3  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held versions)
+ABI_VERSION = 4  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held versions; 4: measure_amax)
 
 OK = 0
 MEMORY_HOST = 0
@@ -132,6 +132,7 @@ _SIGNATURES = {
     "refit_session_bucket_bytes": (ctypes.c_uint64, [_P]),
     "refit_session_push": (ctypes.c_int, [_P, ctypes.POINTER(Tensor)]),
     "refit_session_flush": (ctypes.c_int, [_P]),
+    "refit_session_measure_amax": (ctypes.c_int, [_P, ctypes.c_int]),
     "refit_session_commit": (ctypes.c_int, [_P, ctypes.POINTER(Report)]),
     "refit_session_abort": (ctypes.c_int, [_P, ctypes.c_char_p]),
     "refit_session_close": (None, [_P]),

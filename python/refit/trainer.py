@@ -356,6 +356,12 @@ class RefitSession:
         _native.check(self._lib.refit_session_flush(self._live()), "flush")
         self._in_flight.clear()
 
+    def measure_amax(self, on: bool = True) -> None:
+        """Tensors pushed afterwards (BF16) carry their max|x|, measured here (on the tensor's GPU
+        for CUDA tensors), so refitd converts NVFP4 tensors in one pass (docs/formats.md,
+        "Trainer-supplied amax")."""
+        _native.check(self._lib.refit_session_measure_amax(self._live(), 1 if on else 0), "measure_amax")
+
     def commit(self) -> RefitReport:
         """Asks refitd to validate and swap. RefitRefused names every offending tensor; the engine
         keeps its previous version then."""

@@ -588,6 +588,14 @@ int refit_session_flush(refit_session* session) {
   });
 }
 
+int refit_session_measure_amax(refit_session* session, int on) {
+  return Guard("refit_session_measure_amax", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    session->impl->MeasureAmax(on != 0);
+    return absl::OkStatus();
+  });
+}
+
 int refit_session_commit(refit_session* session, refit_report* out) {
   return Guard("refit_session_commit", [&]() -> absl::Status {
     if (absl::Status st = LiveSession(session); !st.ok()) return st;

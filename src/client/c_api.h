@@ -53,12 +53,13 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 3  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 4  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
                                  refit_engine_tag) and held versions (refit_manifest.stage_only,
-                                 refit_client_commit_version, refit_client_rollback, refit_client_versions) */
+                                 refit_client_commit_version, refit_client_rollback, refit_client_versions);
+                                 4: refit_session_measure_amax */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -256,6 +257,10 @@ REFIT_API uint64_t refit_session_bucket_bytes(const refit_session* session);
 /* Appends a tensor to the current bucket (copied: `data` may be reused on return). */
 REFIT_API int refit_session_push(refit_session* session, const refit_tensor* tensor);
 REFIT_API int refit_session_flush(refit_session* session);
+/* ABI 4. `on` != 0: every BF16 tensor pushed afterwards carries its max|x| (measured on the host,
+ * or on the caller's GPU for device tensors), so refitd converts NVFP4 tensors in one pass
+ * (RefitSession::MeasureAmax, docs/formats.md "Trainer-supplied amax"). Off by default. */
+REFIT_API int refit_session_measure_amax(refit_session* session, int on);
 /* Flushes and asks refitd to validate and swap. A refused refit returns REFIT_FAILED_PRECONDITION
  * with refitd's message. `out` may be NULL. The session has ended afterwards, whatever the code. */
 REFIT_API int refit_session_commit(refit_session* session, refit_report* out);

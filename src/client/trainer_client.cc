@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
+#include "client/amax_meter.h"
 #include "common/checksum.h"
 #include "kj/async-io.h"
 #include "proto/refit.capnp.h"
@@ -237,6 +238,7 @@ struct RefitSession::Impl {
   bool member = false;  // joined another rank's session
   bool done = false;
   std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
+  std::unique_ptr<AmaxMeter> amax;  // MeasureAmax(true)
 };
 
 namespace {
@@ -500,44 +502,12 @@ std::vector<uint64_t> RefitSession::ids() const {
 }
 uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 
-namespace {
-
-// A slice's geometry, checked before anything is sent (refitd checks it again): refused here,
-// the push fails alone instead of aborting the session.
-absl::Status CheckSlice(const TensorRef& t) {
-  const TensorSlice& sl = t.slice;
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': slice ", why));
-  };
-  if (sl.full_shape.size() != t.shape.size()) {
-    return bad(absl::StrCat("of shape ", ShapeString(t.shape), " does not have the rank of the full shape ",
-                            ShapeString(sl.full_shape)));
-  }
-  if (static_cast<size_t>(sl.dim) >= t.shape.size()) {
-    return bad(absl::StrCat("dimension ", sl.dim, " is outside rank ", t.shape.size()));
-  }
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (static_cast<int>(i) != sl.dim && t.shape[i] != sl.full_shape[i]) {
-      return bad(absl::StrCat("of shape ", ShapeString(t.shape), " differs from the full shape ",
-                              ShapeString(sl.full_shape), " outside dimension ", sl.dim));
-    }
-  }
-  const int64_t length = t.shape[static_cast<size_t>(sl.dim)];
-  const int64_t full = sl.full_shape[static_cast<size_t>(sl.dim)];
-  if (length <= 0) return bad("is empty");
-  if (sl.start > static_cast<uint64_t>(full) || static_cast<uint64_t>(length) > static_cast<uint64_t>(full) - sl.start) {
-    return bad(absl::StrCat("[", sl.start, ", ", sl.start + static_cast<uint64_t>(length), ") of dimension ", sl.dim,
-                            " lies outside its ", full, " rows"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status RefitSession::Push(const TensorRef& t) {
   if (impl_->done) return absl::FailedPreconditionError("session already ended");
   if (t.slice.present()) {
-    if (absl::Status st = CheckSlice(t); !st.ok()) return st;
+    // Checked before anything is sent (refitd checks it again): refused here, the push fails
+    // alone instead of aborting the session.
+    if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
   }
   absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
   if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
@@ -553,6 +523,10 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     if (!st.ok()) return st;
     offset = 0;
   }
+  TensorDesc desc{t.name, t.dtype, t.shape, offset, *nbytes, t.slice, t.amax};
+  if (!t.amax && impl_->amax != nullptr) {
+    if (absl::Status st = impl_->amax->Measure(desc, t.data, impl_->header.tensors.size()); !st.ok()) return st;
+  }
   // Host or device source; into device buckets the copy is asynchronous and completes before the
   // bucket is sent.
   uint8_t* bucket = data->bucket[data->current].get();
@@ -560,8 +534,16 @@ absl::Status RefitSession::Push(const TensorRef& t) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': copy into the bucket failed: ", st.message()));
   }
   impl_->used = offset + *nbytes;
-  impl_->header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice});
+  impl_->header.tensors.push_back(std::move(desc));
   return absl::OkStatus();
+}
+
+void RefitSession::MeasureAmax(bool on) {
+  if (!on) {
+    impl_->amax.reset();
+  } else if (impl_->amax == nullptr) {
+    impl_->amax = std::make_unique<AmaxMeter>();
+  }
 }
 
 absl::Status RefitSession::CheckDeviceMemory(const void* p) { return storage::CheckDeviceMemory(p); }
@@ -576,6 +558,9 @@ absl::Status RefitSession::Flush() {
     return absl::Status(st.code(), absl::StrCat("packing the bucket: ", st.message()));
   }
   h.nbytes = impl_->used;
+  if (impl_->amax != nullptr) {
+    if (absl::Status st = impl_->amax->Collect(h.tensors); !st.ok()) return st;
+  }
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
   h.checksum = data->transport->checks_integrity ? 0 : Checksum64(payload, h.nbytes);

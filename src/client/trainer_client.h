@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct TensorRef {
   // Set to push a slice of the HF tensor (e.g. this rank's tensor-parallel shard): `shape` is
   // then the slice's, and refitd assembles the tensor from its slices before converting it.
   TensorSlice slice = {};
+  // max|x| of the bytes pushed, for single-pass NVFP4 (docs/formats.md "Trainer-supplied amax"):
+  // refitd encodes an NVFP4 tensor against it and refuses the tensor when it is below the real
+  // max. Unset: measured by the session when RefitSession::MeasureAmax is on, else refitd's own.
+  std::optional<float> amax = std::nullopt;
 };
 
 struct ParamChecksum {
@@ -160,6 +165,12 @@ class RefitSession {
   static absl::Status CheckDeviceMemory(const void* p);
   // Sends the current bucket, if any.
   absl::Status Flush();
+  // On: every BF16 tensor pushed afterwards without TensorRef::amax carries its max|x| in its
+  // announcement, measured here (host tensors with the CPU reference, device tensors with refitd's
+  // amax kernel on the caller's GPU, read back once per bucket), so refitd converts NVFP4 tensors
+  // in one pass and a fused group's members without holding them. refitd ignores it for other
+  // formats; the cost is one read of each tensor on the trainer. Off by default.
+  void MeasureAmax(bool on);
   // Flushes, then asks refitd to validate and swap. Refused refits return FailedPrecondition
   // with refitd's message naming every offending tensor.
   absl::StatusOr<RefitReport> Commit();

@@ -138,7 +138,7 @@ absl::StatusOr<float> Amax(const ConstTensor& in, const QuantizeOptions& options
 
 absl::Status Quantize(Format f, const ConstTensor& in, const QuantizeOptions& options,
                       std::optional<float> global_amax, std::span<const MutableBytes> outs,
-                      std::string_view tensor_name) {
+                      std::string_view tensor_name, std::optional<float> supplied_amax) {
   const FormatInfo& info = Info(f);
   absl::StatusOr<std::vector<OutputSpec>> plan = PlanOutputs(f, in.dtype, in.shape);
   if (!plan.ok()) return Named(tensor_name, plan.status());
@@ -167,6 +167,11 @@ absl::Status Quantize(Format f, const ConstTensor& in, const QuantizeOptions& op
     const float own = RawAmax(in, policy);
     a = global_amax.value_or(own);
     const bool reject = options.nonfinite == NonfinitePolicy::kReject;
+    if (supplied_amax && !std::isnan(own) && !(*supplied_amax >= own)) {
+      return Named(tensor_name, absl::InvalidArgumentError(Msg(
+                                    "supplied amax ", *supplied_amax, " is below the tensor's max|x| ", own,
+                                    " (the trainer's amax must cover the bytes it sent)")));
+    }
     if (reject && !bits::IsFinite(a)) {
       return Named(tensor_name, absl::InvalidArgumentError(
                                     Msg("global amax ", a, " is not finite")));

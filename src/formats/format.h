@@ -86,9 +86,12 @@ absl::StatusOr<float> Amax(const ConstTensor& in, const QuantizeOptions& options
 // `global_amax`: for NeedsGlobalAmax formats, the amax A shared by the fused group (max over
 // its members); when absent the tensor's own amax is used. Ignored by other formats.
 // Errors name `tensor_name`.
+// `supplied_amax`: the tensor's own max|x| as its producer stated it (a trainer-supplied amax);
+// for NeedsGlobalAmax formats, InvalidArgument naming the tensor when it is below the tensor's
+// real max|x| (checked in the same pass that computes it). Ignored by other formats.
 absl::Status Quantize(Format f, const ConstTensor& in, const QuantizeOptions& options,
                       std::optional<float> global_amax, std::span<const MutableBytes> outs,
-                      std::string_view tensor_name);
+                      std::string_view tensor_name, std::optional<float> supplied_amax = std::nullopt);
 
 // Inverse, to fp32 (for verification and error-bound tests). `parts` match PlanOutputs.
 absl::Status Dequantize(Format f, const Shape& shape, std::span<const ConstTensor> parts,

@@ -10,7 +10,7 @@ namespace refit {
 
 absl::Status ConvertFull(const ConvertStep& step, const formats::ConstTensor& in, const formats::QuantizeOptions& options,
                          std::optional<float> global_amax, std::span<const formats::MutableBytes> outs,
-                         std::string_view name) {
+                         std::string_view name, std::optional<float> supplied_amax) {
   absl::StatusOr<uint64_t> nbytes = DenseBytes(in.dtype, in.shape);
   if (!nbytes.ok()) return nbytes.status();
   formats::ConstTensor src = in;
@@ -31,7 +31,7 @@ absl::Status ConvertFull(const ConvertStep& step, const formats::ConstTensor& in
     std::memcpy(outs[0].data, src.data, *nbytes);
     return absl::OkStatus();
   }
-  return formats::Quantize(step.format, src, options, global_amax, outs, name);
+  return formats::Quantize(step.format, src, options, global_amax, outs, name, supplied_amax);
 }
 
 absl::StatusOr<float> TensorAmax(const formats::ConstTensor& in, const formats::QuantizeOptions& options,

@@ -22,11 +22,11 @@ struct ConvertStep {
 };
 
 // Converts `in` (as the trainer sent it) into `outs`, the whole tensor's outputs in
-// formats::PlanOutputs order (one output, the input bytes, for a copy). `global_amax` as for
-// formats::Quantize. Errors name `name`.
+// formats::PlanOutputs order (one output, the input bytes, for a copy). `global_amax` and
+// `supplied_amax` as for formats::Quantize. Errors name `name`.
 absl::Status ConvertFull(const ConvertStep& step, const formats::ConstTensor& in, const formats::QuantizeOptions& options,
                          std::optional<float> global_amax, std::span<const formats::MutableBytes> outs,
-                         std::string_view name);
+                         std::string_view name, std::optional<float> supplied_amax = std::nullopt);
 
 // max|x| of `in` under the input policy (what a fused NVFP4 group's members contribute).
 absl::StatusOr<float> TensorAmax(const formats::ConstTensor& in, const formats::QuantizeOptions& options,

@@ -7,6 +7,7 @@
 #ifndef REFIT_REFIT_CONVERTER_H_
 #define REFIT_REFIT_CONVERTER_H_
 
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -21,6 +22,16 @@
 
 namespace refit {
 
+// The global amax of one NVFP4 conversion (formats::NeedsGlobalAmax formats; others ignore it).
+// Neither `device` nor `host`: the tensor's own, computed first (two passes).
+struct PlannedAmax {
+  const float* device = nullptr;  // a fused group's amax in a device float (members held on the GPU)
+  std::optional<float> host;      // trainer-supplied: the tensor's amax, or the max over its group's
+  // The tensor's own supplied amax: the encode checks it against the tensor's real max|x| in the
+  // same pass, and the tensor is refused, named, when it is below.
+  std::optional<float> claim;
+};
+
 // The device side of a converter whose staging is on the GPU: every step of a plan (transpose,
 // this rank's shard slice, a fused group's shared NVFP4 amax) and every engine layout step and
 // derived parameter, on the converter's own stream, with no host round trip. All pointers but
@@ -30,11 +41,11 @@ class DeviceOps {
   virtual ~DeviceOps() = default;
   // Converts `desc` per the whole plan: transposed when plan.transpose, quantized into whole
   // outputs, then this rank's part of each written to `outs` (plan.targets order, this rank's
-  // bytes). `group_amax`: a device float holding the fused group's amax (NVFP4 formats), or
-  // nullptr for the tensor's own. Errors surface here or at Converter::Sync, as for Convert.
+  // bytes). `amax`: where the NVFP4 global amax comes from (above). Errors surface here or at
+  // Converter::Sync, as for Convert (a supplied amax below the tensor's max|x| at Sync).
   virtual absl::Status ConvertPlanned(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
                                       storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
-                                      const formats::QuantizeOptions& options, const float* group_amax) = 0;
+                                      const formats::QuantizeOptions& options, const PlannedAmax& amax) = 0;
   // *amax = 0, then *amax = max(*amax, max|x| of `desc` under the input policy).
   virtual absl::Status ResetAmax(float* amax) = 0;
   virtual absl::Status AccumulateAmax(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,

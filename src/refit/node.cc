@@ -190,6 +190,9 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   so.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
   so.limits = session_limits;
   so.failpoints = options_.failpoints;
+  for (const TensorDesc& t : manifest.tensors) {
+    if (t.amax && !t.slice.present()) so.supplied_amax.emplace_back(t.name, *t.amax);
+  }
   so.on_received = hooks_.on_received;
   so.on_converted = hooks_.on_converted;
   Active a;

@@ -24,6 +24,10 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
       ledger_(planner),
       staging_(std::make_unique<Staging>(options_.limits.staging_bytes, pool)),
       slices_(ring.memory(), options_.limits.staging_bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, amax] : options_.supplied_amax) supplied_amax_[name] = amax;
+  }
   receiver_.Reset();
   ring_.Reset();
   receiver_thread_ = std::thread([this] { ReceiveLoop(); });
@@ -112,6 +116,13 @@ absl::Status Session::Announce(BucketHeader header, uint32_t* assigned) {
   }
   ++next_seq_;
   announced_tensors_ += header.tensors.size();
+  // Whole tensors' supplied amax, known before their bucket converts (a fused group converts in
+  // one pass once every member's is known; slices are known when assembled).
+  for (const TensorDesc& t : header.tensors) {
+    if (!t.amax || t.slice.present()) continue;
+    auto [it, fresh] = supplied_amax_.try_emplace(t.name, *t.amax);
+    if (!fresh) it->second = std::max(it->second, *t.amax);
+  }
   announced_.push_back(std::move(header));
   return absl::OkStatus();
 }
@@ -209,7 +220,7 @@ DeviceOps* Session::device_ops() const {
 
 absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                             const TensorPlan& plan, std::optional<float> global_amax, uint64_t& out_bytes,
-                            const float* device_amax) {
+                            const float* device_amax, std::optional<float> claim) {
   const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
   absl::InlinedVector<uint8_t*, 4> staged;
   absl::InlinedVector<formats::MutableBytes, 4> outs;
@@ -238,7 +249,8 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
   if (DeviceOps* ops = device_ops(); ops != nullptr) {
     // Staging on the GPU: transpose, whole outputs and this rank's slice of each on the device,
     // from device or host payloads alike.
-    return ops->ConvertPlanned(plan, desc, src, src_kind, outs, planner_.spec().options, device_amax);
+    return ops->ConvertPlanned(plan, desc, src, src_kind, outs, planner_.spec().options,
+                               PlannedAmax{device_amax, device_amax == nullptr ? global_amax : std::nullopt, claim});
   }
   // Transposed, sharded or group-scaled tensors are converted whole on the host, then this
   // rank's part is staged.
@@ -261,7 +273,7 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
     host_outs.push_back({full.back().data(), n});
   }
   REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
-                                    global_amax, host_outs, desc.name));
+                                    global_amax, host_outs, desc.name, claim));
   if (full.empty()) return absl::OkStatus();
   std::vector<uint8_t> part;
   for (size_t i = 0; i < plan.targets.size(); ++i) {
@@ -277,6 +289,43 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
     REFIT_RETURN_IF_ERROR(staging_->pool().memory().CopyFromHost(staged[i], bytes, t.spec.bytes));
   }
   return absl::OkStatus();
+}
+
+std::optional<std::pair<float, float>> Session::SuppliedAmax(const TensorDesc& desc, const TensorPlan& plan) {
+  if (plan.kind != ConvertKind::kQuantize || !formats::NeedsGlobalAmax(plan.format)) return std::nullopt;
+  // Device payloads convert with a supplied amax only through the device ops.
+  if (device_ops() == nullptr && ring_.kind() != storage::MemoryKind::kHost) return std::nullopt;
+  if (plan.amax_group.empty()) {
+    if (desc.amax) return std::make_pair(*desc.amax, *desc.amax);
+    absl::MutexLock lock(&mu_);
+    auto it = supplied_amax_.find(desc.name);
+    if (it == supplied_amax_.end()) return std::nullopt;
+    return std::make_pair(it->second, it->second);
+  }
+  if (auto g = supplied_groups_.find(plan.amax_group_key); g != supplied_groups_.end()) {
+    auto c = g->second.claims.find(desc.name);
+    if (c == g->second.claims.end()) return std::nullopt;  // not a member the group was fixed with
+    return std::make_pair(g->second.amax, c->second);
+  }
+  // Members already held for the two-pass path stay on it.
+  if (pending_.count(plan.amax_group_key) != 0 || device_pending_.count(plan.amax_group_key) != 0) return std::nullopt;
+  SuppliedGroup group;
+  {
+    absl::MutexLock lock(&mu_);
+    if (desc.amax) {
+      auto [it, fresh] = supplied_amax_.try_emplace(desc.name, *desc.amax);
+      if (!fresh) it->second = std::max(it->second, *desc.amax);
+    }
+    for (const std::string& member : plan.amax_group) {
+      auto it = supplied_amax_.find(member);
+      if (it == supplied_amax_.end()) return std::nullopt;
+      group.claims.emplace(member, it->second);
+      group.amax = std::max(group.amax, it->second);
+    }
+  }
+  const float a = group.amax, claim = group.claims.at(desc.name);
+  supplied_groups_.emplace(plan.amax_group_key, std::move(group));
+  return std::make_pair(a, claim);
 }
 
 absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
@@ -454,7 +503,9 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     } else {
       pieces.push_back(SourcePiece{pushed, 0});
     }
-    for (const SourcePiece& piece : pieces) {
+    for (SourcePiece& piece : pieces) {
+      // A piece of a Megatron-core tensor: the pushed tensor's amax bounds each piece's.
+      if (!piece.desc.amax) piece.desc.amax = pushed.amax;
       const TensorDesc& arrived = piece.desc;
       const TensorDesc* slice_or_whole = &arrived;
       const uint8_t* src = data + pushed.offset + piece.src_offset;
@@ -482,9 +533,15 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       const TensorDesc& desc = *slice_or_whole;
       absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(desc);
       if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
-      absl::Status status = (*plan)->amax_group.empty()
-                                ? Stage(desc, src, ring_.kind(), **plan, std::nullopt, out_bytes)
-                                : Defer(desc, src, ring_.kind(), *plan, out_bytes);
+      absl::Status status;
+      if (std::optional<std::pair<float, float>> supplied = SuppliedAmax(desc, **plan)) {
+        // Single pass: encoded against the supplied amax, checked against the tensor's max|x|.
+        status = Stage(desc, src, ring_.kind(), **plan, supplied->first, out_bytes, nullptr, supplied->second);
+      } else if ((*plan)->amax_group.empty()) {
+        status = Stage(desc, src, ring_.kind(), **plan, std::nullopt, out_bytes);
+      } else {
+        status = Defer(desc, src, ring_.kind(), *plan, out_bytes);
+      }
       if (status.code() == absl::StatusCode::kResourceExhausted) {
         converter_.Sync();
         RetireGroups();

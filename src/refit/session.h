@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -41,6 +42,9 @@ class Session {
     absl::Time deadline = absl::InfiniteFuture();
     SessionLimits limits;
     const FailpointSet* failpoints = nullptr;  // test builds: after_receive, after_convert
+    // Trainer-supplied amax of whole tensors from the manifest (TensorDesc::amax), by name; bucket
+    // announcements add theirs. See Session::SuppliedAmax.
+    std::vector<std::pair<std::string, float>> supplied_amax;
     // Progress, for live metrics. Called on the session's own threads (receiver, converter),
     // outside its lock: on_received after each bucket arrived intact (its payload bytes);
     // on_converted after each bucket was converted (the bytes it staged per output format,
@@ -96,8 +100,16 @@ class Session {
   // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
   // the session; other errors are the tensor's (recorded by the ledger).
   // `device_amax`: a fused group's amax in a device float (device staging), or nullptr.
+  // `claim`: the tensor's own trainer-supplied amax (checked against its max|x| as it converts).
   absl::Status Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
-                     std::optional<float> global_amax, uint64_t& out_bytes, const float* device_amax = nullptr);
+                     std::optional<float> global_amax, uint64_t& out_bytes, const float* device_amax = nullptr,
+                     std::optional<float> claim = std::nullopt);
+  // Single-pass NVFP4 (trainer-supplied amax): {amax to encode against, the tensor's own claim}
+  // when the tensor and, for a fused member, every member of its group have a supplied amax
+  // (manifest, announcements, or arrivals so far); the group's amax is then the max of its
+  // members' and is fixed at the first member converted. nullopt: refitd computes the amax
+  // (and holds fused members until their group is complete).
+  std::optional<std::pair<float, float>> SuppliedAmax(const TensorDesc& desc, const TensorPlan& plan);
   // The converter's device side when staging is on the GPU, else nullptr.
   DeviceOps* device_ops() const;
   // Defer with staging on the GPU: each member raises the group's device amax as it arrives and
@@ -129,6 +141,9 @@ class Session {
   SliceAssembler slices_;  // sliced tensors being assembled (in the ring's memory)
   // Checkpoint tensor -> the Megatron-core tensor a slice of it came from (spec `source`).
   std::map<std::string, std::string> source_of_ ABSL_GUARDED_BY(mu_);
+  // Trainer-supplied amax by checkpoint tensor name (manifest, whole-tensor announcements, and
+  // arrivals as they convert).
+  absl::flat_hash_map<std::string, float> supplied_amax_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);
@@ -164,6 +179,13 @@ class Session {
     std::vector<uint8_t> input;  // a host copy of the member's input bytes
   };
   std::map<std::string, std::vector<PendingMember>> pending_;
+  // Fused groups converting single-pass from supplied amax: the group's amax and each member's
+  // claim, fixed when the first member converted. Converter thread only.
+  struct SuppliedGroup {
+    float amax = 0.0f;
+    absl::flat_hash_map<std::string, float> claims;
+  };
+  absl::flat_hash_map<std::string, SuppliedGroup> supplied_groups_;
 
   // The same with staging on the GPU (DeferOnDevice). Converter thread only.
   struct DeviceMember {

@@ -1,5 +1,6 @@
 #include "refit/slice_assembler.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -7,36 +8,8 @@
 
 namespace refit {
 
-absl::Status SliceAssembler::Check(const TensorDesc& s) const {
-  const TensorSlice& sl = s.slice;
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", s.name, "': slice ", why));
-  };
-  if (sl.full_shape.size() != s.shape.size()) {
-    return bad(absl::StrCat("of shape ", ShapeString(s.shape), " does not have the rank of the full shape ",
-                            ShapeString(sl.full_shape)));
-  }
-  if (sl.dim < 0 || static_cast<size_t>(sl.dim) >= s.shape.size()) {
-    return bad(absl::StrCat("dimension ", sl.dim, " is outside rank ", s.shape.size()));
-  }
-  for (size_t i = 0; i < s.shape.size(); ++i) {
-    if (static_cast<int>(i) != sl.dim && s.shape[i] != sl.full_shape[i]) {
-      return bad(absl::StrCat("of shape ", ShapeString(s.shape), " differs from the full shape ",
-                              ShapeString(sl.full_shape), " outside dimension ", sl.dim));
-    }
-  }
-  const int64_t length = s.shape[static_cast<size_t>(sl.dim)];
-  const int64_t full = sl.full_shape[static_cast<size_t>(sl.dim)];
-  if (length <= 0) return bad("is empty");
-  if (sl.start > static_cast<uint64_t>(full) || static_cast<uint64_t>(length) > static_cast<uint64_t>(full) - sl.start) {
-    return bad(absl::StrCat("[", sl.start, ", ", sl.start + static_cast<uint64_t>(length), ") of dimension ", sl.dim,
-                            " lies outside its ", full, " rows"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::optional<SliceAssembler::Whole>> SliceAssembler::Add(const TensorDesc& s, const uint8_t* src) {
-  if (absl::Status st = Check(s); !st.ok()) {
+  if (absl::Status st = CheckSliceGeometry(s.name, s.shape, s.slice); !st.ok()) {
     absl::MutexLock lock(&mu_);
     if (auto it = pending_.find(s.name); it != pending_.end()) {
       held_ -= it->second.bytes;
@@ -107,8 +80,15 @@ absl::StatusOr<std::optional<SliceAssembler::Whole>> SliceAssembler::Add(const T
   }
   p.covered.emplace(start, end);
   p.covered_rows += rows;
+  // The whole tensor's supplied amax: the max over its slices', when every slice had one.
+  if (s.amax && p.amax_supplied) {
+    p.amax = std::max(p.amax, *s.amax);
+  } else {
+    p.amax_supplied = false;
+  }
   if (p.covered_rows < full_rows) return std::optional<Whole>();
   Whole whole{TensorDesc{s.name, p.dtype, p.full, 0, p.bytes}, std::move(p.data)};
+  if (p.amax_supplied) whole.desc.amax = p.amax;
   held_ -= p.bytes;
   pending_.erase(it);
   return std::optional<Whole>(std::move(whole));

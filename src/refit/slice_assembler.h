@@ -55,8 +55,9 @@ class SliceAssembler {
     std::shared_ptr<uint8_t> data;
     std::map<uint64_t, uint64_t> covered;  // start -> end of each slice added
     uint64_t covered_rows = 0;
+    float amax = 0.0f;           // max of the slices' supplied amax so far
+    bool amax_supplied = true;   // every slice so far supplied one
   };
-  absl::Status Check(const TensorDesc& slice) const;
 
   storage::Memory& memory_;
   const uint64_t limit_bytes_;

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
+
 namespace refit {
 
 const char* OutcomeName(Outcome outcome) {
@@ -84,6 +86,33 @@ absl::Status CheckTag(std::string_view tag) {
                                         " (a tag is 1.." + std::to_string(kMaxTagBytes) +
                                         " bytes of A-Z a-z 0-9 . _ : + -)");
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSliceGeometry(const std::string& name, const Shape& shape, const TensorSlice& sl) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': slice ", why));
+  };
+  if (sl.full_shape.size() != shape.size()) {
+    return bad(absl::StrCat("of shape ", ShapeString(shape), " does not have the rank of the full shape ",
+                            ShapeString(sl.full_shape)));
+  }
+  if (sl.dim < 0 || static_cast<size_t>(sl.dim) >= shape.size()) {
+    return bad(absl::StrCat("dimension ", sl.dim, " is outside rank ", shape.size()));
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (static_cast<int>(i) != sl.dim && shape[i] != sl.full_shape[i]) {
+      return bad(absl::StrCat("of shape ", ShapeString(shape), " differs from the full shape ",
+                              ShapeString(sl.full_shape), " outside dimension ", sl.dim));
+    }
+  }
+  const int64_t length = shape[static_cast<size_t>(sl.dim)];
+  const int64_t full = sl.full_shape[static_cast<size_t>(sl.dim)];
+  if (length <= 0) return bad("is empty");
+  if (sl.start > static_cast<uint64_t>(full) || static_cast<uint64_t>(length) > static_cast<uint64_t>(full) - sl.start) {
+    return bad(absl::StrCat("[", sl.start, ", ", sl.start + static_cast<uint64_t>(length), ") of dimension ", sl.dim,
+                            " lies outside its ", full, " rows"));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,12 @@ struct TensorSlice {
   bool present() const { return dim >= 0; }
 };
 
+// A slice's geometry against its tensor's (`name`, for the message): the same rank as the full
+// shape, `dim` inside it, equal extents outside `dim`, a non-empty range inside the full extent.
+// InvalidArgument "tensor 'x': slice ..." otherwise. Checked by the trainer client before it sends
+// a slice and by refitd when one arrives.
+absl::Status CheckSliceGeometry(const std::string& name, const Shape& shape, const TensorSlice& slice);
+
 struct TensorDesc {
   std::string name;
   DType dtype = DType::kBF16;
@@ -31,6 +38,9 @@ struct TensorDesc {
   uint64_t offset = 0;  // inside a bucket
   uint64_t nbytes = 0;
   TensorSlice slice = {};  // bucket announcements only
+  // max|x| as the trainer computed it (NVFP4 single pass; docs/formats.md "Trainer-supplied
+  // amax"); of the slice's bytes for a slice. nullopt: not supplied.
+  std::optional<float> amax = std::nullopt;
 };
 
 // A BucketHeader seq asking refitd to number the bucket (several trainer ranks per session).

@@ -252,6 +252,23 @@ def test_bf16_trainer_push(node):
     assert torch.equal(snap["out"], models.outputs(models.TOY, trainer))
 
 
+def test_measured_amax_travels_and_other_formats_ignore_it(node):
+    import torch
+
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY, dtype="bf16")
+    trainer = trainer_model(models.TOY, 6, torch.bfloat16)
+    with refit.TrainerClient(daemon.address) as client:
+        with client.session(models.TOY, trainer.named_parameters()) as s:
+            s.measure_amax()  # every BF16 tensor announces its max|x|; refitd uses it for NVFP4 only
+            for name, p in trainer.named_parameters():
+                s.push(name, p)
+        assert s.report.outcome == "committed"
+    assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
+
+
 @needs_transformers
 def test_tiny_llama_refit_outputs_equal_reference(node):
     import torch

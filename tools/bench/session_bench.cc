@@ -5,7 +5,7 @@
 // bookkeeping per tensor rather than conversion or copy bandwidth. Buckets come from an
 // in-process Receiver (the session's data-plane seam) that copies prepared payloads.
 //
-//   session_bench [--model moe|llama] [--spec passthrough|nvfp4|PATH] [--buckets N] [--iters N]
+//   session_bench [--model moe|llama] [--spec passthrough|nvfp4|PATH] [--buckets N] [--iters N] [--amax]
 //                 [demo shape flags: --layers --hidden --intermediate --kv-hidden --vocab
 //                  --experts --moe-intermediate]
 //
@@ -13,7 +13,8 @@
 //        (hidden 64, moe-intermediate 32, kv 32, vocab 512), 9 buckets.
 // llama: Llama-8B names (32 layers: 291 tensors), tiny dimensions, 4 buckets.
 // --spec nvfp4 quantizes every expert projection to NVFP4 (three staged outputs each), as
-// tools/bench/moe_nvfp4_spec.yaml does; passthrough copies everything as sent.
+// tools/bench/moe_nvfp4_spec.yaml does; passthrough copies everything as sent. --amax: every
+// tensor's announcement carries its amax (single-pass NVFP4, as RefitSession::MeasureAmax sends).
 // Prints milliseconds and microseconds per tensor for each phase (median of --iters sessions,
 // after one warm-up session that fills the staging pool and the planner's memo), and the
 // converter's own work (copies, reference quantizers) timed alone on the same tensors, so that
@@ -35,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/checksum.h"
 #include "demo_model.h"
+#include "formats/format.h"
 #include "refit/bucket_ring.h"
 #include "refit/committer.h"
 #include "refit/cpu_converter.h"
@@ -71,7 +73,7 @@ struct Bucket {
 };
 
 // The model's tensors packed, in order, into `count` buckets of about equal tensor counts.
-std::vector<Bucket> PackBuckets(const std::vector<demo::HfTensor>& tensors, int count) {
+std::vector<Bucket> PackBuckets(const std::vector<demo::HfTensor>& tensors, int count, bool amax) {
   std::vector<Bucket> buckets(static_cast<size_t>(count));
   const size_t per = (tensors.size() + count - 1) / count;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -83,6 +85,7 @@ std::vector<Bucket> PackBuckets(const std::vector<demo::HfTensor>& tensors, int 
     d.shape = tensors[i].shape;
     d.offset = (b.payload.size() + 15) / 16 * 16;
     d.nbytes = w.size() * 2;
+    if (amax) d.amax = *formats::Amax({DType::kBF16, d.shape, w.data()}, {}, d.name);
     b.payload.resize(d.offset + d.nbytes);
     std::memcpy(b.payload.data() + d.offset, w.data(), d.nbytes);
     b.header.tensors.push_back(std::move(d));
@@ -134,6 +137,7 @@ absl::StatusOr<double> ConverterWorkMs(const Planner& planner, Converter& conver
 int Run(int argc, char** argv) {
   std::string model = "moe", spec_arg = "nvfp4";
   int buckets = 0, iters = 10;
+  bool amax = false;
   demo::ModelShape shape;
   shape.hidden = 64;
   shape.kv_hidden = 32;
@@ -149,6 +153,8 @@ int Run(int argc, char** argv) {
       buckets = std::atoi(argv[++i]);
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--amax") {
+      amax = true;
     } else {
       shape_args.push_back(argv[i]);
     }
@@ -214,7 +220,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
 
-  const std::vector<Bucket> data = PackBuckets(tensors, buckets);
+  const std::vector<Bucket> data = PackBuckets(tensors, buckets, amax);
   uint64_t slot_bytes = 0, total_bytes = 0;
   for (const Bucket& b : data) {
     slot_bytes = std::max<uint64_t>(slot_bytes, b.payload.size());
@@ -229,8 +235,9 @@ int Run(int argc, char** argv) {
   Manifest manifest;
   for (const Bucket& b : data) manifest.tensors.insert(manifest.tensors.end(), b.header.tensors.begin(), b.header.tensors.end());
 
-  std::printf("model %s: %zu tensors, %zu buckets, %.1f MiB in, %zu engine parameters, spec %s\n", model.c_str(),
-              tensors.size(), data.size(), total_bytes / 1048576.0, (*engine)->params().size(), spec_arg.c_str());
+  std::printf("model %s: %zu tensors, %zu buckets, %.1f MiB in, %zu engine parameters, spec %s, amax %s\n",
+              model.c_str(), tensors.size(), data.size(), total_bytes / 1048576.0, (*engine)->params().size(),
+              spec_arg.c_str(), amax ? "supplied" : "computed by refitd");
 
   std::vector<Phases> runs;
   for (int it = 0; it <= iters; ++it) {  // run 0 warms the staging pool

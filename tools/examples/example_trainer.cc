@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   bool prequantized = false;
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
+  bool measure_amax = false;  // --measure-amax: announce each BF16 tensor's amax (single-pass NVFP4)
   std::string dump_dir;
   demo::ModelShape shape;
   for (int i = 1; i < argc; ++i) {
@@ -247,6 +248,8 @@ int main(int argc, char** argv) {
       slices = std::atoi(argv[++i]);
     } else if (a == "--gpu" && i + 1 < argc) {
       gpu = std::atoi(argv[++i]);
+    } else if (a == "--measure-amax") {
+      measure_amax = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       return Fail(absl::StrCat("unknown flag ", a));
     }
@@ -436,6 +439,7 @@ int main(int argc, char** argv) {
       session = control->Join(id);
     }
     if (!session.ok()) return Fail(session.status().message());
+    (*session)->MeasureAmax(measure_amax);
     const absl::Time begin_done = absl::Now();
     if (fault == "silent") {
       std::fprintf(stderr, "example_trainer: sending nothing after begin (fault injection)\n");

@@ -95,7 +95,7 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   absl::Status ConvertPlanned(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
                               storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
-                              const formats::QuantizeOptions& options, const float* group_amax) override {
+                              const formats::QuantizeOptions& options, const PlannedAmax& planned) override {
     cudaSetDevice(device_);
     if (outs.size() != plan.targets.size()) {
       return absl::InternalError(absl::StrCat("tensor '", desc.name, "': ", outs.size(), " outputs for ",
@@ -144,9 +144,14 @@ class GpuConverter final : public Converter, public DeviceOps {
       if (!slot.ok()) return slot.status();
       const bool reject = options.nonfinite == formats::NonfinitePolicy::kReject;
       kernels::GlobalAmax amax;
+      const bool check = formats::NeedsGlobalAmax(plan.format) && planned.claim.has_value();
       if (formats::NeedsGlobalAmax(plan.format)) {
-        if (group_amax != nullptr) {
-          amax.device = group_amax;
+        // A supplied amax is checked in the encode itself (every block's max|x| against it).
+        amax.claim = planned.claim;
+        if (planned.device != nullptr) {
+          amax.device = planned.device;
+        } else if (planned.host) {
+          amax.host = planned.host;
         } else {
           absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_.get());
           if (!st.ok()) return st;
@@ -154,9 +159,9 @@ class GpuConverter final : public Converter, public DeviceOps {
         }
       }
       absl::Status st = kernels::QuantizeRecording(plan.format, in, options, amax, whole, desc.name,
-                                                   reject ? slot->probe : nullptr, stream_.get());
+                                                   reject || check ? slot->probe : nullptr, stream_.get());
       if (!st.ok()) return st;
-      if (reject) pending_.push_back({desc.name, slot->index});
+      if (reject || check) pending_.push_back({desc.name, slot->index, amax.claim});
     }
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!slice[i]) continue;
@@ -283,6 +288,7 @@ class GpuConverter final : public Converter, public DeviceOps {
   struct Pending {
     std::string name;
     size_t slot;
+    std::optional<float> claim = std::nullopt;  // a supplied amax the encode checked
   };
   // Tensors gathered for one batched launch, with their names for errors.
   struct Nvfp4Run {
@@ -405,11 +411,8 @@ class GpuConverter final : public Converter, public DeviceOps {
     absl::Status st = arena_->Collect(stream_.get());
     if (!st.ok()) failed.push_back({"(bucket)", st});
     for (const Pending& p : pending_) {
-      const unsigned long long first = arena_->probe(p.slot);
-      if (st.ok() && first != ~0ULL) {
-        failed.push_back({p.name, absl::InvalidArgumentError(absl::StrCat(
-                                      "tensor ", p.name, ": non-finite value (NaN or Inf) at flat index ", first))});
-      }
+      absl::Status recorded = kernels::RecordedStatus(arena_->probe(p.slot), p.name, p.claim);
+      if (st.ok() && !recorded.ok()) failed.push_back({p.name, std::move(recorded)});
     }
     pending_.clear();
     arena_->Reset();

@@ -69,6 +69,11 @@ def test_family_refits_match_refitctl_convert(family, family_node, tmp_path):
         assert lines[0]["engine_matches_expected"], lines
     assert [r["version"] for r in node.resumed()] == [1, 2, 3]
 
+    # The trainer supplies every tensor's amax (single-pass NVFP4): the same engine bytes.
+    p, lines = node.trainer(ckpts[1], "--expected", str(conv[1]), "--measure-amax")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], lines
+
     # A partial refit of whole parameters: exactly those (and what derives from them) change.
     only = [a for pat in partial for a in ("--only", pat)]
     p, lines = node.trainer(ckpts[0], "--expected", str(conv[0]), *only)
@@ -82,7 +87,7 @@ def test_family_refits_match_refitctl_convert(family, family_node, tmp_path):
     assert lines[0]["outcome"] == "refused", lines
     assert drop_error in lines[0]["error"], lines[0]["error"]
     assert node.shm_digest() == before
-    assert [r["version"] for r in node.resumed()] == [1, 2, 3, 4]
+    assert [r["version"] for r in node.resumed()] == [1, 2, 3, 4, 5]
 
     # After the refusal, a full refit still lands byte-exact.
     p, lines = node.trainer(ckpts[2], "--expected", str(conv[2]))

@@ -5,7 +5,7 @@
 // on the device), and the commit's prepare step builds layout steps and derived parameters with
 // the GPU kernels. Every engine parameter's bytes must equal the offline engine layout of the same
 // checkpoint (what `refitctl convert --engine-layout` writes), over three refits with new values;
-// a fourth refit that leaves one tensor out (for qwen3_moe a fused NVFP4 member, whose partner
+// the second refit announces the trainer's amax (single-pass NVFP4); a fourth refit that leaves one tensor out (for qwen3_moe a fused NVFP4 member, whose partner
 // then waits on the device) is refused at validation, naming it.
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/checksum.h"
+#include "formats/format.h"
 #include "refit/checkpoint_io.h"
 #include "refit/committer.h"
 #include "refit/gpu/gpu_converter.h"
@@ -152,6 +153,9 @@ TEST_P(DeviceStagingFamilies, EngineBytesEqualTheOfflineEngineLayout) {
       d.shape = in.shape;
       d.offset = p.size();
       d.nbytes = n;
+      // The second refit announces the trainer's amax of every BF16 tensor (single-pass NVFP4,
+      // fused members not held): the same engine bytes.
+      if (refit == 1 && in.dtype == DType::kBF16) d.amax = *formats::Amax({in.dtype, in.shape, in.data}, spec->options, in.name);
       p.insert(p.end(), static_cast<const uint8_t*>(in.data), static_cast<const uint8_t*>(in.data) + n);
       headers.back().tensors.push_back(d);
     }
@@ -300,7 +304,7 @@ struct Timing {
 // One refit of `g` through a Session into device staging, then PrepareCommit; checks every
 // written parameter against `expected`.
 Timing RefitOnce(const spec::ModelSpec& spec, const Generated& g, const std::vector<ConvertedTensor>& expected,
-                 storage::MemoryKind ring_kind, bool device_ops) {
+                 storage::MemoryKind ring_kind, bool device_ops, bool supply_amax = false) {
   Timing t;
   std::vector<storage::ParamInfo> params;
   for (const ConvertedTensor& c : expected) params.push_back({c.name, c.dtype, c.shape, c.bytes.size()});
@@ -329,6 +333,8 @@ Timing RefitOnce(const spec::ModelSpec& spec, const Generated& g, const std::vec
     std::vector<uint8_t>& p = payloads.back();
     p.resize((p.size() + 15) & ~size_t{15});
     TensorDesc d{g.names[i], DType::kBF16, g.shapes[i], p.size(), n, {}};
+    // The trainer's amax (what RefitSession::MeasureAmax announces): single-pass NVFP4.
+    if (supply_amax) d.amax = *formats::Amax({DType::kBF16, g.shapes[i], g.bytes[i].data()}, spec.options, d.name);
     p.insert(p.end(), g.bytes[i].begin(), g.bytes[i].end());
     headers.back().tensors.push_back(d);
   }
@@ -419,6 +425,7 @@ TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
     Timing before = RefitOnce(*spec, g, *expected, storage::MemoryKind::kHost, false);
     Timing host_in = RefitOnce(*spec, g, *expected, storage::MemoryKind::kHost, true);
     Timing after = RefitOnce(*spec, g, *expected, storage::MemoryKind::kDevice, true);
+    Timing supplied = RefitOnce(*spec, g, *expected, storage::MemoryKind::kDevice, true, /*supply_amax=*/true);
     std::printf("[ bench ] %s: %zu tensors, %.2f GB BF16 in; offline reference %.0f ms\n", c.name.c_str(),
                 g.inputs.size(), bytes / 1e9, reference_ms);
     auto row = [](const char* what, const Timing& t) {
@@ -428,6 +435,7 @@ TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
     row("host payloads, host path (device_ops off: before)", before);
     row("host payloads, device path", host_in);
     row("device payloads, device path", after);
+    row("device payloads, device path, trainer-supplied amax", supplied);
   }
 }
 
