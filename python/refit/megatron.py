@@ -25,7 +25,8 @@ what Megatron-core's own conventions say and refitd cannot see:
 - who pushes a replicated tensor: tensor-parallel replicas (layer norms, the router, the final
   norm) are pushed by tp rank 0 only, and non-expert tensors by ep rank 0 only (expert-parallel
   ranks hold copies of them), so every checkpoint tensor arrives exactly once. Expert tensors
-  are split by the expert tensor-parallel size (`etp_rank`/`etp_size`, default the TP ones).
+  are split by the expert tensor-parallel size (`etp_rank`/`etp_size`, default the TP ones) and
+  pushed by expert data-parallel rank 0 (`edp_rank`) only.
 
 Pass the model-parallel group (every TP x PP x EP rank of ONE data-parallel replica) to
 refit.distributed.refit; other data-parallel replicas do not push.
@@ -85,12 +86,14 @@ def global_name(name: str, layer_offset: int = 0, expert_offset: int = 0) -> str
 
 def shards(named_parameters: Iterable, *, tp_rank: int = 0, tp_size: int = 1, layer_offset: int = 0,
            ep_rank: int = 0, num_local_experts: int = 0, etp_rank: Optional[int] = None,
-           etp_size: Optional[int] = None, named_buffers: Optional[Iterable] = None) -> dict:
+           etp_size: Optional[int] = None, edp_rank: int = 0, named_buffers: Optional[Iterable] = None) -> dict:
     """name -> tensor or Shard for refit.distributed.refit: this rank's part of the refit.
 
     `named_buffers` (the chunk's named_buffers()): the buffers that are checkpoint tensors are
     taken from it (the MoE router's `expert_bias`, DeepSeek-V3's e_score_correction_bias); the
-    others are runtime state and left out."""
+    others are runtime state and left out. `edp_rank`: the expert data-parallel rank inside the
+    model-parallel group (an expert tensor-parallel size below the TP size leaves several copies
+    of each expert there, e.g. TP 2 with expert TP 1); only edp rank 0 pushes experts."""
     etp_rank = tp_rank if etp_rank is None else etp_rank
     etp_size = tp_size if etp_size is None else etp_size
     named = list(named_parameters)
@@ -102,6 +105,8 @@ def shards(named_parameters: Iterable, *, tp_rank: int = 0, tp_size: int = 1, la
         rank, size = (etp_rank, etp_size) if expert else (tp_rank, tp_size)
         if not expert and ep_rank != 0:
             continue  # a copy: ep rank 0 pushes it
+        if expert and edp_rank != 0:
+            continue  # a copy: expert data-parallel rank 0 pushes it
         dim = partition_dim(name, param)
         tensor = param.detach() if hasattr(param, "detach") else param
         key = global_name(name, layer_offset, ep_rank * num_local_experts)

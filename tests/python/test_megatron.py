@@ -1,5 +1,6 @@
 """Megatron-core trainers (spec `source: {layout: megatron}`, refit.megatron): tp=2 x pp=2
-(x ep=2 for the MoE family) trainer processes in a gloo group, each holding its Megatron-core
+(x ep=2 for the MoE families: Qwen3-MoE, DeepSeek-V3 with MLA, shared experts and a dense first
+layer, gpt-oss with attention sinks, biases and stacked experts) trainer processes in a gloo group, each holding its Megatron-core
 model chunk laid out from an HF checkpoint by megatron_layout.py (written from Megatron-core's
 and Megatron-Bridge's conventions, not from refitd's mapping), push its named_parameters() as
 they are. After each of three refits the engine's bytes (as refitd reads them) equal
@@ -31,6 +32,11 @@ SPECS = SRC_DIR / "tests/integration/specs"
 
 LLAMA = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 128}
 QWEN3_MOE = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
+# make_checkpoints.py's deepseek_v3: MLA (2 heads), layer 0 dense, layer 1 MoE with 4 routed and
+# shared experts; its gpt_oss: 4 heads in 2 query groups of head_dim 64, 4 experts with biases.
+DEEPSEEK_V3 = {"family": "deepseek_v3", "layers": 2, "experts": 4, "dense_layers": 1,
+               "drop": "decoder.layers.0.self_attention.linear_kv_up_proj.weight"}
+GPT_OSS = {"family": "gpt_oss", "layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
 
 
 def _builder():
@@ -44,6 +50,15 @@ def llama_checkpoint(out: Path, seed: int) -> Path:
     subprocess.run([sys.executable, str(SPECS / "make_checkpoints.py"), "llama3", str(out), "--seed", str(seed)],
                    check=True)
     return out
+
+
+def family_checkpoint(family):
+    def make(out: Path, seed: int) -> Path:
+        subprocess.run([sys.executable, str(SPECS / "make_checkpoints.py"), family, str(out), "--seed", str(seed)],
+                       check=True)
+        return out
+
+    return make
 
 
 def qwen3_moe_checkpoint(out: Path, seed: int) -> Path:
@@ -224,6 +239,9 @@ def assert_engine_equals(node, expected: dict, version: int):
 FAMILIES = {
     "llama3": ("llama3_fp8.yaml", "llama3-fp8", LLAMA, llama_checkpoint, 1),
     "qwen3_moe": ("qwen3_moe_nvfp4.yaml", "qwen3-moe-nvfp4", QWEN3_MOE, qwen3_moe_checkpoint, 2),
+    "deepseek_v3": ("deepseek_v3_fp8_ue8m0.yaml", "deepseek-v3-fp8-ue8m0", DEEPSEEK_V3,
+                    family_checkpoint("deepseek_v3"), 2),
+    "gpt_oss": ("gpt_oss_mxfp4.yaml", "gpt-oss-mxfp4", GPT_OSS, family_checkpoint("gpt_oss"), 2),
 }
 
 
@@ -255,6 +273,14 @@ MISSING = {
                                "missing [256, 512)"],
     ("llama3", "missing-pp"): ["model.layers.1.", "lm_head.weight"],
     ("qwen3_moe", "missing-ep"): ["model.layers.0.mlp.experts.2.", "model.layers.1.mlp.experts.3."],
+    # kv_b_proj: 2 heads x (128 + 128) rows, tp rank 1's head missing
+    ("deepseek_v3", "missing-tp"): ["model.layers.1.self_attn.kv_b_proj.weight",
+                                    "from Megatron-core 'decoder.layers.1.self_attention.linear_kv_up_proj.weight'",
+                                    "missing [256, 512)"],
+    ("deepseek_v3", "missing-ep"): ["model.layers.1.mlp.experts.2.", "model.layers.1.mlp.experts.3."],
+    # the stacked experts: entries 2 and 3 (ep rank 1's) missing
+    ("gpt_oss", "missing-ep"): ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj_bias",
+                                "missing [2, 4)"],
 }
 
 
