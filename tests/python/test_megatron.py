@@ -277,7 +277,6 @@ MISSING = {
     ("deepseek_v3", "missing-tp"): ["model.layers.1.self_attn.kv_b_proj.weight",
                                     "from Megatron-core 'decoder.layers.1.self_attention.linear_kv_up_proj.weight'",
                                     "missing [256, 512)"],
-    ("deepseek_v3", "missing-ep"): ["model.layers.1.mlp.experts.2.", "model.layers.1.mlp.experts.3."],
     # the stacked experts: entries 2 and 3 (ep rank 1's) missing
     ("gpt_oss", "missing-ep"): ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj_bias",
                                 "missing [2, 4)"],

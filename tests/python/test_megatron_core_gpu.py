@@ -182,9 +182,20 @@ def to_hf(model, *, groups=0, heads=0, head_dim=0) -> dict:
     return out
 
 
-def write_checkpoint(tensors: dict, out: Path, family: str) -> Path:
+def write_checkpoint(tensors: dict, out: Path, family: str, like: Path) -> Path:
+    """The reference checkpoint in the dtypes of checkpoint `like` (the one the engine registered
+    from, so `refitctl convert --engine-layout` gives the engine's dtypes): Megatron-core keeps
+    some parameters in FP32 in a BF16 model (its torch RMSNorm weights), which the engine holds
+    in BF16."""
+    import struct
+
+    import torch
     from safetensors.torch import save_file
 
+    raw = (like / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16}
+    tensors = {n: t.to(dtypes[header[n]["dtype"]]).contiguous() for n, t in tensors.items()}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps({"model_family": family}))
@@ -216,13 +227,12 @@ def llama(megatron_tp1):
 
 
 def test_megatron_core_llama_pushes_named_parameters(megatron_tp1, llama, tmp_path):
-    import torch
-
     model, hf = llama
-    ref = write_checkpoint({n: t.to(torch.bfloat16) for n, t in hf.items()}, tmp_path / "reference", "llama3")
+    ckpt0 = llama_checkpoint(tmp_path / "ckpt0", 0)
+    ref = write_checkpoint(hf, tmp_path / "reference", "llama3", like=ckpt0)
     spec = family_spec(tmp_path, "llama3_fp8.yaml")
     expected = engine_layout_checksums(spec, ref, tmp_path / "conv")
-    node = Node(_dir(tmp_path, "node"), spec, llama_checkpoint(tmp_path / "ckpt0", 0))
+    node = Node(_dir(tmp_path, "node"), spec, ckpt0)
     try:
         report = push(megatron_tp1, node, "llama3-fp8", model)  # FP32 CUDA parameters, as they are
         assert report.outcome == "committed", report
@@ -265,10 +275,11 @@ def test_megatron_core_deepseek_v3_pushes_named_parameters(megatron_tp1, tmp_pat
     names = [n for n, _ in model.named_parameters()]
     print("megatron-core DeepSeek-V3 parameters:", len(names), names[:40])
     hf = to_hf(model)
-    ref = write_checkpoint(hf, tmp_path / "reference", "deepseek_v3")
+    ckpt0 = family_checkpoint("deepseek_v3")(tmp_path / "ckpt0", 0)
+    ref = write_checkpoint(hf, tmp_path / "reference", "deepseek_v3", like=ckpt0)
     spec = family_spec(tmp_path, "deepseek_v3_fp8_ue8m0.yaml")
     expected = engine_layout_checksums(spec, ref, tmp_path / "conv")
-    node = Node(_dir(tmp_path, "node"), spec, family_checkpoint("deepseek_v3")(tmp_path / "ckpt0", 0))
+    node = Node(_dir(tmp_path, "node"), spec, ckpt0)
     try:
         report = push(megatron_tp1, node, "deepseek-v3-fp8-ue8m0", model)
         assert report.outcome == "committed", report
