@@ -353,3 +353,44 @@ def test_shards_helper_applies_megatron_conventions_only():
     p.tensor_model_parallel, p.partition_dim = True, 1
     custom = refit.megatron.shards([("decoder.layers.0.mlp.linear_fc1.weight", p)], tp_rank=1, tp_size=2)
     assert custom["decoder.layers.0.mlp.linear_fc1.weight"].dim == 1
+
+
+def test_shards_helper_mla_gpt_oss_buffers_and_expert_copies():
+    import torch
+
+    import refit.megatron
+
+    named = [
+        ("decoder.layers.0.self_attention.linear_q_down_proj.weight", torch.zeros(8, 4)),   # TE: duplicated
+        ("decoder.layers.0.self_attention.linear_kv_up_proj.weight", torch.zeros(6, 4)),
+        ("decoder.layers.0.self_attention.core_attention.softmax_offset", torch.zeros(2)),
+        ("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", torch.zeros(4, 4)),
+        ("decoder.layers.0.mlp.experts.linear_fc1.bias1", torch.zeros(4)),
+        ("decoder.layers.0.mlp.experts.linear_fc2.bias1", torch.zeros(4)),
+    ]
+    buffers = [("decoder.layers.0.mlp.router.expert_bias", torch.zeros(4)),
+               ("decoder.layers.0.mlp.router.local_tokens_per_expert", torch.zeros(4))]
+    tp0 = refit.megatron.shards(named, tp_rank=0, tp_size=2, ep_rank=1, num_local_experts=2, etp_rank=0, etp_size=1,
+                                named_buffers=buffers)
+    # ep rank 1: only its experts (global 3), whole with expert TP 1; a row-parallel bias is whole too.
+    assert sorted(tp0) == ["decoder.layers.0.mlp.experts.linear_fc1.bias3", "decoder.layers.0.mlp.experts.linear_fc2.bias3"]
+    assert all(not hasattr(v, "full_shape") for v in tp0.values())
+    ep0 = refit.megatron.shards(named, tp_rank=1, tp_size=2, ep_rank=0, num_local_experts=2, named_buffers=buffers)
+    assert "decoder.layers.0.self_attention.linear_q_down_proj.weight" not in ep0  # replicated: tp rank 0's
+    assert "decoder.layers.0.mlp.router.expert_bias" not in ep0 and "decoder.layers.0.mlp.router.local_tokens_per_expert" not in ep0
+    kv = ep0["decoder.layers.0.self_attention.linear_kv_up_proj.weight"]
+    assert (kv.dim, kv.start, kv.full_shape) == (0, 6, (12, 4))
+    sinks = ep0["decoder.layers.0.self_attention.core_attention.softmax_offset"]
+    assert (sinks.dim, sinks.start, sinks.full_shape) == (0, 2, (4,))
+    fc1 = ep0["decoder.layers.0.mlp.shared_experts.linear_fc1.weight"]
+    assert (fc1.dim, fc1.start) == (0, 4)
+    # A row-parallel expert bias is replicated over expert TP: etp rank 0 pushes it, the fc1 bias is split.
+    assert "decoder.layers.0.mlp.experts.linear_fc2.bias1" not in ep0
+    assert ep0["decoder.layers.0.mlp.experts.linear_fc1.bias1"].start == 4
+    tp0_ep0 = refit.megatron.shards(named, tp_rank=0, tp_size=2, ep_rank=0, num_local_experts=2, named_buffers=buffers)
+    assert tp0_ep0["decoder.layers.0.mlp.router.expert_bias"].shape == (4,)
+    assert "decoder.layers.0.mlp.router.local_tokens_per_expert" not in tp0_ep0
+    # Expert data-parallel copies push nothing of their experts.
+    copy = refit.megatron.shards(named, tp_rank=1, tp_size=2, ep_rank=1, num_local_experts=2, etp_rank=0, etp_size=1,
+                                 edp_rank=1)
+    assert copy == {}
