@@ -7,12 +7,14 @@
         model_chunk.named_parameters(),
         tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
         layer_offset=first_layer_of_this_pp_stage,           # e.g. get_transformer_layer_offset(config)
-        ep_rank=ps.get_expert_model_parallel_rank(), num_local_experts=config.num_moe_experts // ep_size)
+        ep_rank=ps.get_expert_model_parallel_rank(), num_local_experts=config.num_moe_experts // ep_size,
+        named_buffers=model_chunk.named_buffers())           # MoE routers' expert_bias
     report = refit.distributed.refit(model_parallel_group, client, "my-model", shards)
 
 refitd maps the Megatron-core names and layouts to the checkpoint's (the model spec's `source:
 {layout: megatron, ...}` section: grouped-query `linear_qkv`, `linear_fc1` = [gate; up] per TP
-rank, fused layer norms, padded vocabulary; docs/config.md). This module only says, per tensor,
+rank, fused layer norms, padded vocabulary, MLA projections, shared experts, gpt-oss's stacked
+experts; docs/config.md). This module only says, per tensor,
 what Megatron-core's own conventions say and refitd cannot see:
 
 - its tensor-parallel shard, as a `Shard` along Megatron's partition dimension (dim 0 for the
