@@ -1,8 +1,10 @@
 #include "refit/megatron_source.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -13,12 +15,13 @@
 namespace refit {
 namespace {
 
-enum class Kind : uint8_t { kRename, kQkv, kFc1, kVocab };
+enum class Kind : uint8_t { kRename, kQkv, kFc1, kVocab, kQkvDown, kOssFc1, kOssFc1Bias, kOssFc2, kOssFc2Bias };
 
 struct Mapped {
   Kind kind = Kind::kRename;
-  std::string target;  // kRename, kVocab: the checkpoint name; kQkv, kFc1: the prefix before "{q,k,v}_proj." / "{gate,up}_proj."
+  std::string target;  // kRename, kVocab, kOss*: the checkpoint name; kQkv, kFc1, kQkvDown: the prefix before "{q,k,v}_proj." / "{gate,up}_proj." / "q_a_proj"
   std::string suffix;  // kQkv, kFc1: "weight" or "bias"
+  int64_t expert = 0;  // kOss*: the global expert
 };
 
 // "12." at the front of `rest` -> 12, consumed.
@@ -30,14 +33,45 @@ bool ConsumeIndex(absl::string_view& rest, int64_t& index) {
   return true;
 }
 
+// An expert tensor `rest` (after "mlp.experts."): SequentialMLP "local_experts.{E}.linear_fc{1,2}.{weight,bias}"
+// or grouped-GEMM "linear_fc{1,2}.{weight,bias}{E}" -> fc, param ("weight" / "bias"), expert.
+bool ParseExpert(absl::string_view rest, int& fc, std::string& param, int64_t& expert) {
+  absl::string_view e = rest;
+  if (absl::ConsumePrefix(&e, "local_experts.")) {
+    if (!ConsumeIndex(e, expert)) return false;
+    for (int f : {1, 2}) {
+      for (const char* w : {"weight", "bias"}) {
+        if (e == absl::StrCat("linear_fc", f, ".", w)) {
+          fc = f;
+          param = w;
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+  for (int f : {1, 2}) {
+    for (const char* w : {"weight", "bias"}) {
+      absl::string_view g = e;
+      if (absl::ConsumePrefix(&g, absl::StrCat("linear_fc", f, ".", w)) && !g.empty() &&
+          absl::SimpleAtoi(g, &expert) && expert >= 0) {
+        fc = f;
+        param = w;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The checkpoint mapping of a Megatron-core name; nullopt: not one; error: a Megatron name
 // refitd has no mapping for.
-absl::StatusOr<std::optional<Mapped>> Parse(absl::string_view name) {
+absl::StatusOr<std::optional<Mapped>> Parse(const spec::MegatronSource& m, absl::string_view name) {
   while (absl::ConsumePrefix(&name, "module.")) {
   }
-  if (name == "embedding.word_embeddings.weight") return Mapped{Kind::kVocab, "model.embed_tokens.weight", ""};
-  if (name == "output_layer.weight") return Mapped{Kind::kVocab, "lm_head.weight", ""};
-  if (name == "decoder.final_layernorm.weight") return Mapped{Kind::kRename, "model.norm.weight", ""};
+  if (name == "embedding.word_embeddings.weight") return Mapped{Kind::kVocab, "model.embed_tokens.weight", "", 0};
+  if (name == "output_layer.weight") return Mapped{Kind::kVocab, "lm_head.weight", "", 0};
+  if (name == "decoder.final_layernorm.weight") return Mapped{Kind::kRename, "model.norm.weight", "", 0};
   if (!absl::StartsWith(name, "embedding.") && !absl::StartsWith(name, "decoder.") &&
       !absl::StartsWith(name, "output_layer.")) {
     return std::optional<Mapped>();
@@ -51,41 +85,73 @@ absl::StatusOr<std::optional<Mapped>> Parse(absl::string_view name) {
   int64_t layer = 0;
   if (!absl::ConsumePrefix(&rest, "decoder.layers.") || !ConsumeIndex(rest, layer)) return unknown();
   const std::string p = absl::StrCat("model.layers.", layer, ".");
-  auto rename = [&](absl::string_view to) { return Mapped{Kind::kRename, absl::StrCat(p, std::string(to)), ""}; };
+  auto rename = [&](absl::string_view to) { return Mapped{Kind::kRename, absl::StrCat(p, std::string(to)), "", 0}; };
+  const bool mla = m.attention == spec::MegatronSource::Attention::kMla;
+  const bool oss = m.experts == spec::MegatronSource::Experts::kGptOss;
   if (rest == "self_attention.linear_qkv.layer_norm_weight" || rest == "input_layernorm.weight") {
     return rename("input_layernorm.weight");
   }
-  if (rest == "self_attention.linear_qkv.weight") return Mapped{Kind::kQkv, p + "self_attn.", "weight"};
-  if (rest == "self_attention.linear_qkv.bias") return Mapped{Kind::kQkv, p + "self_attn.", "bias"};
+  if (mla) {
+    // The layer norm a TE projection fuses is the one before it.
+    if (rest == "self_attention.linear_q_down_proj.layer_norm_weight" ||
+        rest == "self_attention.linear_kv_down_proj.layer_norm_weight" ||
+        rest == "self_attention.linear_qkv_down_proj.layer_norm_weight" ||
+        rest == "self_attention.linear_q_proj.layer_norm_weight") {
+      return rename("input_layernorm.weight");
+    }
+    if (rest == "self_attention.linear_q_down_proj.weight") return rename("self_attn.q_a_proj.weight");
+    if (rest == "self_attention.linear_q_up_proj.weight") return rename("self_attn.q_b_proj.weight");
+    if (rest == "self_attention.linear_q_proj.weight") return rename("self_attn.q_proj.weight");
+    if (rest == "self_attention.linear_kv_down_proj.weight") return rename("self_attn.kv_a_proj_with_mqa.weight");
+    if (rest == "self_attention.linear_kv_up_proj.weight") return rename("self_attn.kv_b_proj.weight");
+    if (rest == "self_attention.linear_qkv_down_proj.weight") return Mapped{Kind::kQkvDown, p + "self_attn.", "", 0};
+    if (rest == "self_attention.linear_q_up_proj.layer_norm_weight" || rest == "self_attention.q_layernorm.weight") {
+      return rename("self_attn.q_a_layernorm.weight");
+    }
+    if (rest == "self_attention.linear_kv_up_proj.layer_norm_weight" || rest == "self_attention.kv_layernorm.weight") {
+      return rename("self_attn.kv_a_layernorm.weight");
+    }
+  } else {
+    if (rest == "self_attention.linear_qkv.weight") return Mapped{Kind::kQkv, p + "self_attn.", "weight", 0};
+    if (rest == "self_attention.linear_qkv.bias") return Mapped{Kind::kQkv, p + "self_attn.", "bias", 0};
+    if (rest == "self_attention.q_layernorm.weight") return rename("self_attn.q_norm.weight");
+    if (rest == "self_attention.k_layernorm.weight") return rename("self_attn.k_norm.weight");
+  }
   if (rest == "self_attention.linear_proj.weight") return rename("self_attn.o_proj.weight");
   if (rest == "self_attention.linear_proj.bias") return rename("self_attn.o_proj.bias");
-  if (rest == "self_attention.q_layernorm.weight") return rename("self_attn.q_norm.weight");
-  if (rest == "self_attention.k_layernorm.weight") return rename("self_attn.k_norm.weight");
+  if (rest == "self_attention.core_attention.softmax_offset") return rename("self_attn.sinks");
   if (rest == "mlp.linear_fc1.layer_norm_weight" || rest == "pre_mlp_layernorm.weight") {
     return rename("post_attention_layernorm.weight");
   }
-  if (rest == "mlp.linear_fc1.weight") return Mapped{Kind::kFc1, p + "mlp.", "weight"};
+  if (rest == "mlp.linear_fc1.weight") return Mapped{Kind::kFc1, p + "mlp.", "weight", 0};
   if (rest == "mlp.linear_fc2.weight") return rename("mlp.down_proj.weight");
-  if (rest == "mlp.router.weight") return rename("mlp.gate.weight");
-  int64_t expert = 0;
+  if (rest == "mlp.shared_experts.linear_fc1.weight") return Mapped{Kind::kFc1, p + "mlp.shared_experts.", "weight", 0};
+  if (rest == "mlp.shared_experts.linear_fc2.weight") return rename("mlp.shared_experts.down_proj.weight");
+  if (oss) {
+    if (rest == "mlp.router.weight") return rename("mlp.router.weight");
+    if (rest == "mlp.router.bias") return rename("mlp.router.bias");
+  } else {
+    if (rest == "mlp.router.weight") return rename("mlp.gate.weight");
+    if (rest == "mlp.router.expert_bias") return rename("mlp.gate.e_score_correction_bias");
+  }
   absl::string_view e = rest;
-  if (absl::ConsumePrefix(&e, "mlp.experts.local_experts.") && ConsumeIndex(e, expert)) {
-    const std::string ep = absl::StrCat(p, "mlp.experts.", expert, ".");
-    if (e == "linear_fc1.weight") return Mapped{Kind::kFc1, ep, "weight"};
-    if (e == "linear_fc2.weight") return Mapped{Kind::kRename, ep + "down_proj.weight", ""};
-    return unknown();
-  }
-  e = rest;
-  for (int fc : {1, 2}) {
-    absl::string_view g = e;
-    if (absl::ConsumePrefix(&g, absl::StrCat("mlp.experts.linear_fc", fc, ".weight")) && !g.empty() &&
-        absl::SimpleAtoi(g, &expert) && expert >= 0) {
-      const std::string ep = absl::StrCat(p, "mlp.experts.", expert, ".");
-      if (fc == 1) return Mapped{Kind::kFc1, ep, "weight"};
-      return Mapped{Kind::kRename, ep + "down_proj.weight", ""};
+  int fc = 0;
+  std::string param;
+  int64_t expert = 0;
+  if (!absl::ConsumePrefix(&e, "mlp.experts.") || !ParseExpert(e, fc, param, expert)) return unknown();
+  if (oss) {
+    if (expert >= m.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name), "': expert ", expert,
+                                                     " of source.num_experts ", m.num_experts));
     }
+    const std::string base = p + (fc == 1 ? "mlp.experts.gate_up_proj" : "mlp.experts.down_proj");
+    if (param == "weight") return Mapped{fc == 1 ? Kind::kOssFc1 : Kind::kOssFc2, base, "", expert};
+    return Mapped{fc == 1 ? Kind::kOssFc1Bias : Kind::kOssFc2Bias, base + "_bias", "", expert};
   }
-  return unknown();
+  if (param != "weight") return unknown();
+  const std::string ep = absl::StrCat(p, "mlp.experts.", expert, ".");
+  if (fc == 1) return Mapped{Kind::kFc1, ep, "weight", 0};
+  return Mapped{Kind::kRename, ep + "down_proj.weight", "", 0};
 }
 
 struct Rows {
@@ -138,11 +204,91 @@ SourcePiece Piece(const TensorDesc& in, const Rows& r, std::string name, uint64_
   return p;
 }
 
+// gpt-oss: expert e's Megatron-core linear_fc1 ([gate; up] rows, [2I, H]) / linear_fc2 ([H, I])
+// weight or bias -> entry e of the checkpoint's stacked [E, in, out] tensor, reordered.
+absl::StatusOr<std::optional<std::vector<SourcePiece>>> OssExpert(const spec::MegatronSource& m, const TensorDesc& in,
+                                                                  const Mapped& mp) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", in.name, "': ", why));
+  };
+  if (in.slice.present()) {
+    return bad("gpt-oss experts are pushed whole (expert tensor-parallel size 1): the stacked checkpoint tensor "
+               "holds a tensor-parallel shard of an expert in two dimensions");
+  }
+  const bool weight = mp.kind == Kind::kOssFc1 || mp.kind == Kind::kOssFc2;
+  if (in.shape.size() != (weight ? 2u : 1u)) {
+    return bad(absl::StrCat("a gpt-oss expert ", weight ? "weight" : "bias", " of shape ", ShapeString(in.shape)));
+  }
+  SourcePiece p;
+  p.desc.name = mp.target;
+  p.desc.dtype = in.dtype;
+  p.desc.nbytes = in.nbytes;
+  p.rows = static_cast<uint64_t>(in.shape[0]);
+  p.cols = weight ? static_cast<uint64_t>(in.shape[1]) : 1;
+  const bool fc1 = mp.kind == Kind::kOssFc1 || mp.kind == Kind::kOssFc1Bias;
+  if (fc1 && p.rows % 2 != 0) return bad(absl::StrCat(p.rows, " rows: not [gate; up] halves"));
+  switch (mp.kind) {
+    case Kind::kOssFc1:
+      p.reorder = Reorder::kGluInterleaveT;
+      p.desc.shape = {1, in.shape[1], in.shape[0]};
+      break;
+    case Kind::kOssFc2:
+      p.reorder = Reorder::kTranspose;
+      p.desc.shape = {1, in.shape[1], in.shape[0]};
+      break;
+    case Kind::kOssFc1Bias:
+      p.reorder = Reorder::kGluInterleave;
+      p.desc.shape = {1, in.shape[0]};
+      break;
+    default:
+      p.desc.shape = {1, in.shape[0]};
+      break;
+  }
+  p.desc.slice.dim = 0;
+  p.desc.slice.start = static_cast<uint64_t>(mp.expert);
+  p.desc.slice.full_shape = p.desc.shape;
+  p.desc.slice.full_shape[0] = m.num_experts;
+  std::vector<SourcePiece> out;
+  out.push_back(std::move(p));
+  return std::optional<std::vector<SourcePiece>>(std::move(out));
+}
+
 }  // namespace
+
+void ReorderPiece(const SourcePiece& p, const uint8_t* src, uint8_t* dst) {
+  const size_t es = DTypeSize(p.desc.dtype);
+  const uint64_t rows = p.rows, cols = p.cols;
+  switch (p.reorder) {
+    case Reorder::kNone:
+      std::memcpy(dst, src, p.desc.nbytes);
+      return;
+    case Reorder::kTranspose:
+      for (uint64_t r = 0; r < rows; ++r) {
+        for (uint64_t c = 0; c < cols; ++c) std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+      }
+      return;
+    case Reorder::kGluInterleaveT: {
+      const uint64_t half = rows / 2;
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t out_col = r < half ? 2 * r : 2 * (r - half) + 1;
+        for (uint64_t c = 0; c < cols; ++c) std::memcpy(dst + (c * rows + out_col) * es, src + (r * cols + c) * es, es);
+      }
+      return;
+    }
+    case Reorder::kGluInterleave: {
+      const uint64_t half = rows / 2;
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t at = r < half ? 2 * r : 2 * (r - half) + 1;
+        std::memcpy(dst + at * es, src + r * es, es);
+      }
+      return;
+    }
+  }
+}
 
 absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::MegatronSource& m,
                                                                       const TensorDesc& in) {
-  absl::StatusOr<std::optional<Mapped>> parsed = Parse(in.name);
+  absl::StatusOr<std::optional<Mapped>> parsed = Parse(m, in.name);
   if (!parsed.ok()) return parsed.status();
   if (!parsed->has_value()) return std::optional<std::vector<SourcePiece>>();
   const Mapped& mp = **parsed;
@@ -154,10 +300,31 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::
     out.push_back(std::move(p));
     return std::optional<std::vector<SourcePiece>>(std::move(out));
   }
+  if (mp.kind == Kind::kOssFc1 || mp.kind == Kind::kOssFc1Bias || mp.kind == Kind::kOssFc2 ||
+      mp.kind == Kind::kOssFc2Bias) {
+    return OssExpert(m, in, mp);
+  }
   absl::StatusOr<Rows> rows = RowsOf(in);
   if (!rows.ok()) return rows.status();
   const Rows& r = *rows;
   const uint64_t end = r.start + r.count;
+  if (mp.kind == Kind::kQkvDown) {
+    // MLA's fused down projection: rows [q_a_proj (q_lora_rank); kv_a_proj_with_mqa].
+    const uint64_t q = static_cast<uint64_t>(m.q_lora_rank);
+    if (q == 0 || q >= r.full) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", in.name, "': a fused linear_qkv_down_proj of ", r.full,
+          " rows needs source.q_lora_rank (the q_a_proj rows at its front) below that"));
+    }
+    const std::pair<const char*, std::pair<uint64_t, uint64_t>> parts[] = {{"q_a_proj.weight", {0, q}},
+                                                                           {"kv_a_proj_with_mqa.weight", {q, r.full}}};
+    for (const auto& [proj, range] : parts) {
+      const uint64_t lo = std::max(r.start, range.first), hi = std::min(end, range.second);
+      if (lo >= hi) continue;
+      out.push_back(Piece(in, r, mp.target + proj, lo - range.first, hi - lo, range.second - range.first, lo - r.start));
+    }
+    return std::optional<std::vector<SourcePiece>>(std::move(out));
+  }
   if (mp.kind == Kind::kVocab) {
     const uint64_t vocab = m.vocab_size > 0 ? static_cast<uint64_t>(m.vocab_size) : r.full;
     if (r.full < vocab) {
@@ -168,6 +335,10 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::
     return std::optional<std::vector<SourcePiece>>(std::move(out));  // rows past vocab: padding, dropped
   }
   if (mp.kind == Kind::kQkv) {
+    if (m.num_query_groups <= 0 || m.head_dim <= 0 || m.num_attention_heads <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", in.name, "': linear_qkv needs source.num_attention_heads, num_query_groups and head_dim"));
+    }
     const uint64_t hd = static_cast<uint64_t>(m.head_dim), groups = static_cast<uint64_t>(m.num_query_groups);
     const uint64_t qpg = static_cast<uint64_t>(m.num_attention_heads) / groups;
     const uint64_t per_group = (qpg + 2) * hd;

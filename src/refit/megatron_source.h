@@ -23,6 +23,20 @@
 //   embedding.word_embeddings.weight / output_layer.weight (vocab rows, padding past
 //       source.vocab_size dropped)                            -> model.embed_tokens.weight / lm_head.weight
 //   decoder.final_layernorm.weight                             -> model.norm.weight
+// MLA (source.attention mla, DeepSeek-V3), per layer:
+//   self_attention.linear_q_down_proj / linear_q_up_proj / linear_q_proj / linear_kv_down_proj /
+//   linear_kv_up_proj .weight -> self_attn.q_a_proj / q_b_proj / q_proj / kv_a_proj_with_mqa /
+//   kv_b_proj .weight (slices as pushed: Megatron-core and HF order the up projections' rows by
+//   head alike); fused linear_qkv_down_proj -> [q_a_proj; kv_a_proj_with_mqa] rows;
+//   linear_q_up_proj.layer_norm_weight / q_layernorm -> q_a_layernorm, linear_kv_up_proj.
+//   layer_norm_weight / kv_layernorm -> kv_a_layernorm, linear_q{,kv}_down_proj.layer_norm_weight /
+//   linear_q_proj.layer_norm_weight -> input_layernorm.
+// Shared experts: mlp.shared_experts.linear_fc1 ([gate; up] per TP rank) / linear_fc2 ->
+//   mlp.shared_experts.{gate,up,down}_proj; mlp.router.expert_bias -> mlp.gate.e_score_correction_bias.
+// gpt-oss (source.experts gpt_oss): self_attention.core_attention.softmax_offset -> self_attn.sinks,
+//   mlp.router.{weight,bias} -> mlp.router.*, and each expert e's linear_fc1 / linear_fc2 weight and
+//   bias -> entry e of the stacked mlp.experts.gate_up_proj[_bias] ([E, in, out], gate/up columns
+//   interleaved: a reordered piece) / down_proj[_bias] ([E, in, out]: transposed).
 // Leading "module." wrappers (DDP, Float16Module) are ignored. Names outside embedding.,
 // decoder. and output_layer. are taken as checkpoint names.
 //
@@ -42,10 +56,25 @@ namespace refit {
 
 // One checkpoint tensor's part: `desc` (a slice, or whole when it covers the tensor; offset 0)
 // whose bytes lie contiguously at `src_offset` in the pushed tensor's bytes.
+// `reorder` other than kNone: the piece is the whole pushed tensor (`rows` x `cols` elements,
+// cols 1 for a vector) rearranged by ReorderPiece first.
+enum class Reorder : uint8_t {
+  kNone,
+  kTranspose,           // [rows, cols] -> [cols, rows]
+  kGluInterleaveT,      // [gate; up] rows [2I, cols] -> [cols, 2I], column 2j gate row j, 2j + 1 up row j
+  kGluInterleave,       // a [gate; up] vector [2I] -> gate j at 2j, up j at 2j + 1
+};
+
 struct SourcePiece {
   TensorDesc desc;
   uint64_t src_offset = 0;
+  Reorder reorder = Reorder::kNone;
+  uint64_t rows = 0, cols = 0;
 };
+
+// Writes piece `p`'s bytes (desc.nbytes) to `dst` from the pushed tensor's bytes `src`
+// (p.reorder != kNone).
+void ReorderPiece(const SourcePiece& p, const uint8_t* src, uint8_t* dst);
 
 // The pieces of pushed tensor `in` (possibly none: rows that are all vocabulary padding);
 // nullopt when `in.name` is not a Megatron-core name. Errors name the tensor: an unknown

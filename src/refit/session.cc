@@ -509,6 +509,19 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       const TensorDesc& arrived = piece.desc;
       const TensorDesc* slice_or_whole = &arrived;
       const uint8_t* src = data + pushed.offset + piece.src_offset;
+      if (piece.reorder != Reorder::kNone) {
+        // A rearranged piece (gpt-oss experts into the stacked checkpoint tensor): host bytes.
+        if (ring_.kind() != storage::MemoryKind::kHost) {
+          ledger_.Fail(arrived.name, absl::FailedPreconditionError(absl::StrCat(
+                                         "tensor '", pushed.name, "': its checkpoint layout '", arrived.name,
+                                         "' is a rearrangement of it, done in host staging only")));
+          continue;
+        }
+        std::shared_ptr<uint8_t> buf(new uint8_t[std::max<uint64_t>(arrived.nbytes, 1)], std::default_delete<uint8_t[]>());
+        ReorderPiece(piece, src, buf.get());
+        assembled.push_back(std::move(buf));
+        src = assembled.back().get();
+      }
       TensorDesc whole;
       if (arrived.slice.present()) {
         // A slice: assembled first; the tensor converts once its slices tile it.

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -386,22 +387,54 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   if (const YAML::Node src = root["source"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(src, "source",
-                                      {"layout", "num_attention_heads", "num_query_groups", "head_dim", "vocab_size"}));
+                                      {"layout", "attention", "experts", "num_attention_heads", "num_query_groups",
+                                       "head_dim", "q_lora_rank", "num_experts", "vocab_size"}));
     if (!src["layout"]) return r.Error(src, "source", "needs 'layout' (megatron)");
     REFIT_ASSIGN_OR_RETURN(std::string layout, r.String(src["layout"], "source.layout"));
     if (layout != "megatron") return r.Error(src["layout"], "source.layout", "must be megatron");
-    for (const char* key : {"num_attention_heads", "num_query_groups", "head_dim"}) {
-      if (!src[key]) return r.Error(src, "source", absl::StrCat("layout megatron needs '", key, "'"));
-    }
     MegatronSource m;
     m.line = src.Mark().line + 1;
-    REFIT_ASSIGN_OR_RETURN(m.num_attention_heads, r.Int(src["num_attention_heads"], "source.num_attention_heads", 1));
-    REFIT_ASSIGN_OR_RETURN(m.num_query_groups, r.Int(src["num_query_groups"], "source.num_query_groups", 1));
-    REFIT_ASSIGN_OR_RETURN(m.head_dim, r.Int(src["head_dim"], "source.head_dim", 1));
+    if (src["attention"]) {
+      REFIT_ASSIGN_OR_RETURN(std::string attention, r.String(src["attention"], "source.attention"));
+      if (attention == "mla") {
+        m.attention = MegatronSource::Attention::kMla;
+      } else if (attention != "gqa") {
+        return r.Error(src["attention"], "source.attention", "must be gqa or mla");
+      }
+    }
+    if (src["experts"]) {
+      REFIT_ASSIGN_OR_RETURN(std::string experts, r.String(src["experts"], "source.experts"));
+      if (experts == "gpt_oss") {
+        m.experts = MegatronSource::Experts::kGptOss;
+      } else if (experts != "per_expert") {
+        return r.Error(src["experts"], "source.experts", "must be per_expert or gpt_oss");
+      }
+    }
+    // Grouped-query attention's linear_qkv needs its heads; MLA has no linear_qkv.
+    const bool gqa = m.attention == MegatronSource::Attention::kGqa;
+    const std::pair<const char*, int64_t*> heads[] = {{"num_attention_heads", &m.num_attention_heads},
+                                                      {"num_query_groups", &m.num_query_groups},
+                                                      {"head_dim", &m.head_dim}};
+    for (const auto& [key, field] : heads) {
+      if (!src[key]) {
+        if (gqa) return r.Error(src, "source", absl::StrCat("layout megatron needs '", key, "'"));
+        continue;
+      }
+      REFIT_ASSIGN_OR_RETURN(*field, r.Int(src[key], absl::StrCat("source.", key), 1));
+    }
+    if (src["q_lora_rank"]) {
+      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, r.Int(src["q_lora_rank"], "source.q_lora_rank", 1));
+    }
+    if (src["num_experts"]) {
+      REFIT_ASSIGN_OR_RETURN(m.num_experts, r.Int(src["num_experts"], "source.num_experts", 1));
+    }
+    if (m.experts == MegatronSource::Experts::kGptOss && m.num_experts == 0) {
+      return r.Error(src, "source", "experts gpt_oss needs 'num_experts' (the stacked experts' count)");
+    }
     if (src["vocab_size"]) {
       REFIT_ASSIGN_OR_RETURN(m.vocab_size, r.Int(src["vocab_size"], "source.vocab_size", 1));
     }
-    if (m.num_attention_heads % m.num_query_groups != 0) {
+    if (m.num_query_groups > 0 && m.num_attention_heads % m.num_query_groups != 0) {
       return r.Error(src["num_query_groups"], "source.num_query_groups",
                      absl::StrCat("must divide num_attention_heads ", m.num_attention_heads));
     }

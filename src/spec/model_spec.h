@@ -107,10 +107,16 @@ struct Derived {
 // `named_parameters()` (TP shards as slices, global layer and expert numbers); refitd maps each
 // to the checkpoint tensors (refit/megatron_source.h, docs/config.md "source").
 struct MegatronSource {
-  int64_t num_attention_heads = 0;
+  enum class Attention : uint8_t { kGqa, kMla };
+  enum class Experts : uint8_t { kPerExpert, kGptOss };
+  Attention attention = Attention::kGqa;  // kMla: DeepSeek multi-latent attention names
+  Experts experts = Experts::kPerExpert;  // kGptOss: stacked [E, in, out] experts, gate/up interleaved
+  int64_t num_attention_heads = 0;        // these three: needed by linear_qkv only (0: not given)
   int64_t num_query_groups = 0;
   int64_t head_dim = 0;
-  int64_t vocab_size = 0;  // the checkpoint's rows of the embedding and output layer; 0: no padding
+  int64_t q_lora_rank = 0;  // MLA: rows of q_a_proj in a fused linear_qkv_down_proj (0: not given)
+  int64_t num_experts = 0;  // kGptOss: the stacked experts' leading dim
+  int64_t vocab_size = 0;   // the checkpoint's rows of the embedding and output layer; 0: no padding
   int line = 0;
 };
 

@@ -87,3 +87,139 @@ def megatron_chunk(hf, *, layers, heads, groups, head_dim, tp, tp_rank, pp, pp_r
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
         out["output_layer.weight"] = pad_rows(hf["lm_head.weight"], vocab_rows).chunk(tp)[tp_rank]
     return {n: t.contiguous() for n, t in out.items()}
+
+
+def _embedding_and_head(hf, out, *, tp, tp_rank, pp, pp_rank, divisible_by):
+    vocab_rows = padded_vocab(hf["model.embed_tokens.weight"].shape[0], divisible_by, tp)
+    if pp_rank == 0:
+        out["embedding.word_embeddings.weight"] = pad_rows(hf["model.embed_tokens.weight"], vocab_rows).chunk(tp)[tp_rank]
+    if pp_rank == pp - 1:
+        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+        out["output_layer.weight"] = pad_rows(hf["lm_head.weight"], vocab_rows).chunk(tp)[tp_rank]
+
+
+def _gated(gate, up, tp, tp_rank):
+    """mlp.py: linear_fc1 of a gated MLP, per TP rank [gate shard; up shard]."""
+    return torch.cat([gate.chunk(tp)[tp_rank], up.chunk(tp)[tp_rank]])
+
+
+def deepseek_chunk(hf, *, layers, tp, tp_rank, pp, pp_rank, ep=1, ep_rank=0, experts=0, dense_layers=1,
+                   divisible_by=96):
+    """{local Megatron-core name: this rank's tensor} of a DeepSeek-V3 chunk under the
+    Transformer Engine spec with qk_layernorm and grouped-GEMM experts, following:
+
+    - megatron/core/transformer/multi_latent_attention.py (MLASelfAttention.__init__ and
+      get_query_key_value_tensors): linear_q_down_proj [q_lora_rank, hidden] and
+      linear_kv_down_proj [kv_lora_rank + qk_pos_emb_head_dim, hidden] are TELinear in
+      parallel_mode "duplicated" (every TP rank holds them whole); linear_kv_down_proj's output is
+      split [kv_lora_rank; rope] as HF kv_a_proj_with_mqa's. linear_q_up_proj [heads *
+      (qk_head_dim + rope), q_lora_rank] and linear_kv_up_proj [heads * (qk_head_dim +
+      v_head_dim), kv_lora_rank] are column-parallel, their outputs viewed per head
+      [qk_head_dim; rope] / [qk_head_dim; v_head_dim] as HF q_b_proj / kv_b_proj are, so a TP
+      rank holds heads [r * heads / tp, (r + 1) * heads / tp).
+    - megatron/core/models/gpt/gpt_layer_specs.py (the TE MLA layer spec): with qk_layernorm the
+      up projections are TELayerNormColumnParallelLinear: their layer_norm_weight is
+      q_a_layernorm / kv_a_layernorm; input_layernorm stays a module of its own; dense layers fuse
+      post_attention_layernorm into mlp.linear_fc1, MoE layers have pre_mlp_layernorm.
+    - megatron/core/transformer/moe/shared_experts.py (SharedExpertMLP): an MLP of the layer's TP
+      group, linear_fc1 = [gate; up] per TP rank, linear_fc2 row-parallel.
+    - megatron/core/transformer/moe/router.py (TopKRouter): weight [experts, hidden] on every
+      rank; expert_bias (moe_router_enable_expert_bias) a float32 buffer.
+    - megatron/core/transformer/moe/experts.py (TEGroupedMLP): mlp.experts.linear_fc1.weight{i} /
+      linear_fc2.weight{i} for local expert i.
+    - Megatron-Bridge src/megatron/bridge/models/deepseek/common.py: the HF name of each.
+    Layers before `dense_layers` (moe_layer_freq / first_k_dense_replace) are dense.
+    """
+    out = {}
+    per_stage = layers // pp
+    first = pp_rank * per_stage
+    for local in range(per_stage):
+        h = f"model.layers.{first + local}."
+        m = f"decoder.layers.{local}."
+        a = m + "self_attention."
+        out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
+        out[a + "linear_q_down_proj.weight"] = hf[h + "self_attn.q_a_proj.weight"]
+        out[a + "linear_q_up_proj.layer_norm_weight"] = hf[h + "self_attn.q_a_layernorm.weight"]
+        out[a + "linear_q_up_proj.weight"] = hf[h + "self_attn.q_b_proj.weight"].chunk(tp)[tp_rank]
+        out[a + "linear_kv_down_proj.weight"] = hf[h + "self_attn.kv_a_proj_with_mqa.weight"]
+        out[a + "linear_kv_up_proj.layer_norm_weight"] = hf[h + "self_attn.kv_a_layernorm.weight"]
+        out[a + "linear_kv_up_proj.weight"] = hf[h + "self_attn.kv_b_proj.weight"].chunk(tp)[tp_rank]
+        out[a + "linear_proj.weight"] = hf[h + "self_attn.o_proj.weight"].chunk(tp, dim=1)[tp_rank]
+        if first + local < dense_layers:
+            out[m + "mlp.linear_fc1.layer_norm_weight"] = hf[h + "post_attention_layernorm.weight"]
+            out[m + "mlp.linear_fc1.weight"] = _gated(hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"], tp,
+                                                      tp_rank)
+            out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"].chunk(tp, dim=1)[tp_rank]
+            continue
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"]
+        out[m + "mlp.router.expert_bias"] = hf[h + "mlp.gate.e_score_correction_bias"]  # a buffer
+        s = h + "mlp.shared_experts."
+        out[m + "mlp.shared_experts.linear_fc1.weight"] = _gated(hf[s + "gate_proj.weight"], hf[s + "up_proj.weight"],
+                                                                 tp, tp_rank)
+        out[m + "mlp.shared_experts.linear_fc2.weight"] = hf[s + "down_proj.weight"].chunk(tp, dim=1)[tp_rank]
+        local_count = experts // ep
+        for i in range(local_count):
+            e = h + f"mlp.experts.{ep_rank * local_count + i}."
+            out[m + f"mlp.experts.linear_fc1.weight{i}"] = _gated(hf[e + "gate_proj.weight"], hf[e + "up_proj.weight"],
+                                                                  tp, tp_rank)
+            out[m + f"mlp.experts.linear_fc2.weight{i}"] = hf[e + "down_proj.weight"].chunk(tp, dim=1)[tp_rank]
+    _embedding_and_head(hf, out, tp=tp, tp_rank=tp_rank, pp=pp, pp_rank=pp_rank, divisible_by=divisible_by)
+    return {n: t.contiguous() for n, t in out.items()}
+
+
+def gpt_oss_chunk(hf, *, layers, heads, groups, head_dim, tp, tp_rank, pp, pp_rank, ep=1, ep_rank=0, experts=0,
+                  divisible_by=96):
+    """{local Megatron-core name: this rank's tensor} of a gpt-oss chunk (TE spec, grouped-GEMM
+    experts, expert tensor-parallel size 1), following Megatron-Bridge
+    src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py (GPTOSSBridge.mapping_registry,
+    GPTOSSMLPGateUpProjMapping, GPTOSSMLPDownProjMapping):
+
+    - linear_qkv weight and bias grouped per query group as for any GQA model (QKVMapping);
+      linear_proj.bias (add_bias_linear) is not split by TP;
+    - the attention sinks are core_attention.softmax_offset (softmax_type "learnable"), one per
+      head, split by TP like the heads (megatron/core/transformer/dot_product_attention.py);
+    - the router keeps HF's mlp.router.weight and .bias;
+    - expert e's linear_fc1.weight{e} is HF's gate_up_proj[e] ([hidden, 2I], gate and up columns
+      alternating) transposed to [2I, hidden] with its even rows (gate) first, then its odd rows
+      (up); linear_fc1.bias{e} likewise from gate_up_proj_bias[e]; linear_fc2.weight{e} is
+      down_proj[e] ([I, hidden]) transposed, linear_fc2.bias{e} = down_proj_bias[e].
+    """
+    out = {}
+    per_stage = layers // pp
+    first = pp_rank * per_stage
+    qpg = heads // groups
+
+    def grouped(q, k, v):
+        parts = []
+        for g in range(groups):
+            parts += [q[g * qpg * head_dim:(g + 1) * qpg * head_dim], k[g * head_dim:(g + 1) * head_dim],
+                      v[g * head_dim:(g + 1) * head_dim]]
+        return torch.cat(parts).chunk(tp)[tp_rank]
+
+    def deinterleave(t):
+        return torch.cat([t[0::2], t[1::2]])
+
+    for local in range(per_stage):
+        h = f"model.layers.{first + local}."
+        m = f"decoder.layers.{local}."
+        a = m + "self_attention."
+        for w in ("weight", "bias"):
+            out[a + f"linear_qkv.{w}"] = grouped(*(hf[h + f"self_attn.{p}_proj.{w}"] for p in "qkv"))
+        out[a + "linear_qkv.layer_norm_weight"] = hf[h + "input_layernorm.weight"]
+        out[a + "linear_proj.weight"] = hf[h + "self_attn.o_proj.weight"].chunk(tp, dim=1)[tp_rank]
+        out[a + "linear_proj.bias"] = hf[h + "self_attn.o_proj.bias"]
+        out[a + "core_attention.softmax_offset"] = hf[h + "self_attn.sinks"].chunk(tp)[tp_rank]
+        out[m + "pre_mlp_layernorm.weight"] = hf[h + "post_attention_layernorm.weight"]
+        out[m + "mlp.router.weight"] = hf[h + "mlp.router.weight"]
+        out[m + "mlp.router.bias"] = hf[h + "mlp.router.bias"]
+        local_count = experts // ep
+        x = h + "mlp.experts."
+        for i in range(local_count):
+            e = ep_rank * local_count + i
+            out[m + f"mlp.experts.linear_fc1.weight{i}"] = deinterleave(hf[x + "gate_up_proj"][e].t())
+            out[m + f"mlp.experts.linear_fc1.bias{i}"] = deinterleave(hf[x + "gate_up_proj_bias"][e])
+            out[m + f"mlp.experts.linear_fc2.weight{i}"] = hf[x + "down_proj"][e].t()
+            out[m + f"mlp.experts.linear_fc2.bias{i}"] = hf[x + "down_proj_bias"][e]
+    _embedding_and_head(hf, out, tp=tp, tp_rank=tp_rank, pp=pp, pp_rank=pp_rank, divisible_by=divisible_by)
+    return {n: t.contiguous() for n, t in out.items()}

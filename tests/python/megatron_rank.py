@@ -6,7 +6,8 @@ refit.distributed.refit. After refit i it writes <out>/rank{r}.step{i}.json and 
 <out>/go{i} before the next.
 
 --mode refit:       every tensor of every rank;
---mode missing-tp:  tp rank 1 of the last stage leaves out its linear_qkv shard of its first layer;
+--mode missing-tp:  tp rank 1 of the last stage leaves out its shard of arch["drop"] (default the
+                    linear_qkv of its first layer);
 --mode missing-pp:  the last pipeline stage pushes nothing;
 --mode missing-ep:  ep rank 1 pushes none of its experts;
 --mode die:         the last rank SIGKILLs itself after its first push.
@@ -35,7 +36,9 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--ckpts", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--arch", required=True, help="json: layers, heads, groups, head_dim, experts")
+    ap.add_argument("--arch", required=True,
+                    help="json: family (gqa, deepseek_v3, gpt_oss), layers, heads, groups, head_dim, experts, "
+                         "dense_layers, drop (the tensor --mode missing-tp leaves out)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--ep", type=int, default=1)
@@ -61,18 +64,32 @@ def main():
     experts = arch.get("experts", 0)
     for i, ckpt in enumerate(a.ckpts.split(",")):
         hf = load_file(str(Path(ckpt) / "model.safetensors"))
-        chunk = megatron_layout.megatron_chunk(
-            hf, layers=arch["layers"], heads=arch["heads"], groups=arch["groups"], head_dim=arch["head_dim"],
-            tp=a.tp, tp_rank=tp_rank, pp=a.pp, pp_rank=pp_rank, ep=a.ep, ep_rank=ep_rank, experts=experts)
+        family = arch.get("family", "gqa")
+        common = dict(layers=arch["layers"], tp=a.tp, tp_rank=tp_rank, pp=a.pp, pp_rank=pp_rank, ep=a.ep,
+                      ep_rank=ep_rank, experts=experts)
+        heads = dict(heads=arch.get("heads"), groups=arch.get("groups"), head_dim=arch.get("head_dim"))
+        if family == "deepseek_v3":
+            chunk = megatron_layout.deepseek_chunk(hf, dense_layers=arch.get("dense_layers", 1), **common)
+        elif family == "gpt_oss":
+            chunk = megatron_layout.gpt_oss_chunk(hf, **heads, **common)
+        else:
+            chunk = megatron_layout.megatron_chunk(hf, **heads, **common)
         if a.mode == "missing-tp" and tp_rank == 1 and pp_rank == a.pp - 1:
-            del chunk["decoder.layers.0.self_attention.linear_qkv.weight"]
+            del chunk[arch.get("drop", "decoder.layers.0.self_attention.linear_qkv.weight")]
         if a.mode == "missing-pp" and pp_rank == a.pp - 1:
             chunk = {}
         if a.mode == "missing-ep" and ep_rank == 1:
-            chunk = {n: t for n, t in chunk.items() if ".local_experts." not in n}
+            chunk = {n: t for n, t in chunk.items() if ".mlp.experts." not in n}
+        # The router's expert_bias is a buffer in Megatron-core, next to runtime-state buffers.
+        buffers = [("module." + n, chunk.pop(n)) for n in [n for n in chunk if n.endswith(".expert_bias")]]
+        buffers += [("module." + n[:-len("expert_bias")] + "local_tokens_per_expert", torch.zeros(experts))
+                    for n, _ in list(buffers)]
         named = [("module." + n, torch.nn.Parameter(t, requires_grad=False)) for n, t in chunk.items()]
+        # gpt-oss experts are whole on each expert-parallel rank (expert tensor-parallel size 1).
+        etp = dict(etp_rank=0, etp_size=1, edp_rank=tp_rank) if family == "gpt_oss" else {}
         shards = refit.megatron.shards(named, tp_rank=tp_rank, tp_size=a.tp, layer_offset=pp_rank * per_stage,
-                                       ep_rank=ep_rank, num_local_experts=experts // a.ep if experts else 0)
+                                       ep_rank=ep_rank, num_local_experts=experts // a.ep if experts else 0,
+                                       named_buffers=buffers, **etp)
         result = {"rank": a.rank, "pushed": sorted(shards)}
         try:
             report = refit.distributed.refit(None, client, a.model, shards)

@@ -1,5 +1,6 @@
 """Megatron-core trainers (spec `source: {layout: megatron}`, refit.megatron): tp=2 x pp=2
-(x ep=2 for the MoE family) trainer processes in a gloo group, each holding its Megatron-core
+(x ep=2 for the MoE families: Qwen3-MoE, DeepSeek-V3 with MLA, shared experts and a dense first
+layer, gpt-oss with attention sinks, biases and stacked experts) trainer processes in a gloo group, each holding its Megatron-core
 model chunk laid out from an HF checkpoint by megatron_layout.py (written from Megatron-core's
 and Megatron-Bridge's conventions, not from refitd's mapping), push its named_parameters() as
 they are. After each of three refits the engine's bytes (as refitd reads them) equal
@@ -31,6 +32,11 @@ SPECS = SRC_DIR / "tests/integration/specs"
 
 LLAMA = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 128}
 QWEN3_MOE = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
+# make_checkpoints.py's deepseek_v3: MLA (2 heads), layer 0 dense, layer 1 MoE with 4 routed and
+# shared experts; its gpt_oss: 4 heads in 2 query groups of head_dim 64, 4 experts with biases.
+DEEPSEEK_V3 = {"family": "deepseek_v3", "layers": 2, "experts": 4, "dense_layers": 1,
+               "drop": "decoder.layers.0.self_attention.linear_kv_up_proj.weight"}
+GPT_OSS = {"family": "gpt_oss", "layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
 
 
 def _builder():
@@ -44,6 +50,15 @@ def llama_checkpoint(out: Path, seed: int) -> Path:
     subprocess.run([sys.executable, str(SPECS / "make_checkpoints.py"), "llama3", str(out), "--seed", str(seed)],
                    check=True)
     return out
+
+
+def family_checkpoint(family):
+    def make(out: Path, seed: int) -> Path:
+        subprocess.run([sys.executable, str(SPECS / "make_checkpoints.py"), family, str(out), "--seed", str(seed)],
+                       check=True)
+        return out
+
+    return make
 
 
 def qwen3_moe_checkpoint(out: Path, seed: int) -> Path:
@@ -224,6 +239,9 @@ def assert_engine_equals(node, expected: dict, version: int):
 FAMILIES = {
     "llama3": ("llama3_fp8.yaml", "llama3-fp8", LLAMA, llama_checkpoint, 1),
     "qwen3_moe": ("qwen3_moe_nvfp4.yaml", "qwen3-moe-nvfp4", QWEN3_MOE, qwen3_moe_checkpoint, 2),
+    "deepseek_v3": ("deepseek_v3_fp8_ue8m0.yaml", "deepseek-v3-fp8-ue8m0", DEEPSEEK_V3,
+                    family_checkpoint("deepseek_v3"), 2),
+    "gpt_oss": ("gpt_oss_mxfp4.yaml", "gpt-oss-mxfp4", GPT_OSS, family_checkpoint("gpt_oss"), 2),
 }
 
 
@@ -255,6 +273,13 @@ MISSING = {
                                "missing [256, 512)"],
     ("llama3", "missing-pp"): ["model.layers.1.", "lm_head.weight"],
     ("qwen3_moe", "missing-ep"): ["model.layers.0.mlp.experts.2.", "model.layers.1.mlp.experts.3."],
+    # kv_b_proj: 2 heads x (128 + 128) rows, tp rank 1's head missing
+    ("deepseek_v3", "missing-tp"): ["model.layers.1.self_attn.kv_b_proj.weight",
+                                    "from Megatron-core 'decoder.layers.1.self_attention.linear_kv_up_proj.weight'",
+                                    "missing [256, 512)"],
+    # the stacked experts: entries 2 and 3 (ep rank 1's) missing
+    ("gpt_oss", "missing-ep"): ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj_bias",
+                                "missing [2, 4)"],
 }
 
 
@@ -328,3 +353,44 @@ def test_shards_helper_applies_megatron_conventions_only():
     p.tensor_model_parallel, p.partition_dim = True, 1
     custom = refit.megatron.shards([("decoder.layers.0.mlp.linear_fc1.weight", p)], tp_rank=1, tp_size=2)
     assert custom["decoder.layers.0.mlp.linear_fc1.weight"].dim == 1
+
+
+def test_shards_helper_mla_gpt_oss_buffers_and_expert_copies():
+    import torch
+
+    import refit.megatron
+
+    named = [
+        ("decoder.layers.0.self_attention.linear_q_down_proj.weight", torch.zeros(8, 4)),   # TE: duplicated
+        ("decoder.layers.0.self_attention.linear_kv_up_proj.weight", torch.zeros(6, 4)),
+        ("decoder.layers.0.self_attention.core_attention.softmax_offset", torch.zeros(2)),
+        ("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", torch.zeros(4, 4)),
+        ("decoder.layers.0.mlp.experts.linear_fc1.bias1", torch.zeros(4)),
+        ("decoder.layers.0.mlp.experts.linear_fc2.bias1", torch.zeros(4)),
+    ]
+    buffers = [("decoder.layers.0.mlp.router.expert_bias", torch.zeros(4)),
+               ("decoder.layers.0.mlp.router.local_tokens_per_expert", torch.zeros(4))]
+    tp0 = refit.megatron.shards(named, tp_rank=0, tp_size=2, ep_rank=1, num_local_experts=2, etp_rank=0, etp_size=1,
+                                named_buffers=buffers)
+    # ep rank 1: only its experts (global 3), whole with expert TP 1; a row-parallel bias is whole too.
+    assert sorted(tp0) == ["decoder.layers.0.mlp.experts.linear_fc1.bias3", "decoder.layers.0.mlp.experts.linear_fc2.bias3"]
+    assert all(not hasattr(v, "full_shape") for v in tp0.values())
+    ep0 = refit.megatron.shards(named, tp_rank=1, tp_size=2, ep_rank=0, num_local_experts=2, named_buffers=buffers)
+    assert "decoder.layers.0.self_attention.linear_q_down_proj.weight" not in ep0  # replicated: tp rank 0's
+    assert "decoder.layers.0.mlp.router.expert_bias" not in ep0 and "decoder.layers.0.mlp.router.local_tokens_per_expert" not in ep0
+    kv = ep0["decoder.layers.0.self_attention.linear_kv_up_proj.weight"]
+    assert (kv.dim, kv.start, kv.full_shape) == (0, 6, (12, 4))
+    sinks = ep0["decoder.layers.0.self_attention.core_attention.softmax_offset"]
+    assert (sinks.dim, sinks.start, sinks.full_shape) == (0, 2, (4,))
+    fc1 = ep0["decoder.layers.0.mlp.shared_experts.linear_fc1.weight"]
+    assert (fc1.dim, fc1.start) == (0, 4)
+    # A row-parallel expert bias is replicated over expert TP: etp rank 0 pushes it, the fc1 bias is split.
+    assert "decoder.layers.0.mlp.experts.linear_fc2.bias1" not in ep0
+    assert ep0["decoder.layers.0.mlp.experts.linear_fc1.bias1"].start == 4
+    tp0_ep0 = refit.megatron.shards(named, tp_rank=0, tp_size=2, ep_rank=0, num_local_experts=2, named_buffers=buffers)
+    assert tp0_ep0["decoder.layers.0.mlp.router.expert_bias"].shape == (4,)
+    assert "decoder.layers.0.mlp.router.local_tokens_per_expert" not in tp0_ep0
+    # Expert data-parallel copies push nothing of their experts.
+    copy = refit.megatron.shards(named, tp_rank=1, tp_size=2, ep_rank=1, num_local_experts=2, etp_rank=0, etp_size=1,
+                                 edp_rank=1)
+    assert copy == {}

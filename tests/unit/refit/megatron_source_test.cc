@@ -126,7 +126,7 @@ TEST(MegatronSourceTest, RenamesKeepTheSliceAndOtherNamesPassThrough) {
   auto hf = MapMegatron(Source(1, 1, 1), Slice("model.layers.0.mlp.up_proj.weight", {2, 2}, 0, {4, 2}));
   ASSERT_TRUE(hf.ok());
   EXPECT_FALSE(hf->has_value());
-  auto unknown = MapMegatron(Source(1, 1, 1), Slice("decoder.layers.0.mlp.shared_experts.linear_fc1.weight", {2, 2}, 0, {2, 2}));
+  auto unknown = MapMegatron(Source(1, 1, 1), Slice("decoder.layers.0.mlp.linear_fc1.lora_a", {2, 2}, 0, {2, 2}));
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("no checkpoint name"), std::string::npos);
 }
@@ -158,6 +158,145 @@ TEST(MegatronSourceTest, SpecSourceSection) {
   EXPECT_NE(missing.status().message().find("num_query_groups"), std::string::npos);
   auto other = spec::ParseModelSpec("model: m\nsource: {layout: fsdp, num_attention_heads: 8}\n");
   ASSERT_FALSE(other.ok());
+}
+
+spec::MegatronSource Mla(int64_t q_lora_rank = 0) {
+  spec::MegatronSource m;
+  m.attention = spec::MegatronSource::Attention::kMla;
+  m.q_lora_rank = q_lora_rank;
+  return m;
+}
+
+std::string NameOf(const spec::MegatronSource& m, const std::string& name) {
+  TensorDesc d = Slice(name, {4, 2}, 0, {4, 2});
+  d.slice = {};
+  auto r = MapMegatron(m, d);
+  if (!r.ok()) return "error: " + std::string(r.status().message());
+  if (!r->has_value() || (*r)->size() != 1) return "?";
+  return (**r)[0].desc.name;
+}
+
+TEST(MegatronSourceTest, MlaNamesAreDeepSeekV3s) {
+  const spec::MegatronSource m = Mla();
+  const std::string a = "decoder.layers.3.self_attention.";
+  const std::string h = "model.layers.3.self_attn.";
+  EXPECT_EQ(NameOf(m, a + "linear_q_down_proj.weight"), h + "q_a_proj.weight");
+  EXPECT_EQ(NameOf(m, a + "linear_q_up_proj.weight"), h + "q_b_proj.weight");
+  EXPECT_EQ(NameOf(m, a + "linear_q_up_proj.layer_norm_weight"), h + "q_a_layernorm.weight");
+  EXPECT_EQ(NameOf(m, a + "q_layernorm.weight"), h + "q_a_layernorm.weight");  // local spec
+  EXPECT_EQ(NameOf(m, a + "linear_q_proj.weight"), h + "q_proj.weight");        // q_lora_rank None
+  EXPECT_EQ(NameOf(m, a + "linear_kv_down_proj.weight"), h + "kv_a_proj_with_mqa.weight");
+  EXPECT_EQ(NameOf(m, a + "linear_kv_up_proj.weight"), h + "kv_b_proj.weight");
+  EXPECT_EQ(NameOf(m, a + "linear_kv_up_proj.layer_norm_weight"), h + "kv_a_layernorm.weight");
+  EXPECT_EQ(NameOf(m, a + "kv_layernorm.weight"), h + "kv_a_layernorm.weight");
+  EXPECT_EQ(NameOf(m, a + "linear_q_down_proj.layer_norm_weight"), "model.layers.3.input_layernorm.weight");
+  EXPECT_EQ(NameOf(m, a + "linear_proj.weight"), h + "o_proj.weight");
+  EXPECT_EQ(NameOf(m, "decoder.layers.3.mlp.shared_experts.linear_fc2.weight"),
+            "model.layers.3.mlp.shared_experts.down_proj.weight");
+  EXPECT_EQ(NameOf(m, "decoder.layers.3.mlp.router.weight"), "model.layers.3.mlp.gate.weight");
+  EXPECT_EQ(NameOf(m, "decoder.layers.3.mlp.router.expert_bias"), "model.layers.3.mlp.gate.e_score_correction_bias");
+  // Without MLA, q_layernorm is Qwen3's per-head q_norm; MLA names are unknown.
+  EXPECT_EQ(NameOf(Source(1, 1, 1), a + "q_layernorm.weight"), h + "q_norm.weight");
+  EXPECT_NE(NameOf(Source(1, 1, 1), a + "linear_q_up_proj.weight").find("no checkpoint name"), std::string::npos);
+  EXPECT_NE(NameOf(m, a + "linear_qkv.weight").find("no checkpoint name"), std::string::npos);
+}
+
+TEST(MegatronSourceTest, MlaUpProjectionShardsKeepTheirRows) {
+  auto m = MapMegatron(Mla(), Slice("decoder.layers.0.self_attention.linear_kv_up_proj.weight", {6, 4}, 6, {12, 4}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  Expect(**m, {{"model.layers.0.self_attn.kv_b_proj.weight", 6, 6, 12, 0}}, 4);
+}
+
+TEST(MegatronSourceTest, FusedMlaDownProjectionSplitsAtQLoraRank) {
+  // [q_a_proj 8 rows; kv_a_proj_with_mqa 6 rows], pushed as TP shards of 7 rows.
+  auto r0 = MapMegatron(Mla(8), Slice("decoder.layers.1.self_attention.linear_qkv_down_proj.weight", {7, 2}, 0, {14, 2}));
+  auto r1 = MapMegatron(Mla(8), Slice("decoder.layers.1.self_attention.linear_qkv_down_proj.weight", {7, 2}, 7, {14, 2}));
+  ASSERT_TRUE(r0.ok() && r1.ok()) << r0.status() << r1.status();
+  Expect(**r0, {{"model.layers.1.self_attn.q_a_proj.weight", 7, 0, 8, 0}}, 2);
+  Expect(**r1, {{"model.layers.1.self_attn.q_a_proj.weight", 1, 7, 8, 0},
+                {"model.layers.1.self_attn.kv_a_proj_with_mqa.weight", 6, -1, 6, 1}}, 2);  // whole
+  auto none = MapMegatron(Mla(), Slice("decoder.layers.1.self_attention.linear_qkv_down_proj.weight", {7, 2}, 0, {14, 2}));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("q_lora_rank"), std::string::npos);
+}
+
+TEST(MegatronSourceTest, SharedExpertsFc1IsGateAndUpShards) {
+  auto m = MapMegatron(Mla(), Slice("decoder.layers.2.mlp.shared_experts.linear_fc1.weight", {6, 4}, 6, {12, 4}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  Expect(**m, {{"model.layers.2.mlp.shared_experts.gate_proj.weight", 3, 3, 6, 0},
+               {"model.layers.2.mlp.shared_experts.up_proj.weight", 3, 3, 6, 3}}, 4);
+}
+
+spec::MegatronSource GptOss(int64_t experts) {
+  spec::MegatronSource m = Source(4, 2, 2);
+  m.experts = spec::MegatronSource::Experts::kGptOss;
+  m.num_experts = experts;
+  return m;
+}
+
+TEST(MegatronSourceTest, GptOssExpertsAreReorderedEntriesOfTheStackedTensors) {
+  TensorDesc fc1 = Slice("decoder.layers.1.mlp.experts.linear_fc1.weight2", {4, 3}, 0, {4, 3});
+  fc1.slice = {};
+  auto m = MapMegatron(GptOss(4), fc1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->size(), 1u);
+  const SourcePiece& p = (**m)[0];
+  EXPECT_EQ(p.desc.name, "model.layers.1.mlp.experts.gate_up_proj");
+  EXPECT_EQ(p.desc.shape, (Shape{1, 3, 4}));
+  EXPECT_EQ(p.desc.slice.start, 2u);
+  EXPECT_EQ(p.desc.slice.full_shape, (Shape{4, 3, 4}));
+  EXPECT_EQ(p.reorder, Reorder::kGluInterleaveT);
+  // Rows [g0; g1; u0; u1] of 3 columns -> [3, 4] with columns g0 u0 g1 u1.
+  std::vector<uint16_t> src(12), dst(12);
+  for (uint16_t i = 0; i < 12; ++i) src[i] = i;
+  ReorderPiece(p, reinterpret_cast<const uint8_t*>(src.data()), reinterpret_cast<uint8_t*>(dst.data()));
+  EXPECT_EQ(dst, (std::vector<uint16_t>{0, 6, 3, 9, 1, 7, 4, 10, 2, 8, 5, 11}));
+  // down: [H=2, I=3] transposed into [1, 3, 2]; its bias is entry e as it is.
+  TensorDesc fc2 = fc1;
+  fc2.name = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight";
+  fc2.shape = {2, 3};
+  fc2.nbytes = 12;
+  auto d = MapMegatron(GptOss(4), fc2);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((**d)[0].desc.name, "model.layers.1.mlp.experts.down_proj");
+  EXPECT_EQ((**d)[0].desc.shape, (Shape{1, 3, 2}));
+  EXPECT_EQ((**d)[0].reorder, Reorder::kTranspose);
+  TensorDesc b1 = fc1;
+  b1.name = "decoder.layers.1.mlp.experts.linear_fc1.bias0";
+  b1.shape = {4};
+  b1.nbytes = 8;
+  auto b = MapMegatron(GptOss(4), b1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((**b)[0].desc.name, "model.layers.1.mlp.experts.gate_up_proj_bias");
+  std::vector<uint16_t> bs{0, 1, 2, 3}, bd(4);
+  ReorderPiece((**b)[0], reinterpret_cast<const uint8_t*>(bs.data()), reinterpret_cast<uint8_t*>(bd.data()));
+  EXPECT_EQ(bd, (std::vector<uint16_t>{0, 2, 1, 3}));
+  EXPECT_EQ(NameOf(GptOss(4), "decoder.layers.1.mlp.router.bias"), "model.layers.1.mlp.router.bias");
+  EXPECT_EQ(NameOf(GptOss(4), "decoder.layers.1.self_attention.core_attention.softmax_offset"),
+            "model.layers.1.self_attn.sinks");
+  // A TP shard of an expert, or an expert past num_experts, is refused naming the tensor.
+  auto sliced = MapMegatron(GptOss(4), Slice("decoder.layers.1.mlp.experts.linear_fc1.weight0", {2, 3}, 0, {4, 3}));
+  ASSERT_FALSE(sliced.ok());
+  EXPECT_NE(sliced.status().message().find("linear_fc1.weight0"), std::string::npos);
+  fc1.name = "decoder.layers.1.mlp.experts.linear_fc1.weight4";
+  EXPECT_FALSE(MapMegatron(GptOss(4), fc1).ok());
+}
+
+TEST(MegatronSourceTest, SpecSourceSectionMlaAndGptOss) {
+  auto mla = spec::ParseModelSpec("model: m\nsource: {layout: megatron, attention: mla, q_lora_rank: 64}\n");
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  EXPECT_EQ(mla->source->attention, spec::MegatronSource::Attention::kMla);
+  EXPECT_EQ(mla->source->q_lora_rank, 64);
+  auto oss = spec::ParseModelSpec(
+      "model: m\nsource: {layout: megatron, experts: gpt_oss, num_experts: 4, num_attention_heads: 4, "
+      "num_query_groups: 2, head_dim: 8}\n");
+  ASSERT_TRUE(oss.ok()) << oss.status();
+  EXPECT_EQ(oss->source->num_experts, 4);
+  auto no_count = spec::ParseModelSpec(
+      "model: m\nsource: {layout: megatron, experts: gpt_oss, num_attention_heads: 4, num_query_groups: 2, head_dim: 8}\n");
+  ASSERT_FALSE(no_count.ok());
+  EXPECT_NE(no_count.status().message().find("num_experts"), std::string::npos);
+  EXPECT_FALSE(spec::ParseModelSpec("model: m\nsource: {layout: megatron, attention: mha}\n").ok());
 }
 
 }  // namespace
