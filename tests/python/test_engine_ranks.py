@@ -17,7 +17,7 @@ import pytest
 
 from conftest import BIN, HERE, PYTHON_PKG, REFITD, events, needs_torch, wait_for
 
-REFITCTL = BIN / "tools/refitctl/refitctl"
+REFITCTL = BIN / "tools/refitctl"
 
 LLAMA_TP4 = """model: tiny-llama
 tensor_parallel: {size: 4}
@@ -158,7 +158,7 @@ class RankNode:
         return p
 
     def ctl(self, *args):
-        p = self.refitctl("--address", self.address, "--json", *args, check=False)
+        p = self.refitctl(*args, "--address", self.address, "--json", check=False)
         return p.returncode, json.loads(p.stdout.splitlines()[-1])
 
     def start_rank(self, r):
@@ -251,7 +251,7 @@ def test_a_rank_killed_mid_commit_is_dirty_until_it_registers_again(rank_node):
     rc, out = n.refit(1)
     assert rc == 0, out
     victim = n.procs[1]
-    p = subprocess.Popen([str(REFITCTL), "--address", n.address, "--json", "refit", str(n.checkpoints[2])],
+    p = subprocess.Popen([str(REFITCTL), "refit", str(n.checkpoints[2]), "--address", n.address, "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: sum(e["event"] == "paused" for e in events(victim.log)) == 2, what="rank 1 paused")
     victim.send_signal(signal.SIGKILL)
