@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--layout", required=True, help="written: {name: [offset, nbytes]}")
     ap.add_argument("--barrier", default="")
     ap.add_argument("--steps", default="")
+    ap.add_argument("--device", type=int, default=-1, help="CUDA device: parameters by CUDA IPC")
+    ap.add_argument("--snapshots", default="", help="after each resume: <dir>/v<version>.pt of every parameter")
     args = ap.parse_args()
 
     tensors, dtypes = {}, {}
@@ -98,16 +100,30 @@ def main():
         if dtype not in TORCH:
             dtypes[name] = dtype  # one-byte formats (F8_E4M3, F8_E8M0) held as uint8
         tensors[name] = torch.zeros(shape, dtype=TORCH.get(dtype, torch.uint8))
-    region = refit.SharedParams.from_tensors(tensors, args.shm, dtypes)
-    with open(args.layout, "w") as f:
-        json.dump({p.name: [p.offset, p.nbytes] for p in region.params}, f)
+    if args.device >= 0:
+        region = refit.CudaParams.from_tensors(tensors, f"cuda:{args.device}", dtypes)
+    else:
+        region = refit.SharedParams.from_tensors(tensors, args.shm, dtypes)
+        with open(args.layout, "w") as f:
+            json.dump({p.name: [p.offset, p.nbytes] for p in region.params}, f)
     gate = Gate(bool(args.barrier))
+    if args.snapshots:
+        resume = gate.resume
+
+        def snapshot_then_resume(version):
+            path = os.path.join(args.snapshots, f"v{version}.pt")
+            torch.save({n: t.cpu().contiguous().view(torch.uint8).reshape(-1) for n, t in region.tensors.items()},
+                       path + ".tmp")
+            os.replace(path + ".tmp", path)
+            resume(version)
+
+        gate.resume = snapshot_then_resume
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ep = args.ep_size > 1
     agent = refit.EngineAgent(args.address, region.params, on_pause=gate.pause, on_resume=gate.resume,
                               tp_rank=args.tp_rank, tp_size=args.tp_size, ep_rank=args.tp_rank if ep else 0,
-                              ep_size=args.ep_size, model=args.model)
+                              ep_size=args.ep_size, device=args.device, model=args.model)
     emit(event="registered")
     if args.barrier:
         serve(gate, args.tp_rank, args.tp_size, args.barrier, args.steps, stop)

@@ -106,31 +106,42 @@ def read_safetensors(path: Path):
     return out
 
 
+class Expected(dict):
+    """(checkpoint k, rank r) -> what `refitctl convert --engine-layout --tp-rank r` says rank r holds
+    after a refit of checkpoint k: {name: (dtype, shape, bytes)}; converted when first asked."""
+
+    def __init__(self, node):
+        super().__init__()
+        self.node = node
+
+    def __missing__(self, key):
+        k, r = key
+        out = self.node.tmp / f"offline{k}.{r}"
+        self.node.refitctl("convert", "--spec", str(self.node.spec), "--engine-layout", "--tp-rank", str(r),
+                           str(self.node.checkpoints[k]), str(out))
+        self[key] = read_safetensors(out / "engine.safetensors")
+        return self[key]
+
+
 class RankNode:
     """refitd serving `spec` + one rank_engine_main.py process per engine rank."""
 
-    def __init__(self, tmp: Path, spec: str, make_tensors, ranks: int, ep_size=0, failpoints="", serve=False):
+    def __init__(self, tmp: Path, spec: str, make_tensors, ranks: int, ep_size=0, failpoints="", serve=False,
+                 gpus=False):
         import torch
         from safetensors.torch import save_file
 
-        self.tmp, self.ranks, self.ep_size, self.serve = tmp, ranks, ep_size, serve
+        self.tmp, self.ranks, self.ep_size, self.serve, self.gpus = tmp, ranks, ep_size, serve, gpus
         self.spec = tmp / "spec.yaml"
         self.spec.write_text(spec)
         self.model = spec.split("\n", 1)[0].split(": ", 1)[1]
         gen = torch.Generator().manual_seed(7)
-        self.checkpoints = []
-        for k in range(4):
+        self.checkpoints = [None]  # refits 1, 2, 3 push checkpoints 1, 2, 3
+        for k in range(1, 4):
             path = tmp / f"ckpt{k}.safetensors"
             save_file(make_tensors(torch, gen), str(path))
             self.checkpoints.append(path)
-        # Each rank's parameters: what refitctl convert --engine-layout says that rank holds.
-        self.expected = {}
-        for k, ckpt in enumerate(self.checkpoints):
-            for r in range(ranks):
-                out = tmp / f"offline{k}.{r}"
-                self.refitctl("convert", "--spec", str(self.spec), "--engine-layout", "--tp-rank", str(r),
-                              str(ckpt), str(out))
-                self.expected[k, r] = read_safetensors(out / "engine.safetensors")
+        self.expected = Expected(self)
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
@@ -164,7 +175,7 @@ class RankNode:
     def start_rank(self, r):
         self.starts += 1
         params = self.tmp / f"params.{r}.json"
-        params.write_text(json.dumps([[n, d, s] for n, (d, s, _) in self.expected[0, r].items()]))
+        params.write_text(json.dumps([[n, d, s] for n, (d, s, _) in self.expected[1, r].items()]))
         self.shms[r] = f"/refit-rank-{uuid.uuid4().hex[:12]}"
         log = self.tmp / f"rank{r}.{self.starts}.log"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_PKG), os.environ.get("PYTHONPATH", "")]))
@@ -173,6 +184,10 @@ class RankNode:
                 "--params", str(params), "--shm", self.shms[r], "--layout", str(self.tmp / f"layout.{r}.json")]
         if self.serve:
             args += ["--barrier", self.barrier, "--steps", str(self.tmp / f"steps.{r}.{self.starts}.log")]
+        if self.gpus:
+            snaps = self.tmp / f"snapshots.{r}"
+            snaps.mkdir(exist_ok=True)
+            args += ["--device", str(r), "--snapshots", str(snaps)]
         p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
         p.log = log
         self.procs[r] = p
@@ -299,3 +314,33 @@ def test_no_lockstep_step_mixes_versions_across_ranks(rank_node):
     mixed = [s for s in common if logs[0][s] != logs[1][s]]
     assert not mixed, f"{len(mixed)} steps mixed versions across ranks, e.g. step {mixed[0]}"
     assert len({logs[0][s] for s in common}) >= 3  # the steps did see the refits land
+
+
+def cuda_devices():
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+@needs_torch
+@pytest.mark.skipif(cuda_devices() < 2, reason=f"needs 2 CUDA GPUs (found {cuda_devices()}): a TP=2 engine with "
+                    "one rank per GPU, parameters by CUDA IPC")
+def test_tp2_engine_on_two_gpus_three_refits_equal_offline(rank_node):
+    import torch
+
+    n = rank_node(LLAMA_TP4.replace("size: 4", "size: 2"), llama_tensors, 2, gpus=True)
+    n.start_rank(0)
+    n.start_rank(1)
+    for k in (1, 2, 3):
+        rc, out = n.refit(k)
+        assert rc == 0, out
+        print(f"refit {k}: pause {out['pause_ms']:.2f} ms, commit {out['commit_ms']:.2f} ms")
+        for r in range(2):
+            snap = n.tmp / f"snapshots.{r}" / f"v{k}.pt"
+            wait_for(snap.exists, what=f"rank {r} snapshot of version {k}")
+            held = torch.load(snap)
+            for name, (_, _, want) in n.expected[k, r].items():
+                assert bytes(held[name].numpy().tobytes()) == want, f"rank {r} '{name}' differs from offline"
