@@ -36,8 +36,8 @@ Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring,
     }
     ranks_.resize(static_cast<size_t>(spec->tp_size));
     left_dirty_.assign(static_cast<size_t>(spec->tp_size), false);
-    if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
   }
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
 }
 
 Node::~Node() {
@@ -71,6 +71,7 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   record->dirty = setup.dirty;
   engine_ = std::move(record);
   if (hooks_.on_engine) hooks_.on_engine(true);
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
   return engine_->id;
 }
 
@@ -92,6 +93,7 @@ bool Node::UnregisterEngine(uint64_t engine_id) {
   spare_pool_.reset();
   engine_.reset();
   if (hooks_.on_engine) hooks_.on_engine(false);
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
   return true;
 }
 
@@ -628,7 +630,10 @@ void Node::ApplyCommitOutcome(Commit& c) {
     engine.dirty = false;
   }
   if (c.verify_mismatch_) ++verify_mismatches_;
-  if (engine.ranks.empty()) return;
+  if (engine.ranks.empty()) {
+    if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+    return;
+  }
   // Engine ranks: every rank holds what the group holds, except a rank the pause or resume failed
   // on (it left, or did not answer): that rank is dirty, and with it the group.
   std::vector<size_t> failed;

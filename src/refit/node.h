@@ -124,7 +124,7 @@ struct RankStatus {
 struct NodeHooks {
   std::function<void(const RefitReport&)> on_report;
   std::function<void(bool registered)> on_engine;
-  // Engine ranks: a rank registered or left, or a commit ended (every declared rank).
+  // A rank registered or left, or a commit ended (Ranks(): every declared rank, or the one engine).
   std::function<void(const std::vector<RankStatus>& ranks)> on_ranks;
   std::function<void(uint64_t staging_bytes, bool active)> on_session;
   // Per bucket, on the session's threads (see Session::Options): a bucket arrived; a bucket was
@@ -228,7 +228,8 @@ class Node {
 
   // The spec declares engine ranks (NodeOptions::spec).
   bool ranked() const { return ranked_; }
-  // Every declared rank (ranked()), in rank order.
+  // Every declared rank (ranked()), in rank order; a single engine is one rank (its spec's
+  // tensor_parallel.rank, 0 without one).
   std::vector<RankStatus> Ranks() const;
 
   // A new session for `manifest`; every refusal names the field or tensor (InvalidArgument),

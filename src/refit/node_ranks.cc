@@ -207,6 +207,22 @@ std::string Node::MissingRanks() const {
 
 std::vector<RankStatus> Node::Ranks() const {
   std::vector<RankStatus> out;
+  if (!ranked_) {
+    // A single engine is one rank: its spec's tensor_parallel.rank (0 without one).
+    RankStatus s;
+    s.tp_rank = options_.spec != nullptr ? options_.spec->tp_rank : 0;
+    if (const EngineRecord* e = engine_.get()) {
+      s.registered = true;
+      s.version = e->version;
+      s.tag = e->tag;
+      s.dirty = e->dirty;
+      s.responsive = e->control->Responsive();
+      s.params = static_cast<uint32_t>(e->storage->params().size());
+      s.bytes = e->bytes;
+    }
+    out.push_back(std::move(s));
+    return out;
+  }
   for (size_t r = 0; r < ranks_.size(); ++r) {
     RankStatus s;
     s.tp_rank = static_cast<int>(r);
