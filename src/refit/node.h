@@ -4,6 +4,10 @@
 // knows the wire, and every way a session ends goes through one place (End), which produces one
 // report with a typed outcome and cause.
 //
+// An engine of several ranks (spec tensor_parallel.size > 1 without a rank: TP/EP workers, one
+// process per GPU) registers rank by rank; once every rank is in, the node's one engine record is
+// built over all of them (node_ranks.cc), so everything below runs as for a single engine.
+//
 // Engine records are shared: the node holds the registered one, and the active session (and a
 // commit in flight) hold theirs, so an engine that unregisters or is replaced during a commit
 // leaves its mappings alive until that commit has finished with them. A commit in flight is an
