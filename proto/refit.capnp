@@ -210,6 +210,22 @@ struct DaemonStatus {
   tag @19 :Text;                     # the trainer's tag of `version` ("" when none)
   verifyAfterCommit @20 :Bool;       # config verify_after_commit: engine bytes checked after each copy
   verifyMismatches @21 :UInt64;      # commits whose engine bytes did not match the staged ones
+  ranks @22 :List(EngineRankStatus); # engine ranks: every declared rank (empty for a single engine)
+}
+
+# One declared rank of an engine of several ranks (DaemonStatus.ranks).
+struct EngineRankStatus {
+  tpRank @0 :Int32;
+  registered @1 :Bool;
+  epRank @2 :Int32;
+  device @3 :Int32;                  # -1: host
+  version @4 :UInt64;
+  tag @5 :Text;
+  dirty @6 :Bool;                    # registered dirty, or the last commit failed on it
+  leftDirty @7 :Bool;                # not registered: it left while a commit failed on it
+  responsive @8 :Bool;
+  params @9 :UInt32;
+  bytes @10 :UInt64;
 }
 
 interface Daemon {
@@ -219,8 +235,17 @@ interface Daemon {
   # are (sessionId << 32) | seq.
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
-                     tag :Text)
+                     tag :Text, tpRank :Int32, tpSize :Int32, epRank :Int32, epSize :Int32,
+                     device :Int32 = -1, model :Text)
       -> (registration :Registration, version :UInt64, status :Status);
+  # Engine ranks: an engine of several rank processes (one per GPU, the TP/EP workers of one
+  # engine) registers each rank with the node's one refitd, giving `tpRank` of `tpSize`, `epRank`
+  # of `epSize` (0: no expert parallelism), its `device` (-1: host) and `model` ("": not checked).
+  # tpSize 0 is a single engine, registered as before engine ranks. Refused naming the field when
+  # they differ from the spec (docs/config.md "Engine ranks"), the rank is registered and live,
+  # or the parameters differ from another rank's. A rank that left is replaced by its next
+  # registration; refits wait (begin is refused naming the missing ranks) until every declared
+  # rank is in.
   # `version` is what the engine holds now (0 for a fresh engine), `tag` the trainer's tag of it
   # ("" when none). `dirty`: the engine lost refitd inside a commit window, so its parameters may
   # hold a mix of versions; it stays paused, and

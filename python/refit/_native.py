@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 4  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held versions; 4: measure_amax)
+ABI_VERSION = 5  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held versions; 4: measure_amax; 5: engine ranks)
 
 OK = 0
 MEMORY_HOST = 0
@@ -100,7 +100,9 @@ RESUME_TAG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.
 class EngineOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("address", ctypes.c_char_p), ("pause", PAUSE_FN),
                 ("resume", RESUME_FN), ("user", ctypes.c_void_p), ("version", ctypes.c_uint64),
-                ("tag", ctypes.c_char_p), ("resume_tagged", RESUME_TAG_FN)]
+                ("tag", ctypes.c_char_p), ("resume_tagged", RESUME_TAG_FN),
+                ("tp_rank", ctypes.c_int32), ("tp_size", ctypes.c_int32), ("ep_rank", ctypes.c_int32),
+                ("ep_size", ctypes.c_int32), ("device", ctypes.c_int32), ("model", ctypes.c_char_p)]
 
 
 def new(struct_type, **fields):

@@ -44,7 +44,12 @@ class EngineAgent:
 
     def __init__(self, address: str, params: Iterable[ShmParam], *,
                  on_pause: Optional[Callable[[], None]] = None,
-                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0, tag: str = ""):
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0, tag: str = "",
+                 tp_rank: int = 0, tp_size: int = 0, ep_rank: int = 0, ep_size: int = 0, device: int = -1,
+                 model: str = ""):
+        """Engine ranks (one process per GPU of a TP/EP engine): each rank passes its `tp_rank` of
+        `tp_size` (and `ep_rank` of `ep_size` under expert parallelism, its CUDA `device`, and the
+        `model` it serves) to the node's one refitd; tp_size=0 is a single engine."""
         self._lib = _native.lib()
         self._on_pause, self._on_resume = on_pause, on_resume
         params = list(params)
@@ -52,6 +57,7 @@ class EngineAgent:
         self._pause_fn = _native.PAUSE_FN(self._pause)
         self._resume_fn = _native.RESUME_FN(self._resume)
         self._tag_arg = str(tag).encode()
+        self._model_arg = str(model).encode()
         keep = []
         array = (_native.EngineParam * max(len(params), 1))()
         for i, p in enumerate(params):
@@ -69,7 +75,9 @@ class EngineAgent:
                 fields.update(storage=_native.STORAGE_SHM, shm_name=shm)
             array[i] = _native.new(_native.EngineParam, **fields)
         options = _native.new(_native.EngineOptions, address=address.encode(), pause=self._pause_fn,
-                              resume=self._resume_fn, user=None, version=version, tag=self._tag_arg)
+                              resume=self._resume_fn, user=None, version=version, tag=self._tag_arg,
+                              tp_rank=tp_rank, tp_size=tp_size, ep_rank=ep_rank, ep_size=ep_size, device=device,
+                              model=self._model_arg)
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_engine_start(ctypes.byref(options), array, len(params), ctypes.byref(handle)),
                       f"register {len(params)} parameters with refitd at {address}")
@@ -196,13 +204,16 @@ class GatedEngine:
     (e.g. to flush a KV cache computed with the old weights)."""
 
     def __init__(self, address: str, params, *, on_pause: Optional[Callable[[], None]] = None,
-                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0, **rank):
+        """`rank`: an engine rank's place (tp_rank, tp_size, ep_rank, ep_size, device, model), as
+        EngineAgent takes it."""
         params = list(params)
         self._gate = _ServeGate()
         self._user_pause, self._user_resume = on_pause, on_resume
         self._resumed = threading.Condition()
         self._cuda_devices = sorted({p.device for p in params if isinstance(p, CudaParam)})
-        self.agent = EngineAgent(address, params, on_pause=self._pause, on_resume=self._resume, version=version)
+        self.agent = EngineAgent(address, params, on_pause=self._pause, on_resume=self._resume, version=version,
+                                 **rank)
 
     def _pause(self):
         self._gate.pause()

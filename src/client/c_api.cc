@@ -693,11 +693,21 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
     if (!cuda.empty() && !shm.empty()) {
       return absl::InvalidArgumentError("an engine registers all parameters in shared memory or all in CUDA memory");
     }
+    refit::client::EngineRank rank;
+    rank.tp_rank = o.tp_rank;
+    rank.tp_size = o.tp_size;
+    rank.ep_rank = o.ep_rank;
+    rank.ep_size = o.ep_size;
+    rank.device = cuda.empty() ? -1 : o.device;
+    rank.model = o.model != nullptr ? o.model : "";
+    if (rank.tp_size < 0 || rank.ep_size < 0 || rank.tp_rank < 0 || rank.ep_rank < 0) {
+      return absl::InvalidArgumentError("options: tp_rank, tp_size, ep_rank and ep_size must not be negative");
+    }
     auto agent = cuda.empty()
                      ? refit::client::EngineAgent::Start(o.address, std::move(shm), std::move(callbacks), o.version,
-                                                         false, std::move(tag))
+                                                         false, std::move(tag), std::move(rank))
                      : refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks), o.version,
-                                                         false, std::move(tag));
+                                                         false, std::move(tag), std::move(rank));
     if (!agent.ok()) return agent.status();
     auto e = std::make_unique<refit_engine>();
     e->impl = std::move(*agent);

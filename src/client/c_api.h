@@ -53,13 +53,14 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 4  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 5  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
                                  refit_engine_tag) and held versions (refit_manifest.stage_only,
                                  refit_client_commit_version, refit_client_rollback, refit_client_versions);
-                                 4: refit_session_measure_amax */
+                                 4: refit_session_measure_amax; 5: engine ranks (refit_engine_options.tp_rank,
+                                 tp_size, ep_rank, ep_size, device, model) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -315,6 +316,15 @@ typedef struct refit_engine_options {
   /* ABI 3. */
   const char* tag;                   /* the trainer's tag of `version`; NULL or "" for none */
   refit_resume_tag_fn resume_tagged; /* when set, called instead of `resume` */
+  /* ABI 4: engine ranks. One process per GPU of an engine of several ranks (TP/EP workers)
+   * registers with the node's one refitd giving its place; tp_size 0 (the default) is a single
+   * engine. refitd refuses, naming the field, a place unlike its spec's (docs/config.md). */
+  int32_t tp_rank;
+  int32_t tp_size;
+  int32_t ep_rank;
+  int32_t ep_size;    /* 0: no expert parallelism */
+  int32_t device;     /* the CUDA device of the parameters (checked for CUDA IPC parameters only) */
+  const char* model;  /* NULL or "": not checked; else must be refitd's model */
 } refit_engine_options;
 
 /* Connects, registers `params`, and returns once refitd accepted (or refused, naming the

@@ -74,25 +74,28 @@ class ControlImpl final : public proto::EngineControl::Server {
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<ShmParam> params,
                                                                 EngineCallbacks callbacks, uint64_t version,
-                                                                bool reconnect, std::string tag) {
-  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag));
+                                                                bool reconnect, std::string tag, EngineRank rank) {
+  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag),
+                  std::move(rank));
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<CudaParam> params,
                                                                 EngineCallbacks callbacks, uint64_t version,
-                                                                bool reconnect, std::string tag) {
-  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag));
+                                                                bool reconnect, std::string tag, EngineRank rank) {
+  return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag),
+                  std::move(rank));
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::string& address, Params params,
                                                                    EngineCallbacks callbacks, uint64_t version,
-                                                                   bool reconnect, std::string tag) {
+                                                                   bool reconnect, std::string tag, EngineRank rank) {
   if (absl::Status checked = CheckTag(tag); !checked.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("engine tag: ", checked.message()));
   }
   std::unique_ptr<EngineAgent> agent(new EngineAgent());
   agent->tag_.value = std::move(tag);
   agent->reconnect_ = reconnect;
+  agent->rank_ = std::move(rank);
   agent->callbacks_ = std::move(callbacks);
   agent->version_ = version;
   agent->impl_ = std::make_unique<Impl>();
@@ -172,6 +175,12 @@ void EngineAgent::Run(std::string address, Params params) {
       req.setVersion(version_.load());
       req.setTag(wire::Text(tag()));
       req.setDirty(dirty_.load());
+      req.setTpRank(rank_.tp_rank);
+      req.setTpSize(rank_.tp_size);
+      req.setEpRank(rank_.ep_rank);
+      req.setEpSize(rank_.ep_size);
+      req.setDevice(rank_.device);
+      req.setModel(wire::Text(rank_.model));
       auto resp = req.send().wait(io.waitScope);
       if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) {
         // Refused by refitd (another engine is registered, a parameter it cannot map, a spec

@@ -56,18 +56,31 @@ struct EngineCallbacks {
   std::function<void(uint64_t version, const std::string& tag)> resume_tagged;
 };
 
+// Where this engine process sits in an engine of several ranks (TP/EP workers, one per GPU), as
+// it registers with the node's refitd. The default (tp_size 0) is a single engine.
+struct EngineRank {
+  int tp_rank = 0;
+  int tp_size = 0;
+  int ep_rank = 0;
+  int ep_size = 0;  // 0: no expert parallelism
+  int device = -1;  // the CUDA device of its parameters; -1 for host (shm) engines
+  std::string model;  // checked against refitd's model when not ""
+};
+
 class EngineAgent {
  public:
   // Connects, registers, and returns once refitd accepted the registration (or refused it,
   // naming the parameter).
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<ShmParam> params,
                                                             EngineCallbacks callbacks, uint64_t version,
-                                                            bool reconnect = false, std::string tag = "");
+                                                            bool reconnect = false, std::string tag = "",
+                                                            EngineRank rank = {});
   // The same for parameters in GPU memory (CUDA IPC). The engine keeps the allocations alive
   // while registered; refitd opens each allocation once per registration.
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<CudaParam> params,
                                                             EngineCallbacks callbacks, uint64_t version,
-                                                            bool reconnect = false, std::string tag = "");
+                                                            bool reconnect = false, std::string tag = "",
+                                                            EngineRank rank = {});
   ~EngineAgent();
 
   uint64_t version() const { return version_.load(); }
@@ -86,7 +99,7 @@ class EngineAgent {
   using Params = std::variant<std::vector<ShmParam>, std::vector<CudaParam>>;
   static absl::StatusOr<std::unique_ptr<EngineAgent>> StartAny(const std::string& address, Params params,
                                                                EngineCallbacks callbacks, uint64_t version,
-                                                               bool reconnect, std::string tag);
+                                                               bool reconnect, std::string tag, EngineRank rank);
   void Run(std::string address, Params params);
 
   EngineCallbacks callbacks_;
@@ -101,6 +114,7 @@ class EngineAgent {
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> registrations_{0};
   bool reconnect_ = false;
+  EngineRank rank_;
   std::unique_ptr<Impl> impl_;
   std::thread thread_;
 };

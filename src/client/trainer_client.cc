@@ -429,6 +429,21 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.engine_responsive = !r.getEngineRegistered() || r.getEngineResponsive();
     s.verify_after_commit = r.getVerifyAfterCommit();
     s.verify_mismatches = r.getVerifyMismatches();
+    for (auto k : r.getRanks()) {
+      EngineRankInfo info;
+      info.tp_rank = k.getTpRank();
+      info.registered = k.getRegistered();
+      info.ep_rank = k.getEpRank();
+      info.device = k.getDevice();
+      info.version = k.getVersion();
+      info.tag = wire::Str(k.getTag());
+      info.dirty = k.getDirty();
+      info.left_dirty = k.getLeftDirty();
+      info.responsive = k.getResponsive();
+      info.params = k.getParams();
+      info.bytes = k.getBytes();
+      s.ranks.push_back(std::move(info));
+    }
     s.last_report = wire::FromWire(r.getLastReport());
     return s;
   });

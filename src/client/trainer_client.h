@@ -51,6 +51,21 @@ struct ParamChecksum {
   uint64_t nbytes;
 };
 
+// One declared rank of an engine of several ranks, as refitd's status shows it.
+struct EngineRankInfo {
+  int tp_rank = 0;
+  bool registered = false;
+  int ep_rank = 0;
+  int device = -1;
+  uint64_t version = 0;
+  std::string tag;
+  bool dirty = false;       // registered dirty, or the last commit failed on it
+  bool left_dirty = false;  // not registered: it left while a commit failed on it
+  bool responsive = true;
+  uint32_t params = 0;
+  uint64_t bytes = 0;
+};
+
 struct DaemonStatus {
   std::string model;
   bool engine_registered = false;
@@ -72,6 +87,7 @@ struct DaemonStatus {
   RefitReport last_report;
   std::string daemon_version;  // refitd's version; empty from a daemon older than the field
   std::string daemon_commit;   // the git commit refitd was built from
+  std::vector<EngineRankInfo> ranks;  // engine ranks: every declared rank (empty for a single engine)
 };
 
 // A version refitd keeps in staging (hold: K; docs/versions.md).

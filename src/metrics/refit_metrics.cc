@@ -133,6 +133,18 @@ absl::StatusOr<RefitMetrics> RefitMetrics::Register(Registry& registry, const Bu
       registry.AddGauge("refit_engine_registered", "1 while an engine is registered, else 0."));
   m.engine_registered = &engine->Labels({});
   REFIT_ASSIGN_OR_RETURN(
+      m.engine_rank_registered,
+      registry.AddGauge("refit_engine_rank_registered",
+                        "Engine ranks: 1 while the rank is registered, else 0 (every declared rank).", {"rank"}));
+  REFIT_ASSIGN_OR_RETURN(
+      m.engine_rank_dirty,
+      registry.AddGauge("refit_engine_rank_dirty",
+                        "Engine ranks: 1 while the rank's weights may be mixed (a commit failed on it), else 0.",
+                        {"rank"}));
+  REFIT_ASSIGN_OR_RETURN(
+      m.engine_rank_version,
+      registry.AddGauge("refit_engine_rank_version", "Engine ranks: the version the rank holds.", {"rank"}));
+  REFIT_ASSIGN_OR_RETURN(
       m.build_info,
       registry.AddGauge("refit_build_info", "Build of the running refitd; the value is always 1.",
                         {"version", "git_commit", "build_type", "cuda"}));

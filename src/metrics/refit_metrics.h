@@ -86,6 +86,10 @@ struct RefitMetrics {
   GaugeFamily* committed_version_info = nullptr;  // {tag}, value 1: only the current tag's series
   Counter* verify_mismatches_total = nullptr;     // commits verify_after_commit failed
   GaugeFamily* kept_versions = nullptr;           // {state}: held, current, previous (hold: K)
+  // Engine ranks: {rank} (the tensor-parallel rank), every declared rank.
+  GaugeFamily* engine_rank_registered = nullptr;
+  GaugeFamily* engine_rank_dirty = nullptr;
+  GaugeFamily* engine_rank_version = nullptr;
   Gauge* staging_bytes = nullptr;      // bytes held in staging (device or pinned host)
   Gauge* active_sessions = nullptr;    // sessions begun and not yet committed or aborted
   Gauge* engine_registered = nullptr;  // 1 while an engine is registered, else 0

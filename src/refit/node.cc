@@ -26,7 +26,19 @@ Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring,
       clock_(options_.clock != nullptr ? options_.clock : system_clock_.get()),
       receiver_(receiver),
       ring_(ring),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)) {
+  const spec::ModelSpec* spec = options_.spec;
+  ranked_ = spec != nullptr && spec->tp_size > 1 && !spec->tp_rank_given;
+  if (ranked_) {
+    for (int r = 0; r < spec->tp_size; ++r) {
+      absl::StatusOr<spec::ModelSpec> rank_spec = spec::ForRank(*spec, r);  // r < tp_size: cannot fail
+      rank_specs_.push_back(std::make_shared<const spec::ModelSpec>(std::move(*rank_spec)));
+    }
+    ranks_.resize(static_cast<size_t>(spec->tp_size));
+    left_dirty_.assign(static_cast<size_t>(spec->tp_size), false);
+  }
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+}
 
 Node::~Node() {
   if (active_) active_->session->Abort("daemon shutting down");
@@ -35,6 +47,8 @@ Node::~Node() {
 // ---- engines ----
 
 absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
+  if (ranked_) return RegisterRank(std::move(setup));
+  if (absl::Status placed = CheckRank(setup); !placed.ok()) return placed;
   if (engine_ && !engine_->gone) {
     return absl::UnavailableError(absl::StrCat(
         "an engine is already registered (engine ", engine_->id,
@@ -57,21 +71,34 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   record->dirty = setup.dirty;
   engine_ = std::move(record);
   if (hooks_.on_engine) hooks_.on_engine(true);
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
   return engine_->id;
 }
 
-void Node::UnregisterEngine(uint64_t engine_id) {
-  if (!engine_ || engine_->id != engine_id) return;
+bool Node::UnregisterEngine(uint64_t engine_id) {
+  if (ranked_) {
+    auto it = std::find_if(ranks_.begin(), ranks_.end(),
+                           [engine_id](const std::shared_ptr<RankRecord>& r) { return r && r->id == engine_id; });
+    if (it == ranks_.end()) return false;
+    (*it)->gone = true;
+    // A rank a failed commit left dirty is named until it registers again.
+    if ((*it)->dirty) left_dirty_[static_cast<size_t>(it - ranks_.begin())] = true;
+    it->reset();  // the group engine (and a commit in flight) still hold it
+    if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+  }
+  if (!engine_ || (!ranked_ && engine_->id != engine_id)) return ranked_;
   engine_->gone = true;
   if (active_ && active_->engine.get() == engine_.get()) AbortWith(EndCause::kEngineError, "engine unregistered");
   versions_.clear();  // kept versions were converted for this registration's parameters
   spare_pool_.reset();
   engine_.reset();
   if (hooks_.on_engine) hooks_.on_engine(false);
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+  return true;
 }
 
 absl::Status Node::Ready() const {
-  if (!engine_) return absl::UnavailableError("no engine registered");
+  if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine registered");
   if (engine_->dirty) return absl::UnavailableError("engine weights dirty after a failed commit");
   if (!engine_->control->Responsive()) return absl::UnavailableError("engine did not answer a pause or resume");
   return absl::OkStatus();
@@ -88,7 +115,8 @@ const std::string& Node::tag() const {
 // ---- sessions ----
 
 absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested) {
-  if (!engine_) return absl::UnavailableError("no engine is registered");
+  // Engine ranks: refused before anything is received or written unless every rank is in.
+  if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered");
   if (active_) return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(), " is active"));
   if (!engine_->control->Responsive()) {
     return absl::UnavailableError(absl::StrCat("engine ", engine_->id,
@@ -596,8 +624,7 @@ void Node::RunCommit(Commit& c) {
   end(Outcome::kCommitted, EndCause::kNone, "");
 }
 
-const RefitReport& Node::FinishCommit(Commit& c) {
-  if (c.held_ != nullptr) return FinishVersionCommit(c);
+void Node::ApplyCommitOutcome(Commit& c) {
   EngineRecord& engine = *c.engine_;
   if (c.engine_dirty_) engine.dirty = true;
   if (c.engine_version_set_) {
@@ -606,6 +633,33 @@ const RefitReport& Node::FinishCommit(Commit& c) {
     engine.dirty = false;
   }
   if (c.verify_mismatch_) ++verify_mismatches_;
+  if (engine.ranks.empty()) {
+    if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+    return;
+  }
+  // Engine ranks: every rank holds what the group holds, except a rank the pause or resume failed
+  // on (it left, or did not answer): that rank is dirty, and with it the group.
+  std::vector<size_t> failed;
+  if (c.outcome_ != Outcome::kCommitted && engine.group_control != nullptr) failed = engine.group_control->failed_ranks();
+  for (size_t r = 0; r < engine.ranks.size(); ++r) {
+    RankRecord& rank = *engine.ranks[r];
+    rank.version = engine.version;
+    rank.tag = engine.tag;
+    rank.dirty = engine.dirty;
+  }
+  for (size_t r : failed) {
+    RankRecord& rank = *engine.ranks[r];
+    rank.dirty = true;
+    engine.dirty = true;
+    const size_t tp = static_cast<size_t>(rank.placement.tp_rank);
+    if (rank.gone && tp < left_dirty_.size() && ranks_[tp] == nullptr) left_dirty_[tp] = true;
+  }
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+}
+
+const RefitReport& Node::FinishCommit(Commit& c) {
+  if (c.held_ != nullptr) return FinishVersionCommit(c);
+  ApplyCommitOutcome(c);
   if (!active_ || active_->session->id() != c.session_id_) return last_report_;  // cannot happen: committing
   Outcome outcome = c.outcome_;
   EndCause cause = c.cause_;

@@ -4,6 +4,10 @@
 // knows the wire, and every way a session ends goes through one place (End), which produces one
 // report with a typed outcome and cause.
 //
+// An engine of several ranks (spec tensor_parallel.size > 1 without a rank: TP/EP workers, one
+// process per GPU) registers rank by rank; once every rank is in, the node's one engine record is
+// built over all of them (node_ranks.cc), so everything below runs as for a single engine.
+//
 // Engine records are shared: the node holds the registered one, and the active session (and a
 // commit in flight) hold theirs, so an engine that unregisters or is replaced during a commit
 // leaves its mappings alive until that commit has finished with them. A commit in flight is an
@@ -32,6 +36,7 @@
 #include "refit/converter.h"
 #include "refit/engine_control.h"
 #include "refit/planner.h"
+#include "refit/rank_group_control.h"
 #include "refit/session.h"
 #include "refit/staged_version.h"
 #include "refit/staging.h"
@@ -40,6 +45,31 @@
 #include "transport/transport.h"
 
 namespace refit {
+
+// Where a registering engine rank sits in the node's engine (proto registerEngine's tpRank...).
+struct RankPlacement {
+  int tp_rank = 0;
+  int tp_size = 0;  // 0: not given (a single engine, as registered before engine ranks)
+  int ep_rank = 0;
+  int ep_size = 0;  // 0: not given (no expert parallelism)
+  int device = -1;  // the CUDA device of its parameters; -1: not given (host engines)
+  std::string model;  // the model it serves; "": not given
+};
+
+// One registered rank of an engine of several ranks (spec tensor_parallel.size > 1 without a
+// rank). Shared by the node, the group engine built over it and a commit in flight.
+struct RankRecord {
+  uint64_t id = 0;  // its registration
+  RankPlacement placement;
+  std::shared_ptr<storage::EngineStorage> storage;
+  std::shared_ptr<EngineControl> control;
+  uint64_t bytes = 0;
+  // Loop thread only.
+  uint64_t version = 0;
+  std::string tag;
+  bool dirty = false;
+  bool gone = false;
+};
 
 // What a registering engine brings: its mapped storage, the planner over its parameters, the
 // staging memory and converter that fit it, its pause/resume control, and what it holds now.
@@ -55,6 +85,9 @@ struct EngineSetup {
   uint64_t version = 0;  // the version the engine serves (0: fresh)
   std::string tag;       // the trainer's tag of that version ("" when none)
   bool dirty = false;    // it lost refitd inside a commit window: its weights may be mixed
+  // Where it sits (engine ranks). With NodeOptions::spec declaring ranks, only storage, control,
+  // version, tag, dirty and placement are given: the node builds the rest once every rank is in.
+  RankPlacement placement;
 };
 
 // A registered engine. Shared by the node, the session that uses it and a commit in flight.
@@ -72,11 +105,31 @@ struct EngineRecord {
   std::string tag;     // the trainer's tag of `version`
   bool dirty = false;  // a commit failed mid-copy: only a full refit may land
   bool gone = false;   // unregistered (disconnected); a commit in flight still holds the record
+  // An engine of several ranks: its ranks, in rank order (empty for a single engine), and their
+  // pause/resume (which knows the ranks that failed).
+  std::vector<std::shared_ptr<RankRecord>> ranks;
+  const RankGroupControl* group_control = nullptr;
+};
+
+// What status shows of each declared engine rank.
+struct RankStatus {
+  int tp_rank = 0;
+  bool registered = false;
+  RankPlacement placement;  // as registered
+  uint64_t version = 0;
+  std::string tag;
+  bool dirty = false;         // registered dirty, or its last commit failed on it
+  bool left_dirty = false;    // not registered: it left while a commit failed on it
+  bool responsive = true;
+  uint32_t params = 0;
+  uint64_t bytes = 0;
 };
 
 struct NodeHooks {
   std::function<void(const RefitReport&)> on_report;
   std::function<void(bool registered)> on_engine;
+  // A rank registered or left, or a commit ended (Ranks(): every declared rank, or the one engine).
+  std::function<void(const std::vector<RankStatus>& ranks)> on_ranks;
   std::function<void(uint64_t staging_bytes, bool active)> on_session;
   // Per bucket, on the session's threads (see Session::Options): a bucket arrived; a bucket was
   // converted (bytes staged per format, and the session's staged bytes now).
@@ -106,6 +159,12 @@ struct NodeOptions {
   const FailpointSet* failpoints = nullptr;  // test builds only
   // What session deadlines are computed and checked against; the system clock when null.
   const Clock* clock = nullptr;
+  // Engine ranks: the node's spec. When it declares tensor_parallel.size > 1 without a rank, the
+  // engine is that many rank processes, each registering its rank (RegisterEngine), and the node
+  // builds the engine over all of them once every rank is in, with `make_staging` (which fills
+  // pool, new_pool and converter for the group's storage). Null: a single engine.
+  const spec::ModelSpec* spec = nullptr;
+  std::function<absl::Status(EngineSetup&)> make_staging;
 };
 
 struct BeginResult {
@@ -158,10 +217,24 @@ class Node {
   // Registers an engine. Refused (Unavailable) while another engine is registered and has not
   // gone: only the holder of a registration can end it (by dropping it or disconnecting), so a
   // client cannot take over a live engine. Ends an active session of an engine that is gone.
+  //
+  // Engine ranks (ranked()): registers one rank. Refused naming the field: a model other than the
+  // daemon's (model), a size other than the spec's (tp_size, ep_size), a rank outside it or not
+  // the spec's for it (tp_rank, ep_rank), a rank already registered and live (tp_rank), a device
+  // another rank holds or unlike its parameters' (device), parameters unlike another rank's
+  // (params). A rank that left is replaced by its next registration; the others stay. Once every
+  // declared rank is in, the node's engine is built over them.
   absl::StatusOr<uint64_t> RegisterEngine(EngineSetup setup);
-  // The engine's registration was dropped. A session not committing is aborted; a commit in
-  // flight keeps the record and ends as an engine error.
-  void UnregisterEngine(uint64_t engine_id);
+  // The engine's (or an engine rank's) registration was dropped. A session not committing is
+  // aborted; a commit in flight keeps the record and ends as an engine error. False when
+  // `engine_id` is no registration the node holds.
+  bool UnregisterEngine(uint64_t engine_id);
+
+  // The spec declares engine ranks (NodeOptions::spec).
+  bool ranked() const { return ranked_; }
+  // Every declared rank (ranked()), in rank order; a single engine is one rank (its spec's
+  // tensor_parallel.rank, 0 without one).
+  std::vector<RankStatus> Ranks() const;
 
   // A new session for `manifest`; every refusal names the field or tensor (InvalidArgument),
   // the missing engine (Unavailable), the busy node (Unavailable) or the dirty engine
@@ -270,6 +343,16 @@ class Node {
   // A commit of a kept version, checked and set up; `rollback` for the report's reason.
   absl::StatusOr<std::shared_ptr<Commit>> StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback);
   const RefitReport& FinishVersionCommit(Commit& commit);
+  // The commit's outcome applied to its engine record (and each of its ranks): dirty, version,
+  // tag, verify mismatches. FinishCommit and FinishVersionCommit both start with it.
+  void ApplyCommitOutcome(Commit& commit);
+  // Engine ranks (node_ranks.cc).
+  absl::StatusOr<uint64_t> RegisterRank(EngineSetup setup);
+  absl::Status CheckRank(const EngineSetup& setup) const;
+  // Every declared rank is in: the engine over them.
+  absl::Status BuildGroup();
+  // "no engine is registered" naming the ranks missing, for Begin and Ready.
+  std::string MissingRanks() const;
 
   const NodeOptions options_;
   const std::unique_ptr<Clock> system_clock_;  // when options_.clock is null
@@ -280,6 +363,10 @@ class Node {
   std::shared_ptr<EngineRecord> engine_;
   std::optional<Active> active_;
   uint64_t next_engine_id_ = 1;
+  bool ranked_ = false;
+  std::vector<std::shared_ptr<const spec::ModelSpec>> rank_specs_;  // spec::ForRank, by rank
+  std::vector<std::shared_ptr<RankRecord>> ranks_;  // by rank; null while not registered
+  std::vector<bool> left_dirty_;                    // by rank: left while a commit failed on it
   uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
   std::vector<std::shared_ptr<StagedVersion>> versions_;
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight

@@ -121,14 +121,8 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<St
 }
 
 const RefitReport& Node::FinishVersionCommit(Commit& c) {
-  EngineRecord& engine = *c.engine_;
-  if (c.engine_dirty_) engine.dirty = true;
-  if (c.engine_version_set_) {
-    engine.version = c.from_version_ + 1;
-    engine.tag = c.to_tag_;
-    engine.dirty = false;
-  }
-  if (c.verify_mismatch_) ++verify_mismatches_;
+  ApplyCommitOutcome(c);
+  const EngineRecord& engine = *c.engine_;
   RefitReport r;
   r.session_id = c.held_->session_id;
   r.tag = c.held_->tag;

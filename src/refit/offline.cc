@@ -96,6 +96,7 @@ absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
       kept.push_back(*c);
       continue;
     }
+    if (r.elsewhere) continue;  // another expert-parallel rank's expert
     for (const ResolvedOutput& o : r.outputs) {
       REFIT_ASSIGN_OR_RETURN(const ConvertedTensor* c, find(o.checkpoint_name));
       if (c->dtype != o.dtype || c->shape != o.full_shape) {

@@ -74,8 +74,10 @@ void SliceDim(const uint8_t* src, const Shape& shape, size_t elem, int dim, int6
 
 absl::StatusOr<Shape> AssembledShape(const spec::Rule& rule, const std::vector<Shape>& slot_shapes) {
   const int64_t members = rule.fuse ? static_cast<int64_t>(rule.fuse->order.size()) : 1;
-  const int64_t entries = rule.stack ? rule.stack->count : 1;
-  if (static_cast<int64_t>(slot_shapes.size()) != members * entries) {
+  // Stacked: the rank's experts (all of them, or its share under expert_parallel).
+  const int64_t entries = rule.stack ? static_cast<int64_t>(slot_shapes.size()) / members : 1;
+  if (static_cast<int64_t>(slot_shapes.size()) != members * entries || entries == 0 ||
+      (rule.stack && rule.stack->count % entries != 0)) {
     return absl::InternalError(absl::StrCat(rule.Describe(), ": ", slot_shapes.size(), " slots, expected ",
                                             members * entries));
   }

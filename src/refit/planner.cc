@@ -44,9 +44,24 @@ bool HasLayout(const spec::Rule& rule, std::string_view suffix) {
 }  // namespace
 
 absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector<storage::ParamInfo> params) {
+  std::vector<RankParams> one(1);
+  one[0].spec = std::shared_ptr<const spec::ModelSpec>(std::shared_ptr<void>(), &spec);  // not owned
+  one[0].params = std::move(params);
+  return CreateRanks(spec, std::move(one));
+}
+
+absl::StatusOr<Planner> Planner::CreateRanks(const spec::ModelSpec& node_spec, std::vector<RankParams> ranks) {
   Planner p;
-  p.spec_ = &spec;
-  p.params_ = std::move(params);
+  p.spec_ = &node_spec;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (storage::ParamInfo& info : ranks[r].params) {
+      info.name = Qualified(ranks[r].label, info.name);
+      p.params_.push_back(std::move(info));
+      p.rank_of_.push_back(r);
+    }
+    ranks[r].params.clear();
+  }
+  p.ranks_ = std::move(ranks);
   p.sources_.resize(p.params_.size());
   for (size_t i = 0; i < p.params_.size(); ++i) {
     if (!p.by_name_.emplace(p.params_[i].name, i).second) {
@@ -55,17 +70,21 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
   }
   const std::vector<std::string_view> suffixes = formats::AllOutputSuffixes();
   for (size_t i = 0; i < p.params_.size(); ++i) {
-    const std::string& name = p.params_[i].name;
+    const RankParams& rank = p.ranks_[p.rank_of_[i]];
+    const spec::ModelSpec& spec = *rank.spec;
+    const std::string name = p.params_[i].name.substr(rank.label.empty() ? 0 : rank.label.size() + 1);
     ParamSource& src = p.sources_[i];
     if (auto d = spec.DerivedFor(name)) {
       REFIT_ASSIGN_OR_RETURN(std::string from, d->first->from.Expand(d->second));
+      from = Qualified(rank.label, from);
       int64_t fi = p.IndexOf(from);
       if (fi < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "' (", spec.path, ":", d->first->line,
-                                                       ") reads '", from, "', which the engine did not register"));
+        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' (", spec.path, ":",
+                                                       d->first->line, ") reads '", from,
+                                                       "', which the engine did not register"));
       }
       if (p.params_[fi].shape != p.params_[i].shape || p.params_[fi].dtype != p.params_[i].dtype) {
-        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "' is ",
+        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' is ",
                                                        Describe(p.params_[i].dtype, p.params_[i].shape),
                                                        " but its source '", from, "' is ",
                                                        Describe(p.params_[fi].dtype, p.params_[fi].shape)));
@@ -110,13 +129,16 @@ absl::StatusOr<Planner> Planner::Create(const spec::ModelSpec& spec, std::vector
     }
     src.kind = ParamSource::Kind::kBuilt;
     src.rule = rule;
+    // A rank's part that differs from the other ranks' (its TP shard) is staged under its own key.
+    const std::string& key_label = rule->shard && rule->shard->size > 1 ? rank.label : std::string();
     if (rule->target) {
-      for (int64_t s = 0; s < rule->Slots(); ++s) {
-        REFIT_ASSIGN_OR_RETURN(std::string key, SourceName(*rule, caps, s, src.suffix));
-        src.slots.push_back(std::move(key));
+      const int64_t first = FirstSlot(spec, *rule);
+      for (int64_t s = 0; s < RankSlots(spec, *rule); ++s) {
+        REFIT_ASSIGN_OR_RETURN(std::string key, SourceName(*rule, caps, first + s, src.suffix));
+        src.slots.push_back(Qualified(key_label, key));
       }
     } else {
-      src.slots.push_back(name);
+      src.slots.push_back(Qualified(key_label, name));
     }
     p.memo_limit_ += src.slots.size();
     p.expected_.push_back(i);
@@ -162,26 +184,49 @@ absl::StatusOr<std::shared_ptr<const TensorPlan>> Planner::SharedPlan(const std:
 }
 
 absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtype, const Shape& shape) const {
-  REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(*spec_, name, dtype, shape));
+  TensorPlan plan;
+  bool first = true;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    absl::Status st = PlanRank(r, name, dtype, shape, plan, first);
+    if (!st.ok()) {
+      if (ranks_.size() == 1) return st;
+      return absl::Status(st.code(), absl::StrCat("engine ", ranks_[r].label, ": ", st.message()));
+    }
+  }
+  if (first) {
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "': no engine rank holds its expert"));
+  }
+  return plan;
+}
+
+absl::Status Planner::PlanRank(size_t rank_index, const std::string& name, DType dtype, const Shape& shape,
+                               TensorPlan& plan, bool& first) const {
+  const RankParams& rank = ranks_[rank_index];
+  REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(*rank.spec, name, dtype, shape));
   if (r.rule->never) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "': ", r.rule->Describe(), " says refits never carry it"));
   }
-  TensorPlan plan;
-  plan.rule = r.rule;
-  plan.kind = r.kind;
-  plan.format = r.format;
-  plan.transpose = r.transpose;
-  plan.input_shape = r.input_shape;
-  plan.shard_dim = r.shard_dim;
-  if (r.rule->shard) {
-    plan.shard_parts = r.rule->shard->size;
-    plan.shard_index = r.rule->shard->rank;
+  if (r.elsewhere) return absl::OkStatus();  // another expert-parallel rank's expert
+  const bool own_key = r.rule->shard && r.rule->shard->size > 1;
+  if (first) {
+    plan.rule = r.rule;
+    plan.kind = r.kind;
+    plan.format = r.format;
+    plan.transpose = r.transpose;
+    plan.input_shape = r.input_shape;
+    plan.shard_dim = r.shard_dim;
+    if (r.rule->shard) {
+      plan.shard_parts = r.rule->shard->size;
+      plan.shard_index = r.rule->shard->rank;
+    }
+    plan.amax_group = r.amax_group;
+    plan.amax_group_key = r.amax_group_key;
   }
-  plan.amax_group = r.amax_group;
-  plan.amax_group_key = r.amax_group_key;
-  for (ResolvedOutput& o : r.outputs) {
-    int64_t i = IndexOf(o.engine_name);
+  for (size_t out = 0; out < r.outputs.size(); ++out) {
+    ResolvedOutput& o = r.outputs[out];
+    const std::string key = Qualified(own_key ? rank.label : std::string(), o.checkpoint_name);
+    int64_t i = IndexOf(Qualified(rank.label, o.engine_name));
     if (i < 0) {
       if (o.engine_name == name) {
         return absl::NotFoundError(absl::StrCat("tensor '", name, "': the engine has no parameter of this name"));
@@ -192,7 +237,7 @@ absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtyp
     const storage::ParamInfo& e = params_[i];
     const ParamSource& src = sources_[i];
     if (src.kind != ParamSource::Kind::kBuilt || src.rule != r.rule ||
-        o.slot >= static_cast<int64_t>(src.slots.size()) || src.slots[o.slot] != o.checkpoint_name) {
+        o.slot >= static_cast<int64_t>(src.slots.size()) || src.slots[o.slot] != key) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", name, "': lands in engine parameter '", o.engine_name, "', which ",
           src.kind == ParamSource::Kind::kDerived ? "is derived at commit"
@@ -206,6 +251,10 @@ absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtyp
           return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': sent as ", DTypeName(dtype),
                                                          ", engine parameter is ", DTypeName(e.dtype),
                                                          " and no rule says how to convert it"));
+        }
+        if (!first && (plan.kind != ConvertKind::kQuantize || plan.format != CastFormat(e.dtype))) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': engine parameter '", e.name, "' is ",
+                                                         DTypeName(e.dtype), ", unlike the other ranks'"));
         }
         plan.kind = ConvertKind::kQuantize;
         plan.format = CastFormat(e.dtype);
@@ -224,10 +273,13 @@ absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtyp
       return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': becomes ", DTypeName(staged), " in '",
                                                      o.engine_name, "', engine parameter is ", DTypeName(e.dtype)));
     }
-    plan.targets.push_back({static_cast<size_t>(i), o.slot, o.checkpoint_name,
-                            formats::OutputSpec{o.suffix, staged, o.shape, bytes}, o.full_shape});
+    Target t{static_cast<size_t>(i), o.slot, key, formats::OutputSpec{o.suffix, staged, o.shape, bytes}, o.full_shape};
+    t.output = out;
+    t.shard_index = r.rule->shard ? r.rule->shard->rank : 0;
+    plan.targets.push_back(std::move(t));
   }
-  return plan;
+  first = false;
+  return absl::OkStatus();
 }
 
 }  // namespace refit

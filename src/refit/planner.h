@@ -33,6 +33,8 @@ struct Target {
   std::string key;           // staging key: the checkpoint-format tensor name
   formats::OutputSpec spec;  // suffix, dtype as staged, shape of this rank's part, bytes
   Shape full_shape;          // the whole tensor's output (before the shard slice)
+  size_t output = 0;         // which of the format's outputs (formats::PlanOutputs order)
+  int64_t shard_index = 0;   // the part of full_shape this target's rank holds (TensorPlan::shard_dim)
 };
 
 struct TensorPlan {
@@ -43,7 +45,9 @@ struct TensorPlan {
   Shape input_shape;               // after the transpose
   std::optional<int> shard_dim;    // outputs of rank > 0 are split into shard_parts
   int64_t shard_parts = 1, shard_index = 0;
-  std::vector<Target> targets;     // in formats::PlanOutputs order
+  // In formats::PlanOutputs order; over several engine ranks, each rank's in rank order, and a
+  // target whose bytes every rank shares (a replicated tensor) has one key for all of them.
+  std::vector<Target> targets;
   std::vector<std::string> amax_group;  // fused NVFP4 members sharing one global amax
   std::string amax_group_key;
 };
@@ -63,11 +67,26 @@ struct DerivedTarget {
   spec::DerivedOp op;
 };
 
+// One engine rank's registered parameters, for a planner over every rank of the node's engine.
+struct RankParams {
+  std::shared_ptr<const spec::ModelSpec> spec;  // the node's spec as this rank sees it (spec::ForRank)
+  // Prefixes the rank's parameter names ("rank1/model.norm.weight") and the staging keys of its
+  // rank-specific parts; "" for a single engine.
+  std::string label;
+  std::vector<storage::ParamInfo> params;
+};
+
 class Planner {
  public:
   // Errors name the parameter: a derived parameter whose source is missing or of another
   // shape, a parameter two rules would produce.
   static absl::StatusOr<Planner> Create(const spec::ModelSpec& spec, std::vector<storage::ParamInfo> params);
+  // A planner over the parameters of every rank of one engine (tensor/expert parallel), in rank
+  // order: params() is their concatenation, names prefixed by each rank's label. A trainer
+  // tensor's plan targets every rank that holds part of it; a rank's part that differs from the
+  // others' (a TP shard) is staged under the label-prefixed key, a part every rank shares once.
+  // Errors name the rank. `spec` is the node's (spec()).
+  static absl::StatusOr<Planner> CreateRanks(const spec::ModelSpec& spec, std::vector<RankParams> ranks);
 
   // What `name` (dtype, shape as the trainer sends it) becomes. Errors name the tensor and say
   // why (no such engine parameter, dtype/shape mismatch, marked never, format cannot take it).
@@ -87,6 +106,9 @@ class Planner {
   const std::vector<DerivedTarget>& derived() const { return derived_; }
   // Index of an engine parameter by name, or -1.
   int64_t IndexOf(const std::string& name) const;
+  // Engine ranks planned over (1 for a single engine), and the rank of parameter `index`.
+  size_t ranks() const { return ranks_.size(); }
+  size_t rank_of(size_t index) const { return rank_of_[index]; }
 
  private:
   const spec::ModelSpec* spec_ = nullptr;
@@ -95,6 +117,15 @@ class Planner {
   std::map<std::string, size_t> by_name_;
   std::vector<size_t> expected_;
   std::vector<DerivedTarget> derived_;
+  std::vector<RankParams> ranks_;  // params moved out into params_
+  std::vector<size_t> rank_of_;
+
+  static std::string Qualified(const std::string& label, const std::string& name) {
+    return label.empty() ? name : label + "/" + name;
+  }
+  // Plans `name` for rank `r` into `plan` (first: the plan's fields are set from it).
+  absl::Status PlanRank(size_t r, const std::string& name, DType dtype, const Shape& shape, TensorPlan& plan,
+                        bool& first) const;
 
   absl::StatusOr<TensorPlan> Resolved(const std::string& name, DType dtype, const Shape& shape) const;
   struct Memo {

@@ -28,6 +28,16 @@ absl::StatusOr<std::string> SourceName(const spec::Rule& rule, const spec::Captu
   return base + suffix;
 }
 
+int64_t RankSlots(const spec::ModelSpec& spec, const spec::Rule& rule) {
+  if (!rule.stack || spec.ep_size <= 1) return rule.Slots();
+  return rule.Slots() / spec.ep_size;
+}
+
+int64_t FirstSlot(const spec::ModelSpec& spec, const spec::Rule& rule) {
+  if (!rule.stack || spec.ep_size <= 1) return 0;
+  return RankSlots(spec, rule) * spec.ep_rank;
+}
+
 absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::string& name, DType dtype,
                                    const Shape& shape) {
   REFIT_ASSIGN_OR_RETURN(const spec::Rule* rule, spec.RuleFor(name));
@@ -80,7 +90,7 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
   }
   // Target and slot.
   std::string base = name;
-  int64_t slot = 0, slots = rule->Slots();
+  int64_t slot = 0, slots = RankSlots(spec, *rule);
   if (rule->target) {
     REFIT_ASSIGN_OR_RETURN(base, rule->target->Expand(*caps));
   }
@@ -113,7 +123,11 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
                                            rule->stack->count));
     }
   }
-  slot = entry * members + member;
+  slot = entry * members + member - FirstSlot(spec, *rule);
+  if (slot < 0 || slot >= slots) {
+    res.elsewhere = true;  // another expert-parallel rank's expert
+    slot = 0;
+  }
   // Shard.
   if (rule->shard) {
     const size_t rank = res.input_shape.size();

@@ -45,7 +45,16 @@ struct Resolution {
   // included, in fuse order); empty when the format needs none or the rule fuses nothing.
   std::vector<std::string> amax_group;
   std::string amax_group_key;
+  // Under expert_parallel: a stacked tensor whose expert another rank holds. Its outputs are the
+  // checkpoint's as ever (offline conversion writes them), but it lands in none of this rank's
+  // parameters.
+  bool elsewhere = false;
 };
+
+// The slots of a parameter `rule` builds on this rank (spec.ep_rank's experts under
+// expert_parallel), and the global slot of the first.
+int64_t RankSlots(const spec::ModelSpec& spec, const spec::Rule& rule);
+int64_t FirstSlot(const spec::ModelSpec& spec, const spec::Rule& rule);
 
 // `dtype`/`shape` as the trainer sends the tensor. Errors name the tensor and the rule.
 // `never` rules resolve to a copy of the tensor itself (offline conversion keeps them).

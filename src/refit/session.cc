@@ -225,7 +225,13 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
   absl::InlinedVector<uint8_t*, 4> staged;
   absl::InlinedVector<formats::MutableBytes, 4> outs;
   uint64_t tensor_bytes = 0;
+  const bool ranks = planner_.ranks() > 1;
+  absl::InlinedVector<const Target*, 4> distinct;  // over engine ranks: one per staging key
   for (const Target& t : plan.targets) {
+    if (ranks && std::any_of(distinct.begin(), distinct.end(), [&](const Target* d) { return d->key == t.key; })) {
+      continue;  // a part every rank shares: staged once
+    }
+    distinct.push_back(&t);
     REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
     staged.push_back(buf);
     outs.push_back({buf, t.spec.bytes});
@@ -241,6 +247,31 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
     } else {
       it->bytes += tensor_bytes;
     }
+  }
+  if (ranks) {
+    // Several engine ranks: the tensor is converted whole once, then each rank's part (or the
+    // one part they share) is staged.
+    if (src_kind != storage::MemoryKind::kHost || staging_->kind() != storage::MemoryKind::kHost) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", desc.name, "': an engine of several ranks is refit through host staging and a host data plane"));
+    }
+    std::vector<std::vector<uint8_t>> full;
+    std::vector<formats::MutableBytes> full_outs;
+    for (const Target& t : plan.targets) {
+      if (t.output < full.size()) continue;
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(t.spec.dtype, t.full_shape));
+      full.emplace_back(n);
+      full_outs.push_back({full.back().data(), n});
+    }
+    const ConvertStep step{plan.kind, plan.format, plan.transpose};
+    REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
+                                      global_amax, full_outs, desc.name));
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      const Target& t = *distinct[i];
+      ShardPart(full[t.output].data(), t.spec.dtype, t.full_shape, sharded ? plan.shard_dim : std::nullopt,
+                sharded ? plan.shard_parts : 1, sharded ? t.shard_index : 0, staged[i]);
+    }
+    return absl::OkStatus();
   }
   if (!sharded && !plan.transpose && !global_amax && device_amax == nullptr) {
     // The common case: the converter (CPU, or GPU kernels) writes straight into staging.

@@ -56,6 +56,14 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
     mp->kept_versions->Labels({"previous"}).Set(previous);
   };
   h.on_engine = [mp](bool registered) { mp->engine_registered->Set(registered ? 1 : 0); };
+  h.on_ranks = [mp](const std::vector<RankStatus>& ranks) {
+    for (const RankStatus& r : ranks) {
+      const std::string rank = std::to_string(r.tp_rank);
+      mp->engine_rank_registered->Labels({rank}).Set(r.registered ? 1 : 0);
+      mp->engine_rank_dirty->Labels({rank}).Set(r.dirty || r.left_dirty ? 1 : 0);
+      mp->engine_rank_version->Labels({rank}).Set(static_cast<double>(r.version));
+    }
+  };
   // Byte counters and the staging gauge move per bucket, on the session's threads, so a scrape
   // during a refit sees its progress (not one step at the session's end).
   metrics::Counter* received = &mp->received_bytes_total->Labels({transport});

@@ -140,10 +140,9 @@ class RegistrationImpl final : public proto::Registration::Server {
  public:
   RegistrationImpl(DaemonState& state, uint64_t engine_id) : state_(state), engine_id_(engine_id) {}
   ~RegistrationImpl() {
-    const EngineRecord* e = state_.node.engine();
-    if (e == nullptr || e->id != engine_id_) return;
-    LogEvent(LogLevel::kInfo, "engine_unregistered").Add("engine", engine_id_);
-    state_.node.UnregisterEngine(engine_id_);
+    if (state_.node.UnregisterEngine(engine_id_)) {
+      LogEvent(LogLevel::kInfo, "engine_unregistered").Add("engine", engine_id_);
+    }
   }
 
  protected:
@@ -410,6 +409,14 @@ class DaemonImpl final : public proto::Daemon::Server {
 
   kj::Promise<void> registerEngine(RegisterEngineContext context) override {
     auto params = context.getParams();
+    RankPlacement placement;
+    placement.tp_rank = params.getTpRank();
+    placement.tp_size = params.getTpSize();
+    placement.ep_rank = params.getEpRank();
+    placement.ep_size = params.getEpSize();
+    placement.device = params.getDevice();
+    placement.model = wire::Str(params.getModel());
+    if (state_.node.ranked()) return RegisterRank(context, std::move(placement));
     if (const EngineRecord* live = state_.node.engine(); live != nullptr && !live->gone) {
       // Checked before anything is mapped: a refused registration costs nothing.
       return Answer(context, absl::UnavailableError(absl::StrCat(
@@ -429,6 +436,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     setup.version = params.getVersion();
     setup.dirty = params.getDirty();
     setup.tag = wire::Str(params.getTag());
+    setup.placement = std::move(placement);
     if (absl::Status tag = CheckTag(setup.tag); !tag.ok()) {
       return Answer(context, absl::InvalidArgumentError(absl::StrCat("registration tag: ", tag.message())));
     }
@@ -448,6 +456,40 @@ class DaemonImpl final : public proto::Daemon::Server {
     return kj::READY_NOW;
   }
 
+  // One rank of an engine of several ranks: its storage and control; the node builds the engine
+  // (planner, staging, converter) over every rank once all are in.
+  kj::Promise<void> RegisterRank(RegisterEngineContext context, RankPlacement placement) {
+    auto params = context.getParams();
+    EngineSetup setup;
+    setup.tag = wire::Str(params.getTag());
+    if (absl::Status tag = CheckTag(setup.tag); !tag.ok()) {
+      return Answer(context, absl::InvalidArgumentError(absl::StrCat("registration tag: ", tag.message())));
+    }
+    absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(params.getParams());
+    if (!storage.ok()) return Answer(context, storage.status());
+    setup.storage = std::move(*storage);
+    setup.control = std::make_unique<RpcEngineControl>(params.getControl(), state_.timer);
+    setup.version = params.getVersion();
+    setup.dirty = params.getDirty();
+    setup.placement = placement;
+    const size_t nparams = setup.storage->params().size();
+    absl::StatusOr<uint64_t> id = state_.node.RegisterEngine(std::move(setup));
+    if (!id.ok()) return Answer(context, id.status());
+    const EngineRecord* group = state_.node.engine();
+    LogEvent(params.getDirty() ? LogLevel::kWarn : LogLevel::kInfo, "engine_rank_registered")
+        .Add("engine", *id)
+        .Add("tp_rank", placement.tp_rank)
+        .Add("ep_rank", placement.ep_rank)
+        .Add("device", placement.device)
+        .Add("params", nparams)
+        .Add("version", params.getVersion())
+        .Add("dirty", params.getDirty())
+        .Add("all_ranks_in", group != nullptr);
+    context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, *id));
+    context.getResults().setVersion(group != nullptr ? group->version : params.getVersion());
+    return kj::READY_NOW;
+  }
+
   kj::Promise<void> status(StatusContext context) override {
     const Node& node = state_.node;
     auto s = context.getResults().initStatus();
@@ -464,6 +506,25 @@ class DaemonImpl final : public proto::Daemon::Server {
     s.setTag(wire::Text(node.tag()));
     s.setVerifyAfterCommit(state_.config.verify_after_commit);
     s.setVerifyMismatches(node.verify_mismatches());
+    if (node.ranked()) {
+      std::vector<RankStatus> ranks = node.Ranks();
+      auto list = s.initRanks(static_cast<unsigned>(ranks.size()));
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        auto b = list[static_cast<unsigned>(i)];
+        const RankStatus& r = ranks[i];
+        b.setTpRank(r.tp_rank);
+        b.setRegistered(r.registered);
+        b.setEpRank(r.placement.ep_rank);
+        b.setDevice(r.placement.device);
+        b.setVersion(r.version);
+        b.setTag(wire::Text(r.tag));
+        b.setDirty(r.dirty);
+        b.setLeftDirty(r.left_dirty);
+        b.setResponsive(r.responsive);
+        b.setParams(r.params);
+        b.setBytes(r.bytes);
+      }
+    }
     s.setActiveSession(node.active_session_id());
     s.setStagingBytes(node.staging_bytes());
     s.setStagingLimitBytes(state_.config.limits.staging_bytes);
@@ -566,6 +627,15 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.verify_after_commit = config.verify_after_commit;
             o.hold = config.hold;
             o.failpoints = failpoints.get();
+            o.spec = &spec;
+            const Config* cfg = &config;
+            o.make_staging = [cfg](EngineSetup& setup) {
+              if (cfg->staging == "device") {
+                return absl::InvalidArgumentError(
+                    "staging: device is not supported for an engine of several ranks yet; use staging: host");
+              }
+              return MakeStaging(*cfg, setup);
+            };
             return o;
           }(),
           *receiver, *ring,

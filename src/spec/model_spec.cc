@@ -356,7 +356,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   ModelSpec spec;
   spec.path = std::string(path);
   REFIT_RETURN_IF_ERROR(r.CheckKeys(
-      root, "spec", {"model", "checkpoint", "tensor_parallel", "source", "defaults", "rules", "groups", "derived"}));
+      root, "spec", {"model", "checkpoint", "tensor_parallel", "expert_parallel", "source", "defaults", "rules", "groups",
+             "derived"}));
   if (!root["model"]) return r.Error(root, "spec", "missing required key 'model'");
   REFIT_ASSIGN_OR_RETURN(spec.model, r.String(root["model"], "model"));
   if (const YAML::Node c = root["checkpoint"]) {
@@ -378,12 +379,31 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   if (const YAML::Node tp = root["tensor_parallel"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(tp, "tensor_parallel", {"size", "rank"}));
-    if (!tp["size"] || !tp["rank"]) return r.Error(tp, "tensor_parallel", "needs 'size' and 'rank'");
+    if (!tp["size"]) return r.Error(tp, "tensor_parallel", "needs 'size' (and 'rank' for a single-rank engine)");
     REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(tp["size"], "tensor_parallel.size", 1));
-    REFIT_ASSIGN_OR_RETURN(int64_t rank, r.Int(tp["rank"], "tensor_parallel.rank", 0));
-    if (rank >= size) return r.Error(tp["rank"], "tensor_parallel.rank", absl::StrCat("must be below size ", size));
+    if (size > kMaxEngineRanks) {
+      return r.Error(tp["size"], "tensor_parallel.size", absl::StrCat("at most ", kMaxEngineRanks));
+    }
     spec.tp_size = static_cast<int>(size);
-    spec.tp_rank = static_cast<int>(rank);
+    if (tp["rank"]) {
+      // A daemon whose one engine is rank `rank` (the single-rank node of specs before engine ranks).
+      REFIT_ASSIGN_OR_RETURN(int64_t rank, r.Int(tp["rank"], "tensor_parallel.rank", 0));
+      if (rank >= size) return r.Error(tp["rank"], "tensor_parallel.rank", absl::StrCat("must be below size ", size));
+      spec.tp_rank = static_cast<int>(rank);
+      spec.tp_rank_given = true;
+    }
+  }
+  if (const YAML::Node ep = root["expert_parallel"]) {
+    REFIT_RETURN_IF_ERROR(r.CheckKeys(ep, "expert_parallel", {"size"}));
+    if (!ep["size"]) return r.Error(ep, "expert_parallel", "needs 'size'");
+    REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(ep["size"], "expert_parallel.size", 1));
+    if (size > 1 && size != spec.tp_size) {
+      return r.Error(ep["size"], "expert_parallel.size",
+                     absl::StrCat("must equal tensor_parallel.size (", spec.tp_size,
+                                  "): experts are split across the tensor-parallel ranks"));
+    }
+    spec.ep_size = static_cast<int>(size);
+    spec.ep_rank = spec.ep_size > 1 ? spec.tp_rank : 0;
   }
   if (const YAML::Node src = root["source"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(src, "source",
@@ -514,6 +534,11 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         Stack stack;
         REFIT_ASSIGN_OR_RETURN(stack.capture, r.String(s["capture"], where + ".stack.capture"));
         REFIT_ASSIGN_OR_RETURN(stack.count, r.Int(s["count"], where + ".stack.count", 1));
+        if (spec.ep_size > 1 && stack.count % spec.ep_size != 0) {
+          return r.Error(s["count"], where + ".stack.count",
+                         absl::StrCat(stack.count, " experts do not split into expert_parallel.size ", spec.ep_size,
+                                      " equal parts"));
+        }
         rule.stack = std::move(stack);
       }
       if (const YAML::Node s = n["shard"]) {
@@ -525,6 +550,11 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
           REFIT_ASSIGN_OR_RETURN(int64_t dim, r.Int(s["dim"], where + ".shard.dim", -8));
           if (!root["tensor_parallel"]) {
             return r.Error(s, where + ".shard", "needs the top-level 'tensor_parallel' section (size, rank)");
+          }
+          if (spec.ep_size > 1 && n["stack"]) {
+            return r.Error(s, where + ".shard",
+                           "a stacked rule is split by expert under expert_parallel; its experts are whole on their "
+                           "rank (remove the shard)");
           }
           if (spec.tp_size > 1) rule.shard = Shard{static_cast<int>(dim), spec.tp_size, spec.tp_rank};
         }
@@ -630,6 +660,20 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     }
   }
   return spec;
+}
+
+absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank) {
+  if (tp_rank < 0 || tp_rank >= spec.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tp_rank ", tp_rank, " is outside tensor_parallel.size ",
+                                                   spec.tp_size, " of ", spec.path));
+  }
+  ModelSpec out = spec;
+  out.tp_rank = tp_rank;
+  out.ep_rank = spec.ep_size > 1 ? tp_rank : 0;
+  for (Rule& rule : out.rules) {
+    if (rule.shard) rule.shard->rank = tp_rank;
+  }
+  return out;
 }
 
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {

@@ -129,8 +129,17 @@ struct ModelSpec {
   std::vector<Group> groups;
   std::vector<Derived> derived;
   std::optional<QuantConfig> checkpoint;  // the rollout checkpoint's quantization metadata
+  // `tensor_parallel`: the engine's TP size, and the rank this daemon's one engine holds. With
+  // `rank` omitted (tp_rank_given false) and size > 1, the node's engine is `size` rank processes,
+  // each registering its rank (docs/config.md "Engine ranks"); ForRank gives each rank's spec.
   int tp_size = 1;
   int tp_rank = 0;
+  bool tp_rank_given = false;
+  // `expert_parallel: {size: E}`: stacked (expert) rules are split by expert across E ranks, the
+  // TP ranks themselves (E == tp_size; EP rank = TP rank): rank r holds experts
+  // [r * count / E, (r + 1) * count / E) of every stacked parameter, whole (not TP-sharded).
+  int ep_size = 1;
+  int ep_rank = 0;
   std::optional<MegatronSource> source;  // absent: the trainer pushes checkpoint names
 
   // Over rules[i].match, rules[i].target (or .match when it has none) and derived[i].target,
@@ -154,6 +163,12 @@ struct ModelSpec {
 // Largest model spec file read (bytes) and most rules in one spec; beyond them the spec is refused.
 inline constexpr uint64_t kMaxModelSpecFileBytes = 4 << 20;
 inline constexpr size_t kMaxRules = 20000;
+inline constexpr int64_t kMaxEngineRanks = 64;  // tensor_parallel.size
+
+// The spec as engine rank `tp_rank` sees it: every shard rule holds part `tp_rank`, and under
+// `expert_parallel` the rank's experts are ep_rank = tp_rank's. InvalidArgument when the rank is
+// outside tensor_parallel.size.
+absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank);
 
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
 // `base_dir` resolves a relative checkpoint.quant_config path ("" = the current directory).

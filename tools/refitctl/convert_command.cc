@@ -23,6 +23,9 @@
 ABSL_FLAG(std::string, spec, "", "the model spec (required; deploy/models/*.yaml)");
 ABSL_FLAG(bool, engine_layout, false,
           "also write engine.safetensors: the parameters an engine holds after refitting IN (held in memory whole)");
+ABSL_FLAG(int, tp_rank, -1,
+          "with --engine-layout: the engine rank whose parameters to write (engine ranks: a spec with "
+          "tensor_parallel.size and no rank); -1: the spec's own rank");
 ABSL_FLAG(int, threads, 0, "conversion worker threads (0: one per core)");
 ABSL_FLAG(std::string, max_shard_size, "5GB",
           "largest output shard (bytes, or with KB/MB/GB/TB or KiB/MiB/GiB/TiB); past it the output is "
@@ -102,7 +105,13 @@ int RunConvert(std::span<const std::string> paths) {
     // The engine layout needs every converted tensor at once: this part holds them in memory.
     absl::StatusOr<std::vector<ConvertedTensor>> converted = ConvertCheckpoint(*spec, (*in)->tensors());
     if (!converted.ok()) return Fail(converted.status().message());
-    absl::StatusOr<std::vector<ConvertedTensor>> engine = EngineLayout(*spec, (*in)->infos(), ByName(*converted));
+    spec::ModelSpec rank_spec = *spec;
+    if (const int rank = absl::GetFlag(FLAGS_tp_rank); rank >= 0) {
+      absl::StatusOr<spec::ModelSpec> s = spec::ForRank(*spec, rank);
+      if (!s.ok()) return Fail(absl::StrCat("--tp-rank: ", s.status().message()));
+      rank_spec = std::move(*s);
+    }
+    absl::StatusOr<std::vector<ConvertedTensor>> engine = EngineLayout(rank_spec, (*in)->infos(), ByName(*converted));
     if (!engine.ok()) return Fail(engine.status().message());
     std::vector<formats::SafetensorsWriteEntry> entries;
     for (const ConvertedTensor& t : *engine) entries.push_back({t.name, t.dtype, t.shape, t.bytes, nullptr});

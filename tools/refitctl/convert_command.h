@@ -13,7 +13,7 @@ namespace refit::refitctl {
 int RunConvert(std::span<const std::string> args);
 
 inline constexpr std::string_view kConvertFlags[] = {"spec", "threads", "max_shard_size", "progress", "json",
-                                                     "engine_layout"};
+                                                     "engine_layout", "tp_rank"};
 
 inline constexpr Command kConvertCommand = {
     "convert", "IN OUT_DIR", 2, 2, kConvertFlags,
@@ -22,7 +22,7 @@ inline constexpr Command kConvertCommand = {
     "scales), or shards of --max-shard-size with model.safetensors.index.json, and the quantization "
     "metadata (config.json, hf_quant_config.json); progress on a terminal, JSON progress lines with "
     "--json; --engine-layout also writes engine.safetensors, the parameters an engine holds after "
-    "refitting IN (fused, stacked, sharded, laid out, derived)",
+    "refitting IN (fused, stacked, sharded, laid out, derived), of engine rank --tp-rank when given",
     RunConvert,
 };
 

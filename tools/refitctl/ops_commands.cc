@@ -99,9 +99,24 @@ int RunStatus(std::span<const std::string> args) {
   if (!c.ok()) return Error(c.status().message());
   absl::StatusOr<client::DaemonStatus> s = (*c)->Status();
   if (!s.ok()) return Error(s.status().message());
+  json ranks = json::array();
+  std::string rank_lines;
+  for (const client::EngineRankInfo& k : s->ranks) {
+    ranks.push_back(json{{"tp_rank", k.tp_rank}, {"registered", k.registered}, {"ep_rank", k.ep_rank},
+                         {"device", k.device}, {"version", k.version}, {"tag", k.tag}, {"dirty", k.dirty},
+                         {"left_dirty", k.left_dirty}, {"responsive", k.responsive}, {"params", k.params},
+                         {"bytes", k.bytes}});
+    absl::StrAppend(&rank_lines, "  rank ", k.tp_rank, ":  ",
+                    k.registered ? absl::StrCat("version ", k.version, ", ", k.params, " parameters, ", k.bytes,
+                                                " bytes", k.device >= 0 ? absl::StrCat(", GPU ", k.device) : "",
+                                                k.dirty ? ", DIRTY" : "", k.responsive ? "" : ", UNRESPONSIVE")
+                                 : absl::StrCat("MISSING (not registered", k.left_dirty ? "; left dirty during a failed commit" : "", ")"),
+                    "\n");
+  }
   if (json_output) {
     std::cout << json{{"ok", true},
                       {"model", s->model},
+                      {"ranks", ranks},
                       {"engine_registered", s->engine_registered},
                       {"engine_params", s->engine_params},
                       {"engine_bytes", s->engine_bytes},
@@ -129,8 +144,9 @@ int RunStatus(std::span<const std::string> args) {
             << "engine:   " << (s->engine_registered ? absl::StrCat(s->engine_params, " parameters, ", s->engine_bytes, " bytes",
                                                                     s->engine_dirty ? ", DIRTY (only a full refit clears it)" : "",
                                                                     s->engine_responsive ? "" : ", UNRESPONSIVE (a pause/resume timed out)")
-                                                     : "not registered")
+                                                     : s->ranks.empty() ? "not registered" : "waiting for every rank")
             << "\n"
+            << rank_lines
             << "version:  " << s->version << (s->tag.empty() ? "" : absl::StrCat(" (tag ", s->tag, ")")) << "\n"
             << "verify:   "
             << (s->verify_after_commit ? absl::StrCat("after each commit, ", s->verify_mismatches, " mismatches") : "off")

@@ -42,6 +42,9 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
                   Pair("refit_staging_bytes", MetricType::kGauge),
                   Pair("refit_active_sessions", MetricType::kGauge),
                   Pair("refit_engine_registered", MetricType::kGauge),
+                  Pair("refit_engine_rank_registered", MetricType::kGauge),
+                  Pair("refit_engine_rank_dirty", MetricType::kGauge),
+                  Pair("refit_engine_rank_version", MetricType::kGauge),
                   Pair("refit_build_info", MetricType::kGauge)));
   EXPECT_THAT(f["refit_sessions_total"].label_names, ElementsAre("outcome", "reason"));
   EXPECT_THAT(f["refit_received_bytes_total"].label_names, ElementsAre("transport"));
