@@ -265,7 +265,7 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
     }
     const ConvertStep step{plan.kind, plan.format, plan.transpose};
     REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
-                                      global_amax, full_outs, desc.name));
+                                      global_amax, full_outs, desc.name, claim));
     for (size_t i = 0; i < distinct.size(); ++i) {
       const Target& t = *distinct[i];
       ShardPart(full[t.output].data(), t.spec.dtype, t.full_shape, sharded ? plan.shard_dim : std::nullopt,
