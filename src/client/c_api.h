@@ -53,12 +53,13 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 3  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 4  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
                                  refit_engine_tag) and held versions (refit_manifest.stage_only,
-                                 refit_client_commit_version, refit_client_rollback, refit_client_versions) */
+                                 refit_client_commit_version, refit_client_rollback, refit_client_versions);
+                                 4: trainer-side conversion (refit_manifest.wire_format) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -134,6 +135,13 @@ typedef struct refit_manifest {
    * the refit in staging under `tag` (required) instead of writing it; the commit reports outcome
    * "staged". A later commit by tag (`refitctl commit TAG`) writes it. */
   uint32_t stage_only;
+  /* ABI 4. What the session's buckets carry: NULL, "" or "bf16": every tensor as pushed (refitd
+   * converts); "checkpoint": the library converts each BF16/F32 tensor refitd's wire plan lists
+   * (the spec's FP8/FP4 formats) before packing, with refitd's own code (the CPU reference
+   * quantizers for host tensors, the GPU kernels for CUDA tensors in builds with CUDA), and sends
+   * its checkpoint-format outputs (data plus scales). Engine bytes are identical either way.
+   * Slices of converted tensors are refused (REFIT_INVALID_ARGUMENT): push them whole. */
+  const char* wire_format;
 } refit_manifest;
 
 /* One tensor's bytes, dense row-major. */

@@ -29,6 +29,7 @@
 #include "refit/slice_assembler.h"
 #include "refit/staging.h"
 #include "refit/types.h"
+#include "refit/wire_plan.h"
 #include "transport/transport.h"
 
 namespace refit {
@@ -47,6 +48,9 @@ class Session {
     // "passthrough" for copies, and the bytes the session's staging holds now).
     std::function<void(uint64_t bytes)> on_received;
     std::function<void(const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes)> on_converted;
+    // Wire format checkpoint: the tensors that arrive converted by the trainer (their outputs are
+    // checked, then staged as copies). nullptr or empty: every tensor arrives as declared.
+    std::shared_ptr<const WireTable> wire;
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
@@ -93,6 +97,10 @@ class Session {
   void ReceiveLoop();
   void ConvertLoop();
   void Convert(const BucketHeader& header, const uint8_t* data);
+  // Wire format checkpoint: one converted tensor's outputs from this bucket (`parts[i]` is output
+  // i, nullptr when absent) checked and staged as copies. ResourceExhausted ends the session.
+  absl::Status StageConverted(const WireEntry& entry, const std::vector<const TensorDesc*>& parts,
+                              const uint8_t* data, uint64_t& out_bytes);
   // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
   // the session; other errors are the tensor's (recorded by the ledger).
   // `device_amax`: a fused group's amax in a device float (device staging), or nullptr.

@@ -1,0 +1,79 @@
+"""Wire format checkpoint end to end (real refitd, example engine and example trainer over the
+host path): the trainer converts the tensors refitd's wire plan lists (FP8/FP4 bytes plus scales
+on the wire) and the engine ends up holding exactly the bytes a BF16-wire refit gives, which are
+`refitctl convert`'s engine layout of the same checkpoint; spoiled outputs are refused naming the
+tensor, before any engine byte changes."""
+import pytest
+
+from conftest import convert, make_checkpoint, SRC
+
+MODELS = SRC / "deploy/models"
+
+# family -> (spec, format the trainer converts at least one tensor to)
+FAMILIES = {
+    "llama3": ("llama3_fp8.yaml", "fp8_block128"),
+    "deepseek_v3": ("deepseek_v3_fp8_ue8m0.yaml", "fp8_block128_ue8m0"),
+    "qwen35": ("qwen35_mxfp8.yaml", "mxfp8"),
+    "qwen3_moe": ("qwen3_moe_nvfp4.yaml", "nvfp4"),
+    "gpt_oss": ("gpt_oss_mxfp4.yaml", "mxfp4"),
+}
+
+
+def _refit(node, ckpt, conv, wire):
+    p, lines = node.trainer(ckpt, "--expected", str(conv), "--wire", wire)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = lines[0]
+    assert line["outcome"] == "committed" and line["engine_matches_expected"], line
+    assert line["wire_format"] == wire
+    return line
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_checkpoint_wire_equals_bf16_wire_and_convert(family, family_node, tmp_path):
+    spec_file, fmt = FAMILIES[family]
+    spec = str(MODELS / spec_file)
+    ckpts = [make_checkpoint(family, tmp_path / f"ckpt{s}", s) for s in range(2)]
+    conv = [convert(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
+    node = family_node(spec, ckpts[0])
+    bf16 = _refit(node, ckpts[1], conv[1], "bf16")
+    assert bf16["trainer_converted"] == 0
+    digest = node.shm_digest()
+    # Other weights in between, so the checkpoint-wire refit must rewrite every byte.
+    _refit(node, ckpts[0], conv[0], "checkpoint")
+    ckpt = _refit(node, ckpts[1], conv[1], "checkpoint")
+    assert ckpt["trainer_converted"] > 0, ckpt
+    assert node.shm_digest() == digest
+    assert ckpt["bytes_in"] < bf16["bytes_in"], (ckpt["bytes_in"], bf16["bytes_in"])
+    print(f"{family} ({fmt}): bytes on the wire bf16 {bf16['bytes_in']} checkpoint {ckpt['bytes_in']} "
+          f"({ckpt['bytes_in'] / bf16['bytes_in']:.3f}); trainer converted {ckpt['trainer_converted']} tensors")
+    node.stop()
+
+
+# (family, kind, tensor, text the refusal must contain besides the tensor's name)
+FAULTS = [
+    ("llama3", "wrong-scale-shape", "model.layers.0.self_attn.o_proj.weight",
+     "'model.layers.0.self_attn.o_proj.weight_scale_inv' arrived as F32[5,4]"),
+    ("llama3", "nan-scale", "model.layers.0.self_attn.o_proj.weight",
+     "scale 'model.layers.0.self_attn.o_proj.weight_scale_inv' is not finite at flat index 0"),
+    ("llama3", "wrong-format", "model.layers.1.mlp.down_proj.weight",
+     "the session's plan converts the tensor to fp8_block128"),
+    ("qwen3_moe", "nan-scale", "model.layers.1.mlp.experts.2.down_proj.weight",
+     "scale 'model.layers.1.mlp.experts.2.down_proj.weight_scale' is not finite"),
+    ("qwen35", "nan-scale", "model.layers.0.mlp.down_proj.weight",
+     "scale 'model.layers.0.mlp.down_proj.weight_scale_inv' is not finite"),
+]
+
+
+@pytest.mark.parametrize("family,kind,tensor,text", FAULTS, ids=[f"{f}-{k}" for f, k, _, _ in FAULTS])
+def test_spoiled_checkpoint_outputs_are_refused_naming_the_tensor(family, kind, tensor, text, family_node, tmp_path):
+    spec = str(MODELS / FAMILIES[family][0])
+    ckpts = [make_checkpoint(family, tmp_path / f"ckpt{s}", s) for s in range(2)]
+    node = family_node(spec, ckpts[0])
+    before = node.shm_digest()
+    p, lines = node.trainer(ckpts[1], "--wire", "checkpoint", "--wire-fault", f"{kind}:{tensor}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines[0]["outcome"] == "refused", lines
+    error = lines[0]["error"]
+    assert f"tensor '{tensor}'" in error and text in error, error
+    assert node.shm_digest() == before
+    node.stop()
