@@ -7,7 +7,7 @@
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
 //                   [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
-//                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--address ...]
+//                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
 // with --only just those matching, as a partial refit; --drop leaves tensors out). The engine
 // must then hold the engine layout of CONVERTED_DIR (`refitctl convert` of the same
@@ -16,7 +16,8 @@
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
 // the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
-// naming the tensor.
+// naming the tensor. With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
+// client converts the listed ones there with the kernels).
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
@@ -143,7 +144,7 @@ absl::StatusOr<std::vector<ConvertedTensor>> SpoiledOutputs(const spec::ModelSpe
 
 int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const std::string& checkpoint,
                   const std::string& expected_dir, const std::vector<std::string>& only,
-                  const std::vector<std::string>& drop, WireFormat wire, const std::string& wire_fault) {
+                  const std::vector<std::string>& drop, WireFormat wire, const std::string& wire_fault, int gpu) {
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(checkpoint);
   if (!ckpt.ok()) return Fail(ckpt.status().message());
   std::vector<spec::NamePattern> only_patterns;
@@ -186,6 +187,30 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
     fault_kind = wire_fault.substr(0, colon);
     fault_tensor = wire_fault.substr(colon + 1);
   }
+  // --gpu N: every tensor is pushed from GPU N (a CUDA build converts listed ones with the kernels).
+  std::vector<const void*> sources;
+  std::shared_ptr<void> device_copy;
+  for (const InputTensor* t : pushed) sources.push_back(t->data);
+  if (gpu >= 0) {
+#if REFIT_HAVE_CUDA
+    if (cudaSetDevice(gpu) != cudaSuccess) return Fail(absl::StrCat("cannot use GPU ", gpu));
+    uint64_t total = 0;
+    for (const InputTensor* t : pushed) total += (*DenseBytes(t->dtype, t->shape) + 255) & ~uint64_t{255};
+    void* d = nullptr;
+    if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) return Fail("cudaMalloc failed");
+    device_copy = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
+    uint64_t at = 0;
+    for (size_t i = 0; i < pushed.size(); ++i) {
+      const uint64_t n = *DenseBytes(pushed[i]->dtype, pushed[i]->shape);
+      auto* dst = static_cast<uint8_t*>(d) + at;
+      if (cudaMemcpy(dst, pushed[i]->data, n, cudaMemcpyHostToDevice) != cudaSuccess) return Fail("cudaMemcpy failed");
+      sources[i] = dst;
+      at += (n + 255) & ~uint64_t{255};
+    }
+#else
+    return Fail("--gpu needs a build with CUDA");
+#endif
+  }
   absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
   if (!session.ok()) return Fail(session.status().message());
   absl::Status push_status;
@@ -198,7 +223,7 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
       push_status = (*session)->PushTogether(parts);
       continue;
     }
-    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, pushed[i]->data});
+    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, sources[i]});
   }
   const size_t trainer_converted = (*session)->trainer_converted_tensors();
   absl::StatusOr<RefitReport> report = push_status.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(push_status);
@@ -349,7 +374,9 @@ int main(int argc, char** argv) {
     if (!st.ok()) return Fail(st.message());
     return 0;
   }
-  if (!checkpoint.empty()) return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop, wire, wire_fault);
+  if (!checkpoint.empty()) {
+    return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop, wire, wire_fault, gpu);
+  }
   if (ranks > 1 && (session_file.empty() || rank < 0 || rank >= ranks || refits != 1 || (slices > 1 && slices != ranks))) {
     return Fail("--ranks needs --session-file, 0 <= --rank < --ranks, --refits 1, and --slices equal to --ranks if given");
   }

@@ -77,3 +77,34 @@ def test_spoiled_checkpoint_outputs_are_refused_naming_the_tensor(family, kind, 
     assert f"tensor '{tensor}'" in error and text in error, error
     assert node.shm_digest() == before
     node.stop()
+
+
+def _gpu_reason():
+    """Empty when the example trainer can push from GPU 0, else why not."""
+    import shutil
+    import subprocess
+    if shutil.which("nvidia-smi") is None:
+        return "no GPU: nvidia-smi is not on PATH"
+    p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    if p.returncode != 0 or "GPU 0" not in p.stdout:
+        return f"no GPU: nvidia-smi -L says {p.stdout.strip() or p.stderr.strip()!r}"
+    return ""
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3_moe", "gpt_oss", "qwen35", "deepseek_v3"])
+def test_trainer_converts_device_tensors_on_the_gpu(family, family_node, tmp_path):
+    """The weights live on GPU 0; the client converts the listed tensors there with the kernels
+    (UCX host data plane, refitd on the CPU) and the engine matches `refitctl convert`."""
+    reason = _gpu_reason()
+    if reason:
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    spec = str(MODELS / FAMILIES[family][0])
+    ckpts = [make_checkpoint(family, tmp_path / f"ckpt{s}", s) for s in range(2)]
+    conv = convert(spec, ckpts[1], tmp_path / "conv1")
+    node = family_node(spec, ckpts[0])
+    p, lines = node.trainer(ckpts[1], "--expected", str(conv), "--wire", "checkpoint", "--gpu", "0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], lines
+    assert lines[0]["trainer_converted"] > 0
+    node.stop()
