@@ -183,7 +183,8 @@ class TrainerClient:
         formats, listed in refitd's answer to begin) before sending, with refitd's own code: the
         CPU reference quantizers for CPU tensors, the GPU kernels for CUDA tensors (a library
         built with CUDA). The wire then carries their FP8/FP4 bytes plus scales; the engine's bytes
-        are identical either way. Push such tensors whole (a slice raises RefitInvalidArgument)."""
+        are identical either way. A slice of such a tensor converts on its own when it does not cut
+        the format's blocks; otherwise, and for NVFP4 or transposed tensors, RefitInvalidArgument."""
         if wire_format not in ("bf16", "checkpoint"):
             raise ValueError(f"wire_format must be 'bf16' or 'checkpoint', not {wire_format!r}")
         named = [(n, _describe(n, t)) for n, t in _named(tensors)]

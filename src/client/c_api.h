@@ -140,7 +140,8 @@ typedef struct refit_manifest {
    * (the spec's FP8/FP4 formats) before packing, with refitd's own code (the CPU reference
    * quantizers for host tensors, the GPU kernels for CUDA tensors in builds with CUDA), and sends
    * its checkpoint-format outputs (data plus scales). Engine bytes are identical either way.
-   * Slices of converted tensors are refused (REFIT_INVALID_ARGUMENT): push them whole. */
+   * A slice of a converted tensor converts on its own when it does not cut the format's blocks;
+   * otherwise, and for NVFP4 or transposed tensors, it is refused (REFIT_INVALID_ARGUMENT). */
   const char* wire_format;
 } refit_manifest;
 

@@ -575,13 +575,19 @@ absl::Status CheckSlice(const TensorRef& t) {
 // Wire format checkpoint: converts `t` as the plan says and packs its outputs into one bucket.
 absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, const TrainerConverter::Entry& e,
                            const TensorRef& t) {
+  // A block-aligned slice converts on its own; its outputs are slices of the whole outputs.
+  std::vector<TrainerConverter::SliceOutput> sliced;
   if (t.slice.present()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", t.name, "': wire format checkpoint converts whole tensors on the trainer; a slice of a tensor "
-        "the plan converts (", formats::FormatName(e.format), ") is not supported: push the whole tensor, or use wire "
-        "format bf16"));
+    absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> s = impl.convert.SliceOutputs(e, t.dtype, t.shape, t.slice);
+    if (!s.ok()) return s.status();
+    sliced = std::move(*s);
+  } else if (absl::Status st = impl.convert.CheckInput(e, t.dtype, t.shape); !st.ok()) {
+    return st;
   }
-  if (absl::Status st = impl.convert.CheckInput(e, t.dtype, t.shape); !st.ok()) return st;
+  std::vector<uint64_t> bytes;
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    bytes.push_back(sliced.empty() ? e.outputs[i].bytes : *DenseBytes(sliced[i].dtype, sliced[i].shape));
+  }
   const bool device = storage::CheckDeviceMemory(t.data).ok();
   std::vector<formats::MutableBytes> outs;
   std::vector<TensorRef> parts;
@@ -590,17 +596,21 @@ absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, cons
     absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> converted = impl.convert.ConvertDevice(e, t.dtype, t.shape, t.data);
     if (!converted.ok()) return converted.status();
     device_outs = std::move(*converted);
-    for (size_t i = 0; i < e.outputs.size(); ++i) outs.push_back({device_outs[i].get(), e.outputs[i].bytes});
+    for (size_t i = 0; i < e.outputs.size(); ++i) outs.push_back({device_outs[i].get(), bytes[i]});
   } else {
     impl.convert_scratch.resize(std::max(impl.convert_scratch.size(), e.outputs.size()));
     for (size_t i = 0; i < e.outputs.size(); ++i) {
-      impl.convert_scratch[i].resize(e.outputs[i].bytes);
-      outs.push_back({impl.convert_scratch[i].data(), e.outputs[i].bytes});
+      impl.convert_scratch[i].resize(bytes[i]);
+      outs.push_back({impl.convert_scratch[i].data(), bytes[i]});
     }
     if (absl::Status st = impl.convert.ConvertHost(e, t.dtype, t.shape, t.data, outs); !st.ok()) return st;
   }
   for (size_t i = 0; i < e.outputs.size(); ++i) {
-    parts.push_back({t.name + e.outputs[i].suffix, e.outputs[i].dtype, e.outputs[i].shape, outs[i].data});
+    if (sliced.empty()) {
+      parts.push_back({t.name + e.outputs[i].suffix, e.outputs[i].dtype, e.outputs[i].shape, outs[i].data});
+    } else {
+      parts.push_back({t.name + e.outputs[i].suffix, sliced[i].dtype, sliced[i].shape, outs[i].data, sliced[i].slice});
+    }
   }
   absl::Status packed = impl.PackTogether(session, parts);
   // The outputs are copied into the bucket before their buffers go (and before host scratch is reused).

@@ -157,8 +157,9 @@ class RefitSession {
   // Wire format checkpoint (Manifest::wire_format): a BF16/F32 tensor that refitd's wire plan
   // lists is converted here first (trainer_convert.h: the CPU reference quantizers for host
   // tensors, the GPU kernels for device tensors) and its checkpoint-format outputs are packed
-  // together into one bucket, named name + suffix. Slices of such tensors are refused
-  // (InvalidArgument naming the tensor): push the whole tensor, or use wire format bf16.
+  // together into one bucket, named name + suffix. A slice of such a tensor converts on its own
+  // when it does not cut the format's blocks; otherwise, and for NVFP4 (global amax) or
+  // transposed tensors, it is refused (InvalidArgument naming the tensor).
   absl::Status Push(const TensorRef& t);
   // Appends tensors to one bucket (sending the current bucket first when they would not fit),
   // as they are: no conversion. For callers that convert themselves (a converted tensor's

@@ -86,6 +86,60 @@ absl::Status TrainerConverter::CheckInput(const Entry& e, DType dtype, const Sha
       Describe(e.outputs[0].dtype, e.outputs[0].shape), ")", outs.ok() ? "" : absl::StrCat(": ", outs.status().message())));
 }
 
+absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> TrainerConverter::SliceOutputs(
+    const Entry& e, DType dtype, const Shape& shape, const TensorSlice& slice) const {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "': wire format checkpoint: a slice of a tensor the "
+                                                   "plan converts to ", formats::FormatName(e.format), " ", why));
+  };
+  if (formats::NeedsGlobalAmax(e.format)) {
+    return bad("is not supported: its global amax spans the whole tensor (the ranks holding it would have to reduce "
+               "it first); push the tensor whole, or use wire format bf16");
+  }
+  if (e.transpose) return bad("is not supported: the tensor is transposed before quantizing; push it whole");
+  if (absl::Status st = CheckInput(e, dtype, slice.full_shape); !st.ok()) return st;
+  const size_t rank = shape.size();
+  const int d = slice.dim;
+  const int64_t block = formats::BlockAlong(e.format, d, rank);
+  const uint64_t start = slice.start, length = static_cast<uint64_t>(shape[static_cast<size_t>(d)]);
+  const uint64_t full = static_cast<uint64_t>(slice.full_shape[static_cast<size_t>(d)]);
+  if (start % static_cast<uint64_t>(block) != 0 || (length % static_cast<uint64_t>(block) != 0 && start + length != full)) {
+    return bad(absl::StrCat("must not cut its ", block, "-element blocks along dimension ", d, ": rows [", start, ", ",
+                            start + length, ") of ", full));
+  }
+  absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(e.format, dtype, shape);
+  if (!outs.ok()) return bad(std::string(outs.status().message()));
+  const auto roles = formats::Info(e.format).Outputs();
+  const formats::BlockGeometry& g = formats::Info(e.format).block;
+  std::vector<SliceOutput> result;
+  for (size_t j = 0; j < outs->size(); ++j) {
+    SliceOutput o{(*outs)[j].dtype, (*outs)[j].shape, {}};
+    o.slice.full_shape = e.outputs[j].shape;
+    o.slice.dim = d;
+    o.slice.start = start;
+    switch (roles[j].shape) {
+      case formats::OutputShape::kInput:
+        break;
+      case formats::OutputShape::kPackedPairs:
+        if (static_cast<size_t>(d) + 1 == rank) o.slice.start = start / 2;
+        break;
+      case formats::OutputShape::kPerBlock:
+        if (static_cast<size_t>(d) + 2 == rank) o.slice.start = start / static_cast<uint64_t>(g.rows);
+        if (static_cast<size_t>(d) + 1 == rank) o.slice.start = start / static_cast<uint64_t>(g.cols);
+        break;
+      case formats::OutputShape::kPerBlockPacked:
+        if (static_cast<size_t>(d) + 2 == rank) o.slice.start = start / static_cast<uint64_t>(g.rows);
+        if (static_cast<size_t>(d) + 1 == rank) o.slice.start = start / static_cast<uint64_t>(g.cols);
+        break;
+      case formats::OutputShape::kScalar:
+        return bad("is not supported (a tensor-wide scale)");
+    }
+    if (o.slice.full_shape.size() != o.shape.size()) return bad("gives outputs of another rank");
+    result.push_back(std::move(o));
+  }
+  return result;
+}
+
 absl::Status TrainerConverter::ConvertHost(const Entry& e, DType dtype, const Shape& shape, const void* data,
                                            std::span<const formats::MutableBytes> outs) const {
   const ConvertStep step{ConvertKind::kQuantize, e.format, e.transpose};
@@ -117,7 +171,9 @@ absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> TrainerConverter::ConvertD
   std::vector<std::shared_ptr<uint8_t>> buffers;
   std::vector<formats::MutableBytes> outs;
   absl::Status st = [&]() -> absl::Status {
-    for (const formats::OutputSpec& o : e.outputs) {
+    absl::StatusOr<std::vector<formats::OutputSpec>> planned = formats::PlanOutputs(e.format, dtype, Quantized(e, shape));
+    if (!planned.ok()) return planned.status();
+    for (const formats::OutputSpec& o : *planned) {
       absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(attr.device, std::max<uint64_t>(o.bytes, 1));
       if (!a.ok()) return a.status();
       auto holder = std::make_shared<DeviceAllocation>(std::move(*a));

@@ -42,11 +42,23 @@ class TrainerConverter {
   // Checks a push of `dtype`/`shape` against the entry (BF16 or F32, the outputs the plan lists);
   // errors name the tensor.
   absl::Status CheckInput(const Entry& e, DType dtype, const Shape& shape) const;
+  // A block-aligned slice of a listed tensor converts on its own (its blocks lie inside it): the
+  // outputs of the slice, each a slice of the whole output (dtype, shape, TensorSlice), in output
+  // order. Refused naming the tensor: NVFP4 formats (the global amax spans the whole tensor:
+  // push it whole, or use wire format bf16), transposed tensors, a slice that cuts a block.
+  struct SliceOutput {
+    DType dtype;
+    Shape shape;
+    TensorSlice slice;
+  };
+  absl::StatusOr<std::vector<SliceOutput>> SliceOutputs(const Entry& e, DType dtype, const Shape& shape,
+                                                       const TensorSlice& slice) const;
   // Converts a dense host tensor into `outs` (host buffers, one per output, exact sizes).
+  // `shape` is the tensor's (or, for a slice, the slice's: it is converted on its own).
   absl::Status ConvertHost(const Entry& e, DType dtype, const Shape& shape, const void* data,
                            std::span<const formats::MutableBytes> outs) const;
-  // Converts a dense CUDA device tensor with the GPU kernels into device buffers it allocates on
-  // the tensor's device (one per output, exact sizes), and waits for the kernels. Unimplemented in
+  // Converts a dense CUDA device tensor (or slice, of `shape`) with the GPU kernels into device
+  // buffers it allocates on the tensor's device (one per output, exact sizes), and waits for them. Unimplemented in
   // builds without CUDA kernels.
   absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> ConvertDevice(const Entry& e, DType dtype, const Shape& shape,
                                                                       const void* data) const;

@@ -436,21 +436,62 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   std::vector<SourcePiece> pieces;
   // Wire format checkpoint: converted tensors' outputs in this bucket, staged after the loop.
   const WireTable* wire = options_.wire != nullptr && !options_.wire->entries().empty() ? options_.wire.get() : nullptr;
-  std::vector<std::pair<const WireEntry*, std::vector<const TensorDesc*>>> converted;
+  std::vector<std::pair<const WireEntry*, std::vector<WirePart>>> converted;
   absl::flat_hash_map<const WireEntry*, size_t> converted_index;
   for (const TensorDesc& pushed : header.tensors) {
     if (wire != nullptr) {
       size_t out = 0;
       if (const WireEntry* e = wire->FindOutput(pushed.name, &out)) {
+        if (pushed.slice.present()) {
+          // A slice of an output (a block-aligned slice converted on its own): assembled first;
+          // the tensor stages once every output is whole.
+          absl::Status st = CheckWireOutput(*e, out, pushed);
+          absl::StatusOr<std::optional<SliceAssembler::Whole>> added =
+              st.ok() ? slices_.Add(pushed, data + pushed.offset) : absl::StatusOr<std::optional<SliceAssembler::Whole>>(st);
+          if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
+            converter_.Sync();
+            absl::MutexLock lock(&mu_);
+            add_format_bytes();
+            FailLocked(added.status());
+            return;
+          }
+          if (!added.ok()) {
+            ledger_.Fail(e->input.name, added.status());
+            continue;
+          }
+          if (!added->has_value()) continue;
+          WireAssembly& a = wire_assembly_[e];
+          if (a.data.empty()) {
+            a.descs.resize(e->outputs.size());
+            a.data.resize(e->outputs.size());
+          }
+          a.descs[out] = std::move((*added)->desc);
+          a.data[out] = std::move((*added)->data);
+          if (++a.whole < e->outputs.size()) continue;
+          std::vector<WirePart> parts;
+          for (size_t i = 0; i < a.descs.size(); ++i) parts.push_back({&a.descs[i], a.data[i].get()});
+          absl::Status staged = StageConverted(*e, parts, out_bytes);
+          if (staged.code() == absl::StatusCode::kResourceExhausted) {
+            converter_.Sync();
+            absl::MutexLock lock(&mu_);
+            add_format_bytes();
+            FailLocked(staged);
+            return;
+          }
+          // The assembled outputs stay until the bucket's conversions are done with them.
+          for (std::shared_ptr<uint8_t>& d : a.data) assembled.push_back(std::move(d));
+          wire_assembly_.erase(e);
+          continue;
+        }
         auto [it, fresh] = converted_index.try_emplace(e, converted.size());
-        if (fresh) converted.push_back({e, std::vector<const TensorDesc*>(e->outputs.size(), nullptr)});
-        const TensorDesc*& part = converted[it->second].second[out];
-        if (part != nullptr) {
+        if (fresh) converted.push_back({e, std::vector<WirePart>(e->outputs.size())});
+        WirePart& part = converted[it->second].second[out];
+        if (part.desc != nullptr) {
           ledger_.Fail(e->input.name, absl::InvalidArgumentError(absl::StrCat(
                                           "tensor '", e->input.name, "': wire format checkpoint: '", pushed.name,
                                           "' arrived twice in bucket ", header.seq)));
         }
-        part = &pushed;
+        part = {&pushed, data + pushed.offset};
         continue;
       }
       if (const WireEntry* e = wire->FindTensor(pushed.name)) {
@@ -528,7 +569,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     }
   }
   for (const auto& [entry, parts] : converted) {
-    absl::Status status = StageConverted(*entry, parts, data, out_bytes);
+    absl::Status status = StageConverted(*entry, parts, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       converter_.Sync();
       RetireGroups();
@@ -554,12 +595,11 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   bytes_out_ += out_bytes;
 }
 
-absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<const TensorDesc*>& parts,
-                                     const uint8_t* data, uint64_t& out_bytes) {
+absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<WirePart>& parts, uint64_t& out_bytes) {
   const std::string& name = entry.input.name;
   std::vector<std::string> absent;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i] == nullptr) absent.push_back(absl::StrCat("'", name, entry.outputs[i].suffix, "'"));
+    if (parts[i].desc == nullptr) absent.push_back(absl::StrCat("'", name, entry.outputs[i].suffix, "'"));
   }
   if (!absent.empty()) {
     ledger_.Fail(name, absl::InvalidArgumentError(absl::StrCat(
@@ -570,15 +610,16 @@ absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<c
   const bool check_scales = planner_.spec().options.nonfinite == formats::NonfinitePolicy::kReject;
   std::vector<uint8_t> host;
   for (size_t i = 0; i < parts.size(); ++i) {
-    absl::Status st = CheckWireOutput(entry, i, *parts[i]);
+    const TensorDesc& part = *parts[i].desc;
+    absl::Status st = CheckWireOutput(entry, i, part);
     if (st.ok() && check_scales && entry.is_scale[i]) {
-      const uint8_t* bytes = data + parts[i]->offset;
+      const uint8_t* bytes = parts[i].src;
       if (ring_.kind() != storage::MemoryKind::kHost) {
-        host.resize(parts[i]->nbytes);
-        st = ring_.memory().CopyToHost(host.data(), bytes, parts[i]->nbytes);
+        host.resize(part.nbytes);
+        st = ring_.memory().CopyToHost(host.data(), bytes, part.nbytes);
         bytes = host.data();
       }
-      if (st.ok()) st = CheckWireScales(entry, i, bytes, parts[i]->nbytes);
+      if (st.ok()) st = CheckWireScales(entry, i, bytes, part.nbytes);
     }
     if (!st.ok()) {
       ledger_.Fail(name, st);
@@ -588,7 +629,7 @@ absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<c
   absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(entry.input);
   if (!plan.ok()) return absl::OkStatus();  // recorded by the ledger; refused at commit
   for (size_t i = 0; i < parts.size(); ++i) {
-    absl::Status st = Stage(*parts[i], data + parts[i]->offset, ring_.kind(), *entry.copies[i], std::nullopt, out_bytes);
+    absl::Status st = Stage(*parts[i].desc, parts[i].src, ring_.kind(), *entry.copies[i], std::nullopt, out_bytes);
     if (st.code() == absl::StatusCode::kResourceExhausted) {
       std::string msg(st.message());
       return absl::ResourceExhaustedError(msg.find(name) == std::string::npos ? absl::StrCat("tensor '", name, "': ", msg)

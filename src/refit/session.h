@@ -99,8 +99,19 @@ class Session {
   void Convert(const BucketHeader& header, const uint8_t* data);
   // Wire format checkpoint: one converted tensor's outputs from this bucket (`parts[i]` is output
   // i, nullptr when absent) checked and staged as copies. ResourceExhausted ends the session.
-  absl::Status StageConverted(const WireEntry& entry, const std::vector<const TensorDesc*>& parts,
-                              const uint8_t* data, uint64_t& out_bytes);
+  struct WirePart {
+    const TensorDesc* desc = nullptr;  // nullptr: absent
+    const uint8_t* src = nullptr;
+  };
+  absl::Status StageConverted(const WireEntry& entry, const std::vector<WirePart>& parts, uint64_t& out_bytes);
+  // Wire format checkpoint, sliced outputs: the whole outputs assembled so far, per tensor, until
+  // every output of the tensor is whole (converter thread only).
+  struct WireAssembly {
+    std::vector<TensorDesc> descs;
+    std::vector<std::shared_ptr<uint8_t>> data;
+    size_t whole = 0;
+  };
+  std::map<const WireEntry*, WireAssembly> wire_assembly_;
   // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
   // the session; other errors are the tensor's (recorded by the ledger).
   // `device_amax`: a fused group's amax in a device float (device staging), or nullptr.

@@ -100,14 +100,11 @@ const WireEntry* WireTable::FindTensor(const std::string& name) const {
 absl::Status CheckWireOutput(const WireEntry& entry, size_t output, const TensorDesc& arrived) {
   const formats::OutputSpec& want = entry.outputs[output];
   const std::string format = formats::FormatName(entry.plan->format);
-  if (arrived.slice.present()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", entry.input.name, "': wire format checkpoint: '",
-                                                   arrived.name, "' arrived as a slice; converted tensors travel whole"));
-  }
-  if (arrived.dtype != want.dtype || arrived.shape != want.shape) {
+  const Shape& shape = arrived.slice.present() ? arrived.slice.full_shape : arrived.shape;
+  if (arrived.dtype != want.dtype || shape != want.shape) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", entry.input.name, "': wire format checkpoint: '", arrived.name, "' arrived as ",
-        Describe(arrived.dtype, arrived.shape), "; the session's plan converts the tensor to ", format,
+        Describe(arrived.dtype, shape), arrived.slice.present() ? " (a slice's full shape)" : "", "; the session's plan converts the tensor to ", format,
         ", whose output '", want.suffix.empty() ? "(data)" : want.suffix, "' is ", Describe(want.dtype, want.shape)));
   }
   return absl::OkStatus();

@@ -52,8 +52,8 @@ class WireTable {
   absl::flat_hash_map<std::string, size_t> by_tensor_;
 };
 
-// Checks one arrived output of `entry` against the plan: whole (not a slice), its dtype and
-// shape; errors name the tensor and say what the plan wants.
+// Checks one arrived output of `entry` against the plan: its dtype and shape (a slice's full
+// shape; SliceAssembler checks the slice itself); errors name the tensor and say what the plan wants.
 absl::Status CheckWireOutput(const WireEntry& entry, size_t output, const TensorDesc& arrived);
 // Refuses a non-finite scale (NaN/Inf F32, E4M3 NaN, E8M0 NaN byte 0xFF) in `host_bytes`, the
 // output's bytes, naming the tensor and the first bad index. Data outputs pass.

@@ -7,7 +7,8 @@
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
 //                   [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
-//                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--address ...]
+//                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
+//                   [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
 // with --only just those matching, as a partial refit; --drop leaves tensors out). The engine
 // must then hold the engine layout of CONVERTED_DIR (`refitctl convert` of the same
@@ -16,7 +17,9 @@
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
 // the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
-// naming the tensor. With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
+// naming the tensor (KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
+// them, e.g. NVFP4). --slices 2 pushes each matrix as two slices split on a block boundary (NVFP4
+// and transposed tensors whole: their trainer-side conversion needs the whole tensor). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
 // client converts the listed ones there with the kernels).
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
@@ -56,6 +59,7 @@
 #endif
 #include "common/checksum.h"
 #include "common/control_connect.h"
+#include "formats/format_info.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
 #include "refit/checkpoint_io.h"
@@ -144,7 +148,8 @@ absl::StatusOr<std::vector<ConvertedTensor>> SpoiledOutputs(const spec::ModelSpe
 
 int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const std::string& checkpoint,
                   const std::string& expected_dir, const std::vector<std::string>& only,
-                  const std::vector<std::string>& drop, WireFormat wire, const std::string& wire_fault, int gpu) {
+                  const std::vector<std::string>& drop, WireFormat wire, const std::string& wire_fault, int gpu,
+                  int slices) {
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(checkpoint);
   if (!ckpt.ok()) return Fail(ckpt.status().message());
   std::vector<spec::NamePattern> only_patterns;
@@ -215,7 +220,32 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
   if (!session.ok()) return Fail(session.status().message());
   absl::Status push_status;
   for (size_t i = 0; i < pushed.size() && push_status.ok(); ++i) {
-    if (pushed[i]->name == fault_tensor) {
+    // --slices 2: two slices along dim 0, split on a block boundary of the tensor's format (NVFP4
+    // and transposed tensors whole, unless --wire-fault slice:TENSOR names them).
+    const InputTensor& t = *pushed[i];
+    const bool slice_fault = fault_kind == "slice" && t.name == fault_tensor;
+    if ((slices > 1 || slice_fault) && t.shape.size() >= 2) {
+      absl::StatusOr<Resolution> r = Resolve(spec, t.name, t.dtype, t.shape);
+      int64_t block = 1;
+      bool whole = false;
+      if (r.ok() && r->quantized) {
+        block = formats::BlockAlong(r->format, 0, t.shape.size());
+        whole = (formats::NeedsGlobalAmax(r->format) || r->transpose) && !slice_fault;
+      }
+      const int64_t rows = t.shape[0], split = rows / 2 / block * block;
+      if (!whole && split > 0 && split < rows) {
+        const uint64_t row_bytes = *DenseBytes(t.dtype, t.shape) / static_cast<uint64_t>(rows);
+        for (int part = 0; part < 2 && push_status.ok(); ++part) {
+          Shape shape = t.shape;
+          shape[0] = part == 0 ? split : rows - split;
+          TensorSlice slice{0, part == 0 ? 0u : static_cast<uint64_t>(split), t.shape};
+          const auto* from = static_cast<const uint8_t*>(sources[i]) + (part == 0 ? 0 : split * row_bytes);
+          push_status = (*session)->Push({t.name, t.dtype, shape, from, slice});
+        }
+        continue;
+      }
+    }
+    if (pushed[i]->name == fault_tensor && !slice_fault) {
       absl::StatusOr<std::vector<ConvertedTensor>> spoiled = SpoiledOutputs(spec, *pushed[i], fault_kind);
       if (!spoiled.ok()) return Fail(spoiled.status().message());
       std::vector<client::TensorRef> parts;
@@ -375,7 +405,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!checkpoint.empty()) {
-    return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop, wire, wire_fault, gpu);
+    return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop, wire, wire_fault, gpu, slices);
   }
   if (ranks > 1 && (session_file.empty() || rank < 0 || rank >= ranks || refits != 1 || (slices > 1 && slices != ranks))) {
     return Fail("--ranks needs --session-file, 0 <= --rank < --ranks, --refits 1, and --slices equal to --ranks if given");

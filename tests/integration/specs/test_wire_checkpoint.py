@@ -79,6 +79,36 @@ def test_spoiled_checkpoint_outputs_are_refused_naming_the_tensor(family, kind, 
     node.stop()
 
 
+@pytest.mark.parametrize("family", ["llama3", "deepseek_v3", "qwen35", "gpt_oss"])
+def test_block_aligned_slices_convert_on_the_trainer(family, family_node, tmp_path):
+    """Each matrix pushed as two slices split on a block boundary: each slice converts on its own
+    on the trainer, refitd assembles the outputs, the engine matches `refitctl convert`."""
+    spec = str(MODELS / FAMILIES[family][0])
+    ckpts = [make_checkpoint(family, tmp_path / f"ckpt{s}", s) for s in range(2)]
+    conv = convert(spec, ckpts[1], tmp_path / "conv1")
+    node = family_node(spec, ckpts[0])
+    p, lines = node.trainer(ckpts[1], "--expected", str(conv), "--wire", "checkpoint", "--slices", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], lines
+    assert lines[0]["trainer_converted"] > 0
+    node.stop()
+
+
+def test_nvfp4_slice_is_refused_on_the_trainer(family_node, tmp_path):
+    spec = str(MODELS / "qwen3_moe_nvfp4.yaml")
+    tensor = "model.layers.1.mlp.experts.2.down_proj.weight"
+    ckpts = [make_checkpoint("qwen3_moe", tmp_path / f"ckpt{s}", s) for s in range(2)]
+    node = family_node(spec, ckpts[0])
+    before = node.shm_digest()
+    p, lines = node.trainer(ckpts[1], "--wire", "checkpoint", "--wire-fault", f"slice:{tensor}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    error = lines[0]["error"]
+    assert lines[0]["outcome"] == "refused" and f"tensor '{tensor}'" in error, lines
+    assert "global amax spans the whole tensor" in error, error
+    assert node.shm_digest() == before
+    node.stop()
+
+
 def _gpu_reason():
     """Empty when the example trainer can push from GPU 0, else why not."""
     import shutil

@@ -110,6 +110,35 @@ TEST(TrainerConvertTest, RefusesPushesAndPlansItCannotConvert) {
   EXPECT_EQ(TrainerConverter::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TrainerConvertTest, BlockAlignedSlicesConvertOnTheirOwnAndCuttingSlicesAreRefused) {
+  const Shape full = {384, 256};
+  std::vector<uint16_t> in = RandomBf16(384 * 256, 5);
+  absl::StatusOr<TrainerConverter> conv = TrainerConverter::Create(PlanFor(formats::Format::kFp8Block128, full, false));
+  ASSERT_TRUE(conv.ok());
+  const TrainerConverter::Entry& e = *conv->Find("w");
+  std::vector<std::vector<uint8_t>> whole = Reference(formats::Format::kFp8Block128, full, false, in.data());
+  // Rows [256, 384): data rows 256.., scale row 2 of the whole outputs.
+  const Shape part = {128, 256};
+  absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> outs = conv->SliceOutputs(e, DType::kBF16, part, {0, 256, full});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  ASSERT_EQ(outs->size(), 2u);
+  EXPECT_EQ((*outs)[0].slice.start, 256u);
+  EXPECT_EQ((*outs)[1].slice.start, 2u);
+  EXPECT_EQ((*outs)[1].shape, (Shape{1, 2}));
+  std::vector<uint8_t> data(128 * 256), scale(8);
+  std::vector<formats::MutableBytes> bufs = {{data.data(), data.size()}, {scale.data(), scale.size()}};
+  ASSERT_TRUE(conv->ConvertHost(e, DType::kBF16, part, in.data() + 256 * 256, bufs).ok());
+  EXPECT_EQ(data, std::vector<uint8_t>(whole[0].begin() + 256 * 256, whole[0].end()));
+  EXPECT_EQ(scale, std::vector<uint8_t>(whole[1].begin() + 16, whole[1].end()));
+  absl::Status cut = conv->SliceOutputs(e, DType::kBF16, {64, 256}, {0, 64, full}).status();
+  EXPECT_EQ(cut.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cut.message().find("must not cut its 128-element blocks"), std::string::npos) << cut;
+  absl::StatusOr<TrainerConverter> nv = TrainerConverter::Create(PlanFor(formats::Format::kNvfp4, {64, 64}, false));
+  ASSERT_TRUE(nv.ok());
+  absl::Status amax = nv->SliceOutputs(*nv->Find("w"), DType::kBF16, {32, 64}, {0, 0, {64, 64}}).status();
+  EXPECT_NE(amax.message().find("global amax spans the whole tensor"), std::string::npos) << amax;
+}
+
 TEST(TrainerConvertTest, DeviceConversionEqualsHostByteForByte) {
 #if REFIT_CLIENT_KERNELS
   int devices = 0;
