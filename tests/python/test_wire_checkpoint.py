@@ -1,6 +1,7 @@
 """Wire format checkpoint from Python (refit.trainer): the library converts the tensors refitd's
-wire plan lists before sending them, and the engine (the example engine holding the Llama-3 FP8
-spec's engine layout) ends up with exactly the bytes a BF16-wire refit gives."""
+wire plan lists before sending them (whole, or as shards split on block boundaries), and the
+engine (the example engine holding the Llama-3 FP8 spec's engine layout) ends up with exactly
+the bytes a BF16-wire refit gives."""
 import hashlib
 import json
 import signal
@@ -78,6 +79,18 @@ def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
             assert ckpt.outcome == "committed"
             assert digest() == want
             assert ckpt.bytes_in < bf16.bytes_in, (ckpt.bytes_in, bf16.bytes_in)
+            # Shards split on FP8 block boundaries (rows at multiples of 128) convert on their own.
+            client.refit(model, weights[0], wire_format="checkpoint")
+            with client.session(model, weights[1], wire_format="checkpoint") as s:
+                for name, t in weights[1].items():
+                    split = t.shape[0] // 2 // 128 * 128 if t.dim() == 2 else 0
+                    if 0 < split < t.shape[0]:
+                        s.push(name, t[:split].contiguous(), dim=0, start=0, full_shape=list(t.shape))
+                        s.push(name, t[split:].contiguous(), dim=0, start=split, full_shape=list(t.shape))
+                    else:
+                        s.push(name, t)
+                sliced = s.commit()
+            assert sliced.outcome == "committed" and digest() == want
             with pytest.raises(ValueError):
                 client.session(model, weights[1], wire_format="fp8")
     finally:
