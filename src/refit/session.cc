@@ -599,7 +599,12 @@ absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<W
   const std::string& name = entry.input.name;
   std::vector<std::string> absent;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].desc == nullptr) absent.push_back(absl::StrCat("'", name, entry.outputs[i].suffix, "'"));
+    if (parts[i].desc == nullptr) {
+      absent.push_back(absl::StrCat("'", name, entry.outputs[i].suffix, "'"));
+    } else if (absl::Status st = CheckWireOutput(entry, i, *parts[i].desc); !st.ok()) {
+      ledger_.Fail(name, st);  // e.g. the tensor sent as declared (BF16) instead of converted
+      return absl::OkStatus();
+    }
   }
   if (!absent.empty()) {
     ledger_.Fail(name, absl::InvalidArgumentError(absl::StrCat(
@@ -611,8 +616,8 @@ absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<W
   std::vector<uint8_t> host;
   for (size_t i = 0; i < parts.size(); ++i) {
     const TensorDesc& part = *parts[i].desc;
-    absl::Status st = CheckWireOutput(entry, i, part);
-    if (st.ok() && check_scales && entry.is_scale[i]) {
+    absl::Status st;
+    if (check_scales && entry.is_scale[i]) {
       const uint8_t* bytes = parts[i].src;
       if (ring_.kind() != storage::MemoryKind::kHost) {
         host.resize(part.nbytes);

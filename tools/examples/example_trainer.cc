@@ -17,7 +17,7 @@
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
 // the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
-// naming the tensor (KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
+// naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
 // them, e.g. NVFP4). --slices 2 pushes each matrix as two slices split on a block boundary (NVFP4
 // and transposed tensors whole: their trainer-side conversion needs the whole tensor). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
 // client converts the listed ones there with the kernels).
@@ -244,6 +244,12 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
         }
         continue;
       }
+    }
+    if (pushed[i]->name == fault_tensor && fault_kind == "raw") {
+      // As declared (BF16), although refitd's plan has the trainer convert it.
+      const client::TensorRef raw{t.name, t.dtype, t.shape, sources[i]};
+      push_status = (*session)->PushTogether(std::span<const client::TensorRef>(&raw, 1));
+      continue;
     }
     if (pushed[i]->name == fault_tensor && !slice_fault) {
       absl::StatusOr<std::vector<ConvertedTensor>> spoiled = SpoiledOutputs(spec, *pushed[i], fault_kind);

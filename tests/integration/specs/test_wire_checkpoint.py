@@ -57,6 +57,11 @@ FAULTS = [
      "scale 'model.layers.0.self_attn.o_proj.weight_scale_inv' is not finite at flat index 0"),
     ("llama3", "wrong-format", "model.layers.1.mlp.down_proj.weight",
      "the session's plan converts the tensor to fp8_block128"),
+    ("llama3", "raw", "model.layers.0.self_attn.q_proj.weight",
+     "'model.layers.0.self_attn.q_proj.weight' arrived as BF16[512,512]; the session's plan converts the tensor to "
+     "fp8_block128, whose output '(data)' is F8_E4M3[512,512]"),
+    ("gpt_oss", "raw", "model.layers.0.mlp.experts.down_proj",
+     "the session's plan has the trainer convert it to mxfp4"),
     ("qwen3_moe", "nan-scale", "model.layers.1.mlp.experts.2.down_proj.weight",
      "scale 'model.layers.1.mlp.experts.2.down_proj.weight_scale' is not finite"),
     ("qwen35", "nan-scale", "model.layers.0.mlp.down_proj.weight",
