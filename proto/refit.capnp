@@ -84,6 +84,34 @@ struct Manifest {
   tag @4 :Text;             # the trainer's version tag (e.g. "step-1200"); "" for none. 1..128 bytes
                             # of [A-Za-z0-9._:+-]; carried to the report, status, metrics, the engine
   stageOnly @5 :Bool;       # hold: K: validate and keep under `tag`; commitVersion(tag) writes it later
+  wireFormat @6 :Text;      # "" or "bf16": tensors travel as the manifest declares them (refitd converts);
+                            # "checkpoint": the trainer converts the tensors begin's `wirePlan` lists and
+                            # sends their checkpoint-format outputs (FP8/FP4 bytes plus scales)
+}
+
+# Wire format checkpoint: the tensors the trainer converts itself before sending, as refitd's spec
+# plans them. Tensors not listed travel as the manifest declares them. Lean: one entry per listed
+# tensor; an output's bytes follow from its dtype and shape.
+struct WirePlan {
+  tensors @0 :List(WireTensor);
+  fp32Input @1 :Text;       # "exact" | "round_to_bf16" (the spec's options)
+  nonfinite @2 :Text;       # "reject" | "propagate"
+}
+
+struct WireTensor {
+  tensor @0 :UInt32;        # index into the manifest's tensors (the beginning rank's manifest)
+  name @1 :Text;            # the trainer tensor's name
+  format @2 :Text;          # fp8_block128, fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4
+  transpose @3 :Bool;       # swap the last two dimensions before quantizing
+  outputs @4 :List(WireOutput);  # in formats::PlanOutputs order; send each as `name + suffix`,
+                                 # all of a tensor's outputs in one bucket
+  # NVFP4: the tensor's own amax is the global amax (members of fused groups are not listed).
+}
+
+struct WireOutput {
+  suffix @0 :Text;
+  dtype @1 :Text;
+  shape @2 :List(Int64);    # the whole tensor's output (refitd keeps its own shard)
 }
 
 struct BucketHeader {
@@ -230,9 +258,10 @@ struct EngineRankStatus {
 
 interface Daemon {
   begin @0 (manifest :Manifest) -> (session :Session, sessionId :UInt64, dataEndpoint :Text,
-                                    bucketBytes :UInt64, status :Status);
+                                    bucketBytes :UInt64, status :Status, wirePlan :WirePlan);
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
-  # are (sessionId << 32) | seq.
+  # are (sessionId << 32) | seq. `wirePlan`: with manifest.wireFormat "checkpoint", what the
+  # trainer converts before sending (empty otherwise).
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
                      tag :Text, tpRank :Int32, tpSize :Int32, epRank :Int32, epSize :Int32,
@@ -256,11 +285,12 @@ interface Daemon {
   status @2 () -> (status :DaemonStatus);
   abortActive @3 (reason :Text) -> (aborted :Bool);
 
-  join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64, status :Status);
+  join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64, status :Status,
+                                  wirePlan :WirePlan);
   # Another trainer rank (a pipeline stage, an expert-parallel or tensor-parallel rank) pushes
   # into the active session `sessionId`: its buckets are announced with assigned sequence
   # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
-  # commits.
+  # commits. `wirePlan`: the session's (see begin); entries name their tensors.
 
   commitVersion @6 (tag :Text) -> (report :RefitReport, status :Status);
   # Commits the held version `tag` (hold: K) into the engine, atomically as a session's commit.

@@ -32,6 +32,17 @@ absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r) {
   m.deadline_ms = r.getDeadlineMs();
   m.tag = Str(r.getTag());
   m.stage_only = r.getStageOnly();
+  const std::string wire_format = Str(r.getWireFormat());
+  if (wire_format == "checkpoint") {
+    m.wire_format = WireFormat::kCheckpoint;
+  } else if (!wire_format.empty() && wire_format != "bf16") {
+    std::string shown = wire_format.substr(0, 64);
+    for (char& c : shown) {
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest wireFormat '", shown, "': expected bf16 or checkpoint"));
+  }
   for (auto t : r.getTensors()) {
     absl::StatusOr<TensorDesc> d = FromWire(t);
     if (!d.ok()) return d.status();
@@ -51,6 +62,31 @@ absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r) {
     h.tensors.push_back(std::move(*d));
   }
   return h;
+}
+
+absl::StatusOr<WirePlan> FromWire(proto::WirePlan::Reader r) {
+  WirePlan p;
+  p.fp32_input = Str(r.getFp32Input());
+  p.nonfinite = Str(r.getNonfinite());
+  p.tensors.reserve(r.getTensors().size());
+  for (auto t : r.getTensors()) {
+    WireTensor w;
+    w.tensor = t.getTensor();
+    w.name = Str(t.getName());
+    w.format = Str(t.getFormat());
+    w.transpose = t.getTranspose();
+    for (auto o : t.getOutputs()) {
+      absl::StatusOr<DType> dtype = ParseDType(Str(o.getDtype()));
+      if (!dtype.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("wire plan: tensor '", w.name, "': ", dtype.status().message()));
+      }
+      WireOutput out{Str(o.getSuffix()), *dtype, {}};
+      for (int64_t v : o.getShape()) out.shape.push_back(v);
+      w.outputs.push_back(std::move(out));
+    }
+    p.tensors.push_back(std::move(w));
+  }
+  return p;
 }
 
 Outcome OutcomeFromWire(proto::Outcome o) {
@@ -126,6 +162,7 @@ void ToWire(const Manifest& m, proto::Manifest::Builder b) {
   b.setDeadlineMs(m.deadline_ms);
   b.setTag(Text(m.tag));
   b.setStageOnly(m.stage_only);
+  if (m.wire_format != WireFormat::kBf16) b.setWireFormat(WireFormatName(m.wire_format));
   auto list = b.initTensors(static_cast<unsigned>(m.tensors.size()));
   for (size_t i = 0; i < m.tensors.size(); ++i) ToWire(m.tensors[i], list[static_cast<unsigned>(i)]);
 }
@@ -136,6 +173,28 @@ void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b) {
   b.setChecksum(h.checksum);
   auto list = b.initTensors(static_cast<unsigned>(h.tensors.size()));
   for (size_t i = 0; i < h.tensors.size(); ++i) ToWire(h.tensors[i], list[static_cast<unsigned>(i)]);
+}
+
+void ToWire(const WirePlan& p, proto::WirePlan::Builder b) {
+  b.setFp32Input(Text(p.fp32_input));
+  b.setNonfinite(Text(p.nonfinite));
+  auto list = b.initTensors(static_cast<unsigned>(p.tensors.size()));
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    const WireTensor& w = p.tensors[i];
+    auto t = list[static_cast<unsigned>(i)];
+    t.setTensor(w.tensor);
+    t.setName(Text(w.name));
+    t.setFormat(Text(w.format));
+    t.setTranspose(w.transpose);
+    auto outs = t.initOutputs(static_cast<unsigned>(w.outputs.size()));
+    for (size_t j = 0; j < w.outputs.size(); ++j) {
+      auto o = outs[static_cast<unsigned>(j)];
+      o.setSuffix(Text(w.outputs[j].suffix));
+      o.setDtype(std::string(DTypeName(w.outputs[j].dtype)));
+      auto shape = o.initShape(static_cast<unsigned>(w.outputs[j].shape.size()));
+      for (size_t k = 0; k < w.outputs[j].shape.size(); ++k) shape.set(static_cast<unsigned>(k), w.outputs[j].shape[k]);
+    }
+  }
 }
 
 void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {

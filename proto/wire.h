@@ -12,6 +12,7 @@ namespace refit::wire {
 absl::StatusOr<TensorDesc> FromWire(proto::TensorDesc::Reader r);
 absl::StatusOr<Manifest> FromWire(proto::Manifest::Reader r);
 absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r);
+absl::StatusOr<WirePlan> FromWire(proto::WirePlan::Reader r);
 RefitReport FromWire(proto::RefitReport::Reader r);
 Outcome OutcomeFromWire(proto::Outcome o);
 EndCause CauseFromWire(proto::EndCause c);
@@ -28,6 +29,7 @@ inline capnp::Text::Reader Text(const std::string& s) { return capnp::Text::Read
 void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b);
 void ToWire(const Manifest& m, proto::Manifest::Builder b);
 void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b);
+void ToWire(const WirePlan& p, proto::WirePlan::Builder b);
 void ToWire(const RefitReport& r, proto::RefitReport::Builder b);
 
 }  // namespace refit::wire

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 5  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held versions; 4: measure_amax; 5: engine ranks)
+ABI_VERSION = 6  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+                 # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint)
 
 OK = 0
 MEMORY_HOST = 0
@@ -40,7 +41,7 @@ class Manifest(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("model", ctypes.c_char_p),
                 ("tensors", ctypes.POINTER(TensorDesc)), ("num_tensors", ctypes.c_uint64),
                 ("partial", ctypes.c_uint32), ("deadline_ms", ctypes.c_uint32), ("tag", ctypes.c_char_p),
-                ("stage_only", ctypes.c_uint32)]
+                ("stage_only", ctypes.c_uint32), ("wire_format", ctypes.c_char_p)]
 
 
 class Tensor(ctypes.Structure):

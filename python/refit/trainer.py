@@ -163,7 +163,7 @@ class TrainerClient:
         return self._handle
 
     def session(self, model: str, tensors, *, partial: bool = False, deadline_ms: int = 0,
-                tag=None, stage_only: bool = False) -> "RefitSession":
+                tag=None, stage_only: bool = False, wire_format: str = "bf16") -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
         names, dtypes and shapes only; a value may also be a (dtype, shape) pair, the dtype a torch
         dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitUnavailable while
@@ -176,7 +176,17 @@ class TrainerClient:
         decimal string): 1..128 characters of A-Z a-z 0-9 . _ : + -; refitd reports it with the
         version (RefitInvalidArgument otherwise). `stage_only` (refitd config `hold: K`): the
         commit validates and keeps the refit in refitd's staging under `tag` (outcome "staged")
-        instead of writing it; `refitctl commit TAG` writes it later."""
+        instead of writing it; `refitctl commit TAG` writes it later.
+
+        `wire_format`: "bf16" (the default) sends every tensor as pushed and refitd converts it;
+        "checkpoint" has this trainer convert the tensors refitd's spec quantizes (FP8/FP4
+        formats, listed in refitd's answer to begin) before sending, with refitd's own code: the
+        CPU reference quantizers for CPU tensors, the GPU kernels for CUDA tensors (a library
+        built with CUDA). The wire then carries their FP8/FP4 bytes plus scales; the engine's bytes
+        are identical either way. A slice of such a tensor converts on its own when it does not cut
+        the format's blocks; otherwise, and for NVFP4 or transposed tensors, RefitInvalidArgument."""
+        if wire_format not in ("bf16", "checkpoint"):
+            raise ValueError(f"wire_format must be 'bf16' or 'checkpoint', not {wire_format!r}")
         named = [(n, _describe(n, t)) for n, t in _named(tensors)]
         shapes = [_native.shape_array(shape) for _, (_, shape) in named]
         names = [n.encode() for n, _ in named]
@@ -188,7 +198,7 @@ class TrainerClient:
         tag_bytes = None if tag is None else str(tag).encode()
         manifest = _native.new(_native.Manifest, model=model.encode(), tensors=descs, num_tensors=len(named),
                                partial=int(partial), deadline_ms=deadline_ms, tag=tag_bytes,
-                               stage_only=int(stage_only))
+                               stage_only=int(stage_only), wire_format=wire_format.encode())
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_session_begin(self._live(), ctypes.byref(manifest), ctypes.byref(handle)),
                       f"begin a refit of '{model}'")

@@ -470,6 +470,15 @@ int refit_session_begin(refit_client* client, const refit_manifest* manifest, re
     cm.deadline_ms = m.deadline_ms;
     if (m.tag != nullptr) cm.tag = m.tag;
     cm.stage_only = m.stage_only != 0;
+    if (m.wire_format != nullptr && *m.wire_format != '\0') {
+      const std::string w = m.wire_format;
+      if (w == "checkpoint") {
+        cm.wire_format = refit::WireFormat::kCheckpoint;
+      } else if (w != "bf16") {
+        return absl::InvalidArgumentError(absl::StrCat("manifest.wire_format '", w.substr(0, 64),
+                                                       "': expected bf16 or checkpoint"));
+      }
+    }
     cm.tensors.reserve(m.num_tensors);
     for (uint64_t i = 0; i < m.num_tensors; ++i) {
       refit_tensor_desc d;

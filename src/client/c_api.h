@@ -53,14 +53,15 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 5  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 6  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
                                  refit_engine_tag) and held versions (refit_manifest.stage_only,
                                  refit_client_commit_version, refit_client_rollback, refit_client_versions);
                                  4: refit_session_measure_amax; 5: engine ranks (refit_engine_options.tp_rank,
-                                 tp_size, ep_rank, ep_size, device, model) */
+                                 tp_size, ep_rank, ep_size, device, model); 6: trainer-side conversion
+                                 (refit_manifest.wire_format) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -136,6 +137,14 @@ typedef struct refit_manifest {
    * the refit in staging under `tag` (required) instead of writing it; the commit reports outcome
    * "staged". A later commit by tag (`refitctl commit TAG`) writes it. */
   uint32_t stage_only;
+  /* ABI 6. What the session's buckets carry: NULL, "" or "bf16": every tensor as pushed (refitd
+   * converts); "checkpoint": the library converts each BF16/F32 tensor refitd's wire plan lists
+   * (the spec's FP8/FP4 formats) before packing, with refitd's own code (the CPU reference
+   * quantizers for host tensors, the GPU kernels for CUDA tensors in builds with CUDA), and sends
+   * its checkpoint-format outputs (data plus scales). Engine bytes are identical either way.
+   * A slice of a converted tensor converts on its own when it does not cut the format's blocks;
+   * otherwise, and for NVFP4 or transposed tensors, it is refused (REFIT_INVALID_ARGUMENT). */
+  const char* wire_format;
 } refit_manifest;
 
 /* One tensor's bytes, dense row-major. */
@@ -316,7 +325,7 @@ typedef struct refit_engine_options {
   /* ABI 3. */
   const char* tag;                   /* the trainer's tag of `version`; NULL or "" for none */
   refit_resume_tag_fn resume_tagged; /* when set, called instead of `resume` */
-  /* ABI 4: engine ranks. One process per GPU of an engine of several ranks (TP/EP workers)
+  /* ABI 5: engine ranks. One process per GPU of an engine of several ranks (TP/EP workers)
    * registers with the node's one refitd giving its place; tp_size 0 (the default) is a single
    * engine. refitd refuses, naming the field, a place unlike its spec's (docs/config.md). */
   int32_t tp_rank;

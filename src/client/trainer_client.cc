@@ -1,4 +1,5 @@
 #include "client/trainer_client.h"
+#include "client/trainer_convert.h"
 
 #include "common/control_connect.h"
 
@@ -237,6 +238,12 @@ struct RefitSession::Impl {
   BucketHeader header;
   bool member = false;  // joined another rank's session
   bool done = false;
+  // Wire format checkpoint: what this trainer converts before packing (empty otherwise), and
+  // host scratch for the outputs.
+  TrainerConverter convert;
+  std::vector<std::vector<uint8_t>> convert_scratch;
+  // Packs `parts` into one bucket (trainer_convert.cc's outputs, or PushTogether's tensors).
+  absl::Status PackTogether(RefitSession& session, std::span<const TensorRef> parts);
   std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
   std::unique_ptr<AmaxMeter> amax;  // MeasureAmax(true)
 };
@@ -263,6 +270,35 @@ absl::StatusOr<std::unique_ptr<TrainerClient::Impl>> OpenControl(const std::stri
     return absl::UnavailableError(absl::StrCat("cannot connect to refitd at '", address, "': ", e->getDescription().cStr()));
   }
   return impl;
+}
+
+// Wire format checkpoint: daemon i's plan of what this trainer converts. Every daemon of a
+// fan-out must plan the same conversions (one packed bucket feeds them all).
+absl::Status UseWirePlan(RefitSession::Impl& s, size_t i, bool has, proto::WirePlan::Reader r) {
+  WirePlan plan;
+  if (has) {
+    absl::StatusOr<WirePlan> p = wire::FromWire(r);
+    if (!p.ok()) return p.status();
+    plan = std::move(*p);
+  }
+  absl::StatusOr<TrainerConverter> c = TrainerConverter::Create(plan);
+  if (!c.ok()) return c.status();
+  if (i == 0) {
+    s.convert = std::move(*c);
+    return absl::OkStatus();
+  }
+  bool same = c->size() == s.convert.size();
+  for (const WireTensor& w : plan.tensors) {
+    const TrainerConverter::Entry* mine = s.convert.Find(w.name);
+    same = same && mine != nullptr && formats::FormatName(mine->format) == w.format && mine->transpose == w.transpose &&
+           mine->outputs.size() == w.outputs.size();
+  }
+  if (!same) {
+    return absl::FailedPreconditionError(
+        "fan-out with wire format checkpoint: the daemons plan the trainer's conversions differently (their specs "
+        "differ); use wire format bf16");
+  }
+  return absl::OkStatus();
 }
 
 // Begins (ids empty) or joins (ids[i] on daemon i) a session on every daemon; requests go out
@@ -298,6 +334,7 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
           s->members[i].id = resp.getSessionId();
           bucket_bytes[i] = resp.getBucketBytes();
           endpoints[i] = resp.getDataEndpoint().cStr();
+          if (absl::Status st = UseWirePlan(*s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
           return true;
         }
         KJ_FAIL_REQUIRE("begin request could not be sent");
@@ -315,6 +352,7 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
         s->members[i].id = ids[i];
         bucket_bytes[i] = resp.getBucketBytes();
         endpoints[i] = resp.getDataEndpoint().cStr();
+        if (absl::Status st = UseWirePlan(*s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
         return true;
       });
       if (!ok.ok() && failed.ok()) failed = absl::Status(ok.status().code(), absl::StrCat(s->Who(i), ok.status().message()));
@@ -517,12 +555,61 @@ std::vector<uint64_t> RefitSession::ids() const {
 }
 uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 
+// Wire format checkpoint: converts `t` as the plan says and packs its outputs into one bucket.
+absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, const TrainerConverter::Entry& e,
+                           const TensorRef& t) {
+  // A block-aligned slice converts on its own; its outputs are slices of the whole outputs.
+  std::vector<TrainerConverter::SliceOutput> sliced;
+  if (t.slice.present()) {
+    absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> s = impl.convert.SliceOutputs(e, t.dtype, t.shape, t.slice);
+    if (!s.ok()) return s.status();
+    sliced = std::move(*s);
+  } else if (absl::Status st = impl.convert.CheckInput(e, t.dtype, t.shape); !st.ok()) {
+    return st;
+  }
+  std::vector<uint64_t> bytes;
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    bytes.push_back(sliced.empty() ? e.outputs[i].bytes : *DenseBytes(sliced[i].dtype, sliced[i].shape));
+  }
+  const bool device = storage::CheckDeviceMemory(t.data).ok();
+  std::vector<formats::MutableBytes> outs;
+  std::vector<TensorRef> parts;
+  std::vector<std::shared_ptr<uint8_t>> device_outs;
+  if (device) {
+    absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> converted = impl.convert.ConvertDevice(e, t.dtype, t.shape, t.data);
+    if (!converted.ok()) return converted.status();
+    device_outs = std::move(*converted);
+    for (size_t i = 0; i < e.outputs.size(); ++i) outs.push_back({device_outs[i].get(), bytes[i]});
+  } else {
+    impl.convert_scratch.resize(std::max(impl.convert_scratch.size(), e.outputs.size()));
+    for (size_t i = 0; i < e.outputs.size(); ++i) {
+      impl.convert_scratch[i].resize(bytes[i]);
+      outs.push_back({impl.convert_scratch[i].data(), bytes[i]});
+    }
+    if (absl::Status st = impl.convert.ConvertHost(e, t.dtype, t.shape, t.data, outs); !st.ok()) return st;
+  }
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    if (sliced.empty()) {
+      parts.push_back({t.name + e.outputs[i].suffix, e.outputs[i].dtype, e.outputs[i].shape, outs[i].data});
+    } else {
+      parts.push_back({t.name + e.outputs[i].suffix, sliced[i].dtype, sliced[i].shape, outs[i].data, sliced[i].slice});
+    }
+  }
+  absl::Status packed = impl.PackTogether(session, parts);
+  // The outputs are copied into the bucket before their buffers go (and before host scratch is reused).
+  if (absl::Status st = impl.data->memory->Synchronize(); packed.ok()) packed = st;
+  return packed;
+}
+
 absl::Status RefitSession::Push(const TensorRef& t) {
   if (impl_->done) return absl::FailedPreconditionError("session already ended");
   if (t.slice.present()) {
     // Checked before anything is sent (refitd checks it again): refused here, the push fails
     // alone instead of aborting the session.
     if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
+  }
+  if (!impl_->convert.empty() && (t.dtype == DType::kBF16 || t.dtype == DType::kF32)) {
+    if (const TrainerConverter::Entry* e = impl_->convert.Find(t.name); e != nullptr) return PushConverted(*this, *impl_, *e, t);
   }
   absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
   if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
@@ -559,6 +646,47 @@ void RefitSession::MeasureAmax(bool on) {
   } else if (impl_->amax == nullptr) {
     impl_->amax = std::make_unique<AmaxMeter>();
   }
+}
+
+absl::Status RefitSession::PushTogether(std::span<const TensorRef> parts) {
+  if (impl_->done) return absl::FailedPreconditionError("session already ended");
+  return impl_->PackTogether(*this, parts);
+}
+
+size_t RefitSession::trainer_converted_tensors() const { return impl_->convert.size(); }
+
+absl::Status RefitSession::Impl::PackTogether(RefitSession& session, std::span<const TensorRef> parts) {
+  uint64_t total = 0;
+  std::vector<uint64_t> sizes;
+  for (const TensorRef& t : parts) {
+    if (t.slice.present()) {
+      if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
+    }
+    absl::StatusOr<uint64_t> n = DenseBytes(t.dtype, t.shape);
+    if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", n.status().message()));
+    sizes.push_back(*n);
+    total = ((total + 15) & ~uint64_t{15}) + *n;
+  }
+  if (parts.empty()) return absl::OkStatus();
+  if (total > bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", parts[0].name, "' and the ", parts.size() - 1,
+                                                   " sent with it are ", total, " bytes, more than the ", bucket_bytes,
+                                                   "-byte bucket"));
+  }
+  if (((used + 15) & ~uint64_t{15}) + total > bucket_bytes) {
+    if (absl::Status st = session.Flush(); !st.ok()) return st;
+  }
+  uint8_t* bucket = data->bucket[data->current].get();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorRef& t = parts[i];
+    const uint64_t offset = (used + 15) & ~uint64_t{15};
+    if (absl::Status st = data->memory->CopyInAsync(bucket + offset, t.data, sizes[i]); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': copy into the bucket failed: ", st.message()));
+    }
+    used = offset + sizes[i];
+    header.tensors.push_back({t.name, t.dtype, t.shape, offset, sizes[i], t.slice});
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RefitSession::CheckDeviceMemory(const void* p) { return storage::CheckDeviceMemory(p); }

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -174,7 +175,19 @@ class RefitSession {
   uint64_t bucket_bytes() const;
   // Appends a tensor to the current bucket, sending the bucket first when it would overflow.
   // The bytes are copied: `t.data` may be reused when Push returns.
+  // Wire format checkpoint (Manifest::wire_format): a BF16/F32 tensor that refitd's wire plan
+  // lists is converted here first (trainer_convert.h: the CPU reference quantizers for host
+  // tensors, the GPU kernels for device tensors) and its checkpoint-format outputs are packed
+  // together into one bucket, named name + suffix. A slice of such a tensor converts on its own
+  // when it does not cut the format's blocks; otherwise, and for NVFP4 (global amax) or
+  // transposed tensors, it is refused (InvalidArgument naming the tensor).
   absl::Status Push(const TensorRef& t);
+  // Appends tensors to one bucket (sending the current bucket first when they would not fit),
+  // as they are: no conversion. For callers that convert themselves (a converted tensor's
+  // outputs must travel in one bucket).
+  absl::Status PushTogether(std::span<const TensorRef> parts);
+  // Wire format checkpoint: how many tensors refitd's plan has this trainer convert (0 otherwise).
+  size_t trainer_converted_tensors() const;
   // OK when Push can take `p` as device memory (a build with CUDA, and `p` is CUDA device memory:
   // NCCL buckets pack it on the GPU, host buckets copy it to the host); Unimplemented without
   // CUDA, InvalidArgument when `p` is not device memory.

@@ -223,7 +223,11 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   }
   so.on_received = hooks_.on_received;
   so.on_converted = hooks_.on_converted;
+  absl::StatusOr<std::shared_ptr<const WireTable>> wire = WireTable::Create(*engine_->planner, manifest);
+  if (!wire.ok()) return wire.status();
+  so.wire = *wire;
   Active a;
+  a.wire = *wire;
   a.engine = engine_;
   a.stage_only = manifest.stage_only;
   if (options_.hold > 0) a.own_pool = spare_pool_ != nullptr ? std::move(spare_pool_) : engine_->new_pool();
@@ -235,7 +239,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.tag = manifest.tag;
   active_ = std::move(a);
   NotifySession();
-  return BeginResult{so.id, deadline_ms};
+  return BeginResult{so.id, deadline_ms, so.wire};
 }
 
 absl::Status Node::CheckActive(uint64_t session_id) const {

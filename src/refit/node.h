@@ -38,6 +38,7 @@
 #include "refit/planner.h"
 #include "refit/rank_group_control.h"
 #include "refit/session.h"
+#include "refit/wire_plan.h"
 #include "refit/staged_version.h"
 #include "refit/staging.h"
 #include "refit/types.h"
@@ -170,6 +171,8 @@ struct NodeOptions {
 struct BeginResult {
   uint64_t session_id = 0;
   uint32_t deadline_ms = 0;
+  // Wire format checkpoint: the tensors the trainer converts (empty plan otherwise).
+  std::shared_ptr<const WireTable> wire;
 };
 
 // One commit: handed out by StartCommit, run by RunCommit on a worker thread, ended by
@@ -248,6 +251,8 @@ class Node {
   // Joined ranks of the active session that have not detached (0 without a session). The
   // beginning rank's commit waits for this to reach 0.
   uint32_t open_members() const { return active_ ? active_->open_members : 0; }
+  // The active session's wire plan (what a joining rank converts), or nullptr without a session.
+  std::shared_ptr<const WireTable> wire() const { return active_ ? active_->wire : nullptr; }
   // Queues a bucket; an invalid header ends the session (InvalidArgument naming the field).
   absl::StatusOr<uint32_t> Announce(uint64_t session_id, BucketHeader header);
   // A trainer aborted (kClientAbort) or disconnected (kDisconnected) with `reason`. During a
@@ -323,6 +328,7 @@ class Node {
     std::string tag;  // the manifest's
     bool committing = false;
     uint32_t open_members = 0;  // joined ranks that have not detached
+    std::shared_ptr<const WireTable> wire;  // the session's wire plan
     // Set when the node aborted the session while its commit ran (engine gone, operator,
     // shutdown): the commit ends with this cause.
     std::optional<std::pair<EndCause, std::string>> ended_by;

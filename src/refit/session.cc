@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -513,7 +514,76 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   std::vector<std::shared_ptr<uint8_t>> assembled;  // whole tensors from slices, until converted
   const std::optional<spec::MegatronSource>& source = planner_.spec().source;
   std::vector<SourcePiece> pieces;
+  // Wire format checkpoint: converted tensors' outputs in this bucket, staged after the loop.
+  const WireTable* wire = options_.wire != nullptr && !options_.wire->entries().empty() ? options_.wire.get() : nullptr;
+  std::vector<std::pair<const WireEntry*, std::vector<WirePart>>> converted;
+  absl::flat_hash_map<const WireEntry*, size_t> converted_index;
   for (const TensorDesc& pushed : header.tensors) {
+    if (wire != nullptr) {
+      size_t out = 0;
+      if (const WireEntry* e = wire->FindOutput(pushed.name, &out)) {
+        if (pushed.slice.present()) {
+          // A slice of an output (a block-aligned slice converted on its own): assembled first;
+          // the tensor stages once every output is whole.
+          absl::Status st = CheckWireOutput(*e, out, pushed);
+          absl::StatusOr<std::optional<SliceAssembler::Whole>> added =
+              st.ok() ? slices_.Add(pushed, data + pushed.offset) : absl::StatusOr<std::optional<SliceAssembler::Whole>>(st);
+          if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
+            converter_.Sync();
+            absl::MutexLock lock(&mu_);
+            add_format_bytes();
+            FailLocked(added.status());
+            return;
+          }
+          if (!added.ok()) {
+            ledger_.Fail(e->input.name, added.status());
+            continue;
+          }
+          if (!added->has_value()) continue;
+          WireAssembly& a = wire_assembly_[e];
+          if (a.data.empty()) {
+            a.descs.resize(e->outputs.size());
+            a.data.resize(e->outputs.size());
+          }
+          a.descs[out] = std::move((*added)->desc);
+          a.data[out] = std::move((*added)->data);
+          if (++a.whole < e->outputs.size()) continue;
+          std::vector<WirePart> parts;
+          for (size_t i = 0; i < a.descs.size(); ++i) parts.push_back({&a.descs[i], a.data[i].get()});
+          absl::Status staged = StageConverted(*e, parts, out_bytes);
+          if (staged.code() == absl::StatusCode::kResourceExhausted) {
+            converter_.Sync();
+            absl::MutexLock lock(&mu_);
+            add_format_bytes();
+            FailLocked(staged);
+            return;
+          }
+          // The assembled outputs stay until the bucket's conversions are done with them.
+          for (std::shared_ptr<uint8_t>& d : a.data) assembled.push_back(std::move(d));
+          wire_assembly_.erase(e);
+          continue;
+        }
+        auto [it, fresh] = converted_index.try_emplace(e, converted.size());
+        if (fresh) converted.push_back({e, std::vector<WirePart>(e->outputs.size())});
+        WirePart& part = converted[it->second].second[out];
+        if (part.desc != nullptr) {
+          ledger_.Fail(e->input.name, absl::InvalidArgumentError(absl::StrCat(
+                                          "tensor '", e->input.name, "': wire format checkpoint: '", pushed.name,
+                                          "' arrived twice in bucket ", header.seq)));
+        }
+        part = {&pushed, data + pushed.offset};
+        continue;
+      }
+      if (const WireEntry* e = wire->FindTensor(pushed.name)) {
+        // Sent as declared although the plan has the trainer convert it (e.g. BF16 for mxfp4).
+        ledger_.Fail(e->input.name,
+                     absl::InvalidArgumentError(absl::StrCat(
+                         "tensor '", e->input.name, "': wire format checkpoint: arrived as ",
+                         DTypeName(pushed.dtype), ShapeString(pushed.shape), "; the session's plan has the trainer "
+                         "convert it to ", formats::FormatName(e->plan->format), " and send its outputs")));
+        continue;
+      }
+    }
     // A Megatron-core tensor (spec `source`) is the checkpoint tensors' pieces it holds.
     pieces.clear();
     std::optional<std::vector<SourcePiece>> mapped;
@@ -599,6 +669,17 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       if (!status.ok()) ledger_.Fail(desc.name, status);
     }
   }
+  for (const auto& [entry, parts] : converted) {
+    absl::Status status = StageConverted(*entry, parts, out_bytes);
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      converter_.Sync();
+      RetireGroups();
+      absl::MutexLock lock(&mu_);
+      add_format_bytes();
+      FailLocked(status);
+      return;
+    }
+  }
   // Fused members whose group is still incomplete leave the slot before it is released.
   absl::Status held = HoldPendingMembers();
   // The slot is released after this returns: every conversion reading it must be complete.
@@ -613,6 +694,59 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   absl::MutexLock lock(&mu_);
   add_format_bytes();
   bytes_out_ += out_bytes;
+}
+
+absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<WirePart>& parts, uint64_t& out_bytes) {
+  const std::string& name = entry.input.name;
+  std::vector<std::string> absent;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].desc == nullptr) {
+      absent.push_back(absl::StrCat("'", name, entry.outputs[i].suffix, "'"));
+    } else if (absl::Status st = CheckWireOutput(entry, i, *parts[i].desc); !st.ok()) {
+      ledger_.Fail(name, st);  // e.g. the tensor sent as declared (BF16) instead of converted
+      return absl::OkStatus();
+    }
+  }
+  if (!absent.empty()) {
+    ledger_.Fail(name, absl::InvalidArgumentError(absl::StrCat(
+                           "tensor '", name, "': wire format checkpoint: its bucket lacks ", absl::StrJoin(absent, ", "),
+                           " (a converted tensor's outputs travel together in one bucket)")));
+    return absl::OkStatus();
+  }
+  const bool check_scales = planner_.spec().options.nonfinite == formats::NonfinitePolicy::kReject;
+  std::vector<uint8_t> host;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorDesc& part = *parts[i].desc;
+    absl::Status st;
+    if (check_scales && entry.is_scale[i]) {
+      const uint8_t* bytes = parts[i].src;
+      if (ring_.kind() != storage::MemoryKind::kHost) {
+        host.resize(part.nbytes);
+        st = ring_.memory().CopyToHost(host.data(), bytes, part.nbytes);
+        bytes = host.data();
+      }
+      if (st.ok()) st = CheckWireScales(entry, i, bytes, part.nbytes);
+    }
+    if (!st.ok()) {
+      ledger_.Fail(name, st);
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(entry.input);
+  if (!plan.ok()) return absl::OkStatus();  // recorded by the ledger; refused at commit
+  for (size_t i = 0; i < parts.size(); ++i) {
+    absl::Status st = Stage(*parts[i].desc, parts[i].src, ring_.kind(), *entry.copies[i], std::nullopt, out_bytes);
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      std::string msg(st.message());
+      return absl::ResourceExhaustedError(msg.find(name) == std::string::npos ? absl::StrCat("tensor '", name, "': ", msg)
+                                                                              : msg);
+    }
+    if (!st.ok()) {
+      ledger_.Fail(name, st);
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Session::Validate() const {

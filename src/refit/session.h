@@ -30,6 +30,7 @@
 #include "refit/slice_assembler.h"
 #include "refit/staging.h"
 #include "refit/types.h"
+#include "refit/wire_plan.h"
 #include "transport/transport.h"
 
 namespace refit {
@@ -51,6 +52,9 @@ class Session {
     // "passthrough" for copies, and the bytes the session's staging holds now).
     std::function<void(uint64_t bytes)> on_received;
     std::function<void(const std::map<std::string, uint64_t>& bytes_by_format, uint64_t staged_bytes)> on_converted;
+    // Wire format checkpoint: the tensors that arrive converted by the trainer (their outputs are
+    // checked, then staged as copies). nullptr or empty: every tensor arrives as declared.
+    std::shared_ptr<const WireTable> wire;
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
@@ -97,6 +101,21 @@ class Session {
   void ReceiveLoop();
   void ConvertLoop();
   void Convert(const BucketHeader& header, const uint8_t* data);
+  // Wire format checkpoint: one converted tensor's outputs from this bucket (`parts[i]` is output
+  // i, nullptr when absent) checked and staged as copies. ResourceExhausted ends the session.
+  struct WirePart {
+    const TensorDesc* desc = nullptr;  // nullptr: absent
+    const uint8_t* src = nullptr;
+  };
+  absl::Status StageConverted(const WireEntry& entry, const std::vector<WirePart>& parts, uint64_t& out_bytes);
+  // Wire format checkpoint, sliced outputs: the whole outputs assembled so far, per tensor, until
+  // every output of the tensor is whole (converter thread only).
+  struct WireAssembly {
+    std::vector<TensorDesc> descs;
+    std::vector<std::shared_ptr<uint8_t>> data;
+    size_t whole = 0;
+  };
+  std::map<const WireEntry*, WireAssembly> wire_assembly_;
   // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
   // the session; other errors are the tensor's (recorded by the ledger).
   // `device_amax`: a fused group's amax in a device float (device staging), or nullptr.

@@ -6,6 +6,8 @@
 
 namespace refit {
 
+const char* WireFormatName(WireFormat f) { return f == WireFormat::kCheckpoint ? "checkpoint" : "bf16"; }
+
 const char* OutcomeName(Outcome outcome) {
   switch (outcome) {
     case Outcome::kNone: return "none";

@@ -60,6 +60,34 @@ struct BucketHeader {
 // at each commit) stays the order of commits; tags need not be unique or ordered.
 inline constexpr size_t kMaxTagBytes = 128;
 
+// What a session's buckets carry. kBf16: every tensor as the manifest declares it (refitd
+// converts). kCheckpoint: the tensors of the session's WirePlan arrive converted by the trainer
+// (checkpoint-format outputs: FP8/FP4 bytes plus scales); the others as declared.
+enum class WireFormat : uint8_t { kBf16, kCheckpoint };
+const char* WireFormatName(WireFormat f);  // "bf16", "checkpoint"
+
+// One checkpoint-format output of a tensor the trainer converts: sent as `name + suffix`.
+struct WireOutput {
+  std::string suffix;
+  DType dtype = DType::kU8;
+  Shape shape;  // the whole tensor's output
+};
+
+// A tensor the trainer converts before sending (wire format checkpoint), as refitd's spec plans it.
+struct WireTensor {
+  uint32_t tensor = 0;  // index into the beginning rank's manifest
+  std::string name;
+  std::string format;   // formats::FormatName
+  bool transpose = false;
+  std::vector<WireOutput> outputs;  // formats::PlanOutputs order
+};
+
+struct WirePlan {
+  std::vector<WireTensor> tensors;  // empty: nothing converts on the trainer
+  std::string fp32_input = "exact";  // the spec's QuantizeOptions
+  std::string nonfinite = "reject";
+};
+
 struct Manifest {
   std::string model;
   std::vector<TensorDesc> tensors;
@@ -70,6 +98,7 @@ struct Manifest {
   // `tag` instead of writing it; a later commit by tag (or rollback) writes it. Needs a tag and a
   // full refit.
   bool stage_only = false;
+  WireFormat wire_format = WireFormat::kBf16;
 };
 
 struct PhaseTimes {

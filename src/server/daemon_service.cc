@@ -382,7 +382,9 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("tensors", manifest->tensors.size())
         .Add("partial", manifest->partial)
         .Add("tag", manifest->tag)
-        .Add("stage_only", manifest->stage_only);
+        .Add("stage_only", manifest->stage_only)
+        .Add("wire_format", WireFormatName(manifest->wire_format))
+        .Add("trainer_converts", begun->wire != nullptr ? begun->wire->entries().size() : 0);
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
@@ -392,6 +394,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     results.setSessionId(id);
     results.setDataEndpoint(state_.receiver->Endpoint());
     results.setBucketBytes(state_.config.limits.bucket_bytes);
+    if (begun->wire != nullptr) wire::ToWire(begun->wire->plan(), results.initWirePlan());
     return kj::READY_NOW;
   }
 
@@ -404,6 +407,9 @@ class DaemonImpl final : public proto::Daemon::Server {
     results.setSession(kj::heap<SessionImpl>(state_, id, /*member=*/true));
     results.setDataEndpoint(state_.receiver->Endpoint());
     results.setBucketBytes(state_.config.limits.bucket_bytes);
+    if (std::shared_ptr<const WireTable> plan = state_.node.wire(); plan != nullptr) {
+      wire::ToWire(plan->plan(), results.initWirePlan());
+    }
     return kj::READY_NOW;
   }
 

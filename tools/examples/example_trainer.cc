@@ -7,11 +7,20 @@
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
 //                   [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
-//                   [--drop NAME]... [--address ...]
+//                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
+//                   [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
 // with --only just those matching, as a partial refit; --drop leaves tensors out). The engine
 // must then hold the engine layout of CONVERTED_DIR (`refitctl convert` of the same
 // checkpoint) for every parameter the refit touched, and its old bytes for every other.
+// --wire checkpoint: the session's wire format; the client converts what refitd's wire plan lists
+// before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
+// converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
+// the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
+// naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
+// them, e.g. NVFP4). --slices 2 pushes each matrix as two slices split on a block boundary (NVFP4
+// and transposed tensors whole: their trainer-side conversion needs the whole tensor). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
+// client converts the listed ones there with the kernels).
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
@@ -37,6 +46,7 @@
 #include <cstdio>
 #include <thread>
 #include <cstring>
+#include <limits>
 #include <vector>
 #include <map>
 #include <string>
@@ -49,9 +59,12 @@
 #endif
 #include "common/checksum.h"
 #include "common/control_connect.h"
+#include "formats/format_info.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
 #include "refit/checkpoint_io.h"
+#include "refit/convert.h"
+#include "refit/resolve.h"
 #include "refit/offline.h"
 #include "spec/demo_spec.h"
 #include "spec/model_spec.h"
@@ -96,9 +109,47 @@ std::string Json(const RefitReport& r, int refit, bool match, const std::string&
                       "}");
 }
 
+// --wire-fault: TENSOR's outputs, converted here as the spec says and then spoiled by KIND.
+absl::StatusOr<std::vector<ConvertedTensor>> SpoiledOutputs(const spec::ModelSpec& spec, const InputTensor& t,
+                                                            const std::string& kind) {
+  absl::StatusOr<Resolution> r = Resolve(spec, t.name, t.dtype, t.shape);
+  if (!r.ok()) return r.status();
+  if (!r->quantized) return absl::InvalidArgumentError(absl::StrCat("--wire-fault: '", t.name, "' is not quantized"));
+  formats::Format format = r->format;
+  if (kind == "wrong-format") {
+    format = format == formats::Format::kMxfp8 ? formats::Format::kFp8Block128 : formats::Format::kMxfp8;
+  } else if (kind != "wrong-scale-shape" && kind != "nan-scale") {
+    return absl::InvalidArgumentError(absl::StrCat("--wire-fault: unknown kind '", kind, "'"));
+  }
+  absl::StatusOr<std::vector<formats::OutputSpec>> specs = formats::PlanOutputs(format, t.dtype, r->input_shape);
+  if (!specs.ok()) return specs.status();
+  std::vector<ConvertedTensor> outs;
+  std::vector<formats::MutableBytes> bufs;
+  for (const formats::OutputSpec& o : *specs) outs.push_back({t.name + o.suffix, o.dtype, o.shape, std::vector<uint8_t>(o.bytes)});
+  for (ConvertedTensor& o : outs) bufs.push_back({o.bytes.data(), o.bytes.size()});
+  absl::Status st = ConvertFull(ConvertStep{ConvertKind::kQuantize, format, r->transpose},
+                                formats::ConstTensor{t.dtype, t.shape, t.data}, spec.options, std::nullopt, bufs, t.name);
+  if (!st.ok()) return st;
+  ConvertedTensor& scale = outs.size() > 1 ? outs[1] : outs[0];
+  if (kind == "wrong-scale-shape") {
+    if (scale.shape.empty()) scale.shape.push_back(1);
+    scale.shape[0] += 1;
+    scale.bytes.resize(*DenseBytes(scale.dtype, scale.shape));
+  } else if (kind == "nan-scale") {
+    if (scale.dtype == DType::kF32) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(scale.bytes.data(), &nan, 4);
+    } else {
+      scale.bytes[0] = scale.dtype == DType::kF8E4M3 ? 0x7F : 0xFF;
+    }
+  }
+  return outs;
+}
+
 int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const std::string& checkpoint,
                   const std::string& expected_dir, const std::vector<std::string>& only,
-                  const std::vector<std::string>& drop) {
+                  const std::vector<std::string>& drop, WireFormat wire, const std::string& wire_fault, int gpu,
+                  int slices) {
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(checkpoint);
   if (!ckpt.ok()) return Fail(ckpt.status().message());
   std::vector<spec::NamePattern> only_patterns;
@@ -133,19 +184,91 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
   if (drop.empty()) {
     for (const InputTensor* t : pushed) manifest.tensors.push_back({t->name, t->dtype, t->shape, 0, *DenseBytes(t->dtype, t->shape)});
   }
+  manifest.wire_format = wire;
+  std::string fault_kind, fault_tensor;
+  if (!wire_fault.empty()) {
+    const size_t colon = wire_fault.find(':');
+    if (colon == std::string::npos) return Fail("--wire-fault takes KIND:TENSOR");
+    fault_kind = wire_fault.substr(0, colon);
+    fault_tensor = wire_fault.substr(colon + 1);
+  }
+  // --gpu N: every tensor is pushed from GPU N (a CUDA build converts listed ones with the kernels).
+  std::vector<const void*> sources;
+  std::shared_ptr<void> device_copy;
+  for (const InputTensor* t : pushed) sources.push_back(t->data);
+  if (gpu >= 0) {
+#if REFIT_HAVE_CUDA
+    if (cudaSetDevice(gpu) != cudaSuccess) return Fail(absl::StrCat("cannot use GPU ", gpu));
+    uint64_t total = 0;
+    for (const InputTensor* t : pushed) total += (*DenseBytes(t->dtype, t->shape) + 255) & ~uint64_t{255};
+    void* d = nullptr;
+    if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) return Fail("cudaMalloc failed");
+    device_copy = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
+    uint64_t at = 0;
+    for (size_t i = 0; i < pushed.size(); ++i) {
+      const uint64_t n = *DenseBytes(pushed[i]->dtype, pushed[i]->shape);
+      auto* dst = static_cast<uint8_t*>(d) + at;
+      if (cudaMemcpy(dst, pushed[i]->data, n, cudaMemcpyHostToDevice) != cudaSuccess) return Fail("cudaMemcpy failed");
+      sources[i] = dst;
+      at += (n + 255) & ~uint64_t{255};
+    }
+#else
+    return Fail("--gpu needs a build with CUDA");
+#endif
+  }
   absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
   if (!session.ok()) return Fail(session.status().message());
   absl::Status push_status;
   for (size_t i = 0; i < pushed.size() && push_status.ok(); ++i) {
-    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, pushed[i]->data});
+    // --slices 2: two slices along dim 0, split on a block boundary of the tensor's format (NVFP4
+    // and transposed tensors whole, unless --wire-fault slice:TENSOR names them).
+    const InputTensor& t = *pushed[i];
+    const bool slice_fault = fault_kind == "slice" && t.name == fault_tensor;
+    if ((slices > 1 || slice_fault) && t.shape.size() >= 2) {
+      absl::StatusOr<Resolution> r = Resolve(spec, t.name, t.dtype, t.shape);
+      int64_t block = 1;
+      bool whole = false;
+      if (r.ok() && r->quantized) {
+        block = formats::BlockAlong(r->format, 0, t.shape.size());
+        whole = (formats::NeedsGlobalAmax(r->format) || r->transpose) && !slice_fault;
+      }
+      const int64_t rows = t.shape[0], split = rows / 2 / block * block;
+      if (!whole && split > 0 && split < rows) {
+        const uint64_t row_bytes = *DenseBytes(t.dtype, t.shape) / static_cast<uint64_t>(rows);
+        for (int part = 0; part < 2 && push_status.ok(); ++part) {
+          Shape shape = t.shape;
+          shape[0] = part == 0 ? split : rows - split;
+          TensorSlice slice{0, part == 0 ? 0u : static_cast<uint64_t>(split), t.shape};
+          const auto* from = static_cast<const uint8_t*>(sources[i]) + (part == 0 ? 0 : split * row_bytes);
+          push_status = (*session)->Push({t.name, t.dtype, shape, from, slice});
+        }
+        continue;
+      }
+    }
+    if (pushed[i]->name == fault_tensor && fault_kind == "raw") {
+      // As declared (BF16), although refitd's plan has the trainer convert it.
+      const client::TensorRef raw{t.name, t.dtype, t.shape, sources[i]};
+      push_status = (*session)->PushTogether(std::span<const client::TensorRef>(&raw, 1));
+      continue;
+    }
+    if (pushed[i]->name == fault_tensor && !slice_fault) {
+      absl::StatusOr<std::vector<ConvertedTensor>> spoiled = SpoiledOutputs(spec, *pushed[i], fault_kind);
+      if (!spoiled.ok()) return Fail(spoiled.status().message());
+      std::vector<client::TensorRef> parts;
+      for (const ConvertedTensor& o : *spoiled) parts.push_back({o.name, o.dtype, o.shape, o.bytes.data()});
+      push_status = (*session)->PushTogether(parts);
+      continue;
+    }
+    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, sources[i]});
   }
+  const size_t trainer_converted = (*session)->trainer_converted_tensors();
   absl::StatusOr<RefitReport> report = push_status.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(push_status);
   if (!report.ok()) {
     RefitReport r;
     r.outcome = Outcome::kRefused;
     std::printf("%s\n", Json(r, 0, false, std::string(report.status().message()), 0, report.status().code()).c_str());
     std::fflush(stdout);
-    return drop.empty() ? 4 : 0;
+    return drop.empty() && wire_fault.empty() ? 4 : 0;
   }
   bool match = true;
   std::string mismatch;
@@ -181,7 +304,10 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
       absl::StrAppend(&mismatch, " (", want.size() - touched, " expected parameters not registered)");
     }
   }
-  std::printf("%s\n", Json(*report, 0, match, match ? "" : absl::StrCat("mismatch: ", mismatch)).c_str());
+  std::string line = Json(*report, 0, match, match ? "" : absl::StrCat("mismatch: ", mismatch));
+  line.insert(line.size() - 1, absl::StrCat(",\"wire_format\":\"", WireFormatName(wire), "\",\"trainer_converted\":",
+                                           trainer_converted));
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   return match ? 0 : 4;
 }
@@ -195,6 +321,8 @@ int main(int argc, char** argv) {
   int refits = 3;
   std::string tag;  // --tag T: each refit's manifest tag (T, or T-<refit> with several refits)
   bool stage_only = false;  // --stage-only: hold each refit in refitd's staging (hold: K) under its tag
+  WireFormat wire = WireFormat::kBf16;  // --wire (with --checkpoint)
+  std::string wire_fault;               // --wire-fault KIND:TENSOR (with --checkpoint)
   int gpu = -1;  // --gpu: weights on this GPU
   int slices = 1;  // --slices: push matrices in this many slices
   int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
@@ -218,6 +346,12 @@ int main(int argc, char** argv) {
       tag = argv[++i];
     } else if (a == "--stage-only") {
       stage_only = true;
+    } else if (a == "--wire" && i + 1 < argc) {
+      const std::string w = argv[++i];
+      if (w != "bf16" && w != "checkpoint") return Fail("--wire takes bf16 or checkpoint");
+      wire = w == "checkpoint" ? WireFormat::kCheckpoint : WireFormat::kBf16;
+    } else if (a == "--wire-fault" && i + 1 < argc) {
+      wire_fault = argv[++i];
     } else if (a == "--seed" && i + 1 < argc) {
       seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--spec" && i + 1 < argc) {
@@ -279,7 +413,9 @@ int main(int argc, char** argv) {
     if (!st.ok()) return Fail(st.message());
     return 0;
   }
-  if (!checkpoint.empty()) return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop);
+  if (!checkpoint.empty()) {
+    return RunCheckpoint(address, *spec, checkpoint, expected_dir, only, drop, wire, wire_fault, gpu, slices);
+  }
   if (ranks > 1 && (session_file.empty() || rank < 0 || rank >= ranks || refits != 1 || (slices > 1 && slices != ranks))) {
     return Fail("--ranks needs --session-file, 0 <= --rank < --ranks, --refits 1, and --slices equal to --ranks if given");
   }

@@ -1,0 +1,101 @@
+"""Wire format checkpoint from Python (refit.trainer): the library converts the tensors refitd's
+wire plan lists before sending them (whole, or as shards split on block boundaries), and the
+engine (the example engine holding the Llama-3 FP8 spec's engine layout) ends up with exactly
+the bytes a BF16-wire refit gives."""
+import hashlib
+import json
+import signal
+import struct
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, SRC_DIR, needs_torch, wait_for
+
+SPEC = SRC_DIR / "deploy/models/llama3_fp8.yaml"
+MAKE = SRC_DIR / "tests/integration/specs/make_checkpoints.py"
+ENGINE = BIN / "tools/examples/example_engine"
+REFITD = BIN / "src/server/refitd"
+
+
+def _load(path: Path):
+    """A safetensors file as {name: torch tensor} (BF16/F32 only), read without the safetensors package."""
+    import torch
+
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = e["data_offsets"]
+        data = bytearray(raw[8 + n + lo:8 + n + hi])
+        out[name] = torch.frombuffer(data, dtype=dtypes[e["dtype"]]).reshape(e["shape"]).clone()
+    return out
+
+
+@needs_torch
+def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
+    from refit.trainer import TrainerClient
+
+    ckpts = []
+    for seed in range(2):
+        d = tmp_path / f"ckpt{seed}"
+        subprocess.run([sys.executable, str(MAKE), "llama3", str(d), "--seed", str(seed)], check=True)
+        ckpts.append(d)
+    sock = tmp_path / "refitd.sock"
+    address = f"unix:{sock}"
+    (tmp_path / "refitd.yaml").write_text(f"listen: {address}\nlog_level: debug\n")
+    shm = f"/refit-pywire-{uuid.uuid4().hex[:12]}"
+    procs = []
+    try:
+        procs.append(subprocess.Popen([str(REFITD), "--config", str(tmp_path / "refitd.yaml"), "--model-spec",
+                                       str(SPEC)], stdout=open(tmp_path / "refitd.log", "w"),
+                                      stderr=subprocess.STDOUT))
+        wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
+        log = tmp_path / "engine.log"
+        procs.append(subprocess.Popen([str(ENGINE), "--address", address, "--shm", shm, "--spec", str(SPEC),
+                                       "--checkpoint", str(ckpts[0])], stdout=open(log, "w"),
+                                      stderr=subprocess.STDOUT))
+        wait_for(lambda: "registered" in log.read_text() or procs[1].poll() is not None, what="engine registration")
+        assert procs[1].poll() is None, log.read_text()
+
+        def digest():
+            return hashlib.sha256(Path("/dev/shm" + shm).read_bytes()).hexdigest()
+
+        weights = [_load(c / "model.safetensors") for c in ckpts]
+        with TrainerClient(address) as client:
+            model = client.status().model
+            bf16 = client.refit(model, weights[1])
+            want = digest()
+            client.refit(model, weights[0], wire_format="checkpoint")
+            assert digest() != want
+            ckpt = client.refit(model, weights[1], wire_format="checkpoint")
+            assert ckpt.outcome == "committed"
+            assert digest() == want
+            assert ckpt.bytes_in < bf16.bytes_in, (ckpt.bytes_in, bf16.bytes_in)
+            # Shards split on FP8 block boundaries (rows at multiples of 128) convert on their own.
+            client.refit(model, weights[0], wire_format="checkpoint")
+            with client.session(model, weights[1], wire_format="checkpoint") as s:
+                for name, t in weights[1].items():
+                    split = t.shape[0] // 2 // 128 * 128 if t.dim() == 2 else 0
+                    if 0 < split < t.shape[0]:
+                        s.push(name, t[:split].contiguous(), dim=0, start=0, full_shape=list(t.shape))
+                        s.push(name, t[split:].contiguous(), dim=0, start=split, full_shape=list(t.shape))
+                    else:
+                        s.push(name, t)
+                sliced = s.commit()
+            assert sliced.outcome == "committed" and digest() == want
+            with pytest.raises(ValueError):
+                client.session(model, weights[1], wire_format="fp8")
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)
+        Path("/dev/shm" + shm).unlink(missing_ok=True)
