@@ -174,11 +174,26 @@ interface EngineControl {
   # `tag`: the trainer's tag of `version` ("" when it had none).
   # The parameters now hold `version`; serving may continue. A resume with no pause before it
   # only records the version (refitd sends one after a pause that timed out).
+  audit @2 () -> (stale :List(Text));
+  # Before every commit, ahead of the pause: the engine re-checks its registration (each parameter
+  # still at the address, in the allocation, it registered) and names the stale parameters; refitd
+  # then refuses the refit naming them. Engines without the method count as having none.
 }
 
 interface Registration {
   # Dropping this capability (or the connection) unregisters the engine.
   version @0 () -> (version :UInt64, tag :Text);
+
+  sleep @1 () -> (status :Status);
+  # The engine releases its weights: refitd drops its mappings of them (the parameter list stays
+  # registered) and reports the engine asleep. Refused (unavailable) while a commit is in flight.
+  # A refit while the engine sleeps is validated and staged (outcome staged), or refused when the
+  # daemon's engine.asleep_refits is refuse.
+
+  wake @2 (params :List(EngineParam)) -> (status :Status, committed :Bool, report :RefitReport);
+  # The engine mapped its weights again: the same parameters (names, dtypes, shapes, in order) at
+  # the same or new addresses. refitd maps them and, when a refit was staged while the engine
+  # slept, commits it (pause, copy, resume) before answering: `committed` and its `report`.
 }
 
 struct DaemonStatus {
@@ -204,6 +219,8 @@ struct DaemonStatus {
   tag @19 :Text;                     # the trainer's tag of `version` ("" when none)
   verifyAfterCommit @20 :Bool;       # config verify_after_commit: engine bytes checked after each copy
   verifyMismatches @21 :UInt64;      # commits whose engine bytes did not match the staged ones
+  engineAsleep @22 :Bool;            # the engine released its weights (Registration.sleep)
+  awaitingWake @23 :UInt64;          # the session whose validated refit commits at the wake; 0 when none
 }
 
 interface Daemon {

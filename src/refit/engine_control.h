@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace refit {
@@ -28,6 +30,12 @@ class EngineControl {
   // False while a call that timed out is still unanswered: the engine's state is unknown until it
   // answers (or re-registers), and no commit may start.
   virtual bool Responsive() const = 0;
+  // Before every commit, ahead of the pause: the engine re-checks its own registration (each
+  // parameter still at the address it registered, in the allocation it registered) and names the
+  // parameters that are stale. An engine that has no such check answers none. Codes as for Pause.
+  virtual absl::StatusOr<std::vector<std::string>> Audit(absl::Duration timeout) {
+    return std::vector<std::string>{};
+  }
 };
 
 }  // namespace refit

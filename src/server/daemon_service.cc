@@ -84,6 +84,24 @@ class RpcEngineControl final : public EngineControl {
 
   bool Responsive() const override { return late_->load() == 0; }
 
+  absl::StatusOr<std::vector<std::string>> Audit(absl::Duration timeout) override {
+    auto stale = std::make_shared<std::vector<std::string>>();
+    auto unimplemented = std::make_shared<bool>(false);
+    absl::Status st = Call("audit", timeout, [this, stale, unimplemented] {
+      return client_.auditRequest().send().then(
+          [stale](capnp::Response<proto::EngineControl::AuditResults>&& r) {
+            for (auto name : r.getStale()) stale->push_back(wire::Str(name));
+          },
+          [unimplemented](kj::Exception&& e) {
+            // An engine older than the audit answers none stale.
+            if (e.getType() != kj::Exception::Type::UNIMPLEMENTED) kj::throwFatalException(kj::mv(e));
+            *unimplemented = true;
+          });
+    });
+    if (!st.ok()) return st;
+    return *stale;
+  }
+
  private:
   struct Handler : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&&) override {}
@@ -136,6 +154,11 @@ class RpcEngineControl final : public EngineControl {
   std::unique_ptr<kj::TaskSet> late_calls_;  // loop thread only
 };
 
+absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<proto::EngineParam>::Reader list);
+
+template <typename Context>
+kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context);
+
 class RegistrationImpl final : public proto::Registration::Server {
  public:
   RegistrationImpl(DaemonState& state, uint64_t engine_id) : state_(state), engine_id_(engine_id) {}
@@ -153,7 +176,36 @@ class RegistrationImpl final : public proto::Registration::Server {
     return kj::READY_NOW;
   }
 
+  kj::Promise<void> sleep(SleepContext context) override {
+    absl::Status slept = state_.node.Sleep(engine_id_);
+    if (slept.ok()) LogEvent(LogLevel::kInfo, "engine_asleep").Add("engine", engine_id_);
+    return Answer(context, slept);
+  }
+
+  kj::Promise<void> wake(WakeContext context) override { return Wake(&state_, engine_id_, kj::mv(context)); }
+
  private:
+  static kj::Promise<void> Wake(DaemonState* state, uint64_t engine_id, WakeContext context) {
+    if (state->node.committing()) {
+      // A commit in flight (a refit validated against the sleeping engine, a kept version): the
+      // wake waits for it, then maps and commits what it staged.
+      return state->timer.afterDelay(10 * kj::MILLISECONDS).then([state, engine_id, context]() mutable {
+        return Wake(state, engine_id, kj::mv(context));
+      });
+    }
+    absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(context.getParams().getParams());
+    if (!storage.ok()) return Answer(context, storage.status());
+    absl::StatusOr<std::shared_ptr<Commit>> woken = state->node.Wake(engine_id, std::move(*storage));
+    if (!woken.ok()) return Answer(context, woken.status());
+    LogEvent(LogLevel::kInfo, "engine_awake")
+        .Add("engine", engine_id)
+        .Add("staged_session", *woken ? (*woken)->session_id() : 0);
+    if (*woken == nullptr) return Answer(context, absl::OkStatus());
+    return RunCommitTask(*state, *woken, context).then([state, context]() mutable {
+      context.getResults().setCommitted(state->node.last_report().outcome == Outcome::kCommitted);
+    });
+  }
+
   DaemonState& state_;
   uint64_t engine_id_;
 };
@@ -459,7 +511,9 @@ class DaemonImpl final : public proto::Daemon::Server {
       s.setEngineBytes(e->bytes);
       s.setEngineDirty(e->dirty);
       s.setEngineResponsive(e->control->Responsive());
+      s.setEngineAsleep(e->asleep);
     }
+    s.setAwaitingWake(node.awaiting_wake_session());
     s.setVersion(node.version());
     s.setTag(wire::Text(node.tag()));
     s.setVerifyAfterCommit(state_.config.verify_after_commit);
@@ -565,6 +619,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
             o.verify_after_commit = config.verify_after_commit;
             o.hold = config.hold;
+            o.refuse_while_asleep = config.asleep_refits == "refuse";
             o.failpoints = failpoints.get();
             return o;
           }(),
