@@ -127,7 +127,7 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
     }
     out.params.push_back({p.name, p.dtype, p.shape, it->second.handle, offset, device});
     out.records.push_back({p.name, reinterpret_cast<uint64_t>(p.ptr), static_cast<uint64_t>(base),
-                           static_cast<uint64_t>(size)});
+                           static_cast<uint64_t>(size), device});
   }
   if (restore) cudaSetDevice(previous);
   out.allocations = bases.size();
@@ -137,8 +137,22 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
 std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records) {
   std::vector<std::string> stale;
   const Driver& d = GetDriver();
-  if (d.address_range == nullptr) return stale;
+  if (d.address_range == nullptr || records.empty()) return stale;
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  int current = -1;
   for (const InPlaceRecord& r : records) {
+    if (r.device != current) {
+      // The driver queries need the device's (primary) context current on this thread, which the
+      // agent's thread otherwise lacks.
+      if (cudaSetDevice(r.device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        stale.push_back(r.name);
+        continue;
+      }
+      cudaFree(nullptr);  // makes the primary context current on older runtimes too
+      current = r.device;
+    }
     CUdeviceptr base = 0;
     size_t size = 0;
     if (d.address_range(&base, &size, static_cast<CUdeviceptr>(r.ptr)) != CUDA_SUCCESS ||
@@ -146,6 +160,7 @@ std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records)
       stale.push_back(r.name);
     }
   }
+  if (restore) cudaSetDevice(previous);
   (void)cudaGetLastError();
   return stale;
 }

@@ -28,6 +28,7 @@ struct InPlaceRecord {
   uint64_t ptr = 0;
   uint64_t base = 0;  // cuMemGetAddressRange of ptr at export
   uint64_t size = 0;
+  int device = 0;
 };
 
 struct InPlaceExport {

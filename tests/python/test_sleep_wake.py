@@ -3,12 +3,13 @@
 wake (at new addresses, then at the same ones), refits refused while asleep when refitd's
 engine.asleep_refits says so, and the registration audit refusing a stale registration (a replaced
 shm object, a parameter the engine reports moved) naming the parameters."""
-import os
+import json
+import subprocess
 import uuid
 
 import pytest
 
-from conftest import Daemon, needs_torch
+from conftest import BIN, Daemon, needs_torch
 
 import refit
 
@@ -24,6 +25,17 @@ def _weights(torch, seed):
 
 def _zeros(torch):
     return {"w.a": torch.zeros(64, 32), "w.b": torch.zeros(96)}
+
+
+def _refitctl_status(d):
+    """`refitctl status --json` (None when refitctl is not built)."""
+    exe = BIN / "tools" / "refitctl"
+    if not exe.is_file():
+        return None
+    p = subprocess.run([str(exe), "status", "--json", "--address", d.address], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
 
 
 def _equal(shared, weights):
@@ -51,6 +63,9 @@ def test_refit_while_asleep_is_staged_and_committed_at_the_wake(tmp_path):
             assert report.outcome == "staged", report
             assert "commits when the engine wakes" in report.reason
             assert client.status().awaiting_wake == report.session_id
+            shown = _refitctl_status(d)
+            if shown is not None:
+                assert shown["engine_asleep"] and shown["awaiting_wake"] == report.session_id
             assert calls == [] and _equal(first, _zeros(torch))
             with pytest.raises(refit.RefitUnavailable, match="waiting for the engine to wake"):
                 client.refit("toy", w1)

@@ -199,7 +199,7 @@ def test_a_stale_registration_is_refused_naming_the_parameter(daemon):
 def _cuda():
     import torch
 
-    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the primary context current on this thread
     lib = ctypes.CDLL("libcuda.so.1")
     for fn in ("cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemAllocManaged",
                "cuMemGetAllocationGranularity"):
