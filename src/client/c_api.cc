@@ -723,7 +723,7 @@ int refit_engine_start(const refit_engine_options* options, const refit_engine_p
     const int kinds = !shm.empty() + !cuda.empty() + !parsed.ptr.empty();
     if (kinds > 1) {
       return absl::InvalidArgumentError(
-          "an engine registers all parameters in shared memory, all by CUDA IPC handle or all in place");
+          "an engine registers all parameters in shared memory or all in CUDA memory (all by IPC handle or all in place)");
     }
     auto agent = !cuda.empty()         ? refit::client::EngineAgent::Start(o.address, std::move(cuda), std::move(callbacks),
                                                                    o.version, false, std::move(tag))
@@ -781,7 +781,7 @@ int refit_engine_wake(refit_engine* engine, const refit_engine_param* params, ui
       const int kinds = !parsed.shm.empty() + !parsed.cuda.empty() + !parsed.ptr.empty();
       if (kinds > 1) {
         return absl::InvalidArgumentError(
-            "an engine registers all parameters in shared memory, all by CUDA IPC handle or all in place");
+            "an engine registers all parameters in shared memory or all in CUDA memory (all by IPC handle or all in place)");
       }
       woke = !parsed.cuda.empty()  ? engine->impl->Wake(std::move(parsed.cuda))
              : !parsed.ptr.empty() ? engine->impl->Wake(std::move(parsed.ptr))

@@ -154,10 +154,11 @@ def test_sleep_refit_staged_wake_at_new_then_same_addresses(daemon):
         assert client.status().engine_asleep
         shapes = {n: (p.shape, p.dtype) for n, p in m.named_parameters()}
         old = {n: p.data_ptr() for n, p in m.named_parameters()}
-        keep = [torch.empty(1 << 20, device="cuda")]  # so the new allocations land elsewhere
         for p in m.parameters():
             p.data = torch.empty(0, device="cuda", dtype=p.dtype)
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # the weights' segment goes back to the driver
+        # A block of the segment's size takes its address back, so the weights land elsewhere.
+        keep = [torch.empty(2 << 20, dtype=torch.uint8, device="cuda")]
         w = weights(3)
         report = client.refit("toy", w, tag="asleep-1")
         assert report.outcome == "staged", report
