@@ -747,6 +747,12 @@ const RefitReport& Node::FinishCommit(Commit& c) {
   Outcome outcome = c.outcome_;
   EndCause cause = c.cause_;
   std::string reason = c.reason_;
+  if (c.asleep_ && !c.stage_only_ && outcome == Outcome::kStaged) {
+    // Validated for the wake, but the session was ended meanwhile (operator, shutdown, engine gone).
+    outcome = Outcome::kAborted;
+    cause = EndCause::kEngineError;
+    reason = "the engine unregistered while its refit was staged for the wake";
+  }
   if (outcome == Outcome::kAborted && active_->ended_by) {
     // The node ended the session while its commit was still receiving (engine gone, operator,
     // shutdown): that is why it ended.
