@@ -167,17 +167,16 @@ struct EngineParam {
 }
 
 interface EngineControl {
-  pause @0 () -> ();
+  pause @0 () -> (stale :List(Text));
   # Returns once the engine runs nothing that reads its parameters. refitd waits for it at most
-  # `engine.pause_timeout_ms`.
+  # `engine.pause_timeout_ms`. `stale`: the engine's registration audit, done once paused: the
+  # parameters no longer where it registered them (each still at the address, in the allocation,
+  # it registered). refitd then writes nothing, resumes the engine at the version it has and
+  # refuses the refit naming them. Engines older than the field answer none.
   resume @1 (version :UInt64, tag :Text) -> ();
   # `tag`: the trainer's tag of `version` ("" when it had none).
   # The parameters now hold `version`; serving may continue. A resume with no pause before it
   # only records the version (refitd sends one after a pause that timed out).
-  audit @2 () -> (stale :List(Text));
-  # Before every commit, ahead of the pause: the engine re-checks its registration (each parameter
-  # still at the address, in the allocation, it registered) and names the stale parameters; refitd
-  # then refuses the refit naming them. Engines without the method count as having none.
 }
 
 interface Registration {

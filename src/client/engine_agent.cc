@@ -71,22 +71,21 @@ class ControlImpl final : public proto::EngineControl::Server {
       : cb_(cb), version_(version), tag_mu_(tag_mu), tag_(tag), paused_(paused), dirty_(dirty), in_place_(in_place) {}
 
  protected:
-  kj::Promise<void> audit(AuditContext context) override {
+
+  kj::Promise<void> pause(PauseContext context) override {
+    if (!paused_.load()) {
+      if (cb_.pause) cb_.pause();
+      paused_ = true;
+    }
+    dirty_ = true;  // from here until resume, the parameters may hold a mix of versions
+    // The registration audit, once nothing reads the parameters: refitd writes nothing when
+    // anything is stale.
     std::vector<std::string> stale = AuditInPlace(in_place_);
     if (cb_.audit) {
       for (std::string& name : cb_.audit()) stale.push_back(std::move(name));
     }
     auto list = context.getResults().initStale(static_cast<unsigned>(stale.size()));
     for (size_t i = 0; i < stale.size(); ++i) list.set(static_cast<unsigned>(i), stale[i]);
-    return kj::READY_NOW;
-  }
-
-  kj::Promise<void> pause(PauseContext) override {
-    if (!paused_.load()) {
-      if (cb_.pause) cb_.pause();
-      paused_ = true;
-    }
-    dirty_ = true;  // from here until resume, the parameters may hold a mix of versions
     return kj::READY_NOW;
   }
   kj::Promise<void> resume(ResumeContext context) override {

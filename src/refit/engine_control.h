@@ -30,12 +30,10 @@ class EngineControl {
   // False while a call that timed out is still unanswered: the engine's state is unknown until it
   // answers (or re-registers), and no commit may start.
   virtual bool Responsive() const = 0;
-  // Before every commit, ahead of the pause: the engine re-checks its own registration (each
-  // parameter still at the address it registered, in the allocation it registered) and names the
-  // parameters that are stale. An engine that has no such check answers none. Codes as for Pause.
-  virtual absl::StatusOr<std::vector<std::string>> Audit(absl::Duration timeout) {
-    return std::vector<std::string>{};
-  }
+  // After a Pause that returned OK: the engine's registration audit, answered with the pause
+  // (no further call): the parameters no longer where it registered them (each still at the
+  // address, in the allocation, it registered). An engine that has no such check answers none.
+  virtual std::vector<std::string> PausedStale() { return {}; }
 };
 
 }  // namespace refit

@@ -581,8 +581,8 @@ void Node::RunCommit(Commit& c) {
                absl::StrCat("refit refused: ", prepared.status().message()));
   }
 
-  // The registration audit, before the pause: refitd's own mappings (generation, the shm object
-  // or CUDA allocation behind each), then the engine's (each parameter where it registered it).
+  // The registration audit, part 1, before the pause: refitd's own mappings (generation, the shm
+  // object or CUDA allocation behind each). Part 2 is the engine's, answered with its pause.
   if (absl::Status audited = AuditRegistration(c); !audited.ok()) {
     return end(Outcome::kRefused, EndCause::kEngineError,
                absl::StrCat("refit refused: ", audited.message(), "; the engine is untouched"));
@@ -629,6 +629,23 @@ void Node::RunCommit(Commit& c) {
     }
     return end(Outcome::kFailed, EndCause::kEngineError,
                absl::StrCat("engine did not pause: ", paused.message(), "; its weights are untouched"));
+  }
+  // The registration audit, part 2: what the engine found stale once paused. Nothing is written;
+  // the engine is resumed at the version it holds.
+  if (std::vector<std::string> stale = engine.control->PausedStale(); !stale.empty()) {
+    std::vector<std::string> names;
+    for (const std::string& n : stale) names.push_back(PrintableName(n));
+    absl::Status refusal = storage::StaleError(names, "the engine reports they are no longer where it registered them");
+    absl::Status resumed = engine.control->Resume(c.from_version_, c.from_tag_, c.resume_timeout_);
+    c.times_.pause_ms = Ms(absl::Now() - pause_start);
+    if (!resumed.ok()) {
+      return end(Outcome::kFailed, EndCause::kEngineError,
+                 absl::StrCat("refit refused: ", refusal.message(), "; nothing was written, but the engine did not "
+                              "resume: ", resumed.message()));
+    }
+    return end(Outcome::kRefused, EndCause::kEngineError,
+               absl::StrCat("refit refused: ", refusal.message(), "; nothing was written (the engine was resumed at "
+                            "version ", c.from_version_, ")"));
   }
   phase("copying");
   t0 = absl::Now();
@@ -702,15 +719,7 @@ absl::Status Node::AuditRegistration(const Commit& c) {
                                                       c.generation_, " -> ", engine.generation,
                                                       engine.asleep ? ", asleep" : "", ") since the commit started"));
   }
-  if (absl::Status own = engine.storage->Audit(); !own.ok()) return own;
-  absl::StatusOr<std::vector<std::string>> stale = engine.control->Audit(c.pause_timeout_);
-  if (!stale.ok()) {
-    return absl::Status(stale.status().code(),
-                        absl::StrCat("the engine's registration audit failed: ", stale.status().message()));
-  }
-  std::vector<std::string> names;
-  for (const std::string& n : *stale) names.push_back(PrintableName(n));
-  return storage::StaleError(names, "the engine reports they are no longer where it registered them");
+  return engine.storage->Audit();
 }
 
 const RefitReport& Node::FinishCommit(Commit& c) {

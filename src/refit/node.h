@@ -307,8 +307,9 @@ class Node {
   const RefitReport& FinishVersionCommit(Commit& commit);
   // A commit of the active session (StartCommit, Wake).
   std::shared_ptr<Commit> NewSessionCommit();
-  // Before the pause: the registration the commit writes into is the one it started with and is
-  // not stale (EngineStorage::Audit, EngineControl::Audit). Runs on the commit's worker thread.
+  // Before the pause: the registration the commit writes into is the one it started with and
+  // refitd's own mappings are not stale (EngineStorage::Audit); the engine's own audit comes with
+  // its pause (EngineControl::PausedStale). Runs on the commit's worker thread.
   static absl::Status AuditRegistration(const Commit& c);
 
   const NodeOptions options_;

@@ -70,8 +70,18 @@ class RpcEngineControl final : public EngineControl {
   ~RpcEngineControl() noexcept override {}
 
   absl::Status Pause(absl::Duration timeout) override {
-    return Call("pause", timeout, [this] { return client_.pauseRequest().send().ignoreResult(); });
+    auto stale = std::make_shared<std::vector<std::string>>();
+    absl::Status st = Call("pause", timeout, [this, stale] {
+      return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
+        for (auto name : r.getStale()) stale->push_back(wire::Str(name));
+      });
+    });
+    // Only an answered pause's audit counts (a late answer fills a vector nobody reads).
+    paused_stale_ = st.ok() ? std::move(*stale) : std::vector<std::string>{};
+    return st;
   }
+
+  std::vector<std::string> PausedStale() override { return paused_stale_; }
 
   absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
     return Call("resume", timeout, [this, version, tag] {
@@ -84,23 +94,6 @@ class RpcEngineControl final : public EngineControl {
 
   bool Responsive() const override { return late_->load() == 0; }
 
-  absl::StatusOr<std::vector<std::string>> Audit(absl::Duration timeout) override {
-    auto stale = std::make_shared<std::vector<std::string>>();
-    auto unimplemented = std::make_shared<bool>(false);
-    absl::Status st = Call("audit", timeout, [this, stale, unimplemented] {
-      return client_.auditRequest().send().then(
-          [stale](capnp::Response<proto::EngineControl::AuditResults>&& r) {
-            for (auto name : r.getStale()) stale->push_back(wire::Str(name));
-          },
-          [unimplemented](kj::Exception&& e) {
-            // An engine older than the audit answers none stale.
-            if (e.getType() != kj::Exception::Type::UNIMPLEMENTED) kj::throwFatalException(kj::mv(e));
-            *unimplemented = true;
-          });
-    });
-    if (!st.ok()) return st;
-    return *stale;
-  }
 
  private:
   struct Handler : kj::TaskSet::ErrorHandler {
@@ -147,6 +140,7 @@ class RpcEngineControl final : public EngineControl {
   }
 
   proto::EngineControl::Client client_;
+  std::vector<std::string> paused_stale_;  // the commit's worker thread only
   kj::Timer& timer_;
   const kj::Executor& loop_;
   std::shared_ptr<std::atomic<int>> late_;

@@ -60,7 +60,7 @@ class ScriptedControl final : public EngineControl {
     return resume_status;
   }
   bool Responsive() const override { return late == 0; }
-  absl::StatusOr<std::vector<std::string>> Audit(absl::Duration) override {
+  std::vector<std::string> PausedStale() override {
     ++audits;
     return audit_stale;
   }
@@ -929,8 +929,10 @@ TEST_F(NodeTest, TheEnginesAuditNamesStaleParametersAndTheRefitIsRefused) {
   const RefitReport& r = CommitNow(Send(Payload(7), kParams));
   EXPECT_EQ(r.outcome, Outcome::kRefused);
   EXPECT_THAT(r.reason, HasSubstr("parameter 'w.1'"));
-  EXPECT_TRUE(control->calls.empty());  // never paused
+  EXPECT_THAT(r.reason, HasSubstr("nothing was written"));
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:0"));  // resumed at the version it holds
   EXPECT_EQ(control->audits, 1);
+  EXPECT_EQ(node_->version(), 0u);
   EXPECT_EQ(EngineBytes(), std::vector<uint8_t>(kBytes * kParams, 0xAB));
   control->audit_stale.clear();
   EXPECT_EQ(CommitNow(Send(Payload(8), kParams)).outcome, Outcome::kCommitted);
