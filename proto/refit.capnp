@@ -201,9 +201,12 @@ struct EngineParam {
 }
 
 interface EngineControl {
-  pause @0 () -> ();
+  pause @0 () -> (stale :List(Text));
   # Returns once the engine runs nothing that reads its parameters. refitd waits for it at most
-  # `engine.pause_timeout_ms`.
+  # `engine.pause_timeout_ms`. `stale`: the engine's registration audit, done once paused: the
+  # parameters no longer where it registered them (each still at the address, in the allocation,
+  # it registered). refitd then writes nothing, resumes the engine at the version it has and
+  # refuses the refit naming them. Engines older than the field answer none.
   resume @1 (version :UInt64, tag :Text) -> ();
   # `tag`: the trainer's tag of `version` ("" when it had none).
   # The parameters now hold `version`; serving may continue. A resume with no pause before it
@@ -213,6 +216,17 @@ interface EngineControl {
 interface Registration {
   # Dropping this capability (or the connection) unregisters the engine.
   version @0 () -> (version :UInt64, tag :Text);
+
+  sleep @1 () -> (status :Status);
+  # The engine releases its weights: refitd drops its mappings of them (the parameter list stays
+  # registered) and reports the engine asleep. Refused (unavailable) while a commit is in flight.
+  # A refit while the engine sleeps is validated and staged (outcome staged), or refused when the
+  # daemon's engine.asleep_refits is refuse.
+
+  wake @2 (params :List(EngineParam)) -> (status :Status, committed :Bool, report :RefitReport);
+  # The engine mapped its weights again: the same parameters (names, dtypes, shapes, in order) at
+  # the same or new addresses. refitd maps them and, when a refit was staged while the engine
+  # slept, commits it (pause, copy, resume) before answering: `committed` and its `report`.
 }
 
 struct DaemonStatus {
@@ -239,6 +253,8 @@ struct DaemonStatus {
   verifyAfterCommit @20 :Bool;       # config verify_after_commit: engine bytes checked after each copy
   verifyMismatches @21 :UInt64;      # commits whose engine bytes did not match the staged ones
   ranks @22 :List(EngineRankStatus); # engine ranks: every declared rank (empty for a single engine)
+  engineAsleep @23 :Bool;            # the engine released its weights (Registration.sleep)
+  awaitingWake @24 :UInt64;          # the session whose validated refit commits at the wake; 0 when none
 }
 
 # One declared rank of an engine of several ranks (DaemonStatus.ranks).

@@ -9,8 +9,8 @@
 See docs/python.md. The package binds librefit_client.so's C ABI with ctypes (refit._native
 says how the library is found).
 """
-from .cuda import CudaParam, CudaParams
-from .engine import EngineAgent, GatedEngine, ModuleEngine
+from .cuda import CudaParam, CudaParams, CudaPtrParam, InPlaceParams
+from .engine import EngineAgent, GatedEngine, InPlaceEngine, ModuleEngine
 from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefused, RefitUnavailable,
                      RefitUnimplemented, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
@@ -20,7 +20,8 @@ from . import distributed, megatron
 __version__ = "0.1.0"
 
 __all__ = [
-    "EngineAgent", "GatedEngine", "ModuleEngine", "CudaParam", "CudaParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
+    "EngineAgent", "GatedEngine", "InPlaceEngine", "ModuleEngine", "CudaParam", "CudaParams", "CudaPtrParam",
+    "InPlaceParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
     "RefitReport", "DaemonStatus", "StagedVersion", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
     "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty", "distributed", "megatron",
 ]

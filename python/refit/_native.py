@@ -20,14 +20,16 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 6  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
-                 # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint)
+ABI_VERSION = 7  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+                 # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
+                 # sleep and wake, the registration audit)
 
 OK = 0
 MEMORY_HOST = 0
 MEMORY_CUDA = 1
 STORAGE_SHM = 0
 STORAGE_CUDA_IPC = 1
+STORAGE_CUDA_PTR = 2
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
@@ -72,7 +74,8 @@ class DaemonStatus(ctypes.Structure):
                 ("staging_limit_bytes", ctypes.c_uint64), ("committed", ctypes.c_uint64),
                 ("refused", ctypes.c_uint64), ("aborted", ctypes.c_uint64), ("data_endpoint", ctypes.c_char_p),
                 ("tag", ctypes.c_char_p), ("engine_dirty", ctypes.c_uint32), ("verify_after_commit", ctypes.c_uint32),
-                ("verify_mismatches", ctypes.c_uint64)]
+                ("verify_mismatches", ctypes.c_uint64), ("engine_asleep", ctypes.c_uint32),
+                ("awaiting_wake", ctypes.c_uint64)]
 
 
 class ParamChecksum(ctypes.Structure):
@@ -90,12 +93,15 @@ class EngineParam(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
                 ("shape", c_int64_p), ("rank", ctypes.c_uint32), ("storage", ctypes.c_uint32),
                 ("shm_name", ctypes.c_char_p), ("offset", ctypes.c_uint64),
-                ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32)]
+                ("cuda_ipc_handle", ctypes.c_uint8 * 64), ("cuda_device", ctypes.c_int32),
+                ("cuda_ptr", ctypes.c_void_p)]
 
 
 PAUSE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 RESUME_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64)
 RESUME_TAG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
+# (user, out, capacity) -> number of stale parameters; names written '\n'-separated into out.
+AUDIT_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64)
 
 
 class EngineOptions(ctypes.Structure):
@@ -103,7 +109,8 @@ class EngineOptions(ctypes.Structure):
                 ("resume", RESUME_FN), ("user", ctypes.c_void_p), ("version", ctypes.c_uint64),
                 ("tag", ctypes.c_char_p), ("resume_tagged", RESUME_TAG_FN),
                 ("tp_rank", ctypes.c_int32), ("tp_size", ctypes.c_int32), ("ep_rank", ctypes.c_int32),
-                ("ep_size", ctypes.c_int32), ("device", ctypes.c_int32), ("model", ctypes.c_char_p)]
+                ("ep_size", ctypes.c_int32), ("device", ctypes.c_int32), ("model", ctypes.c_char_p),
+                ("audit", AUDIT_FN)]
 
 
 def new(struct_type, **fields):
@@ -151,6 +158,11 @@ _SIGNATURES = {
     "refit_engine_dirty": (ctypes.c_int32, [_P]),
     "refit_engine_connected": (ctypes.c_int32, [_P]),
     "refit_engine_stop": (None, [_P]),
+    "refit_engine_sleep": (ctypes.c_int, [_P]),
+    "refit_engine_wake": (ctypes.c_int, [_P, ctypes.POINTER(EngineParam), ctypes.c_uint64,
+                                         ctypes.POINTER(ctypes.c_int32)]),
+    "refit_engine_asleep": (ctypes.c_int32, [_P]),
+    "refit_engine_allocations": (ctypes.c_uint64, [_P]),
 }
 
 _lock = threading.Lock()

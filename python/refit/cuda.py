@@ -17,6 +17,17 @@ module refuses, naming the setting.
 Lifetime: the views keep the allocation alive; keep them (or the CudaParams) until the engine
 agent has stopped.
 
+In place (nothing copied): CudaParams.from_module(module) / CudaParams.in_place(named_tensors)
+register the engine's existing CUDA tensors where they are, by device pointer (CudaPtrParam). The
+client library groups them by the CUDA allocation holding them (PyTorch's caching allocator puts
+many parameters in one segment), exports one CUDA IPC handle per allocation base and sends each
+parameter as that handle plus its offset. Host tensors, managed memory and CUDA virtual-memory
+allocations (expandable segments, vLLM sleep mode, SGLang's memory saver) are refused naming the
+parameter. Before every commit refitd asks the engine to audit its registration: InPlaceParams.stale()
+names the parameters whose tensor no longer points where it was registered (e.g. after
+`param.data = other`), and the library re-checks each pointer's allocation; refitd then refuses
+the refit naming them.
+
 Threading: building is single-threaded; the views are ordinary CUDA tensors afterwards.
 """
 from __future__ import annotations
@@ -37,6 +48,17 @@ class CudaParam:
     device: int
     ipc_handle: bytes  # cudaIpcMemHandle_t of the allocation holding it
     offset: int  # bytes from the allocation's base
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class CudaPtrParam:
+    """A parameter registered in place by its device pointer (InPlaceParams)."""
+    name: str
+    dtype: str  # safetensors name
+    shape: tuple
+    device: int
+    ptr: int  # the tensor's data_ptr()
     nbytes: int
 
 
@@ -123,3 +145,57 @@ class CudaParams:
         import torch
 
         torch.cuda.synchronize(self.device)
+
+
+    @staticmethod
+    def in_place(named_tensors, dtypes=None) -> "InPlaceParams":
+        """Registers existing CUDA tensors where they are (no copy): see InPlaceParams."""
+        return InPlaceParams(named_tensors, dtypes)
+
+    @staticmethod
+    def from_module(module, named_params=None, dtypes=None) -> "InPlaceParams":
+        """A torch module's CUDA parameters (and `named_params` instead, when given), in place."""
+        return InPlaceParams.from_module(module, named_params, dtypes)
+
+
+class InPlaceParams:
+    """Existing CUDA tensors registered in place: .params (CudaPtrParam entries) for EngineAgent,
+    .tensors (name -> the tensor, kept to audit). The tensors must be contiguous and stay
+    allocated while registered; parameters that share a caching-allocator segment share one IPC
+    handle (refitd maps each allocation once)."""
+
+    def __init__(self, named_tensors, dtypes=None):
+        items = list(named_tensors.items() if hasattr(named_tensors, "items") else named_tensors)
+        self.tensors: dict = {}
+        self._dtypes = dtypes
+        for name, t in items:
+            if not getattr(t, "is_cuda", False):
+                raise ValueError(f"parameter '{name}' is not a CUDA tensor ({getattr(t, 'device', type(t))}); "
+                                 "register host parameters through shared memory (refit.shm)")
+            if not t.is_contiguous():
+                raise ValueError(f"parameter '{name}' is not contiguous; refitd writes dense bytes")
+            self.tensors[name] = t
+        self.params: list[CudaPtrParam] = []
+        self.refresh()
+
+    @classmethod
+    def from_module(cls, module, named_params=None, dtypes=None) -> "InPlaceParams":
+        named = list(named_params if named_params is not None else module.named_parameters())
+        return cls(named, dtypes)
+
+    def refresh(self) -> list:
+        """Re-reads every tensor's address (after a wake that reallocated them): .params anew."""
+        self.params = [CudaPtrParam(name, registered_dtype(name, t, self._dtypes), tuple(int(d) for d in t.shape),
+                                    t.device.index, int(t.data_ptr()), t.numel() * t.element_size())
+                       for name, t in self.tensors.items()]
+        return self.params
+
+    def stale(self) -> list:
+        """The names of the parameters whose tensor no longer points where it was registered."""
+        return [p.name for p in self.params if int(self.tensors[p.name].data_ptr()) != p.ptr]
+
+    def synchronize(self) -> None:
+        import torch
+
+        for d in sorted({p.device for p in self.params}):
+            torch.cuda.synchronize(d)

@@ -30,21 +30,57 @@ import time
 from typing import Callable, Iterable, Optional
 
 from . import _native
-from .cuda import IPC_HANDLE_BYTES, CudaParam
+from .cuda import IPC_HANDLE_BYTES, CudaParam, CudaPtrParam, InPlaceParams
 from .errors import WeightsDirty
 from .shm import SharedParams, ShmParam, move_to_shm
 
 log = logging.getLogger("refit.engine")
 
 
+def _param_array(params):
+    """The refit_engine_param array of `params`, and the ctypes objects it points into."""
+    keep = []
+    array = (_native.EngineParam * max(len(params), 1))()
+    for i, p in enumerate(params):
+        shape = _native.shape_array(p.shape)
+        name, dtype = p.name.encode(), p.dtype.encode()
+        keep += [shape, name, dtype]
+        fields = dict(name=name, dtype=dtype, shape=ctypes.cast(shape, _native.c_int64_p), rank=len(p.shape))
+        if isinstance(p, CudaPtrParam):
+            fields.update(storage=_native.STORAGE_CUDA_PTR, cuda_device=p.device, cuda_ptr=p.ptr)
+        elif isinstance(p, CudaParam):
+            fields.update(storage=_native.STORAGE_CUDA_IPC, cuda_device=p.device, offset=p.offset,
+                          cuda_ipc_handle=(ctypes.c_uint8 * IPC_HANDLE_BYTES)(*p.ipc_handle))
+        else:
+            shm = p.shm_name.encode()
+            keep.append(shm)
+            fields.update(storage=_native.STORAGE_SHM, shm_name=shm, offset=p.offset)
+        array[i] = _native.new(_native.EngineParam, **fields)
+    return array, keep
+
+
+def _as_params(params):
+    return list(params.params if isinstance(params, InPlaceParams) else params)
+
+
 class EngineAgent:
-    """Registers `params` with refitd at `address`: all ShmParam (refit.shm) or all CudaParam
-    (refit.cuda). Returns once refitd accepted them (RefitError naming the parameter otherwise).
-    The storage must stay mapped (allocated) until stop()."""
+    """Registers `params` with refitd at `address`: all ShmParam (refit.shm), all CudaParam
+    (refit.cuda, by IPC handle) or all CudaPtrParam (in place; an InPlaceParams is accepted and
+    audits itself). Returns once refitd accepted them (RefitError naming the parameter otherwise).
+    The storage must stay mapped (allocated) until stop(), or until sleep().
+
+    `audit()`, when given, returns the names of registered parameters that are no longer where
+    they were registered; refitd calls it before every commit and refuses the refit naming them.
+
+    Sleep and wake: sleep() before releasing the weights (refitd drops its mappings; a refit
+    meanwhile is staged, or refused when refitd's engine.asleep_refits says so); wake(params) once
+    they are mapped again, at the same or new addresses (None: the ones registered last). wake
+    returns whether a refit staged meanwhile was committed (pause and resume are called during it)."""
 
     def __init__(self, address: str, params: Iterable[ShmParam], *,
                  on_pause: Optional[Callable[[], None]] = None,
                  on_resume: Optional[Callable[[int], None]] = None, version: int = 0, tag: str = "",
+                 audit: Optional[Callable[[], Iterable[str]]] = None,
                  tp_rank: int = 0, tp_size: int = 0, ep_rank: int = 0, ep_size: int = 0, device: int = -1,
                  model: str = ""):
         """Engine ranks (one process per GPU of a TP/EP engine): each rank passes its `tp_rank` of
@@ -52,32 +88,21 @@ class EngineAgent:
         `model` it serves) to the node's one refitd; tp_size=0 is a single engine."""
         self._lib = _native.lib()
         self._on_pause, self._on_resume = on_pause, on_resume
-        params = list(params)
+        if audit is None and isinstance(params, InPlaceParams):
+            audit = params.stale
+        self._on_audit = audit
+        params = _as_params(params)
         # ctypes objects that must outlive the C call (and, for the callbacks, the agent).
         self._pause_fn = _native.PAUSE_FN(self._pause)
         self._resume_fn = _native.RESUME_FN(self._resume)
+        self._audit_fn = _native.AUDIT_FN(self._audit) if audit is not None else _native.AUDIT_FN()
         self._tag_arg = str(tag).encode()
         self._model_arg = str(model).encode()
-        keep = []
-        array = (_native.EngineParam * max(len(params), 1))()
-        for i, p in enumerate(params):
-            shape = _native.shape_array(p.shape)
-            name, dtype = p.name.encode(), p.dtype.encode()
-            keep += [shape, name, dtype]
-            fields = dict(name=name, dtype=dtype, shape=ctypes.cast(shape, _native.c_int64_p), rank=len(p.shape),
-                          offset=p.offset)
-            if isinstance(p, CudaParam):
-                fields.update(storage=_native.STORAGE_CUDA_IPC, cuda_device=p.device,
-                              cuda_ipc_handle=(ctypes.c_uint8 * IPC_HANDLE_BYTES)(*p.ipc_handle))
-            else:
-                shm = p.shm_name.encode()
-                keep.append(shm)
-                fields.update(storage=_native.STORAGE_SHM, shm_name=shm)
-            array[i] = _native.new(_native.EngineParam, **fields)
+        array, keep = _param_array(params)
         options = _native.new(_native.EngineOptions, address=address.encode(), pause=self._pause_fn,
                               resume=self._resume_fn, user=None, version=version, tag=self._tag_arg,
-                              tp_rank=tp_rank, tp_size=tp_size, ep_rank=ep_rank, ep_size=ep_size, device=device,
-                              model=self._model_arg)
+                              audit=self._audit_fn, tp_rank=tp_rank, tp_size=tp_size, ep_rank=ep_rank,
+                              ep_size=ep_size, device=device, model=self._model_arg)
         handle = ctypes.c_void_p()
         _native.check(self._lib.refit_engine_start(ctypes.byref(options), array, len(params), ctypes.byref(handle)),
                       f"register {len(params)} parameters with refitd at {address}")
@@ -90,6 +115,47 @@ class EngineAgent:
                 self._on_pause()
             except Exception:
                 log.exception("on_pause raised")
+
+    def _audit(self, _user, out, capacity):
+        try:
+            names = [str(n) for n in self._on_audit()]
+        except Exception:
+            log.exception("audit raised")
+            return 0
+        if names:
+            data = "\n".join(names).encode()[:max(int(capacity) - 1, 0)] + b"\0"
+            ctypes.memmove(out, data, len(data))
+        return len(names)
+
+    def sleep(self) -> None:
+        """The engine is about to release its weights: returns once refitd dropped its mappings
+        (RefitError UNAVAILABLE while a commit is in flight: retry)."""
+        _native.check(self._lib.refit_engine_sleep(self._live()), "put the engine to sleep")
+
+    def wake(self, params=None) -> bool:
+        """The weights are mapped again: `params` (the same names, dtypes and shapes at the same or
+        new addresses; None: the ones registered last; an InPlaceParams is refreshed first). Returns
+        whether refitd committed a refit staged while the engine slept."""
+        if isinstance(params, InPlaceParams):
+            params.refresh()
+        params = None if params is None else _as_params(params)
+        committed = ctypes.c_int32(0)
+        if params is None:
+            rc = self._lib.refit_engine_wake(self._live(), None, 0, ctypes.byref(committed))
+        else:
+            array, _keep = _param_array(params)
+            rc = self._lib.refit_engine_wake(self._live(), array, len(params), ctypes.byref(committed))
+        _native.check(rc, "wake the engine")
+        return bool(committed.value)
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._lib.refit_engine_asleep(self._live()))
+
+    @property
+    def allocations(self) -> int:
+        """Distinct CUDA allocations the in-place parameters lie in (0 for other storage)."""
+        return int(self._lib.refit_engine_allocations(self._live()))
 
     def _resume(self, _user, version):
         if self._on_resume is not None:
@@ -204,16 +270,19 @@ class GatedEngine:
     (e.g. to flush a KV cache computed with the old weights)."""
 
     def __init__(self, address: str, params, *, on_pause: Optional[Callable[[], None]] = None,
-                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0, **rank):
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0,
+                 audit: Optional[Callable[[], Iterable[str]]] = None, **rank):
         """`rank`: an engine rank's place (tp_rank, tp_size, ep_rank, ep_size, device, model), as
         EngineAgent takes it."""
-        params = list(params)
+        if audit is None and isinstance(params, InPlaceParams):
+            audit = params.stale
+        params = params if isinstance(params, InPlaceParams) else list(params)
         self._gate = _ServeGate()
         self._user_pause, self._user_resume = on_pause, on_resume
         self._resumed = threading.Condition()
-        self._cuda_devices = sorted({p.device for p in params if isinstance(p, CudaParam)})
+        self._cuda_devices = sorted({p.device for p in _as_params(params) if isinstance(p, (CudaParam, CudaPtrParam))})
         self.agent = EngineAgent(address, params, on_pause=self._pause, on_resume=self._resume, version=version,
-                                 **rank)
+                                 audit=audit, **rank)
 
     def _pause(self):
         self._gate.pause()
@@ -253,6 +322,18 @@ class GatedEngine:
     @property
     def version(self) -> int:
         return self.agent.version
+
+    def sleep(self) -> None:
+        """See EngineAgent.sleep: call before releasing the weights (serve nothing while asleep)."""
+        self.agent.sleep()
+
+    def wake(self, params=None) -> bool:
+        """See EngineAgent.wake: call once the weights are mapped again."""
+        return self.agent.wake(params)
+
+    @property
+    def asleep(self) -> bool:
+        return self.agent.asleep
 
     @property
     def tag(self) -> str:
@@ -300,3 +381,23 @@ class ModuleEngine(GatedEngine):
         """Unregisters (disconnects) and unlinks the shm name; the module keeps its parameters."""
         super().close()
         self.shared.close()
+
+
+class InPlaceEngine(GatedEngine):
+    """A torch module on the GPU whose parameters refitd updates where they are (no copy, no
+    re-pointing: CUDA graphs captured over them stay valid). Parameters sharing a caching-allocator
+    segment share one CUDA IPC handle. `named_params` overrides module.named_parameters(). Before
+    every commit the registration is audited: a parameter re-pointed since (param.data = other)
+    makes refitd refuse the refit naming it. wake() re-reads the parameters' addresses."""
+
+    def __init__(self, address: str, module, *, named_params=None, dtypes=None,
+                 on_pause: Optional[Callable[[], None]] = None,
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+        from .cuda import CudaParams
+
+        self.module = module
+        self.in_place: InPlaceParams = CudaParams.from_module(module, named_params, dtypes)
+        super().__init__(address, self.in_place, on_pause=on_pause, on_resume=on_resume, version=version)
+
+    def wake(self, params=None) -> bool:
+        return self.agent.wake(self.in_place if params is None else params)

@@ -92,6 +92,8 @@ class DaemonStatus:
     engine_dirty: bool = False
     verify_after_commit: bool = False  # engine.verify_after_commit is on
     verify_mismatches: int = 0         # commits it failed
+    engine_asleep: bool = False        # the engine released its weights (EngineAgent.sleep)
+    awaiting_wake: int = 0             # the session whose validated refit commits at the wake; 0: none
 
 
 def _text(value) -> str:
@@ -231,7 +233,8 @@ class TrainerClient:
         return DaemonStatus(_text(out.model), bool(out.engine_registered), out.engine_params, out.engine_bytes,
                             out.version, out.active_session, out.staging_bytes, out.staging_limit_bytes,
                             out.committed, out.refused, out.aborted, _text(out.data_endpoint), _text(out.tag),
-                            bool(out.engine_dirty), bool(out.verify_after_commit), out.verify_mismatches)
+                            bool(out.engine_dirty), bool(out.verify_after_commit), out.verify_mismatches,
+                            bool(out.engine_asleep), out.awaiting_wake)
 
     def commit_version(self, tag) -> RefitReport:
         """Commits the held version `tag` (a stage_only refit; refitd config hold: K) into the

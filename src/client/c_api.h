@@ -53,7 +53,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 6  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 7  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
@@ -61,7 +61,11 @@ extern "C" {
                                  refit_client_commit_version, refit_client_rollback, refit_client_versions);
                                  4: refit_session_measure_amax; 5: engine ranks (refit_engine_options.tp_rank,
                                  tp_size, ep_rank, ep_size, device, model); 6: trainer-side conversion
-                                 (refit_manifest.wire_format) */
+                                 (refit_manifest.wire_format);
+                                 7: in-place registration (REFIT_STORAGE_CUDA_PTR, refit_engine_param.cuda_ptr,
+                                 refit_engine_allocations), sleep and wake (refit_engine_sleep,
+                                 refit_engine_wake, refit_engine_asleep, refit_daemon_status.engine_asleep/
+                                 awaiting_wake), the registration audit (refit_engine_options.audit) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -92,6 +96,10 @@ extern "C" {
 /* How an engine parameter's storage is shared with refitd. */
 #define REFIT_STORAGE_SHM 0      /* POSIX shm object `shm_name`, at `offset` */
 #define REFIT_STORAGE_CUDA_IPC 1 /* cudaIpcMemHandle_t bytes + offset on `cuda_device` (reserved) */
+#define REFIT_STORAGE_CUDA_PTR 2 /* ABI 4: in place, the device pointer `cuda_ptr` (e.g. a tensor's data_ptr):
+                                    grouped by CUDA allocation, one IPC handle per allocation base;
+                                    host, managed and virtual-memory (cuMemCreate) allocations are
+                                    refused naming the parameter */
 
 typedef struct refit_client refit_client;
 typedef struct refit_session refit_session;
@@ -212,6 +220,9 @@ typedef struct refit_daemon_status {
   uint32_t engine_dirty;        /* the engine's weights may be mixed; only a full refit clears it */
   uint32_t verify_after_commit; /* engine.verify_after_commit is on */
   uint64_t verify_mismatches;   /* commits it failed */
+  /* ABI 4. */
+  uint32_t engine_asleep;  /* the engine released its weights (refit_engine_sleep) */
+  uint64_t awaiting_wake;  /* the session whose validated refit commits when the engine wakes; 0: none */
 } refit_daemon_status;
 
 typedef struct refit_param_checksum {
@@ -306,6 +317,8 @@ typedef struct refit_engine_param {
   uint64_t offset;      /* byte offset inside the shm object or the CUDA allocation */
   uint8_t cuda_ipc_handle[64];
   int32_t cuda_device;
+  /* ABI 4. */
+  const void* cuda_ptr; /* REFIT_STORAGE_CUDA_PTR: the parameter's first byte in device memory */
 } refit_engine_param;
 
 /* Run on the agent thread. pause returns only once nothing reads the parameters; resume says
@@ -314,6 +327,10 @@ typedef void (*refit_pause_fn)(void* user);
 typedef void (*refit_resume_fn)(void* user, uint64_t version);
 /* ABI 3: resume with the trainer's tag of `version` ("" when none; valid during the call). */
 typedef void (*refit_resume_tag_fn)(void* user, uint64_t version, const char* tag);
+/* ABI 4: the registration audit, before every commit: writes the names of registered parameters
+ * that are no longer where the engine registered them into `out` ('\n'-separated, NUL-terminated,
+ * at most `capacity` bytes) and returns how many there are (0: none stale). */
+typedef uint64_t (*refit_audit_fn)(void* user, char* out, uint64_t capacity);
 
 typedef struct refit_engine_options {
   uint32_t struct_size;
@@ -334,6 +351,8 @@ typedef struct refit_engine_options {
   int32_t ep_size;    /* 0: no expert parallelism */
   int32_t device;     /* the CUDA device of the parameters (checked for CUDA IPC parameters only) */
   const char* model;  /* NULL or "": not checked; else must be refitd's model */
+  /* ABI 7. */
+  refit_audit_fn audit; /* may be NULL; in-place parameters are re-checked by the library too */
 } refit_engine_options;
 
 /* Connects, registers `params`, and returns once refitd accepted (or refused, naming the
@@ -349,6 +368,20 @@ REFIT_API int32_t refit_engine_paused(const refit_engine* engine);
  * versions and must not be served until a later resume. */
 REFIT_API int32_t refit_engine_dirty(const refit_engine* engine);
 REFIT_API int32_t refit_engine_connected(const refit_engine* engine);
+/* ABI 4. Sleep: the engine is about to release its weights; returns once refitd dropped its
+ * mappings (REFIT_UNAVAILABLE while a commit is in flight: retry). A refit meanwhile is staged (or
+ * refused: refitd's engine.asleep_refits). Not from a callback. */
+REFIT_API int refit_engine_sleep(refit_engine* engine);
+/* ABI 4. Wake: the weights are mapped again, the same parameters (names, dtypes, shapes, order) at
+ * the same or new addresses: `params` (NULL and 0: the ones registered last). refitd maps them and
+ * commits a refit staged meanwhile (pause/resume are called) before this returns; `committed`
+ * (may be NULL) says whether one was. An error when the wake or that commit failed. Not from a
+ * callback. */
+REFIT_API int refit_engine_wake(refit_engine* engine, const refit_engine_param* params, uint64_t num_params,
+                                int32_t* committed);
+REFIT_API int32_t refit_engine_asleep(const refit_engine* engine);
+/* ABI 4. Distinct CUDA allocations the in-place (REFIT_STORAGE_CUDA_PTR) parameters lie in. */
+REFIT_API uint64_t refit_engine_allocations(const refit_engine* engine);
 /* Disconnects, waits for the agent thread (and any callback in progress), frees the handle. */
 REFIT_API void refit_engine_stop(refit_engine* engine);
 

@@ -1,5 +1,6 @@
 #include "client/engine_agent.h"
 
+#include "client/cuda_export.h"
 #include "common/control_connect.h"
 
 #include <future>
@@ -15,6 +16,10 @@ namespace refit::client {
 
 struct EngineAgent::Impl {
   std::promise<absl::Status> registered;
+  // Agent thread only (Run, and Sleep/Wake through the executor).
+  Params params;                                        // what the next (re)registration sends
+  kj::Maybe<proto::Registration::Client> registration;  // while registered
+  std::vector<InPlaceRecord> in_place;                  // parameters registered in place, for the audit
   kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
   kj::Own<kj::PromiseFulfiller<void>> stop;  // touched only on the agent thread
   bool stopping = false;                     // agent thread only
@@ -22,19 +27,65 @@ struct EngineAgent::Impl {
 
 namespace {
 
+// The registration request's parameter list.
+void FillParams(capnp::List<proto::EngineParam>::Builder list, const std::variant<std::vector<ShmParam>,
+                                                                                    std::vector<CudaParam>>& params) {
+  auto fill_common = [](auto b, const std::string& name, DType dtype, const Shape& shape) {
+    b.setName(name);
+    b.setDtype(std::string(DTypeName(dtype)));
+    auto s = b.initShape(static_cast<unsigned>(shape.size()));
+    for (size_t d = 0; d < shape.size(); ++d) s.set(static_cast<unsigned>(d), shape[d]);
+    absl::StatusOr<uint64_t> n = DenseBytes(dtype, shape);
+    b.setNbytes(n.ok() ? *n : 0);
+  };
+  if (auto* shm = std::get_if<std::vector<ShmParam>>(&params)) {
+    for (size_t i = 0; i < shm->size(); ++i) {
+      const ShmParam& p = (*shm)[i];
+      auto b = list[static_cast<unsigned>(i)];
+      fill_common(b, p.name, p.dtype, p.shape);
+      b.getStorage().initShm().setName(p.shm_name);
+      b.getStorage().getShm().setOffset(p.offset);
+    }
+    return;
+  }
+  const auto& cuda = std::get<std::vector<CudaParam>>(params);
+  for (size_t i = 0; i < cuda.size(); ++i) {
+    const CudaParam& p = cuda[i];
+    auto b = list[static_cast<unsigned>(i)];
+    fill_common(b, p.name, p.dtype, p.shape);
+    auto c = b.getStorage().initCudaIpc();
+    c.setHandle(kj::arrayPtr(p.ipc_handle.data(), p.ipc_handle.size()));
+    c.setOffset(p.offset);
+    c.setDevice(p.device);
+  }
+}
+
+size_t CountParams(const std::variant<std::vector<ShmParam>, std::vector<CudaParam>>& params) {
+  return std::visit([](const auto& v) { return v.size(); }, params);
+}
+
 class ControlImpl final : public proto::EngineControl::Server {
  public:
   ControlImpl(EngineCallbacks& cb, std::atomic<uint64_t>& version, std::mutex& tag_mu, std::string& tag,
-              std::atomic<bool>& paused, std::atomic<bool>& dirty)
-      : cb_(cb), version_(version), tag_mu_(tag_mu), tag_(tag), paused_(paused), dirty_(dirty) {}
+              std::atomic<bool>& paused, std::atomic<bool>& dirty, const std::vector<InPlaceRecord>& in_place)
+      : cb_(cb), version_(version), tag_mu_(tag_mu), tag_(tag), paused_(paused), dirty_(dirty), in_place_(in_place) {}
 
  protected:
-  kj::Promise<void> pause(PauseContext) override {
+
+  kj::Promise<void> pause(PauseContext context) override {
     if (!paused_.load()) {
       if (cb_.pause) cb_.pause();
       paused_ = true;
     }
     dirty_ = true;  // from here until resume, the parameters may hold a mix of versions
+    // The registration audit, once nothing reads the parameters: refitd writes nothing when
+    // anything is stale.
+    std::vector<std::string> stale = AuditInPlace(in_place_);
+    if (cb_.audit) {
+      for (std::string& name : cb_.audit()) stale.push_back(std::move(name));
+    }
+    auto list = context.getResults().initStale(static_cast<unsigned>(stale.size()));
+    for (size_t i = 0; i < stale.size(); ++i) list.set(static_cast<unsigned>(i), stale[i]);
     return kj::READY_NOW;
   }
   kj::Promise<void> resume(ResumeContext context) override {
@@ -68,6 +119,7 @@ class ControlImpl final : public proto::EngineControl::Server {
   std::string& tag_;
   std::atomic<bool>& paused_;
   std::atomic<bool>& dirty_;
+  const std::vector<InPlaceRecord>& in_place_;  // agent thread, like every call here
 };
 
 }  // namespace
@@ -76,19 +128,33 @@ absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::strin
                                                                 EngineCallbacks callbacks, uint64_t version,
                                                                 bool reconnect, std::string tag, EngineRank rank) {
   return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag),
-                  std::move(rank));
+                  std::move(rank), {}, 0);
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address, std::vector<CudaParam> params,
                                                                 EngineCallbacks callbacks, uint64_t version,
                                                                 bool reconnect, std::string tag, EngineRank rank) {
   return StartAny(address, std::move(params), std::move(callbacks), version, reconnect, std::move(tag),
-                  std::move(rank));
+                  std::move(rank), {}, 0);
+}
+
+absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::Start(const std::string& address,
+                                                                std::vector<DevicePtrParam> params,
+                                                                EngineCallbacks callbacks, uint64_t version,
+                                                                bool reconnect, std::string tag, EngineRank rank) {
+  absl::StatusOr<InPlaceExport> exported = ExportInPlace(params);
+  if (!exported.ok()) return exported.status();
+  const size_t allocations = exported->allocations;
+  std::vector<InPlaceRecord> records = std::move(exported->records);
+  return StartAny(address, std::move(exported->params), std::move(callbacks), version, reconnect, std::move(tag),
+                  std::move(rank), std::move(records), allocations);
 }
 
 absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::string& address, Params params,
                                                                    EngineCallbacks callbacks, uint64_t version,
-                                                                   bool reconnect, std::string tag, EngineRank rank) {
+                                                                   bool reconnect, std::string tag, EngineRank rank,
+                                                                   std::vector<InPlaceRecord> in_place,
+                                                                   size_t allocations) {
   if (absl::Status checked = CheckTag(tag); !checked.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("engine tag: ", checked.message()));
   }
@@ -99,6 +165,8 @@ absl::StatusOr<std::unique_ptr<EngineAgent>> EngineAgent::StartAny(const std::st
   agent->callbacks_ = std::move(callbacks);
   agent->version_ = version;
   agent->impl_ = std::make_unique<Impl>();
+  agent->impl_->in_place = std::move(in_place);
+  agent->allocations_ = allocations;
   std::future<absl::Status> registered = agent->impl_->registered.get_future();
   EngineAgent* a = agent.get();
   agent->thread_ = std::thread([a, address, params = std::move(params)]() mutable {
@@ -114,7 +182,8 @@ std::string EngineAgent::tag() const {
   return tag_.value;
 }
 
-void EngineAgent::Run(std::string address, Params params) {
+void EngineAgent::Run(std::string address, Params initial) {
+  impl_->params = std::move(initial);
   bool reported = false;
   auto report = [&](absl::Status st) {
     if (!reported) impl_->registered.set_value(std::move(st));
@@ -141,37 +210,9 @@ void EngineAgent::Run(std::string address, Params params) {
       capnp::TwoPartyClient rpc(*conn);
       auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
       auto req = daemon.registerEngineRequest();
-      auto fill_common = [](auto b, const std::string& name, DType dtype, const Shape& shape) {
-        b.setName(name);
-        b.setDtype(std::string(DTypeName(dtype)));
-        auto s = b.initShape(static_cast<unsigned>(shape.size()));
-        for (size_t d = 0; d < shape.size(); ++d) s.set(static_cast<unsigned>(d), shape[d]);
-        absl::StatusOr<uint64_t> n = DenseBytes(dtype, shape);
-        b.setNbytes(n.ok() ? *n : 0);
-      };
-      if (auto* shm = std::get_if<std::vector<ShmParam>>(&params)) {
-        auto list = req.initParams(static_cast<unsigned>(shm->size()));
-        for (size_t i = 0; i < shm->size(); ++i) {
-          const ShmParam& p = (*shm)[i];
-          auto b = list[static_cast<unsigned>(i)];
-          fill_common(b, p.name, p.dtype, p.shape);
-          b.getStorage().initShm().setName(p.shm_name);
-          b.getStorage().getShm().setOffset(p.offset);
-        }
-      } else {
-        const auto& cuda = std::get<std::vector<CudaParam>>(params);
-        auto list = req.initParams(static_cast<unsigned>(cuda.size()));
-        for (size_t i = 0; i < cuda.size(); ++i) {
-          const CudaParam& p = cuda[i];
-          auto b = list[static_cast<unsigned>(i)];
-          fill_common(b, p.name, p.dtype, p.shape);
-          auto c = b.getStorage().initCudaIpc();
-          c.setHandle(kj::arrayPtr(p.ipc_handle.data(), p.ipc_handle.size()));
-          c.setOffset(p.offset);
-          c.setDevice(p.device);
-        }
-      }
-      req.setControl(kj::heap<ControlImpl>(callbacks_, version_, tag_.mu, tag_.value, paused_, dirty_));
+      FillParams(req.initParams(static_cast<unsigned>(CountParams(impl_->params))), impl_->params);
+      req.setControl(
+          kj::heap<ControlImpl>(callbacks_, version_, tag_.mu, tag_.value, paused_, dirty_, impl_->in_place));
       req.setVersion(version_.load());
       req.setTag(wire::Text(tag()));
       req.setDirty(dirty_.load());
@@ -192,11 +233,13 @@ void EngineAgent::Run(std::string address, Params params) {
         impl_->stopping = true;
         return;
       }
-      auto registration = resp.getRegistration();
+      impl_->registration = resp.getRegistration();
+      asleep_ = false;
       connected_ = true;
       ++registrations_;
       report(absl::OkStatus());
       stopped.addBranch().exclusiveJoin(rpc.onDisconnect()).wait(io.waitScope);
+      impl_->registration = nullptr;
     })) {
       if (!reported) {
         std::string msg = e->getDescription().cStr();
@@ -207,6 +250,7 @@ void EngineAgent::Run(std::string address, Params params) {
         break;
       }
     }
+    impl_->registration = nullptr;
     connected_ = false;
     if (paused_.load()) dirty_ = true;  // disconnected inside the commit window: weights may be mixed
     if (impl_->stopping || !reconnect_) break;
@@ -216,6 +260,91 @@ void EngineAgent::Run(std::string address, Params params) {
   }
   *impl_->executor.lockExclusive() = nullptr;
   impl_->stop = nullptr;
+}
+
+namespace {
+
+// Runs `f` (returning a promise of T) on the agent's loop and waits for it; Unavailable when the
+// agent's loop has ended or the call failed with an exception (refitd gone).
+template <typename T, typename F>
+T OnAgentLoop(kj::MutexGuarded<kj::Own<const kj::Executor>>& guarded, F f) {
+  kj::Own<const kj::Executor> executor;
+  {
+    auto locked = guarded.lockExclusive();
+    if (locked->get() != nullptr) executor = (*locked)->addRef();
+  }
+  if (executor.get() == nullptr) return absl::UnavailableError("the engine agent has stopped");
+  T result = absl::UnavailableError("refitd did not answer");
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { result = executor->executeSync(kj::mv(f)); })) {
+    return absl::UnavailableError(absl::StrCat("lost refitd: ", e->getDescription().cStr()));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::Status EngineAgent::Sleep() {
+  return OnAgentLoop<absl::Status>(impl_->executor, [this]() -> kj::Promise<absl::Status> {
+    KJ_IF_MAYBE(r, impl_->registration) {
+      return r->sleepRequest().send().then([this](capnp::Response<proto::Registration::SleepResults>&& resp) {
+        absl::Status st = wire::FromWire(resp.getStatus());
+        if (st.ok()) asleep_ = true;
+        return st;
+      });
+    }
+    return absl::Status(absl::UnavailableError("the engine is not registered with refitd (not connected)"));
+  });
+}
+
+absl::StatusOr<bool> EngineAgent::WakeAny(std::optional<Params> params,
+                                          std::optional<std::vector<InPlaceRecord>> in_place, size_t allocations) {
+  auto wanted = std::make_shared<std::optional<Params>>(std::move(params));
+  auto records = std::make_shared<std::optional<std::vector<InPlaceRecord>>>(std::move(in_place));
+  return OnAgentLoop<absl::StatusOr<bool>>(impl_->executor, [this, wanted, records,
+                                                             allocations]() -> kj::Promise<absl::StatusOr<bool>> {
+    KJ_IF_MAYBE(r, impl_->registration) {
+      if (*wanted) {
+        impl_->params = std::move(**wanted);  // what the wake and any later re-registration send
+        if (*records) {
+          impl_->in_place = std::move(**records);  // the audit of the wake's commit checks the new addresses
+          allocations_ = allocations;
+        } else {
+          impl_->in_place.clear();
+          allocations_ = 0;
+        }
+      }
+      auto req = r->wakeRequest();
+      FillParams(req.initParams(static_cast<unsigned>(CountParams(impl_->params))), impl_->params);
+      return req.send().then([this](capnp::Response<proto::Registration::WakeResults>&& resp) -> absl::StatusOr<bool> {
+        absl::Status st = wire::FromWire(resp.getStatus());
+        const bool ran = resp.getReport().getSessionId() != 0;  // a staged refit's commit ran
+        if (st.ok() || ran) asleep_ = false;                    // mapped again, whatever the commit's outcome
+        if (!st.ok()) {
+          return absl::Status(st.code(), absl::StrCat(ran ? "woke, but the refit staged while asleep did not commit: "
+                                                          : "wake refused: ",
+                                                      st.message()));
+        }
+        return resp.getCommitted();
+      });
+    }
+    return absl::StatusOr<bool>(absl::UnavailableError("the engine is not registered with refitd (not connected)"));
+  });
+}
+
+absl::StatusOr<bool> EngineAgent::Wake() { return WakeAny(std::nullopt, std::nullopt, 0); }
+
+absl::StatusOr<bool> EngineAgent::Wake(std::vector<ShmParam> params) {
+  return WakeAny(Params(std::move(params)), std::nullopt, 0);
+}
+
+absl::StatusOr<bool> EngineAgent::Wake(std::vector<CudaParam> params) {
+  return WakeAny(Params(std::move(params)), std::nullopt, 0);
+}
+
+absl::StatusOr<bool> EngineAgent::Wake(std::vector<DevicePtrParam> params) {
+  absl::StatusOr<InPlaceExport> exported = ExportInPlace(params);
+  if (!exported.ok()) return exported.status();
+  return WakeAny(Params(std::move(exported->params)), std::move(exported->records), exported->allocations);
 }
 
 EngineAgent::~EngineAgent() {

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,11 +50,28 @@ struct CudaParam {
   int device;
 };
 
+// A parameter registered in place by its device pointer (e.g. a PyTorch tensor's data_ptr()):
+// the agent groups parameters by the CUDA allocation holding them and exports one CUDA IPC handle
+// per allocation (client/cuda_export.h). Host, managed and virtual-memory allocations are refused
+// naming the parameter.
+struct DevicePtrParam {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  const void* ptr;
+};
+
+struct InPlaceRecord;  // client/cuda_export.h
+
 struct EngineCallbacks {
   std::function<void()> pause;
   std::function<void(uint64_t version)> resume;
   // When set, called instead of `resume`, with the trainer's tag of `version` ("" when none).
   std::function<void(uint64_t version, const std::string& tag)> resume_tagged;
+  // Before every commit (refitd's registration audit): the names of the registered parameters
+  // that are no longer where the engine registered them (e.g. re-pointed at a new tensor). Optional;
+  // parameters registered in place are also re-checked against their allocations by the agent.
+  std::function<std::vector<std::string>()> audit;
 };
 
 // Where this engine process sits in an engine of several ranks (TP/EP workers, one per GPU), as
@@ -81,7 +99,29 @@ class EngineAgent {
                                                             EngineCallbacks callbacks, uint64_t version,
                                                             bool reconnect = false, std::string tag = "",
                                                             EngineRank rank = {});
+  // Parameters registered in place from their device pointers (grouped by allocation, one IPC
+  // handle each; nothing copied).
+  static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address,
+                                                            std::vector<DevicePtrParam> params,
+                                                            EngineCallbacks callbacks, uint64_t version,
+                                                            bool reconnect = false, std::string tag = "",
+                                                            EngineRank rank = {});
   ~EngineAgent();
+
+  // Sleep and wake. Sleep: the engine is about to release its weights; returns once refitd has
+  // dropped its mappings (Unavailable while a commit is in flight: retry). Wake: the weights are
+  // mapped again, the same parameters at the same or new addresses (the overload without
+  // arguments: the ones registered last); refitd maps them and commits a refit staged while the
+  // engine slept (calling pause/resume meanwhile) before this returns. Returns whether a refit was
+  // committed; an error when the wake or that commit failed (the message says which).
+  absl::Status Sleep();
+  absl::StatusOr<bool> Wake();
+  absl::StatusOr<bool> Wake(std::vector<ShmParam> params);
+  absl::StatusOr<bool> Wake(std::vector<CudaParam> params);
+  absl::StatusOr<bool> Wake(std::vector<DevicePtrParam> params);
+  bool asleep() const { return asleep_.load(); }
+  // Distinct CUDA allocations the parameters registered in place lie in (0 for other storage).
+  size_t allocations() const { return allocations_.load(); }
 
   uint64_t version() const { return version_.load(); }
   // The trainer's tag of version() ("" when none): the one `Start` was given, then each resume's.
@@ -99,8 +139,13 @@ class EngineAgent {
   using Params = std::variant<std::vector<ShmParam>, std::vector<CudaParam>>;
   static absl::StatusOr<std::unique_ptr<EngineAgent>> StartAny(const std::string& address, Params params,
                                                                EngineCallbacks callbacks, uint64_t version,
-                                                               bool reconnect, std::string tag, EngineRank rank);
+                                                               bool reconnect, std::string tag, EngineRank rank,
+                                                               std::vector<InPlaceRecord> in_place,
+                                                               size_t allocations);
   void Run(std::string address, Params params);
+  // params: nullopt wakes with the ones registered last; in_place: their in-place records.
+  absl::StatusOr<bool> WakeAny(std::optional<Params> params, std::optional<std::vector<InPlaceRecord>> in_place,
+                               size_t allocations);
 
   EngineCallbacks callbacks_;
   std::atomic<uint64_t> version_{0};
@@ -113,6 +158,8 @@ class EngineAgent {
   std::atomic<bool> dirty_{false};
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> registrations_{0};
+  std::atomic<bool> asleep_{false};
+  std::atomic<size_t> allocations_{0};
   bool reconnect_ = false;
   EngineRank rank_;
   std::unique_ptr<Impl> impl_;

@@ -464,6 +464,8 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
     s.daemon_version = wire::Str(r.getDaemonVersion());
     s.daemon_commit = wire::Str(r.getDaemonCommit());
     s.engine_dirty = r.getEngineDirty();
+    s.engine_asleep = r.getEngineAsleep();
+    s.awaiting_wake = r.getAwaitingWake();
     s.engine_responsive = !r.getEngineRegistered() || r.getEngineResponsive();
     s.verify_after_commit = r.getVerifyAfterCommit();
     s.verify_mismatches = r.getVerifyMismatches();

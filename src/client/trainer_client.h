@@ -85,6 +85,8 @@ struct DaemonStatus {
   bool engine_responsive = true;   // false while a pause/resume that timed out is unanswered
   bool verify_after_commit = false;  // engine.verify_after_commit is on
   uint64_t verify_mismatches = 0;    // commits it failed
+  bool engine_asleep = false;        // the engine released its weights (EngineAgent::Sleep)
+  uint64_t awaiting_wake = 0;        // the session whose validated refit commits at the wake; 0: none
   RefitReport last_report;
   std::string daemon_version;  // refitd's version; empty from a daemon older than the field
   std::string daemon_commit;   // the git commit refitd was built from

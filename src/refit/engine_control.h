@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace refit {
@@ -28,6 +30,10 @@ class EngineControl {
   // False while a call that timed out is still unanswered: the engine's state is unknown until it
   // answers (or re-registers), and no commit may start.
   virtual bool Responsive() const = 0;
+  // After a Pause that returned OK: the engine's registration audit, answered with the pause
+  // (no further call): the parameters no longer where it registered them (each still at the
+  // address, in the allocation, it registered). An engine that has no such check answers none.
+  virtual std::vector<std::string> PausedStale() { return {}; }
 };
 
 }  // namespace refit

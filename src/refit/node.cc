@@ -10,6 +10,7 @@
 #include "refit/committer.h"
 #include "refit/manifest_check.h"
 #include "refit/megatron_source.h"
+#include "storage/engine_storage.h"
 
 namespace refit {
 namespace {
@@ -117,11 +118,20 @@ const std::string& Node::tag() const {
 absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested) {
   // Engine ranks: refused before anything is received or written unless every rank is in.
   if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered");
+  if (active_ && active_->awaiting_wake) {
+    return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(),
+                                               " is staged, waiting for the engine to wake"));
+  }
   if (active_) return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(), " is active"));
   if (!engine_->control->Responsive()) {
     return absl::UnavailableError(absl::StrCat("engine ", engine_->id,
                                                " did not answer a pause or resume in time; refits are refused until "
                                                "it answers or registers again"));
+  }
+  if (engine_->asleep && options_.refuse_while_asleep) {
+    return absl::FailedPreconditionError(
+        "refit refused: the engine is asleep and this daemon refuses refits while it sleeps "
+        "(engine.asleep_refits: refuse); refit after it wakes");
   }
   if (manifest.model != options_.model) {
     return absl::InvalidArgumentError(
@@ -294,7 +304,8 @@ absl::StatusOr<uint32_t> Node::Announce(uint64_t session_id, BucketHeader header
 }
 
 void Node::EndByTrainer(uint64_t session_id, EndCause cause, const std::string& reason) {
-  if (!active_ || active_->session->id() != session_id || active_->committing) return;
+  // A refit staged for the engine's wake no longer needs its trainer.
+  if (!active_ || active_->session->id() != session_id || active_->committing || active_->awaiting_wake) return;
   End(Outcome::kAborted, cause, reason);
 }
 
@@ -319,6 +330,7 @@ void Node::AbortWith(EndCause cause, const std::string& reason) {
 bool Node::Poll(uint64_t session_id) {
   if (!active_ || active_->session->id() != session_id) return false;
   if (active_->committing) return true;  // the commit ends it
+  if (active_->awaiting_wake) return false;  // validated and received: the wake commits it
   absl::Status failure = active_->session->failure();
   if (!failure.ok()) {
     End(failure.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
@@ -430,8 +442,12 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
     return absl::UnavailableError("the engine did not answer a pause or resume in time");
   }
   active_->committing = true;
+  return NewSessionCommit();
+}
+
+std::shared_ptr<Commit> Node::NewSessionCommit() {
   auto commit = std::make_shared<Commit>();
-  commit->session_id_ = session_id;
+  commit->session_id_ = active_->session->id();
   commit->session_ = active_->session.get();
   commit->engine_ = active_->engine;
   commit->failpoints_ = options_.failpoints;
@@ -445,6 +461,72 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   commit->verify_ = options_.verify_after_commit;
   commit->stage_only_ = active_->stage_only;
   commit->keep_ = options_.hold > 0 && !active_->session->partial();
+  commit->generation_ = active_->engine->generation;
+  commit->asleep_ = active_->engine->asleep;
+  commit->refuse_asleep_ = options_.refuse_while_asleep;
+  return commit;
+}
+
+// ---- sleep and wake ----
+
+absl::Status Node::Sleep(uint64_t engine_id) {
+  if (!engine_ || engine_->id != engine_id || engine_->gone) {
+    return absl::FailedPreconditionError("this registration is not the registered engine");
+  }
+  if (engine_->asleep) return absl::OkStatus();
+  if (committing()) return absl::UnavailableError("busy: a commit is in flight; sleep once it has ended");
+  // Drops every mapping (shm regions unmapped, CUDA IPC handles closed) with the storage.
+  const bool on_device = engine_->storage->on_device();
+  const int device = engine_->storage->device();
+  std::vector<storage::ParamInfo> params = engine_->storage->params();
+  engine_->storage = std::make_unique<storage::ReleasedEngineStorage>(std::move(params), on_device, device);
+  engine_->asleep = true;
+  ++engine_->generation;
+  if (hooks_.on_engine) hooks_.on_engine(true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Commit>> Node::Wake(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage) {
+  if (!engine_ || engine_->id != engine_id || engine_->gone) {
+    return absl::FailedPreconditionError("this registration is not the registered engine");
+  }
+  if (!engine_->asleep) return absl::FailedPreconditionError("the engine is not asleep");
+  if (committing()) return absl::UnavailableError("busy: a commit is in flight; wake once it has ended");
+  const std::vector<storage::ParamInfo>& had = engine_->storage->params();
+  const std::vector<storage::ParamInfo>& has = storage->params();
+  if (had.size() != has.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("wake: the engine registered ", has.size(),
+                                                   " parameters; it slept with ", had.size()));
+  }
+  for (size_t i = 0; i < had.size(); ++i) {
+    if (had[i].name != has[i].name || had[i].dtype != has[i].dtype || had[i].shape != has[i].shape ||
+        had[i].nbytes != has[i].nbytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "wake: parameter ", i, " is '", PrintableName(has[i].name), "' ", DTypeName(has[i].dtype),
+          ShapeString(has[i].shape), "; the engine slept with '", had[i].name, "' ", DTypeName(had[i].dtype),
+          ShapeString(had[i].shape), " (a wake registers the same parameters, at the same or new addresses)"));
+    }
+  }
+  if (storage->on_device() != engine_->storage->on_device() || storage->device() != engine_->storage->device()) {
+    return absl::InvalidArgumentError(absl::StrCat("wake: the parameters are on ",
+                                                   storage->on_device() ? "GPU " : "the host", storage->on_device()
+                                                       ? std::to_string(storage->device()) : std::string(),
+                                                   "; the engine slept with them on ",
+                                                   engine_->storage->on_device() ? "GPU " : "the host",
+                                                   engine_->storage->on_device()
+                                                       ? std::to_string(engine_->storage->device()) : std::string()));
+  }
+  engine_->storage = std::move(storage);
+  engine_->asleep = false;
+  ++engine_->generation;
+  if (hooks_.on_engine) hooks_.on_engine(true);
+  if (!active_ || !active_->awaiting_wake || active_->engine.get() != engine_.get()) return nullptr;
+  active_->awaiting_wake = false;
+  active_->committing = true;
+  std::shared_ptr<Commit> commit = NewSessionCommit();
+  commit->woken_ = true;
+  commit->times_ = active_->staged_times;
+  commit->staged_checksum_ = active_->staged_checksum;
   return commit;
 }
 
@@ -462,7 +544,11 @@ void Node::RunCommit(Commit& c) {
   absl::Time t0 = absl::Now();
   const Staging* staging = nullptr;
   std::vector<size_t> produced;
-  if (c.held_ == nullptr) {
+  if (c.held_ == nullptr && c.woken_) {
+    // Staged while the engine slept: received, converted and validated then.
+    staging = &c.session_->staging();
+    produced = c.session_->ledger().Produced();
+  } else if (c.held_ == nullptr) {
     Session& s = *c.session_;
     // Every announced bucket received and converted.
     absl::Status finished = s.Finish();
@@ -493,6 +579,14 @@ void Node::RunCommit(Commit& c) {
       c.staged_checksum_ = *sum;
     }
     if (c.stage_only_) return end(Outcome::kStaged, EndCause::kNone, "");
+    if (c.asleep_) {
+      if (c.refuse_asleep_) {
+        return end(Outcome::kRefused, EndCause::kEngineError,
+                   "refit refused: the engine is asleep and this daemon refuses refits while it sleeps "
+                   "(engine.asleep_refits: refuse); the engine is untouched");
+      }
+      return end(Outcome::kStaged, EndCause::kNone, std::string(kStagedForWake));
+    }
   } else {
     // A kept version: received, converted and validated when it was staged.
     staging = c.held_->staging.get();
@@ -520,6 +614,13 @@ void Node::RunCommit(Commit& c) {
     return end(exhausted ? Outcome::kFailed : Outcome::kRefused,
                exhausted ? EndCause::kOverloaded : EndCause::kInvalidInput,
                absl::StrCat("refit refused: ", prepared.status().message()));
+  }
+
+  // The registration audit, part 1, before the pause: refitd's own mappings (generation, the shm
+  // object or CUDA allocation behind each). Part 2 is the engine's, answered with its pause.
+  if (absl::Status audited = AuditRegistration(c); !audited.ok()) {
+    return end(Outcome::kRefused, EndCause::kEngineError,
+               absl::StrCat("refit refused: ", audited.message(), "; the engine is untouched"));
   }
 
   // verify_after_commit: the checksum of every write's staged bytes, before the pause.
@@ -563,6 +664,23 @@ void Node::RunCommit(Commit& c) {
     }
     return end(Outcome::kFailed, EndCause::kEngineError,
                absl::StrCat("engine did not pause: ", paused.message(), "; its weights are untouched"));
+  }
+  // The registration audit, part 2: what the engine found stale once paused. Nothing is written;
+  // the engine is resumed at the version it holds.
+  if (std::vector<std::string> stale = engine.control->PausedStale(); !stale.empty()) {
+    std::vector<std::string> names;
+    for (const std::string& n : stale) names.push_back(PrintableName(n));
+    absl::Status refusal = storage::StaleError(names, "the engine reports they are no longer where it registered them");
+    absl::Status resumed = engine.control->Resume(c.from_version_, c.from_tag_, c.resume_timeout_);
+    c.times_.pause_ms = Ms(absl::Now() - pause_start);
+    if (!resumed.ok()) {
+      return end(Outcome::kFailed, EndCause::kEngineError,
+                 absl::StrCat("refit refused: ", refusal.message(), "; nothing was written, but the engine did not "
+                              "resume: ", resumed.message()));
+    }
+    return end(Outcome::kRefused, EndCause::kEngineError,
+               absl::StrCat("refit refused: ", refusal.message(), "; nothing was written (the engine was resumed at "
+                            "version ", c.from_version_, ")"));
   }
   phase("copying");
   t0 = absl::Now();
@@ -628,6 +746,17 @@ void Node::RunCommit(Commit& c) {
   end(Outcome::kCommitted, EndCause::kNone, "");
 }
 
+absl::Status Node::AuditRegistration(const Commit& c) {
+  const EngineRecord& engine = *c.engine_;
+  if (engine.generation != c.generation_ || engine.asleep) {
+    // Sleep and wake are refused while a commit runs; this guards the invariant.
+    return absl::FailedPreconditionError(absl::StrCat("stale registration: the engine's storage changed (generation ",
+                                                      c.generation_, " -> ", engine.generation,
+                                                      engine.asleep ? ", asleep" : "", ") since the commit started"));
+  }
+  return engine.storage->Audit();
+}
+
 void Node::ApplyCommitOutcome(Commit& c) {
   EngineRecord& engine = *c.engine_;
   if (c.engine_dirty_) engine.dirty = true;
@@ -665,9 +794,35 @@ const RefitReport& Node::FinishCommit(Commit& c) {
   if (c.held_ != nullptr) return FinishVersionCommit(c);
   ApplyCommitOutcome(c);
   if (!active_ || active_->session->id() != c.session_id_) return last_report_;  // cannot happen: committing
+  if (c.asleep_ && !c.stage_only_ && c.outcome_ == Outcome::kStaged && !active_->ended_by && !c.engine_->gone) {
+    // Validated while the engine sleeps: the session stays, waiting for the wake to commit it.
+    active_->committing = false;
+    active_->awaiting_wake = true;
+    active_->staged_times = c.times_;
+    active_->staged_checksum = c.staged_checksum_;
+    RefitReport r = active_->session->Report();
+    r.times.validate_ms = c.times_.validate_ms;
+    r.times.finish_ms = c.times_.finish_ms;
+    r.times.plan_ms = active_->plan_ms;
+    r.times.total_ms = Ms(absl::Now() - active_->begun);
+    r.outcome = Outcome::kStaged;
+    r.cause = EndCause::kNone;
+    r.reason = c.reason_;
+    r.tag = active_->tag;
+    last_report_ = r;
+    if (hooks_.on_log) hooks_.on_log(r);
+    NotifySession();
+    return last_report_;
+  }
   Outcome outcome = c.outcome_;
   EndCause cause = c.cause_;
   std::string reason = c.reason_;
+  if (c.asleep_ && !c.stage_only_ && outcome == Outcome::kStaged) {
+    // Validated for the wake, but the session was ended meanwhile (operator, shutdown, engine gone).
+    outcome = Outcome::kAborted;
+    cause = EndCause::kEngineError;
+    reason = "the engine unregistered while its refit was staged for the wake";
+  }
   if (outcome == Outcome::kAborted && active_->ended_by) {
     // The node ended the session while its commit was still receiving (engine gone, operator,
     // shutdown): that is why it ended.
@@ -680,6 +835,7 @@ const RefitReport& Node::FinishCommit(Commit& c) {
 
 absl::StatusOr<std::vector<Node::ParamChecksum>> Node::Checksums() const {
   if (!engine_) return absl::UnavailableError("no engine is registered");
+  if (engine_->asleep) return absl::FailedPreconditionError("the engine is asleep: its parameters are not mapped");
   if (committing()) return absl::UnavailableError("busy: a commit is in progress");
   const auto& params = engine_->storage->params();
   std::vector<ParamChecksum> out;

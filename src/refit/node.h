@@ -110,6 +110,12 @@ struct EngineRecord {
   // pause/resume (which knows the ranks that failed).
   std::vector<std::shared_ptr<RankRecord>> ranks;
   const RankGroupControl* group_control = nullptr;
+  // Sleep and wake (Node::Sleep, Node::Wake): asleep, the storage is a ReleasedEngineStorage (the
+  // parameter list without mappings). `generation` counts registrations of storage: 1 at
+  // register, +1 at each sleep and each wake; a commit writes only into the generation it started
+  // with.
+  bool asleep = false;
+  uint64_t generation = 1;
 };
 
 // What status shows of each declared engine rank.
@@ -157,6 +163,9 @@ struct NodeOptions {
   // the current and previous committed full refits kept for rollback while staging has room.
   // 0: none (every session reuses the engine's one pool).
   uint32_t hold = 0;
+  // engine.asleep_refits: refuse (true) or stage (false, the default) a refit while the engine
+  // sleeps. Staged, it is received, converted and validated, and commits when the engine wakes.
+  bool refuse_while_asleep = false;
   const FailpointSet* failpoints = nullptr;  // test builds only
   // What session deadlines are computed and checked against; the system clock when null.
   const Clock* clock = nullptr;
@@ -167,6 +176,10 @@ struct NodeOptions {
   const spec::ModelSpec* spec = nullptr;
   std::function<absl::Status(EngineSetup&)> make_staging;
 };
+
+// The reason of a refit validated while the engine sleeps (outcome staged): it commits at the wake.
+inline constexpr char kStagedForWake[] =
+    "the engine is asleep: the refit is validated and staged, and commits when the engine wakes";
 
 struct BeginResult {
   uint64_t session_id = 0;
@@ -193,6 +206,10 @@ class Commit {
   std::string from_tag_, to_tag_;
   bool dirty_at_start_ = false;
   bool verify_ = false;
+  uint64_t generation_ = 0;    // the engine's storage generation the commit writes into
+  bool asleep_ = false;        // the engine slept when the commit started: validate, then wait for wake
+  bool refuse_asleep_ = false; // ... or refuse (engine.asleep_refits: refuse)
+  bool woken_ = false;         // the commit of a refit staged while the engine slept: from prepare on
 
   // Set by RunCommit.
   Outcome outcome_ = Outcome::kFailed;
@@ -285,6 +302,20 @@ class Node {
   // A commit by tag or rollback is in flight (a session's commit waits for it).
   bool version_committing() const { return version_commit_ != nullptr; }
 
+  // Sleep and wake. Sleep: the engine releases its weights; refitd drops its mappings (the
+  // parameter list stays registered) and the engine is asleep. Unavailable while a commit is in
+  // flight. A session may run on while the engine sleeps: its commit validates and then waits for
+  // the wake (outcome staged), or, with refuse_while_asleep, is refused; sessions are refused at
+  // begin then.
+  absl::Status Sleep(uint64_t engine_id);
+  // The engine woke and mapped its parameters again at `storage` (the same list of names, dtypes
+  // and shapes, at the same or new addresses; InvalidArgument naming the first that differs).
+  // Returns the commit of the refit staged while it slept, run like a session's, or null.
+  absl::StatusOr<std::shared_ptr<Commit>> Wake(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage);
+  bool asleep() const { return engine_ && engine_->asleep; }
+  // The session whose validated refit waits for the engine to wake; 0 when none.
+  uint64_t awaiting_wake_session() const { return active_ && active_->awaiting_wake ? active_->session->id() : 0; }
+
   // State, for status and readiness.
   const EngineRecord* engine() const { return engine_.get(); }
   // Serving-readiness: an engine registered, clean and answering.
@@ -332,6 +363,10 @@ class Node {
     // Set when the node aborted the session while its commit ran (engine gone, operator,
     // shutdown): the commit ends with this cause.
     std::optional<std::pair<EndCause, std::string>> ended_by;
+    // Validated while the engine slept: waits for Wake, which commits it from the prepare step.
+    bool awaiting_wake = false;
+    PhaseTimes staged_times;
+    uint64_t staged_checksum = 0;
   };
   absl::Status CheckActive(uint64_t session_id) const;
   // Ends the active session: aborts it if still running, counts, reports, resets.
@@ -359,6 +394,12 @@ class Node {
   absl::Status BuildGroup();
   // "no engine is registered" naming the ranks missing, for Begin and Ready.
   std::string MissingRanks() const;
+  // A commit of the active session (StartCommit, Wake).
+  std::shared_ptr<Commit> NewSessionCommit();
+  // Before the pause: the registration the commit writes into is the one it started with and
+  // refitd's own mappings are not stale (EngineStorage::Audit); the engine's own audit comes with
+  // its pause (EngineControl::PausedStale). Runs on the commit's worker thread.
+  static absl::Status AuditRegistration(const Commit& c);
 
   const NodeOptions options_;
   const std::unique_ptr<Clock> system_clock_;  // when options_.clock is null

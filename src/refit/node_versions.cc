@@ -101,7 +101,11 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<St
   if (!engine_->control->Responsive()) {
     return absl::UnavailableError("the engine did not answer a pause or resume in time");
   }
+  if (engine_->asleep) {
+    return absl::FailedPreconditionError("the engine is asleep: commit a kept version after it wakes");
+  }
   auto commit = std::make_shared<Commit>();
+  commit->generation_ = engine_->generation;
   commit->session_id_ = v->session_id;
   commit->engine_ = engine_;
   commit->failpoints_ = options_.failpoints;

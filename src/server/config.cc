@@ -146,10 +146,15 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     if (c.tls_key.empty()) return Err(t, path, "tls.key", "is required when tls is set");
   }
   if (const YAML::Node e = root["engine"]) {
-    REFIT_RETURN_IF_ERROR(CheckKeys(e, path, "engine", {"pause_timeout_ms", "resume_timeout_ms", "verify_after_commit"}));
+    REFIT_RETURN_IF_ERROR(CheckKeys(e, path, "engine", {"pause_timeout_ms", "resume_timeout_ms", "verify_after_commit",
+                                                       "asleep_refits"}));
     REFIT_RETURN_IF_ERROR(Get(e, "pause_timeout_ms", path, "engine.", c.pause_timeout_ms));
     REFIT_RETURN_IF_ERROR(Get(e, "resume_timeout_ms", path, "engine.", c.resume_timeout_ms));
     REFIT_RETURN_IF_ERROR(Get(e, "verify_after_commit", path, "engine.", c.verify_after_commit));
+    REFIT_RETURN_IF_ERROR(Get(e, "asleep_refits", path, "engine.", c.asleep_refits));
+    if (c.asleep_refits != "stage" && c.asleep_refits != "refuse") {
+      return Err(e["asleep_refits"], path, "engine.asleep_refits", "must be stage or refuse");
+    }
     if (c.pause_timeout_ms < 1) return Err(e, path, "engine.pause_timeout_ms", "must be at least 1");
     if (c.resume_timeout_ms < 1) return Err(e, path, "engine.resume_timeout_ms", "must be at least 1");
   }

@@ -62,6 +62,10 @@ struct Config {
   // engine.verify_after_commit: after each copy, checksum the engine's bytes against the staged
   // ones before resuming it (docs/reliability.md).
   bool verify_after_commit = false;
+  // engine.asleep_refits: stage | refuse. What a refit does while the engine sleeps (released its
+  // weights): staged, it is validated and commits when the engine wakes; refused, begin (and a
+  // commit of a session the engine fell asleep during) is refused.
+  std::string asleep_refits = "stage";
   // hold: K (docs/versions.md): stage-only refits kept in staging, committed later by tag; with
   // K > 0 the current and previous committed versions are kept for rollback while staging has
   // room. 0: none.

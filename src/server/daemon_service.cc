@@ -70,8 +70,18 @@ class RpcEngineControl final : public EngineControl {
   ~RpcEngineControl() noexcept override {}
 
   absl::Status Pause(absl::Duration timeout) override {
-    return Call("pause", timeout, [this] { return client_.pauseRequest().send().ignoreResult(); });
+    auto stale = std::make_shared<std::vector<std::string>>();
+    absl::Status st = Call("pause", timeout, [this, stale] {
+      return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
+        for (auto name : r.getStale()) stale->push_back(wire::Str(name));
+      });
+    });
+    // Only an answered pause's audit counts (a late answer fills a vector nobody reads).
+    paused_stale_ = st.ok() ? std::move(*stale) : std::vector<std::string>{};
+    return st;
   }
+
+  std::vector<std::string> PausedStale() override { return paused_stale_; }
 
   absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
     return Call("resume", timeout, [this, version, tag] {
@@ -83,6 +93,7 @@ class RpcEngineControl final : public EngineControl {
   }
 
   bool Responsive() const override { return late_->load() == 0; }
+
 
  private:
   struct Handler : kj::TaskSet::ErrorHandler {
@@ -129,12 +140,18 @@ class RpcEngineControl final : public EngineControl {
   }
 
   proto::EngineControl::Client client_;
+  std::vector<std::string> paused_stale_;  // the commit's worker thread only
   kj::Timer& timer_;
   const kj::Executor& loop_;
   std::shared_ptr<std::atomic<int>> late_;
   Handler handler_;
   std::unique_ptr<kj::TaskSet> late_calls_;  // loop thread only
 };
+
+absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<proto::EngineParam>::Reader list);
+
+template <typename Context>
+kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context);
 
 class RegistrationImpl final : public proto::Registration::Server {
  public:
@@ -152,7 +169,36 @@ class RegistrationImpl final : public proto::Registration::Server {
     return kj::READY_NOW;
   }
 
+  kj::Promise<void> sleep(SleepContext context) override {
+    absl::Status slept = state_.node.Sleep(engine_id_);
+    if (slept.ok()) LogEvent(LogLevel::kInfo, "engine_asleep").Add("engine", engine_id_);
+    return Answer(context, slept);
+  }
+
+  kj::Promise<void> wake(WakeContext context) override { return Wake(&state_, engine_id_, kj::mv(context)); }
+
  private:
+  static kj::Promise<void> Wake(DaemonState* state, uint64_t engine_id, WakeContext context) {
+    if (state->node.committing()) {
+      // A commit in flight (a refit validated against the sleeping engine, a kept version): the
+      // wake waits for it, then maps and commits what it staged.
+      return state->timer.afterDelay(10 * kj::MILLISECONDS).then([state, engine_id, context]() mutable {
+        return Wake(state, engine_id, kj::mv(context));
+      });
+    }
+    absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(context.getParams().getParams());
+    if (!storage.ok()) return Answer(context, storage.status());
+    absl::StatusOr<std::shared_ptr<Commit>> woken = state->node.Wake(engine_id, std::move(*storage));
+    if (!woken.ok()) return Answer(context, woken.status());
+    LogEvent(LogLevel::kInfo, "engine_awake")
+        .Add("engine", engine_id)
+        .Add("staged_session", *woken ? (*woken)->session_id() : 0);
+    if (*woken == nullptr) return Answer(context, absl::OkStatus());
+    return RunCommitTask(*state, *woken, context).then([state, context]() mutable {
+      context.getResults().setCommitted(state->node.last_report().outcome == Outcome::kCommitted);
+    });
+  }
+
   DaemonState& state_;
   uint64_t engine_id_;
 };
@@ -507,7 +553,9 @@ class DaemonImpl final : public proto::Daemon::Server {
       s.setEngineBytes(e->bytes);
       s.setEngineDirty(e->dirty);
       s.setEngineResponsive(e->control->Responsive());
+      s.setEngineAsleep(e->asleep);
     }
+    s.setAwaitingWake(node.awaiting_wake_session());
     s.setVersion(node.version());
     s.setTag(wire::Text(node.tag()));
     s.setVerifyAfterCommit(state_.config.verify_after_commit);
@@ -632,6 +680,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
             o.verify_after_commit = config.verify_after_commit;
             o.hold = config.hold;
+            o.refuse_while_asleep = config.asleep_refits == "refuse";
             o.failpoints = failpoints.get();
             o.spec = &spec;
             const Config* cfg = &config;

@@ -82,6 +82,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "': [", p.offset, ", +", p.info.nbytes,
                                                      ") lies outside its CUDA allocation of ", avail, " bytes"));
     }
+    s->ranges_[base] = Range{static_cast<uint64_t>(range_base), static_cast<uint64_t>(range_size)};
+    s->mapping_of_.push_back(base);
     s->addrs_.push_back(base + p.offset);
     s->infos_.push_back(std::move(p.info));
   }
@@ -141,6 +143,33 @@ absl::Status CudaIpcEngineStorage::WritePreparedDevice() {
   cudaSetDevice(device_);
   absl::Status st = batch_->Launch(StreamOf(stream_));
   return st;
+}
+
+absl::Status CudaIpcEngineStorage::Audit() const {
+  if (infos_.empty()) return absl::OkStatus();
+  absl::StatusOr<MemGetAddressRange> address_range = AddressRangeFn();
+  if (!address_range.ok()) return address_range.status();
+  cudaSetDevice(device_);
+  std::map<void*, std::string> stale_mappings;
+  for (const auto& [mapped, range] : ranges_) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if ((*address_range)(&base, &size, reinterpret_cast<CUdeviceptr>(mapped)) != CUDA_SUCCESS) {
+      stale_mappings[mapped] = "its CUDA allocation is no longer mapped";
+    } else if (static_cast<uint64_t>(base) != range.base || static_cast<uint64_t>(size) != range.size) {
+      stale_mappings[mapped] = absl::StrCat("its CUDA allocation changed from ", range.size, " bytes at 0x",
+                                            absl::Hex(range.base), " to ", size, " bytes at 0x", absl::Hex(base));
+    }
+  }
+  std::vector<std::string> stale;
+  std::string why;
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    auto it = stale_mappings.find(mapping_of_[i]);
+    if (it == stale_mappings.end()) continue;
+    if (why.empty()) why = it->second;
+    stale.push_back(infos_[i].name);
+  }
+  return StaleError(stale, why);
 }
 
 absl::Status CudaIpcEngineStorage::Flush() {

@@ -47,6 +47,8 @@ class CudaIpcEngineStorage : public EngineStorage {
   absl::Status Flush() override;
   absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override;
   absl::Status WritePreparedDevice() override;
+  // Each mapped allocation still spans the range (base, size) it had when opened.
+  absl::Status Audit() const override;
   bool on_device() const override { return true; }
   int device() const override { return device_; }
 
@@ -55,6 +57,12 @@ class CudaIpcEngineStorage : public EngineStorage {
   std::vector<ParamInfo> infos_;
   std::vector<uint8_t*> addrs_;
   std::map<std::array<uint8_t, kCudaIpcHandleBytes>, void*> opened_;
+  struct Range {
+    uint64_t base = 0;  // cuMemGetAddressRange of the mapping when opened
+    uint64_t size = 0;
+  };
+  std::map<void*, Range> ranges_;  // by mapped address
+  std::vector<void*> mapping_of_;  // per parameter
   std::unique_ptr<CudaStream> stream_;
   std::unique_ptr<kernels::BatchCopy> batch_;
   int device_ = 0;

@@ -56,6 +56,55 @@ class EngineStorage {
   virtual absl::StatusOr<uint64_t> Checksum(size_t index) const;
   // Returns once every write issued so far is visible to the engine.
   virtual absl::Status Flush() = 0;
+  // Before every commit: re-queries what each parameter was mapped from (the shm object behind
+  // its name, the CUDA allocation behind its mapping) and compares it with what was mapped at
+  // registration. FailedPrecondition naming the stale parameters when something changed.
+  virtual absl::Status Audit() const { return absl::OkStatus(); }
+};
+
+// The refusal of a commit into a stale registration: OK when `names` is empty, else
+// FailedPrecondition naming the stale parameters (the first 16) and why (`why`).
+inline absl::Status StaleError(const std::vector<std::string>& names, const std::string& why) {
+  if (names.empty()) return absl::OkStatus();
+  std::string msg = "stale registration: parameter";
+  msg += names.size() == 1 ? " " : "s ";
+  for (size_t i = 0; i < names.size() && i < 16; ++i) msg += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > 16) msg += ", ... (" + std::to_string(names.size()) + " in all)";
+  if (!why.empty()) msg += ": " + why;
+  msg += "; refitd does not write into it (the engine must register again)";
+  return absl::FailedPreconditionError(msg);
+}
+
+// What an engine that sleeps leaves registered: its parameter list, and no mappings. Every read
+// and write is refused (FailedPrecondition naming the parameter); the engine registers storage
+// again when it wakes.
+class ReleasedEngineStorage final : public EngineStorage {
+ public:
+  ReleasedEngineStorage(std::vector<ParamInfo> params, bool on_device, int device)
+      : params_(std::move(params)), on_device_(on_device), device_(device) {}
+  const std::vector<ParamInfo>& params() const override { return params_; }
+  absl::Status WriteFromHost(size_t index, const void*) override { return Asleep(index); }
+  absl::Status WriteFromDevice(size_t index, const void*) override { return Asleep(index); }
+  absl::Status ReadToHost(size_t index, void*) const override { return Asleep(index); }
+  absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override {
+    return Asleep(writes.empty() ? params_.size() : writes[0].first);
+  }
+  absl::Status Flush() override { return absl::OkStatus(); }
+  absl::Status Audit() const override {
+    return absl::FailedPreconditionError("the engine is asleep: its parameters are not mapped");
+  }
+  bool on_device() const override { return on_device_; }
+  int device() const override { return device_; }
+
+ private:
+  absl::Status Asleep(size_t index) const {
+    return absl::FailedPreconditionError(
+        index < params_.size() ? "parameter '" + params_[index].name + "': the engine is asleep (not mapped)"
+                               : std::string("the engine is asleep (not mapped)"));
+  }
+  std::vector<ParamInfo> params_;
+  bool on_device_;
+  int device_;
 };
 
 inline absl::StatusOr<uint64_t> EngineStorage::Checksum(size_t index) const {

@@ -33,12 +33,17 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
     shm_unlink(name.c_str());
     return Errno("ftruncate", name);
   }
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) {
+    shm_unlink(name.c_str());
+    return Errno("fstat", name);
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     return Errno("mmap", name);
   }
-  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), bytes, true));
+  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), bytes, true, st.st_dev, st.st_ino));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& name) {
@@ -53,7 +58,26 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& na
   uint64_t size = static_cast<uint64_t>(st.st_size);
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return Errno("mmap", name);
-  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), size, false));
+  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), size, false, st.st_dev, st.st_ino));
+}
+
+absl::Status ShmRegion::CheckCurrent() const {
+  UniqueFd fd{shm_open(name_.c_str(), O_RDONLY, 0)};
+  if (fd.get() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm region '", name_, "' is gone since registration (", strerror(errno), ")"));
+  }
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return Errno("fstat", name_);
+  if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm region '", name_, "' was replaced by another object since registration"));
+  }
+  if (static_cast<uint64_t>(st.st_size) != size_) {
+    return absl::FailedPreconditionError(absl::StrCat("shm region '", name_, "' was resized from ", size_, " to ",
+                                                      st.st_size, " bytes since registration"));
+  }
+  return absl::OkStatus();
 }
 
 ShmRegion::~ShmRegion() {

@@ -26,14 +26,18 @@ class ShmRegion {
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& name() const { return name_; }
+  // OK while `name` still names the object this region mapped, at the size it mapped;
+  // FailedPrecondition saying what changed (unlinked, replaced by another object, resized).
+  absl::Status CheckCurrent() const;
 
  private:
-  ShmRegion(std::string name, uint8_t* data, uint64_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  ShmRegion(std::string name, uint8_t* data, uint64_t size, bool owner, uint64_t dev, uint64_t ino)
+      : name_(std::move(name)), data_(data), size_(size), owner_(owner), dev_(dev), ino_(ino) {}
   std::string name_;
   uint8_t* data_;
   uint64_t size_;
   bool owner_;
+  uint64_t dev_, ino_;  // the object mapped (fstat at open)
 };
 
 }  // namespace refit::storage

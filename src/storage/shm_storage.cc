@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@ absl::StatusOr<std::unique_ptr<ShmEngineStorage>> ShmEngineStorage::Open(std::ve
                                                      " bytes"));
     }
     s->addrs_.push_back(region.data() + p.offset);
+    s->region_of_.push_back(&region);
     s->infos_.push_back(std::move(p.info));
   }
   return s;
@@ -59,6 +61,20 @@ absl::Status ShmEngineStorage::Flush() {
   // message) orders after them; a full fence makes the ordering explicit.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return absl::OkStatus();
+}
+
+absl::Status ShmEngineStorage::Audit() const {
+  std::vector<std::string> stale;
+  std::string first_reason;
+  std::map<const ShmRegion*, absl::Status> checked;
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    auto it = checked.find(region_of_[i]);
+    if (it == checked.end()) it = checked.emplace(region_of_[i], region_of_[i]->CheckCurrent()).first;
+    if (it->second.ok()) continue;
+    if (first_reason.empty()) first_reason = std::string(it->second.message());
+    stale.push_back(infos_[i].name);
+  }
+  return StaleError(stale, first_reason);
 }
 
 }  // namespace refit::storage

@@ -31,9 +31,12 @@ class ShmEngineStorage : public EngineStorage {
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::StatusOr<uint64_t> Checksum(size_t index) const override;
   absl::Status Flush() override;
+  // Each region's name still names the object mapped, at its size (ShmRegion::CheckCurrent).
+  absl::Status Audit() const override;
 
  private:
   std::vector<ParamInfo> infos_;
+  std::vector<const ShmRegion*> region_of_;  // per parameter
   std::vector<uint8_t*> addrs_;
   std::map<std::string, std::unique_ptr<ShmRegion>> regions_;
 };

@@ -122,6 +122,8 @@ int RunStatus(std::span<const std::string> args) {
                       {"engine_bytes", s->engine_bytes},
                       {"engine_dirty", s->engine_dirty},
                       {"engine_responsive", s->engine_responsive},
+                      {"engine_asleep", s->engine_asleep},
+                      {"awaiting_wake", s->awaiting_wake},
                       {"version", s->version},
                       {"tag", s->tag},
                       {"verify_after_commit", s->verify_after_commit},
@@ -143,7 +145,8 @@ int RunStatus(std::span<const std::string> args) {
   std::cout << "model:    " << s->model << "\n"
             << "engine:   " << (s->engine_registered ? absl::StrCat(s->engine_params, " parameters, ", s->engine_bytes, " bytes",
                                                                     s->engine_dirty ? ", DIRTY (only a full refit clears it)" : "",
-                                                                    s->engine_responsive ? "" : ", UNRESPONSIVE (a pause/resume timed out)")
+                                                                    s->engine_responsive ? "" : ", UNRESPONSIVE (a pause/resume timed out)",
+                                                                    s->engine_asleep ? ", ASLEEP (weights released)" : "")
                                                      : s->ranks.empty() ? "not registered" : "waiting for every rank")
             << "\n"
             << rank_lines
@@ -151,7 +154,11 @@ int RunStatus(std::span<const std::string> args) {
             << "verify:   "
             << (s->verify_after_commit ? absl::StrCat("after each commit, ", s->verify_mismatches, " mismatches") : "off")
             << "\n"
-            << "session:  " << (s->active_session ? absl::StrCat("#", s->active_session, " active") : "none") << "\n"
+            << "session:  "
+            << (s->awaiting_wake      ? absl::StrCat("#", s->awaiting_wake, " staged, commits when the engine wakes")
+                : s->active_session ? absl::StrCat("#", s->active_session, " active")
+                                    : "none")
+            << "\n"
             << "staging:  " << s->staging_bytes << " of " << s->staging_limit_bytes << " bytes\n"
             << "ring:     " << s->ring_bytes << " bytes in " << (s->ring_on_device ? "GPU" : "host") << " memory\n"
             << "refits:   " << s->committed << " committed, " << s->refused << " refused, " << s->aborted << " aborted\n"

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -690,6 +691,92 @@ TEST(CApiTest, EngineRegistrationRefusalsNameTheParameter) {
   EXPECT_NE(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK);
   EXPECT_THAT(LastError(), HasSubstr("refit-c-api-no-such-shm"));
   EXPECT_EQ(engine, nullptr);
+}
+
+// ---- Sleep and wake, the registration audit (ABI 4) -------------------------------------------
+
+struct AuditCalls {
+  Calls calls;
+  std::string stale;  // '\n'-separated names the audit reports
+  std::atomic<int> audits{0};
+};
+
+uint64_t OnAudit(void* user, char* out, uint64_t capacity) {
+  auto* a = static_cast<AuditCalls*>(user);
+  a->audits++;
+  std::snprintf(out, capacity, "%s", a->stale.c_str());
+  return a->stale.empty() ? 0 : 1;
+}
+void OnAuditPause(void* user) { OnPause(&static_cast<AuditCalls*>(user)->calls); }
+void OnAuditResume(void* user, uint64_t v) { OnResume(&static_cast<AuditCalls*>(user)->calls, v); }
+
+// Pushes w and b (filled from `seed`) and commits; returns the report's outcome.
+std::string PushWB(refit_client* c, float seed, std::vector<float>* w, std::vector<float>* b) {
+  w->assign(32, 0);
+  b->assign(8, 0);
+  for (size_t i = 0; i < w->size(); ++i) (*w)[i] = seed + static_cast<float>(i);
+  for (size_t i = 0; i < b->size(); ++i) (*b)[i] = -seed - static_cast<float>(i);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  if (s == nullptr) return "no session";
+  refit_tensor tw = Tensor("w", kWShape, 2, w->data(), 128), tb = Tensor("b", kBShape, 1, b->data(), 32);
+  EXPECT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+  EXPECT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  const int rc = refit_session_commit(s, &report);
+  std::string outcome = rc == REFIT_OK ? report.outcome : "error: " + LastError();
+  refit_session_close(s);
+  return outcome;
+}
+
+TEST(CApiTest, SleepStagesARefitThatCommitsAtTheWakeAndTheAuditRefusesStaleParameters) {
+  Refitd daemon;
+  Shm shm(512);
+  AuditCalls a;
+  refit_engine_options o{};
+  o.struct_size = sizeof(o);
+  o.address = daemon.address().c_str();
+  o.pause = OnAuditPause;
+  o.resume = OnAuditResume;
+  o.audit = OnAudit;
+  o.user = &a;
+  std::vector<refit_engine_param> params = EngineParams(shm.name());
+  refit_engine* engine = nullptr;
+  ASSERT_EQ(refit_engine_start(&o, params.data(), params.size(), &engine), REFIT_OK) << LastError();
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w, b;
+
+  ASSERT_EQ(refit_engine_sleep(engine), REFIT_OK) << LastError();
+  EXPECT_EQ(refit_engine_asleep(engine), 1);
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_EQ(st.engine_asleep, 1u);
+  EXPECT_EQ(PushWB(c, 1, &w, &b), "staged");
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK);
+  EXPECT_NE(st.awaiting_wake, 0u);
+  EXPECT_EQ(a.calls.pauses.load(), 0);
+  int32_t committed = -1;
+  ASSERT_EQ(refit_engine_wake(engine, nullptr, 0, &committed), REFIT_OK) << LastError();
+  EXPECT_EQ(committed, 1);
+  EXPECT_EQ(refit_engine_asleep(engine), 0);
+  EXPECT_EQ(refit_engine_version(engine), 1u);
+  EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0);
+  EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0);
+  EXPECT_GE(a.audits.load(), 1);
+
+  // The engine's audit names a parameter: refused naming it, the engine untouched.
+  a.stale = "b";
+  std::vector<float> w2, b2;
+  const std::string refused = PushWB(c, 7, &w2, &b2);
+  EXPECT_THAT(refused, HasSubstr("stale registration: parameter 'b'"));
+  EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0);
+  a.stale.clear();
+  EXPECT_EQ(PushWB(c, 9, &w2, &b2), "committed");
+  EXPECT_EQ(std::memcmp(shm.data(), w2.data(), 128), 0);
+  refit_client_close(c);
+  refit_engine_stop(engine);
 }
 
 // ---- Multi-rank sessions (ABI 3): join, detach, slices ---------------------------------------

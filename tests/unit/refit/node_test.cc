@@ -60,6 +60,10 @@ class ScriptedControl final : public EngineControl {
     return resume_status;
   }
   bool Responsive() const override { return late == 0; }
+  std::vector<std::string> PausedStale() override {
+    ++audits;
+    return audit_stale;
+  }
 
   absl::Status Late(absl::Duration timeout) {
     ++late;
@@ -73,6 +77,8 @@ class ScriptedControl final : public EngineControl {
   absl::Notification* pause_gate = nullptr;
   std::atomic<int> late{0};
   std::atomic<bool> pause_called{false};
+  std::vector<std::string> audit_stale;  // what the engine's audit names
+  int audits = 0;
 };
 
 std::vector<uint8_t> Payload(uint8_t seed) {
@@ -97,6 +103,7 @@ class NodeTest : public ::testing::Test {
     options.clock = &clock_;
     options.verify_after_commit = verify_;
     options.hold = hold_;
+    options.refuse_while_asleep = refuse_asleep_;
     if (staging_limit_ != 0) options.limits.staging_bytes = staging_limit_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
@@ -179,6 +186,7 @@ class NodeTest : public ::testing::Test {
   std::unique_ptr<FailpointSet> failpoints_;
   bool verify_ = false;  // NodeOptions::verify_after_commit (set, then SetUp() again)
   uint32_t hold_ = 0;            // NodeOptions::hold
+  bool refuse_asleep_ = false;   // NodeOptions::refuse_while_asleep
   int pools_made_ = 0;           // EngineSetup::new_pool calls
   uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
 
@@ -793,6 +801,141 @@ TEST_F(NodeTest, InvalidBucketEndsTheSessionAsInvalidInput) {
   EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(node_->session_active());
   EXPECT_EQ(reports_.back().cause, EndCause::kInvalidInput);
+}
+
+// ---- sleep and wake, and the registration audit ----
+
+// Storage for w.0, w.1 in shm region `name` (as Register maps the test's region).
+std::unique_ptr<storage::EngineStorage> ShmStorageIn(const std::string& name) {
+  std::vector<storage::ShmParam> shm;
+  for (int i = 0; i < kParams; ++i) shm.push_back({{absl::StrCat("w.", i), DType::kBF16, {kElems}, kBytes}, name, i * kBytes});
+  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s = storage::ShmEngineStorage::Open(shm);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST_F(NodeTest, RefitWhileAsleepIsStagedAndCommitsAtTheWakeAtNewAddresses) {
+  ScriptedControl* control = nullptr;
+  const uint64_t engine = Register(&control);
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  EXPECT_TRUE(node_->asleep());
+  EXPECT_THAT(node_->Checksums().status().message(), HasSubstr("asleep"));
+  const std::vector<uint8_t> payload = Payload(5);
+  const uint64_t id = Send(payload, kParams, false, "step-1");
+  const RefitReport& staged = CommitNow(id);
+  EXPECT_EQ(staged.outcome, Outcome::kStaged) << staged.reason;
+  EXPECT_EQ(staged.reason, kStagedForWake);
+  EXPECT_TRUE(control->calls.empty());  // nothing paused, nothing written
+  EXPECT_EQ(node_->awaiting_wake_session(), id);
+  EXPECT_EQ(EngineBytes(), std::vector<uint8_t>(kBytes * kParams, 0xAB));
+  // The trainer may go away; another refit waits for the staged one.
+  node_->EndByTrainer(id, EndCause::kDisconnected, "trainer disconnected");
+  EXPECT_EQ(node_->awaiting_wake_session(), id);
+  EXPECT_FALSE(node_->Poll(id));
+  EXPECT_EQ(node_->awaiting_wake_session(), id);
+  absl::StatusOr<BeginResult> busy = node_->Begin(ManifestOf(kParams), absl::Now());
+  EXPECT_THAT(busy.status().message(), HasSubstr("waiting for the engine to wake"));
+
+  // Woken at new addresses: another region.
+  const std::string moved = region_name_ + "-moved";
+  std::unique_ptr<storage::ShmRegion> region2 = *storage::ShmRegion::Create(moved, kBytes * kParams);
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(engine, ShmStorageIn(moved));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  ASSERT_NE(*woken, nullptr);
+  EXPECT_FALSE(node_->asleep());
+  Node::RunCommit(**woken);
+  const RefitReport& r = node_->FinishCommit(**woken);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.session_id, id);
+  EXPECT_EQ(r.tag, "step-1");
+  EXPECT_EQ(node_->version(), 1u);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+  EXPECT_EQ(control->audits, 1);
+  EXPECT_EQ(std::vector<uint8_t>(region2->data(), region2->data() + region2->size()), payload);
+  EXPECT_EQ(EngineBytes(), std::vector<uint8_t>(kBytes * kParams, 0xAB));  // the old addresses untouched
+  EXPECT_EQ(node_->awaiting_wake_session(), 0u);
+  EXPECT_FALSE(node_->session_active());
+}
+
+TEST_F(NodeTest, WakeAtTheSameAddressesCommitsTheStagedRefit) {
+  const uint64_t engine = Register();
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  const std::vector<uint8_t> payload = Payload(9);
+  EXPECT_EQ(CommitNow(Send(payload, kParams)).outcome, Outcome::kStaged);
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(engine, ShmStorageIn(region_name_));
+  ASSERT_TRUE(woken.ok() && *woken != nullptr) << woken.status();
+  Node::RunCommit(**woken);
+  EXPECT_EQ(node_->FinishCommit(**woken).outcome, Outcome::kCommitted);
+  EXPECT_EQ(EngineBytes(), payload);
+  // Sleep and wake with nothing staged: no commit.
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  absl::StatusOr<std::shared_ptr<Commit>> again = node_->Wake(engine, ShmStorageIn(region_name_));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, nullptr);
+  EXPECT_EQ(CommitNow(Send(Payload(10), kParams)).outcome, Outcome::kCommitted);
+  EXPECT_EQ(EngineBytes(), Payload(10));
+}
+
+TEST_F(NodeTest, WakeWithOtherParametersIsRefusedNamingThem) {
+  const uint64_t engine = Register();
+  EXPECT_THAT(node_->Wake(engine, ShmStorageIn(region_name_)).status().message(), HasSubstr("not asleep"));
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  std::vector<storage::ShmParam> shm = {{{"w.0", DType::kBF16, {kElems}, kBytes}, region_name_, 0},
+                                        {{"w.9", DType::kBF16, {kElems}, kBytes}, region_name_, kBytes}};
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(engine, *storage::ShmEngineStorage::Open(shm));
+  EXPECT_EQ(woken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(woken.status().message(), HasSubstr("'w.9'"));
+  EXPECT_TRUE(node_->asleep());
+}
+
+TEST_F(NodeTest, RefitsWhileAsleepAreRefusedWhenConfigured) {
+  refuse_asleep_ = true;
+  SetUp();
+  const uint64_t engine = Register();
+  // A session begun awake, the engine falling asleep before its commit: refused, untouched.
+  const uint64_t id = Send(Payload(3), kParams);
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  const RefitReport& r = CommitNow(id);
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("asleep_refits: refuse"));
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  EXPECT_EQ(begun.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(begun.status().message(), HasSubstr("asleep"));
+  ASSERT_TRUE(node_->Wake(engine, ShmStorageIn(region_name_)).ok());
+  EXPECT_EQ(CommitNow(Send(Payload(4), kParams)).outcome, Outcome::kCommitted);
+  EXPECT_EQ(EngineBytes(), Payload(4));
+}
+
+TEST_F(NodeTest, AStaleShmRegionIsRefusedNamingItsParameters) {
+  ScriptedControl* control = nullptr;
+  Register(&control);
+  // The engine replaced its region under the same name: refitd's mapping is of the old object.
+  region_.reset();  // unlinks the name
+  std::unique_ptr<storage::ShmRegion> replaced = *storage::ShmRegion::Create(region_name_, kBytes * kParams);
+  const RefitReport& r = CommitNow(Send(Payload(6), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("stale registration"));
+  EXPECT_THAT(r.reason, HasSubstr("'w.0', 'w.1'"));
+  EXPECT_THAT(r.reason, HasSubstr("replaced"));
+  EXPECT_TRUE(control->calls.empty());  // never paused
+  EXPECT_EQ(control->audits, 0);       // refitd's own audit refused first
+  region_ = std::move(replaced);
+}
+
+TEST_F(NodeTest, TheEnginesAuditNamesStaleParametersAndTheRefitIsRefused) {
+  ScriptedControl* control = nullptr;
+  Register(&control);
+  control->audit_stale = {"w.1"};
+  const RefitReport& r = CommitNow(Send(Payload(7), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("parameter 'w.1'"));
+  EXPECT_THAT(r.reason, HasSubstr("nothing was written"));
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:0"));  // resumed at the version it holds
+  EXPECT_EQ(control->audits, 1);
+  EXPECT_EQ(node_->version(), 0u);
+  EXPECT_EQ(EngineBytes(), std::vector<uint8_t>(kBytes * kParams, 0xAB));
+  control->audit_stale.clear();
+  EXPECT_EQ(CommitNow(Send(Payload(8), kParams)).outcome, Outcome::kCommitted);
 }
 
 }  // namespace

@@ -60,6 +60,17 @@ TEST(ConfigTest, VerifyAfterCommitAndHoldAreRead) {
               HasSubstr("engine.verify_after_commit: has the wrong type"));
 }
 
+TEST(ConfigTest, AsleepRefitsIsStageOrRefuse) {
+  absl::StatusOr<Config> c = ParseConfig("", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->asleep_refits, "stage");
+  c = ParseConfig("engine:\n  asleep_refits: refuse\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->asleep_refits, "refuse");
+  EXPECT_THAT(ParseConfig("engine:\n  asleep_refits: later\n", "c.yaml").status().message(),
+              HasSubstr("engine.asleep_refits: must be stage or refuse"));
+}
+
 TEST(ConfigTest, ConfigFileIsBounded) {
   EXPECT_THAT(LoadConfigFile("/dev/zero", transport::BuiltinTransports()).status().message(),
               HasSubstr("config '/dev/zero' is not a regular file (a character device)"));
