@@ -470,6 +470,9 @@ std::shared_ptr<Commit> Node::NewSessionCommit() {
 // ---- sleep and wake ----
 
 absl::Status Node::Sleep(uint64_t engine_id) {
+  if (ranked_) {
+    return absl::UnimplementedError("sleep: an engine of several ranks cannot sleep yet (each rank's weights stay mapped)");
+  }
   if (!engine_ || engine_->id != engine_id || engine_->gone) {
     return absl::FailedPreconditionError("this registration is not the registered engine");
   }
@@ -487,6 +490,9 @@ absl::Status Node::Sleep(uint64_t engine_id) {
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::Wake(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage) {
+  if (ranked_) {
+    return absl::UnimplementedError("wake: an engine of several ranks cannot sleep yet (each rank's weights stay mapped)");
+  }
   if (!engine_ || engine_->id != engine_id || engine_->gone) {
     return absl::FailedPreconditionError("this registration is not the registered engine");
   }
