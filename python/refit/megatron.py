@@ -14,7 +14,7 @@
 refitd maps the Megatron-core names and layouts to the checkpoint's (the model spec's `source:
 {layout: megatron, ...}` section: grouped-query `linear_qkv`, `linear_fc1` = [gate; up] per TP
 rank, fused layer norms, padded vocabulary, MLA projections, shared experts, gpt-oss's stacked
-experts; docs/config.md). This module only says, per tensor,
+experts, Qwen3-Next / Qwen3.5 gated attention, gated delta-net and MTP layers; docs/config.md). This module only says, per tensor,
 what Megatron-core's own conventions say and refitd cannot see:
 
 - its tensor-parallel shard, as a `Shard` along Megatron's partition dimension (dim 0 for the

@@ -444,3 +444,31 @@ def test_shards_helper_mla_gpt_oss_buffers_and_expert_copies():
     copy = refit.megatron.shards(named, tp_rank=1, tp_size=2, ep_rank=1, num_local_experts=2, etp_rank=0, etp_size=1,
                                  edp_rank=1)
     assert copy == {}
+
+
+def test_shards_helper_gated_delta_net_mtp_and_the_mtp_stage_embedding_copy():
+    import torch
+
+    import refit.megatron
+
+    a_log = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+    a_log.tensor_model_parallel = True  # gated_delta_net.py sets no partition_dim on it
+    named = [
+        ("decoder.layers.0.self_attention.in_proj.weight", torch.zeros(12, 4)),
+        ("decoder.layers.0.self_attention.conv1d.weight", torch.zeros(6, 1, 4)),
+        ("decoder.layers.0.self_attention.A_log", a_log),
+        ("decoder.layers.0.self_attention.out_proj.weight", torch.zeros(4, 2)),
+        ("mtp.layers.0.eh_proj.weight", torch.zeros(2, 8)),
+        ("mtp.layers.0.enorm.weight", torch.ones(4)),
+        ("embedding.word_embeddings.weight", torch.zeros(6, 4)),
+    ]
+    last = refit.megatron.shards(named, tp_rank=1, tp_size=2, layer_offset=1, pp_rank=1)
+    assert "embedding.word_embeddings.weight" not in last and "mtp.layers.0.enorm.weight" not in last
+    dims = {n: (v.dim, v.start, tuple(v.full_shape)) for n, v in last.items()}
+    assert dims == {"decoder.layers.1.self_attention.in_proj.weight": (0, 12, (24, 4)),
+                    "decoder.layers.1.self_attention.conv1d.weight": (0, 6, (12, 1, 4)),
+                    "decoder.layers.1.self_attention.A_log": (0, 2, (4,)),
+                    "decoder.layers.1.self_attention.out_proj.weight": (1, 2, (4, 4)),
+                    "mtp.layers.0.eh_proj.weight": (0, 2, (4, 8))}
+    first = refit.megatron.shards(named, tp_rank=0, tp_size=2, pp_rank=0)
+    assert first["embedding.word_embeddings.weight"].start == 0 and "mtp.layers.0.enorm.weight" in first
