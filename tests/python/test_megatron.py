@@ -1,6 +1,7 @@
 """Megatron-core trainers (spec `source: {layout: megatron}`, refit.megatron): tp=2 x pp=2
 (x ep=2 for the MoE families: Qwen3-MoE, DeepSeek-V3 with MLA, shared experts and a dense first
-layer, gpt-oss with attention sinks, biases and stacked experts) trainer processes in a gloo group, each holding its Megatron-core
+layer, gpt-oss with attention sinks, biases and stacked experts; Qwen3.5 with gated delta-net,
+gated attention and an MTP layer) trainer processes in a gloo group, each holding its Megatron-core
 model chunk laid out from an HF checkpoint by megatron_layout.py (written from Megatron-core's
 and Megatron-Bridge's conventions, not from refitd's mapping), push its named_parameters() as
 they are. After each of three refits the engine's bytes (as refitd reads them) equal
@@ -343,8 +344,11 @@ def test_qwen35_megatron_ranks_refit_and_a_missing_shard(node, tmp_path):
         results = ranks.step(0)
     errors = [r.get("error") for r in results]
     assert all(e is not None and e["code_name"] == "FAILED_PRECONDITION" for e in errors), results
-    for fragment in ("model.layers.0.linear_attn.in_proj_qkvz.weight",
-                     "from Megatron-core 'decoder.layers.0.self_attention.in_proj.weight'"):
+    # tp rank 1's key head: the second half of each regrouped tensor
+    for fragment in ("tensor 'model.layers.0.linear_attn.in_proj_qkvz.weight' (from Megatron-core "
+                     "'decoder.layers.0.self_attention.in_proj.weight'): slices cover 384 of 768 rows of dimension 0; "
+                     "missing [384, 768)",
+                     "tensor 'model.layers.0.linear_attn.in_proj_ba.weight'", "missing [4, 8)"):
         assert fragment in errors[0]["message"], errors[0]["message"]
     assert n.checksums() == before
 
