@@ -14,7 +14,7 @@
 refitd maps the Megatron-core names and layouts to the checkpoint's (the model spec's `source:
 {layout: megatron, ...}` section: grouped-query `linear_qkv`, `linear_fc1` = [gate; up] per TP
 rank, fused layer norms, padded vocabulary, MLA projections, shared experts, gpt-oss's stacked
-experts; docs/config.md). This module only says, per tensor,
+experts, Qwen3-Next / Qwen3.5 gated attention, gated delta-net and MTP layers; docs/config.md). This module only says, per tensor,
 what Megatron-core's own conventions say and refitd cannot see:
 
 - its tensor-parallel shard, as a `Shard` along Megatron's partition dimension (dim 0 for the
@@ -50,8 +50,11 @@ _DIM0 = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias", "
          "self_attention.linear_q_up_proj.weight", "self_attention.linear_kv_up_proj.weight",
          "self_attention.linear_q_proj.weight",
          # gpt-oss attention sinks: one per head
-         "self_attention.core_attention.softmax_offset")
-_DIM1 = ("self_attention.linear_proj.weight", "linear_fc2.weight")
+         "self_attention.core_attention.softmax_offset",
+         # Qwen3-Next / Qwen3.5 gated delta-net (per TP rank its heads' parts of each) and MTP
+         "self_attention.in_proj.weight", "self_attention.conv1d.weight", "self_attention.A_log",
+         "self_attention.dt_bias", "eh_proj.weight")
+_DIM1 = ("self_attention.linear_proj.weight", "linear_fc2.weight", "self_attention.out_proj.weight")
 # Buffers that are checkpoint tensors (the rest of named_buffers() is runtime state).
 _BUFFERS = ("mlp.router.expert_bias",)
 
@@ -59,7 +62,8 @@ _BUFFERS = ("mlp.router.expert_bias",)
 def partition_dim(name: str, param=None) -> Optional[int]:
     """Megatron-core's tensor-parallel partition dimension of `name`, None when replicated."""
     if param is not None and hasattr(param, "tensor_model_parallel"):
-        return int(param.partition_dim) if getattr(param, "tensor_model_parallel") else None
+        # conv1d, A_log and dt_bias of a gated delta-net carry tensor_model_parallel alone (dim 0)
+        return int(getattr(param, "partition_dim", 0)) if getattr(param, "tensor_model_parallel") else None
     grouped = _GROUPED_EXPERT.search(name)
     if grouped:
         if grouped.group(1) == "linear_fc1":
@@ -88,14 +92,18 @@ def global_name(name: str, layer_offset: int = 0, expert_offset: int = 0) -> str
 
 def shards(named_parameters: Iterable, *, tp_rank: int = 0, tp_size: int = 1, layer_offset: int = 0,
            ep_rank: int = 0, num_local_experts: int = 0, etp_rank: Optional[int] = None,
-           etp_size: Optional[int] = None, edp_rank: int = 0, named_buffers: Optional[Iterable] = None) -> dict:
+           etp_size: Optional[int] = None, edp_rank: int = 0, named_buffers: Optional[Iterable] = None,
+           pp_rank: Optional[int] = None) -> dict:
     """name -> tensor or Shard for refit.distributed.refit: this rank's part of the refit.
 
     `named_buffers` (the chunk's named_buffers()): the buffers that are checkpoint tensors are
     taken from it (the MoE router's `expert_bias`, DeepSeek-V3's e_score_correction_bias); the
     others are runtime state and left out. `edp_rank`: the expert data-parallel rank inside the
     model-parallel group (an expert tensor-parallel size below the TP size leaves several copies
-    of each expert there, e.g. TP 2 with expert TP 1); only edp rank 0 pushes experts."""
+    of each expert there, e.g. TP 2 with expert TP 1); only edp rank 0 pushes experts. `pp_rank`:
+    given and not 0, the stage's embedding.word_embeddings.weight is a copy of the first stage's
+    (Megatron-core builds one on the last stage for MTP layers, or for a tied output layer) and
+    is left out."""
     etp_rank = tp_rank if etp_rank is None else etp_rank
     etp_size = tp_size if etp_size is None else etp_size
     named = list(named_parameters)
@@ -112,6 +120,8 @@ def shards(named_parameters: Iterable, *, tp_rank: int = 0, tp_size: int = 1, la
         dim = partition_dim(name, param)
         tensor = param.detach() if hasattr(param, "detach") else param
         key = global_name(name, layer_offset, ep_rank * num_local_experts)
+        if pp_rank and key == "embedding.word_embeddings.weight":
+            continue  # the first stage pushes it
         if dim is None or size == 1:
             if rank == 0:
                 out[key] = tensor

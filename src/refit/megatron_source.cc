@@ -15,11 +15,13 @@
 namespace refit {
 namespace {
 
-enum class Kind : uint8_t { kRename, kQkv, kFc1, kVocab, kQkvDown, kOssFc1, kOssFc1Bias, kOssFc2, kOssFc2Bias };
+enum class Kind : uint8_t {
+  kRename, kQkv, kFc1, kVocab, kQkvDown, kOssFc1, kOssFc1Bias, kOssFc2, kOssFc2Bias, kGdnInProj, kGdnConv
+};
 
 struct Mapped {
   Kind kind = Kind::kRename;
-  std::string target;  // kRename, kVocab, kOss*: the checkpoint name; kQkv, kFc1, kQkvDown: the prefix before "{q,k,v}_proj." / "{gate,up}_proj." / "q_a_proj"
+  std::string target;  // kRename, kVocab, kOss*, kGdnConv: the checkpoint name; kQkv, kFc1, kQkvDown, kGdnInProj: the prefix before "{q,k,v}_proj." / "{gate,up}_proj." / "q_a_proj" / "in_proj_{qkvz,ba}"
   std::string suffix;  // kQkv, kFc1: "weight" or "bias"
   int64_t expert = 0;  // kOss*: the global expert
 };
@@ -64,30 +66,36 @@ bool ParseExpert(absl::string_view rest, int& fc, std::string& param, int64_t& e
   return false;
 }
 
-// The checkpoint mapping of a Megatron-core name; nullopt: not one; error: a Megatron name
-// refitd has no mapping for.
-absl::StatusOr<std::optional<Mapped>> Parse(const spec::MegatronSource& m, absl::string_view name) {
-  while (absl::ConsumePrefix(&name, "module.")) {
-  }
-  if (name == "embedding.word_embeddings.weight") return Mapped{Kind::kVocab, "model.embed_tokens.weight", "", 0};
-  if (name == "output_layer.weight") return Mapped{Kind::kVocab, "lm_head.weight", "", 0};
-  if (name == "decoder.final_layernorm.weight") return Mapped{Kind::kRename, "model.norm.weight", "", 0};
-  if (!absl::StartsWith(name, "embedding.") && !absl::StartsWith(name, "decoder.") &&
-      !absl::StartsWith(name, "output_layer.")) {
-    return std::optional<Mapped>();
-  }
-  auto unknown = [&] {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name),
-                                                   "': no checkpoint name for this Megatron-core tensor "
-                                                   "(source layout megatron)"));
-  };
-  absl::string_view rest = name;
-  int64_t layer = 0;
-  if (!absl::ConsumePrefix(&rest, "decoder.layers.") || !ConsumeIndex(rest, layer)) return unknown();
-  const std::string p = absl::StrCat("model.layers.", layer, ".");
+absl::Status Unknown(absl::string_view name) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name),
+                                                 "': no checkpoint name for this Megatron-core tensor "
+                                                 "(source layout megatron)"));
+}
+
+// A transformer layer's tensor `rest` (after "decoder.layers.{L}." or an MTP layer's
+// "mtp.layers.{N}.transformer_layer.") -> its mapping, checkpoint names prefixed by `p`.
+absl::StatusOr<std::optional<Mapped>> ParseLayer(const spec::MegatronSource& m, absl::string_view name,
+                                                 const std::string& p, absl::string_view rest) {
+  auto unknown = [&] { return Unknown(name); };
   auto rename = [&](absl::string_view to) { return Mapped{Kind::kRename, absl::StrCat(p, std::string(to)), "", 0}; };
   const bool mla = m.attention == spec::MegatronSource::Attention::kMla;
+  const bool gated = m.attention == spec::MegatronSource::Attention::kGated;
   const bool oss = m.experts == spec::MegatronSource::Experts::kGptOss;
+  if (gated) {
+    // Gated delta-net (megatron/core/ssm/gated_delta_net.py) -> HF linear_attn.*.
+    if (rest == "self_attention.in_proj.layer_norm_weight") return rename("input_layernorm.weight");
+    if (rest == "self_attention.in_proj.weight") return Mapped{Kind::kGdnInProj, p + "linear_attn.", "", 0};
+    if (rest == "self_attention.conv1d.weight") return Mapped{Kind::kGdnConv, p + "linear_attn.conv1d.weight", "", 0};
+    if (rest == "self_attention.A_log") return rename("linear_attn.A_log");
+    if (rest == "self_attention.dt_bias") return rename("linear_attn.dt_bias");
+    if (rest == "self_attention.out_proj.weight") return rename("linear_attn.out_proj.weight");
+    if (rest == "self_attention.out_norm.weight") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", std::string(name), "': not mapped: Megatron-core's zero-centred out_norm holds the checkpoint's ",
+          p, "linear_attn.norm.weight minus 1 (the checkpoint's gated norm is a plain RMSNorm); push that tensor "
+          "under its checkpoint name, as out_norm.weight + 1"));
+    }
+  }
   if (rest == "self_attention.linear_qkv.layer_norm_weight" || rest == "input_layernorm.weight") {
     return rename("input_layernorm.weight");
   }
@@ -125,8 +133,11 @@ absl::StatusOr<std::optional<Mapped>> Parse(const spec::MegatronSource& m, absl:
   }
   if (rest == "mlp.linear_fc1.weight") return Mapped{Kind::kFc1, p + "mlp.", "weight", 0};
   if (rest == "mlp.linear_fc2.weight") return rename("mlp.down_proj.weight");
-  if (rest == "mlp.shared_experts.linear_fc1.weight") return Mapped{Kind::kFc1, p + "mlp.shared_experts.", "weight", 0};
-  if (rest == "mlp.shared_experts.linear_fc2.weight") return rename("mlp.shared_experts.down_proj.weight");
+  // Qwen3-Next / Qwen3.5 name the shared expert mlp.shared_expert, with its sigmoid gate beside it.
+  const std::string shared = gated ? "mlp.shared_expert." : "mlp.shared_experts.";
+  if (rest == "mlp.shared_experts.linear_fc1.weight") return Mapped{Kind::kFc1, p + shared, "weight", 0};
+  if (rest == "mlp.shared_experts.linear_fc2.weight") return rename(shared + "down_proj.weight");
+  if (gated && rest == "mlp.shared_experts.gate_weight") return rename("mlp.shared_expert_gate.weight");
   if (oss) {
     if (rest == "mlp.router.weight") return rename("mlp.router.weight");
     if (rest == "mlp.router.bias") return rename("mlp.router.bias");
@@ -152,6 +163,44 @@ absl::StatusOr<std::optional<Mapped>> Parse(const spec::MegatronSource& m, absl:
   const std::string ep = absl::StrCat(p, "mlp.experts.", expert, ".");
   if (fc == 1) return Mapped{Kind::kFc1, ep, "weight", 0};
   return Mapped{Kind::kRename, ep + "down_proj.weight", "", 0};
+}
+
+// The checkpoint mapping of a Megatron-core name; nullopt: not one; error: a Megatron name
+// refitd has no mapping for.
+absl::StatusOr<std::optional<Mapped>> Parse(const spec::MegatronSource& m, absl::string_view name) {
+  while (absl::ConsumePrefix(&name, "module.")) {
+  }
+  if (name == "embedding.word_embeddings.weight") return Mapped{Kind::kVocab, "model.embed_tokens.weight", "", 0};
+  if (name == "output_layer.weight") return Mapped{Kind::kVocab, "lm_head.weight", "", 0};
+  if (name == "decoder.final_layernorm.weight") return Mapped{Kind::kRename, "model.norm.weight", "", 0};
+  absl::string_view rest = name;
+  int64_t layer = 0;
+  if (m.attention == spec::MegatronSource::Attention::kGated && absl::ConsumePrefix(&rest, "mtp.layers.")) {
+    // Multi-token prediction (megatron/core/transformer/multi_token_prediction.py): the HF
+    // checkpoint's one MTP layer is mtp.fc / mtp.pre_fc_norm_* / mtp.norm around mtp.layers.0.*.
+    // Other mtp.* names are the checkpoint's own.
+    if (!ConsumeIndex(rest, layer)) return std::optional<Mapped>();
+    const std::pair<const char*, const char*> own[] = {{"eh_proj.weight", "mtp.fc.weight"},
+                                                       {"enorm.weight", "mtp.pre_fc_norm_embedding.weight"},
+                                                       {"hnorm.weight", "mtp.pre_fc_norm_hidden.weight"},
+                                                       {"final_layernorm.weight", "mtp.norm.weight"}};
+    for (const auto& [from, to] : own) {
+      if (rest != from) continue;
+      if (layer != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name),
+                                                       "': not mapped: the checkpoint has one MTP layer (", to, ")"));
+      }
+      return Mapped{Kind::kRename, to, "", 0};
+    }
+    if (!absl::ConsumePrefix(&rest, "transformer_layer.")) return std::optional<Mapped>();
+    return ParseLayer(m, name, absl::StrCat("mtp.layers.", layer, "."), rest);
+  }
+  if (!absl::StartsWith(name, "embedding.") && !absl::StartsWith(name, "decoder.") &&
+      !absl::StartsWith(name, "output_layer.")) {
+    return std::optional<Mapped>();
+  }
+  if (!absl::ConsumePrefix(&rest, "decoder.layers.") || !ConsumeIndex(rest, layer)) return Unknown(name);
+  return ParseLayer(m, name, absl::StrCat("model.layers.", layer, "."), rest);
 }
 
 struct Rows {
@@ -253,6 +302,64 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> OssExpert(const spec::Me
   return std::optional<std::vector<SourcePiece>>(std::move(out));
 }
 
+// A gated delta-net's in_proj or conv1d weight, one whole TP shard (megatron/core/ssm/
+// gated_delta_net.py): TP rank t of tp holds key heads [t * nk / tp, ...) and value heads
+// [t * nv / tp, ...); its in_proj rows are [q; k; v; z; b; a] of those heads (q, k: key_head_dim
+// per key head; v, z: value_head_dim per value head; b, a: one per value head), its conv1d
+// channels [q; k; v]. The checkpoint (HF Qwen3-Next) groups in_proj_qkvz per key head as
+// [q; k; v; z] of that head and its nv / nk value heads, in_proj_ba per key head as [b; a] of its
+// value heads; conv1d.weight is [q; k; v] of all heads.
+absl::StatusOr<std::optional<std::vector<SourcePiece>>> GdnPieces(const spec::MegatronSource& m, const TensorDesc& in,
+                                                                  const Rows& r, const Mapped& mp) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", in.name, "': ", why));
+  };
+  if (m.linear_num_key_heads <= 0 || m.linear_key_head_dim <= 0 || m.linear_num_value_heads <= 0 ||
+      m.linear_value_head_dim <= 0) {
+    return bad("a gated delta-net in_proj / conv1d needs source.linear_num_key_heads, linear_key_head_dim, "
+               "linear_num_value_heads and linear_value_head_dim");
+  }
+  const uint64_t nk = static_cast<uint64_t>(m.linear_num_key_heads), dk = static_cast<uint64_t>(m.linear_key_head_dim);
+  const uint64_t nv = static_cast<uint64_t>(m.linear_num_value_heads),
+                 dv = static_cast<uint64_t>(m.linear_value_head_dim);
+  const bool conv = mp.kind == Kind::kGdnConv;
+  const uint64_t qk = nk * dk, vd = nv * dv;
+  const uint64_t total = conv ? 2 * qk + vd : 2 * qk + 2 * vd + 2 * nv;
+  if (r.full != total) {
+    return bad(absl::StrCat(r.full, " rows in all, but ", nk, " key heads of ", dk, " and ", nv, " value heads of ",
+                            dv, " (source section) make ", total));
+  }
+  if (r.full % r.count != 0 || r.start % r.count != 0) {
+    return bad(absl::StrCat("rows [", r.start, ", ", r.start + r.count, ") of ", r.full,
+                            " are not one of equal tensor-parallel shards (each holds its heads' parts of all)"));
+  }
+  const uint64_t tp = r.full / r.count, t = r.start / r.count;
+  if (nk % tp != 0 || nv % tp != 0) {
+    return bad(absl::StrCat(tp, " tensor-parallel shards of ", nk, " key and ", nv, " value heads"));
+  }
+  const uint64_t nkl = nk / tp, nvl = nv / tp, ratio = nv / nk;
+  std::vector<SourcePiece> out;
+  if (conv) {
+    out.push_back(Piece(in, r, mp.target, t * nkl * dk, nkl * dk, total, 0));
+    out.push_back(Piece(in, r, mp.target, qk + t * nkl * dk, nkl * dk, total, nkl * dk));
+    out.push_back(Piece(in, r, mp.target, 2 * qk + t * nvl * dv, nvl * dv, total, 2 * nkl * dk));
+    return std::optional<std::vector<SourcePiece>>(std::move(out));
+  }
+  const uint64_t per_head = 2 * dk + 2 * ratio * dv;  // in_proj_qkvz rows of one key head
+  const uint64_t lk = nkl * dk, lv = 2 * nkl * dk, lz = lv + nvl * dv, lb = lz + nvl * dv, la = lb + nvl;
+  const std::string qkvz = mp.target + "in_proj_qkvz.weight", ba = mp.target + "in_proj_ba.weight";
+  for (uint64_t i = 0; i < nkl; ++i) {
+    const uint64_t h = t * nkl + i;
+    out.push_back(Piece(in, r, qkvz, h * per_head, dk, nk * per_head, i * dk));
+    out.push_back(Piece(in, r, qkvz, h * per_head + dk, dk, nk * per_head, lk + i * dk));
+    out.push_back(Piece(in, r, qkvz, h * per_head + 2 * dk, ratio * dv, nk * per_head, lv + i * ratio * dv));
+    out.push_back(Piece(in, r, qkvz, h * per_head + 2 * dk + ratio * dv, ratio * dv, nk * per_head, lz + i * ratio * dv));
+    out.push_back(Piece(in, r, ba, h * 2 * ratio, ratio, 2 * nv, lb + i * ratio));
+    out.push_back(Piece(in, r, ba, h * 2 * ratio + ratio, ratio, 2 * nv, la + i * ratio));
+  }
+  return std::optional<std::vector<SourcePiece>>(std::move(out));
+}
+
 }  // namespace
 
 void ReorderPiece(const SourcePiece& p, const uint8_t* src, uint8_t* dst) {
@@ -340,33 +447,47 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::
           "tensor '", in.name, "': linear_qkv needs source.num_attention_heads, num_query_groups and head_dim"));
     }
     const uint64_t hd = static_cast<uint64_t>(m.head_dim), groups = static_cast<uint64_t>(m.num_query_groups);
-    const uint64_t qpg = static_cast<uint64_t>(m.num_attention_heads) / groups;
-    const uint64_t per_group = (qpg + 2) * hd;
+    const uint64_t qpg = static_cast<uint64_t>(m.num_attention_heads) / groups, heads = qpg * groups;
+    const bool gated = m.attention == spec::MegatronSource::Attention::kGated;
+    const uint64_t q_rows = (gated ? 2 : 1) * qpg * hd;  // a group's query (and output gate) rows
+    const uint64_t per_group = q_rows + 2 * hd;
     if (r.full != groups * per_group) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", in.name, "': ", r.full, " rows in all, but ", m.num_attention_heads, " heads in ", groups,
-          " query groups of head_dim ", hd, " (source section) make ", groups * per_group));
+          " query groups of head_dim ", hd, gated ? " with an output gate per head" : "", " (source section) make ",
+          groups * per_group));
     }
-    // Per group g: [q rows of its qpg heads; k rows; v rows]; each part's intersection with
-    // the pushed rows is one piece of q_proj / k_proj / v_proj.
+    // Per group g: [q rows of its qpg heads; (gated: their output gate rows;) k rows; v rows];
+    // each part's intersection with the pushed rows is one piece of q_proj / k_proj / v_proj.
+    // Gated, HF's q_proj holds per head [q; gate] (head_dim rows each).
     struct Part {
       const char* proj;
-      uint64_t offset, length, full;
+      uint64_t offset, length, dst, full;  // rows in the group; where they go in the checkpoint tensor of `full` rows
     };
+    std::vector<Part> parts;
     for (uint64_t g = r.start / per_group; g < groups && g * per_group < end; ++g) {
-      const Part parts[] = {{"q_proj.", 0, qpg * hd, groups * qpg * hd},
-                            {"k_proj.", qpg * hd, hd, groups * hd},
-                            {"v_proj.", (qpg + 1) * hd, hd, groups * hd}};
+      parts.clear();
+      if (gated) {
+        for (uint64_t j = 0; j < qpg; ++j) {
+          parts.push_back({"q_proj.", j * hd, hd, (g * qpg + j) * 2 * hd, 2 * heads * hd});
+          parts.push_back({"q_proj.", (qpg + j) * hd, hd, (g * qpg + j) * 2 * hd + hd, 2 * heads * hd});
+        }
+      } else {
+        parts.push_back({"q_proj.", 0, qpg * hd, g * qpg * hd, heads * hd});
+      }
+      parts.push_back({"k_proj.", q_rows, hd, g * hd, groups * hd});
+      parts.push_back({"v_proj.", q_rows + hd, hd, g * hd, groups * hd});
       for (const Part& part : parts) {
         const uint64_t lo = std::max(r.start, g * per_group + part.offset);
         const uint64_t hi = std::min(end, g * per_group + part.offset + part.length);
         if (lo >= hi) continue;
-        const uint64_t at = (part.full / groups) * g + (lo - g * per_group - part.offset);
+        const uint64_t at = part.dst + (lo - g * per_group - part.offset);
         out.push_back(Piece(in, r, absl::StrCat(mp.target, part.proj, mp.suffix), at, hi - lo, part.full, lo - r.start));
       }
     }
     return std::optional<std::vector<SourcePiece>>(std::move(out));
   }
+  if (mp.kind == Kind::kGdnInProj || mp.kind == Kind::kGdnConv) return GdnPieces(m, in, r, mp);
   // kFc1: this TP rank's [gate shard; up shard], shards of equal size.
   if (r.count % 2 != 0 || r.full % r.count != 0 || r.start % r.count != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -37,6 +37,15 @@
 //   mlp.router.{weight,bias} -> mlp.router.*, and each expert e's linear_fc1 / linear_fc2 weight and
 //   bias -> entry e of the stacked mlp.experts.gate_up_proj[_bias] ([E, in, out], gate/up columns
 //   interleaved: a reordered piece) / down_proj[_bias] ([E, in, out]: transposed).
+// Qwen3-Next / Qwen3.5 (source.attention gated): linear_qkv per query group [q heads; their output
+//   gates; k; v] -> q_proj (per head [q; gate]), k_proj, v_proj; gated delta-net
+//   self_attention.in_proj.weight (per TP rank [q; k; v; z; b; a] of its heads) -> linear_attn.
+//   in_proj_qkvz (per key head [q; k; v; z]) / in_proj_ba (per key head [b; a]); conv1d.weight (per
+//   TP rank [q; k; v] of its heads) -> linear_attn.conv1d.weight; A_log, dt_bias, out_proj.weight,
+//   in_proj.layer_norm_weight renamed; out_norm.weight refused (it is the checkpoint's norm minus 1);
+//   mlp.shared_experts.* -> mlp.shared_expert.*, shared_experts.gate_weight -> mlp.shared_expert_gate;
+//   mtp.layers.0.{eh_proj,enorm,hnorm,final_layernorm} -> mtp.{fc,pre_fc_norm_embedding,
+//   pre_fc_norm_hidden,norm}, mtp.layers.{N}.transformer_layer.* -> mtp.layers.{N}.* as a layer.
 // Leading "module." wrappers (DDP, Float16Module) are ignored. Names outside embedding.,
 // decoder. and output_layer. are taken as checkpoint names.
 //

@@ -408,7 +408,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   if (const YAML::Node src = root["source"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(src, "source",
                                       {"layout", "attention", "experts", "num_attention_heads", "num_query_groups",
-                                       "head_dim", "q_lora_rank", "num_experts", "vocab_size"}));
+                                       "head_dim", "q_lora_rank", "num_experts", "vocab_size", "linear_num_key_heads",
+                                       "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim"}));
     if (!src["layout"]) return r.Error(src, "source", "needs 'layout' (megatron)");
     REFIT_ASSIGN_OR_RETURN(std::string layout, r.String(src["layout"], "source.layout"));
     if (layout != "megatron") return r.Error(src["layout"], "source.layout", "must be megatron");
@@ -418,8 +419,10 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       REFIT_ASSIGN_OR_RETURN(std::string attention, r.String(src["attention"], "source.attention"));
       if (attention == "mla") {
         m.attention = MegatronSource::Attention::kMla;
+      } else if (attention == "gated") {
+        m.attention = MegatronSource::Attention::kGated;
       } else if (attention != "gqa") {
-        return r.Error(src["attention"], "source.attention", "must be gqa or mla");
+        return r.Error(src["attention"], "source.attention", "must be gqa, mla or gated");
       }
     }
     if (src["experts"]) {
@@ -431,7 +434,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       }
     }
     // Grouped-query attention's linear_qkv needs its heads; MLA has no linear_qkv.
-    const bool gqa = m.attention == MegatronSource::Attention::kGqa;
+    const bool gqa = m.attention != MegatronSource::Attention::kMla;
     const std::pair<const char*, int64_t*> heads[] = {{"num_attention_heads", &m.num_attention_heads},
                                                       {"num_query_groups", &m.num_query_groups},
                                                       {"head_dim", &m.head_dim}};
@@ -453,6 +456,21 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     }
     if (src["vocab_size"]) {
       REFIT_ASSIGN_OR_RETURN(m.vocab_size, r.Int(src["vocab_size"], "source.vocab_size", 1));
+    }
+    const std::pair<const char*, int64_t*> linear[] = {{"linear_num_key_heads", &m.linear_num_key_heads},
+                                                       {"linear_key_head_dim", &m.linear_key_head_dim},
+                                                       {"linear_num_value_heads", &m.linear_num_value_heads},
+                                                       {"linear_value_head_dim", &m.linear_value_head_dim}};
+    for (const auto& [key, field] : linear) {
+      if (!src[key]) continue;
+      if (m.attention != MegatronSource::Attention::kGated) {
+        return r.Error(src[key], absl::StrCat("source.", key), "needs 'attention: gated' (gated delta-net layers)");
+      }
+      REFIT_ASSIGN_OR_RETURN(*field, r.Int(src[key], absl::StrCat("source.", key), 1));
+    }
+    if (m.linear_num_key_heads > 0 && m.linear_num_value_heads % m.linear_num_key_heads != 0) {
+      return r.Error(src["linear_num_value_heads"], "source.linear_num_value_heads",
+                     absl::StrCat("must be a multiple of linear_num_key_heads ", m.linear_num_key_heads));
     }
     if (m.num_query_groups > 0 && m.num_attention_heads % m.num_query_groups != 0) {
       return r.Error(src["num_query_groups"], "source.num_query_groups",

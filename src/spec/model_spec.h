@@ -107,7 +107,9 @@ struct Derived {
 // `named_parameters()` (TP shards as slices, global layer and expert numbers); refitd maps each
 // to the checkpoint tensors (refit/megatron_source.h, docs/config.md "source").
 struct MegatronSource {
-  enum class Attention : uint8_t { kGqa, kMla };
+  // kGated: Qwen3-Next / Qwen3.5 (attention_output_gate: linear_qkv holds an output gate per
+  // query head; gated delta-net layers; MTP and shared_expert names of that family).
+  enum class Attention : uint8_t { kGqa, kMla, kGated };
   enum class Experts : uint8_t { kPerExpert, kGptOss };
   Attention attention = Attention::kGqa;  // kMla: DeepSeek multi-latent attention names
   Experts experts = Experts::kPerExpert;  // kGptOss: stacked [E, in, out] experts, gate/up interleaved
@@ -117,6 +119,11 @@ struct MegatronSource {
   int64_t q_lora_rank = 0;  // MLA: rows of q_a_proj in a fused linear_qkv_down_proj (0: not given)
   int64_t num_experts = 0;  // kGptOss: the stacked experts' leading dim
   int64_t vocab_size = 0;   // the checkpoint's rows of the embedding and output layer; 0: no padding
+  // Gated delta-net layers (kGated): needed by their in_proj and conv1d only (0: not given).
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_value_head_dim = 0;
   int line = 0;
 };
 

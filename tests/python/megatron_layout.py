@@ -223,3 +223,96 @@ def gpt_oss_chunk(hf, *, layers, heads, groups, head_dim, tp, tp_rank, pp, pp_ra
             out[m + f"mlp.experts.linear_fc2.bias{i}"] = hf[x + "down_proj_bias"][e]
     _embedding_and_head(hf, out, tp=tp, tp_rank=tp_rank, pp=pp, pp_rank=pp_rank, divisible_by=divisible_by)
     return {n: t.contiguous() for n, t in out.items()}
+
+
+def qwen35_chunk(hf, *, layers, heads, groups, head_dim, linear, tp, tp_rank, pp, pp_rank, divisible_by=96, **_):
+    """{local Megatron-core name: this rank's tensor} of a Qwen3-Next / Qwen3.5 chunk (TE spec,
+    dense MLPs as in make_checkpoints.py's qwen35; `linear`: the gated delta-net's num_key_heads,
+    key_head_dim, num_value_heads, value_head_dim), following:
+
+    - Megatron-Bridge src/megatron/bridge/models/qwen/qwen3_next_bridge.py (mapping_registry): the
+      HF name of each Megatron-core tensor; its out_norm is RMSNorm2ZeroCenteredRMSNormMapping
+      (Megatron-core's zero-centred out_norm = HF linear_attn.norm - 1).
+    - megatron/core/ssm/gated_delta_net.py (GatedDeltaNet.__init__ / forward): in_proj is a
+      column-parallel linear whose per-rank output is split [q; k; v; z; beta; alpha], q and k
+      of the rank's key heads (key_head_dim each), v and z of its value heads, beta and alpha
+      one per value head; conv1d (channels [q; k; v] of the rank's heads), A_log and dt_bias
+      (one per value head) are split by TP the same way; out_proj is row-parallel. Value head j
+      belongs to key head j // (num_value_heads / num_key_heads) (its repeat_interleave).
+    - transformers models/qwen3_next/modeling_qwen3_next.py (Qwen3NextGatedDeltaNet.
+      fix_query_key_value_ordering): in_proj_qkvz viewed [num_key_heads, 2 * key_head_dim + 2 *
+      (value heads per key head) * value_head_dim] per key head [q; k; v; z], in_proj_ba viewed
+      [num_key_heads, 2 * value heads per key head] per key head [b; a]; conv1d runs over
+      cat(q, k, v) of all heads (Megatron-Bridge param_mapping.py GDNLinearMapping /
+      GDNConv1dMapping do the same regrouping).
+    - megatron/core/transformer/attention.py (get_query_key_value_tensors with
+      attention_output_gate): linear_qkv per query group [q of its heads; gate of its heads; k;
+      v]; HF q_proj (Qwen3NextAttention.forward) viewed [heads, 2 * head_dim] per head [q; gate].
+    - megatron/core/transformer/multi_token_prediction.py: the MTP layer (on the last stage) is
+      mtp.layers.0.{eh_proj (column-parallel), enorm, hnorm, final_layernorm} around
+      mtp.layers.0.transformer_layer.*; megatron/core/models/gpt/gpt_model.py builds the word
+      embedding on the MTP stage too (a copy of the first stage's).
+    Full-attention layers are those with self_attn.* in `hf`, the others gated delta-net.
+    """
+    out = {}
+    per_stage = layers // pp
+    first = pp_rank * per_stage
+    qpg = heads // groups
+    nk, dk, nv, dv = (linear[k] for k in ("num_key_heads", "key_head_dim", "num_value_heads", "value_head_dim"))
+    per_key = nv // nk
+
+    def mine(t, dim=0):
+        return t.chunk(tp, dim=dim)[tp_rank]
+
+    def attention(h, m):
+        a = m + "self_attention."
+        q_and_gate = hf[h + "self_attn.q_proj.weight"].view(heads, 2, head_dim, -1)
+        k = hf[h + "self_attn.k_proj.weight"].view(groups, head_dim, -1)
+        v = hf[h + "self_attn.v_proj.weight"].view(groups, head_dim, -1)
+        per_group = [torch.cat([q_and_gate[g * qpg:(g + 1) * qpg, 0].flatten(0, 1),
+                                q_and_gate[g * qpg:(g + 1) * qpg, 1].flatten(0, 1), k[g], v[g]])
+                     for g in range(groups)]
+        out[a + "linear_qkv.weight"] = mine(torch.cat(per_group))
+        out[a + "linear_qkv.layer_norm_weight"] = hf[h + "input_layernorm.weight"]
+        out[a + "q_layernorm.weight"] = hf[h + "self_attn.q_norm.weight"]
+        out[a + "k_layernorm.weight"] = hf[h + "self_attn.k_norm.weight"]
+        out[a + "linear_proj.weight"] = mine(hf[h + "self_attn.o_proj.weight"], 1)
+
+    def delta_net(h, m):
+        a = m + "self_attention."
+        x = h + "linear_attn."
+        qkvz = hf[x + "in_proj_qkvz.weight"].view(nk, 2 * dk + 2 * per_key * dv, -1)
+        q, k, v, z = torch.split(qkvz, [dk, dk, per_key * dv, per_key * dv], dim=1)
+        b, al = torch.split(hf[x + "in_proj_ba.weight"].view(nk, 2 * per_key, -1), [per_key, per_key], dim=1)
+        parts = [q, k, v, z, b, al]
+        out[a + "in_proj.weight"] = torch.cat([mine(p.flatten(0, 1)) for p in parts])
+        out[a + "in_proj.layer_norm_weight"] = hf[h + "input_layernorm.weight"]
+        conv = torch.split(hf[x + "conv1d.weight"], [nk * dk, nk * dk, nv * dv])
+        out[a + "conv1d.weight"] = torch.cat([mine(c) for c in conv])
+        out[a + "A_log"] = mine(hf[x + "A_log"])
+        out[a + "dt_bias"] = mine(hf[x + "dt_bias"])
+        out[a + "out_norm.weight"] = (hf[x + "norm.weight"].float() - 1).to(hf[x + "norm.weight"].dtype)
+        out[a + "out_proj.weight"] = mine(hf[x + "out_proj.weight"], 1)
+
+    def mlp(h, m):
+        out[m + "mlp.linear_fc1.layer_norm_weight"] = hf[h + "post_attention_layernorm.weight"]
+        out[m + "mlp.linear_fc1.weight"] = _gated(hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"], tp, tp_rank)
+        out[m + "mlp.linear_fc2.weight"] = mine(hf[h + "mlp.down_proj.weight"], 1)
+
+    for local in range(per_stage):
+        h = f"model.layers.{first + local}."
+        m = f"decoder.layers.{local}."
+        (attention if h + "self_attn.q_proj.weight" in hf else delta_net)(h, m)
+        mlp(h, m)
+    _embedding_and_head(hf, out, tp=tp, tp_rank=tp_rank, pp=pp, pp_rank=pp_rank, divisible_by=divisible_by)
+    if pp_rank == pp - 1 and "mtp.fc.weight" in hf:
+        if pp > 1:  # the MTP stage's copy of the word embedding
+            vocab_rows = padded_vocab(hf["model.embed_tokens.weight"].shape[0], divisible_by, tp)
+            out["embedding.word_embeddings.weight"] = mine(pad_rows(hf["model.embed_tokens.weight"], vocab_rows))
+        out["mtp.layers.0.eh_proj.weight"] = mine(hf["mtp.fc.weight"])
+        out["mtp.layers.0.enorm.weight"] = hf["mtp.pre_fc_norm_embedding.weight"]
+        out["mtp.layers.0.hnorm.weight"] = hf["mtp.pre_fc_norm_hidden.weight"]
+        out["mtp.layers.0.final_layernorm.weight"] = hf["mtp.norm.weight"]
+        attention("mtp.layers.0.", "mtp.layers.0.transformer_layer.")
+        mlp("mtp.layers.0.", "mtp.layers.0.transformer_layer.")
+    return {n: t.contiguous() for n, t in out.items()}

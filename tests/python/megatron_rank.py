@@ -6,8 +6,8 @@ refit.distributed.refit. After refit i it writes <out>/rank{r}.step{i}.json and 
 <out>/go{i} before the next.
 
 --mode refit:       every tensor of every rank;
---mode missing-tp:  tp rank 1 of the last stage leaves out its shard of arch["drop"] (default the
-                    linear_qkv of its first layer);
+--mode missing-tp:  tp rank 1 of the last stage (arch["drop_pp"]: of that stage) leaves out its
+                    shard of arch["drop"] (default the linear_qkv of its first layer);
 --mode missing-pp:  the last pipeline stage pushes nothing;
 --mode missing-ep:  ep rank 1 pushes none of its experts;
 --mode die:         the last rank SIGKILLs itself after its first push.
@@ -72,9 +72,11 @@ def main():
             chunk = megatron_layout.deepseek_chunk(hf, dense_layers=arch.get("dense_layers", 1), **common)
         elif family == "gpt_oss":
             chunk = megatron_layout.gpt_oss_chunk(hf, **heads, **common)
+        elif family == "qwen35":
+            chunk = megatron_layout.qwen35_chunk(hf, linear=arch["linear"], **heads, **common)
         else:
             chunk = megatron_layout.megatron_chunk(hf, **heads, **common)
-        if a.mode == "missing-tp" and tp_rank == 1 and pp_rank == a.pp - 1:
+        if a.mode == "missing-tp" and tp_rank == 1 and pp_rank == arch.get("drop_pp", a.pp - 1):
             del chunk[arch.get("drop", "decoder.layers.0.self_attention.linear_qkv.weight")]
         if a.mode == "missing-pp" and pp_rank == a.pp - 1:
             chunk = {}
@@ -84,12 +86,21 @@ def main():
         buffers = [("module." + n, chunk.pop(n)) for n in [n for n in chunk if n.endswith(".expert_bias")]]
         buffers += [("module." + n[:-len("expert_bias")] + "local_tokens_per_expert", torch.zeros(experts))
                     for n, _ in list(buffers)]
+        # A gated delta-net's out_norm is the checkpoint's linear_attn.norm minus 1 (zero-centred):
+        # refitd maps no value transforms, so the trainer pushes that norm under its checkpoint name.
+        own = {}
+        for n in [n for n in chunk if n.endswith(".self_attention.out_norm.weight")]:
+            t = chunk.pop(n)
+            layer = int(n.split(".")[2]) + pp_rank * per_stage
+            if tp_rank == 0 and ep_rank == 0:
+                own[f"model.layers.{layer}.linear_attn.norm.weight"] = (t.float() + 1).to(t.dtype)
         named = [("module." + n, torch.nn.Parameter(t, requires_grad=False)) for n, t in chunk.items()]
         # gpt-oss experts are whole on each expert-parallel rank (expert tensor-parallel size 1).
         etp = dict(etp_rank=0, etp_size=1, edp_rank=tp_rank) if family == "gpt_oss" else {}
         shards = refit.megatron.shards(named, tp_rank=tp_rank, tp_size=a.tp, layer_offset=pp_rank * per_stage,
                                        ep_rank=ep_rank, num_local_experts=experts // a.ep if experts else 0,
-                                       named_buffers=buffers, **etp)
+                                       named_buffers=buffers, pp_rank=pp_rank, **etp)
+        shards.update(own)
         result = {"rank": a.rank, "pushed": sorted(shards)}
         try:
             report = refit.distributed.refit(None, client, a.model, shards)

@@ -1,6 +1,7 @@
 """Megatron-core trainers (spec `source: {layout: megatron}`, refit.megatron): tp=2 x pp=2
 (x ep=2 for the MoE families: Qwen3-MoE, DeepSeek-V3 with MLA, shared experts and a dense first
-layer, gpt-oss with attention sinks, biases and stacked experts) trainer processes in a gloo group, each holding its Megatron-core
+layer, gpt-oss with attention sinks, biases and stacked experts; Qwen3.5 with gated delta-net,
+gated attention and an MTP layer) trainer processes in a gloo group, each holding its Megatron-core
 model chunk laid out from an HF checkpoint by megatron_layout.py (written from Megatron-core's
 and Megatron-Bridge's conventions, not from refitd's mapping), push its named_parameters() as
 they are. After each of three refits the engine's bytes (as refitd reads them) equal
@@ -37,6 +38,11 @@ QWEN3_MOE = {"layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
 DEEPSEEK_V3 = {"family": "deepseek_v3", "layers": 2, "experts": 4, "dense_layers": 1,
                "drop": "decoder.layers.0.self_attention.linear_kv_up_proj.weight"}
 GPT_OSS = {"family": "gpt_oss", "layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
+# make_checkpoints.py's qwen35 (layer 0 gated delta-net, layer 1 gated full attention, dense MLPs,
+# one MTP layer) with its 2 x 128-dim query heads read as 4 of 64 in 2 groups (qwen35_checkpoint).
+QWEN35 = {"family": "qwen35", "layers": 2, "heads": 4, "groups": 2, "head_dim": 64,
+          "linear": {"num_key_heads": 2, "key_head_dim": 64, "num_value_heads": 4, "value_head_dim": 64},
+          "drop": "decoder.layers.0.self_attention.in_proj.weight", "drop_pp": 0}
 
 
 def _builder():
@@ -94,9 +100,24 @@ def qwen3_moe_checkpoint(out: Path, seed: int) -> Path:
     return out
 
 
+def qwen35_checkpoint(out: Path, seed: int) -> Path:
+    """make_checkpoints.py's qwen35 with q_norm / k_norm of head_dim 64: the same q/k/v/o shapes
+    read as 4 heads in 2 query groups (Megatron-core needs num_query_groups divisible by tp)."""
+    mc = _builder()
+    b = mc.Builder(f"qwen35:{seed}")
+    mc.qwen35(b)
+    for p in ("model.layers.1.", "mtp.layers.0."):
+        for n in ("q_norm", "k_norm"):
+            b.bf16(p + f"self_attn.{n}.weight", [64])
+    out.mkdir(parents=True, exist_ok=True)
+    mc.st_io.write(str(out / "model.safetensors"), b.tensors, {"format": "pt"})
+    (out / "config.json").write_text(json.dumps({"model_family": "qwen35", "seed": seed}))
+    return out
+
+
 def family_spec(tmp: Path, name: str) -> Path:
     text = (MODELS / name).read_text()
-    if name.startswith("qwen3_moe"):
+    if name.startswith("qwen3_moe") or name.startswith("qwen35"):
         old = "num_attention_heads: 2, num_query_groups: 1, head_dim: 128"
         assert old in text
         text = text.replace(old, "num_attention_heads: 4, num_query_groups: 2, head_dim: 64")
@@ -299,6 +320,39 @@ def test_a_missing_shard_stage_or_expert_rank_is_refused_naming_it(family, mode,
     assert n.checksums() == before
 
 
+def test_qwen35_megatron_ranks_refit_and_a_missing_shard(node, tmp_path):
+    """Qwen3.5 (gated delta-net, gated attention, MTP): tp=2 x pp=2 ranks, three refits equal to
+    the offline conversion, then tp rank 1 of stage 0 without its in_proj shard: refused naming
+    the checkpoint tensors and rows, the engine unchanged."""
+    spec = family_spec(tmp_path, "qwen35_mxfp8.yaml")
+    ckpts = [qwen35_checkpoint(tmp_path / f"ckpt{s}", s) for s in range(4)]
+    expected = [engine_layout_checksums(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
+    n = node(spec, ckpts[0])
+    with Ranks(tmp_path, n, "qwen35-mxfp8", QWEN35, ckpts[1:]) as ranks:
+        for i in range(3):
+            results = ranks.step(i)
+            reports = [r.get("report") for r in results]
+            assert all(r is not None for r in reports), results
+            assert reports[0]["outcome"] == "committed" and reports[0]["version"] == i + 1, reports
+            assert_engine_equals(n, expected[i + 1], i + 1)
+            ranks.go(i)
+    pushed = set().union(*(set(r["pushed"]) for r in results))
+    assert "decoder.layers.0.self_attention.in_proj.weight" in pushed
+    assert "mtp.layers.0.transformer_layer.self_attention.linear_qkv.weight" in pushed
+    before = n.checksums()
+    with Ranks(tmp_path, n, "qwen35-mxfp8", QWEN35, ckpts[1:2], mode="missing-tp") as ranks:
+        results = ranks.step(0)
+    errors = [r.get("error") for r in results]
+    assert all(e is not None and e["code_name"] == "FAILED_PRECONDITION" for e in errors), results
+    # tp rank 1's key head: the second half of each regrouped tensor
+    for fragment in ("tensor 'model.layers.0.linear_attn.in_proj_qkvz.weight' (from Megatron-core "
+                     "'decoder.layers.0.self_attention.in_proj.weight'): slices cover 384 of 768 rows of dimension 0; "
+                     "missing [384, 768)",
+                     "tensor 'model.layers.0.linear_attn.in_proj_ba.weight'", "missing [4, 8)"):
+        assert fragment in errors[0]["message"], errors[0]["message"]
+    assert n.checksums() == before
+
+
 def test_a_rank_killed_mid_refit_aborts_it(node, tmp_path):
     spec = family_spec(tmp_path, "llama3_fp8.yaml")
     ckpts = [llama_checkpoint(tmp_path / f"ckpt{s}", s) for s in range(2)]
@@ -394,3 +448,31 @@ def test_shards_helper_mla_gpt_oss_buffers_and_expert_copies():
     copy = refit.megatron.shards(named, tp_rank=1, tp_size=2, ep_rank=1, num_local_experts=2, etp_rank=0, etp_size=1,
                                  edp_rank=1)
     assert copy == {}
+
+
+def test_shards_helper_gated_delta_net_mtp_and_the_mtp_stage_embedding_copy():
+    import torch
+
+    import refit.megatron
+
+    a_log = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+    a_log.tensor_model_parallel = True  # gated_delta_net.py sets no partition_dim on it
+    named = [
+        ("decoder.layers.0.self_attention.in_proj.weight", torch.zeros(12, 4)),
+        ("decoder.layers.0.self_attention.conv1d.weight", torch.zeros(6, 1, 4)),
+        ("decoder.layers.0.self_attention.A_log", a_log),
+        ("decoder.layers.0.self_attention.out_proj.weight", torch.zeros(4, 2)),
+        ("mtp.layers.0.eh_proj.weight", torch.zeros(2, 8)),
+        ("mtp.layers.0.enorm.weight", torch.ones(4)),
+        ("embedding.word_embeddings.weight", torch.zeros(6, 4)),
+    ]
+    last = refit.megatron.shards(named, tp_rank=1, tp_size=2, layer_offset=1, pp_rank=1)
+    assert "embedding.word_embeddings.weight" not in last and "mtp.layers.0.enorm.weight" not in last
+    dims = {n: (v.dim, v.start, tuple(v.full_shape)) for n, v in last.items()}
+    assert dims == {"decoder.layers.1.self_attention.in_proj.weight": (0, 12, (24, 4)),
+                    "decoder.layers.1.self_attention.conv1d.weight": (0, 6, (12, 1, 4)),
+                    "decoder.layers.1.self_attention.A_log": (0, 2, (4,)),
+                    "decoder.layers.1.self_attention.out_proj.weight": (1, 2, (4, 4)),
+                    "mtp.layers.0.eh_proj.weight": (0, 2, (4, 8))}
+    first = refit.megatron.shards(named, tp_rank=0, tp_size=2, pp_rank=0)
+    assert first["embedding.word_embeddings.weight"].start == 0 and "mtp.layers.0.enorm.weight" in first

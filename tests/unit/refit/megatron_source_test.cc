@@ -299,5 +299,140 @@ TEST(MegatronSourceTest, SpecSourceSectionMlaAndGptOss) {
   EXPECT_FALSE(spec::ParseModelSpec("model: m\nsource: {layout: megatron, attention: mha}\n").ok());
 }
 
+// Qwen3-Next / Qwen3.5: 4 heads in 2 query groups of head_dim 2 with an output gate per head;
+// gated delta-net of 2 key heads (dim 2) and 4 value heads (dim 1).
+spec::MegatronSource Qwen35() {
+  spec::MegatronSource m = Source(4, 2, 2);
+  m.attention = spec::MegatronSource::Attention::kGated;
+  m.linear_num_key_heads = 2;
+  m.linear_key_head_dim = 2;
+  m.linear_num_value_heads = 4;
+  m.linear_value_head_dim = 1;
+  return m;
+}
+
+TEST(MegatronSourceTest, GatedQkvSplitsQueryAndGatePerHead) {
+  // Per group [q h0; q h1; gate h0; gate h1; k; v] = 12 rows; TP rank 1 holds group 1 (heads 2,
+  // 3). HF q_proj: per head [q; gate], 4 rows a head.
+  auto m = MapMegatron(Qwen35(), Slice("decoder.layers.1.self_attention.linear_qkv.weight", {12, 3}, 12, {24, 3}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  Expect(**m, {{"model.layers.1.self_attn.q_proj.weight", 2, 8, 16, 0},
+               {"model.layers.1.self_attn.q_proj.weight", 2, 10, 16, 4},
+               {"model.layers.1.self_attn.q_proj.weight", 2, 12, 16, 2},
+               {"model.layers.1.self_attn.q_proj.weight", 2, 14, 16, 6},
+               {"model.layers.1.self_attn.k_proj.weight", 2, 2, 4, 8},
+               {"model.layers.1.self_attn.v_proj.weight", 2, 2, 4, 10}}, 3);
+  // Without the gate the same rows are not explained by the heads.
+  auto plain = MapMegatron(Source(4, 2, 2), Slice("decoder.layers.1.self_attention.linear_qkv.weight", {12, 3}, 12, {24, 3}));
+  EXPECT_FALSE(plain.ok());
+}
+
+TEST(MegatronSourceTest, GatedDeltaNetInProjRegroupsPerKeyHead) {
+  // TP rank 1 of 2: key head 1, value heads 2 and 3; local rows [q 2; k 2; v 2; z 2; b 2; a 2].
+  // HF in_proj_qkvz per key head [q 2; k 2; v 2; z 2] (16 rows), in_proj_ba per key head [b 2; a 2].
+  auto m = MapMegatron(Qwen35(), Slice("decoder.layers.0.self_attention.in_proj.weight", {12, 3}, 12, {24, 3}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  Expect(**m, {{"model.layers.0.linear_attn.in_proj_qkvz.weight", 2, 8, 16, 0},
+               {"model.layers.0.linear_attn.in_proj_qkvz.weight", 2, 10, 16, 2},
+               {"model.layers.0.linear_attn.in_proj_qkvz.weight", 2, 12, 16, 4},
+               {"model.layers.0.linear_attn.in_proj_qkvz.weight", 2, 14, 16, 6},
+               {"model.layers.0.linear_attn.in_proj_ba.weight", 2, 4, 8, 8},
+               {"model.layers.0.linear_attn.in_proj_ba.weight", 2, 6, 8, 10}}, 3);
+  // Not a whole TP shard, or rows the heads do not explain: refused naming the tensor.
+  auto half = MapMegatron(Qwen35(), Slice("decoder.layers.0.self_attention.in_proj.weight", {8, 3}, 4, {24, 3}));
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("in_proj.weight"), std::string::npos);
+  EXPECT_FALSE(MapMegatron(Qwen35(), Slice("decoder.layers.0.self_attention.in_proj.weight", {13, 3}, 0, {26, 3})).ok());
+  spec::MegatronSource no_dims = Qwen35();
+  no_dims.linear_value_head_dim = 0;
+  EXPECT_FALSE(MapMegatron(no_dims, Slice("decoder.layers.0.self_attention.in_proj.weight", {12, 3}, 12, {24, 3})).ok());
+  // The manifest: the whole in_proj stands for both checkpoint tensors.
+  TensorDesc whole = Slice("decoder.layers.0.self_attention.in_proj.weight", {12, 3}, 0, {24, 3});
+  auto mf = MapMegatronManifest(Qwen35(), whole);
+  ASSERT_TRUE(mf.ok()) << mf.status();
+  ASSERT_EQ(mf->size(), 2u);
+  EXPECT_EQ((*mf)[0].name, "model.layers.0.linear_attn.in_proj_qkvz.weight");
+  EXPECT_EQ((*mf)[0].shape, (Shape{16, 3}));
+  EXPECT_EQ((*mf)[1].name, "model.layers.0.linear_attn.in_proj_ba.weight");
+  EXPECT_EQ((*mf)[1].shape, (Shape{8, 3}));
+}
+
+TEST(MegatronSourceTest, GatedDeltaNetConvIsQkvOfItsHeads) {
+  // conv1d [12, 1, 4]: HF channels [q 4; k 4; v 4]; TP rank 1 holds [q 2; k 2; v 2] of its heads.
+  TensorDesc c = Slice("decoder.layers.0.self_attention.conv1d.weight", {6, 1, 4}, 6, {12, 1, 4});
+  auto m = MapMegatron(Qwen35(), c);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {{2, 0}, {6, 2}, {10, 4}};  // checkpoint row, source row
+  ASSERT_EQ((*m)->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const SourcePiece& p = (**m)[i];
+    EXPECT_EQ(p.desc.name, "model.layers.0.linear_attn.conv1d.weight");
+    EXPECT_EQ(p.desc.shape, (Shape{2, 1, 4}));
+    EXPECT_EQ(p.desc.slice.start, want[i].first);
+    EXPECT_EQ(p.desc.slice.full_shape, (Shape{12, 1, 4}));
+    EXPECT_EQ(p.src_offset, want[i].second * 4 * 2);
+  }
+}
+
+TEST(MegatronSourceTest, Qwen35RenamesMtpSharedExpertAndTheUnmappedOutNorm) {
+  auto one = [](const std::string& name) {
+    TensorDesc d = Slice(name, {2, 3}, 2, {4, 3});
+    auto m = MapMegatron(Qwen35(), d);
+    EXPECT_TRUE(m.ok()) << name << ": " << m.status();
+    if (!m.ok() || !m->has_value() || (*m)->size() != 1) return std::string("?");
+    EXPECT_EQ((**m)[0].desc.slice.start, 2u) << name;  // the slice as pushed
+    return (**m)[0].desc.name;
+  };
+  EXPECT_EQ(one("decoder.layers.0.self_attention.A_log"), "model.layers.0.linear_attn.A_log");
+  EXPECT_EQ(one("decoder.layers.0.self_attention.dt_bias"), "model.layers.0.linear_attn.dt_bias");
+  EXPECT_EQ(one("decoder.layers.0.self_attention.out_proj.weight"), "model.layers.0.linear_attn.out_proj.weight");
+  EXPECT_EQ(one("decoder.layers.0.self_attention.in_proj.layer_norm_weight"), "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(one("mtp.layers.0.eh_proj.weight"), "mtp.fc.weight");
+  EXPECT_EQ(one("mtp.layers.0.enorm.weight"), "mtp.pre_fc_norm_embedding.weight");
+  EXPECT_EQ(one("mtp.layers.0.hnorm.weight"), "mtp.pre_fc_norm_hidden.weight");
+  EXPECT_EQ(one("mtp.layers.0.final_layernorm.weight"), "mtp.norm.weight");
+  EXPECT_EQ(one("mtp.layers.0.transformer_layer.self_attention.linear_qkv.layer_norm_weight"),
+            "mtp.layers.0.input_layernorm.weight");
+  EXPECT_EQ(one("mtp.layers.0.transformer_layer.mlp.linear_fc2.weight"), "mtp.layers.0.mlp.down_proj.weight");
+  EXPECT_EQ(one("decoder.layers.2.mlp.shared_experts.linear_fc2.weight"), "model.layers.2.mlp.shared_expert.down_proj.weight");
+  EXPECT_EQ(one("decoder.layers.2.mlp.shared_experts.gate_weight"), "model.layers.2.mlp.shared_expert_gate.weight");
+  // The MTP layer's MLP: [gate; up] per TP rank like any linear_fc1.
+  auto fc1 = MapMegatron(Qwen35(), Slice("mtp.layers.0.transformer_layer.mlp.linear_fc1.weight", {4, 3}, 4, {8, 3}));
+  ASSERT_TRUE(fc1.ok()) << fc1.status();
+  Expect(**fc1, {{"mtp.layers.0.mlp.gate_proj.weight", 2, 2, 4, 0}, {"mtp.layers.0.mlp.up_proj.weight", 2, 2, 4, 2}}, 3);
+  // Checkpoint names under mtp. pass through.
+  auto ckpt = MapMegatron(Qwen35(), Slice("mtp.layers.0.input_layernorm.weight", {2, 3}, 0, {2, 3}));
+  ASSERT_TRUE(ckpt.ok());
+  EXPECT_FALSE(ckpt->has_value());
+  // out_norm holds the checkpoint's norm minus 1: refused, naming both.
+  auto norm = MapMegatron(Qwen35(), Slice("decoder.layers.0.self_attention.out_norm.weight", {2, 3}, 0, {2, 3}));
+  ASSERT_FALSE(norm.ok());
+  EXPECT_NE(norm.status().message().find("decoder.layers.0.self_attention.out_norm.weight"), std::string::npos);
+  EXPECT_NE(norm.status().message().find("model.layers.0.linear_attn.norm.weight"), std::string::npos);
+  EXPECT_FALSE(MapMegatron(Qwen35(), Slice("decoder.layers.0.self_attention.conv1d.bias", {2, 3}, 0, {2, 3})).ok());
+  EXPECT_FALSE(MapMegatron(Qwen35(), Slice("mtp.layers.1.eh_proj.weight", {2, 3}, 0, {2, 3})).ok());
+  // Without attention: gated, GDN names are unknown and mtp. names are the checkpoint's.
+  EXPECT_FALSE(MapMegatron(Source(4, 2, 2), Slice("decoder.layers.0.self_attention.A_log", {2, 3}, 0, {2, 3})).ok());
+  auto mtp = MapMegatron(Source(4, 2, 2), Slice("mtp.layers.0.eh_proj.weight", {2, 3}, 0, {2, 3}));
+  ASSERT_TRUE(mtp.ok());
+  EXPECT_FALSE(mtp->has_value());
+}
+
+TEST(MegatronSourceTest, SpecSourceSectionGated) {
+  auto s = spec::ParseModelSpec(
+      "model: m\nsource: {layout: megatron, attention: gated, num_attention_heads: 4, num_query_groups: 2, "
+      "head_dim: 8, linear_num_key_heads: 2, linear_key_head_dim: 4, linear_num_value_heads: 4, "
+      "linear_value_head_dim: 4}\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->source->attention, spec::MegatronSource::Attention::kGated);
+  EXPECT_EQ(s->source->linear_num_value_heads, 4);
+  EXPECT_FALSE(spec::ParseModelSpec("model: m\nsource: {layout: megatron, attention: gated, num_attention_heads: 4}\n").ok());
+  EXPECT_FALSE(spec::ParseModelSpec("model: m\nsource: {layout: megatron, num_attention_heads: 4, num_query_groups: 2, "
+                                    "head_dim: 8, linear_num_key_heads: 2}\n").ok());
+  EXPECT_FALSE(spec::ParseModelSpec("model: m\nsource: {layout: megatron, attention: gated, num_attention_heads: 4, "
+                                    "num_query_groups: 2, head_dim: 8, linear_num_key_heads: 3, "
+                                    "linear_num_value_heads: 4}\n").ok());
+}
+
 }  // namespace
 }  // namespace refit
