@@ -21,7 +21,8 @@
 // them, e.g. a transposed one; NVFP4 slices then go without an amax, which the client refuses;
 // KIND no-amax: a fused NVFP4 member pushed alone without its group's amax, refused by the
 // client; KIND group-amax: a fused NVFP4 member encoded against twice its group's amax, so its
-// global scale differs from the other members', refused by refitd). Fused NVFP4 members are
+// global scale differs from the other members', refused by refitd; KIND slice-amax: an NVFP4
+// tensor pushed in two slices, the second encoded against twice the amax, refused by refitd). Fused NVFP4 members are
 // pushed together (RefitSession::PushGroup: the client takes the group's amax), or from a GPU
 // with the group's amax computed here. --slices 2 pushes each matrix as two slices split on a
 // block boundary (transposed tensors whole: their trainer-side conversion needs the whole
@@ -251,7 +252,8 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
     // the tensor's or its fused group's amax, except under the slice fault).
     const InputTensor& t = *pushed[i];
     const bool slice_fault = fault_kind == "slice" && t.name == fault_tensor;
-    if ((slices > 1 || slice_fault) && t.shape.size() >= 2) {
+    const bool slice_amax_fault = fault_kind == "slice-amax" && t.name == fault_tensor;
+    if ((slices > 1 || slice_fault || slice_amax_fault) && t.shape.size() >= 2) {
       absl::StatusOr<Resolution> r = Resolve(spec, t.name, t.dtype, t.shape);
       int64_t block = 1;
       bool whole = false;
@@ -273,7 +275,10 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
           shape[0] = part == 0 ? split : rows - split;
           TensorSlice slice{0, part == 0 ? 0u : static_cast<uint64_t>(split), t.shape};
           const auto* from = static_cast<const uint8_t*>(sources[i]) + (part == 0 ? 0 : split * row_bytes);
-          push_status = (*session)->Push({t.name, t.dtype, shape, from, slice, amax});
+          // slice-amax: the second slice encodes against twice the amax, as a rank that did not
+          // reduce it would; its global scale then differs from the first slice's.
+          const std::optional<float> a = part == 1 && slice_amax_fault && amax ? std::optional<float>(2.0f * *amax) : amax;
+          push_status = (*session)->Push({t.name, t.dtype, shape, from, slice, a});
         }
         continue;
       }

@@ -69,6 +69,9 @@ FAULTS = [
     # A fused gate/up member encoded against its own amax: its weight_scale_2 differs from gate's.
     ("qwen3_moe", "group-amax", "model.layers.1.mlp.experts.2.up_proj.weight",
      "differs from fused group member 'model.layers.1.mlp.experts.2.gate_proj.weight'"),
+    # Two slices encoded against different amax (ranks that did not reduce it): refitd refuses.
+    ("qwen3_moe", "slice-amax", "model.layers.1.mlp.experts.2.down_proj.weight",
+     "trainer ranks sent different global scales 'model.layers.1.mlp.experts.2.down_proj.weight_scale_2'"),
     # A fused member pushed alone without the group's amax: the client refuses it.
     ("qwen3_moe", "no-amax", "model.layers.0.mlp.experts.1.gate_proj.weight",
      "pushed without an amax; it is a member of the fused NVFP4 group"),
