@@ -295,7 +295,7 @@ absl::Status UseWirePlan(RefitSession::Impl& s, size_t i, bool has, proto::WireP
   for (const WireTensor& w : plan.tensors) {
     const TrainerConverter::Entry* mine = s.convert.Find(w.name);
     same = same && mine != nullptr && formats::FormatName(mine->format) == w.format && mine->transpose == w.transpose &&
-           mine->outputs.size() == w.outputs.size();
+           mine->outputs.size() == w.outputs.size() && mine->amax_group == w.amax_group;
   }
   if (!same) {
     return absl::FailedPreconditionError(

@@ -1,5 +1,6 @@
 #include "client/trainer_convert.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -217,7 +218,21 @@ absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> TrainerConverter::ConvertD
     kernels::GlobalAmax amax;
     DeviceAllocation amax_word;
     if (formats::NeedsGlobalAmax(e.format) && global_amax) {
-      // The caller's reduced amax (fused group, or every rank's slices).
+      // The caller's reduced amax (fused group, or every rank's slices), refused when below the
+      // bytes' own max|x| (one amax pass and a 4-byte read back), as the host path refuses it.
+      absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(attr.device, sizeof(float));
+      if (!a.ok()) return a.status();
+      amax_word = std::move(*a);
+      if (absl::Status r = kernels::ResetAmax(amax_word.as<float>(), nullptr); !r.ok()) return r;
+      if (absl::Status r = kernels::AccumulateAmax(in, options_, amax_word.as<float>(), nullptr); !r.ok()) return r;
+      float own = 0.0f;
+      if (cudaError_t err = cudaMemcpy(&own, amax_word.get(), sizeof(float), cudaMemcpyDeviceToHost); err != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("tensor '", e.name, "': reading its amax back: ", cudaGetErrorString(err)));
+      }
+      if (!std::isnan(own) && !(*global_amax >= own)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "': global amax ", *global_amax,
+                                                       " is below the tensor's own max|x| ", own));
+      }
       amax.host = *global_amax;
     } else if (formats::NeedsGlobalAmax(e.format)) {
       // The tensor's own amax, as refitd's GPU converter computes it (device float, no round trip).
