@@ -105,7 +105,10 @@ struct WireTensor {
   transpose @3 :Bool;       # swap the last two dimensions before quantizing
   outputs @4 :List(WireOutput);  # in formats::PlanOutputs order; send each as `name + suffix`,
                                  # all of a tensor's outputs in one bucket
-  # NVFP4: the tensor's own amax is the global amax (members of fused groups are not listed).
+  amaxGroup @5 :List(Text); # NVFP4 members of a fused group (q/k/v, gate/up, w1/w3): every
+                            # member's name, this one included; their global amax is the max over
+                            # them all (and over every rank's slices). Empty: the tensor's own
+                            # amax (over every rank's slices when sliced).
 }
 
 struct WireOutput {

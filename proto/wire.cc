@@ -75,6 +75,7 @@ absl::StatusOr<WirePlan> FromWire(proto::WirePlan::Reader r) {
     w.name = Str(t.getName());
     w.format = Str(t.getFormat());
     w.transpose = t.getTranspose();
+    for (auto m : t.getAmaxGroup()) w.amax_group.push_back(Str(m));
     for (auto o : t.getOutputs()) {
       absl::StatusOr<DType> dtype = ParseDType(Str(o.getDtype()));
       if (!dtype.ok()) {
@@ -186,6 +187,8 @@ void ToWire(const WirePlan& p, proto::WirePlan::Builder b) {
     t.setName(Text(w.name));
     t.setFormat(Text(w.format));
     t.setTranspose(w.transpose);
+    auto group = t.initAmaxGroup(static_cast<unsigned>(w.amax_group.size()));
+    for (size_t j = 0; j < w.amax_group.size(); ++j) group.set(static_cast<unsigned>(j), Text(w.amax_group[j]));
     auto outs = t.initOutputs(static_cast<unsigned>(w.outputs.size()));
     for (size_t j = 0; j < w.outputs.size(); ++j) {
       auto o = outs[static_cast<unsigned>(j)];

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 7  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 8  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
-                 # sleep and wake, the registration audit)
+                 # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups)
 
 OK = 0
 MEMORY_HOST = 0
@@ -52,7 +52,9 @@ class Tensor(ctypes.Structure):
                 ("nbytes", ctypes.c_uint64), ("memory", ctypes.c_uint32), ("device", ctypes.c_int32),
                 # ABI 3: a slice of the tensor (full_rank 0: the whole tensor)
                 ("full_shape", c_int64_p), ("full_rank", ctypes.c_uint32), ("slice_dim", ctypes.c_int32),
-                ("slice_start", ctypes.c_uint64)]
+                ("slice_start", ctypes.c_uint64),
+                # ABI 8: the trainer's amax (has_amax != 0)
+                ("has_amax", ctypes.c_uint32), ("amax", ctypes.c_float)]
 
 
 class Report(ctypes.Structure):
@@ -143,6 +145,7 @@ _SIGNATURES = {
     "refit_session_push": (ctypes.c_int, [_P, ctypes.POINTER(Tensor)]),
     "refit_session_flush": (ctypes.c_int, [_P]),
     "refit_session_measure_amax": (ctypes.c_int, [_P, ctypes.c_int]),
+    "refit_session_amax_group": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),
     "refit_session_commit": (ctypes.c_int, [_P, ctypes.POINTER(Report)]),
     "refit_session_abort": (ctypes.c_int, [_P, ctypes.c_char_p]),
     "refit_session_close": (None, [_P]),

@@ -114,12 +114,15 @@ def _rebuild(failure: tuple, own_rank: int, own: Optional[BaseException]) -> Bas
 
 
 def refit(group, client: TrainerClient, model: str, named_shards, *, root: int = 0, partial: bool = False,
-          deadline_ms: int = 0) -> RefitReport:
+          deadline_ms: int = 0, wire_format: str = "bf16") -> RefitReport:
     """One refit of `model` pushed by every rank of `group` (None: the default group), collectively:
     call it on every rank, each with its own `client` and its own `named_shards` (name -> tensor
     or Shard, or (name, value) pairs; a rank may have none). `root` (a rank of the group) begins
-    and commits. `partial` and `deadline_ms` are as in TrainerClient.session. Returns the
-    RefitReport on every rank, or raises the same error on every rank."""
+    and commits. `partial`, `deadline_ms` and `wire_format` are as in TrainerClient.session.
+    With wire_format "checkpoint", the NVFP4 global amax of every tensor the plan converts to
+    NVFP4 is reduced over the group first (RefitSession.global_amax: one all_reduce MAX over the
+    max|x| of every rank's slices and fused-group members), so every rank's slices encode against
+    the same one. Returns the RefitReport on every rank, or raises the same error on every rank."""
     import torch.distributed as dist
 
     if group is None:
@@ -141,7 +144,8 @@ def refit(group, client: TrainerClient, model: str, named_shards, *, root: int =
     begun = [None]
     if me == root:
         try:
-            session = client.session(model, manifest, partial=partial, deadline_ms=deadline_ms)
+            session = client.session(model, manifest, partial=partial, deadline_ms=deadline_ms,
+                                     wire_format=wire_format)
             begun[0] = ("ok", session.ids)
         except Exception as e:  # every rank raises it
             own = e
@@ -169,15 +173,20 @@ def refit(group, client: TrainerClient, model: str, named_shards, *, root: int =
         raise _rebuild(failures[0], me, own)
 
     # 4. Every rank pushes its own shards; the others detach; root commits once all detached.
+    # Wire format checkpoint: the NVFP4 global amax, reduced over the group first (collective).
+    amax = {}
+    if wire_format == "checkpoint":
+        amax = session.global_amax(entries, group=group, names=[n for n, _ in manifest])
     report = None
     stage = 0
     try:
         try:
             for name, value in entries:
                 if isinstance(value, Shard):
-                    session.push(name, value.tensor, dim=value.dim, start=value.start, full_shape=value.full_shape)
+                    session.push(name, value.tensor, dim=value.dim, start=value.start, full_shape=value.full_shape,
+                                 amax=amax.get(name))
                 else:
-                    session.push(name, value)
+                    session.push(name, value, amax=amax.get(name))
         except Exception as e:
             own = e
             try:

@@ -186,7 +186,9 @@ class TrainerClient:
         CPU reference quantizers for CPU tensors, the GPU kernels for CUDA tensors (a library
         built with CUDA). The wire then carries their FP8/FP4 bytes plus scales; the engine's bytes
         are identical either way. A slice of such a tensor converts on its own when it does not cut
-        the format's blocks; otherwise, and for NVFP4 or transposed tensors, RefitInvalidArgument."""
+        the format's blocks; otherwise, and for transposed tensors, RefitInvalidArgument. NVFP4
+        members of fused groups and NVFP4 slices need push(amax=) (RefitSession.global_amax;
+        refit.distributed.refit(wire_format="checkpoint") reduces it over the process group)."""
         if wire_format not in ("bf16", "checkpoint"):
             raise ValueError(f"wire_format must be 'bf16' or 'checkpoint', not {wire_format!r}")
         named = [(n, _describe(n, t)) for n, t in _named(tensors)]
@@ -305,14 +307,21 @@ class RefitSession:
         self._stage_cuda_on_host = False
         self._in_flight: list = []  # CUDA tensors pushed in place, kept until their bucket is sent
 
-    def push(self, name: str, tensor, *, dim: Optional[int] = None, start: int = 0, full_shape=None) -> None:
+    def push(self, name: str, tensor, *, dim: Optional[int] = None, start: int = 0, full_shape=None,
+             amax: Optional[float] = None) -> None:
         """Sends one tensor (copied before this returns: the tensor may change afterwards).
 
         With `dim` and `full_shape`, `tensor` is a slice of the manifest's tensor `name` (e.g.
         this rank's tensor-parallel shard): it equals the whole tensor of shape `full_shape`
         except along `dim`, where it holds indices [start, start + tensor.shape[dim]). refitd
         assembles the tensor from its slices, pushed by any ranks in any order; a commit with a
-        slice missing is refused naming the tensor and the missing range."""
+        slice missing is refused naming the tensor and the missing range.
+
+        `amax`: the tensor's max|x| as the trainer states it (docs/formats.md "Trainer-supplied
+        amax"). With wire_format "checkpoint", for a tensor the plan converts to NVFP4 it is the
+        global amax the client encodes against: a fused group's members (amax_group) and slices
+        need it, reduced over the group and every rank's slices (global_amax does that), and are
+        refused naming the tensor without it."""
         if (dim is None) != (full_shape is None):
             raise ValueError(f"tensor '{name}': a slice needs both dim and full_shape")
         if dim is not None:
@@ -332,24 +341,27 @@ class RefitSession:
             # bucket is sent: the tensor must be computed before, and stay allocated until then.
             torch.cuda.current_stream(t.device).synchronize()
             try:
-                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0, slice_)
+                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0, slice_, amax)
                 self._in_flight.append(t)
                 return
             except RefitUnimplemented:
                 self._stage_cuda_on_host = True  # this library has no GPU path: stage every CUDA tensor
         if t.is_cuda:
             t = t.cpu()
-        self._push(name, t, _native.MEMORY_HOST, -1, slice_)
+        self._push(name, t, _native.MEMORY_HOST, -1, slice_, amax)
 
     def push_slice(self, name: str, tensor, dim: int, start: int, full_shape) -> None:
         """push(name, tensor, dim=dim, start=start, full_shape=full_shape)."""
         self.push(name, tensor, dim=dim, start=start, full_shape=full_shape)
 
-    def _push(self, name, t, memory, device, slice_=None):
+    def _push(self, name, t, memory, device, slice_=None, amax=None):
         shape = _native.shape_array(t.shape)
         ref = _native.new(_native.Tensor, name=name.encode(), dtype=dtype_name(t.dtype).encode(),
                           shape=ctypes.cast(shape, _native.c_int64_p), rank=t.dim(), data=t.data_ptr(),
                           nbytes=t.numel() * t.element_size(), memory=memory, device=device)
+        if amax is not None:
+            ref.has_amax = 1
+            ref.amax = float(amax)
         if slice_ is not None:
             dim, start, full = slice_
             if len(full) == 0:
@@ -360,6 +372,49 @@ class RefitSession:
             ref.slice_dim = dim
             ref.slice_start = start
         _native.check(self._lib.refit_session_push(self._live(), ctypes.byref(ref)), f"push '{name}'")
+
+    def amax_group(self, name: str) -> list:
+        """Wire format checkpoint: the tensors whose max|x| the NVFP4 global amax of `name` spans
+        (its fused group's members, q/k/v, gate/up or w1/w3, or `name` alone); [] when the
+        session's plan does not convert `name` to NVFP4."""
+        out = ctypes.c_char_p()
+        _native.check(self._lib.refit_session_amax_group(self._live(), name.encode(), ctypes.byref(out)),
+                      f"amax group of '{name}'")
+        text = (out.value or b"").decode()
+        return text.split("\n") if text else []
+
+    def global_amax(self, tensors, group=None, names=None) -> dict:
+        """The NVFP4 global amax of each tensor the plan converts to NVFP4, as push(amax=) wants
+        it: max|x| over its fused group's members (amax_group) and, with a torch.distributed
+        process `group`, over every rank's tensors and slices (one all_reduce MAX over the group:
+        collective, call it on every rank with the same `names`, e.g. the manifest's names).
+
+        `tensors`: this rank's name -> tensor (or slice), or (name, tensor) pairs, several slices
+        of one name allowed. `names`: the names to reduce (default: those in `tensors`). Returns
+        name -> amax for the names with an NVFP4 amax."""
+        import torch
+
+        own = {}
+        for name, t in (tensors.items() if isinstance(tensors, dict) else tensors):
+            t = getattr(t, "tensor", t)  # a refit.distributed.Shard
+            a = float(t.detach().abs().max().float().item()) if t.numel() > 0 else 0.0
+            own[name] = max(own.get(name, 0.0), a)
+        names = sorted(own) if names is None else list(names)
+        groups = {n: self.amax_group(n) for n in names}
+        spans = sorted({m for g in groups.values() for m in g})
+        if not spans:
+            return {}
+        values = torch.tensor([own.get(m, 0.0) for m in spans], dtype=torch.float32)
+        if group is not None:
+            import torch.distributed as dist
+
+            backend = dist.get_backend(group)
+            if backend == "nccl":
+                values = values.cuda()
+            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+            values = values.cpu()
+        reduced = dict(zip(spans, values.tolist()))
+        return {n: max(reduced[m] for m in g) for n, g in groups.items() if g}
 
     def push_all(self, tensors) -> None:
         for name, tensor in _named(tensors):

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/abi_struct.h"
 #include "client/engine_agent.h"
@@ -51,6 +52,7 @@ struct refit_session {
   uint64_t bucket_bytes = 0;
   bool joined = false;  // joined another rank's session: detaches instead of committing
   bool ended = false;
+  std::map<std::string, std::string> amax_groups;  // behind refit_session_amax_group's answers
   // Storage behind the pointers of the last refit_report.
   std::string outcome, reason, tag, cause;
   std::vector<std::string> format_name_storage;
@@ -628,7 +630,9 @@ int refit_session_push(refit_session* session, const refit_tensor* tensor) {
     if (t.data == nullptr && *n > 0) return absl::InvalidArgumentError(absl::StrCat(owner, ": data is NULL"));
     absl::StatusOr<refit::TensorSlice> slice = SliceFields(t, owner);
     if (!slice.ok()) return slice.status();
-    return session->impl->Push({t.name, *dtype, std::move(*shape), t.data, std::move(*slice)});
+    std::optional<float> amax;
+    if (t.has_amax != 0) amax = t.amax;
+    return session->impl->Push({t.name, *dtype, std::move(*shape), t.data, std::move(*slice), amax});
   });
 }
 
@@ -643,6 +647,17 @@ int refit_session_measure_amax(refit_session* session, int on) {
   return Guard("refit_session_measure_amax", [&]() -> absl::Status {
     if (absl::Status st = LiveSession(session); !st.ok()) return st;
     session->impl->MeasureAmax(on != 0);
+    return absl::OkStatus();
+  });
+}
+
+int refit_session_amax_group(refit_session* session, const char* name, const char** out) {
+  return Guard("refit_session_amax_group", [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    if (name == nullptr || out == nullptr) return absl::InvalidArgumentError("name and out must not be NULL");
+    std::string& joined = session->amax_groups[name];
+    joined = absl::StrJoin(session->impl->AmaxGroup(name), "\n");
+    *out = joined.c_str();
     return absl::OkStatus();
   });
 }

@@ -53,7 +53,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 7  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 8  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
@@ -65,7 +65,9 @@ extern "C" {
                                  7: in-place registration (REFIT_STORAGE_CUDA_PTR, refit_engine_param.cuda_ptr,
                                  refit_engine_allocations), sleep and wake (refit_engine_sleep,
                                  refit_engine_wake, refit_engine_asleep, refit_daemon_status.engine_asleep/
-                                 awaiting_wake), the registration audit (refit_engine_options.audit) */
+                                 awaiting_wake), the registration audit (refit_engine_options.audit);
+                                 8: trainer-supplied amax per tensor (refit_tensor.has_amax/amax) and
+                                 fused NVFP4 groups (refit_session_amax_group) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -176,6 +178,12 @@ typedef struct refit_tensor {
   uint32_t full_rank;
   int32_t slice_dim;
   uint64_t slice_start;
+  /* ABI 8: has_amax != 0: `amax` is the tensor's max|x| as the trainer states it (TensorRef::amax).
+   * Wire format checkpoint, NVFP4 tensors the wire plan lists: the global amax to encode against,
+   * reduced by the caller over the tensor's fused group (refit_session_amax_group) and over every
+   * rank's slices; a group member or a slice pushed without one is refused naming the tensor. */
+  uint32_t has_amax;
+  float amax;
 } refit_tensor;
 
 /* What a session did. Strings and arrays are owned by the session handle and stay valid until
@@ -282,6 +290,11 @@ REFIT_API int refit_session_flush(refit_session* session);
  * or on the caller's GPU for device tensors), so refitd converts NVFP4 tensors in one pass
  * (RefitSession::MeasureAmax, docs/formats.md "Trainer-supplied amax"). Off by default. */
 REFIT_API int refit_session_measure_amax(refit_session* session, int on);
+/* ABI 8. Wire format checkpoint: the tensors whose max|x| tensor `name`'s NVFP4 global amax spans
+ * (RefitSession::AmaxGroup: its fused group's members, or `name` alone), newline-separated, in *out
+ * (owned by the session, valid until the session is freed); "" when the plan does not convert it
+ * to NVFP4. */
+REFIT_API int refit_session_amax_group(refit_session* session, const char* name, const char** out);
 /* Flushes and asks refitd to validate and swap. A refused refit returns REFIT_FAILED_PRECONDITION
  * with refitd's message. `out` may be NULL. The session has ended afterwards, whatever the code. */
 REFIT_API int refit_session_commit(refit_session* session, refit_report* out);

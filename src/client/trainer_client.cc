@@ -4,17 +4,21 @@
 #include "common/control_connect.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <span>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "capnp/rpc-twoparty.h"
 #include "client/amax_meter.h"
 #include "common/checksum.h"
 #include "kj/async-io.h"
 #include "proto/refit.capnp.h"
 #include "proto/wire.h"
+#include "refit/convert.h"
 #include "storage/memory.h"
 #include "transport/builtin_transports.h"
 #include "transport/registry.h"
@@ -291,7 +295,7 @@ absl::Status UseWirePlan(RefitSession::Impl& s, size_t i, bool has, proto::WireP
   for (const WireTensor& w : plan.tensors) {
     const TrainerConverter::Entry* mine = s.convert.Find(w.name);
     same = same && mine != nullptr && formats::FormatName(mine->format) == w.format && mine->transpose == w.transpose &&
-           mine->outputs.size() == w.outputs.size();
+           mine->outputs.size() == w.outputs.size() && mine->amax_group == w.amax_group;
   }
   if (!same) {
     return absl::FailedPreconditionError(
@@ -560,6 +564,21 @@ uint64_t RefitSession::bucket_bytes() const { return impl_->bucket_bytes; }
 // Wire format checkpoint: converts `t` as the plan says and packs its outputs into one bucket.
 absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, const TrainerConverter::Entry& e,
                            const TensorRef& t) {
+  // NVFP4's global amax: the caller's (TensorRef::amax, reduced over the fused group or the ranks
+  // holding the tensor's slices), else the tensor's own when that is all it spans.
+  std::optional<float> global_amax;
+  if (formats::NeedsGlobalAmax(e.format)) global_amax = t.amax;
+  if (!global_amax && TrainerConverter::NeedsReducedAmax(e, t.slice.present())) {
+    const std::string why =
+        !e.amax_group.empty()
+            ? absl::StrCat("it is a member of the fused NVFP4 group (", absl::StrJoin(e.amax_group, ", "),
+                           "), which shares one global amax: set TensorRef::amax to the group's max|x| (over every "
+                           "member and every rank's slices), or push the members together with PushGroup")
+            : "it is a slice of an NVFP4 tensor, whose global amax spans every rank's slices: set TensorRef::amax to "
+              "the whole tensor's max|x| (all_reduce MAX over the ranks holding it)";
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': wire format checkpoint: pushed without an amax; ",
+                                                   why, "; or use wire format bf16"));
+  }
   // A block-aligned slice converts on its own; its outputs are slices of the whole outputs.
   std::vector<TrainerConverter::SliceOutput> sliced;
   if (t.slice.present()) {
@@ -578,7 +597,7 @@ absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, cons
   std::vector<TensorRef> parts;
   std::vector<std::shared_ptr<uint8_t>> device_outs;
   if (device) {
-    absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> converted = impl.convert.ConvertDevice(e, t.dtype, t.shape, t.data);
+    absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> converted = impl.convert.ConvertDevice(e, t.dtype, t.shape, t.data, global_amax);
     if (!converted.ok()) return converted.status();
     device_outs = std::move(*converted);
     for (size_t i = 0; i < e.outputs.size(); ++i) outs.push_back({device_outs[i].get(), bytes[i]});
@@ -588,10 +607,10 @@ absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, cons
       impl.convert_scratch[i].resize(bytes[i]);
       outs.push_back({impl.convert_scratch[i].data(), bytes[i]});
     }
-    if (absl::Status st = impl.convert.ConvertHost(e, t.dtype, t.shape, t.data, outs); !st.ok()) return st;
+    if (absl::Status st = impl.convert.ConvertHost(e, t.dtype, t.shape, t.data, outs, global_amax); !st.ok()) return st;
   }
   for (size_t i = 0; i < e.outputs.size(); ++i) {
-    if (sliced.empty()) {
+    if (sliced.empty() || !sliced[i].slice.present()) {  // whole (an NVFP4 slice's global scale too)
       parts.push_back({t.name + e.outputs[i].suffix, e.outputs[i].dtype, e.outputs[i].shape, outs[i].data});
     } else {
       parts.push_back({t.name + e.outputs[i].suffix, sliced[i].dtype, sliced[i].shape, outs[i].data, sliced[i].slice});
@@ -653,6 +672,54 @@ void RefitSession::MeasureAmax(bool on) {
 absl::Status RefitSession::PushTogether(std::span<const TensorRef> parts) {
   if (impl_->done) return absl::FailedPreconditionError("session already ended");
   return impl_->PackTogether(*this, parts);
+}
+
+absl::Status RefitSession::PushGroup(std::span<const TensorRef> members) {
+  if (impl_->done) return absl::FailedPreconditionError("session already ended");
+  // The global amax of each fused NVFP4 group whose members are all here (host tensors).
+  absl::flat_hash_map<std::string, const TensorRef*> by_name;
+  for (const TensorRef& t : members) by_name[t.name] = &t;
+  absl::flat_hash_map<std::string, float> own;  // member -> max|x|
+  std::vector<TensorRef> pushes(members.begin(), members.end());
+  for (TensorRef& t : pushes) {
+    const TrainerConverter::Entry* e = impl_->convert.Find(t.name);
+    if (e == nullptr || t.amax || !formats::NeedsGlobalAmax(e->format) || e->amax_group.empty() || t.slice.present()) {
+      continue;
+    }
+    float group = 0.0f;
+    for (const std::string& m : e->amax_group) {
+      auto it = by_name.find(m);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", t.name, "': wire format checkpoint: PushGroup needs every member of its fused NVFP4 group (",
+            absl::StrJoin(e->amax_group, ", "), ") to compute their shared amax; '", m, "' is not among them"));
+      }
+      auto [a, fresh] = own.try_emplace(m, 0.0f);
+      if (fresh) {
+        const TensorRef& r = *it->second;
+        if (r.slice.present() || storage::CheckDeviceMemory(r.data).ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", t.name, "': wire format checkpoint: PushGroup computes a fused group's amax from whole "
+              "host tensors; '", m, "' is a slice or device memory: set TensorRef::amax to the group's max|x|"));
+        }
+        absl::StatusOr<float> m_amax = TensorAmax(formats::ConstTensor{r.dtype, r.shape, r.data}, impl_->convert.options(), m);
+        if (!m_amax.ok()) return m_amax.status();
+        a->second = *m_amax;
+      }
+      group = std::isnan(a->second) || a->second > group ? a->second : group;
+    }
+    t.amax = group;
+  }
+  for (const TensorRef& t : pushes) {
+    if (absl::Status st = Push(t); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RefitSession::AmaxGroup(const std::string& name) const {
+  const TrainerConverter::Entry* e = impl_->convert.Find(name);
+  if (e == nullptr || !formats::NeedsGlobalAmax(e->format)) return {};
+  return e->amax_group.empty() ? std::vector<std::string>{name} : e->amax_group;
 }
 
 size_t RefitSession::trainer_converted_tensors() const { return impl_->convert.size(); }

@@ -181,9 +181,20 @@ class RefitSession {
   // lists is converted here first (trainer_convert.h: the CPU reference quantizers for host
   // tensors, the GPU kernels for device tensors) and its checkpoint-format outputs are packed
   // together into one bucket, named name + suffix. A slice of such a tensor converts on its own
-  // when it does not cut the format's blocks; otherwise, and for NVFP4 (global amax) or
-  // transposed tensors, it is refused (InvalidArgument naming the tensor).
+  // when it does not cut the format's blocks; otherwise, and for transposed tensors, it is
+  // refused (InvalidArgument naming the tensor). NVFP4 encodes against TensorRef::amax when set
+  // (for a listed tensor: the global amax, refused when below the bytes' max|x|); a member of a
+  // fused group (AmaxGroup) or a slice needs it (the max over the group's members and over every
+  // rank's slices, reduced by the caller) and is refused naming the tensor without it.
   absl::Status Push(const TensorRef& t);
+  // Pushes each of `members` as Push does; a fused NVFP4 group member without TensorRef::amax
+  // gets the max|x| over its group's members, which must all be among `members` (whole host
+  // tensors), else refused naming the tensor.
+  absl::Status PushGroup(std::span<const TensorRef> members);
+  // Wire format checkpoint: the tensors whose max|x| `name`'s NVFP4 global amax spans, from the
+  // wire plan: its fused group's members, or just `name` for an NVFP4 tensor of its own (whose
+  // slices still share one amax across ranks); empty when the plan does not convert it to NVFP4.
+  std::vector<std::string> AmaxGroup(const std::string& name) const;
   // Appends tensors to one bucket (sending the current bucket first when they would not fit),
   // as they are: no conversion. For callers that convert themselves (a converted tensor's
   // outputs must travel in one bucket).

@@ -1,5 +1,6 @@
 #include "client/trainer_convert.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,7 @@ absl::StatusOr<TrainerConverter> TrainerConverter::Create(const WirePlan& plan) 
     e.name = w.name;
     e.format = *f;
     e.transpose = w.transpose;
+    e.amax_group = w.amax_group;
     for (const WireOutput& o : w.outputs) {
       absl::StatusOr<uint64_t> bytes = DenseBytes(o.dtype, o.shape);
       if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("wire plan: tensor '", w.name, "': ", bytes.status().message()));
@@ -92,10 +94,6 @@ absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> TrainerConverter::Sli
     return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "': wire format checkpoint: a slice of a tensor the "
                                                    "plan converts to ", formats::FormatName(e.format), " ", why));
   };
-  if (formats::NeedsGlobalAmax(e.format)) {
-    return bad("is not supported: its global amax spans the whole tensor (the ranks holding it would have to reduce "
-               "it first); push the tensor whole, or use wire format bf16");
-  }
   if (e.transpose) return bad("is not supported: the tensor is transposed before quantizing; push it whole");
   if (absl::Status st = CheckInput(e, dtype, slice.full_shape); !st.ok()) return st;
   const size_t rank = shape.size();
@@ -132,7 +130,11 @@ absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> TrainerConverter::Sli
         if (static_cast<size_t>(d) + 1 == rank) o.slice.start = start / static_cast<uint64_t>(g.cols);
         break;
       case formats::OutputShape::kScalar:
-        return bad("is not supported (a tensor-wide scale)");
+        // NVFP4's global scale: whole, the same from every rank (the amax reduced over them).
+        o.slice = TensorSlice{};
+        o.shape = e.outputs[j].shape;
+        result.push_back(std::move(o));
+        continue;
     }
     if (o.slice.full_shape.size() != o.shape.size()) return bad("gives outputs of another rank");
     result.push_back(std::move(o));
@@ -141,9 +143,14 @@ absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> TrainerConverter::Sli
 }
 
 absl::Status TrainerConverter::ConvertHost(const Entry& e, DType dtype, const Shape& shape, const void* data,
-                                           std::span<const formats::MutableBytes> outs) const {
+                                           std::span<const formats::MutableBytes> outs,
+                                           std::optional<float> global_amax) const {
   const ConvertStep step{ConvertKind::kQuantize, e.format, e.transpose};
-  return ConvertFull(step, formats::ConstTensor{dtype, shape, data}, options_, std::nullopt, outs, e.name);
+  return ConvertFull(step, formats::ConstTensor{dtype, shape, data}, options_, global_amax, outs, e.name);
+}
+
+bool TrainerConverter::NeedsReducedAmax(const Entry& e, bool slice) {
+  return formats::NeedsGlobalAmax(e.format) && (slice || !e.amax_group.empty());
 }
 
 bool TrainerConverter::HasKernels() {
@@ -156,7 +163,8 @@ bool TrainerConverter::HasKernels() {
 
 absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> TrainerConverter::ConvertDevice(const Entry& e, DType dtype,
                                                                                        const Shape& shape,
-                                                                                       const void* data) const {
+                                                                                       const void* data,
+                                                                                       std::optional<float> global_amax) const {
 #if REFIT_CLIENT_KERNELS
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, data) != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
@@ -209,7 +217,24 @@ absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> TrainerConverter::ConvertD
     }
     kernels::GlobalAmax amax;
     DeviceAllocation amax_word;
-    if (formats::NeedsGlobalAmax(e.format)) {
+    if (formats::NeedsGlobalAmax(e.format) && global_amax) {
+      // The caller's reduced amax (fused group, or every rank's slices), refused when below the
+      // bytes' own max|x| (one amax pass and a 4-byte read back), as the host path refuses it.
+      absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(attr.device, sizeof(float));
+      if (!a.ok()) return a.status();
+      amax_word = std::move(*a);
+      if (absl::Status r = kernels::ResetAmax(amax_word.as<float>(), nullptr); !r.ok()) return r;
+      if (absl::Status r = kernels::AccumulateAmax(in, options_, amax_word.as<float>(), nullptr); !r.ok()) return r;
+      float own = 0.0f;
+      if (cudaError_t err = cudaMemcpy(&own, amax_word.get(), sizeof(float), cudaMemcpyDeviceToHost); err != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("tensor '", e.name, "': reading its amax back: ", cudaGetErrorString(err)));
+      }
+      if (!std::isnan(own) && !(*global_amax >= own)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "': global amax ", *global_amax,
+                                                       " is below the tensor's own max|x| ", own));
+      }
+      amax.host = *global_amax;
+    } else if (formats::NeedsGlobalAmax(e.format)) {
       // The tensor's own amax, as refitd's GPU converter computes it (device float, no round trip).
       absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(attr.device, sizeof(float));
       if (!a.ok()) return a.status();
@@ -237,6 +262,7 @@ absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> TrainerConverter::ConvertD
   (void)dtype;
   (void)shape;
   (void)data;
+  (void)global_amax;
   return absl::UnimplementedError(absl::StrCat("tensor '", e.name, "': this client was built without CUDA kernels; "
                                                "push it from host memory or use wire format bf16"));
 #endif

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ class TrainerConverter {
     formats::Format format = formats::Format::kFp8Block128;
     bool transpose = false;
     std::vector<formats::OutputSpec> outputs;  // the names sent are name + suffix
+    // NVFP4 fused-group members: every member's name, this one included (one global amax).
+    std::vector<std::string> amax_group;
   };
 
   // From begin's (or join's) wire plan. Refuses an entry this build cannot convert (an unknown
@@ -44,8 +47,9 @@ class TrainerConverter {
   absl::Status CheckInput(const Entry& e, DType dtype, const Shape& shape) const;
   // A block-aligned slice of a listed tensor converts on its own (its blocks lie inside it): the
   // outputs of the slice, each a slice of the whole output (dtype, shape, TensorSlice), in output
-  // order. Refused naming the tensor: NVFP4 formats (the global amax spans the whole tensor:
-  // push it whole, or use wire format bf16), transposed tensors, a slice that cuts a block.
+  // order; an NVFP4 slice's global scale is whole (no slice: every rank sends the same one, from
+  // the amax reduced over the ranks). Refused naming the tensor: transposed tensors, a slice that
+  // cuts a block.
   struct SliceOutput {
     DType dtype;
     Shape shape;
@@ -55,13 +59,20 @@ class TrainerConverter {
                                                        const TensorSlice& slice) const;
   // Converts a dense host tensor into `outs` (host buffers, one per output, exact sizes).
   // `shape` is the tensor's (or, for a slice, the slice's: it is converted on its own).
+  // `global_amax`: NVFP4's amax (the fused group's or the whole tensor's, reduced by the caller;
+  // refused when below the bytes' own max|x|); nullopt: the bytes' own.
   absl::Status ConvertHost(const Entry& e, DType dtype, const Shape& shape, const void* data,
-                           std::span<const formats::MutableBytes> outs) const;
+                           std::span<const formats::MutableBytes> outs,
+                           std::optional<float> global_amax = std::nullopt) const;
   // Converts a dense CUDA device tensor (or slice, of `shape`) with the GPU kernels into device
   // buffers it allocates on the tensor's device (one per output, exact sizes), and waits for them. Unimplemented in
   // builds without CUDA kernels.
   absl::StatusOr<std::vector<std::shared_ptr<uint8_t>>> ConvertDevice(const Entry& e, DType dtype, const Shape& shape,
-                                                                      const void* data) const;
+                                                                      const void* data,
+                                                                      std::optional<float> global_amax = std::nullopt) const;
+  // Whether a push of `e` needs a caller-reduced global amax: an NVFP4 member of a fused group,
+  // or an NVFP4 slice (the amax spans tensors or ranks).
+  static bool NeedsReducedAmax(const Entry& e, bool slice);
   // Whether this build converts device tensors on the GPU.
   static bool HasKernels();
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -518,16 +519,30 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   const WireTable* wire = options_.wire != nullptr && !options_.wire->entries().empty() ? options_.wire.get() : nullptr;
   std::vector<std::pair<const WireEntry*, std::vector<WirePart>>> converted;
   absl::flat_hash_map<const WireEntry*, size_t> converted_index;
+  // Tensors whose outputs arrive as slices here: their NVFP4 global scale (a scalar) comes whole
+  // from every rank alongside its slices.
+  absl::flat_hash_set<const WireEntry*> sliced_here;
+  if (wire != nullptr) {
+    for (const TensorDesc& pushed : header.tensors) {
+      size_t out = 0;
+      const WireEntry* e = pushed.slice.present() ? wire->FindOutput(pushed.name, &out) : nullptr;
+      if (e != nullptr) sliced_here.insert(e);
+    }
+  }
   for (const TensorDesc& pushed : header.tensors) {
     if (wire != nullptr) {
       size_t out = 0;
       if (const WireEntry* e = wire->FindOutput(pushed.name, &out)) {
-        if (pushed.slice.present()) {
+        const bool slice_scale =
+            !pushed.slice.present() && static_cast<int>(out) == e->global_scale && sliced_here.contains(e);
+        if (pushed.slice.present() || slice_scale) {
           // A slice of an output (a block-aligned slice converted on its own): assembled first;
           // the tensor stages once every output is whole.
           absl::Status st = CheckWireOutput(*e, out, pushed);
           absl::StatusOr<std::optional<SliceAssembler::Whole>> added =
-              st.ok() ? slices_.Add(pushed, data + pushed.offset) : absl::StatusOr<std::optional<SliceAssembler::Whole>>(st);
+              !st.ok() ? absl::StatusOr<std::optional<SliceAssembler::Whole>>(st)
+              : slice_scale ? SliceScale(*e, pushed, data + pushed.offset)
+                            : slices_.Add(pushed, data + pushed.offset);
           if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
             converter_.Sync();
             absl::MutexLock lock(&mu_);
@@ -732,6 +747,17 @@ absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<W
       return absl::OkStatus();
     }
   }
+  if (entry.global_scale >= 0) {
+    const WirePart& part = parts[static_cast<size_t>(entry.global_scale)];
+    float scale_2 = 0.0f;
+    absl::Status st = part.desc->nbytes == sizeof(float) ? ring_.memory().CopyToHost(&scale_2, part.src, sizeof(float))
+                                                         : absl::InternalError("global scale is not one F32");
+    if (st.ok()) st = CheckGlobalScale(entry, scale_2);
+    if (!st.ok()) {
+      ledger_.Fail(name, st);
+      return absl::OkStatus();
+    }
+  }
   absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(entry.input);
   if (!plan.ok()) return absl::OkStatus();  // recorded by the ledger; refused at commit
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -747,6 +773,49 @@ absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<W
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Session::CheckGlobalScale(const WireEntry& entry, float scale_2) {
+  if (absl::Status st = CheckWireGlobalScale(entry, scale_2); !st.ok()) return st;
+  const std::vector<std::string>& group = entry.plan->amax_group;
+  if (group.empty()) return absl::OkStatus();
+  // One global amax for the group: every member's scale_2 is the same float. (Whether it is the
+  // one the members' true amax gives is not checkable here: FP4 bytes and E4M3 block scales do
+  // not determine it.)
+  auto [it, fresh] = group_scale_.try_emplace(entry.plan->amax_group_key, entry.input.name, scale_2);
+  if (fresh || std::memcmp(&it->second.second, &scale_2, sizeof(float)) == 0) return absl::OkStatus();
+  const std::string suffix = entry.outputs[static_cast<size_t>(entry.global_scale)].suffix;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor '", entry.input.name, "': wire format checkpoint: its global scale '", entry.input.name, suffix, "' (",
+      scale_2, ") differs from fused group member '", it->second.first, "''s '", it->second.first, suffix, "' (",
+      it->second.second, "); the members of a fused NVFP4 group (", absl::StrJoin(group, ", "),
+      ") share one global amax: reduce it over the group before converting"));
+}
+
+absl::StatusOr<std::optional<SliceAssembler::Whole>> Session::SliceScale(const WireEntry& entry, const TensorDesc& pushed,
+                                                                         const uint8_t* src) {
+  // Every rank holding a slice of an NVFP4 tensor sends its global scale whole; the first becomes
+  // the tensor's, the others must equal it (the ranks reduced one amax).
+  float scale_2 = 0.0f;
+  if (pushed.nbytes != sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", entry.input.name, "': global scale '", pushed.name,
+                                                   "' is ", pushed.nbytes, " bytes, not one F32"));
+  }
+  if (absl::Status st = ring_.memory().CopyToHost(&scale_2, src, sizeof(float)); !st.ok()) return st;
+  auto [it, fresh] = slice_scale_.try_emplace(&entry, scale_2);
+  if (!fresh) {
+    if (std::memcmp(&it->second, &scale_2, sizeof(float)) == 0) return std::optional<SliceAssembler::Whole>();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", entry.input.name, "': wire format checkpoint: trainer ranks sent different global scales '",
+        pushed.name, "' for its slices (", it->second, " and ", scale_2, "); the ranks holding an NVFP4 tensor "
+        "must reduce its amax over all of them (all_reduce MAX) before converting"));
+  }
+  absl::StatusOr<std::shared_ptr<uint8_t>> data = ring_.memory().Allocate(sizeof(float));
+  if (!data.ok()) return data.status();
+  if (absl::Status st = ring_.memory().CopyFromHost(data->get(), &scale_2, sizeof(float)); !st.ok()) return st;
+  SliceAssembler::Whole whole{pushed, std::move(*data)};
+  whole.desc.offset = 0;
+  return std::optional<SliceAssembler::Whole>(std::move(whole));
 }
 
 absl::Status Session::Validate() const {

@@ -116,6 +116,16 @@ class Session {
     size_t whole = 0;
   };
   std::map<const WireEntry*, WireAssembly> wire_assembly_;
+  // NVFP4 global scales seen: per sliced tensor (every rank sends the whole scalar; they must
+  // agree) and per fused group (plan amax_group_key -> first member staged and its scale).
+  absl::flat_hash_map<const WireEntry*, float> slice_scale_;
+  absl::flat_hash_map<std::string, std::pair<std::string, float>> group_scale_;
+  // Checks an NVFP4 tensor's global scale (positive, finite; equal across its fused group).
+  absl::Status CheckGlobalScale(const WireEntry& entry, float scale_2);
+  // A sliced NVFP4 tensor's global scale, sent whole by each rank: the first as the assembled
+  // output, later ones (nullopt) only compared with it. Errors name the tensor.
+  absl::StatusOr<std::optional<SliceAssembler::Whole>> SliceScale(const WireEntry& entry, const TensorDesc& pushed,
+                                                                  const uint8_t* src);
   // Converts one tensor and stages this rank's part of each output. ResourceExhausted fails
   // the session; other errors are the tensor's (recorded by the ledger).
   // `device_amax`: a fused group's amax in a device float (device staging), or nullptr.

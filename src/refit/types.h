@@ -80,6 +80,9 @@ struct WireTensor {
   std::string format;   // formats::FormatName
   bool transpose = false;
   std::vector<WireOutput> outputs;  // formats::PlanOutputs order
+  // NVFP4 fused-group members: every member's name (this one included), sharing one global
+  // amax (the max over them all). Empty: the tensor's own amax.
+  std::vector<std::string> amax_group;
 };
 
 struct WirePlan {

@@ -41,7 +41,7 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
     absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = planner.SharedPlan(t.name, t.dtype, t.shape);
     if (!plan.ok()) return plan.status();
     const TensorPlan& p = **plan;
-    if (p.kind != ConvertKind::kQuantize || !formats::Info(p.format).quantized || !p.amax_group.empty()) continue;
+    if (p.kind != ConvertKind::kQuantize || !formats::Info(p.format).quantized) continue;
     absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(p.format, t.dtype, p.input_shape);
     if (!outs.ok()) return outs.status();
     if (outs->size() != p.targets.size()) {
@@ -57,6 +57,7 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
     w.name = t.name;
     w.format = formats::FormatName(p.format);
     w.transpose = p.transpose;
+    w.amax_group = p.amax_group;  // fused NVFP4 members: the trainer reduces their amax
     for (size_t j = 0; j < outs->size(); ++j) {
       const formats::OutputSpec& o = (*outs)[j];
       const Target& target = p.targets[j];
@@ -74,6 +75,7 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
       e.copies.push_back(std::move(copy));
       const formats::OutputShape shape = j < roles.size() ? roles[j].shape : formats::OutputShape::kInput;
       e.is_scale.push_back(shape == formats::OutputShape::kPerBlock || shape == formats::OutputShape::kScalar);
+      if (shape == formats::OutputShape::kScalar) e.global_scale = static_cast<int>(j);
       w.outputs.push_back({o.suffix, o.dtype, o.shape});
       table->by_output_[t.name + o.suffix] = {table->entries_.size(), j};
     }
@@ -139,6 +141,14 @@ absl::Status CheckWireScales(const WireEntry& entry, size_t output, const uint8_
       break;
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckWireGlobalScale(const WireEntry& entry, float scale_2) {
+  if (std::isfinite(scale_2) && scale_2 > 0.0f) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor '", entry.input.name, "': wire format checkpoint: global scale '", entry.input.name,
+      entry.outputs[static_cast<size_t>(entry.global_scale)].suffix, "' is ", scale_2,
+      "; an NVFP4 global scale encodes a positive, finite amax"));
 }
 
 }  // namespace refit

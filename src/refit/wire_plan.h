@@ -25,6 +25,9 @@ struct WireEntry {
   std::shared_ptr<const TensorPlan> plan;
   std::vector<formats::OutputSpec> outputs;  // the whole tensor's, in formats::PlanOutputs order
   std::vector<bool> is_scale;                // per output: a block or tensor-wide scale
+  // NVFP4: the output holding the global scale (weight_scale_2, F32 scalar), else -1. Members of
+  // a fused group (plan->amax_group) must all send the same one; so must every rank of a slice.
+  int global_scale = -1;
   // Per output: the copy of its bytes into the plan's target of the same index.
   std::vector<std::shared_ptr<const TensorPlan>> copies;
 };
@@ -32,8 +35,8 @@ struct WireEntry {
 class WireTable {
  public:
   // The tensors of `manifest` the trainer converts: those the spec quantizes (an FP8/FP4 format),
-  // except members of fused NVFP4 groups (their global amax spans tensors; refitd converts them)
-  // and Megatron-core names under a spec `source` (refitd maps those first). Every manifest
+  // members of fused NVFP4 groups included (listed with their group: the trainer reduces the
+  // group's amax), except Megatron-core names under a spec `source` (refitd maps those first). Every manifest
   // tensor must plan (Node::Begin checked it).
   static absl::StatusOr<std::shared_ptr<const WireTable>> Create(const Planner& planner, const Manifest& manifest);
 
@@ -58,6 +61,9 @@ absl::Status CheckWireOutput(const WireEntry& entry, size_t output, const Tensor
 // Refuses a non-finite scale (NaN/Inf F32, E4M3 NaN, E8M0 NaN byte 0xFF) in `host_bytes`, the
 // output's bytes, naming the tensor and the first bad index. Data outputs pass.
 absl::Status CheckWireScales(const WireEntry& entry, size_t output, const uint8_t* host_bytes, uint64_t bytes);
+// The global scale (entry.global_scale's F32 value) must be positive: NVFP4 encodes it from an
+// amax (ModelOpt: amax / 2688, refused at 0; TE: 1 / (2688 / amax), 1 at 0). Errors name the tensor.
+absl::Status CheckWireGlobalScale(const WireEntry& entry, float scale_2);
 
 }  // namespace refit
 

@@ -1,9 +1,12 @@
 """Wire format checkpoint from Python (refit.trainer): the library converts the tensors refitd's
 wire plan lists before sending them (whole, or as shards split on block boundaries), and the
 engine (the example engine holding the Llama-3 FP8 spec's engine layout) ends up with exactly
-the bytes a BF16-wire refit gives."""
+the bytes a BF16-wire refit gives. Qwen3-MoE NVFP4 (fused gate/up groups) from two trainer
+ranks (a gloo group, wire_rank.py), each pushing half of every matrix: refit.distributed reduces
+the NVFP4 global amax over the group, and the engine again holds the BF16-wire refit's bytes."""
 import hashlib
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, SRC_DIR, needs_torch, wait_for
+from conftest import BIN, HERE, PYTHON_PKG, SRC_DIR, needs_torch, wait_for
 
 SPEC = SRC_DIR / "deploy/models/llama3_fp8.yaml"
 MAKE = SRC_DIR / "tests/integration/specs/make_checkpoints.py"
@@ -93,6 +96,78 @@ def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
             assert sliced.outcome == "committed" and digest() == want
             with pytest.raises(ValueError):
                 client.session(model, weights[1], wire_format="fp8")
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)
+        Path("/dev/shm" + shm).unlink(missing_ok=True)
+
+
+@needs_torch
+def test_nvfp4_slices_from_two_ranks_equal_bf16_wire(tmp_path):
+    from refit.trainer import TrainerClient
+
+    spec = SRC_DIR / "deploy/models/qwen3_moe_nvfp4.yaml"
+    ckpts = []
+    for seed in range(2):
+        d = tmp_path / f"ckpt{seed}"
+        subprocess.run([sys.executable, str(MAKE), "qwen3_moe", str(d), "--seed", str(seed)], check=True)
+        ckpts.append(d)
+    sock = tmp_path / "refitd.sock"
+    address = f"unix:{sock}"
+    (tmp_path / "refitd.yaml").write_text(f"listen: {address}\nlog_level: debug\n")
+    shm = f"/refit-pynvfp4-{uuid.uuid4().hex[:12]}"
+    procs = []
+    try:
+        procs.append(subprocess.Popen([str(REFITD), "--config", str(tmp_path / "refitd.yaml"), "--model-spec",
+                                       str(spec)], stdout=open(tmp_path / "refitd.log", "w"),
+                                      stderr=subprocess.STDOUT))
+        wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
+        log = tmp_path / "engine.log"
+        procs.append(subprocess.Popen([str(ENGINE), "--address", address, "--shm", shm, "--spec", str(spec),
+                                       "--checkpoint", str(ckpts[0])], stdout=open(log, "w"),
+                                      stderr=subprocess.STDOUT))
+        wait_for(lambda: "registered" in log.read_text() or procs[1].poll() is not None, what="engine registration")
+        assert procs[1].poll() is None, log.read_text()
+
+        def digest():
+            return hashlib.sha256(Path("/dev/shm" + shm).read_bytes()).hexdigest()
+
+        # The calibrated input_scale tensors are the engine's own: refits never carry them.
+        weights = [{n: t for n, t in _load(c / "model.safetensors").items() if not n.endswith(".input_scale")}
+                   for c in ckpts]
+        with TrainerClient(address) as client:
+            model = client.status().model
+            bf16 = client.refit(model, weights[1])
+            want = digest()
+            client.refit(model, weights[0])
+            assert digest() != want
+            # A fused member or an NVFP4 slice pushed without the reduced amax is refused naming it.
+            gate = "model.layers.1.mlp.experts.2.gate_proj.weight"
+            with client.session(model, weights[1], wire_format="checkpoint") as s:
+                assert s.amax_group(gate) == [gate, gate.replace("gate_proj", "up_proj")]
+                assert s.amax_group("model.norm.weight") == []
+                with pytest.raises(Exception) as e:
+                    s.push(gate, weights[1][gate])
+                assert f"tensor '{gate}'" in str(e.value) and "fused NVFP4 group" in str(e.value), str(e.value)
+                s.abort("test")
+        run = tmp_path / "ranks"
+        run.mkdir()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_PKG), str(HERE), os.environ.get("PYTHONPATH", "")]))
+        ranks = [subprocess.Popen([sys.executable, str(HERE / "wire_rank.py"), "--rank", str(r), "--world", "2",
+                                   "--init", str(run / "store"), "--address", address, "--checkpoint", str(ckpts[1]),
+                                   "--out", str(run / f"rank{r}.json")],
+                                  stdout=open(run / f"rank{r}.log", "w"), stderr=subprocess.STDOUT, env=env)
+                 for r in range(2)]
+        for r, p in enumerate(ranks):
+            p.wait(timeout=120)
+            assert p.returncode == 0, (run / f"rank{r}.log").read_text()
+        results = [json.loads((run / f"rank{r}.json").read_text()) for r in range(2)]
+        for r in results:
+            assert "report" in r and r["report"]["outcome"] == "committed", results
+        assert digest() == want
+        assert results[0]["report"]["bytes_in"] < bf16.bytes_in, (results, bf16.bytes_in)
     finally:
         for p in reversed(procs):
             if p.poll() is None:

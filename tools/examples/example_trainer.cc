@@ -18,8 +18,15 @@
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
 // the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
 // naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
-// them, e.g. NVFP4). --slices 2 pushes each matrix as two slices split on a block boundary (NVFP4
-// and transposed tensors whole: their trainer-side conversion needs the whole tensor). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
+// them, e.g. a transposed one; NVFP4 slices then go without an amax, which the client refuses;
+// KIND no-amax: a fused NVFP4 member pushed alone without its group's amax, refused by the
+// client; KIND group-amax: a fused NVFP4 member encoded against twice its group's amax, so its
+// global scale differs from the other members', refused by refitd; KIND slice-amax: an NVFP4
+// tensor pushed in two slices, the second encoded against twice the amax, refused by refitd). Fused NVFP4 members are
+// pushed together (RefitSession::PushGroup: the client takes the group's amax), or from a GPU
+// with the group's amax computed here. --slices 2 pushes each matrix as two slices split on a
+// block boundary (transposed tensors whole: their trainer-side conversion needs the whole
+// tensor; NVFP4 slices carry the whole tensor's or fused group's amax). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
 // client converts the listed ones there with the kernels).
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
@@ -219,18 +226,46 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
   absl::StatusOr<std::unique_ptr<client::RefitSession>> session = (*client)->Begin(manifest);
   if (!session.ok()) return Fail(session.status().message());
   absl::Status push_status;
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < pushed.size(); ++i) index_of[pushed[i]->name] = i;
+  // NVFP4 amax a push supplies (wire format checkpoint): a fused group's (the max over its
+  // members) or the whole tensor's for its slices, as a trainer reduces it over its ranks.
+  auto amax_of = [&](const InputTensor& t) -> absl::StatusOr<float> {
+    std::vector<std::string> group = (*session)->AmaxGroup(t.name);
+    float a = 0.0f;
+    for (const std::string& m : group) {
+      auto it = index_of.find(m);
+      if (it == index_of.end()) return absl::InvalidArgumentError(absl::StrCat("fused member '", m, "' is not pushed"));
+      const InputTensor& mt = *pushed[it->second];
+      absl::StatusOr<float> own = TensorAmax(formats::ConstTensor{mt.dtype, mt.shape, mt.data}, spec.options, m);
+      if (!own.ok()) return own.status();
+      a = std::max(a, *own);
+    }
+    return a;
+  };
+  std::vector<bool> done(pushed.size(), false);
   for (size_t i = 0; i < pushed.size() && push_status.ok(); ++i) {
-    // --slices 2: two slices along dim 0, split on a block boundary of the tensor's format (NVFP4
-    // and transposed tensors whole, unless --wire-fault slice:TENSOR names them).
+    if (done[i]) continue;
+    done[i] = true;
+    // --slices 2: two slices along dim 0, split on a block boundary of the tensor's format
+    // (transposed tensors whole, unless --wire-fault slice:TENSOR names them; NVFP4 slices carry
+    // the tensor's or its fused group's amax, except under the slice fault).
     const InputTensor& t = *pushed[i];
     const bool slice_fault = fault_kind == "slice" && t.name == fault_tensor;
-    if ((slices > 1 || slice_fault) && t.shape.size() >= 2) {
+    const bool slice_amax_fault = fault_kind == "slice-amax" && t.name == fault_tensor;
+    if ((slices > 1 || slice_fault || slice_amax_fault) && t.shape.size() >= 2) {
       absl::StatusOr<Resolution> r = Resolve(spec, t.name, t.dtype, t.shape);
       int64_t block = 1;
       bool whole = false;
+      std::optional<float> amax;
       if (r.ok() && r->quantized) {
         block = formats::BlockAlong(r->format, 0, t.shape.size());
-        whole = (formats::NeedsGlobalAmax(r->format) || r->transpose) && !slice_fault;
+        whole = r->transpose && !slice_fault;
+        if (wire == WireFormat::kCheckpoint && formats::NeedsGlobalAmax(r->format) && !slice_fault) {
+          absl::StatusOr<float> a = amax_of(t);
+          if (!a.ok()) return Fail(a.status().message());
+          amax = *a;
+        }
       }
       const int64_t rows = t.shape[0], split = rows / 2 / block * block;
       if (!whole && split > 0 && split < rows) {
@@ -240,7 +275,10 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
           shape[0] = part == 0 ? split : rows - split;
           TensorSlice slice{0, part == 0 ? 0u : static_cast<uint64_t>(split), t.shape};
           const auto* from = static_cast<const uint8_t*>(sources[i]) + (part == 0 ? 0 : split * row_bytes);
-          push_status = (*session)->Push({t.name, t.dtype, shape, from, slice});
+          // slice-amax: the second slice encodes against twice the amax, as a rank that did not
+          // reduce it would; its global scale then differs from the first slice's.
+          const std::optional<float> a = part == 1 && slice_amax_fault && amax ? std::optional<float>(2.0f * *amax) : amax;
+          push_status = (*session)->Push({t.name, t.dtype, shape, from, slice, a});
         }
         continue;
       }
@@ -251,7 +289,12 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
       push_status = (*session)->PushTogether(std::span<const client::TensorRef>(&raw, 1));
       continue;
     }
-    if (pushed[i]->name == fault_tensor && !slice_fault) {
+    if (pushed[i]->name == fault_tensor && fault_kind == "no-amax") {
+      // A fused NVFP4 member pushed alone without its group's amax: the client refuses it.
+      push_status = (*session)->Push({t.name, t.dtype, t.shape, sources[i]});
+      continue;
+    }
+    if (pushed[i]->name == fault_tensor && !slice_fault && fault_kind != "group-amax") {
       absl::StatusOr<std::vector<ConvertedTensor>> spoiled = SpoiledOutputs(spec, *pushed[i], fault_kind);
       if (!spoiled.ok()) return Fail(spoiled.status().message());
       std::vector<client::TensorRef> parts;
@@ -259,7 +302,33 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
       push_status = (*session)->PushTogether(parts);
       continue;
     }
-    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, sources[i]});
+    std::vector<std::string> group = wire == WireFormat::kCheckpoint ? (*session)->AmaxGroup(t.name) : std::vector<std::string>{};
+    if (group.size() > 1 && gpu < 0) {
+      // A fused NVFP4 group's members together: the client takes their shared amax.
+      std::vector<client::TensorRef> members;
+      for (const std::string& m : group) {
+        auto it = index_of.find(m);
+        if (it == index_of.end() || done[it->second] != (it->second == i)) continue;
+        done[it->second] = true;
+        const InputTensor& mt = *pushed[it->second];
+        std::optional<float> amax;
+        if (fault_kind == "group-amax" && m == fault_tensor) {
+          absl::StatusOr<float> a = amax_of(mt);
+          if (!a.ok()) return Fail(a.status().message());
+          amax = 2.0f * *a;
+        }
+        members.push_back({mt.name, mt.dtype, mt.shape, sources[it->second], {}, amax});
+      }
+      push_status = (*session)->PushGroup(members);
+      continue;
+    }
+    std::optional<float> amax;
+    if (group.size() > 1) {  // device tensors: the group's amax supplied
+      absl::StatusOr<float> a = amax_of(t);
+      if (!a.ok()) return Fail(a.status().message());
+      amax = *a;
+    }
+    push_status = (*session)->Push({pushed[i]->name, pushed[i]->dtype, pushed[i]->shape, sources[i], {}, amax});
   }
   const size_t trainer_converted = (*session)->trainer_converted_tensors();
   absl::StatusOr<RefitReport> report = push_status.ok() ? (*session)->Commit() : absl::StatusOr<RefitReport>(push_status);

@@ -66,6 +66,15 @@ FAULTS = [
      "scale 'model.layers.1.mlp.experts.2.down_proj.weight_scale' is not finite"),
     ("qwen35", "nan-scale", "model.layers.0.mlp.down_proj.weight",
      "scale 'model.layers.0.mlp.down_proj.weight_scale_inv' is not finite"),
+    # A fused gate/up member encoded against its own amax: its weight_scale_2 differs from gate's.
+    ("qwen3_moe", "group-amax", "model.layers.1.mlp.experts.2.up_proj.weight",
+     "differs from fused group member 'model.layers.1.mlp.experts.2.gate_proj.weight'"),
+    # Two slices encoded against different amax (ranks that did not reduce it): refitd refuses.
+    ("qwen3_moe", "slice-amax", "model.layers.1.mlp.experts.2.down_proj.weight",
+     "trainer ranks sent different global scales 'model.layers.1.mlp.experts.2.down_proj.weight_scale_2'"),
+    # A fused member pushed alone without the group's amax: the client refuses it.
+    ("qwen3_moe", "no-amax", "model.layers.0.mlp.experts.1.gate_proj.weight",
+     "pushed without an amax; it is a member of the fused NVFP4 group"),
 ]
 
 
@@ -84,10 +93,12 @@ def test_spoiled_checkpoint_outputs_are_refused_naming_the_tensor(family, kind, 
     node.stop()
 
 
-@pytest.mark.parametrize("family", ["llama3", "deepseek_v3", "qwen35", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama3", "deepseek_v3", "qwen35", "gpt_oss", "qwen3_moe"])
 def test_block_aligned_slices_convert_on_the_trainer(family, family_node, tmp_path):
     """Each matrix pushed as two slices split on a block boundary: each slice converts on its own
-    on the trainer, refitd assembles the outputs, the engine matches `refitctl convert`."""
+    on the trainer, refitd assembles the outputs, the engine matches `refitctl convert`. NVFP4
+    slices (qwen3_moe, fused gate/up groups too) carry the whole tensor's or group's amax; every
+    slice sends the same global scale."""
     spec = str(MODELS / FAMILIES[family][0])
     ckpts = [make_checkpoint(family, tmp_path / f"ckpt{s}", s) for s in range(2)]
     conv = convert(spec, ckpts[1], tmp_path / "conv1")
@@ -99,7 +110,7 @@ def test_block_aligned_slices_convert_on_the_trainer(family, family_node, tmp_pa
     node.stop()
 
 
-def test_nvfp4_slice_is_refused_on_the_trainer(family_node, tmp_path):
+def test_nvfp4_slice_without_amax_is_refused_on_the_trainer(family_node, tmp_path):
     spec = str(MODELS / "qwen3_moe_nvfp4.yaml")
     tensor = "model.layers.1.mlp.experts.2.down_proj.weight"
     ckpts = [make_checkpoint("qwen3_moe", tmp_path / f"ckpt{s}", s) for s in range(2)]
@@ -109,7 +120,7 @@ def test_nvfp4_slice_is_refused_on_the_trainer(family_node, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     error = lines[0]["error"]
     assert lines[0]["outcome"] == "refused" and f"tensor '{tensor}'" in error, lines
-    assert "global amax spans the whole tensor" in error, error
+    assert "pushed without an amax; it is a slice of an NVFP4 tensor" in error, error
     assert node.shm_digest() == before
     node.stop()
 

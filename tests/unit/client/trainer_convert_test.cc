@@ -133,10 +133,45 @@ TEST(TrainerConvertTest, BlockAlignedSlicesConvertOnTheirOwnAndCuttingSlicesAreR
   absl::Status cut = conv->SliceOutputs(e, DType::kBF16, {64, 256}, {0, 64, full}).status();
   EXPECT_EQ(cut.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(cut.message().find("must not cut its 128-element blocks"), std::string::npos) << cut;
-  absl::StatusOr<TrainerConverter> nv = TrainerConverter::Create(PlanFor(formats::Format::kNvfp4, {64, 64}, false));
+}
+
+TEST(TrainerConvertTest, Nvfp4SlicesEncodeAgainstTheWholeTensorsAmax) {
+  // Rows [32, 64) of a [64, 64] NVFP4 tensor, converted with the whole tensor's amax (as the ranks
+  // holding it reduce it): the whole outputs' rows, and the whole tensor's global scale, unsliced.
+  const Shape full = {64, 64};
+  std::vector<uint16_t> in = RandomBf16(64 * 64, 7, 3.0f);
+  absl::StatusOr<TrainerConverter> nv = TrainerConverter::Create(PlanFor(formats::Format::kNvfp4, full, false));
   ASSERT_TRUE(nv.ok());
-  absl::Status amax = nv->SliceOutputs(*nv->Find("w"), DType::kBF16, {32, 64}, {0, 0, {64, 64}}).status();
-  EXPECT_NE(amax.message().find("global amax spans the whole tensor"), std::string::npos) << amax;
+  const TrainerConverter::Entry& e = *nv->Find("w");
+  EXPECT_FALSE(TrainerConverter::NeedsReducedAmax(e, false));
+  EXPECT_TRUE(TrainerConverter::NeedsReducedAmax(e, true));
+  absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> outs =
+      nv->SliceOutputs(e, DType::kBF16, {32, 64}, {0, 32, full});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  ASSERT_EQ(outs->size(), 3u);
+  EXPECT_EQ((*outs)[0].slice.start, 32u);
+  EXPECT_EQ((*outs)[1].slice.start, 32u);
+  EXPECT_FALSE((*outs)[2].slice.present());
+  std::vector<std::vector<uint8_t>> whole = Reference(formats::Format::kNvfp4, full, false, in.data());
+  const float amax = TensorAmax({DType::kBF16, full, in.data()}, {}, "w").value();
+  std::vector<uint8_t> data(32 * 32), scale(32 * 4), scale_2(4);
+  std::vector<formats::MutableBytes> bufs = {{data.data(), data.size()}, {scale.data(), scale.size()},
+                                             {scale_2.data(), scale_2.size()}};
+  ASSERT_TRUE(nv->ConvertHost(e, DType::kBF16, {32, 64}, in.data() + 32 * 64, bufs, amax).ok());
+  EXPECT_EQ(data, std::vector<uint8_t>(whole[0].begin() + 32 * 32, whole[0].end()));
+  EXPECT_EQ(scale, std::vector<uint8_t>(whole[1].begin() + 32 * 4, whole[1].end()));
+  EXPECT_EQ(scale_2, whole[2]);
+  // An amax below the bytes' own max|x| is refused naming the tensor.
+  absl::Status low = nv->ConvertHost(e, DType::kBF16, {32, 64}, in.data() + 32 * 64, bufs, amax / 4);
+  EXPECT_EQ(low.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(low.message().find("'w'"), std::string::npos) << low;
+  // A fused group member always needs the group's amax.
+  WirePlan grouped = PlanFor(formats::Format::kNvfp4, full, false);
+  grouped.tensors[0].amax_group = {"w", "w2"};
+  absl::StatusOr<TrainerConverter> g = TrainerConverter::Create(grouped);
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(TrainerConverter::NeedsReducedAmax(*g->Find("w"), false));
+  EXPECT_EQ(g->Find("w")->amax_group, (std::vector<std::string>{"w", "w2"}));
 }
 
 TEST(TrainerConvertTest, DeviceConversionEqualsHostByteForByte) {
