@@ -512,6 +512,22 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     }
     bucket_out_by_format_.clear();
   };
+  // A SliceAssembler result: staging exhausted fails the bucket (true: stop converting it); another
+  // error fails the tensor `name` in the ledger (the caller skips it, as it does a tensor whose
+  // slices are still incomplete).
+  auto slice_failed = [&](const absl::StatusOr<std::optional<SliceAssembler::Whole>>& added,
+                          const std::string& name) {
+    if (added.ok()) return false;
+    if (added.status().code() == absl::StatusCode::kResourceExhausted) {
+      converter_.Sync();
+      absl::MutexLock lock(&mu_);
+      add_format_bytes();
+      FailLocked(added.status());
+      return true;
+    }
+    ledger_.Fail(name, added.status());
+    return false;
+  };
   std::vector<std::shared_ptr<uint8_t>> assembled;  // whole tensors from slices, until converted
   const std::optional<spec::MegatronSource>& source = planner_.spec().source;
   std::vector<SourcePiece> pieces;
@@ -543,18 +559,8 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
               !st.ok() ? absl::StatusOr<std::optional<SliceAssembler::Whole>>(st)
               : slice_scale ? SliceScale(*e, pushed, data + pushed.offset)
                             : slices_.Add(pushed, data + pushed.offset);
-          if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
-            converter_.Sync();
-            absl::MutexLock lock(&mu_);
-            add_format_bytes();
-            FailLocked(added.status());
-            return;
-          }
-          if (!added.ok()) {
-            ledger_.Fail(e->input.name, added.status());
-            continue;
-          }
-          if (!added->has_value()) continue;
+          if (slice_failed(added, e->input.name)) return;
+          if (!added.ok() || !added->has_value()) continue;
           WireAssembly& a = wire_assembly_[e];
           if (a.data.empty()) {
             a.descs.resize(e->outputs.size());
@@ -642,18 +648,8 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       if (arrived.slice.present()) {
         // A slice: assembled first; the tensor converts once its slices tile it.
         absl::StatusOr<std::optional<SliceAssembler::Whole>> added = slices_.Add(arrived, src);
-        if (!added.ok() && added.status().code() == absl::StatusCode::kResourceExhausted) {
-          converter_.Sync();
-          absl::MutexLock lock(&mu_);
-          add_format_bytes();
-          FailLocked(added.status());
-          return;
-        }
-        if (!added.ok()) {
-          ledger_.Fail(arrived.name, added.status());
-          continue;
-        }
-        if (!added->has_value()) continue;
+        if (slice_failed(added, arrived.name)) return;
+        if (!added.ok() || !added->has_value()) continue;
         whole = std::move((*added)->desc);
         assembled.push_back(std::move((*added)->data));
         src = assembled.back().get();
