@@ -361,6 +361,13 @@ std::optional<std::pair<float, float>> Session::SuppliedAmax(const TensorDesc& d
   return std::make_pair(a, claim);
 }
 
+std::optional<float> Session::ClaimOf(const TensorDesc& desc) {
+  if (desc.amax) return desc.amax;
+  absl::MutexLock lock(&mu_);
+  auto it = supplied_amax_.find(desc.name);
+  return it == supplied_amax_.end() ? std::nullopt : std::optional<float>(it->second);
+}
+
 absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                             std::shared_ptr<const TensorPlan> shared_plan, uint64_t& out_bytes) {
   const TensorPlan& plan = *shared_plan;
@@ -369,11 +376,14 @@ absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage:
     return absl::FailedPreconditionError(
         absl::StrCat("tensor '", desc.name, "' shares a group amax; such tensors need a host data plane"));
   }
-  PendingMember member{desc, std::move(shared_plan), std::nullopt, std::vector<uint8_t>(src, src + desc.nbytes)};
+  PendingMember member{desc, std::move(shared_plan), std::nullopt, std::vector<uint8_t>(src, src + desc.nbytes),
+                       ClaimOf(desc)};
   absl::StatusOr<float> amax =
       TensorAmax(formats::ConstTensor{desc.dtype, desc.shape, member.input.data()}, planner_.spec().options, desc.name);
   if (amax.ok()) {
-    member.amax = *amax;
+    // A supplied amax that covers the member defines the group's amax as on the single-pass path;
+    // one below it is refused by the member's encode (Stage checks the claim).
+    member.amax = member.claim && *member.claim >= *amax ? *member.claim : *amax;
   } else {
     ledger_.Fail(desc.name, amax.status());
   }
@@ -393,7 +403,7 @@ absl::Status Session::Defer(const TensorDesc& desc, const uint8_t* src, storage:
   absl::Status result;
   for (const PendingMember& m : group) {
     if (!all_ok) break;
-    absl::Status st = Stage(m.desc, m.input.data(), storage::MemoryKind::kHost, *m.plan, a, out_bytes);
+    absl::Status st = Stage(m.desc, m.input.data(), storage::MemoryKind::kHost, *m.plan, a, out_bytes, nullptr, m.claim);
     if (st.code() == absl::StatusCode::kResourceExhausted) {
       result = st;
     } else if (!st.ok()) {
@@ -442,12 +452,12 @@ absl::Status Session::DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, cons
     ledger_.Fail(desc.name, st);
     group.ok = false;
   }
-  group.members.push_back({desc, std::move(shared_plan), src, src_kind, nullptr, 0});
+  group.members.push_back({desc, std::move(shared_plan), src, src_kind, nullptr, 0, ClaimOf(desc)});
   if (group.members.size() < plan.amax_group.size()) return absl::OkStatus();
   absl::Status result;
   for (const DeviceMember& m : group.members) {
     if (!group.ok) break;
-    absl::Status staged = Stage(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, out_bytes, group.amax);
+    absl::Status staged = Stage(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, out_bytes, group.amax, m.claim);
     if (staged.code() == absl::StatusCode::kResourceExhausted) {
       result = staged;
     } else if (!staged.ok()) {

@@ -206,8 +206,11 @@ class Session {
     std::shared_ptr<const TensorPlan> plan;
     std::optional<float> amax;  // nullopt when the member's input was refused
     std::vector<uint8_t> input;  // a host copy of the member's input bytes
+    std::optional<float> claim;  // the trainer's amax of the member, when it supplied one
   };
   std::map<std::string, std::vector<PendingMember>> pending_;
+  // The trainer's amax of `desc` (its announcement, or the manifest), if it supplied one.
+  std::optional<float> ClaimOf(const TensorDesc& desc) ABSL_LOCKS_EXCLUDED(mu_);
   // Fused groups converting single-pass from supplied amax: the group's amax and each member's
   // claim, fixed when the first member converted. Converter thread only.
   struct SuppliedGroup {
@@ -224,6 +227,7 @@ class Session {
     storage::MemoryKind src_kind;
     std::shared_ptr<uint8_t> held;  // device copy, when the group outlived the member's bucket
     uint64_t reserved;              // bytes of `held` counted against the staging limit
+    std::optional<float> claim;     // the trainer's amax of the member (checked in its encode)
   };
   struct DeviceGroup {
     std::vector<DeviceMember> members;

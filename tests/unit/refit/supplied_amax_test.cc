@@ -161,6 +161,17 @@ class SuppliedAmaxTest : public ::testing::Test {
     return staged;
   }
 
+  // Bucket 0 is announced, received and converted before bucket 1 is announced: its fused member
+  // cannot know its partner's amax yet and is held (the two-pass path), whatever the timing.
+  void FirstBucketAlone(Session& s) {
+    EXPECT_TRUE(s.Announce(headers_[0]).ok());
+    receiver_->Put(Session::Tag(s.id(), 0), &payloads_[0]);
+    for (int i = 0; i < 5000 && s.Report().buckets < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(s.Report().buckets, 1u);
+    EXPECT_TRUE(s.Announce(headers_[1]).ok());
+    receiver_->Put(Session::Tag(s.id(), 1), &payloads_[1]);
+  }
+
   std::vector<uint8_t> Staged(const Session& s, const std::string& key) {
     const StagedTensor* t = s.staging().Get(key);
     if (t == nullptr) return {};
@@ -277,6 +288,35 @@ TEST_F(SUPPLIED_AMAX, AnAmaxBelowTheTensorsMaxIsRefusedNamingIt) {
   EXPECT_TRUE(absl::StrContains(v.message(), "tensor 'l.0.up.weight': supplied amax")) << v;
   EXPECT_TRUE(absl::StrContains(v.message(), "tensor 'l.0.down.weight': supplied amax")) << v;
   EXPECT_FALSE(absl::StrContains(v.message(), "'l.0.gate.weight': supplied")) << v;
+}
+
+// The same two cases with the fused member held: a claim is checked and defines the bytes on the
+// two-pass path too (the path a member takes depends on when its partner's amax is announced).
+TEST_F(SUPPLIED_AMAX, AnAmaxBelowTheTensorsMaxIsRefusedWhenTheMemberWasHeld) {
+  MakeBuckets({tensors_[0].amax, tensors_[1].amax, tensors_[2].amax * 0.5f});
+  std::unique_ptr<Session> s = Open();
+  FirstBucketAlone(*s);
+  ASSERT_TRUE(s->Finish().ok()) << s->failure();
+  absl::Status v = s->Validate();
+  ASSERT_FALSE(v.ok());
+  EXPECT_TRUE(absl::StrContains(v.message(), "tensor 'l.0.up.weight': supplied amax")) << v;
+  EXPECT_FALSE(absl::StrContains(v.message(), "'l.0.gate.weight': supplied")) << v;
+}
+
+TEST_F(SUPPLIED_AMAX, ALargerAmaxGivesTheBytesThatAmaxDefinesWhenTheMemberWasHeld) {
+#ifdef REFIT_SUPPLIED_AMAX_GPU
+  GTEST_SKIP() << "device staging: a held member's group encodes against the members' measured amax "
+                  "(docs/formats.md, Trainer-supplied amax); only the too-small check applies there";
+#endif
+  const float gate = tensors_[0].amax * 4;
+  MakeBuckets({gate, tensors_[1].amax, tensors_[2].amax});
+  std::unique_ptr<Session> s = Open();
+  FirstBucketAlone(*s);
+  ASSERT_TRUE(s->Finish().ok()) << s->failure();
+  ASSERT_TRUE(s->Validate().ok()) << s->Validate();
+  std::map<std::string, std::vector<uint8_t>> want = Expected(0, gate);
+  want.merge(Expected(2, gate));
+  for (const auto& [name, bytes] : want) EXPECT_EQ(Staged(*s, name), bytes) << name;
 }
 
 }  // namespace
