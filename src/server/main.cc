@@ -22,6 +22,8 @@
 #include <fstream>
 #include <string>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
 #include "kj/async-io.h"
@@ -77,6 +79,12 @@ void ReloadLogLevel(const std::string& config_path, const refit::transport::Tran
 
 int main(int argc, char** argv) {
   using namespace refit;
+#ifndef __SANITIZE_ADDRESS__
+  // A crash (SIGSEGV, SIGABRT, ...) writes the signal and a symbolized stack trace to stderr,
+  // the log, then ends refitd by the same signal. Sanitizer builds keep the sanitizer's report.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions{});
+#endif
   // Before any thread exists (UCX starts some): every thread inherits the blocked mask, so the
   // signals reach the event loop instead of killing the process.
   // SIGTERM/SIGINT are captured further down, just before the data plane starts: until then

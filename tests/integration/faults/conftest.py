@@ -22,6 +22,12 @@ ENGINE = BIN / "tools/examples/example_engine"
 TRAINER = BIN / "tools/examples/example_trainer"
 
 
+def sanitized_build():
+    """Whether BIN is the sanitizer stage's build (ASAN+UBSAN)."""
+    cache = BIN / "CMakeCache.txt"
+    return cache.exists() and re.search(r"^REFIT_SANITIZE:\w+=.*undefined", cache.read_text(), re.M) is not None
+
+
 def wait_for(pred, timeout=30.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

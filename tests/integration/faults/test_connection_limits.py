@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, wait_for
+from conftest import BIN, sanitized_build, wait_for
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 
@@ -68,11 +68,6 @@ def refit_commits(node, version):
     _, lines = node.trainer("--refits", "1")
     assert lines and lines[0]["outcome"] == "committed", lines
     assert node.resumed_versions()[-1] == version
-
-
-def sanitized_build():
-    cache = BIN / "CMakeCache.txt"
-    return cache.exists() and re.search(r"^REFIT_SANITIZE:\w+=.*undefined", cache.read_text(), re.M) is not None
 
 
 # UBSAN's vptr check probes memory through a pipe(2); with no descriptor left that fails and it

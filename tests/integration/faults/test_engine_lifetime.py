@@ -155,7 +155,7 @@ def test_sigterm_with_the_engine_stopped_logs_the_outcome(fault_node):
         t = node.trainer_async("--refits", "1")
         wait_for(lambda: "phase=pausing" in node.log(), what="pause")
         node.daemon.send_signal(signal.SIGTERM)
-        assert node.daemon.wait(timeout=20) == 0
+        assert node.daemon.wait(timeout=20) == 0, node.log()[-4000:]
         assert "event=refit" in node.log() and "did not pause within" in node.log(), node.log()
         t.kill()
         t.wait()

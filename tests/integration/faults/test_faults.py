@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import sanitized_build, wait_for
 
 SMALL_BUCKETS = "limits:\n  bucket_bytes: 1048576\n"
 
@@ -95,7 +95,7 @@ def test_refitd_killed_at_failpoint(fault_node, point):
     assert committed_ok(lines, 1), lines
     v1 = node.shm_digest()
     node.daemon.send_signal(signal.SIGTERM)
-    assert node.daemon.wait(timeout=30) == 0
+    assert node.daemon.wait(timeout=30) == 0, node.log()[-4000:]
     node.start_daemon(failpoints=f"{point}=crash")
     node.wait_registered()
     p, _ = node.trainer("--refits", "1", "--seed", "2")
@@ -169,11 +169,25 @@ def test_sigterm_while_receiving(fault_node):
     t = node.trainer_async("--refits", "1")
     wait_for(lambda: "event=session_begin" in node.log(), what="session begin")
     node.daemon.send_signal(signal.SIGTERM)
-    assert node.daemon.wait(timeout=30) == 0
+    assert node.daemon.wait(timeout=30) == 0, node.log()[-4000:]
     t.wait(timeout=60)
     assert 'reason="daemon shutting down"' in node.log()
     assert node.shm_digest() == before
     finish(node, [])
+
+
+def test_a_crash_writes_its_signal_to_the_log(fault_node):
+    # Expected: a fatal signal is written to refitd's log (with a stack trace) before refitd ends
+    # by that same signal, so a crash that happens on a CI machine can be read off its log.
+    # Sanitizer builds leave the report to AddressSanitizer, which ends refitd its own way.
+    node = fault_node()
+    node.daemon.send_signal(signal.SIGSEGV)
+    rc = node.daemon.wait(timeout=30)
+    if sanitized_build():
+        assert rc != 0 and "AddressSanitizer" in node.log(), (rc, node.log()[-4000:])
+    else:
+        assert rc == -signal.SIGSEGV, node.log()[-4000:]
+        assert "*** SIGSEGV received" in node.log(), node.log()[-4000:]
 
 
 def test_sigterm_inside_commit_window(fault_node):
@@ -182,7 +196,7 @@ def test_sigterm_inside_commit_window(fault_node):
     t = node.trainer_async("--refits", "1")
     wait_for(lambda: "phase=pausing" in node.log(), what="commit window")
     node.daemon.send_signal(signal.SIGTERM)
-    assert node.daemon.wait(timeout=30) == 0
+    assert node.daemon.wait(timeout=30) == 0, node.log()[-4000:]
     t.wait(timeout=60)
     assert "outcome=committed" in node.log()
     wait_for(lambda: node.resumed_versions() == [1], what="resume")

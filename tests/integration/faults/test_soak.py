@@ -213,7 +213,7 @@ def test_soak_random_faults(fault_node):
     node.engine.wait(timeout=30)
     add_report(engine_report())
     node.daemon.send_signal(signal.SIGTERM)
-    assert node.daemon.wait(timeout=30) == 0
+    assert node.daemon.wait(timeout=30) == 0, node.log()[-4000:]
     counts["hangs"] = len(hangs)
     counts["hang_details"] = hangs
     counts["seconds"] = round(time.monotonic() - started, 1)

@@ -105,6 +105,6 @@ def test_sigterm_shuts_down_cleanly(node_factory):
     node = node_factory()
     node.trainer("--refits", "1", check_rc=0)
     node.daemon.send_signal(signal.SIGTERM)
-    assert node.daemon.wait(timeout=20) == 0
+    assert node.daemon.wait(timeout=20) == 0, node.daemon_log.read_text()[-4000:]
     assert "event=shutdown" in node.daemon_log.read_text()
     assert not node.sock.exists()
