@@ -200,7 +200,31 @@ struct EngineParam {
       offset @7 :UInt64;
       device @8 :Int32;
     }
+    cudaVmm :group {
+      # A CUDA virtual-memory allocation (cuMemCreate + cuMemMap) exported as a POSIX file
+      # descriptor (cuMemExportToShareableHandle). Descriptors pass only over a Unix-socket
+      # connection, at most 64 in one message (docs/architecture.md, "In place").
+      fd @9 :SharedFd;      # set on the first parameter of each allocation in the list
+      allocation @10 :UInt32;  # which allocation of the list: the parameters sharing it share one fd
+      offset @11 :UInt64;   # of the parameter from the start of the allocation's mapping
+      size @12 :UInt64;     # bytes of the allocation's mapping (refitd maps [0, size) of it)
+      device @13 :Int32;
+      pieces @14 :List(VmmPiece);
+      # Instead of `fd`, on the first parameter of an allocation that is a run of several mappings
+      # at consecutive addresses (expandable segments map memory piece by piece): each piece's
+      # descriptor and size, in address order; `size` is their sum. refitd maps them the same way.
+    }
   }
+}
+
+struct VmmPiece {
+  fd @0 :SharedFd;
+  size @1 :UInt64;
+}
+
+interface SharedFd {
+  # Carries a file descriptor (Capability::Server::getFd) and nothing else: the receiver reads
+  # it with Capability::Client::getFd while it holds the capability.
 }
 
 interface EngineControl {

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 8  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 9  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
-                 # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups)
+                 # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups; 9: in-place
+                 # parameters in CUDA virtual memory)
 
 OK = 0
 MEMORY_HOST = 0

@@ -12,7 +12,8 @@ The handle comes from torch (`untyped_storage()._share_cuda_()`, what torch.mult
 newer torch prefixes it with a version and a type byte, which cuda_ipc_handle() strips), so the
 allocation must come from the ordinary caching allocator: with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torch exports another kind of handle, which this
-module refuses, naming the setting.
+module refuses, naming the setting (registered in place, below, such memory is exported as a file
+descriptor instead).
 
 Lifetime: the views keep the allocation alive; keep them (or the CudaParams) until the engine
 agent has stopped.
@@ -21,8 +22,11 @@ In place (nothing copied): CudaParams.from_module(module) / CudaParams.in_place(
 register the engine's existing CUDA tensors where they are, by device pointer (CudaPtrParam). The
 client library groups them by the CUDA allocation holding them (PyTorch's caching allocator puts
 many parameters in one segment), exports one CUDA IPC handle per allocation base and sends each
-parameter as that handle plus its offset. Host tensors, managed memory and CUDA virtual-memory
-allocations (expandable segments, vLLM sleep mode, SGLang's memory saver) are refused naming the
+parameter as that handle plus its offset. Tensors in CUDA virtual memory (cuMemCreate + cuMemMap:
+torch's expandable segments, vLLM's sleep-mode allocator) go the same way: the library exports one
+POSIX file descriptor per mapped piece (the allocation must have been made with the POSIX file
+descriptor handle type), which passes to refitd only over a unix: address, at most 64 pieces.
+Host tensors, managed memory and virtual memory without that handle type are refused naming the
 parameter. Before every commit refitd asks the engine to audit its registration: InPlaceParams.stale()
 names the parameters whose tensor no longer points where it was registered (e.g. after
 `param.data = other`), and the library re-checks each pointer's allocation; refitd then refuses
@@ -77,7 +81,8 @@ def cuda_ipc_handle(exported: bytes) -> bytes:
         return exported[2:2 + IPC_HANDLE_BYTES]
     if len(exported) >= 2 and exported[1:2] == b"e":
         raise RuntimeError("the parameters' allocation is an expandable segment, which CUDA IPC cannot export: "
-                           "unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the engine")
+                           "unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the engine, or register "
+                           "the tensors in place (CudaParams.in_place), which exports it as a file descriptor")
     raise RuntimeError(f"unrecognized CUDA IPC handle from torch ({len(exported)} bytes)")
 
 

@@ -226,7 +226,7 @@ absl::Status ReadEngineParams(const refit_engine_param* params, uint64_t num_par
     absl::StatusOr<Shape> shape = ShapeField(p.shape, p.rank, owner);
     if (!shape.ok()) return shape.status();
     if (p.storage == REFIT_STORAGE_CUDA_IPC) {
-      refit::client::CudaParam c{p.name, *dtype, std::move(*shape), {}, p.offset, p.cuda_device};
+      refit::client::CudaParam c{p.name, *dtype, std::move(*shape), {}, p.offset, p.cuda_device, nullptr};
       std::memcpy(c.ipc_handle.data(), p.cuda_ipc_handle, c.ipc_handle.size());
       out->cuda.push_back(std::move(c));
       continue;

@@ -53,7 +53,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 8  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 9  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
@@ -67,7 +67,9 @@ extern "C" {
                                  refit_engine_wake, refit_engine_asleep, refit_daemon_status.engine_asleep/
                                  awaiting_wake), the registration audit (refit_engine_options.audit);
                                  8: trainer-supplied amax per tensor (refit_tensor.has_amax/amax) and
-                                 fused NVFP4 groups (refit_session_amax_group) */
+                                 fused NVFP4 groups (refit_session_amax_group);
+                                 9: REFIT_STORAGE_CUDA_PTR parameters in CUDA virtual memory (no struct
+                                 change: exported as POSIX file descriptors over a unix: address) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -100,8 +102,11 @@ extern "C" {
 #define REFIT_STORAGE_CUDA_IPC 1 /* cudaIpcMemHandle_t bytes + offset on `cuda_device` (reserved) */
 #define REFIT_STORAGE_CUDA_PTR 2 /* ABI 4: in place, the device pointer `cuda_ptr` (e.g. a tensor's data_ptr):
                                     grouped by CUDA allocation, one IPC handle per allocation base;
-                                    host, managed and virtual-memory (cuMemCreate) allocations are
-                                    refused naming the parameter */
+                                    ABI 9: in CUDA virtual memory (cuMemCreate + cuMemMap), one POSIX
+                                    file descriptor per mapped piece, passed only over a unix:
+                                    address, at most 64 pieces. Refused naming the parameter: host
+                                    and managed memory, virtual memory without the POSIX descriptor
+                                    handle type, virtual memory over TCP */
 
 typedef struct refit_client refit_client;
 typedef struct refit_session refit_session;

@@ -6,8 +6,14 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
+#include <memory>
+#include <utility>
+
+#include "common/fd_passing.h"
 #endif
 
 namespace refit::client {
@@ -17,6 +23,10 @@ namespace refit::client {
 absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params) {
   return absl::UnimplementedError(absl::StrCat("parameter '", params.empty() ? "" : params[0].name,
                                                "' is CUDA memory, but this library was built without CUDA"));
+}
+
+absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void*) {
+  return absl::UnimplementedError(absl::StrCat("parameter '", name, "' is CUDA memory, but this library was built without CUDA"));
 }
 
 std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>&) { return {}; }
@@ -30,6 +40,8 @@ struct Driver {
   CUresult (*address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*retain_allocation)(CUmemGenericAllocationHandle*, void*) = nullptr;
   CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
 };
 
 template <typename Fn>
@@ -49,13 +61,17 @@ const Driver& GetDriver() {
     Load("cuMemGetAddressRange", 3020, &d.address_range);
     Load("cuMemRetainAllocationHandle", 11000, &d.retain_allocation);
     Load("cuMemRelease", 10020, &d.release);
+    Load("cuMemGetAllocationPropertiesFromHandle", 10020, &d.properties);
+    Load("cuMemExportToShareableHandle", 10020, &d.export_handle);
     return d;
   }();
   return d;
 }
 
-// Why `ptr` cannot be exported by a CUDA IPC handle, or "" when it can.
-std::string NotShareable(const Driver& d, const void* ptr, int* device) {
+// Why `ptr` cannot be registered in place, or "" when it can; `*vmm` says whether it lies in a
+// CUDA virtual-memory allocation (exported as a file descriptor) rather than a cudaMalloc'd one
+// (exported as a CUDA IPC handle).
+std::string NotShareable(const Driver& d, const void* ptr, int* device, bool* vmm) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -68,18 +84,110 @@ std::string NotShareable(const Driver& d, const void* ptr, int* device) {
     default: return "it is not CUDA device memory";
   }
   *device = attr.device;
+  *vmm = false;
   if (d.retain_allocation != nullptr) {
     CUmemGenericAllocationHandle h;
     if (d.retain_allocation(&h, const_cast<void*>(ptr)) == CUDA_SUCCESS) {
       if (d.release != nullptr) d.release(h);
-      return "it is in a CUDA virtual-memory allocation (cuMemCreate/cuMemMap: expandable segments, a memory "
-             "saver or sleep mode), which a CUDA IPC handle cannot export";
+      *vmm = true;
     }
   }
   return "";
 }
 
+// The allocation handle mapped at `ptr` (0 when none), without keeping a reference to it.
+uint64_t MappedHandle(const Driver& d, const void* ptr) {
+  CUmemGenericAllocationHandle h;
+  if (d.retain_allocation == nullptr || d.release == nullptr ||
+      d.retain_allocation(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
+    return 0;
+  }
+  d.release(h);
+  return static_cast<uint64_t>(h);
+}
+
+// The mapped pieces (base, size) holding a virtual-memory parameter's `nbytes` from `ptr`: the
+// mapping at ptr and, when the parameter runs past it, the mappings at consecutive addresses
+// after it (expandable segments map memory piece by piece).
+absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> VmmPieces(const Driver& d, const std::string& name,
+                                                                     uint64_t ptr, uint64_t nbytes) {
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (d.address_range(&base, &size, static_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': cannot query its CUDA virtual-memory mapping"));
+  }
+  pieces.emplace_back(static_cast<uint64_t>(base), static_cast<uint64_t>(size));
+  const uint64_t end = ptr + nbytes;
+  while (pieces.back().first + pieces.back().second < end) {
+    const uint64_t next = pieces.back().first + pieces.back().second;
+    if (pieces.size() >= kMaxFdsPerMessage || MappedHandle(d, reinterpret_cast<const void*>(next)) == 0 ||
+        d.address_range(&base, &size, static_cast<CUdeviceptr>(next)) != CUDA_SUCCESS ||
+        static_cast<uint64_t>(base) != next) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", name, "' cannot be registered in place: its ", nbytes, " bytes run past its CUDA ",
+          "virtual-memory mapping at 0x", absl::Hex(pieces.back().first), " (", pieces.back().second,
+          " bytes) into memory that is not a further mapping of virtual memory"));
+    }
+    pieces.emplace_back(next, static_cast<uint64_t>(size));
+  }
+  return pieces;
+}
+
+// A run of virtual-memory pieces at consecutive addresses, exported: one descriptor per piece.
+struct VmmRun {
+  uint64_t begin = 0, end = 0;
+  std::map<uint64_t, uint64_t> pieces;  // base -> size
+  std::shared_ptr<VmmAllocation> allocation;
+};
+
 }  // namespace
+
+absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr) {
+  const Driver& d = GetDriver();
+  if (d.retain_allocation == nullptr || d.release == nullptr || d.properties == nullptr ||
+      d.export_handle == nullptr || d.address_range == nullptr) {
+    return absl::UnavailableError("the CUDA driver has no virtual memory management (cuMem*)");
+  }
+  CUmemGenericAllocationHandle h;
+  if (d.retain_allocation(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' is not in a CUDA virtual-memory allocation"));
+  }
+  VmmExport out;
+  out.handle = static_cast<uint64_t>(h);
+  absl::Status st = [&]() -> absl::Status {
+    CUmemAllocationProp prop{};
+    if (d.properties(&prop, h) != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "': cannot read its CUDA virtual-memory allocation's properties"));
+    }
+    if ((prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", name, "' cannot be registered in place: it is in a CUDA virtual-memory allocation (cuMemCreate) ",
+          "made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its requestedHandleTypes, so it cannot be exported "
+          "to refitd (allocate it with that handle type)"));
+    }
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (d.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': cannot query its CUDA virtual-memory mapping"));
+    }
+    out.base = static_cast<uint64_t>(base);
+    out.size = static_cast<uint64_t>(size);
+    out.device = prop.location.id;
+    int fd = -1;
+    if (CUresult r = d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0); r != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' cannot be registered in place: ",
+                                                     "cuMemExportToShareableHandle failed (CUresult ",
+                                                     static_cast<int>(r), ")"));
+    }
+    out.fd = UniqueFd(fd);
+    return absl::OkStatus();
+  }();
+  d.release(h);  // the retain's reference; the engine's own keeps the allocation
+  if (!st.ok()) return st;
+  return out;
+}
 
 absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params) {
   const Driver& d = GetDriver();
@@ -90,15 +198,36 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
     std::array<uint8_t, 64> handle;
   };
   std::map<uint64_t, Allocation> bases;
+  // Virtual-memory parameters are exported once all are known: parameters whose pieces overlap
+  // share one run (so each piece is exported once), in order of their first piece.
+  struct VmmParamInfo {
+    size_t index;  // into out.params, filled in at the end
+    int device;
+    std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  };
+  std::vector<VmmParamInfo> vmm_params;
   int previous = 0;
   const bool restore = cudaGetDevice(&previous) == cudaSuccess;
   for (const DevicePtrParam& p : params) {
     if (p.ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': device pointer is NULL"));
     int device = -1;
-    if (std::string why = NotShareable(d, p.ptr, &device); !why.empty()) {
+    bool vmm = false;
+    if (std::string why = NotShareable(d, p.ptr, &device, &vmm); !why.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "' cannot be registered in place: ", why));
     }
     cudaSetDevice(device);
+    if (vmm) {
+      absl::StatusOr<uint64_t> nbytes = DenseBytes(p.dtype, p.shape);
+      if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': ", nbytes.status().message()));
+      absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> pieces =
+          VmmPieces(d, p.name, reinterpret_cast<uint64_t>(p.ptr), *nbytes);
+      if (!pieces.ok()) return pieces.status();
+      vmm_params.push_back({out.params.size(), device, std::move(*pieces)});
+      out.params.push_back({p.name, p.dtype, p.shape, {}, 0, device, nullptr});
+      out.records.push_back({p.name, reinterpret_cast<uint64_t>(p.ptr), vmm_params.back().pieces[0].first,
+                             vmm_params.back().pieces[0].second, device, MappedHandle(d, p.ptr)});
+      continue;
+    }
     CUdeviceptr base = 0;
     size_t size = 0;
     if (d.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p.ptr)) != CUDA_SUCCESS) {
@@ -125,12 +254,57 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
       std::memcpy(a.handle.data(), &h, sizeof(h));
       it = bases.emplace(static_cast<uint64_t>(base), a).first;
     }
-    out.params.push_back({p.name, p.dtype, p.shape, it->second.handle, offset, device});
+    out.params.push_back({p.name, p.dtype, p.shape, it->second.handle, offset, device, nullptr});
     out.records.push_back({p.name, reinterpret_cast<uint64_t>(p.ptr), static_cast<uint64_t>(base),
-                           static_cast<uint64_t>(size), device});
+                           static_cast<uint64_t>(size), device, 0});
+  }
+  // Runs: the union of overlapping [first piece, last piece end) spans.
+  std::map<uint64_t, VmmRun> runs;  // by begin
+  {
+    std::vector<std::pair<uint64_t, size_t>> spans;  // (begin, vmm_params index)
+    for (size_t i = 0; i < vmm_params.size(); ++i) spans.emplace_back(vmm_params[i].pieces.front().first, i);
+    std::sort(spans.begin(), spans.end());
+    VmmRun* run = nullptr;
+    for (const auto& [begin, i] : spans) {
+      const auto& pieces = vmm_params[i].pieces;
+      const uint64_t end = pieces.back().first + pieces.back().second;
+      if (run == nullptr || begin >= run->end) run = &runs.emplace(begin, VmmRun{begin, end, {}, nullptr}).first->second;
+      run->end = std::max(run->end, end);
+      for (const auto& [base, size] : pieces) run->pieces.emplace(base, size);
+    }
+  }
+  size_t descriptors = 0;
+  for (auto& [begin, run] : runs) {
+    run.allocation = std::make_shared<VmmAllocation>();
+    descriptors += run.pieces.size();
+    std::string owner;  // the first parameter (in registration order) in this run, for errors
+    for (const VmmParamInfo& v : vmm_params) {
+      if (v.pieces.front().first >= run.begin && v.pieces.front().first < run.end) {
+        owner = out.params[v.index].name;
+        break;
+      }
+    }
+    for (const auto& [base, size] : run.pieces) {
+      if (descriptors > kMaxFdsPerMessage) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter '", owner, "' is in CUDA virtual memory past the ",
+                                                       kMaxFdsPerMessage,
+                                                       " file descriptors (mapped pieces) one registration passes"));
+      }
+      absl::StatusOr<VmmExport> exported = ExportVmmAllocation(owner, reinterpret_cast<const void*>(base));
+      if (!exported.ok()) return exported.status();
+      run.allocation->pieces.push_back({std::move(exported->fd), size});
+      run.allocation->size += size;
+      run.allocation->device = exported->device;
+    }
+  }
+  for (const VmmParamInfo& v : vmm_params) {
+    auto it = std::prev(runs.upper_bound(v.pieces.front().first));
+    CudaParam& p = out.params[v.index];
+    p.offset = out.records[v.index].ptr - it->second.begin;
+    p.vmm = it->second.allocation;
   }
   if (restore) cudaSetDevice(previous);
-  out.allocations = bases.size();
+  out.allocations = bases.size() + runs.size();
   return out;
 }
 
@@ -157,6 +331,13 @@ std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records)
     size_t size = 0;
     if (d.address_range(&base, &size, static_cast<CUdeviceptr>(r.ptr)) != CUDA_SUCCESS ||
         static_cast<uint64_t>(base) != r.base || static_cast<uint64_t>(size) != r.size) {
+      stale.push_back(r.name);
+      continue;
+    }
+    // Virtual memory: the same range may now be mapped from another allocation (released and
+    // created again, as an engine's sleep does) that refitd's import does not see. The driver
+    // returns the handle that was used to map the address.
+    if (r.vmm_handle != 0 && MappedHandle(d, reinterpret_cast<const void*>(r.ptr)) != r.vmm_handle) {
       stale.push_back(r.name);
     }
   }

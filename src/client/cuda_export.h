@@ -4,9 +4,17 @@
 // each parameter is that handle plus its offset from the base. Nothing is copied: refitd writes
 // where the engine's kernels (and captured CUDA graphs) read.
 //
-// Refused at registration, naming the parameter: host memory, CUDA managed memory, and CUDA
-// virtual-memory allocations (cuMemCreate/cuMemMap: expandable segments, vLLM sleep mode, SGLang's
-// memory saver), which CUDA IPC handles cannot export.
+// CUDA virtual-memory allocations (cuMemCreate + cuMemMap: PyTorch's expandable segments, vLLM's
+// sleep-mode allocator) are exported as POSIX file descriptors instead (cuMemExportToShareableHandle,
+// one per mapped piece, found by cuMemGetAddressRange). A parameter that runs past its piece takes
+// the pieces mapped at the consecutive addresses after it; parameters whose pieces overlap share
+// one run of pieces (VmmAllocation), so each piece is exported once. The descriptors pass to
+// refitd only over a unix: control connection, at most kMaxFdsPerMessage (client/engine_agent.h).
+//
+// Refused at registration, naming the parameter and why: host memory, CUDA managed memory, a
+// virtual-memory allocation made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, a parameter
+// that runs past its mapping into memory that is not mapped there, and more pieces than one
+// registration passes.
 //
 // Threading: call from any thread with the parameters' device usable. Built with CUDA; without it
 // every call is Unimplemented.
@@ -29,18 +37,32 @@ struct InPlaceRecord {
   uint64_t base = 0;  // cuMemGetAddressRange of ptr at export
   uint64_t size = 0;
   int device = 0;
+  uint64_t vmm_handle = 0;  // virtual memory: the allocation handle mapped at ptr at export; 0 otherwise
 };
 
 struct InPlaceExport {
-  std::vector<CudaParam> params;        // one IPC handle per allocation base
+  std::vector<CudaParam> params;        // one IPC handle per allocation base, or one fd per VMM mapping
   std::vector<InPlaceRecord> records;   // per parameter
   size_t allocations = 0;               // distinct allocation bases
 };
 
+// The CUDA virtual-memory allocation mapped at `ptr`, exported: a new POSIX descriptor of it and
+// its mapping's base and size (cuMemGetAddressRange). `name` is the parameter errors name.
+// Refused (InvalidArgument) for an allocation made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.
+struct VmmExport {
+  UniqueFd fd;
+  uint64_t base = 0;
+  uint64_t size = 0;
+  int device = 0;
+  uint64_t handle = 0;  // CUmemGenericAllocationHandle mapped at ptr
+};
+absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr);
+
 absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params);
 
 // The names of the records whose pointer no longer lies in the allocation it was exported from
-// (freed, or the range now belongs to another allocation of another base or size).
+// (freed, or the range now belongs to another allocation of another base or size, or, for virtual
+// memory, is mapped from another allocation handle).
 std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records);
 
 }  // namespace refit::client

@@ -2,8 +2,10 @@
 
 #include "client/cuda_export.h"
 #include "common/control_connect.h"
+#include "common/fd_passing.h"
 
 #include <future>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "capnp/rpc-twoparty.h"
@@ -20,12 +22,26 @@ struct EngineAgent::Impl {
   Params params;                                        // what the next (re)registration sends
   kj::Maybe<proto::Registration::Client> registration;  // while registered
   std::vector<InPlaceRecord> in_place;                  // parameters registered in place, for the audit
+  bool passes_fds = false;                              // the connection is a Unix socket
   kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
   kj::Own<kj::PromiseFulfiller<void>> stop;  // touched only on the agent thread
   bool stopping = false;                     // agent thread only
 };
 
 namespace {
+
+// A CUDA virtual-memory allocation's descriptor as a capability: Cap'n Proto attaches it to every
+// message that carries the capability (over a connection that passes descriptors).
+class SharedFdServer final : public proto::SharedFd::Server {
+ public:
+  SharedFdServer(std::shared_ptr<const VmmAllocation> allocation, size_t piece)
+      : allocation_(std::move(allocation)), piece_(piece) {}
+  kj::Maybe<int> getFd() override { return allocation_->pieces[piece_].fd.get(); }
+
+ private:
+  std::shared_ptr<const VmmAllocation> allocation_;
+  const size_t piece_;
+};
 
 // The registration request's parameter list.
 void FillParams(capnp::List<proto::EngineParam>::Builder list, const std::variant<std::vector<ShmParam>,
@@ -49,15 +65,65 @@ void FillParams(capnp::List<proto::EngineParam>::Builder list, const std::varian
     return;
   }
   const auto& cuda = std::get<std::vector<CudaParam>>(params);
+  std::map<const VmmAllocation*, uint32_t> allocations;  // numbered in order of first use
   for (size_t i = 0; i < cuda.size(); ++i) {
     const CudaParam& p = cuda[i];
     auto b = list[static_cast<unsigned>(i)];
     fill_common(b, p.name, p.dtype, p.shape);
+    if (p.vmm != nullptr) {
+      auto v = b.getStorage().initCudaVmm();
+      auto [it, first] = allocations.emplace(p.vmm.get(), static_cast<uint32_t>(allocations.size()));
+      // One descriptor per piece of an allocation: only its first parameter carries them.
+      if (first && p.vmm->pieces.size() == 1) v.setFd(kj::heap<SharedFdServer>(p.vmm, 0));
+      if (first && p.vmm->pieces.size() > 1) {
+        auto pieces = v.initPieces(static_cast<unsigned>(p.vmm->pieces.size()));
+        for (size_t k = 0; k < p.vmm->pieces.size(); ++k) {
+          pieces[static_cast<unsigned>(k)].setFd(kj::heap<SharedFdServer>(p.vmm, k));
+          pieces[static_cast<unsigned>(k)].setSize(p.vmm->pieces[k].size);
+        }
+      }
+      v.setAllocation(it->second);
+      v.setOffset(p.offset);
+      v.setSize(p.vmm->size);
+      v.setDevice(p.vmm->device);
+      continue;
+    }
     auto c = b.getStorage().initCudaIpc();
     c.setHandle(kj::arrayPtr(p.ipc_handle.data(), p.ipc_handle.size()));
     c.setOffset(p.offset);
     c.setDevice(p.device);
   }
+}
+
+// Whether `params` can be registered over this connection: CUDA virtual-memory parameters need one
+// that passes file descriptors, at most kMaxFdsPerMessage of them. Refusals name the parameter.
+absl::Status CheckDescriptors(const std::variant<std::vector<ShmParam>, std::vector<CudaParam>>& params,
+                              bool passes_fds) {
+  const auto* cuda = std::get_if<std::vector<CudaParam>>(&params);
+  if (cuda == nullptr) return absl::OkStatus();
+  std::map<const VmmAllocation*, uint32_t> allocations;
+  size_t descriptors = 0;
+  for (const CudaParam& p : *cuda) {
+    if (p.vmm == nullptr) continue;
+    if (!passes_fds) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", p.name, "' is in CUDA virtual memory, whose file descriptor passes to refitd only over a ",
+          "unix: control connection (this one is TCP or TLS): connect to refitd's Unix socket"));
+    }
+    bool valid = !p.vmm->pieces.empty();
+    for (const VmmPiece& piece : p.vmm->pieces) valid = valid && piece.fd.valid();
+    if (!valid) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': its CUDA virtual-memory allocation has no file descriptor"));
+    }
+    if (!allocations.emplace(p.vmm.get(), 0).second) continue;
+    descriptors += p.vmm->pieces.size();
+    if (descriptors > kMaxFdsPerMessage) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", p.name, "' is in CUDA virtual memory past the ", kMaxFdsPerMessage,
+          " file descriptors (mapped pieces) one registration passes"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 size_t CountParams(const std::variant<std::vector<ShmParam>, std::vector<CudaParam>>& params) {
@@ -207,8 +273,22 @@ void EngineAgent::Run(std::string address, Params initial) {
                                               kj::heapString(std::string(connected.status().message()).c_str())));
       }
       kj::Own<kj::AsyncIoStream> conn = kj::mv(*connected);
-      capnp::TwoPartyClient rpc(*conn);
-      auto daemon = rpc.bootstrap().castAs<proto::Daemon>();
+      // Over a Unix socket the connection passes file descriptors (CUDA virtual-memory parameters).
+      kj::Own<capnp::TwoPartyClient> rpc;
+      impl_->passes_fds = false;
+      KJ_IF_MAYBE(caps, UnixCapabilityStream(*conn)) {
+        rpc = kj::heap<capnp::TwoPartyClient>(*caps, kMaxFdsPerMessage);
+        impl_->passes_fds = true;
+      } else {
+        rpc = kj::heap<capnp::TwoPartyClient>(*conn);
+      }
+      if (absl::Status st = CheckDescriptors(impl_->params, impl_->passes_fds); !st.ok()) {
+        // The same on every attempt: reported as a refusal, never retried.
+        if (!reported) report(st);
+        impl_->stopping = true;
+        return;
+      }
+      auto daemon = rpc->bootstrap().castAs<proto::Daemon>();
       auto req = daemon.registerEngineRequest();
       FillParams(req.initParams(static_cast<unsigned>(CountParams(impl_->params))), impl_->params);
       req.setControl(
@@ -238,7 +318,7 @@ void EngineAgent::Run(std::string address, Params initial) {
       connected_ = true;
       ++registrations_;
       report(absl::OkStatus());
-      stopped.addBranch().exclusiveJoin(rpc.onDisconnect()).wait(io.waitScope);
+      stopped.addBranch().exclusiveJoin(rpc->onDisconnect()).wait(io.waitScope);
       impl_->registration = nullptr;
     })) {
       if (!reported) {
@@ -288,7 +368,10 @@ absl::Status EngineAgent::Sleep() {
     KJ_IF_MAYBE(r, impl_->registration) {
       return r->sleepRequest().send().then([this](capnp::Response<proto::Registration::SleepResults>&& resp) {
         absl::Status st = wire::FromWire(resp.getStatus());
-        if (st.ok()) asleep_ = true;
+        if (st.ok()) {
+          asleep_ = true;
+          DropDescriptors();  // so that the engine's release of virtual memory frees it
+        }
         return st;
       });
     }
@@ -300,14 +383,27 @@ absl::StatusOr<bool> EngineAgent::WakeAny(std::optional<Params> params,
                                           std::optional<std::vector<InPlaceRecord>> in_place, size_t allocations) {
   auto wanted = std::make_shared<std::optional<Params>>(std::move(params));
   auto records = std::make_shared<std::optional<std::vector<InPlaceRecord>>>(std::move(in_place));
+  auto count = std::make_shared<size_t>(allocations);
   return OnAgentLoop<absl::StatusOr<bool>>(impl_->executor, [this, wanted, records,
-                                                             allocations]() -> kj::Promise<absl::StatusOr<bool>> {
+                                                             count]() -> kj::Promise<absl::StatusOr<bool>> {
     KJ_IF_MAYBE(r, impl_->registration) {
+      if (!*wanted && !impl_->in_place.empty()) {
+        // Registered in place: exported again from the same addresses (the memory behind them
+        // may be new after a sleep, which also dropped the virtual-memory descriptors).
+        absl::StatusOr<InPlaceExport> exported = ExportInPlace(InPlacePointers());
+        if (!exported.ok()) return absl::StatusOr<bool>(exported.status());
+        *wanted = Params(std::move(exported->params));
+        *records = std::move(exported->records);
+        *count = exported->allocations;
+      }
+      if (absl::Status st = CheckDescriptors(*wanted ? **wanted : impl_->params, impl_->passes_fds); !st.ok()) {
+        return absl::StatusOr<bool>(st);  // the engine stays asleep, registered as before
+      }
       if (*wanted) {
         impl_->params = std::move(**wanted);  // what the wake and any later re-registration send
         if (*records) {
           impl_->in_place = std::move(**records);  // the audit of the wake's commit checks the new addresses
-          allocations_ = allocations;
+          allocations_ = *count;
         } else {
           impl_->in_place.clear();
           allocations_ = 0;
@@ -332,6 +428,35 @@ absl::StatusOr<bool> EngineAgent::WakeAny(std::optional<Params> params,
 }
 
 absl::StatusOr<bool> EngineAgent::Wake() { return WakeAny(std::nullopt, std::nullopt, 0); }
+
+void EngineAgent::DropDescriptors() {
+  auto* cuda = std::get_if<std::vector<CudaParam>>(&impl_->params);
+  if (cuda == nullptr) return;
+  std::map<const VmmAllocation*, std::shared_ptr<const VmmAllocation>> closed;
+  for (CudaParam& p : *cuda) {
+    if (p.vmm == nullptr) continue;
+    auto [it, first] = closed.emplace(p.vmm.get(), nullptr);
+    if (first) {
+      auto none = std::make_shared<VmmAllocation>();  // its pieces' sizes and its device, no descriptors
+      for (const VmmPiece& piece : p.vmm->pieces) none->pieces.push_back({UniqueFd(), piece.size});
+      none->size = p.vmm->size;
+      none->device = p.vmm->device;
+      it->second = std::move(none);
+    }
+    p.vmm = it->second;
+  }
+}
+
+std::vector<DevicePtrParam> EngineAgent::InPlacePointers() const {
+  std::vector<DevicePtrParam> out;
+  const auto* cuda = std::get_if<std::vector<CudaParam>>(&impl_->params);
+  if (cuda == nullptr) return out;
+  for (size_t i = 0; i < impl_->in_place.size() && i < cuda->size(); ++i) {
+    const CudaParam& p = (*cuda)[i];
+    out.push_back({p.name, p.dtype, p.shape, reinterpret_cast<const void*>(static_cast<uintptr_t>(impl_->in_place[i].ptr))});
+  }
+  return out;
+}
 
 absl::StatusOr<bool> EngineAgent::Wake(std::vector<ShmParam> params) {
   return WakeAny(Params(std::move(params)), std::nullopt, 0);

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "common/unique_fd.h"
 
 namespace refit::client {
 
@@ -39,21 +40,39 @@ struct ShmParam {
   uint64_t offset;
 };
 
+// CUDA virtual memory (cuMemCreate + cuMemMap) exported as POSIX file descriptors
+// (cuMemExportToShareableHandle), shared by the parameters that lie in it: one mapped piece, or a
+// run of pieces mapped at consecutive addresses (PyTorch's expandable segments map memory in
+// 2 or 20 MiB pieces), one descriptor each. Descriptors pass to refitd only over a unix: control
+// connection (common/fd_passing.h); refitd maps bytes [0, size) of each piece, in order.
+struct VmmPiece {
+  UniqueFd fd;
+  uint64_t size = 0;  // bytes of the engine's mapping of it
+};
+struct VmmAllocation {
+  std::vector<VmmPiece> pieces;  // in address order
+  uint64_t size = 0;             // their sum
+  int device = 0;
+};
+
 // A parameter in GPU memory, exported by CUDA IPC: the handle of the allocation holding it
-// (cudaIpcGetMemHandle bytes) and its offset inside that allocation.
+// (cudaIpcGetMemHandle bytes) and its offset inside that allocation; or, with `vmm` set, the
+// CUDA virtual-memory allocation holding it and its offset from the start of its mapping.
 struct CudaParam {
   std::string name;
   DType dtype;
   Shape shape;
-  std::array<uint8_t, 64> ipc_handle;
+  std::array<uint8_t, 64> ipc_handle;  // unused when `vmm` is set
   uint64_t offset;
   int device;
+  std::shared_ptr<const VmmAllocation> vmm;
 };
 
 // A parameter registered in place by its device pointer (e.g. a PyTorch tensor's data_ptr()):
 // the agent groups parameters by the CUDA allocation holding them and exports one CUDA IPC handle
-// per allocation (client/cuda_export.h). Host, managed and virtual-memory allocations are refused
-// naming the parameter.
+// per allocation, or one POSIX file descriptor per CUDA virtual-memory allocation
+// (client/cuda_export.h). Host and managed memory, and virtual memory that cannot be exported as
+// a descriptor, are refused naming the parameter.
 struct DevicePtrParam {
   std::string name;
   DType dtype;
@@ -93,8 +112,10 @@ class EngineAgent {
                                                             EngineCallbacks callbacks, uint64_t version,
                                                             bool reconnect = false, std::string tag = "",
                                                             EngineRank rank = {});
-  // The same for parameters in GPU memory (CUDA IPC). The engine keeps the allocations alive
-  // while registered; refitd opens each allocation once per registration.
+  // The same for parameters in GPU memory (CUDA IPC, or CUDA virtual memory whose descriptors
+  // pass only over a unix: address: over TCP the first such parameter is refused, named; at most
+  // kMaxFdsPerMessage mapped pieces). The engine keeps the allocations alive while registered;
+  // refitd opens each allocation once per registration.
   static absl::StatusOr<std::unique_ptr<EngineAgent>> Start(const std::string& address, std::vector<CudaParam> params,
                                                             EngineCallbacks callbacks, uint64_t version,
                                                             bool reconnect = false, std::string tag = "",
@@ -113,7 +134,9 @@ class EngineAgent {
   // mapped again, the same parameters at the same or new addresses (the overload without
   // arguments: the ones registered last); refitd maps them and commits a refit staged while the
   // engine slept (calling pause/resume meanwhile) before this returns. Returns whether a refit was
-  // committed; an error when the wake or that commit failed (the message says which).
+  // committed; an error when the wake or that commit failed (the message says which). Parameters
+  // registered in place are exported again from their addresses by Wake() (a sleep closes the
+  // agent's descriptors of CUDA virtual-memory allocations, so that releasing them frees them).
   absl::Status Sleep();
   absl::StatusOr<bool> Wake();
   absl::StatusOr<bool> Wake(std::vector<ShmParam> params);
@@ -146,6 +169,11 @@ class EngineAgent {
   // params: nullopt wakes with the ones registered last; in_place: their in-place records.
   absl::StatusOr<bool> WakeAny(std::optional<Params> params, std::optional<std::vector<InPlaceRecord>> in_place,
                                size_t allocations);
+  // Agent thread: after a sleep, closes the descriptors of the CUDA virtual-memory allocations
+  // registered last (an open descriptor would keep the released memory allocated).
+  void DropDescriptors();
+  // Agent thread: the parameters registered in place, as device pointers, to export again.
+  std::vector<DevicePtrParam> InPlacePointers() const;
 
   EngineCallbacks callbacks_;
   std::atomic<uint64_t> version_{0};

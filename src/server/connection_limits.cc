@@ -121,14 +121,13 @@ void MessageBudget::Release(uint64_t bytes) {
   if (gauge_ != nullptr) gauge_->Set(static_cast<double>(used_));
 }
 
-MessageLimitedStream::MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits,
-                                           MessageBudget& budget, kj::Timer& timer,
-                                           std::function<void(const char*, const std::string&)> on_drop)
-    : ForwardingStream(kj::mv(inner)), limits_(limits), budget_(budget), timer_(timer), on_drop_(std::move(on_drop)) {}
+MessageLimiter::MessageLimiter(const ConnectionLimits& limits, MessageBudget& budget, kj::Timer& timer,
+                               std::function<void(const char*, const std::string&)> on_drop)
+    : limits_(limits), budget_(budget), timer_(timer), on_drop_(std::move(on_drop)) {}
 
-MessageLimitedStream::~MessageLimitedStream() noexcept(false) { budget_.Release(reserved_); }
+MessageLimiter::~MessageLimiter() { budget_.Release(reserved_); }
 
-kj::Exception MessageLimitedStream::Drop(const char* reason, const std::string& detail) {
+kj::Exception MessageLimiter::Drop(const char* reason, const std::string& detail) {
   if (!dropped_) {
     dropped_ = true;
     budget_.Release(reserved_);
@@ -139,23 +138,54 @@ kj::Exception MessageLimitedStream::Drop(const char* reason, const std::string& 
                        kj::heapString(absl::StrCat("connection dropped: ", detail).c_str()));
 }
 
-kj::Promise<size_t> MessageLimitedStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {
-  if (dropped_) return size_t(0);  // after a drop: end of stream
-  kj::Promise<size_t> read = inner().tryRead(buffer, min_bytes, max_bytes);
-  if (InsideMessage()) {
-    read = read.exclusiveJoin(timer_.afterDelay(limits_.idle_timeout).then([this]() -> size_t {
-      kj::throwFatalException(
-          Drop("idle_timeout", absl::StrCat("no byte for ", limits_.idle_timeout / kj::MILLISECONDS,
-                                            " ms inside a message (limits.idle_timeout_ms)")));
-    }));
-  }
-  return read.then([this, buffer](size_t n) -> size_t {
-    KJ_IF_MAYBE(e, Observe(static_cast<const uint8_t*>(buffer), n)) { kj::throwFatalException(kj::mv(*e)); }
-    return n;
-  });
+kj::Exception MessageLimiter::IdleTimeout() {
+  return Drop("idle_timeout", absl::StrCat("no byte for ", limits_.idle_timeout / kj::MILLISECONDS,
+                                           " ms inside a message (limits.idle_timeout_ms)"));
 }
 
-kj::Maybe<kj::Exception> MessageLimitedStream::Observe(const uint8_t* bytes, size_t n) {
+namespace {
+
+size_t BytesOf(const size_t& n) { return n; }
+size_t BytesOfResult(const kj::AsyncCapabilityStream::ReadResult& r) { return r.byteCount; }
+
+}  // namespace
+
+MessageLimitedStream::MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits,
+                                           MessageBudget& budget, kj::Timer& timer,
+                                           std::function<void(const char*, const std::string&)> on_drop)
+    : ForwardingStream(kj::mv(inner)), limiter_(limits, budget, timer, std::move(on_drop)) {}
+
+kj::Promise<size_t> MessageLimitedStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {
+  if (limiter_.dropped()) return size_t(0);  // after a drop: end of stream
+  return limiter_.Guard<size_t>(inner().tryRead(buffer, min_bytes, max_bytes), buffer, &BytesOf);
+}
+
+MessageLimitedCapabilityStream::MessageLimitedCapabilityStream(
+    kj::Own<kj::AsyncIoStream> inner, kj::AsyncCapabilityStream& caps, const ConnectionLimits& limits,
+    MessageBudget& budget, kj::Timer& timer, std::function<void(const char*, const std::string&)> on_drop)
+    : inner_(kj::mv(inner)), caps_(caps), limiter_(limits, budget, timer, std::move(on_drop)) {}
+
+kj::Promise<size_t> MessageLimitedCapabilityStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {
+  if (limiter_.dropped()) return size_t(0);
+  return limiter_.Guard<size_t>(caps_.tryRead(buffer, min_bytes, max_bytes), buffer, &BytesOf);
+}
+
+kj::Promise<kj::AsyncCapabilityStream::ReadResult> MessageLimitedCapabilityStream::tryReadWithFds(
+    void* buffer, size_t min_bytes, size_t max_bytes, kj::AutoCloseFd* fds, size_t max_fds) {
+  if (limiter_.dropped()) return ReadResult{0, 0};
+  return limiter_.Guard<ReadResult>(caps_.tryReadWithFds(buffer, min_bytes, max_bytes, fds, max_fds), buffer,
+                                    &BytesOfResult);
+}
+
+kj::Promise<kj::AsyncCapabilityStream::ReadResult> MessageLimitedCapabilityStream::tryReadWithStreams(
+    void* buffer, size_t min_bytes, size_t max_bytes, kj::Own<kj::AsyncCapabilityStream>* streams,
+    size_t max_streams) {
+  if (limiter_.dropped()) return ReadResult{0, 0};
+  return limiter_.Guard<ReadResult>(caps_.tryReadWithStreams(buffer, min_bytes, max_bytes, streams, max_streams),
+                                    buffer, &BytesOfResult);
+}
+
+kj::Maybe<kj::Exception> MessageLimiter::Observe(const uint8_t* bytes, size_t n) {
   while (n > 0 && !untracked_) {
     if (body_left_ > 0) {
       const uint64_t take = std::min<uint64_t>(n, body_left_);

@@ -113,22 +113,40 @@ class MessageBudget {
   uint64_t used_ = 0;
 };
 
-// A control connection's stream as Cap'n Proto reads it: follows the message framing (segment
-// count, segment sizes, segments) of the bytes read, enforces the limits above on each message,
-// and fails the read (which drops the connection) with the reason when one is exceeded.
+// The limits above on one control connection: follows the message framing (segment count,
+// segment sizes, segments) of the bytes read, and fails a read (which drops the connection) with
+// the reason when a limit is exceeded. Shared by the two stream wrappers below.
 // `on_drop(reason, detail)` is called once, before that failure.
-class MessageLimitedStream final : public ForwardingStream {
+class MessageLimiter {
  public:
-  MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits, MessageBudget& budget,
-                       kj::Timer& timer, std::function<void(const char*, const std::string&)> on_drop);
-  ~MessageLimitedStream() noexcept(false);
+  MessageLimiter(const ConnectionLimits& limits, MessageBudget& budget, kj::Timer& timer,
+                 std::function<void(const char*, const std::string&)> on_drop);
+  ~MessageLimiter();
+  MessageLimiter(const MessageLimiter&) = delete;
+  MessageLimiter& operator=(const MessageLimiter&) = delete;
 
-  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override;
+  // After a drop, reads return end of stream.
+  bool dropped() const { return dropped_; }
+  // `read` into `buffer`, failed by the idle timeout when it runs past it inside a message; the
+  // bytes it read (`bytes_of` its result) are observed when it completes.
+  template <typename T>
+  kj::Promise<T> Guard(kj::Promise<T> read, void* buffer, size_t (*bytes_of)(const T&)) {
+    if (InsideMessage()) {
+      read = read.exclusiveJoin(timer_.afterDelay(limits_.idle_timeout).then([this]() -> T {
+        kj::throwFatalException(IdleTimeout());
+      }));
+    }
+    return read.then([this, buffer, bytes_of](T result) -> T {
+      KJ_IF_MAYBE(e, Observe(static_cast<const uint8_t*>(buffer), bytes_of(result))) { kj::throwFatalException(kj::mv(*e)); }
+      return result;
+    });
+  }
 
  private:
   // Follows the framing over `n` bytes just read; a kj::Exception when a limit is exceeded.
   kj::Maybe<kj::Exception> Observe(const uint8_t* bytes, size_t n);
   kj::Exception Drop(const char* reason, const std::string& detail);
+  kj::Exception IdleTimeout();
   bool InsideMessage() const { return !first_message_done_ || header_words_seen_ > 0 || word_fill_ > 0 || body_left_ > 0; }
 
   const ConnectionLimits limits_;
@@ -147,6 +165,66 @@ class MessageLimitedStream final : public ForwardingStream {
   uint64_t declared_words_ = 0;
   uint64_t body_left_ = 0;  // bytes of the current message's segments still to come
   uint64_t reserved_ = 0;   // bytes of the budget this connection holds
+};
+
+// A control connection's stream as Cap'n Proto reads it, under a MessageLimiter.
+class MessageLimitedStream final : public ForwardingStream {
+ public:
+  MessageLimitedStream(kj::Own<kj::AsyncIoStream> inner, const ConnectionLimits& limits, MessageBudget& budget,
+                       kj::Timer& timer, std::function<void(const char*, const std::string&)> on_drop);
+
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override;
+
+ private:
+  MessageLimiter limiter_;
+};
+
+// The same over a Unix-socket connection that passes file descriptors (common/fd_passing.h):
+// every read, with descriptors or without, goes through the limiter; Cap'n Proto's
+// maxFdsPerMessage bounds the descriptors read with each message.
+class MessageLimitedCapabilityStream final : public kj::AsyncCapabilityStream {
+ public:
+  // REQUIRES: `caps` is `*inner` (the capability stream UnixCapabilityStream found in it).
+  MessageLimitedCapabilityStream(kj::Own<kj::AsyncIoStream> inner, kj::AsyncCapabilityStream& caps,
+                                 const ConnectionLimits& limits, MessageBudget& budget, kj::Timer& timer,
+                                 std::function<void(const char*, const std::string&)> on_drop);
+  ~MessageLimitedCapabilityStream() noexcept(false) {}
+
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override;
+  kj::Promise<ReadResult> tryReadWithFds(void* buffer, size_t min_bytes, size_t max_bytes, kj::AutoCloseFd* fds,
+                                         size_t max_fds) override;
+  kj::Promise<ReadResult> tryReadWithStreams(void* buffer, size_t min_bytes, size_t max_bytes,
+                                             kj::Own<kj::AsyncCapabilityStream>* streams, size_t max_streams) override;
+  kj::Promise<void> write(const void* buffer, size_t size) override { return caps_.write(buffer, size); }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
+    return caps_.write(pieces);
+  }
+  kj::Promise<void> writeWithFds(kj::ArrayPtr<const kj::byte> data,
+                                 kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> more_data,
+                                 kj::ArrayPtr<const int> fds) override {
+    return caps_.writeWithFds(data, more_data, fds);
+  }
+  kj::Promise<void> writeWithStreams(kj::ArrayPtr<const kj::byte> data,
+                                     kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> more_data,
+                                     kj::Array<kj::Own<kj::AsyncCapabilityStream>> streams) override {
+    return caps_.writeWithStreams(data, more_data, kj::mv(streams));
+  }
+  kj::Promise<void> whenWriteDisconnected() override { return caps_.whenWriteDisconnected(); }
+  void shutdownWrite() override { caps_.shutdownWrite(); }
+  void abortRead() override { caps_.abortRead(); }
+  void getsockopt(int level, int option, void* value, uint* length) override {
+    caps_.getsockopt(level, option, value, length);
+  }
+  void setsockopt(int level, int option, const void* value, uint length) override {
+    caps_.setsockopt(level, option, value, length);
+  }
+  void getsockname(struct sockaddr* addr, uint* length) override { caps_.getsockname(addr, length); }
+  void getpeername(struct sockaddr* addr, uint* length) override { caps_.getpeername(addr, length); }
+
+ private:
+  kj::Own<kj::AsyncIoStream> inner_;
+  kj::AsyncCapabilityStream& caps_;
+  MessageLimiter limiter_;
 };
 
 }  // namespace refit::server

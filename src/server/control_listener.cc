@@ -10,6 +10,7 @@
 #include "capnp/rpc.capnp.h"
 #include "capnp/serialize-async.h"
 #include "common/auth_preamble.h"
+#include "common/fd_passing.h"
 #include "server/forwarding_stream.h"
 #include "server/log.h"
 
@@ -205,7 +206,7 @@ kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool
       RefuseOverCap(cap, absl::StrCat("uid ", cred.uid, " (pid ", cred.pid, ")"));
       return kj::READY_NOW;
     }
-    Serve(kj::mv(stream), kj::mv(slot));
+    Serve(kj::mv(stream), kj::mv(slot), /*unix_socket=*/true);
     return kj::READY_NOW;
   }
   if (policy_.token.empty() && !(tls_.get() != nullptr && policy_.tls_client_certs)) {
@@ -230,7 +231,7 @@ kj::Promise<void> ControlListener::Admit(kj::Own<kj::AsyncIoStream> stream, bool
       .then(
           [this, slot = kj::mv(slot)](kj::Own<kj::AsyncIoStream> admitted) mutable {
             LogEvent(LogLevel::kDebug, "connection_admitted").Add("transport", tls_.get() != nullptr ? "tls" : "tcp");
-            Serve(kj::mv(admitted), kj::mv(slot));
+            Serve(kj::mv(admitted), kj::mv(slot), /*unix_socket=*/false);
           },
             [this](kj::Exception&& e) { Refuse(std::string(e.getDescription().begin(), e.getDescription().size())); });
 }
@@ -305,19 +306,30 @@ kj::Promise<kj::Own<kj::AsyncIoStream>> ControlListener::CheckPreamble(kj::Own<k
       });
 }
 
-void ControlListener::Serve(kj::Own<kj::AsyncIoStream> stream, kj::Own<ConnectionCounter::Slot> slot) {
+void ControlListener::Serve(kj::Own<kj::AsyncIoStream> stream, kj::Own<ConnectionCounter::Slot> slot, bool unix_socket) {
   ++admitted_;
   auto conn = kj::heap<Connection>();
   conn->slot = kj::mv(slot);
-  conn->stream = kj::heap<MessageLimitedStream>(
-      kj::mv(stream), limits_, budget_, timer_, [this](const char* reason, const std::string& detail) {
-        metrics_.Count(metrics_.dropped, "control", reason);
-        if (LogAllowed()) {
-          Log(LogLevel::kWarn, absl::StrCat("event=connection_dropped reason=", reason, " detail=\"", detail, "\""));
-        }
-      });
-  conn->network =
-      kj::heap<capnp::TwoPartyVatNetwork>(*conn->stream, capnp::rpc::twoparty::Side::SERVER, reader_options_);
+  auto on_drop = [this](const char* reason, const std::string& detail) {
+    metrics_.Count(metrics_.dropped, "control", reason);
+    if (LogAllowed()) {
+      Log(LogLevel::kWarn, absl::StrCat("event=connection_dropped reason=", reason, " detail=\"", detail, "\""));
+    }
+  };
+  kj::Maybe<kj::AsyncCapabilityStream&> caps;
+  if (unix_socket) caps = UnixCapabilityStream(*stream);
+  KJ_IF_MAYBE(c, caps) {
+    // A Unix-socket peer may attach file descriptors (an engine's CUDA virtual-memory
+    // allocations), at most kMaxFdsPerMessage to a message; the limits apply as on any connection.
+    auto limited = kj::heap<MessageLimitedCapabilityStream>(kj::mv(stream), *c, limits_, budget_, timer_, on_drop);
+    conn->network = kj::heap<capnp::TwoPartyVatNetwork>(*limited, kMaxFdsPerMessage,
+                                                         capnp::rpc::twoparty::Side::SERVER, reader_options_);
+    conn->stream = kj::mv(limited);
+  } else {
+    conn->stream = kj::heap<MessageLimitedStream>(kj::mv(stream), limits_, budget_, timer_, on_drop);
+    conn->network =
+        kj::heap<capnp::TwoPartyVatNetwork>(*conn->stream, capnp::rpc::twoparty::Side::SERVER, reader_options_);
+  }
   conn->rpc = kj::heap(capnp::makeRpcServer(*conn->network, bootstrap_));
   auto disconnected = conn->network->onDisconnect();
   tasks_.add(disconnected.attach(kj::mv(conn)));

@@ -19,6 +19,11 @@
 // failing (EMFILE, ENFILE, ...) is logged, counted and retried after 100 ms: it never ends the
 // listener or the process.
 //
+// File descriptors: Unix-socket connections run over a capability stream and accept up to
+// kMaxFdsPerMessage descriptors per message (an engine's CUDA virtual-memory allocations,
+// common/fd_passing.h), read through a MessageLimitedCapabilityStream; TCP and TLS connections
+// accept none.
+//
 // Threading: everything runs on the KJ event loop thread that created the listener.
 #ifndef REFIT_SERVER_CONTROL_LISTENER_H_
 #define REFIT_SERVER_CONTROL_LISTENER_H_
@@ -69,7 +74,8 @@ class ControlListener {
   kj::Promise<kj::Own<kj::AsyncIoStream>> AdmitTcp(kj::Own<kj::AsyncIoStream> stream);
   kj::Promise<kj::Own<kj::AsyncIoStream>> StartTls(kj::Own<kj::AsyncIoStream> stream);
   kj::Promise<kj::Own<kj::AsyncIoStream>> CheckPreamble(kj::Own<kj::AsyncIoStream> stream);
-  void Serve(kj::Own<kj::AsyncIoStream> stream, kj::Own<ConnectionCounter::Slot> slot);
+  // `unix_socket`: the connection may pass file descriptors (common/fd_passing.h).
+  void Serve(kj::Own<kj::AsyncIoStream> stream, kj::Own<ConnectionCounter::Slot> slot, bool unix_socket);
   void Refuse(const std::string& reason);
   // A connection closed at accept because a cap is full; `cap` is the config key's reason.
   void RefuseOverCap(const char* cap, const std::string& peer);

@@ -11,6 +11,7 @@
 #include "proto/wire.h"
 #include "refit/cpu_converter.h"
 #include "server/blocking.h"
+#include "server/engine_params.h"
 #include "server/log.h"
 #include "storage/shm_storage.h"
 #if REFIT_HAVE_CUDA
@@ -333,46 +334,24 @@ class SessionImpl final : public proto::Session::Server {
   bool detached_ = false;
 };
 
-// Maps the engine's registered parameters: all in POSIX shm, or all in GPU memory (CUDA IPC).
+// Maps the engine's registered parameters: all in POSIX shm, or all in GPU memory (CUDA IPC and
+// CUDA virtual memory).
 absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<proto::EngineParam>::Reader list) {
-  std::vector<storage::ShmParam> shm;
+  absl::StatusOr<EngineParamList> params = ReadEngineParams(list);
+  if (!params.ok()) return params.status();
+  if (!params->cuda.empty()) {
+    if (!params->shm.empty()) return absl::InvalidArgumentError("an engine registers all parameters in shm or all on the GPU");
 #if REFIT_HAVE_CUDA
-  std::vector<storage::CudaIpcParam> cuda;
-#endif
-  for (auto p : list) {
-    std::string name = wire::Str(p.getName());
-    absl::StatusOr<DType> dtype = ParseDType(wire::Str(p.getDtype()));
-    if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': ", dtype.status().message()));
-    Shape shape;
-    for (int64_t d : p.getShape()) shape.push_back(d);
-    storage::ParamInfo info{name, *dtype, shape, p.getNbytes()};
-    if (p.getStorage().isShm()) {
-      shm.push_back({std::move(info), wire::Str(p.getStorage().getShm().getName()), p.getStorage().getShm().getOffset()});
-      continue;
-    }
-#if REFIT_HAVE_CUDA
-    auto c = p.getStorage().getCudaIpc();
-    storage::CudaIpcParam cp{std::move(info), {}, c.getOffset(), c.getDevice()};
-    if (c.getHandle().size() != cp.handle.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': CUDA IPC handle of ",
-                                                     c.getHandle().size(), " bytes (expected ", cp.handle.size(), ")"));
-    }
-    std::memcpy(cp.handle.data(), c.getHandle().begin(), cp.handle.size());
-    cuda.push_back(std::move(cp));
-#else
-    return absl::InvalidArgumentError(
-        absl::StrCat("engine parameter '", name, "' is in GPU memory, but this refitd was built without CUDA"));
-#endif
-  }
-#if REFIT_HAVE_CUDA
-  if (!cuda.empty()) {
-    if (!shm.empty()) return absl::InvalidArgumentError("an engine registers all parameters in shm or all on the GPU");
-    absl::StatusOr<std::unique_ptr<storage::CudaIpcEngineStorage>> s = storage::CudaIpcEngineStorage::Open(std::move(cuda));
+    absl::StatusOr<std::unique_ptr<storage::CudaIpcEngineStorage>> s =
+        storage::CudaIpcEngineStorage::Open(std::move(params->cuda));
     if (!s.ok()) return s.status();
     return std::unique_ptr<storage::EngineStorage>(std::move(*s));
-  }
+#else
+    return absl::InvalidArgumentError(absl::StrCat("engine parameter '", params->cuda[0].info.name,
+                                                   "' is in GPU memory, but this refitd was built without CUDA"));
 #endif
-  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s = storage::ShmEngineStorage::Open(std::move(shm));
+  }
+  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s = storage::ShmEngineStorage::Open(std::move(params->shm));
   if (!s.ok()) return s.status();
   return std::unique_ptr<storage::EngineStorage>(std::move(*s));
 }

@@ -10,6 +10,7 @@
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
 #include "storage/memory.h"
+#include "storage/vmm_import.h"
 
 namespace refit::storage {
 namespace {
@@ -61,17 +62,34 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "': nbytes ", p.info.nbytes,
                                                      " does not match ", DTypeName(p.info.dtype), ShapeString(p.info.shape)));
     }
-    auto it = s->opened_.find(p.handle);
-    if (it == s->opened_.end()) {
-      cudaIpcMemHandle_t h;
-      std::memcpy(&h, p.handle.data(), sizeof(h));
-      void* base = nullptr;
-      if ((e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
-        return CudaStatus(e, absl::StrCat("parameter '", p.info.name, "': cudaIpcOpenMemHandle"));
+    uint8_t* base = nullptr;
+    if (p.vmm != nullptr) {
+      auto it = s->imported_.find(p.vmm.get());
+      if (it == s->imported_.end()) {
+        std::vector<VmmImport::Piece> pieces;
+        for (const VmmSourcePiece& piece : p.vmm->pieces) pieces.push_back({piece.fd.get(), piece.size});
+        absl::StatusOr<std::unique_ptr<VmmImport>> imported = VmmImport::Import(pieces, s->device_);
+        if (!imported.ok()) {
+          return absl::Status(imported.status().code(), absl::StrCat("parameter '", p.info.name, "': mapping its CUDA ",
+                                                                     "virtual-memory allocation: ",
+                                                                     imported.status().message()));
+        }
+        it = s->imported_.emplace(p.vmm.get(), std::move(*imported)).first;
       }
-      it = s->opened_.emplace(p.handle, base).first;
+      base = it->second->address();
+    } else {
+      auto it = s->opened_.find(p.handle);
+      if (it == s->opened_.end()) {
+        cudaIpcMemHandle_t h;
+        std::memcpy(&h, p.handle.data(), sizeof(h));
+        void* opened = nullptr;
+        if ((e = cudaIpcOpenMemHandle(&opened, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
+          return CudaStatus(e, absl::StrCat("parameter '", p.info.name, "': cudaIpcOpenMemHandle"));
+        }
+        it = s->opened_.emplace(p.handle, opened).first;
+      }
+      base = static_cast<uint8_t*>(it->second);
     }
-    uint8_t* base = static_cast<uint8_t*>(it->second);
     CUdeviceptr range_base = 0;
     size_t range_size = 0;
     if ((*address_range)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
@@ -94,6 +112,7 @@ CudaIpcEngineStorage::~CudaIpcEngineStorage() {
   batch_.reset();
   stream_.reset();  // waits for the copies into the mappings, then destroys the stream
   for (auto& [handle, base] : opened_) cudaIpcCloseMemHandle(base);
+  imported_.clear();  // unmaps refitd's view of each virtual-memory allocation and releases it
 }
 
 absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) {

@@ -1,7 +1,10 @@
-// EngineStorage over CUDA IPC: each parameter is (IPC handle of the engine's allocation, offset,
-// device). refitd opens each distinct allocation once per registration (cudaIpcOpenMemHandle) and
-// writes through the mapped address with cudaMemcpyAsync on its own stream; Flush synchronizes
-// that stream, so every byte is in place before the engine is resumed. Built only with CUDA.
+// EngineStorage over the engine's own GPU memory: each parameter is (IPC handle of the engine's
+// allocation, offset, device), or (its CUDA virtual-memory allocation's file descriptor, offset).
+// refitd opens each distinct allocation once per registration (cudaIpcOpenMemHandle; a VmmImport,
+// storage/vmm_import.h, for virtual memory) and writes through the mapped address with
+// cudaMemcpyAsync on its own stream; Flush synchronizes that stream, so every byte is in place
+// before the engine is resumed. Destroying the storage (unregistration, sleep, the engine's
+// death) closes every handle and unmaps every import. Built only with CUDA.
 //
 // Threading: as EngineStorage (one committer thread at a time).
 #ifndef REFIT_STORAGE_CUDA_IPC_STORAGE_H_
@@ -15,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/batch_copy.h"
+#include "storage/cuda_params.h"
 #include "storage/engine_storage.h"
 
 namespace refit {
@@ -23,18 +27,11 @@ class CudaStream;  // common/cuda_handles.h (kept out of this header: no CUDA in
 
 namespace refit::storage {
 
-inline constexpr size_t kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
-
-struct CudaIpcParam {
-  ParamInfo info;
-  std::array<uint8_t, kCudaIpcHandleBytes> handle;
-  uint64_t offset;
-  int device;
-};
+class VmmImport;  // storage/vmm_import.h
 
 class CudaIpcEngineStorage : public EngineStorage {
  public:
-  // Opens every distinct handle once and checks each parameter against its allocation's size
+  // Opens every distinct handle (imports every distinct virtual-memory allocation) once and checks each parameter against its allocation's size
   // (cuMemGetAddressRange), overflow-safe; errors name the parameter.
   static absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> Open(std::vector<CudaIpcParam> params);
   ~CudaIpcEngineStorage() override;
@@ -57,6 +54,7 @@ class CudaIpcEngineStorage : public EngineStorage {
   std::vector<ParamInfo> infos_;
   std::vector<uint8_t*> addrs_;
   std::map<std::array<uint8_t, kCudaIpcHandleBytes>, void*> opened_;
+  std::map<const VmmSource*, std::unique_ptr<VmmImport>> imported_;
   struct Range {
     uint64_t base = 0;  // cuMemGetAddressRange of the mapping when opened
     uint64_t size = 0;

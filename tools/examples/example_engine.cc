@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
   } else {
 #if REFIT_HAVE_CUDA
     std::vector<client::CudaParam> cuda;
-    for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu});
+    for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu, nullptr});
     agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0, reconnect);
 #endif
   }

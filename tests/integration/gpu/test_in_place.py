@@ -7,8 +7,14 @@ trainer as real processes' peers:
   - sleep -> refit staged -> wake at new addresses, then at the same ones -> committed bytes equal
     `refitctl convert --engine-layout`;
   - a stale registration (a parameter re-pointed after registering) refused naming it;
-  - memory CUDA IPC cannot share (a cuMemCreate virtual-memory allocation, managed memory, pinned
-    host memory) refused at registration naming the parameter.
+  - parameters in a CUDA virtual-memory allocation (cuMemCreate with the POSIX file descriptor
+    handle type, mapped at a reserved address, viewed by torch): registered in place over the Unix
+    socket (one descriptor), refits written where the model reads, sleep (the engine unmaps and
+    releases the memory, which the GPU's free memory shows given back), wake at the same address;
+  - a model allocated by torch's expandable segments (an engine process of its own with
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) registered in place and refitted;
+  - memory that cannot be shared (a virtual-memory allocation without the descriptor handle type,
+    managed memory, pinned host memory) refused at registration naming the parameter.
 Skips, saying why, without torch, a CUDA device or a CUDA build of refitd."""
 import ctypes
 import json
@@ -203,7 +209,7 @@ def _cuda():
     torch.zeros(1, device="cuda")  # the primary context current on this thread
     lib = ctypes.CDLL("libcuda.so.1")
     for fn in ("cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemAllocManaged",
-               "cuMemGetAllocationGranularity"):
+               "cuMemGetAllocationGranularity", "cuMemUnmap", "cuMemRelease"):
         getattr(lib, fn).restype = ctypes.c_int
     return lib
 
@@ -243,8 +249,8 @@ def test_memory_cuda_ipc_cannot_share_is_refused_naming_the_parameter(daemon):
     lib = _cuda()
     n = 4096
     cases = {
-        "vmm.plain": (vmm_allocation(lib, n * 2, 0), "virtual-memory allocation"),
-        "vmm.posix_fd": (vmm_allocation(lib, n * 2, 1), "virtual-memory allocation"),  # POSIX fd handle type
+        # No handle type: it cannot be exported as a file descriptor.
+        "vmm.plain": (vmm_allocation(lib, n * 2, 0), "virtual-memory allocation.*CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
     }
     managed = ctypes.c_ulonglong()
     assert lib.cuMemAllocManaged(ctypes.byref(managed), ctypes.c_size_t(n * 2), ctypes.c_uint(1)) == 0
@@ -257,3 +263,135 @@ def test_memory_cuda_ipc_cannot_share_is_refused_naming_the_parameter(daemon):
             refit.EngineAgent(daemon.address, [p])
     with pytest.raises(ValueError, match="parameter 'cpu.w' is not a CUDA tensor"):
         refit.CudaParams.in_place({"cpu.w": torch.zeros(4)})
+
+
+class _Cai:
+    """__cuda_array_interface__ of raw device bytes, so torch.as_tensor can view them."""
+
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2}
+
+
+class VmmWeights:
+    """`nbytes` of CUDA virtual memory (POSIX file descriptor handle type) at an address reserved
+    once, as vLLM's sleep-mode allocator holds weights: release() unmaps and gives the physical
+    memory back, map() maps new memory at the same address."""
+
+    def __init__(self, lib, nbytes):
+        self.lib = lib
+        self.prop = _AllocProp(type=1, requestedHandleTypes=1, loc_type=1, loc_id=0)  # PINNED, POSIX fd, DEVICE 0
+        gran = ctypes.c_size_t()
+        assert lib.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(self.prop), 0) == 0
+        self.size = (nbytes + gran.value - 1) // gran.value * gran.value
+        ptr = ctypes.c_ulonglong()
+        assert lib.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(self.size), ctypes.c_size_t(0),
+                                       ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)) == 0
+        self.ptr = ptr.value
+        self.handle = None
+        self.map()
+
+    def map(self):
+        handle = ctypes.c_ulonglong()
+        assert self.lib.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(self.size), ctypes.byref(self.prop),
+                                    ctypes.c_ulonglong(0)) == 0
+        assert self.lib.cuMemMap(ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.size), ctypes.c_size_t(0), handle,
+                                 ctypes.c_ulonglong(0)) == 0
+        access = _AccessDesc(loc_type=1, loc_id=0, flags=3)  # READWRITE
+        assert self.lib.cuMemSetAccess(ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.size), ctypes.byref(access),
+                                       ctypes.c_size_t(1)) == 0
+        self.handle = handle
+
+    def release(self):
+        assert self.lib.cuMemUnmap(ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.size)) == 0
+        assert self.lib.cuMemRelease(self.handle) == 0
+        self.handle = None
+
+    def place(self, m):
+        """Points every parameter of `m` at a view into the allocation (256-byte aligned)."""
+        import torch
+
+        raw = torch.as_tensor(_Cai(self.ptr, self.size), device="cuda")
+        off = 0
+        for p in m.parameters():
+            nbytes = p.numel() * p.element_size()
+            view = raw[off:off + nbytes].view(p.dtype).view(p.shape)
+            view.copy_(p.data)
+            p.data = view
+            off += (nbytes + 255) // 256 * 256
+        assert off <= self.size
+
+
+def test_virtual_memory_parameters_registered_in_place_refit_sleep_wake(daemon):
+    import torch
+
+    import refit
+
+    lib = _cuda()
+    vmm = VmmWeights(lib, 64 << 20)  # large enough for the GPU's free memory to show its release
+    m = model()
+    vmm.place(m)
+    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+    with refit.InPlaceEngine(daemon.address, m) as engine, refit.TrainerClient(daemon.address) as client:
+        assert engine.agent.allocations == 1  # one descriptor for the mapping
+        w = weights(11)
+        assert client.refit("toy", w).outcome == "committed"
+        assert engine_bytes(m) == convert_engine_layout(daemon, w, "vmm-1")
+
+        # Sleep: refitd drops its mapping, the engine releases the memory, and it is free.
+        engine.sleep()
+        torch.cuda.synchronize()
+        free_before = torch.cuda.mem_get_info()[0]
+        vmm.release()
+        freed = torch.cuda.mem_get_info()[0] - free_before
+        assert freed >= vmm.size // 2, f"released {vmm.size} bytes, {freed} came back"
+        w2 = weights(12)
+        assert client.refit("toy", w2, tag="vmm-asleep").outcome == "staged"
+
+        # Wake at the same address with new memory: the staged refit lands there.
+        vmm.map()
+        assert engine.wake() is True
+        assert engine.tag == "vmm-asleep"
+        assert engine_bytes(m) == convert_engine_layout(daemon, w2, "vmm-2")
+        w3 = weights(13)
+        assert client.refit("toy", w3).outcome == "committed"
+        assert engine_bytes(m) == convert_engine_layout(daemon, w3, "vmm-3")
+        assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
+
+
+_EXPANDABLE_ENGINE = r'''
+import json, sys
+import torch
+import refit
+
+address = sys.argv[1]
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+m = m.to(device="cuda", dtype=torch.bfloat16)
+segments = [s for s in torch.cuda.memory_snapshot() if s.get("device", 0) == 0]
+expandable = any(s.get("is_expandable", False) for s in segments)
+g = torch.Generator().manual_seed(21)
+w = {n: torch.randn(p.shape, generator=g).to(torch.bfloat16) for n, p in m.named_parameters()}
+out = {"expandable": expandable}
+with refit.InPlaceEngine(address, m) as engine, refit.TrainerClient(address) as client:
+    out["allocations"] = engine.agent.allocations
+    out["outcome"] = client.refit("toy", w).outcome
+    torch.cuda.synchronize()
+    out["equal"] = all(torch.equal(p.detach().cpu(), w[n]) for n, p in m.named_parameters())
+print(json.dumps(out))
+'''
+
+
+def test_expandable_segments_parameters_registered_in_place(daemon):
+    """A model allocated by torch's expandable segments (PYTORCH_CUDA_ALLOC_CONF is read when CUDA
+    starts, so the engine is its own process): its parameters register in place as virtual
+    memory, one descriptor per mapped piece."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+               PYTHONPATH=str(SRC / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _EXPANDABLE_ENGINE, daemon.address], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    if not out["expandable"]:
+        pytest.skip(f"this torch did not allocate expandable segments ({out})")
+    assert out["outcome"] == "committed" and out["equal"], out
+    assert out["allocations"] >= 1, out
