@@ -13,10 +13,14 @@ Three processes share GPU 0:
            (graph_engine.register_engine_params), its decode step captured ONCE in CUDA graphs
            (graph_engine.GraphEngine, batch sizes 2 and 1), its KV pool in CUDA virtual memory.
 
-The loop, --policies times: trainer step (engine asleep) -> engine wakes (KV pool mapped again at
-the same addresses) -> trainer pushes, refitd commits into the engine over CUDA IPC -> rollout
-(greedy, by replaying the same graphs, inside GatedEngine.serving()) -> engine sleeps (KV pool's
-physical memory released, torch's cache emptied). After each refit the trainer's weights are
+The loop, --policies times: trainer step and push (engine asleep: refitd validates the refit
+and stages it) -> engine wakes (weights and KV pool mapped again at the same addresses; the
+agent's wake makes refitd map the weights and commit the staged refit into them over CUDA IPC)
+-> rollout (greedy, by replaying the same graphs, inside GatedEngine.serving()) -> engine sleeps
+(refitd drops its mappings; the weights' and the KV pool's physical memory are released, torch's
+cache emptied). The weights live in one CUDA virtual-memory buffer shareable as a POSIX file
+descriptor (graph_engine.VmmWeights, registered in place); --keep-weights keeps them in an
+ordinary allocation, resident while asleep. After each refit the trainer's weights are
 converted with `refitctl convert`; a second engine built from scratch over that checkpoint
 (same classes, its own captured graphs) generates the same prompts. Checked per policy: the
 engine's registered bytes equal the checkpoint's, token ids and every generated step's logits
@@ -48,6 +52,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "python"))
 
 from channel import Channel, ChannelClosed, serve  # noqa: E402
+from graph_engine import VmmWeights  # noqa: E402
 
 DEFAULT_SPEC = ROOT / "deploy/models/demo-llama.yaml"
 CHANGES = ["gradient", "noise"]  # policy k >= 1 applies CHANGES[(k - 1) % 2]
@@ -199,13 +204,36 @@ def bytes_of(t):
     return t.detach().reshape(-1).view(torch.uint8)
 
 
-def memory(engine) -> dict:
+def memory(engine, store=None) -> dict:
+    """The engine's device memory: torch's reserved memory, the mapped KV pool and the mapped
+    weights (VmmWeights), their total, and the device's used memory (refitd's included)."""
     import torch
 
+    out = engine.resident_bytes()
+    weights = store.nbytes if isinstance(store, VmmWeights) and store.mapped else 0
+    out = dict(out, weights_mapped=weights, total=out["total"] + weights)
     if engine.device.type != "cuda":
-        return dict(engine.resident_bytes(), device_used=0)
+        return dict(out, device_used=0)
     free, total = torch.cuda.mem_get_info(0)
-    return dict(engine.resident_bytes(), device_used=int(total - free))
+    return dict(out, device_used=int(total - free))
+
+
+def sleep(engine, gated, store):
+    """refitd drops its mappings (agent sleep), then the engine releases the KV pool and, when
+    they are VmmWeights, the weights."""
+    gated.sleep()
+    engine.sleep()
+    if isinstance(store, VmmWeights):
+        store.release()
+
+
+def wake(engine, gated, store) -> bool:
+    """Weights and KV pool mapped again at the same addresses, then the agent's wake: refitd maps
+    them and commits the refit staged while asleep (returned: whether one was committed)."""
+    if isinstance(store, VmmWeights):
+        store.map()
+    engine.wake()
+    return gated.wake()
 
 
 def drive(a) -> int:
@@ -243,8 +271,15 @@ def drive(a) -> int:
         # The engine: registered weights first, then the graphs over them.
         bf16 = L.build_bf16(a.size, a.seed)
         table = L.engine_table(bf16)
-        store, params, views = register_engine_params(L.initial_tensors(bf16, table), torch.device(a.engine_device),
-                                                      L.registered_dtypes(table))
+        release = cuda and a.release_weights
+        try:
+            store, params, views = register_engine_params(L.initial_tensors(bf16, table), torch.device(a.engine_device),
+                                                          L.registered_dtypes(table), release_weights=release)
+        except RuntimeError as e:  # no shareable CUDA virtual memory here: weights stay resident
+            summary["weights_vmm_error"] = f"{type(e).__name__}: {e}"
+            store, params, views = register_engine_params(L.initial_tensors(bf16, table), torch.device(a.engine_device),
+                                                          L.registered_dtypes(table))
+        summary["weights_released_while_asleep"] = isinstance(store, VmmWeights)
         del bf16
         before = int(torch.cuda.memory_reserved(0)) if cuda else 0
         engine = build_engine(a, views, a.kv_pool_mib * MiB, vmm=True)
@@ -262,23 +297,22 @@ def drive(a) -> int:
                          "--model", summary["model"]], tmp / "trainer.log", env)
         summary["trainer"] = trainer.hello()
         prompt2 = prompts(L.SIZES[a.size]["vocab_size"], 2, a.prompt_len)
-        awake = memory(engine)
-        engine.sleep()
-        asleep = memory(engine)
+        awake = memory(engine, store)
+        sleep(engine, gated, store)
+        asleep = memory(engine, store)
         summary["memory_before_loop"] = {"awake": awake, "asleep": asleep}
         previous = None
         for k in range(1, a.policies + 1):
             row = {"policy": k}
             row.update(trainer.call("train", step=k))                 # trainer step, engine asleep
-            t0 = time.monotonic()
-            engine.wake()                                              # KV pool mapped again
-            row["wake_ms"] = (time.monotonic() - t0) * 1e3
-            row["memory_awake"] = memory(engine)
             ckpt = tmp / f"policy-{k}.safetensors"
-            pushed = trainer.call("push", checkpoint=str(ckpt))        # refit over CUDA IPC
+            pushed = trainer.call("push", checkpoint=str(ckpt))        # refit over CUDA IPC: staged
             row.update(pushed)
-            version = pushed["report"]["version"]
-            gated.wait_for_version(version, timeout=120)
+            t0 = time.monotonic()
+            row["wake_committed"] = wake(engine, gated, store)         # mapped again; staged refit commits
+            row["wake_ms"] = (time.monotonic() - t0) * 1e3
+            row["memory_awake"] = memory(engine, store)
+            version = gated.version
             t0 = time.monotonic()
             with gated.serving(timeout=120):                           # rollout: the same graphs
                 row["engine_version"] = gated.version
@@ -308,10 +342,12 @@ def drive(a) -> int:
                 and all(views[n].data_ptr() == p for n, p in view_ptrs.items()),
             })
             previous = logits2
-            engine.sleep()                                             # release, measure
-            row["memory_asleep"] = memory(engine)
+            sleep(engine, gated, store)                                # release, measure
+            row["memory_asleep"] = memory(engine, store)
             row["released_bytes"] = row["memory_awake"]["total"] - row["memory_asleep"]["total"]
-            row["ok"] = bool(row["outcome"] == "committed" and row["engine_version"] == version
+            row["device_released_bytes"] = row["memory_awake"]["device_used"] - row["memory_asleep"]["device_used"]
+            row["ok"] = bool(row["outcome"] == "staged" and row["wake_committed"] and version == k
+                             and row["engine_version"] == version
                              and row["engine_bytes_equal_reference"] and row["tokens_equal"] and row["logits_equal"]
                              and row["logits_changed_vs_previous"] is not False and row["finite"]
                              and row["same_graphs"] and row["captures"] == len(graph_ids) and row["same_data_ptrs"]
@@ -373,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=16, help="greedy tokens generated per rollout")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--kv-pool-mib", type=int, default=1024, help="the engine's KV pool (released while asleep)")
+    ap.add_argument("--keep-weights", dest="release_weights", action="store_false",
+                    help="keep the weights resident while asleep (default: released, in shareable CUDA virtual memory)")
     ap.add_argument("--bucket-bytes", type=int, default=128 << 20, help="refitd bucket size (must hold the largest tensor)")
     ap.add_argument("--engine-device", default="cuda:0", choices=["cuda:0", "cpu"],
                     help="cpu: the same flow on the host (shm engine, UCX, no graphs) for machines without a GPU")

@@ -16,8 +16,9 @@ rollouts.
     for the free blocks an engine keeps) in CUDA virtual memory (cuMemAddressReserve + cuMemCreate
     + cuMemMap through the driver API). sleep() unmaps and releases its physical memory and
     empties torch's cache; wake() maps fresh physical memory at the SAME virtual addresses, so the
-    captured graphs stay valid. Weights stay resident while asleep (their release needs refitd's
-    sleep/wake support); the graphs' private pool stays too (it is what keeps them valid).
+    captured graphs stay valid. The weights, when registered as VmmWeights, are released and
+    mapped again the same way around refitd's sleep/wake; the graphs' private pool stays (it is
+    what keeps them valid).
 
 Threading: one thread drives capture, generate, sleep and wake; refitd's pause/resume come on
 the engine agent's thread and are gated by GatedEngine.serving() around each generation.
@@ -32,19 +33,68 @@ import torch
 # ---- Registration -------------------------------------------------------------------------
 
 
-def register_engine_params(tensors: dict, device, dtypes: dict):
-    """The engine's tensors (name -> tensor of the engine table) as refitd-registered CUDA memory:
-    (the store that owns it, the CudaParam list to register, {name: the tensor the model must
-    use}); on the CPU, shared memory (SharedParams) instead. Today: one new
-    allocation (refit.CudaParams.from_tensors copies the values in); the model is pointed at the
-    returned views. Registering the model's existing parameters in place replaces this body only."""
+def register_engine_params(tensors: dict, device, dtypes: dict, release_weights: bool = False):
+    """The engine's tensors (name -> tensor of the engine table) as refitd-registered memory:
+    (the store that owns it, the parameter list to register, {name: the tensor the model must
+    use}); the model is pointed at the returned views before capture.
+
+    On the GPU with `release_weights`: one CUDA virtual-memory buffer shareable as a POSIX file
+    descriptor (VmmWeights), the values copied in once and the views registered in place, so
+    sleep can release the weights' physical memory and wake maps new memory at the same
+    addresses. Otherwise one ordinary allocation (refit.CudaParams.from_tensors) on the GPU, or
+    POSIX shared memory (refit.SharedParams) on the host."""
     import refit
 
     if torch.device(device).type != "cuda":  # host runs of the same flow: POSIX shared memory
         store = refit.SharedParams.from_tensors(tensors, dtypes=dtypes)
+    elif release_weights:
+        store = VmmWeights(tensors, torch.device(device).index, dtypes)
     else:
         store = refit.CudaParams.from_tensors(tensors, device, dtypes=dtypes)
     return store, store.params, store.tensors
+
+
+class VmmWeights:
+    """The engine's weights in one VmmBuffer (shareable: refitd maps it through the file
+    descriptor the engine agent sends), each tensor 256-byte aligned, registered in place.
+    release() gives the physical memory back (after the agent's sleep, which makes refitd drop
+    its mapping); map() maps new memory at the same addresses, whose contents are undefined until
+    refitd writes a whole refit into them (the wake commits the refit staged while asleep)."""
+
+    ALIGN = 256
+
+    def __init__(self, tensors: dict, device: int, dtypes: dict):
+        import refit
+
+        offsets, total = {}, 0
+        for name, t in tensors.items():
+            offsets[name] = total
+            total += (t.numel() * t.element_size() + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+        self.buffer = VmmBuffer(total, device, shareable=True)
+        self.tensors = {}
+        for name, t in tensors.items():
+            n = t.numel() * t.element_size()
+            view = self.buffer.tensor[offsets[name]:offsets[name] + n].view(t.dtype).view(t.shape)
+            view.copy_(t.to(view.device))
+            self.tensors[name] = view
+        torch.cuda.synchronize(device)
+        self.in_place = refit.CudaParams.in_place(self.tensors, dtypes)
+        self.params = self.in_place.params
+
+    @property
+    def mapped(self) -> bool:
+        return self.buffer.mapped
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+    def release(self):
+        torch.cuda.synchronize(self.buffer.device)
+        self.buffer.release()
+
+    def map(self):
+        self.buffer.map()
 
 
 # ---- CUDA virtual memory (driver API) -----------------------------------------------------
@@ -68,7 +118,7 @@ class _AccessDesc(ctypes.Structure):
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
-_PINNED, _DEVICE, _READWRITE = 1, 1, 3
+_PINNED, _DEVICE, _READWRITE, _POSIX_FD = 1, 1, 3, 1
 _driver = None
 
 
@@ -98,11 +148,13 @@ class VmmBuffer:
     once; release() gives the physical memory back, map() maps new physical memory at the same
     address. `.tensor` (uint8) views it; its contents are undefined after each map()."""
 
-    def __init__(self, nbytes: int, device: int):
+    def __init__(self, nbytes: int, device: int, shareable: bool = False):
         cu = _cu()
         self.device = device
         self.prop = _AllocProp()
         self.prop.type, self.prop.location.type, self.prop.location.id = _PINNED, _DEVICE, device
+        if shareable:  # exportable as a POSIX file descriptor (what refitd maps)
+            self.prop.requestedHandleTypes = _POSIX_FD
         gran = ctypes.c_size_t()
         _check(cu.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(self.prop), 0), "granularity")
         self.nbytes = (nbytes + gran.value - 1) // gran.value * gran.value

@@ -4,8 +4,8 @@ the transformers forward, for an FP32 model and the FP8 engine model, batch size
 1, and a sleep/wake cycle that leaves generation unchanged. On a GPU (skipping, with the reason,
 without one or without a CUDA build): the colocated loop end to end — three policies pushed over
 CUDA IPC into the weights the captured graphs read; tokens and logits equal to an engine built
-from `refitctl convert` output (tolerance 0), no re-capture, and the KV pool released while
-asleep."""
+from `refitctl convert` output (tolerance 0), no re-capture, the refits staged while the engine
+slept and committed by its wake, and the KV pool and the weights released while asleep."""
 import json
 import os
 import subprocess
@@ -127,6 +127,8 @@ def test_colocated_loop_on_the_host_matches_the_offline_conversion(tmp_path):
     assert [r["version"] for r in rows] == [1, 2, 3] and summary["data_plane"] == "host"
     assert [r["change"] for r in rows] == ["gradient", "noise", "gradient"]
     for r in rows:
+        # Pushed while the engine slept: staged, then committed by its wake.
+        assert r["outcome"] == "staged" and r["wake_committed"]
         assert r["engine_bytes_equal_reference"] and r["tokens_equal"] and r["logits_equal"]
         assert r["same_data_ptrs"] and r["captures"] == 0
     assert all(r["logits_changed_vs_previous"] for r in rows[1:])
@@ -141,16 +143,29 @@ def test_colocated_graph_engine_refits_over_cuda_ipc(tmp_path):
     for r in summary["policies"]:
         print(json.dumps({k: r[k] for k in ("policy", "change", "version", "wall_ms", "tokens_equal", "logits_equal",
                                             "max_logit_diff", "same_graphs", "same_data_ptrs", "captures",
-                                            "memory_awake", "memory_asleep", "released_bytes") if k in r}))
+                                            "memory_awake", "memory_asleep", "released_bytes",
+                                            "device_released_bytes", "wake_ms") if k in r}))
     assert p.returncode == 0 and summary["ok"], p.stderr[-6000:]
     rows = summary["policies"]
     assert [r["version"] for r in rows] == [1, 2, 3]
     assert summary["data_plane_cuda_ipc"] and summary["engine"]["graphs"] == [1, 2]
     for r in rows:
-        assert r["outcome"] == "committed" and r["engine_bytes_equal_reference"]
+        assert r["outcome"] == "staged" and r["wake_committed"] and r["engine_bytes_equal_reference"]
         assert r["tokens_equal"] and r["logits_equal"] and r["max_logit_diff"] == 0.0
         assert r["same_graphs"] and r["same_data_ptrs"] and r["captures"] == 2 and not r["host_staged"]
     assert all(r["logits_changed_vs_previous"] for r in rows[1:])
     if summary["engine"]["kv_pool_vmm"]:
         assert all(r["released_bytes"] >= 0.9 * summary["engine"]["kv_pool_bytes"] for r in rows)
         assert all(r["memory_asleep"]["kv_pool_mapped"] == 0 for r in rows)
+    # The weights too (shareable CUDA virtual memory, registered in place): released while asleep,
+    # by the engine and by refitd (the device's used memory drops by them as well), and a wake
+    # maps new memory at the same addresses that the staged refit fills.
+    assert summary["weights_released_while_asleep"], summary.get("weights_vmm_error")
+    weights = summary["engine"]["weight_bytes"]
+    for r in rows:
+        assert r["memory_asleep"]["weights_mapped"] == 0 and r["memory_awake"]["weights_mapped"] >= weights
+        assert r["released_bytes"] >= 0.9 * (summary["engine"]["kv_pool_bytes"] + weights)
+        # Beyond what torch's cache gave back: the KV pool and the weights, refitd's mapping of
+        # them included (a mapping refitd kept would hold the weights' memory).
+        by_torch = r["memory_awake"]["torch_reserved"] - r["memory_asleep"]["torch_reserved"]
+        assert r["device_released_bytes"] - by_torch >= 0.9 * (summary["engine"]["kv_pool_bytes"] + weights), r
