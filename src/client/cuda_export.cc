@@ -13,6 +13,7 @@
 #include <memory>
 #include <utility>
 
+#include "common/cuda_status.h"
 #include "common/fd_passing.h"
 #endif
 
@@ -44,25 +45,14 @@ struct Driver {
   CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
 };
 
-template <typename Fn>
-void Load(const char* name, int version, Fn* out) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found) == cudaSuccess &&
-      found == cudaDriverEntryPointSuccess) {
-    *out = reinterpret_cast<Fn>(fn);
-  }
-  (void)cudaGetLastError();
-}
-
 const Driver& GetDriver() {
   static const Driver d = [] {
     Driver d;
-    Load("cuMemGetAddressRange", 3020, &d.address_range);
-    Load("cuMemRetainAllocationHandle", 11000, &d.retain_allocation);
-    Load("cuMemRelease", 10020, &d.release);
-    Load("cuMemGetAllocationPropertiesFromHandle", 10020, &d.properties);
-    Load("cuMemExportToShareableHandle", 10020, &d.export_handle);
+    LoadDriverEntryPoint("cuMemGetAddressRange", 3020, &d.address_range);
+    LoadDriverEntryPoint("cuMemRetainAllocationHandle", 11000, &d.retain_allocation);
+    LoadDriverEntryPoint("cuMemRelease", 10020, &d.release);
+    LoadDriverEntryPoint("cuMemGetAllocationPropertiesFromHandle", 10020, &d.properties);
+    LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &d.export_handle);
     return d;
   }();
   return d;

@@ -21,6 +21,19 @@ namespace refit {
 // clearing the thread's last-error state so that a later, unrelated call does not report it.
 absl::Status CudaStatus(int cuda_error, absl::string_view what);
 
+// The CUDA driver's entry point `name` at API `version` (cuGetProcAddress numbering, e.g. 10020),
+// looked up through the runtime so that nothing links libcuda (absent on machines without a
+// driver, where refitd must still start for the host path). Null when the driver lacks it.
+void* DriverEntryPoint(const char* name, int version);
+
+// DriverEntryPoint cast to `Fn`, stored in `*out` when found; whether it was.
+template <typename Fn>
+bool LoadDriverEntryPoint(const char* name, int version, Fn* out) {
+  void* fn = DriverEntryPoint(name, version);
+  if (fn != nullptr) *out = reinterpret_cast<Fn>(fn);
+  return fn != nullptr;
+}
+
 }  // namespace refit
 
 #endif  // REFIT_COMMON_CUDA_STATUS_H_

@@ -20,13 +20,11 @@ namespace {
 using MemGetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
 absl::StatusOr<MemGetAddressRange> AddressRangeFn() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020, cudaEnableDefault, &found);
-  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+  MemGetAddressRange fn = nullptr;
+  if (!LoadDriverEntryPoint("cuMemGetAddressRange", 3020, &fn)) {
     return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
   }
-  return reinterpret_cast<MemGetAddressRange>(fn);
+  return fn;
 }
 
 // The storage's stream; the default stream for a registration without parameters (which has none).

@@ -28,29 +28,18 @@ struct VmmDriver {
   }
 };
 
-template <typename Fn>
-void Load(const char* name, int version, Fn* out) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found) == cudaSuccess &&
-      found == cudaDriverEntryPointSuccess) {
-    *out = reinterpret_cast<Fn>(fn);
-  }
-  (void)cudaGetLastError();
-}
-
 const VmmDriver& Driver() {
   static const VmmDriver d = [] {
     VmmDriver d;
-    Load("cuMemImportFromShareableHandle", 10020, &d.import);
-    Load("cuMemAddressReserve", 10020, &d.reserve);
-    Load("cuMemMap", 10020, &d.map);
-    Load("cuMemSetAccess", 10020, &d.set_access);
-    Load("cuMemUnmap", 10020, &d.unmap);
-    Load("cuMemAddressFree", 10020, &d.address_free);
-    Load("cuMemRelease", 10020, &d.release);
-    Load("cuMemGetAllocationGranularity", 10020, &d.granularity);
-    Load("cuGetErrorString", 6000, &d.error_string);
+    LoadDriverEntryPoint("cuMemImportFromShareableHandle", 10020, &d.import);
+    LoadDriverEntryPoint("cuMemAddressReserve", 10020, &d.reserve);
+    LoadDriverEntryPoint("cuMemMap", 10020, &d.map);
+    LoadDriverEntryPoint("cuMemSetAccess", 10020, &d.set_access);
+    LoadDriverEntryPoint("cuMemUnmap", 10020, &d.unmap);
+    LoadDriverEntryPoint("cuMemAddressFree", 10020, &d.address_free);
+    LoadDriverEntryPoint("cuMemRelease", 10020, &d.release);
+    LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &d.granularity);
+    LoadDriverEntryPoint("cuGetErrorString", 6000, &d.error_string);
     return d;
   }();
   return d;

@@ -42,14 +42,11 @@ using PointerGetAttributes = CUresult (*)(unsigned int, CUpointer_attribute*, vo
 
 absl::StatusOr<PointerGetAttributes> PointerAttributesFn() {
   static const absl::StatusOr<PointerGetAttributes> fn = []() -> absl::StatusOr<PointerGetAttributes> {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 7000, cudaEnableDefault, &found);
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || f == nullptr) {
-      (void)cudaGetLastError();
+    PointerGetAttributes f = nullptr;
+    if (!LoadDriverEntryPoint("cuPointerGetAttributes", 7000, &f)) {
       return absl::UnavailableError("the CUDA driver has no cuPointerGetAttributes");
     }
-    return reinterpret_cast<PointerGetAttributes>(f);
+    return f;
   }();
   return fn;
 }

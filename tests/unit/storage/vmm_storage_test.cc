@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "client/cuda_export.h"
+#include "common/cuda_status.h"
 #include "gtest/gtest.h"
 #include "storage/cuda_ipc_storage.h"
 
@@ -36,13 +37,7 @@ struct EngineDriver {
 
 template <typename Fn>
 bool Load(const char* name, Fn* out) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  bool ok = cudaGetDriverEntryPointByVersion(name, &fn, 10020, cudaEnableDefault, &found) == cudaSuccess &&
-            found == cudaDriverEntryPointSuccess;
-  if (ok) *out = reinterpret_cast<Fn>(fn);
-  (void)cudaGetLastError();
-  return ok;
+  return LoadDriverEntryPoint(name, 10020, out);
 }
 
 CUmemAllocationProp Prop(CUmemAllocationHandleType handle_type) {
