@@ -36,7 +36,11 @@ class SharedFdServer final : public proto::SharedFd::Server {
  public:
   SharedFdServer(std::shared_ptr<const VmmAllocation> allocation, size_t piece)
       : allocation_(std::move(allocation)), piece_(piece) {}
-  kj::Maybe<int> getFd() override { return allocation_->pieces[piece_].fd.get(); }
+  kj::Maybe<int> getFd() override {
+    const int fd = allocation_->pieces[piece_].fd.get();
+    if (fd < 0) return nullptr;  // closed by a sleep
+    return fd;
+  }
 
  private:
   std::shared_ptr<const VmmAllocation> allocation_;
@@ -432,18 +436,11 @@ absl::StatusOr<bool> EngineAgent::Wake() { return WakeAny(std::nullopt, std::nul
 void EngineAgent::DropDescriptors() {
   auto* cuda = std::get_if<std::vector<CudaParam>>(&impl_->params);
   if (cuda == nullptr) return;
-  std::map<const VmmAllocation*, std::shared_ptr<const VmmAllocation>> closed;
+  // Closed where they are, not replaced: a capability that carried a descriptor to refitd may
+  // still hold its allocation record (Cap'n Proto keeps an export until the peer releases it).
   for (CudaParam& p : *cuda) {
     if (p.vmm == nullptr) continue;
-    auto [it, first] = closed.emplace(p.vmm.get(), nullptr);
-    if (first) {
-      auto none = std::make_shared<VmmAllocation>();  // its pieces' sizes and its device, no descriptors
-      for (const VmmPiece& piece : p.vmm->pieces) none->pieces.push_back({UniqueFd(), piece.size});
-      none->size = p.vmm->size;
-      none->device = p.vmm->device;
-      it->second = std::move(none);
-    }
-    p.vmm = it->second;
+    for (const VmmPiece& piece : p.vmm->pieces) piece.fd.reset();
   }
 }
 

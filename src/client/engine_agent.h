@@ -46,7 +46,9 @@ struct ShmParam {
 // 2 or 20 MiB pieces), one descriptor each. Descriptors pass to refitd only over a unix: control
 // connection (common/fd_passing.h); refitd maps bytes [0, size) of each piece, in order.
 struct VmmPiece {
-  UniqueFd fd;
+  // Closed in place once refitd dropped its mapping (EngineAgent's sleep): the capabilities that
+  // carried it to refitd may outlive the registration, and an open descriptor keeps the memory.
+  mutable UniqueFd fd;
   uint64_t size = 0;  // bytes of the engine's mapping of it
 };
 struct VmmAllocation {

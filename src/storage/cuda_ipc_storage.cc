@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
                                                      " does not match ", DTypeName(p.info.dtype), ShapeString(p.info.shape)));
     }
     uint8_t* base = nullptr;
+    uint64_t vmm_size = 0;  // refitd's mapping of a virtual-memory allocation: all its pieces
     if (p.vmm != nullptr) {
       auto it = s->imported_.find(p.vmm.get());
       if (it == s->imported_.end()) {
@@ -75,6 +76,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
         it = s->imported_.emplace(p.vmm.get(), std::move(*imported)).first;
       }
       base = it->second->address();
+      vmm_size = it->second->size();
     } else {
       auto it = s->opened_.find(p.handle);
       if (it == s->opened_.end()) {
@@ -88,9 +90,11 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
       }
       base = static_cast<uint8_t*>(it->second);
     }
-    CUdeviceptr range_base = 0;
-    size_t range_size = 0;
-    if ((*address_range)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
+    CUdeviceptr range_base = reinterpret_cast<CUdeviceptr>(base);
+    size_t range_size = vmm_size;
+    // (cuMemGetAddressRange of a mapping made of several pieces gives the first piece only.)
+    if (vmm_size == 0 &&
+        (*address_range)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
       return absl::UnavailableError(absl::StrCat("parameter '", p.info.name, "': cannot query its allocation"));
     }
     const uint64_t avail = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
@@ -98,7 +102,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "': [", p.offset, ", +", p.info.nbytes,
                                                      ") lies outside its CUDA allocation of ", avail, " bytes"));
     }
-    s->ranges_[base] = Range{static_cast<uint64_t>(range_base), static_cast<uint64_t>(range_size)};
+    s->ranges_[base] = Range{static_cast<uint64_t>(range_base), static_cast<uint64_t>(range_size), vmm_size != 0};
     s->mapping_of_.push_back(base);
     s->addrs_.push_back(base + p.offset);
     s->infos_.push_back(std::move(p.info));
@@ -169,6 +173,7 @@ absl::Status CudaIpcEngineStorage::Audit() const {
   cudaSetDevice(device_);
   std::map<void*, std::string> stale_mappings;
   for (const auto& [mapped, range] : ranges_) {
+    if (range.imported) continue;
     CUdeviceptr base = 0;
     size_t size = 0;
     if ((*address_range)(&base, &size, reinterpret_cast<CUdeviceptr>(mapped)) != CUDA_SUCCESS) {

@@ -58,6 +58,9 @@ class CudaIpcEngineStorage : public EngineStorage {
   struct Range {
     uint64_t base = 0;  // cuMemGetAddressRange of the mapping when opened
     uint64_t size = 0;
+    // refitd's own mapping of a virtual-memory allocation (imported): it stays until refitd
+    // unmaps it, so the audit skips it (the engine's side is the agent's audit).
+    bool imported = false;
   };
   std::map<void*, Range> ranges_;  // by mapped address
   std::vector<void*> mapping_of_;  // per parameter
