@@ -369,7 +369,7 @@ def test_virtual_memory_parameters_registered_in_place_refit_sleep_wake(daemon):
         # Known gap (docs/architecture.md, "In place"): the memory mapped when the engine first
         # registered is not freed by the engine's release at the first sleep (refitd's mapping
         # is released: its unmap, address free and handle release all succeed); memory mapped
-        # at a wake is, as checked above. Strict: this fails once the gap is closed.
+        # at a wake is, as checked above. Once the gap is closed this passes as it is.
         pytest.xfail(f"first sleep after registration: released {vmm.size} bytes, {first_freed} came back")
 
 
