@@ -306,8 +306,16 @@ void EngineAgent::Run(std::string address, Params initial) {
       req.setEpSize(rank_.ep_size);
       req.setDevice(rank_.device);
       req.setModel(wire::Text(rank_.model));
-      auto resp = req.send().wait(io.waitScope);
-      if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) {
+      absl::Status st;
+      {
+        // The response goes at once: dropping it finishes the call, so that refitd releases the
+        // request (and the file descriptors its capabilities carried) instead of holding it for
+        // the whole connection.
+        auto resp = req.send().wait(io.waitScope);
+        st = wire::FromWire(resp.getStatus());
+        if (st.ok()) impl_->registration = resp.getRegistration();
+      }
+      if (!st.ok()) {
         // Refused by refitd (another engine is registered, a parameter it cannot map, a spec
         // mismatch): reported as it is, never retried.
         if (!reported) {
@@ -317,7 +325,6 @@ void EngineAgent::Run(std::string address, Params initial) {
         impl_->stopping = true;
         return;
       }
-      impl_->registration = resp.getRegistration();
       asleep_ = false;
       connected_ = true;
       ++registrations_;

@@ -40,8 +40,9 @@ def test_trainer_killed_mid_bucket(fault_node):
 
 
 def test_trainer_never_sends_after_begin(fault_node):
-    # Expected: the session deadline aborts it; engine untouched; refitd takes the next refit.
-    node = fault_node(config="limits:\n  session_deadline_ms: 1000\n")
+    # Expected: the session deadline aborts it; engine untouched; refitd takes the next refit
+    # (under the same deadline: 2 s leaves a loaded machine room for that refit).
+    node = fault_node(config="limits:\n  session_deadline_ms: 2000\n")
     before = node.shm_digest()
     t = node.trainer_async("--fault", "silent")
     try:

@@ -342,7 +342,8 @@ def test_virtual_memory_parameters_registered_in_place_refit_sleep_wake(daemon):
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info()[0]
         vmm.release()
-        first_freed = torch.cuda.mem_get_info()[0] - free_before  # checked last (known gap, below)
+        first_freed = torch.cuda.mem_get_info()[0] - free_before
+        assert first_freed >= vmm.size // 2, f"first sleep: released {vmm.size} bytes, {first_freed} came back"
         w2 = weights(12)
         assert client.refit("toy", w2, tag="vmm-asleep").outcome == "staged"
 
@@ -365,12 +366,6 @@ def test_virtual_memory_parameters_registered_in_place_refit_sleep_wake(daemon):
         assert freed >= vmm.size // 2, f"second sleep: released {vmm.size} bytes, {freed} came back"
         vmm.map()
         assert engine.wake() is False  # nothing staged
-    if first_freed < vmm.size // 2:
-        # Known gap (docs/architecture.md, "In place"): the memory mapped when the engine first
-        # registered is not freed by the engine's release at the first sleep (refitd's mapping
-        # is released: its unmap, address free and handle release all succeed); memory mapped
-        # at a wake is, as checked above. Once the gap is closed this passes as it is.
-        pytest.xfail(f"first sleep after registration: released {vmm.size} bytes, {first_freed} came back")
 
 
 _EXPANDABLE_ENGINE = r'''

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../refitd_process.h"
 #include "client/abi_struct.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,46 +56,9 @@ using ::testing::HasSubstr;
 std::string LastError() { return refit_last_error(); }
 
 // refitd serving model "toy" (every tensor `format: auto`) on a Unix socket in a temp dir.
-class Refitd {
+class Refitd : public refit::testing::RefitdProcess {
  public:
-  explicit Refitd(const std::string& extra_config = "") {
-    char tmpl[] = "/tmp/refit-c-api-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    std::ofstream(dir_ + "/spec.yaml") << "model: toy\ndefaults:\n  format: auto\n";
-    address_ = "unix:" + dir_ + "/refitd.sock";
-    std::ofstream(dir_ + "/refitd.yaml") << "listen: " << address_ << "\nmodel_spec: " << dir_ << "/spec.yaml\n"
-                                         << extra_config;
-    std::string cfg = dir_ + "/refitd.yaml", log = dir_ + "/refitd.log";
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    std::vector<char*> argv = {const_cast<char*>(REFITD_BINARY), const_cast<char*>("--config"), cfg.data(), nullptr};
-    EXPECT_EQ(posix_spawn(&pid_, REFITD_BINARY, &actions, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    // The socket file appears at bind(), before listen(): wait for refitd to say it listens.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    auto listening = [&log]() {
-      std::ifstream in(log);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      return text.find("event=listening") != std::string::npos;
-    };
-    while (!listening() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    EXPECT_TRUE(listening()) << "refitd did not start";
-  }
-  ~Refitd() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  std::string dir_, address_;
-  pid_t pid_ = 0;
+  explicit Refitd(const std::string& extra_config = "") : RefitdProcess(REFITD_BINARY, extra_config) {}
 };
 
 // A shm region the "engine" owns, unlinked and unmapped on destruction.

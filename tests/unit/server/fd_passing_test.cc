@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../refitd_process.h"
 #include "capnp/rpc-twoparty.h"
 #include "client/engine_agent.h"
 #include "common/control_connect.h"
@@ -179,6 +181,39 @@ client::CudaParam VmmParam(const std::string& name, std::shared_ptr<client::VmmA
   return p;
 }
 
+// An allocation of one memfd piece named `name` (so that its descriptors can be told apart).
+std::shared_ptr<client::VmmAllocation> NamedAllocation(const std::string& name, uint64_t size) {
+  auto a = std::make_shared<client::VmmAllocation>();
+  client::VmmPiece piece{UniqueFd(memfd_create(name.c_str(), MFD_CLOEXEC)), size};
+  EXPECT_EQ(ftruncate(piece.fd.get(), static_cast<off_t>(size)), 0);
+  a->pieces.push_back(std::move(piece));
+  a->size = size;
+  return a;
+}
+
+// How many descriptors process `pid` holds of memfd `name`.
+int DescriptorsOf(pid_t pid, const std::string& name) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), link_ec).string();
+    if (!link_ec && target.find("/memfd:" + name + " ") == 0) ++n;
+  }
+  return n;
+}
+
+// Whether `pred` holds within 5 s (the peer releases asynchronously).
+template <typename F>
+bool Eventually(F pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 class FdPassingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -269,6 +304,61 @@ TEST_F(FdPassingTest, RefitdRefusesAVirtualMemoryParameterThatCameOverTcp) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("'lm_head.weight'"));
   EXPECT_THAT(std::string(st.message()), HasSubstr("unix:"));
+}
+
+// A descriptor the engine passed holds its CUDA memory for as long as any process keeps a copy:
+// once registered, only the engine may hold one (or its release at a sleep frees nothing).
+TEST_F(FdPassingTest, OnceRegisteredOnlyTheEngineHoldsTheDescriptor) {
+  Seen seen;
+  Listener listener(/*unix_socket=*/true, seen);
+  const std::string name = "refit-fd-agent-" + std::to_string(getpid());
+  auto allocation = NamedAllocation(name, 4096);
+  ASSERT_EQ(DescriptorsOf(getpid(), name), 1);
+  std::vector<client::CudaParam> params = {VmmParam("w", allocation, 0, 1024)};
+  absl::StatusOr<std::unique_ptr<client::EngineAgent>> agent =
+      client::EngineAgent::Start(listener.address(), std::move(params), {}, 0);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  {
+    std::lock_guard<std::mutex> lock(seen.mu);
+    ASSERT_EQ(seen.allocations, 1u);
+  }
+  // The daemon here keeps nothing; the agent must finish its call so the daemon's side of the
+  // connection lets go of the request that carried the descriptor.
+  EXPECT_TRUE(Eventually([&] { return DescriptorsOf(getpid(), name) == 1; }))
+      << DescriptorsOf(getpid(), name) << " descriptors of the allocation in this process; the engine's own is 1";
+}
+
+// refitd itself lets go of the descriptors a registration carried once it has answered, even
+// while the client still holds the answer (the call not finished).
+TEST_F(FdPassingTest, RefitdKeepsNoDescriptorOfARegistrationItAnswered) {
+  unsetenv("REFITD_TOKEN");  // the daemon below checks peer credentials
+  refit::testing::RefitdProcess refitd(REFITD_BINARY);
+  const std::string name = "refit-fd-refitd-" + std::to_string(getpid());
+  auto allocation = NamedAllocation(name, 2 << 20);
+  auto io = kj::setupAsyncIo();
+  absl::StatusOr<ControlClientOptions> options = ControlClientOptionsFromEnv();
+  ASSERT_TRUE(options.ok());
+  absl::StatusOr<kj::Own<kj::AsyncIoStream>> conn =
+      ConnectControl(io.provider->getNetwork(), io.waitScope, refitd.address(), *options);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  kj::Maybe<kj::AsyncCapabilityStream&> caps = UnixCapabilityStream(**conn);
+  ASSERT_TRUE(caps != nullptr);
+  capnp::TwoPartyClient rpc(KJ_ASSERT_NONNULL(caps), kMaxFdsPerMessage);
+  auto req = rpc.bootstrap().castAs<proto::Daemon>().registerEngineRequest();
+  auto p = req.initParams(1)[0];
+  p.setName("w");
+  p.setDtype("F32");
+  p.initShape(1).set(0, 1024);
+  p.setNbytes(4096);
+  auto v = p.getStorage().initCudaVmm();
+  v.setFd(kj::heap<MemfdCap>(allocation->pieces[0].fd.get()));
+  v.setSize(2 << 20);
+  auto resp = req.send().wait(io.waitScope);  // held until the end: the call stays unfinished
+  // Refused without a GPU (or with a memfd for CUDA memory); what matters is what refitd keeps.
+  const absl::Status st = wire::FromWire(resp.getStatus());
+  EXPECT_TRUE(Eventually([&] { return DescriptorsOf(refitd.pid(), name) == 0; }))
+      << "refitd holds " << DescriptorsOf(refitd.pid(), name) << " descriptors of the allocation after answering ("
+      << st << ")\n" << refitd.Log();
 }
 
 TEST_F(FdPassingTest, TheMessageLimitsHoldOnADescriptorPassingConnection) {

@@ -5,8 +5,10 @@
 // the engine reads the bytes at its address. Sleep: the engine unmaps and releases its physical
 // memory, which cudaMemGetInfo shows freed only once refitd dropped its storage too; wake maps new
 // memory at the same address, registers again, and a second refit lands there. A parameter across
-// two allocations mapped one after the other is one run of two descriptors. Skips, saying why,
-// without a GPU or virtual memory management.
+// two allocations mapped one after the other is one run of two descriptors. And against a real
+// refitd process: a registration's memory is freed at the engine's first sleep although the
+// client still holds the registration's answer. Skips, saying why, without a GPU or virtual
+// memory management.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -15,9 +17,19 @@
 #include <string>
 #include <vector>
 
+#include <chrono>
+#include <thread>
+
+#include "../refitd_process.h"
+#include "capnp/rpc-twoparty.h"
 #include "client/cuda_export.h"
+#include "common/control_connect.h"
 #include "common/cuda_status.h"
+#include "common/fd_passing.h"
 #include "gtest/gtest.h"
+#include "kj/async-io.h"
+#include "proto/refit.capnp.h"
+#include "proto/wire.h"
 #include "storage/cuda_ipc_storage.h"
 
 namespace refit::storage {
@@ -234,6 +246,72 @@ TEST_F(VmmStorageTest, AParameterAcrossTwoMappedPiecesIsOneRunOfTwoDescriptors) 
   EXPECT_EQ(got, want);
   EXPECT_TRUE((*storage)->Audit().ok());
   EXPECT_TRUE(client::AuditInPlace(exported->records).empty());
+}
+
+// Carries one descriptor, as the engine agent's capability does.
+class FdCap final : public proto::SharedFd::Server {
+ public:
+  explicit FdCap(int fd) : fd_(fd) {}
+  kj::Maybe<int> getFd() override { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// refitd answers a registration with a capability, so Cap'n Proto keeps the call (and its
+// request, with the capability that carried the descriptor) until the client finishes it. refitd
+// releases the request as soon as it has read it: the engine's first sleep frees its memory even
+// while a client holds the answer.
+TEST_F(VmmStorageTest, ARealRefitdFreesTheRegisteredMemoryAtTheFirstSleepWhileTheAnswerIsHeld) {
+  unsetenv("REFITD_TOKEN");
+  refit::testing::RefitdProcess refitd(REFITD_BINARY);
+  Map();
+  absl::StatusOr<client::InPlaceExport> exported = client::ExportInPlace(Params());
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto io = kj::setupAsyncIo();
+  absl::StatusOr<ControlClientOptions> options = ControlClientOptionsFromEnv();
+  ASSERT_TRUE(options.ok()) << options.status();
+  absl::StatusOr<kj::Own<kj::AsyncIoStream>> conn =
+      ConnectControl(io.provider->getNetwork(), io.waitScope, refitd.address(), *options);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  kj::Maybe<kj::AsyncCapabilityStream&> caps = UnixCapabilityStream(**conn);
+  ASSERT_TRUE(caps != nullptr);
+  capnp::TwoPartyClient rpc(KJ_ASSERT_NONNULL(caps), kMaxFdsPerMessage);
+  auto req = rpc.bootstrap().castAs<proto::Daemon>().registerEngineRequest();
+  auto list = req.initParams(static_cast<unsigned>(exported->params.size()));
+  for (size_t i = 0; i < exported->params.size(); ++i) {
+    const client::CudaParam& p = exported->params[i];
+    auto b = list[static_cast<unsigned>(i)];
+    b.setName(p.name);
+    b.setDtype(std::string(DTypeName(p.dtype)));
+    auto shape = b.initShape(static_cast<unsigned>(p.shape.size()));
+    for (size_t k = 0; k < p.shape.size(); ++k) shape.set(static_cast<unsigned>(k), p.shape[k]);
+    b.setNbytes(*DenseBytes(p.dtype, p.shape));
+    auto v = b.getStorage().initCudaVmm();
+    if (i == 0) v.setFd(kj::heap<FdCap>(p.vmm->pieces[0].fd.get()));
+    v.setAllocation(0);
+    v.setOffset(p.offset);
+    v.setSize(p.vmm->size);
+    v.setDevice(p.vmm->device);
+  }
+  req.setControl(kj::heap<proto::EngineControl::Server>());
+  auto registered = req.send().wait(io.waitScope);  // held to the end: the call stays unfinished
+  ASSERT_TRUE(wire::FromWire(registered.getStatus()).ok()) << wire::FromWire(registered.getStatus()) << refitd.Log();
+  auto slept = registered.getRegistration().sleepRequest().send().wait(io.waitScope);
+  ASSERT_TRUE(wire::FromWire(slept.getStatus()).ok()) << wire::FromWire(slept.getStatus());
+
+  // The engine releases its memory and its descriptor: nothing else may hold the memory now.
+  const size_t before = FreeBytes();
+  Unmap();
+  exported = absl::UnknownError("dropped");
+  bool freed = false;
+  for (int i = 0; i < 500 && !freed; ++i) {
+    freed = FreeBytes() >= before + size_ / 2;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(freed) << "released " << size_ << " bytes at the first sleep, "
+                     << static_cast<int64_t>(FreeBytes()) - static_cast<int64_t>(before)
+                     << " came back\n" << refitd.Log();
 }
 
 TEST_F(VmmStorageTest, AnAllocationWithoutTheDescriptorHandleTypeIsRefusedNamingTheParameter) {
