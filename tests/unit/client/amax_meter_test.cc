@@ -14,6 +14,8 @@
 
 #if REFIT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "../cuda_device.h"
 #endif
 
 namespace refit::client {
@@ -77,8 +79,7 @@ TEST(AmaxMeter, TheAmaxTravelsInTheWiresTensorDesc) {
 
 #if REFIT_HAVE_CUDA
 TEST(AmaxMeter, DeviceTensorsGetTheKernelsAmaxOncePerBucket) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device for the device amax test";
+  REFIT_SKIP_WITHOUT_GPU();
   std::vector<float> values;
   for (int i = 0; i < 4096; ++i) values.push_back(std::sin(static_cast<float>(i)) * (i == 977 ? 9.0f : 1.0f));
   std::vector<uint16_t> x = Bf16(values);

@@ -11,6 +11,8 @@
 #include "refit/convert.h"
 #if REFIT_CLIENT_KERNELS
 #include <cuda_runtime_api.h>
+
+#include "../cuda_device.h"
 #endif
 
 namespace refit::client {
@@ -176,11 +178,7 @@ TEST(TrainerConvertTest, Nvfp4SlicesEncodeAgainstTheWholeTensorsAmax) {
 
 TEST(TrainerConvertTest, DeviceConversionEqualsHostByteForByte) {
 #if REFIT_CLIENT_KERNELS
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("skipped: no CUDA device for the trainer-side GPU conversion test\n");
-    GTEST_SKIP() << "no CUDA device";
-  }
+  REFIT_SKIP_WITHOUT_GPU();
   for (const Case& c : kCases) {
     SCOPED_TRACE(formats::FormatName(c.format));
     int64_t n = 1;

@@ -7,27 +7,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "../cuda_device.h"
+
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
 namespace refit::kernels::testing {
-
-// Empty when a device is usable, else the reason to skip.
-inline std::string NoDeviceReason() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
-  if (n == 0) return "no CUDA device: cudaGetDeviceCount returned 0";
-  return "";
-}
-
-#define REFIT_SKIP_WITHOUT_GPU()                                          \
-  do {                                                                    \
-    const std::string reason = ::refit::kernels::testing::NoDeviceReason(); \
-    if (!reason.empty()) GTEST_SKIP() << reason;                          \
-  } while (0)
 
 class DeviceBuffer {
  public:

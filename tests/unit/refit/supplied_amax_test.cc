@@ -29,6 +29,8 @@
 #ifdef REFIT_SUPPLIED_AMAX_GPU
 #include <cuda_runtime.h>
 
+#include "../cuda_device.h"
+
 #include "refit/gpu/gpu_converter.h"
 #else
 #include "refit/cpu_converter.h"
@@ -74,8 +76,7 @@ class SuppliedAmaxTest : public ::testing::Test {
  protected:
   void SetUp() override {
 #ifdef REFIT_SUPPLIED_AMAX_GPU
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device for the device-staging test";
+    REFIT_SKIP_WITHOUT_GPU();
     device_ = *storage::NewDeviceMemory(0);
     absl::StatusOr<std::unique_ptr<Converter>> c = NewGpuConverter(0, GpuConverterOptions{});
     ASSERT_TRUE(c.ok()) << c.status();

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <thread>
 
+#include "../cuda_device.h"
 #include "../refitd_process.h"
 #include "capnp/rpc-twoparty.h"
 #include "client/cuda_export.h"
@@ -64,12 +65,7 @@ CUmemAllocationProp Prop(CUmemAllocationHandleType handle_type) {
 class VmmStorageTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      (void)cudaGetLastError();
-      GTEST_SKIP() << "needs a CUDA device: " << (e != cudaSuccess ? cudaGetErrorString(e) : "none present");
-    }
+    REFIT_SKIP_WITHOUT_GPU();
     cudaSetDevice(0);
     cudaFree(nullptr);
     bool all = Load("cuMemCreate", &d_.create) && Load("cuMemAddressReserve", &d_.reserve) && Load("cuMemMap", &d_.map) &&

@@ -8,6 +8,8 @@
 #include "transport/ucx/ucx_sender.h"
 #if REFIT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "../cuda_device.h"
 #endif
 
 namespace refit::transport::testing {
@@ -49,11 +51,7 @@ TransportConfig UcxConfig(std::string name, std::string tls, UcxErrorMode error_
 // sender on device 0 (NCCL refuses two ranks of one communicator on one device).
 std::string TwoDevicesMissing() {
 #if REFIT_HAVE_CUDA
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("needs 2 CUDA devices: ") + cudaGetErrorString(e);
-  if (count < 2) return "needs 2 CUDA devices, " + std::to_string(count) + " present";
-  return "";
+  return ::refit::testing::MissingCudaDevices(2);
 #else
   return "needs CUDA";
 #endif
@@ -62,11 +60,7 @@ std::string TwoDevicesMissing() {
 // One CUDA device, for device-payload transports whose two ends may share it (CUDA IPC).
 std::string OneDeviceMissing() {
 #if REFIT_HAVE_CUDA
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("needs a CUDA device: ") + cudaGetErrorString(e);
-  if (count < 1) return "needs a CUDA device, none present";
-  return "";
+  return ::refit::testing::MissingCudaDevices(1);
 #else
   return "needs CUDA";
 #endif

@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include "../../cuda_device.h"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -42,15 +44,6 @@ std::string SourceDir() {
   return env != nullptr && *env != '\0' ? env : REFIT_SOURCE_DIR_DEFAULT;
 }
 
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
-    return false;
-  }
-  return true;
-}
 
 struct Family {
   std::string name;
@@ -62,8 +55,7 @@ struct Family {
 class DeviceStagingFamilies : public ::testing::TestWithParam<Family> {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU for the device-staging family test: " << why;
+    REFIT_SKIP_WITHOUT_GPU();
     char tmpl[] = "/tmp/refit-devfam-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -391,8 +383,7 @@ Timing RefitOnce(const spec::ModelSpec& spec, const Generated& g, const std::vec
 }
 
 TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
-  std::string why;
-  if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU for the device-staging benchmark: " << why;
+  REFIT_SKIP_WITHOUT_GPU();
   const char* on = std::getenv("REFIT_DEVSTAGING_BENCH");
   if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "benchmark: set REFIT_DEVSTAGING_BENCH=1";
   struct Case {
