@@ -46,6 +46,14 @@ Session::~Session() {
   ring_.Cancel();
   receiver_thread_.join();
   converter_thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (const Received& r : received_) Done(r);  // left by a converter that failed (a lent sender waits)
+  received_.clear();
+}
+
+void Session::Done(const Received& r) {
+  receiver_.GiveBack(r.loan);
+  ring_.Release(r.slot);
 }
 
 void Session::FailLocked(absl::Status status) {
@@ -146,39 +154,46 @@ void Session::ReceiveLoop() {
     int slot = ring_.Acquire();
     if (slot < 0) return;
     absl::Time start = absl::Now();
-    absl::StatusOr<uint64_t> got =
-        receiver_.Receive(Tag(options_.id, header.seq), ring_.data(slot), header.nbytes, options_.deadline);
+    // The transport may lend its own copy of the bytes (CUDA IPC: the trainer's buffer on this GPU)
+    // instead of receiving into the slot; the slot still bounds the buckets in flight.
+    absl::StatusOr<transport::Receiver::Message> got =
+        receiver_.ReceiveOrLend(Tag(options_.id, header.seq), ring_.data(slot), header.nbytes, options_.deadline);
     absl::Duration took = absl::Now() - start;
     absl::Status status = got.status();
-    if (status.ok() && *got != header.nbytes) {
+    Received item{std::move(header), slot, got.ok() ? got->data : ring_.data(slot), got.ok() ? got->loan : 0};
+    if (status.ok() && got->bytes != item.header.nbytes) {
       status = absl::DataLossError(
-          absl::StrCat("bucket ", header.seq, ": received ", *got, " bytes, announced ", header.nbytes));
+          absl::StrCat("bucket ", item.header.seq, ": received ", got->bytes, " bytes, announced ", item.header.nbytes));
     }
     if (status.ok() && !receiver_.ChecksIntegrity()) {
       // A transport that checks integrity itself announces no checksum (its slots may be on the
       // device, where reading them back would cost a device-to-host copy).
-      uint64_t sum = Checksum64(ring_.data(slot), header.nbytes);
-      if (sum != header.checksum) {
-        status = absl::DataLossError(absl::StrCat("bucket ", header.seq, ": checksum ", ChecksumHex(sum),
-                                                  " does not match the announced ", ChecksumHex(header.checksum)));
+      uint64_t sum = Checksum64(item.data, item.header.nbytes);
+      if (sum != item.header.checksum) {
+        status = absl::DataLossError(absl::StrCat("bucket ", item.header.seq, ": checksum ", ChecksumHex(sum),
+                                                  " does not match the announced ", ChecksumHex(item.header.checksum)));
       }
     }
     if (status.ok()) status = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterReceive);
     absl::ReleasableMutexLock lock(&mu_);
     receive_time_ += took;
     if (!status.ok()) {
-      ring_.Release(slot);
+      Done(item);
       if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-        status = absl::DeadlineExceededError(absl::StrCat("session deadline passed receiving bucket ", header.seq));
+        status = absl::DeadlineExceededError(absl::StrCat("session deadline passed receiving bucket ", item.header.seq));
       } else if (status.code() != absl::StatusCode::kDataLoss) {
-        status = absl::Status(status.code(), absl::StrCat("receiving bucket ", header.seq, ": ", status.message()));
+        status = absl::Status(status.code(), absl::StrCat("receiving bucket ", item.header.seq, ": ", status.message()));
       }
       FailLocked(status);
       return;
     }
-    const uint64_t bytes = header.nbytes;
+    if (stopping_ || !failure_.ok()) {
+      Done(item);  // the converter may have drained and left already
+      return;
+    }
+    const uint64_t bytes = item.header.nbytes;
     bytes_in_ += bytes;
-    received_.push_back({std::move(header), slot});
+    received_.push_back(std::move(item));
     lock.Release();
     if (options_.on_received) options_.on_received(bytes);
   }
@@ -192,7 +207,7 @@ void Session::ConvertLoop() {
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !failure_.ok() || !received_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stopping_ || !failure_.ok()) {
-        for (const Received& r : received_) ring_.Release(r.slot);
+        for (const Received& r : received_) Done(r);
         received_.clear();
         return;
       }
@@ -201,9 +216,9 @@ void Session::ConvertLoop() {
     }
     absl::Time start = absl::Now();
     bucket_report_.clear();
-    Convert(item.header, ring_.data(item.slot));
+    Convert(item.header, item.data);  // returns once every read of the bytes is complete
     absl::Duration took = absl::Now() - start;
-    ring_.Release(item.slot);
+    Done(item);
     if (options_.on_converted) options_.on_converted(bucket_report_, staging_->bytes());
     absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
     absl::MutexLock lock(&mu_);

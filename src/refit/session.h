@@ -97,7 +97,11 @@ class Session {
   struct Received {
     BucketHeader header;
     int slot;
+    const uint8_t* data;  // the slot, or the bytes the transport lent (then `loan` != 0)
+    uint64_t loan;
   };
+  // Gives `r`'s loan (if any) back to the transport and its slot back to the ring.
+  void Done(const Received& r);
   void ReceiveLoop();
   void ConvertLoop();
   void Convert(const BucketHeader& header, const uint8_t* data);

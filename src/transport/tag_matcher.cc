@@ -66,6 +66,7 @@ TagMatcher::Arrival TagMatcher::Arrive(Sender& sender, uint64_t tag, uint64_t by
         a.dst = post->dst;
         a.capacity = post->capacity;
         a.oversized = bytes > post->capacity;
+        a.lendable = post->lendable;
         return a;
       }
       if (fits()) {
@@ -82,6 +83,10 @@ TagMatcher::Arrival TagMatcher::Arrive(Sender& sender, uint64_t tag, uint64_t by
 }
 
 void TagMatcher::Complete(const Arrival& a, const absl::Status& status, std::vector<uint8_t> host) {
+  Complete(a, status, std::move(host), Loan{});
+}
+
+void TagMatcher::Complete(const Arrival& a, const absl::Status& status, std::vector<uint8_t> host, Loan loan) {
   absl::MutexLock lock(&mu_);
   switch (a.kind) {
     case Arrival::kHold:
@@ -96,6 +101,7 @@ void TagMatcher::Complete(const Arrival& a, const absl::Status& status, std::vec
         a.post->result = Oversized(a.bytes, a.tag, a.capacity);
       } else {
         a.post->result = a.bytes;
+        if (a.lendable) a.post->loan = loan;
       }
       a.post->done = true;
       break;
@@ -107,7 +113,8 @@ void TagMatcher::Complete(const Arrival& a, const absl::Status& status, std::vec
 
 absl::StatusOr<uint64_t> TagMatcher::Receive(
     uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline,
-    const std::function<absl::Status(void* dst, const void* src, uint64_t bytes)>& copy) {
+    const std::function<absl::Status(void* dst, const void* src, uint64_t bytes)>& copy, Loan* loan) {
+  if (loan != nullptr) *loan = {};
   absl::MutexLock lock(&mu_);
   if (cancelled_) return absl::CancelledError("receive cancelled");
   if (!failure_.ok()) return failure_;
@@ -134,8 +141,17 @@ absl::StatusOr<uint64_t> TagMatcher::Receive(
     return message.bytes;
   }
   if (absl::Now() >= deadline) return NoMessage(tag);
-  Post post{tag, dst, capacity};
+  Post post;
+  post.tag = tag;
+  post.dst = dst;
+  post.capacity = capacity;
+  post.lendable = loan != nullptr;
   posted_.push_back(&post);
+  // (A lent message's Loan is copied out on every successful return below.)
+  auto lent = [&](absl::StatusOr<uint64_t> result) {
+    if (result.ok() && loan != nullptr) *loan = post.loan;
+    return result;
+  };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return post.done || (!post.claimed && (cancelled_ || !failure_.ok() || shutdown_));
   };
@@ -149,18 +165,18 @@ absl::StatusOr<uint64_t> TagMatcher::Receive(
   if (!options_.abort_stalled) {
     // The message is being copied into dst (a local copy: the bytes are all there).
     mu_.Await(absl::Condition(&post.done));
-    return post.result;
+    return lent(post.result);
   }
   // The message is being written into dst: wait for it. Past the deadline the sender has stalled
   // mid-message; it is asked to abort, which ends the write.
   if (!mu_.AwaitWithDeadline(absl::Condition(&post.done), deadline)) {
     post.owner->abort_requested = true;
     mu_.Await(absl::Condition(&post.done));
-    if (post.result.ok()) return post.result;
+    if (post.result.ok()) return lent(post.result);
     return absl::DeadlineExceededError(absl::StrCat("message on tag ", tag, " still incomplete at the deadline: ",
                                                     post.result.status().message()));
   }
-  return post.result;
+  return lent(post.result);
 }
 
 void TagMatcher::Cancel() {

@@ -55,6 +55,12 @@ class TagMatcher {
 
   struct Post;
   struct Held;
+  // Bytes a receiver lends a Receive instead of moving them into its buffer (Receiver::ReceiveOrLend):
+  // where they are and the receiver's number for the loan (0: none, the bytes were moved).
+  struct Loan {
+    const void* data = nullptr;
+    uint64_t id = 0;
+  };
   // Where an arriving message goes.
   struct Arrival {
     enum Kind { kStop, kPost, kHold, kDrop };
@@ -62,6 +68,7 @@ class TagMatcher {
     void* dst = nullptr;     // kPost: the Receive's buffer
     uint64_t capacity = 0;   // kPost: its capacity
     bool oversized = false;  // kPost: the message is larger than the buffer (nothing to move)
+    bool lendable = false;   // kPost: the Receive takes a loan instead (Complete's `loan`)
     uint64_t tag = 0;
     uint64_t bytes = 0;
     Post* post = nullptr;
@@ -76,12 +83,16 @@ class TagMatcher {
   // `alive`; false (the receiver has recorded any failure itself) ends the wait with kStop, as
   // does Shutdown(). Anything but kStop must be followed by Complete().
   Arrival Arrive(Sender& sender, uint64_t tag, uint64_t bytes, const std::function<bool()>& alive);
-  // The transfer of an arrival ended with `status` (`host`: a held message's bytes).
+  // The transfer of an arrival ended with `status` (`host`: a held message's bytes; `loan`: for a
+  // lendable post, the bytes lent instead of moved into its buffer).
   void Complete(const Arrival& arrival, const absl::Status& status, std::vector<uint8_t> host);
+  void Complete(const Arrival& arrival, const absl::Status& status, std::vector<uint8_t> host, Loan loan);
 
   // Transport::Receive. `copy` moves a held message's bytes into dst (host to wherever dst is).
+  // With `loan`, the post is lendable: *loan is what the receiver lent (id 0: moved into dst).
   absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline,
-                                   const std::function<absl::Status(void* dst, const void* src, uint64_t bytes)>& copy);
+                                   const std::function<absl::Status(void* dst, const void* src, uint64_t bytes)>& copy,
+                                   Loan* loan = nullptr);
   void Cancel();
   void Reset();
   // Ends every wait for good (the receiver is being destroyed).
@@ -102,6 +113,8 @@ class TagMatcher {
     bool done = false;
     absl::StatusOr<uint64_t> result = uint64_t{0};
     Sender* owner = nullptr;  // the sender writing into dst, once claimed
+    bool lendable = false;
+    Loan loan;
   };
   // Entered (not ready) when its transfer starts, so that a Receive that comes meanwhile waits for
   // it rather than posting past it, and later messages of the tag queue behind it: the order of a

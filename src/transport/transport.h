@@ -4,8 +4,8 @@
 // (Cap'n Proto) announces each bucket (tag, size, tensor descriptors, checksum); the data plane
 // only carries bytes matched by tag. The core (src/refit/) sees only this interface.
 //
-// Threading: a Receiver is used by one receiving thread at a time, except Cancel(), which any
-// thread may call. A Sender is used by one thread at a time.
+// Threading: a Receiver is used by one receiving thread at a time, except Cancel() and
+// GiveBack(), which any thread may call. A Sender is used by one thread at a time.
 #ifndef REFIT_TRANSPORT_TRANSPORT_H_
 #define REFIT_TRANSPORT_TRANSPORT_H_
 
@@ -38,6 +38,25 @@ class Receiver {
   virtual absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity,
                                            absl::Time deadline) = 0;
 
+  // A received message: where its bytes are, how many, and the loan that GiveBack ends (0: none).
+  struct Message {
+    const uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+    uint64_t loan = 0;
+  };
+  // Receive, except that a transport whose message already lies where dst's reader can read it
+  // (CUDA IPC: the sender's buffer, mapped on this receiver's GPU) may lend it instead of copying:
+  // `data` is then the sender's bytes, unchanged and the sender blocked in Send until
+  // GiveBack(loan). Otherwise `data` is dst and `loan` 0. Errors as Receive. Every loan must be
+  // given back, also when the session ends (refit/session.cc does).
+  virtual absl::StatusOr<Message> ReceiveOrLend(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) {
+    absl::StatusOr<uint64_t> n = Receive(tag, dst, capacity, deadline);
+    if (!n.ok()) return n.status();
+    return Message{static_cast<const uint8_t*>(dst), *n, 0};
+  }
+  // Ends a loan of ReceiveOrLend: its reader has finished (every read complete), so the sender may
+  // reuse its buffer. Any thread; loan 0 is ignored.
+  virtual void GiveBack(uint64_t loan) { (void)loan; }
   // Makes a blocked or later Receive return Cancelled until Reset().
   virtual void Cancel() = 0;
   virtual void Reset() = 0;

@@ -31,11 +31,13 @@ struct CudaIpcReceiver::Peer : TagMatcher::Sender {
   struct Buffer {
     uint8_t* base = nullptr;
     uint64_t size = 0;
-    bool mapped = false;  // opened from a handle (else the sender's own address)
+    bool mapped = false;    // opened from a handle (else the sender's own address)
+    bool lendable = false;  // device memory of the receiver's GPU: lent to ReceiveOrLend, not copied
     HandleKey key{};
   };
   std::map<uint64_t, Buffer> buffers;  // by the sender's buffer id; the peer's thread only
   std::atomic<bool> dropped{false};    // DisconnectPeers shut its socket: not a failure
+  bool lending = false;                // a message of it is lent (guarded by the receiver's mu_)
   std::atomic<bool> finished{false};
   std::thread thread;
 };
@@ -67,6 +69,7 @@ CudaIpcReceiver::~CudaIpcReceiver() {
     stopping_ = true;
     for (auto& p : peers_) shutdown(p->fd.get(), SHUT_RDWR);  // a blocked sender fails at once
   }
+  { absl::MutexLock lock(&loan_mu_); }  // a peer waiting for a loan re-checks stopping_
   matcher_.Shutdown();
   accept_thread_.join();
   std::vector<std::unique_ptr<Peer>> peers;
@@ -204,6 +207,12 @@ absl::Status CudaIpcReceiver::Export(Peer& peer, const Frame& f) {
     b.base = static_cast<uint8_t*>(it->second.base);
     b.mapped = true;
   }
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, b.base) == cudaSuccess) {
+    b.lendable = attr.type == cudaMemoryTypeDevice && attr.device == options_.device;
+  } else {
+    (void)cudaGetLastError();
+  }
   peer.buffers.emplace(f.buffer_id, b);
   return absl::OkStatus();
 }
@@ -228,6 +237,7 @@ bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
   const uint64_t tag = f.tag;
   const uint64_t bytes = f.bytes;
   const uint8_t* src = nullptr;
+  bool lendable = false;
   if (bytes > 0) {
     auto b = peer.buffers.find(f.buffer_id);
     if (b == peer.buffers.end() || f.offset > b->second.size || bytes > b->second.size - f.offset) {
@@ -237,6 +247,7 @@ bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
       return false;
     }
     src = b->second.base + f.offset;
+    lendable = b->second.lendable;
   }
   const TagMatcher::Arrival a = matcher_.Arrive(peer, tag, bytes, [&] {
     if (peer.dropped) return false;
@@ -247,6 +258,15 @@ bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
     return true;
   });
   if (a.kind == TagMatcher::Arrival::kStop) return false;
+  if (a.kind == TagMatcher::Arrival::kPost && a.lendable && lendable && !a.oversized) {
+    // Not dropped yet (a peer dropped meanwhile is released by the copy path below, as before).
+    bool lend = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!peer.dropped) lend = peer.lending = true;
+    }
+    if (lend) return Lend(peer, a, src, tag);
+  }
   std::vector<uint8_t> host;
   absl::Status st;
   if (bytes > 0 && a.kind != TagMatcher::Arrival::kDrop && !a.oversized) {
@@ -277,6 +297,62 @@ bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
   return st.ok();
 }
 
+bool CudaIpcReceiver::Lend(Peer& peer, const TagMatcher::Arrival& a, const uint8_t* src, uint64_t tag) {
+  uint64_t loan = 0;
+  {
+    absl::MutexLock lock(&loan_mu_);
+    loan = ++next_loan_;
+  }
+  matcher_.Complete(a, absl::OkStatus(), {}, TagMatcher::Loan{src, loan});
+  // The sender stays blocked until the reader is done with its bytes.
+  {
+    absl::MutexLock lock(&loan_mu_);
+    auto back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loan_mu_) { return returned_.count(loan) != 0 || stopping_.load(); };
+    loan_mu_.Await(absl::Condition(&back));
+    returned_.erase(loan);
+  }
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&mu_);
+    peer.lending = false;
+    dropped = peer.dropped;
+  }
+  if (dropped || stopping_) {
+    // DisconnectPeers came while its bytes were lent: its socket is shut only now.
+    shutdown(peer.fd.get(), SHUT_RDWR);
+    return false;
+  }
+  Reply released;
+  released.kind = Reply::kReleased;
+  released.value = tag;
+  if (absl::Status st = cuda_ipc::WriteAll(peer.fd.get(), &released, sizeof(released)); !st.ok()) {
+    PeerFailed(peer, absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, " failed: ", st.message())));
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<Receiver::Message> CudaIpcReceiver::ReceiveOrLend(uint64_t tag, void* dst, uint64_t capacity,
+                                                                 absl::Time deadline) {
+  cudaSetDevice(options_.device);
+  TagMatcher::Loan loan;
+  absl::StatusOr<uint64_t> n = matcher_.Receive(
+      tag, dst, capacity, deadline,
+      [](void* to, const void* from, uint64_t bytes) {
+        return CudaStatus(cudaMemcpy(to, from, bytes, cudaMemcpyDefault), "eager delivery");
+      },
+      &loan);
+  if (!n.ok()) return n.status();
+  if (loan.id == 0) return Message{static_cast<const uint8_t*>(dst), *n, 0};
+  return Message{static_cast<const uint8_t*>(loan.data), *n, loan.id};
+}
+
+void CudaIpcReceiver::GiveBack(uint64_t loan) {
+  if (loan == 0) return;
+  absl::MutexLock lock(&loan_mu_);
+  returned_.insert(loan);
+}
+
 absl::StatusOr<uint64_t> CudaIpcReceiver::Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) {
   cudaSetDevice(options_.device);
   return matcher_.Receive(tag, dst, capacity, deadline, [](void* to, const void* from, uint64_t bytes) {
@@ -292,7 +368,8 @@ void CudaIpcReceiver::DisconnectPeers() {
   absl::MutexLock lock(&mu_);
   for (auto& p : peers_) {
     p->dropped = true;
-    shutdown(p->fd.get(), SHUT_RDWR);
+    // A sender whose bytes are lent stays blocked until they are given back (Lend shuts it then).
+    if (!p->lending) shutdown(p->fd.get(), SHUT_RDWR);
   }
 }
 

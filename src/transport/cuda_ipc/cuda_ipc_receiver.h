@@ -9,6 +9,10 @@
 // has synchronized is the sender released (a kReleased reply), so the trainer reuses a buffer only
 // after refitd has finished reading it. Small messages with no Receive posted yet are copied into
 // host memory and released at once; larger ones wait (their sender blocked) for their Receive.
+// ReceiveOrLend copies nothing when the sender's buffer is device memory of this receiver's GPU
+// (the colocated case): it lends the mapped bytes, and the sender is released only at GiveBack, so
+// refitd's converter reads the trainer's buffer in place (no copy into a ring slot). A sender
+// whose bytes are lent when DisconnectPeers() comes has its socket shut at the GiveBack.
 //
 // Failure: a sender whose socket closes without the goodbye frame failed; every Receive returns
 // Unavailable until Reset() (only if it delivered anything since the last Reset()); its buffers
@@ -25,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +54,9 @@ class CudaIpcReceiver final : public Receiver {
   // Copies within GPU memory: nothing on the way can change a byte (no checksum is announced).
   bool ChecksIntegrity() const override { return true; }
   absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) override;
+  // Lends a message in a buffer on this receiver's GPU (no copy); others are copied into dst.
+  absl::StatusOr<Message> ReceiveOrLend(uint64_t tag, void* dst, uint64_t capacity, absl::Time deadline) override;
+  void GiveBack(uint64_t loan) override;
   void Cancel() override;
   void Reset() override;
   void DisconnectPeers() override;
@@ -73,6 +81,9 @@ class CudaIpcReceiver final : public Receiver {
   void Forget(Peer& peer, uint64_t buffer_id);
   // Delivers one message whose frame was just read; false when the peer must stop.
   bool Deliver(Peer& peer, const cuda_ipc::Frame& f);
+  // Deliver's loan of `src` to a ReceiveOrLend: completes it, waits for GiveBack, then releases the
+  // sender (or shuts its socket, if DisconnectPeers came meanwhile).
+  bool Lend(Peer& peer, const TagMatcher::Arrival& a, const uint8_t* src, uint64_t tag);
   // Records the failure in the matcher unless the peer was dropped or the receiver is stopping.
   void PeerFailed(Peer& peer, const absl::Status& status);
 
@@ -89,6 +100,11 @@ class CudaIpcReceiver final : public Receiver {
   // Mapped IPC handles of this process, shared by its peers (a handle is opened once per process).
   mutable absl::Mutex map_mu_;
   std::map<HandleKey, Mapping> mappings_ ABSL_GUARDED_BY(map_mu_);
+
+  // Loans of ReceiveOrLend: numbered, and given back (GiveBack) to the peer thread waiting.
+  absl::Mutex loan_mu_;
+  uint64_t next_loan_ ABSL_GUARDED_BY(loan_mu_) = 0;
+  std::set<uint64_t> returned_ ABSL_GUARDED_BY(loan_mu_);
 
   std::thread accept_thread_;
 };

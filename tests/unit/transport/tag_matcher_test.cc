@@ -67,6 +67,48 @@ TEST(TagMatcherTest, PostedReceiveGetsTheMessageInItsBuffer) {
   EXPECT_TRUE(std::equal(payload.begin(), payload.end(), dst.begin()));
 }
 
+// Receiver::ReceiveOrLend: a lendable post takes the bytes the receiver lends (its buffer stays
+// untouched); a held message is copied into it as before, with no loan.
+TEST(TagMatcherTest, ALendablePostTakesTheLoanAndAHeldMessageIsCopied) {
+  TagMatcher m(Small());
+  TagMatcher::Sender s;
+  const std::vector<uint8_t> payload = Bytes(1000, 3);
+  std::vector<uint8_t> dst(1000, 0);
+  absl::StatusOr<uint64_t> got;
+  TagMatcher::Loan loan{&dst, 99};  // overwritten by Receive
+  std::thread receiver([&] {
+    got = m.Receive(4, dst.data(), dst.size(), absl::Now() + absl::Seconds(10), HostCopy, &loan);
+  });
+  TagMatcher::Arrival a = m.Arrive(s, 4, payload.size(), Alive);
+  ASSERT_EQ(a.kind, TagMatcher::Arrival::kPost);
+  EXPECT_TRUE(a.lendable);
+  m.Complete(a, absl::OkStatus(), {}, TagMatcher::Loan{payload.data(), 17});
+  receiver.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, payload.size());
+  EXPECT_EQ(loan.data, payload.data());
+  EXPECT_EQ(loan.id, 17u);
+  EXPECT_EQ(dst, std::vector<uint8_t>(1000, 0));  // nothing moved into the buffer
+
+  // A small message that came first is held, and copied into the lendable post's buffer.
+  EXPECT_EQ(Deliver(m, s, 6, Bytes(40, 8)).kind, TagMatcher::Arrival::kHold);
+  loan = {&dst, 99};
+  got = m.Receive(6, dst.data(), dst.size(), absl::Now() + absl::Seconds(1), HostCopy, &loan);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 40u);
+  EXPECT_EQ(loan.id, 0u);
+  EXPECT_EQ(loan.data, nullptr);
+  EXPECT_EQ(dst[0], 8);
+
+  // A plain Receive is never lendable.
+  std::thread plain([&] { got = m.Receive(8, dst.data(), dst.size(), absl::Now() + absl::Seconds(10), HostCopy); });
+  TagMatcher::Arrival b = Deliver(m, s, 8, payload);
+  plain.join();
+  EXPECT_EQ(b.kind, TagMatcher::Arrival::kPost);
+  EXPECT_FALSE(b.lendable);
+  ASSERT_TRUE(got.ok()) << got.status();
+}
+
 TEST(TagMatcherTest, EarlySmallMessagesAreHeldInOrderAndCounted) {
   TagMatcher m(Small());
   TagMatcher::Sender s;

@@ -1,6 +1,8 @@
 // The CUDA IPC transport's own guarantees, beyond the conformance suite: each device buffer is
 // exported once however many messages come from it, host sources share one bounce buffer, a Send
-// returns only once the receiver's copy out of the buffer has completed, and endpoint strings.
+// returns only once the receiver's copy out of the buffer has completed, ReceiveOrLend lends the
+// sender's bytes (nothing copied) and releases the sender only at GiveBack (also when its peer is
+// disconnected meanwhile), and endpoint strings.
 // GPU cases skip, saying why, without a CUDA device.
 #include <cuda_runtime_api.h>
 
@@ -9,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../cuda_device.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "transport/cuda_ipc/cuda_ipc_handles.h"
@@ -23,12 +26,7 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 class CudaIpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      (void)cudaGetLastError();
-      GTEST_SKIP() << "needs a CUDA device: " << (e != cudaSuccess ? cudaGetErrorString(e) : "none present");
-    }
+    REFIT_SKIP_WITHOUT_GPU();
     auto r = CudaIpcReceiver::Listen(CudaIpcOptions{});
     ASSERT_TRUE(r.ok()) << r.status();
     receiver_ = std::move(*r);
@@ -115,6 +113,54 @@ TEST_F(CudaIpcTest, SendReturnsOnlyAfterTheReceiverCopiedTheBucket) {
   ASSERT_EQ(cudaMemcpy(host.data(), slot, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(host.front(), 0x33);
   EXPECT_EQ(host.back(), 0x33);
+}
+
+TEST_F(CudaIpcTest, ReceiveOrLendLendsTheSendersBytesAndReleasesItOnlyAtGiveBack) {
+  constexpr uint64_t kBytes = 8 << 20;
+  uint8_t* bucket = DeviceBuffer(kBytes, 0x55);
+  uint8_t* slot = DeviceBuffer(kBytes, 0);
+  std::atomic<bool> sent{false};
+  std::thread send([&] {
+    ASSERT_TRUE(sender_->Send(7, bucket, kBytes).ok());
+    sent = true;
+  });
+  auto got = receiver_->ReceiveOrLend(7, slot, kBytes, Soon());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NE(got->loan, 0u);
+  EXPECT_EQ(got->bytes, kBytes);
+  EXPECT_EQ(got->data, bucket);  // a sender in this process: its own address
+  std::vector<uint8_t> host(kBytes);
+  ASSERT_EQ(cudaMemcpy(host.data(), got->data, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host.front(), 0x55);
+  EXPECT_EQ(host.back(), 0x55);
+  ASSERT_EQ(cudaMemcpy(host.data(), slot, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host.front(), 0) << "a lent message was copied into the slot";
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(sent) << "the sender was released while its bytes were lent";
+  receiver_->GiveBack(got->loan);
+  send.join();
+  EXPECT_TRUE(sent);
+}
+
+TEST_F(CudaIpcTest, ASenderDisconnectedWhileLentStaysBlockedUntilGiveBack) {
+  constexpr uint64_t kBytes = 8 << 20;
+  uint8_t* bucket = DeviceBuffer(kBytes, 0x66);
+  uint8_t* slot = DeviceBuffer(kBytes, 0);
+  std::atomic<bool> returned{false};
+  absl::Status st;
+  std::thread send([&] {
+    st = sender_->Send(8, bucket, kBytes);
+    returned = true;
+  });
+  auto got = receiver_->ReceiveOrLend(8, slot, kBytes, Soon());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_NE(got->loan, 0u);
+  receiver_->DisconnectPeers();  // as an aborted session does
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(returned) << "the sender could reuse its buffer while refitd still reads it";
+  receiver_->GiveBack(got->loan);
+  send.join();
+  EXPECT_FALSE(st.ok()) << "a dropped sender's Send fails (it reconnects for its next session)";
 }
 
 TEST(CudaIpcEndpointTest, FormatAndParse) {
