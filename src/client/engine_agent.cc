@@ -308,9 +308,10 @@ void EngineAgent::Run(std::string address, Params initial) {
       req.setModel(wire::Text(rank_.model));
       absl::Status st;
       {
-        // The response goes at once: dropping it finishes the call, so that refitd releases the
-        // request (and the file descriptors its capabilities carried) instead of holding it for
-        // the whole connection.
+        // The response goes at once: dropping it finishes the call. Cap'n Proto keeps a call
+        // whose answer carries a capability (Registration) until then, and with it the request's
+        // capabilities, each holding the file descriptor it carried: kept for the whole
+        // connection, they kept the engine's CUDA memory after it released it at a sleep.
         auto resp = req.send().wait(io.waitScope);
         st = wire::FromWire(resp.getStatus());
         if (st.ok()) impl_->registration = resp.getRegistration();

@@ -188,7 +188,6 @@ class RegistrationImpl final : public proto::Registration::Server {
       });
     }
     absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(context.getParams().getParams());
-    context.releaseParams();  // as at registration: the descriptors go with the request
     if (!storage.ok()) return Answer(context, storage.status());
     absl::StatusOr<std::shared_ptr<Commit>> woken = state->node.Wake(engine_id, std::move(*storage));
     if (!woken.ok()) return Answer(context, woken.status());
@@ -456,15 +455,7 @@ class DaemonImpl final : public proto::Daemon::Server {
                                  "); it must drop its registration or disconnect before another engine registers")));
     }
     EngineSetup setup;
-    setup.control = std::make_unique<RpcEngineControl>(params.getControl(), state_.timer);
-    setup.version = params.getVersion();
-    setup.dirty = params.getDirty();
-    setup.tag = wire::Str(params.getTag());
-    setup.placement = std::move(placement);
     absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(params.getParams());
-    // Released once read: a capability in the request (CUDA virtual memory's SharedFd) holds
-    // the descriptor it carried, and through it the engine's memory, until the request goes.
-    context.releaseParams();
     if (!storage.ok()) return Answer(context, storage.status());
     setup.storage = std::move(*storage);
     absl::StatusOr<Planner> planner = Planner::Create(state_.spec, setup.storage->params());
@@ -472,6 +463,11 @@ class DaemonImpl final : public proto::Daemon::Server {
     setup.planner = std::make_unique<Planner>(std::move(*planner));
     absl::Status staged = MakeStaging(state_.config, setup);
     if (!staged.ok()) return Answer(context, staged);
+    setup.control = std::make_unique<RpcEngineControl>(params.getControl(), state_.timer);
+    setup.version = params.getVersion();
+    setup.dirty = params.getDirty();
+    setup.tag = wire::Str(params.getTag());
+    setup.placement = std::move(placement);
     if (absl::Status tag = CheckTag(setup.tag); !tag.ok()) {
       return Answer(context, absl::InvalidArgumentError(absl::StrCat("registration tag: ", tag.message())));
     }
@@ -500,33 +496,28 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (absl::Status tag = CheckTag(setup.tag); !tag.ok()) {
       return Answer(context, absl::InvalidArgumentError(absl::StrCat("registration tag: ", tag.message())));
     }
+    absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(params.getParams());
+    if (!storage.ok()) return Answer(context, storage.status());
+    setup.storage = std::move(*storage);
     setup.control = std::make_unique<RpcEngineControl>(params.getControl(), state_.timer);
     setup.version = params.getVersion();
     setup.dirty = params.getDirty();
     setup.placement = placement;
-    const uint64_t version = setup.version;
-    const bool dirty = setup.dirty;
-    absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(params.getParams());
-    // Released once read: a capability in the request (CUDA virtual memory's SharedFd) holds
-    // the descriptor it carried, and through it the engine's memory, until the request goes.
-    context.releaseParams();
-    if (!storage.ok()) return Answer(context, storage.status());
-    setup.storage = std::move(*storage);
     const size_t nparams = setup.storage->params().size();
     absl::StatusOr<uint64_t> id = state_.node.RegisterEngine(std::move(setup));
     if (!id.ok()) return Answer(context, id.status());
     const EngineRecord* group = state_.node.engine();
-    LogEvent(dirty ? LogLevel::kWarn : LogLevel::kInfo, "engine_rank_registered")
+    LogEvent(params.getDirty() ? LogLevel::kWarn : LogLevel::kInfo, "engine_rank_registered")
         .Add("engine", *id)
         .Add("tp_rank", placement.tp_rank)
         .Add("ep_rank", placement.ep_rank)
         .Add("device", placement.device)
         .Add("params", nparams)
-        .Add("version", version)
-        .Add("dirty", dirty)
+        .Add("version", params.getVersion())
+        .Add("dirty", params.getDirty())
         .Add("all_ranks_in", group != nullptr);
     context.getResults().setRegistration(kj::heap<RegistrationImpl>(state_, *id));
-    context.getResults().setVersion(group != nullptr ? group->version : version);
+    context.getResults().setVersion(group != nullptr ? group->version : params.getVersion());
     return kj::READY_NOW;
   }
 

@@ -203,7 +203,11 @@ def main() -> int:
               "phases_ms": {k: statistics.median(x[k] for x in steady)
                             for k in ("receive_ms", "convert_ms", "validate_ms", "commit_ms", "prepare_ms")},
               "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "tensors": r["tensors"], "buckets": r["buckets"],
-              "raw_cuda_ipc": r["nccl_raw"]}
+              "raw_cuda_ipc": r["nccl_raw"],
+              # Every timing field of the trainer's reports (refitd's phases and the trainer's own
+              # timeline: trainer_begin_ms, trainer_push_ms, trainer_commit_ms), steady medians.
+              "steady_medians_ms": {k: statistics.median(x[k] for x in steady) for k in steady[0]
+                                    if k.endswith("_ms") and isinstance(steady[0][k], (int, float))}}
     out["refitd"] = refitd
     print(json.dumps(refitd), file=sys.stderr, flush=True)
     save()

@@ -328,8 +328,9 @@ TEST_F(FdPassingTest, OnceRegisteredOnlyTheEngineHoldsTheDescriptor) {
       << DescriptorsOf(getpid(), name) << " descriptors of the allocation in this process; the engine's own is 1";
 }
 
-// refitd itself lets go of the descriptors a registration carried once it has answered, even
-// while the client still holds the answer (the call not finished).
+// refitd lets go of the descriptors of a registration it refused as soon as it answers, even
+// while the client still holds the answer (a refusal carries no capability, so Cap'n Proto ends
+// the call at once; an accepted one is kept until the client finishes it: the test above).
 TEST_F(FdPassingTest, RefitdKeepsNoDescriptorOfARegistrationItAnswered) {
   unsetenv("REFITD_TOKEN");  // the daemon below checks peer credentials
   refit::testing::RefitdProcess refitd(REFITD_BINARY);
