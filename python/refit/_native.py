@@ -20,10 +20,10 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 9  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 10  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
                  # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups; 9: in-place
-                 # parameters in CUDA virtual memory)
+                 # parameters in CUDA virtual memory; 10: refit_session_push_in_place)
 
 OK = 0
 MEMORY_HOST = 0
@@ -144,6 +144,7 @@ _SIGNATURES = {
     "refit_session_id": (ctypes.c_uint64, [_P]),
     "refit_session_bucket_bytes": (ctypes.c_uint64, [_P]),
     "refit_session_push": (ctypes.c_int, [_P, ctypes.POINTER(Tensor)]),
+    "refit_session_push_in_place": (ctypes.c_int, [_P, ctypes.POINTER(Tensor)]),
     "refit_session_flush": (ctypes.c_int, [_P]),
     "refit_session_measure_amax": (ctypes.c_int, [_P, ctypes.c_int]),
     "refit_session_amax_group": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),

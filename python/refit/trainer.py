@@ -222,11 +222,12 @@ class TrainerClient:
                       f"join session {', '.join(map(str, ids))}")
         return RefitSession(self, handle, joined=True)
 
-    def refit(self, model: str, tensors, **kwargs) -> RefitReport:
-        """One whole refit: begin with a manifest of `tensors`, push them all, commit."""
+    def refit(self, model: str, tensors, *, in_place: bool = False, **kwargs) -> RefitReport:
+        """One whole refit: begin with a manifest of `tensors`, push them all, commit.
+        `in_place`: CUDA tensors are pushed in place (Session.push's in_place)."""
         named = _named(tensors)
         with self.session(model, named, **kwargs) as s:
-            s.push_all(named)
+            s.push_all(named, in_place=in_place)
             return s.commit()
 
     def status(self) -> DaemonStatus:
@@ -305,11 +306,18 @@ class RefitSession:
         self.report: Optional[RefitReport] = None
         self._ended = False
         self._stage_cuda_on_host = False
-        self._in_flight: list = []  # CUDA tensors pushed in place, kept until their bucket is sent
+        self._in_flight: list = []  # CUDA tensors pushed, kept until their bucket is sent
+        self._in_place: list = []  # CUDA tensors pushed in place, kept until the session ends
 
     def push(self, name: str, tensor, *, dim: Optional[int] = None, start: int = 0, full_shape=None,
-             amax: Optional[float] = None) -> None:
+             amax: Optional[float] = None, in_place: bool = False) -> None:
         """Sends one tensor (copied before this returns: the tensor may change afterwards).
+
+        `in_place` (CUDA tensors): not copied where the data plane sends device memory from where
+        it is (CUDA IPC, colocated): tensors pushed one after another that lie one after another
+        in one allocation (a contiguous parameter buffer, e.g. Megatron's) travel as one bucket of
+        that memory, which refitd's converter reads there. The tensor must not change until
+        commit (or detach, abort) returns; the session keeps a reference to it until then.
 
         With `dim` and `full_shape`, `tensor` is a slice of the manifest's tensor `name` (e.g.
         this rank's tensor-parallel shard): it equals the whole tensor of shape `full_shape`
@@ -341,8 +349,8 @@ class RefitSession:
             # bucket is sent: the tensor must be computed before, and stay allocated until then.
             torch.cuda.current_stream(t.device).synchronize()
             try:
-                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0, slice_, amax)
-                self._in_flight.append(t)
+                self._push(name, t, _native.MEMORY_CUDA, t.device.index or 0, slice_, amax, in_place)
+                (self._in_place if in_place else self._in_flight).append(t)
                 return
             except RefitUnimplemented:
                 self._stage_cuda_on_host = True  # this library has no GPU path: stage every CUDA tensor
@@ -354,7 +362,7 @@ class RefitSession:
         """push(name, tensor, dim=dim, start=start, full_shape=full_shape)."""
         self.push(name, tensor, dim=dim, start=start, full_shape=full_shape)
 
-    def _push(self, name, t, memory, device, slice_=None, amax=None):
+    def _push(self, name, t, memory, device, slice_=None, amax=None, in_place=False):
         shape = _native.shape_array(t.shape)
         ref = _native.new(_native.Tensor, name=name.encode(), dtype=dtype_name(t.dtype).encode(),
                           shape=ctypes.cast(shape, _native.c_int64_p), rank=t.dim(), data=t.data_ptr(),
@@ -371,7 +379,8 @@ class RefitSession:
             ref.full_rank = len(full)
             ref.slice_dim = dim
             ref.slice_start = start
-        _native.check(self._lib.refit_session_push(self._live(), ctypes.byref(ref)), f"push '{name}'")
+        push = self._lib.refit_session_push_in_place if in_place else self._lib.refit_session_push
+        _native.check(push(self._live(), ctypes.byref(ref)), f"push '{name}'")
 
     def amax_group(self, name: str) -> list:
         """Wire format checkpoint: the tensors whose max|x| the NVFP4 global amax of `name` spans
@@ -416,9 +425,9 @@ class RefitSession:
         reduced = dict(zip(spans, values.tolist()))
         return {n: max(reduced[m] for m in g) for n, g in groups.items() if g}
 
-    def push_all(self, tensors) -> None:
+    def push_all(self, tensors, *, in_place: bool = False) -> None:
         for name, tensor in _named(tensors):
-            self.push(name, tensor)
+            self.push(name, tensor, in_place=in_place)
 
     def flush(self) -> None:
         _native.check(self._lib.refit_session_flush(self._live()), "flush")
@@ -440,6 +449,7 @@ class RefitSession:
                           f"commit session {self.id}")
         finally:
             self._in_flight.clear()
+            self._in_place.clear()
         self.report = _report(out)
         return self.report
 
@@ -452,6 +462,7 @@ class RefitSession:
             _native.check(self._lib.refit_session_detach(self._live()), f"detach from session {self.id}")
         finally:
             self._in_flight.clear()
+            self._in_place.clear()
 
     def abort(self, reason: str = "aborted by the trainer") -> None:
         self._ended = True
@@ -463,6 +474,7 @@ class RefitSession:
             self._lib.refit_session_close(self._handle)
             self._handle = None
         self._in_flight.clear()
+        self._in_place.clear()
 
     def _live(self):
         if not self._handle:

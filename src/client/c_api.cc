@@ -247,6 +247,42 @@ absl::Status ReadEngineParams(const refit_engine_param* params, uint64_t num_par
   return absl::OkStatus();
 }
 
+// refit_session_push and refit_session_push_in_place.
+int PushTensor(const char* fn, refit_session* session, const refit_tensor* tensor, bool in_place) {
+  return Guard(fn, [&]() -> absl::Status {
+    if (absl::Status st = LiveSession(session); !st.ok()) return st;
+    refit_tensor t;
+    if (absl::Status st = ReadStruct(tensor, "tensor", &t); !st.ok()) return st;
+    if (t.name == nullptr) return absl::InvalidArgumentError("tensor.name is NULL");
+    const std::string owner = Owner("tensor", t.name);
+    if (t.memory == REFIT_MEMORY_CUDA) {
+      if (absl::Status st = refit::client::RefitSession::CheckDeviceMemory(t.data); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat(owner, " is marked CUDA memory (device ", t.device, "): ", st.message()));
+      }
+    }
+    if (t.memory != REFIT_MEMORY_HOST && t.memory != REFIT_MEMORY_CUDA) {
+      return absl::InvalidArgumentError(absl::StrCat(owner, ": unknown memory kind ", t.memory));
+    }
+    absl::StatusOr<DType> dtype = ParseDTypeField(t.dtype, owner);
+    if (!dtype.ok()) return dtype.status();
+    absl::StatusOr<Shape> shape = ShapeField(t.shape, t.rank, owner);
+    if (!shape.ok()) return shape.status();
+    absl::StatusOr<uint64_t> n = refit::DenseBytes(*dtype, *shape);
+    if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat(owner, ": ", n.status().message()));
+    if (t.nbytes != 0 && t.nbytes != *n) {
+      return absl::InvalidArgumentError(absl::StrCat(owner, " has ", t.nbytes, " bytes but ", refit::DTypeName(*dtype),
+                                                     refit::ShapeString(*shape), " needs ", *n));
+    }
+    if (t.data == nullptr && *n > 0) return absl::InvalidArgumentError(absl::StrCat(owner, ": data is NULL"));
+    absl::StatusOr<refit::TensorSlice> slice = SliceFields(t, owner);
+    if (!slice.ok()) return slice.status();
+    std::optional<float> amax;
+    if (t.has_amax != 0) amax = t.amax;
+    refit::client::TensorRef ref{t.name, *dtype, std::move(*shape), t.data, std::move(*slice), amax};
+    return in_place ? session->impl->PushInPlace(ref) : session->impl->Push(ref);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -603,37 +639,11 @@ uint64_t refit_session_bucket_bytes(const refit_session* session) {
 }
 
 int refit_session_push(refit_session* session, const refit_tensor* tensor) {
-  return Guard("refit_session_push", [&]() -> absl::Status {
-    if (absl::Status st = LiveSession(session); !st.ok()) return st;
-    refit_tensor t;
-    if (absl::Status st = ReadStruct(tensor, "tensor", &t); !st.ok()) return st;
-    if (t.name == nullptr) return absl::InvalidArgumentError("tensor.name is NULL");
-    const std::string owner = Owner("tensor", t.name);
-    if (t.memory == REFIT_MEMORY_CUDA) {
-      if (absl::Status st = refit::client::RefitSession::CheckDeviceMemory(t.data); !st.ok()) {
-        return absl::Status(st.code(), absl::StrCat(owner, " is marked CUDA memory (device ", t.device, "): ", st.message()));
-      }
-    }
-    if (t.memory != REFIT_MEMORY_HOST && t.memory != REFIT_MEMORY_CUDA) {
-      return absl::InvalidArgumentError(absl::StrCat(owner, ": unknown memory kind ", t.memory));
-    }
-    absl::StatusOr<DType> dtype = ParseDTypeField(t.dtype, owner);
-    if (!dtype.ok()) return dtype.status();
-    absl::StatusOr<Shape> shape = ShapeField(t.shape, t.rank, owner);
-    if (!shape.ok()) return shape.status();
-    absl::StatusOr<uint64_t> n = refit::DenseBytes(*dtype, *shape);
-    if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat(owner, ": ", n.status().message()));
-    if (t.nbytes != 0 && t.nbytes != *n) {
-      return absl::InvalidArgumentError(absl::StrCat(owner, " has ", t.nbytes, " bytes but ", refit::DTypeName(*dtype),
-                                                     refit::ShapeString(*shape), " needs ", *n));
-    }
-    if (t.data == nullptr && *n > 0) return absl::InvalidArgumentError(absl::StrCat(owner, ": data is NULL"));
-    absl::StatusOr<refit::TensorSlice> slice = SliceFields(t, owner);
-    if (!slice.ok()) return slice.status();
-    std::optional<float> amax;
-    if (t.has_amax != 0) amax = t.amax;
-    return session->impl->Push({t.name, *dtype, std::move(*shape), t.data, std::move(*slice), amax});
-  });
+  return PushTensor("refit_session_push", session, tensor, /*in_place=*/false);
+}
+
+int refit_session_push_in_place(refit_session* session, const refit_tensor* tensor) {
+  return PushTensor("refit_session_push_in_place", session, tensor, /*in_place=*/true);
 }
 
 int refit_session_flush(refit_session* session) {

@@ -53,7 +53,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 9  /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 10 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
@@ -69,7 +69,8 @@ extern "C" {
                                  8: trainer-supplied amax per tensor (refit_tensor.has_amax/amax) and
                                  fused NVFP4 groups (refit_session_amax_group);
                                  9: REFIT_STORAGE_CUDA_PTR parameters in CUDA virtual memory (no struct
-                                 change: exported as POSIX file descriptors over a unix: address) */
+                                 change: exported as POSIX file descriptors over a unix: address);
+                                 10: refit_session_push_in_place */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -290,6 +291,12 @@ REFIT_API uint64_t refit_session_id(const refit_session* session);
 REFIT_API uint64_t refit_session_bucket_bytes(const refit_session* session);
 /* Appends a tensor to the current bucket (copied: `data` may be reused on return). */
 REFIT_API int refit_session_push(refit_session* session, const refit_tensor* tensor);
+/* ABI 10. As refit_session_push, but a CUDA tensor on a data plane that sends device memory from
+ * where it is (CUDA IPC) is not copied: runs of tensors lying one after another in one allocation
+ * (16-byte aligned, at most 256 bytes apart) travel as one bucket of that memory, so `data` must
+ * stay allocated and unchanged until refit_session_commit (or _detach, _abort) returns. Anything
+ * else is pushed as refit_session_push does (RefitSession::PushInPlace). */
+REFIT_API int refit_session_push_in_place(refit_session* session, const refit_tensor* tensor);
 REFIT_API int refit_session_flush(refit_session* session);
 /* ABI 4. `on` != 0: every BF16 tensor pushed afterwards carries its max|x| (measured on the host,
  * or on the caller's GPU for device tensors), so refitd converts NVFP4 tensors in one pass

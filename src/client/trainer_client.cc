@@ -22,6 +22,9 @@
 #include "storage/memory.h"
 #include "transport/builtin_transports.h"
 #include "transport/registry.h"
+#if REFIT_HAVE_CUDA
+#include "transport/cuda_ipc/cuda_ipc_handles.h"
+#endif
 
 namespace refit::client {
 namespace {
@@ -250,6 +253,17 @@ struct RefitSession::Impl {
   absl::Status PackTogether(RefitSession& session, std::span<const TensorRef> parts);
   std::function<void(uint32_t, std::vector<uint8_t>&)> tamper;
   std::unique_ptr<AmaxMeter> amax;  // MeasureAmax(true)
+  // PushInPlace: a run of device tensors lying one after another in one allocation, sent from
+  // where they are as one bucket (nothing packed). Offsets in run_header are from run_base.
+  const uint8_t* run_base = nullptr;
+  uint64_t run_used = 0;   // bytes from run_base to the end of the run's last tensor
+  uint64_t run_limit = 0;  // bytes from run_base to the end of its allocation
+  BucketHeader run_header;
+  // Announces `h` (payload: `nbytes` at `payload`) on every daemon and sends it: in the background
+  // on an overlapped data plane (after the previous send ended); `packed` (a bucket buffer): the
+  // next one packs into the other buffer.
+  absl::Status SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed);
+  absl::Status FlushRun();
 };
 
 namespace {
@@ -661,6 +675,45 @@ absl::Status RefitSession::Push(const TensorRef& t) {
   return absl::OkStatus();
 }
 
+absl::Status RefitSession::PushInPlace(const TensorRef& t) {
+  if (impl_->done) return absl::FailedPreconditionError("session already ended");
+  Impl& r = *impl_;
+  const bool converts = !r.convert.empty() && (t.dtype == DType::kBF16 || t.dtype == DType::kF32) &&
+                        r.convert.Find(t.name) != nullptr;
+  if (!r.data->overlapped() || !r.data->transport->sends_in_place || r.amax != nullptr || converts) return Push(t);
+#if REFIT_HAVE_CUDA
+  absl::StatusOr<transport::cuda_ipc::Allocation> a = transport::cuda_ipc::QueryAllocation(t.data);
+  const uint64_t addr = reinterpret_cast<uint64_t>(t.data);
+  if (!a.ok() || !a->device || addr % 16 != 0 || addr < a->base || addr - a->base > a->size) return Push(t);
+  if (t.slice.present()) {
+    if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
+  }
+  absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
+  if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
+  if (*nbytes > r.bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
+                                                   r.bucket_bytes, "-byte bucket"));
+  }
+  constexpr uint64_t kMaxGap = 256;  // padding between a contiguous buffer's parameters
+  const uint64_t base = reinterpret_cast<uint64_t>(r.run_base);
+  const bool joins = r.run_base != nullptr && addr >= base + r.run_used && addr - (base + r.run_used) <= kMaxGap &&
+                     addr + *nbytes - base <= std::min(r.run_limit, r.bucket_bytes);
+  if (!joins) {
+    if (absl::Status st = r.FlushRun(); !st.ok()) return st;
+    r.run_base = static_cast<const uint8_t*>(t.data);
+    r.run_used = 0;
+    r.run_limit = a->base + a->size - addr;
+    if (*nbytes > r.run_limit) return Push(t);  // past its allocation: not one buffer
+  }
+  const uint64_t offset = addr - reinterpret_cast<uint64_t>(r.run_base);
+  r.run_header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice, t.amax});
+  r.run_used = offset + *nbytes;
+  return absl::OkStatus();
+#else
+  return Push(t);
+#endif
+}
+
 void RefitSession::MeasureAmax(bool on) {
   if (!on) {
     impl_->amax.reset();
@@ -761,25 +814,41 @@ absl::Status RefitSession::Impl::PackTogether(RefitSession& session, std::span<c
 absl::Status RefitSession::CheckDeviceMemory(const void* p) { return storage::CheckDeviceMemory(p); }
 
 absl::Status RefitSession::Flush() {
+  if (absl::Status st = impl_->FlushRun(); !st.ok()) return st;
   if (impl_->header.tensors.empty()) return absl::OkStatus();
   BucketHeader& h = impl_->header;
   DataPlane* data = impl_->data;
-  const uint8_t* payload = data->bucket[data->current].get();
-  h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
   if (absl::Status st = data->memory->Synchronize(); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("packing the bucket: ", st.message()));
   }
-  h.nbytes = impl_->used;
   if (impl_->amax != nullptr) {
     if (absl::Status st = impl_->amax->Collect(h.tensors); !st.ok()) return st;
   }
+  absl::Status sent = impl_->SendBucket(h, data->bucket[data->current].get(), impl_->used, /*packed=*/true);
+  impl_->used = 0;
+  h.tensors.clear();
+  return sent;
+}
+
+absl::Status RefitSession::Impl::FlushRun() {
+  if (run_header.tensors.empty()) return absl::OkStatus();
+  absl::Status sent = SendBucket(run_header, run_base, run_used, /*packed=*/false);
+  run_header.tensors.clear();
+  run_base = nullptr;
+  run_used = run_limit = 0;
+  return sent;
+}
+
+absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed) {
+  h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
+  h.nbytes = nbytes;
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
   h.checksum = data->transport->checks_integrity ? 0 : Checksum64(payload, h.nbytes);
   // Announce on every daemon (the requests go out together); each numbers the bucket itself.
-  std::vector<uint64_t> tags(impl_->members.size());
+  std::vector<uint64_t> tags(members.size());
   std::vector<std::unique_ptr<capnp::RemotePromise<proto::Session::AnnounceResults>>> calls;
-  for (auto& m : impl_->members) {
+  for (auto& m : members) {
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
       auto req = m.session.announceRequest();
       wire::ToWire(h, req.initHeader());
@@ -790,40 +859,41 @@ absl::Status RefitSession::Flush() {
   }
   absl::Status announced;
   uint32_t first_seq = 0;
-  for (size_t i = 0; i < impl_->members.size(); ++i) {
+  for (size_t i = 0; i < members.size(); ++i) {
     absl::StatusOr<uint32_t> seq = Call([&]() -> absl::StatusOr<uint32_t> {
       if (calls[i] != nullptr) {
-        auto resp = calls[i]->wait(impl_->wait());
+        auto resp = calls[i]->wait(wait());
         if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
         return resp.getSeq();
       }
       KJ_FAIL_REQUIRE("announce request could not be sent");
     });
     if (!seq.ok()) {
-      if (announced.ok()) announced = absl::Status(seq.status().code(), absl::StrCat(impl_->Who(i), seq.status().message()));
+      if (announced.ok()) announced = absl::Status(seq.status().code(), absl::StrCat(Who(i), seq.status().message()));
       continue;
     }
     if (i == 0) first_seq = *seq;
-    tags[i] = (impl_->members[i].id << 32) | *seq;
+    tags[i] = (members[i].id << 32) | *seq;
   }
   if (!announced.ok()) return announced;
   std::vector<uint8_t> tampered;
-  if (impl_->tamper && data->memory->kind() == storage::MemoryKind::kHost) {
+  if (tamper && data->memory->kind() == storage::MemoryKind::kHost) {
     tampered.assign(payload, payload + h.nbytes);
-    impl_->tamper(first_seq, tampered);
+    tamper(first_seq, tampered);
     payload = tampered.data();
   }
   absl::Status sent;
   if (data->overlapped()) {
-    // Send in the background from this buffer while the next bucket is packed into the other.
-    sent = impl_->WaitInFlight();
+    // Send in the background while the next bucket is packed (into the other buffer) or found.
+    sent = WaitInFlight();
     if (sent.ok()) {
       const uint64_t n = h.nbytes;
-      impl_->in_flight = std::async(std::launch::async, [data, tags = std::move(tags), payload, n] {
-        absl::Status st = data->Send(tags, payload, n);
+      DataPlane* plane = data;
+      in_flight = std::async(std::launch::async, [plane, tags = std::move(tags), payload, n] {
+        absl::Status st = plane->Send(tags, payload, n);
         return st;
       });
-      data->current ^= 1;
+      if (packed) data->current ^= 1;
     }
   } else {
     sent = data->Send(tags, payload, h.nbytes);
@@ -833,8 +903,6 @@ absl::Status RefitSession::Flush() {
     // session connects afresh.
     data->Drop();
   }
-  impl_->used = 0;
-  h.tensors.clear();
   return sent;
 }
 
@@ -911,6 +979,7 @@ absl::Status RefitSession::Detach() {
 
 absl::Status RefitSession::Abort(const std::string& reason) {
   impl_->done = true;
+  impl_->run_header.tensors.clear();  // a run not yet announced is not sent
   (void)impl_->WaitInFlight();
   absl::Status st;
   for (size_t i = 0; i < impl_->members.size(); ++i) {

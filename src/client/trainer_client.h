@@ -187,6 +187,14 @@ class RefitSession {
   // fused group (AmaxGroup) or a slice needs it (the max over the group's members and over every
   // rank's slices, reduced by the caller) and is refused naming the tensor without it.
   absl::Status Push(const TensorRef& t);
+  // As Push, except that a device tensor on a data plane that sends device memory from where it
+  // is (TransportDescriptor::sends_in_place: CUDA IPC) is not copied into a bucket: consecutive PushInPlace
+  // tensors lying one after another in one allocation (16-byte aligned, at most 256 bytes apart,
+  // as a trainer's contiguous parameter buffer holds them) travel as one bucket of that memory,
+  // up to the bucket size. `t.data` must then stay allocated and unchanged until Commit (or
+  // Detach, or Abort) returns. Anything else (host memory, a tensor this trainer converts under
+  // wire format checkpoint, MeasureAmax on, a host data plane) is pushed as Push does.
+  absl::Status PushInPlace(const TensorRef& t);
   // Pushes each of `members` as Push does; a fused NVFP4 group member without TensorRef::amax
   // gets the max|x| over its group's members, which must all be among `members` (whole host
   // tensors), else refused naming the tensor.

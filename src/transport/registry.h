@@ -56,6 +56,10 @@ struct TransportDescriptor {
   // trainer colocated with the engine); false when they need distinct GPUs (NCCL refuses two ranks
   // of one communicator on one device). The conformance suite places both ends by it.
   bool shares_device = false;
+  // Device payloads: the sender sends from any device memory of its GPU that lies in one
+  // allocation, not only from buckets of `bucket_memory`, so RefitSession::PushInPlace sends
+  // tensors from where they are (CUDA IPC exports each allocation once). Off: PushInPlace packs.
+  bool sends_in_place = false;
   // Daemon side: the long-lived receiver.
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>(const ListenConfig&)> listen;
   // Trainer side: one point-to-point connection to `endpoint` (a Receiver's Endpoint()).

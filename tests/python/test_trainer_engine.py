@@ -77,6 +77,20 @@ def test_session_context_pushes_and_commits_on_exit(node):
     assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
 
 
+def test_in_place_push_of_host_tensors_commits_like_push(node):
+    # in_place applies to CUDA tensors on a data plane that sends device memory where it lies;
+    # host tensors (and other planes) are pushed as before (the GPU case: test_cuda_ipc_path.py).
+    import models
+    import refit
+
+    daemon, engine = node(models.TOY)
+    trainer = trainer_model(models.TOY, 6)
+    with refit.TrainerClient(daemon.address) as client:
+        report = client.refit(models.TOY, trainer.named_parameters(), in_place=True)
+        assert report.outcome == "committed" and report.version == 1
+    assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
+
+
 def test_version_tags_reach_the_report_status_and_engine(node):
     import models
     import refit

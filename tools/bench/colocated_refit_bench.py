@@ -6,7 +6,9 @@ colocated user writes today, measured in one run.
             trainer, refitd (`staging: device`, 2 ring slots) and an idle example engine (CUDA IPC
             registration) on GPU 0; Llama-3-8B shapes (16.06 GB BF16, 291 tensors) -> FP8 block-128
             projections, BF16 rest; --refits refits, steady state = all but the first. Wall =
-            the trainer's Begin -> commit reply; pause = refitd's engine pause window.
+            the trainer's Begin -> commit reply; pause = refitd's engine pause window. Twice: the
+            trainer packing its weights into bucket buffers (Push), then pushing them from its
+            one weight allocation (PushInPlace, example_trainer --in-place).
   bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
             (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
             device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
@@ -195,21 +197,31 @@ def main() -> int:
         if a.out:
             Path(a.out).write_text(json.dumps(out, indent=1))
 
-    r = nb.run_workload(build, "llama8b", nb.LLAMA8B, "", a.refits, a.bucket_bytes, tmp, transport="cuda_ipc")
-    steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
-    refitd = {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
-              "pause_ms": statistics.median(x["pause_ms"] for x in steady),
-              "pauses_ms": [x["pause_ms"] for x in r["refits"]],
-              "phases_ms": {k: statistics.median(x[k] for x in steady)
-                            for k in ("receive_ms", "convert_ms", "validate_ms", "commit_ms", "prepare_ms")},
-              "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "tensors": r["tensors"], "buckets": r["buckets"],
-              "raw_cuda_ipc": r["nccl_raw"],
-              # Every timing field of the trainer's reports (refitd's phases and the trainer's own
-              # timeline: trainer_begin_ms, trainer_push_ms, trainer_commit_ms), steady medians.
-              "steady_medians_ms": {k: statistics.median(x[k] for x in steady) for k in steady[0]
-                                    if k.endswith("_ms") and isinstance(steady[0][k], (int, float))}}
+    def refitd_run(in_place):
+        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, "", a.refits, a.bucket_bytes, tmp, transport="cuda_ipc",
+                            in_place=in_place)
+        steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
+        return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
+                   "pause_ms": statistics.median(x["pause_ms"] for x in steady),
+                   "pauses_ms": [x["pause_ms"] for x in r["refits"]],
+                   "phases_ms": {k: statistics.median(x[k] for x in steady)
+                                 for k in ("receive_ms", "convert_ms", "validate_ms", "commit_ms", "prepare_ms")},
+                   "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "tensors": r["tensors"],
+                   "buckets": r["buckets"], "raw_cuda_ipc": r["nccl_raw"],
+                   # Every timing field of the trainer's reports (refitd's phases and the trainer's
+                   # own timeline: trainer_begin_ms, trainer_push_ms, trainer_commit_ms).
+                   "steady_medians_ms": {k: statistics.median(x[k] for x in steady) for k in steady[0]
+                                         if k.endswith("_ms") and isinstance(steady[0][k], (int, float))}}
+
+    # The trainer packs its tensors into two bucket buffers (Push), then pushes them from where
+    # they lie in its one weight allocation (PushInPlace: refitd's converter reads them there).
+    r, refitd = refitd_run(False)
     out["refitd"] = refitd
     print(json.dumps(refitd), file=sys.stderr, flush=True)
+    save()
+    _, in_place = refitd_run(True)
+    out["refitd_in_place"] = in_place
+    print(json.dumps(in_place), file=sys.stderr, flush=True)
     save()
     import torch
 
@@ -218,20 +230,25 @@ def main() -> int:
     copy = copy_rates(a.copy_gib << 30, r["bytes_out"])
     out["copy"] = copy
     bound_ms = (r["bytes_in"] + r["bytes_out"]) / (2 * copy["copy_gbps"] * 1e6)
-    out["bound"] = {"ms": bound_ms, "refit_fraction_of_bound": bound_ms / r["wall_ms"]}
+    out["bound"] = {"ms": bound_ms, "refit_fraction_of_bound": bound_ms / r["wall_ms"],
+                    "in_place_fraction_of_bound": bound_ms / in_place["wall_ms"]}
+    out["pause_vs_copy_in_place"] = {"pause_ms": in_place["pause_ms"],
+                                     "pause_minus_copy_ms": in_place["pause_ms"] - copy["engine_bytes_copy_ms"]}
     out["pause_vs_copy"] = {"pause_ms": refitd["pause_ms"], "copy_ms": copy["engine_bytes_copy_ms"],
                             "pause_minus_copy_ms": refitd["pause_ms"] - copy["engine_bytes_copy_ms"]}
     save()
     if a.baseline:
         b = baseline(a.baseline, a.refits)
         b["refitd_speedup"] = b["wall_ms"] / r["wall_ms"]
+        b["refitd_in_place_speedup"] = b["wall_ms"] / in_place["wall_ms"]
         b["fraction_of_bound"] = bound_ms / b["wall_ms"]
         out["baseline"] = b
         save()
     print(json.dumps(out, indent=1))
     s = (f"refitd colocated FP8 refit {r['wall_ms']:.1f} ms ({r['bytes_in'] / 1e9:.2f} GB in, {r['bytes_out'] / 1e9:.2f} "
          f"GB out); bound {bound_ms:.1f} ms -> {bound_ms / r['wall_ms']:.2f} of it; pause {refitd['pause_ms']:.2f} ms vs "
-         f"copy {copy['engine_bytes_copy_ms']:.2f} ms")
+         f"copy {copy['engine_bytes_copy_ms']:.2f} ms; pushed in place {in_place['wall_ms']:.1f} ms -> "
+         f"{bound_ms / in_place['wall_ms']:.2f} of the bound, pause {in_place['pause_ms']:.2f} ms")
     if "baseline" in out:
         s += f"; torch per-tensor IPC + quantize + copy {out['baseline']['wall_ms']:.1f} ms ({out['baseline']['refitd_speedup']:.2f}x)"
     print(s, file=sys.stderr)

@@ -4,8 +4,8 @@
 //
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N] [--slices N]
-//                   [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N [--in-place]]
+//                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
 //                   [--address ...]
@@ -33,6 +33,9 @@
 // process exits 0 when every refit ended as expected for the fault (committed for none).
 // --gpu N holds the weights on GPU N and pushes device tensors (the NCCL data plane sends from
 // that GPU); push_commit_ms in each line is the trainer's time from Begin to the commit reply.
+// --in-place (with --gpu) pushes whole tensors by RefitSession::PushInPlace: the weights lie in
+// one allocation, 256-byte aligned, so the CUDA IPC data plane sends runs of them from where they
+// are, nothing packed (on one GPU refitd's converter reads them there; other planes pack).
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
 // Several --address flags (or --fanout with one) feed every daemon at once through one
@@ -393,6 +396,7 @@ int main(int argc, char** argv) {
   WireFormat wire = WireFormat::kBf16;  // --wire (with --checkpoint)
   std::string wire_fault;               // --wire-fault KIND:TENSOR (with --checkpoint)
   int gpu = -1;  // --gpu: weights on this GPU
+  bool in_place = false;  // --in-place: whole device tensors go by RefitSession::PushInPlace
   int slices = 1;  // --slices: push matrices in this many slices
   int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
   std::string session_file;  // --session-file: where rank 0 publishes the session id
@@ -453,6 +457,8 @@ int main(int argc, char** argv) {
       gpu = std::atoi(argv[++i]);
     } else if (a == "--measure-amax") {
       measure_amax = true;
+    } else if (a == "--in-place") {
+      in_place = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       return Fail(absl::StrCat("unknown flag ", a));
     }
@@ -674,7 +680,9 @@ int main(int argc, char** argv) {
       if (slices <= 1 || c.shape.size() != 2) {
         // Whole tensors are shared out round-robin (with slices, rank 0 sends the vectors).
         const bool mine = ranks <= 1 || (slices > 1 ? rank == 0 : static_cast<int>(i % ranks) == rank);
-        return mine ? (*session)->Push({c.name, c.dtype, c.shape, sources[i]}) : absl::OkStatus();
+        if (!mine) return absl::OkStatus();
+        return in_place ? (*session)->PushInPlace({c.name, c.dtype, c.shape, sources[i]})
+                        : (*session)->Push({c.name, c.dtype, c.shape, sources[i]});
       }
       const size_t dim = gpu >= 0 ? 0 : i % 2;
       const int64_t rows = c.shape[dim];

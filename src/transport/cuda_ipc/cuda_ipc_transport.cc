@@ -14,6 +14,7 @@ TransportDescriptor CudaIpcTransport() {
   d.payload_memory = storage::MemoryKind::kDevice;
   d.checks_integrity = true;
   d.shares_device = true;
+  d.sends_in_place = true;
   d.listen = [](const ListenConfig& c) -> absl::StatusOr<std::unique_ptr<Receiver>> {
     CudaIpcOptions options;
     options.device = c.device;

@@ -1,8 +1,10 @@
 """The CUDA IPC data plane end to end on one GPU, as colocated RL runs it: the example trainer,
 refitd (bucket ring, GPU converter, staging) and the engine all on GPU 0. The trainer's two
 device bucket buffers are exported once each and mapped once by refitd; three refits are compared
-byte for byte with the offline conversion; a trainer killed mid-refit, and one that stalls, end in
-an abort within the session deadline with the engine's bytes unchanged, and the next refit lands.
+byte for byte with the offline conversion (also pushed in place: RefitSession::PushInPlace sends
+the trainer's weights from its own allocation, which refitd's converter reads there); a trainer
+killed mid-refit (packing or pushing in place), and one that stalls, end in an abort within the
+session deadline with the engine's bytes unchanged, and the next refit lands.
 Skips, saying why, without a CUDA device or without a CUDA build."""
 import json
 import signal
@@ -32,6 +34,36 @@ def test_three_cuda_ipc_refits_on_one_gpu_match_offline_conversion(node_factory)
     node.engine.wait(timeout=30)
     assert json.loads(node.engine_log.read_text().splitlines()[-1])["mixed"] == 0
     print(json.dumps(lines))
+
+
+def test_refits_pushed_in_place_match_offline_conversion(node_factory):
+    node = node_factory()
+    p, lines = node.trainer("--refits", "3", "--in-place")
+    assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+    assert [l["outcome"] for l in lines] == ["committed"] * 3
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    # And after a packed refit, in place again: the same connection serves both.
+    p, lines = node.trainer("--refits", "1", "--seed", "4")
+    assert p.returncode == 0 and lines[0]["engine_matches_expected"], p.stdout + p.stderr
+    p, lines = node.trainer("--refits", "1", "--seed", "5", "--in-place")
+    assert p.returncode == 0 and lines[0]["engine_matches_expected"], p.stdout + p.stderr
+    assert node.engine_matches(5)["ok"]
+
+
+def test_trainer_killed_while_pushing_in_place_aborts_and_engine_is_unchanged(node_factory):
+    # refitd's converter may be reading the dead trainer's own memory: the abort must still come,
+    # refitd must stay healthy, and the next refit lands.
+    node = node_factory(deadline_ms=20000)
+    p, lines = node.trainer("--refits", "1", "--seed", "5", "--in-place")
+    assert p.returncode == 0 and lines[0]["outcome"] == "committed", p.stdout + p.stderr
+    p, _ = node.trainer("--refits", "1", "--seed", "6", "--fault", "die-mid-bucket", "--in-place")
+    assert p.returncode == 9, p.stderr
+    wait_for(lambda: "outcome=aborted" in node.log.read_text(), timeout=20, what="abort after trainer death")
+    verdict = node.engine_matches(5)
+    assert verdict["ok"] and verdict["version"] == 1, verdict
+    p, lines = node.trainer("--refits", "1", "--seed", "7", "--in-place")
+    assert p.returncode == 0 and lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], \
+        p.stdout + p.stderr + node.log.read_text()[-3000:]
 
 
 def test_refit_over_a_filesystem_socket_matches_offline_conversion(node_factory, tmp_path):

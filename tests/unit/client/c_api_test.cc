@@ -259,6 +259,38 @@ TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
   refit_engine_stop(engine);
 }
 
+// refit_session_push_in_place of host tensors (a host data plane) pushes them as
+// refit_session_push does; bad input is refused naming the tensor the same way.
+TEST(CApiTest, PushInPlaceOfHostTensorsCommitsLikePush) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w(32), b(8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 2.0f - static_cast<float>(i);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  ASSERT_NE(s, nullptr);
+  refit_tensor bad = Tensor("w", kWShape, 2, nullptr, 128);
+  EXPECT_EQ(refit_session_push_in_place(s, &bad), REFIT_INVALID_ARGUMENT);
+  EXPECT_THAT(LastError(), HasSubstr("'w'"));
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  ASSERT_EQ(refit_session_push_in_place(s, &tw), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_session_push_in_place(s, &tb), REFIT_OK) << LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  ASSERT_EQ(refit_session_commit(s, &report), REFIT_OK) << LastError();
+  EXPECT_STREQ(report.outcome, "committed");
+  EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0);
+  EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0);
+  refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
 struct TaggedCalls {
   std::mutex mu;
   std::vector<std::pair<uint64_t, std::string>> tagged;  // resume_tagged calls
