@@ -703,7 +703,11 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
     r.run_base = static_cast<const uint8_t*>(t.data);
     r.run_used = 0;
     r.run_limit = a->base + a->size - addr;
-    if (*nbytes > r.run_limit) return Push(t);  // past its allocation: not one buffer
+    if (*nbytes > r.run_limit) {  // past its allocation: not one buffer
+      r.run_base = nullptr;
+      r.run_limit = 0;
+      return Push(t);
+    }
   }
   const uint64_t offset = addr - reinterpret_cast<uint64_t>(r.run_base);
   r.run_header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice, t.amax});
