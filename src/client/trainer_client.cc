@@ -682,9 +682,6 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
                         r.convert.Find(t.name) != nullptr;
   if (!r.data->overlapped() || !r.data->transport->sends_in_place || r.amax != nullptr || converts) return Push(t);
 #if REFIT_HAVE_CUDA
-  absl::StatusOr<transport::cuda_ipc::Allocation> a = transport::cuda_ipc::QueryAllocation(t.data);
-  const uint64_t addr = reinterpret_cast<uint64_t>(t.data);
-  if (!a.ok() || !a->device || addr % 16 != 0 || addr < a->base || addr - a->base > a->size) return Push(t);
   if (t.slice.present()) {
     if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
   }
@@ -695,19 +692,22 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
                                                    r.bucket_bytes, "-byte bucket"));
   }
   constexpr uint64_t kMaxGap = 256;  // padding between a contiguous buffer's parameters
+  const uint64_t addr = reinterpret_cast<uint64_t>(t.data);
   const uint64_t base = reinterpret_cast<uint64_t>(r.run_base);
-  const bool joins = r.run_base != nullptr && addr >= base + r.run_used && addr - (base + r.run_used) <= kMaxGap &&
-                     addr + *nbytes - base <= std::min(r.run_limit, r.bucket_bytes);
+  // Inside the run's allocation (its range is known: no driver query per tensor), right after the
+  // run's last tensor, within the bucket size.
+  const bool joins = r.run_base != nullptr && addr % 16 == 0 && addr >= base + r.run_used &&
+                     addr - (base + r.run_used) <= kMaxGap && addr + *nbytes - base <= std::min(r.run_limit, r.bucket_bytes);
   if (!joins) {
+    absl::StatusOr<transport::cuda_ipc::Allocation> a = transport::cuda_ipc::QueryAllocation(t.data);
+    if (!a.ok() || !a->device || addr % 16 != 0 || addr < a->base || addr - a->base >= a->size ||
+        *nbytes > a->base + a->size - addr) {
+      return Push(t);  // not device memory, or not within one allocation: packed
+    }
     if (absl::Status st = r.FlushRun(); !st.ok()) return st;
     r.run_base = static_cast<const uint8_t*>(t.data);
     r.run_used = 0;
     r.run_limit = a->base + a->size - addr;
-    if (*nbytes > r.run_limit) {  // past its allocation: not one buffer
-      r.run_base = nullptr;
-      r.run_limit = 0;
-      return Push(t);
-    }
   }
   const uint64_t offset = addr - reinterpret_cast<uint64_t>(r.run_base);
   r.run_header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice, t.amax});
