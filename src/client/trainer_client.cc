@@ -83,6 +83,7 @@ std::shared_ptr<ThreadIo> AcquireThreadIo() {
 struct DataPlane {
   explicit DataPlane(transport::TransportRegistry registry) : transports(std::move(registry)) {}
   ~DataPlane() {
+    second.reset();
     sender.reset();
     group.reset();
     if (memory != nullptr) (void)memory->Synchronize();  // before the buckets are freed
@@ -98,6 +99,11 @@ struct DataPlane {
   std::unique_ptr<transport::Sender> sender;
   std::unique_ptr<transport::GroupSender> group;
   std::vector<std::string> endpoints;  // what sender/group is connected to
+  transport::ConnectConfig config;     // how they were connected
+  // A second connection to the same daemon for runs sent in place (PushInPlace), so that one run
+  // is on its way while the daemon still reads the one before: a run is the trainer's own memory,
+  // not a bucket buffer waiting to be packed again. Connected at the first run that needs it.
+  std::unique_ptr<transport::Sender> second;
 
   // Device buckets: packing is asynchronous, so a bucket is sent in the background while the
   // next one is packed into the other buffer. Host buckets are sent at once.
@@ -105,17 +111,30 @@ struct DataPlane {
 
   // After a failed send: the next session connects afresh.
   void Drop() {
+    second.reset();
     sender.reset();
     group.reset();
     endpoints.clear();
   }
 
+  // Two runs in flight at once: a point-to-point data plane that sends in place.
+  bool two_lanes() const { return group == nullptr && sender != nullptr && transport->sends_in_place; }
+  // Lane 1's sender (two_lanes()), connected on first use.
+  absl::Status ConnectSecond() {
+    if (second != nullptr) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<transport::Sender>> s = transport->connect(endpoints.front(), config);
+    if (!s.ok()) return s.status();
+    second = std::move(*s);
+    return absl::OkStatus();
+  }
+
   // Connects the data plane named by refitd's endpoints (one transport on every daemon): a
   // point-to-point sender for one daemon, a group sender for a fan-out.
   absl::Status Connect(const std::vector<std::string>& want, bool fanout, uint64_t bucket_bytes);
-  absl::Status Send(std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
+  // On lane 1 (second) or lane 0 (sender or group).
+  absl::Status Send(int lane, std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
     if (group != nullptr) return group->Send(tags, payload, bytes);
-    return sender->Send(tags[0], payload, bytes);
+    return (lane == 1 ? second : sender)->Send(tags[0], payload, bytes);
   }
 
  private:
@@ -139,7 +158,7 @@ absl::Status DataPlane::Connect(const std::vector<std::string>& want, bool fanou
   const bool connected = fanout ? group != nullptr : sender != nullptr;
   if (!connected || endpoints != want) {
     Drop();
-    transport::ConnectConfig config;
+    config = transport::ConnectConfig{};
     if (t->payload_memory == storage::MemoryKind::kDevice) {
       absl::StatusOr<int> device = storage::CurrentDevice();
       if (!device.ok()) return absl::UnavailableError(absl::StrCat(t->name, " data plane: no CUDA device"));
@@ -239,9 +258,18 @@ struct RefitSession::Impl {
   }
   uint64_t bucket_bytes = 0;
   uint64_t used = 0;  // bytes packed into the data plane's current bucket
-  std::future<absl::Status> in_flight;  // the previous bucket's send (overlapped data planes)
-  // Waits for the previous bucket's send; its error, if any.
-  absl::Status WaitInFlight() { return in_flight.valid() ? in_flight.get() : absl::OkStatus(); }
+  // Sends in the background (overlapped data planes), one per lane: lane 0 sends buckets (the
+  // previous one while the next is packed) and runs; lane 1, runs sent in place while lane 0's
+  // is still read (DataPlane::two_lanes()).
+  std::future<absl::Status> in_flight[2];
+  int next_run_lane = 0;
+  absl::Status WaitLane(int lane) { return in_flight[lane].valid() ? in_flight[lane].get() : absl::OkStatus(); }
+  // Waits for every send in flight; the first error, if any.
+  absl::Status WaitInFlight() {
+    absl::Status st = WaitLane(0);
+    if (absl::Status second = WaitLane(1); st.ok()) st = second;
+    return st;
+  }
   BucketHeader header;
   bool member = false;  // joined another rank's session
   bool done = false;
@@ -889,22 +917,33 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
   absl::Status sent;
   if (data->overlapped()) {
     // Send in the background while the next bucket is packed (into the other buffer) or found.
-    sent = WaitInFlight();
+    // A run sent in place takes the other lane from the run before it, whose bytes the daemon may
+    // still be reading: nothing of the trainer's is reused until both sends ended.
+    int lane = 0;
+    if (!packed && data->two_lanes()) {
+      lane = next_run_lane;
+      next_run_lane ^= 1;
+      sent = WaitLane(lane);
+      if (sent.ok() && lane == 1) sent = data->ConnectSecond();
+    } else {
+      sent = WaitInFlight();
+    }
     if (sent.ok()) {
       const uint64_t n = h.nbytes;
       DataPlane* plane = data;
-      in_flight = std::async(std::launch::async, [plane, tags = std::move(tags), payload, n] {
-        absl::Status st = plane->Send(tags, payload, n);
+      in_flight[lane] = std::async(std::launch::async, [plane, lane, tags = std::move(tags), payload, n] {
+        absl::Status st = plane->Send(lane, tags, payload, n);
         return st;
       });
       if (packed) data->current ^= 1;
     }
   } else {
-    sent = data->Send(tags, payload, h.nbytes);
+    sent = data->Send(0, tags, payload, h.nbytes);
   }
   if (!sent.ok()) {
     // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
-    // session connects afresh.
+    // session connects afresh (once the other lane's send, if any, has ended).
+    (void)WaitInFlight();
     data->Drop();
   }
   return sent;

@@ -1,5 +1,6 @@
 #include "refit/commit_verify.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 
 namespace refit {
@@ -10,7 +11,11 @@ absl::StatusOr<std::vector<uint64_t>> StagedChecksums(const Planner& planner, co
   std::vector<uint64_t> sums;
   sums.reserve(prepared.writes.size());
   for (const PreparedCommit::Write& w : prepared.writes) {
-    absl::StatusOr<uint64_t> sum = memory.Checksum(w.data, planner.params()[w.index].nbytes);
+    if (w.offset != 0 || w.bytes != planner.params()[w.index].nbytes) {
+      return absl::InternalError(absl::StrCat("verify_after_commit: engine parameter '", planner.params()[w.index].name,
+                                              "' is written piece by piece (PrepareOptions::pieces_in_place)"));
+    }
+    absl::StatusOr<uint64_t> sum = memory.Checksum(w.data, w.bytes);
     if (!sum.ok()) return sum.status();
     sums.push_back(*sum);
   }

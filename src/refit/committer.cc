@@ -262,7 +262,8 @@ absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t inde
 }  // namespace
 
 absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
-                                             const std::vector<size_t>& produced, DeviceOps* ops) {
+                                             const std::vector<size_t>& produced, DeviceOps* ops,
+                                             PrepareOptions options) {
   PreparedCommit prepared;
   prepared.kind = staging.kind();
   const auto& params = planner.params();
@@ -299,10 +300,13 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
       if (t == nullptr) return absl::InternalError(absl::StrCat("engine parameter '", p.name, "': '", key, "' was not staged"));
       pieces.push_back(t);
     }
-    if (src.rule->layout.empty()) {
+    const bool laid_out = std::any_of(src.rule->layout.begin(), src.rule->layout.end(),
+                                      [&](const spec::LayoutStep& step) { return step.AppliesTo(src.suffix); });
+    if (!laid_out) {
+      ++prepared.params;
       if (pieces.size() == 1 && pieces[0]->dtype == p.dtype && pieces[0]->shape == p.shape &&
           pieces[0]->nbytes == p.nbytes) {
-        prepared.writes.push_back({i, pieces[0]->data});  // as staged: no copy
+        prepared.writes.push_back({i, pieces[0]->data, 0, p.nbytes});  // as staged: no copy
         continue;
       }
       // Assembly only (fused/stacked slots are concatenated in slot order): copy within staging memory.
@@ -322,26 +326,36 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
                                                        ShapeString(shape), ", registered as ", DTypeName(p.dtype),
                                                        ShapeString(p.shape)));
       }
+      if (options.pieces_in_place && device) {
+        // Each piece straight from staging to its place in the engine's parameter, in the window.
+        uint64_t off = 0;
+        for (const StagedTensor* t : pieces) {
+          prepared.writes.push_back({i, t->data, off, t->nbytes});
+          off += t->nbytes;
+        }
+        continue;
+      }
       REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging.pool().Get("built:" + p.name, total));
       uint64_t off = 0;
       for (const StagedTensor* t : pieces) {
         REFIT_RETURN_IF_ERROR(memory.CopyWithin(buf + off, t->data, t->nbytes));
         off += t->nbytes;
       }
-      prepared.writes.push_back({i, buf});
+      prepared.writes.push_back({i, buf, 0, p.nbytes});
       continue;
     }
+    ++prepared.params;
     if (ops != nullptr) {
       // Layout steps on the GPU, before the pause.
       REFIT_ASSIGN_OR_RETURN(const uint8_t* data, BuildOnDevice(planner, i, staging, *ops));
-      prepared.writes.push_back({i, data});
+      prepared.writes.push_back({i, data, 0, p.nbytes});
       ++prepared.built_on_device;
       continue;
     }
     // Layout steps run on the host.
     REFIT_ASSIGN_OR_RETURN(Built b, BuildParam(planner, i, host_lookup, true));
     REFIT_ASSIGN_OR_RETURN(const uint8_t* data, upload(i, b.bytes));
-    prepared.writes.push_back({i, data});
+    prepared.writes.push_back({i, data, 0, p.nbytes});
   }
   for (const DerivedTarget& d : planner.derived()) {
     if (!staged[d.from_index]) continue;  // source unchanged in this refit: derived value still valid
@@ -360,7 +374,8 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
       REFIT_ASSIGN_OR_RETURN(uint8_t* out, staging.pool().Get("built:" + target.name, std::max<uint64_t>(target.nbytes, 1)));
       REFIT_ASSIGN_OR_RETURN(int64_t n, NumElements(target.shape));
       REFIT_RETURN_IF_ERROR(ops->AddOne(from.data, target.dtype, n, out));
-      prepared.writes.push_back({d.target_index, out});
+      prepared.writes.push_back({d.target_index, out, 0, target.nbytes});
+      ++prepared.params;
       ++prepared.derived;
       ++prepared.built_on_device;
       continue;
@@ -370,7 +385,8 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     std::vector<uint8_t> out(target.nbytes);
     REFIT_RETURN_IF_ERROR(ComputeDerived(d.op, target, from.bytes.data(), out.data()));
     REFIT_ASSIGN_OR_RETURN(const uint8_t* data, upload(d.target_index, out));
-    prepared.writes.push_back({d.target_index, data});
+    prepared.writes.push_back({d.target_index, data, 0, target.nbytes});
+    ++prepared.params;
     ++prepared.derived;
   }
   // Everything built on the device is complete (and pack_ue8m0's scales checked) before the pause.
@@ -381,8 +397,8 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
 absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStorage& storage) {
   prepared.batched = false;
   if (prepared.kind != storage::MemoryKind::kDevice || !storage.on_device()) return absl::OkStatus();
-  std::vector<std::pair<size_t, const void*>> writes;
-  for (const PreparedCommit::Write& w : prepared.writes) writes.emplace_back(w.index, w.data);
+  std::vector<storage::DeviceWrite> writes;
+  for (const PreparedCommit::Write& w : prepared.writes) writes.push_back({w.index, w.offset, w.data, w.bytes});
   absl::Status st = storage.PrepareDeviceWrites(writes);
   if (st.code() == absl::StatusCode::kUnimplemented) return absl::OkStatus();
   if (!st.ok()) return st;
@@ -396,16 +412,22 @@ absl::StatusOr<CommitStats> WritePrepared(const Planner& planner, const Prepared
   const bool device = prepared.kind == storage::MemoryKind::kDevice;
   if (prepared.batched) {
     REFIT_RETURN_IF_ERROR(storage.WritePreparedDevice());
-    for (const PreparedCommit::Write& w : prepared.writes) stats.bytes_written += planner.params()[w.index].nbytes;
+    for (const PreparedCommit::Write& w : prepared.writes) stats.bytes_written += w.bytes;
   } else {
     for (const PreparedCommit::Write& w : prepared.writes) {
-      REFIT_RETURN_IF_ERROR(device ? storage.WriteFromDevice(w.index, w.data)
-                                   : storage.WriteFromHost(w.index, w.data));
-      stats.bytes_written += planner.params()[w.index].nbytes;
+      if (device) {
+        REFIT_RETURN_IF_ERROR(storage.WriteFromDevice({w.index, w.offset, w.data, w.bytes}));
+      } else if (w.offset != 0 || w.bytes != planner.params()[w.index].nbytes) {
+        return absl::InternalError(absl::StrCat("engine parameter '", planner.params()[w.index].name,
+                                                "': a host write of part of it"));
+      } else {
+        REFIT_RETURN_IF_ERROR(storage.WriteFromHost(w.index, w.data));
+      }
+      stats.bytes_written += w.bytes;
     }
   }
   stats.derived_written = prepared.derived;
-  stats.params_written = static_cast<uint32_t>(prepared.writes.size()) - prepared.derived;
+  stats.params_written = prepared.params - prepared.derived;
   REFIT_RETURN_IF_ERROR(storage.Flush());
   return stats;
 }

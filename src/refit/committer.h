@@ -43,12 +43,17 @@ absl::StatusOr<Built> BuildParam(const Planner& planner, size_t index, const Pie
 
 // Everything a commit writes, each parameter's final bytes in the staging memory kind.
 struct PreparedCommit {
+  // Bytes [offset, offset + bytes) of parameter `index` from `data`: a whole parameter, or (with
+  // PrepareOptions::pieces_in_place) one staged piece of a fused or stacked one.
   struct Write {
     size_t index;
     const uint8_t* data;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
   };
   std::vector<Write> writes;
-  uint32_t derived = 0;  // how many of the writes are derived parameters
+  uint32_t params = 0;   // parameters written (a parameter written piece by piece counts once)
+  uint32_t derived = 0;  // how many of them are derived parameters
   uint32_t built_on_device = 0;  // laid-out and derived parameters built by the GPU (DeviceOps)
   storage::MemoryKind kind = storage::MemoryKind::kHost;
   bool batched = false;  // the storage holds these writes as one prepared device batch
@@ -57,6 +62,15 @@ struct PreparedCommit {
 // Hands the writes to `storage` as one batch where it supports that (device staging into GPU
 // engine memory: one copy kernel instead of one copy per parameter). Before the pause.
 absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStorage& storage);
+
+struct PrepareOptions {
+  // Device staging: a fused or stacked parameter with no layout step is written piece by piece,
+  // each staged piece copied to its offset in the engine's parameter in the commit window,
+  // instead of assembled in a pool buffer first (which reads and writes its bytes once more
+  // before the pause). Off, every write is a whole parameter (verify_after_commit checksums
+  // whole parameters).
+  bool pieces_in_place = false;
+};
 
 // Builds every produced parameter (and derived one) before the engine pauses. A parameter that
 // is one staged piece with no layout step is written from staging as it is; assembled or laid
@@ -67,7 +81,8 @@ absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStora
 // ("pre:"), and one buffer per further layout step ("layout<k>:"), each kept for the next refit.
 // A build error leaves the engine untouched.
 absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
-                                             const std::vector<size_t>& produced, DeviceOps* ops = nullptr);
+                                             const std::vector<size_t>& produced, DeviceOps* ops = nullptr,
+                                             PrepareOptions options = {});
 
 // The commit window: copies the prepared bytes in (host→engine or device→engine), then flushes.
 // REQUIRES: the engine is paused.

@@ -605,7 +605,13 @@ void Node::RunCommit(Commit& c) {
   // (its converter thread is idle now); a kept version's, which another session's conversion may
   // overlap, builds them on the host.
   DeviceOps* device_ops = c.held_ == nullptr && engine.converter ? engine.converter->device_ops() : nullptr;
-  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*engine.planner, *staging, produced, device_ops);
+  // Pieces of fused and stacked parameters go from staging to their place in the engine's
+  // parameter in the window (no assembly copy first), unless verify_after_commit checksums whole
+  // parameters.
+  PrepareOptions prepare_options;
+  prepare_options.pieces_in_place = !c.verify_;
+  absl::StatusOr<PreparedCommit> prepared =
+      PrepareCommit(*engine.planner, *staging, produced, device_ops, prepare_options);
   if (prepared.ok()) {
     absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
     if (!st.ok()) prepared = st;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -168,6 +170,77 @@ absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
     }
   }
   for (ConvertedTensor& k : kept) out.push_back(std::move(k));
+  return out;
+}
+
+absl::StatusOr<std::vector<storage::ParamInfo>> EngineParamInfos(const spec::ModelSpec& spec,
+                                                                 const std::vector<storage::ParamInfo>& inputs) {
+  struct Param {
+    const spec::Rule* rule;
+    std::string suffix;
+    DType dtype;
+    std::vector<std::optional<Shape>> slots;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Param> params;
+  std::vector<storage::ParamInfo> kept;
+  for (const storage::ParamInfo& in : inputs) {
+    REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, in.name, in.dtype, in.shape));
+    if (r.rule->never) {
+      kept.push_back(in);
+      continue;
+    }
+    if (r.elsewhere) continue;
+    for (const ResolvedOutput& o : r.outputs) {
+      auto [it, fresh] = params.try_emplace(o.engine_name);
+      Param& p = it->second;
+      if (fresh) {
+        order.push_back(o.engine_name);
+        p = Param{r.rule, o.suffix, o.dtype, std::vector<std::optional<Shape>>(static_cast<size_t>(o.slots))};
+      }
+      std::optional<Shape>& slot = p.slots[static_cast<size_t>(o.slot)];
+      if (slot) return absl::InvalidArgumentError(absl::StrCat("'", o.engine_name, "': slot filled twice"));
+      slot = o.shape;
+    }
+  }
+  std::map<std::string, std::pair<DType, Shape>> pre;  // assembled, before layout steps
+  for (const std::string& name : order) {
+    const Param& p = params[name];
+    std::vector<Shape> shapes;
+    for (size_t s = 0; s < p.slots.size(); ++s) {
+      if (!p.slots[s]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("engine parameter '", name, "': slot ", s, " of ", p.slots.size(), " has no tensor"));
+      }
+      shapes.push_back(*p.slots[s]);
+    }
+    REFIT_ASSIGN_OR_RETURN(Shape shape, AssembledShape(*p.rule, shapes));
+    pre.emplace(name, std::make_pair(p.dtype, std::move(shape)));
+  }
+  std::vector<storage::ParamInfo> out;
+  for (const std::string& name : order) {
+    const Param& p = params[name];
+    const auto& [dtype, shape] = pre[name];
+    int64_t data_rows = -1;
+    if (!p.suffix.empty()) {
+      auto d = pre.find(name.substr(0, name.size() - p.suffix.size()));
+      if (d != pre.end() && d->second.second.size() >= 2) data_rows = d->second.second[d->second.second.size() - 2];
+    }
+    REFIT_ASSIGN_OR_RETURN(auto laid, LayoutShape(*p.rule, p.suffix, dtype, shape, data_rows));
+    REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(laid.first, laid.second));
+    out.push_back({name, laid.first, laid.second, n});
+  }
+  for (const spec::Derived& d : spec.derived) {
+    for (const std::string& name : order) {
+      std::optional<spec::Captures> caps = d.from.Match(name);
+      if (!caps) continue;
+      REFIT_ASSIGN_OR_RETURN(std::string target, d.target.Expand(*caps));
+      const auto& [dtype, shape] = pre[name];
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(dtype, shape));
+      out.push_back({target, dtype, shape, n});
+    }
+  }
+  for (storage::ParamInfo& k : kept) out.push_back(std::move(k));
   return out;
 }
 

@@ -62,6 +62,11 @@ absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
     const spec::ModelSpec& spec, const std::vector<storage::ParamInfo>& inputs,
     const std::map<std::string, const ConvertedTensor*>& converted);
 
+// The engine parameters (names, dtypes, shapes) EngineLayout would produce from trainer
+// tensors `inputs`, without any bytes: what an engine registers for them. Errors as EngineLayout.
+absl::StatusOr<std::vector<storage::ParamInfo>> EngineParamInfos(const spec::ModelSpec& spec,
+                                                                 const std::vector<storage::ParamInfo>& inputs);
+
 }  // namespace refit
 
 #endif  // REFIT_REFIT_OFFLINE_H_

@@ -124,11 +124,12 @@ absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) 
                     absl::StrCat("writing '", infos_[index].name, "'"));
 }
 
-absl::Status CudaIpcEngineStorage::WriteFromDevice(size_t index, const void* src) {
+absl::Status CudaIpcEngineStorage::WriteFromDevice(const DeviceWrite& w) {
   cudaSetDevice(device_);
-  if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  return CudaStatus(cudaMemcpyAsync(addrs_[index], src, infos_[index].nbytes, cudaMemcpyDeviceToDevice, StreamOf(stream_)),
-                    absl::StrCat("writing '", infos_[index].name, "'"));
+  if (absl::Status st = CheckDeviceWrite(infos_, w); !st.ok()) return st;
+  return CudaStatus(cudaMemcpyAsync(static_cast<uint8_t*>(addrs_[w.index]) + w.offset, w.src, w.bytes,
+                                    cudaMemcpyDeviceToDevice, StreamOf(stream_)),
+                    absl::StrCat("writing '", infos_[w.index].name, "'"));
 }
 
 absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
@@ -145,12 +146,12 @@ absl::StatusOr<uint64_t> CudaIpcEngineStorage::Checksum(size_t index) const {
   return DeviceChecksum64(device_, addrs_[index], infos_[index].nbytes, StreamOf(stream_));
 }
 
-absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
+absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) {
   cudaSetDevice(device_);  // callers run on arbitrary threads; the table and kernel live on our device
   std::vector<kernels::CopyRegion> regions;
-  for (const auto& [index, src] : writes) {
-    if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-    regions.push_back({addrs_[index], src, infos_[index].nbytes});
+  for (const DeviceWrite& w : writes) {
+    if (absl::Status st = CheckDeviceWrite(infos_, w); !st.ok()) return st;
+    regions.push_back({static_cast<uint8_t*>(addrs_[w.index]) + w.offset, w.src, w.bytes});
   }
   absl::StatusOr<std::unique_ptr<kernels::BatchCopy>> batch =
       kernels::BatchCopy::Create(regions.data(), regions.size(), StreamOf(stream_));

@@ -38,11 +38,11 @@ class CudaIpcEngineStorage : public EngineStorage {
 
   const std::vector<ParamInfo>& params() const override { return infos_; }
   absl::Status WriteFromHost(size_t index, const void* src) override;
-  absl::Status WriteFromDevice(size_t index, const void* src) override;
+  absl::Status WriteFromDevice(const DeviceWrite& write) override;
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::StatusOr<uint64_t> Checksum(size_t index) const override;  // on the GPU
   absl::Status Flush() override;
-  absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override;
+  absl::Status PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) override;
   absl::Status WritePreparedDevice() override;
   // Each mapped allocation still spans the range (base, size) it had when opened.
   absl::Status Audit() const override;

@@ -25,6 +25,18 @@ struct ParamInfo {
   uint64_t nbytes;
 };
 
+// A device→engine write: bytes [offset, offset + bytes) of parameter `index`, from device memory
+// `src` (a whole parameter, or one piece of a fused or stacked one written where it belongs).
+struct DeviceWrite {
+  size_t index;
+  uint64_t offset;
+  const void* src;
+  uint64_t bytes;
+};
+
+// OutOfRange naming the parameter when `w` does not lie inside a parameter of `params`.
+absl::Status CheckDeviceWrite(const std::vector<ParamInfo>& params, const DeviceWrite& w);
+
 class EngineStorage {
  public:
   virtual ~EngineStorage() = default;
@@ -32,15 +44,15 @@ class EngineStorage {
   // Overwrites parameter `index` with params()[index].nbytes bytes from host memory `src`.
   // REQUIRES: the engine is paused.
   virtual absl::Status WriteFromHost(size_t index, const void* src) = 0;
-  // Overwrites parameter `index` from device memory (staging on the engine's GPU).
+  // Overwrites part of a parameter from device memory (staging on the engine's GPU).
   // REQUIRES: the engine is paused; on_device().
-  virtual absl::Status WriteFromDevice(size_t index, const void* src) {
+  virtual absl::Status WriteFromDevice(const DeviceWrite& write) {
     return absl::UnimplementedError("this engine storage has no device memory");
   }
   // Optional fast path for the commit window: the device→engine writes of one commit, prepared
   // ahead (before the engine pauses) and then issued as one batch. Unimplemented when the storage
-  // has no such path; callers then write one parameter at a time.
-  virtual absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
+  // has no such path; callers then issue one write at a time.
+  virtual absl::Status PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) {
     return absl::UnimplementedError("no batched device writes");
   }
   // Issues the prepared batch. REQUIRES: the engine is paused; PrepareDeviceWrites succeeded.
@@ -84,10 +96,10 @@ class ReleasedEngineStorage final : public EngineStorage {
       : params_(std::move(params)), on_device_(on_device), device_(device) {}
   const std::vector<ParamInfo>& params() const override { return params_; }
   absl::Status WriteFromHost(size_t index, const void*) override { return Asleep(index); }
-  absl::Status WriteFromDevice(size_t index, const void*) override { return Asleep(index); }
+  absl::Status WriteFromDevice(const DeviceWrite& w) override { return Asleep(w.index); }
   absl::Status ReadToHost(size_t index, void*) const override { return Asleep(index); }
-  absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override {
-    return Asleep(writes.empty() ? params_.size() : writes[0].first);
+  absl::Status PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) override {
+    return Asleep(writes.empty() ? params_.size() : writes[0].index);
   }
   absl::Status Flush() override { return absl::OkStatus(); }
   absl::Status Audit() const override {
@@ -106,6 +118,17 @@ class ReleasedEngineStorage final : public EngineStorage {
   bool on_device_;
   int device_;
 };
+
+inline absl::Status CheckDeviceWrite(const std::vector<ParamInfo>& params, const DeviceWrite& w) {
+  if (w.index >= params.size()) return absl::OutOfRangeError("parameter index " + std::to_string(w.index));
+  const uint64_t n = params[w.index].nbytes;
+  if (w.offset > n || w.bytes > n - w.offset) {
+    return absl::OutOfRangeError("parameter '" + params[w.index].name + "': a write of " + std::to_string(w.bytes) +
+                                 " bytes at offset " + std::to_string(w.offset) + " runs past its " +
+                                 std::to_string(n) + " bytes");
+  }
+  return absl::OkStatus();
+}
 
 inline absl::StatusOr<uint64_t> EngineStorage::Checksum(size_t index) const {
   if (index >= params().size()) return absl::OutOfRangeError("parameter index " + std::to_string(index));

@@ -31,17 +31,17 @@ absl::Status RankGroupStorage::WriteFromHost(size_t index, const void* src) {
   return Named(r, ranks_[r].storage->WriteFromHost(i, src));
 }
 
-absl::Status RankGroupStorage::WriteFromDevice(size_t index, const void* src) {
-  if (index >= where_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  auto [r, i] = where_[index];
-  return Named(r, ranks_[r].storage->WriteFromDevice(i, src));
+absl::Status RankGroupStorage::WriteFromDevice(const DeviceWrite& w) {
+  if (w.index >= where_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", w.index));
+  auto [r, i] = where_[w.index];
+  return Named(r, ranks_[r].storage->WriteFromDevice({i, w.offset, w.src, w.bytes}));
 }
 
-absl::Status RankGroupStorage::PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) {
-  std::vector<std::vector<std::pair<size_t, const void*>>> per_rank(ranks_.size());
-  for (const auto& [index, src] : writes) {
-    if (index >= where_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-    per_rank[where_[index].first].emplace_back(where_[index].second, src);
+absl::Status RankGroupStorage::PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) {
+  std::vector<std::vector<DeviceWrite>> per_rank(ranks_.size());
+  for (const DeviceWrite& w : writes) {
+    if (w.index >= where_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", w.index));
+    per_rank[where_[w.index].first].push_back({where_[w.index].second, w.offset, w.src, w.bytes});
   }
   for (size_t r = 0; r < ranks_.size(); ++r) {
     if (absl::Status st = ranks_[r].storage->PrepareDeviceWrites(per_rank[r]); !st.ok()) return Named(r, st);

@@ -28,8 +28,8 @@ class RankGroupStorage final : public EngineStorage {
 
   const std::vector<ParamInfo>& params() const override { return params_; }
   absl::Status WriteFromHost(size_t index, const void* src) override;
-  absl::Status WriteFromDevice(size_t index, const void* src) override;
-  absl::Status PrepareDeviceWrites(const std::vector<std::pair<size_t, const void*>>& writes) override;
+  absl::Status WriteFromDevice(const DeviceWrite& write) override;
+  absl::Status PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) override;
   absl::Status WritePreparedDevice() override;
   bool on_device() const override { return on_device_; }
   int device() const override;

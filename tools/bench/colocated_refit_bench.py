@@ -4,11 +4,16 @@ colocated user writes today, measured in one run.
 
   refitd    tools/bench/nccl_refit_bench.py's workload with --transport cuda_ipc: the example
             trainer, refitd (`staging: device`, 2 ring slots) and an idle example engine (CUDA IPC
-            registration) on GPU 0; Llama-3-8B shapes (16.06 GB BF16, 291 tensors) -> FP8 block-128
-            projections, BF16 rest; --refits refits, steady state = all but the first. Wall =
-            the trainer's Begin -> commit reply; pause = refitd's engine pause window. Twice: the
-            trainer packing its weights into bucket buffers (Push), then pushing them from its
-            one weight allocation (PushInPlace, example_trainer --in-place).
+            registration) on GPU 0; Llama-3-8B shapes (16.06 GB BF16, 291 tensors) under the
+            shipped spec deploy/models/llama3_fp8.yaml as one engine on one GPU (its
+            tensor_parallel set to size 1: the engine holds the whole model), i.e. FP8 block-128
+            projections into the engine layout SGLang and vLLM hold (fused qkv_proj and
+            gate_up_proj), BF16 rest (--spec another file; --spec demo: the embedded demo spec,
+            unfused); --refits refits, steady state = all but the first. Wall = the trainer's
+            Begin -> commit reply; pause = refitd's engine pause window. Twice: the trainer
+            packing its weights into bucket buffers (Push), then pushing them from its one weight
+            allocation, kept across refits as a trainer keeps its parameters (PushInPlace,
+            example_trainer --in-place).
   bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
             (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
             device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
@@ -180,6 +185,8 @@ def main() -> int:
     ap.add_argument("--refits", type=int, default=3)
     ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
     ap.add_argument("--copy-gib", type=int, default=4)
+    ap.add_argument("--spec", default=str(HERE.parent.parent / "deploy/models/llama3_fp8.yaml"),
+                    help="model spec (its tensor_parallel is set to size 1); 'demo' for the embedded demo spec")
     ap.add_argument("--out", default="")
     ap.add_argument("--baseline-engine", help=argparse.SUPPRESS)
     ap.add_argument("--rx", type=int, help=argparse.SUPPRESS)
@@ -197,8 +204,20 @@ def main() -> int:
         if a.out:
             Path(a.out).write_text(json.dumps(out, indent=1))
 
+    spec = ""
+    if a.spec != "demo":
+        # One engine on one GPU holds the whole model: the shipped spec with tensor_parallel size 1.
+        import re
+
+        text = re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", Path(a.spec).read_text(),
+                      flags=re.M)
+        spec_path = tmp / "spec.yaml"
+        spec_path.write_text(text)
+        spec = str(spec_path)
+        out["spec"] = a.spec
+
     def refitd_run(in_place):
-        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, "", a.refits, a.bucket_bytes, tmp, transport="cuda_ipc",
+        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, transport="cuda_ipc",
                             in_place=in_place)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],

@@ -3,7 +3,10 @@
 // (kernels::BatchCopy) of the same bytes split into Llama-8B FP8-shaped parameter regions
 // (weights of 4-59 MB and their small scale tensors), checked byte for byte; CUDA events.
 //   copy_bench BYTES  ->  one JSON line {"bytes":N,"d2d_ms":..,"h2d_ms":..,"batch_ms":..,
-//                                        "regions":R,"batch_vs_d2d":..,"batch_equal":true}
+//                                        "regions":R,"batch_vs_d2d":..,"batch_equal":true,
+//                                        "per_region_memcpy_ms":..,"scattered_batch_ms":..}
+// per_region_memcpy_ms: the same regions by one cudaMemcpyAsync each; scattered_batch_ms: the
+// batch with every source region in an allocation of its own, as refitd's staging pool holds them.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -88,6 +91,40 @@ int main(int argc, char** argv) {
   }
   std::sort(ms.begin(), ms.end());
   const float batch_ms = ms[ms.size() / 2];
+  // The same regions, one cudaMemcpyAsync each (what the batch replaces).
+  auto median_of = [&](auto&& enqueue) {
+    std::vector<float> t;
+    for (int i = 0; i < 12; ++i) {
+      cudaEventRecord(e0);
+      enqueue();
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float x = 0;
+      cudaEventElapsedTime(&x, e0, e1);
+      if (i >= 2) t.push_back(x);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const float per_region_ms = median_of([&] {
+    for (const auto& r : regions) cudaMemcpyAsync(r.dst, r.src, r.bytes, cudaMemcpyDeviceToDevice);
+  });
+  // Sources in allocations of their own, as refitd's staging pool holds them (one per tensor).
+  std::vector<void*> own;
+  std::vector<refit::kernels::CopyRegion> scattered = regions;
+  for (auto& r : scattered) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, r.bytes) != cudaSuccess) break;
+    cudaMemcpy(p, r.src, r.bytes, cudaMemcpyDeviceToDevice);
+    own.push_back(p);
+    r.src = p;
+  }
+  float scattered_ms = -1;
+  if (own.size() == scattered.size()) {
+    auto sb = refit::kernels::BatchCopy::Create(scattered.data(), scattered.size(), nullptr);
+    if (sb.ok()) scattered_ms = median_of([&] { (void)(*sb)->Launch(nullptr); });
+  }
+  for (void* p : own) cudaFree(p);
   // Every byte copied: compare in 256 MiB pieces through pinned memory (`h` holds the source).
   bool equal = cudaGetLastError() == cudaSuccess;
   const size_t piece = std::min<size_t>(n, 256u << 20);
@@ -99,7 +136,9 @@ int main(int argc, char** argv) {
     equal = std::memcmp(h, got.data(), m) == 0;
   }
   std::printf("{\"bytes\":%zu,\"d2d_ms\":%.3f,\"h2d_ms\":%.3f,\"batch_ms\":%.3f,\"regions\":%zu,"
-              "\"batch_vs_d2d\":%.3f,\"batch_equal\":%s}\n",
-              n, d2d, h2d, batch_ms, regions.size(), d2d / batch_ms, equal ? "true" : "false");
+              "\"batch_vs_d2d\":%.3f,\"batch_equal\":%s,\"per_region_memcpy_ms\":%.3f,"
+              "\"scattered_batch_ms\":%.3f}\n",
+              n, d2d, h2d, batch_ms, regions.size(), d2d / batch_ms, equal ? "true" : "false", per_region_ms,
+              scattered_ms);
   return equal ? 0 : 3;
 }

@@ -123,14 +123,19 @@ int main(int argc, char** argv) {
     initial = std::move(*layout);
     for (const ConvertedTensor& t : initial) add(t.name, t.dtype, t.shape, t.bytes.size());
   } else {
+    // The demo model's BF16 tensors in the spec's engine layout (fused, stacked, sharded, laid out).
+    std::vector<storage::ParamInfo> inputs;
     for (const demo::HfTensor& t : demo::Tensors(shape)) {
-      absl::StatusOr<std::vector<storage::ParamInfo>> layout = ConvertedLayout(*spec, t.name, DType::kBF16, t.shape);
-      if (!layout.ok()) {
-        std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
-        return 1;
-      }
-      for (const storage::ParamInfo& p : *layout) add(p.name, p.dtype, p.shape, p.nbytes);
+      absl::StatusOr<uint64_t> n = DenseBytes(DType::kBF16, t.shape);
+      if (!n.ok()) return 1;
+      inputs.push_back({t.name, DType::kBF16, t.shape, *n});
     }
+    absl::StatusOr<std::vector<storage::ParamInfo>> layout = EngineParamInfos(*spec, inputs);
+    if (!layout.ok()) {
+      std::fprintf(stderr, "example_engine: %s\n", std::string(layout.status().message()).c_str());
+      return 1;
+    }
+    for (const storage::ParamInfo& p : *layout) add(p.name, p.dtype, p.shape, p.nbytes);
   }
   // The parameters' memory: a shm region, or one GPU allocation.
   std::unique_ptr<storage::ShmRegion> region;

@@ -524,6 +524,8 @@ int main(int argc, char** argv) {
   if (!status.ok()) return Fail(status.status().message());
 
   int unexpected = 0;
+  std::shared_ptr<void> device_copies;  // --gpu: the weights on the GPU, kept across refits
+  uint64_t device_bytes = 0;
   for (int refit = 0; refit < refits; ++refit) {
     uint64_t weights_seed = seed * 1000003 + static_cast<uint64_t>(refit);
     // Expected engine bytes and what to send.
@@ -555,6 +557,22 @@ int main(int argc, char** argv) {
       }
       for (std::thread& w : workers) w.join();
     }
+    // The engine's expected bytes: the offline conversion of every tensor (fused NVFP4 groups
+    // sharing their amax) in the spec's engine layout (fused, stacked, sharded, laid out).
+    if (!bytes_only) {
+      std::vector<InputTensor> inputs;
+      std::vector<storage::ParamInfo> infos;
+      for (size_t ti = 0; ti < tensors.size(); ++ti) {
+        const demo::HfTensor& t = tensors[ti];
+        inputs.push_back({t.name, DType::kBF16, t.shape, generated[ti].data()});
+        infos.push_back({t.name, DType::kBF16, t.shape, generated[ti].size() * 2});
+      }
+      absl::StatusOr<std::vector<ConvertedTensor>> all = ConvertCheckpoint(*spec, inputs);
+      absl::StatusOr<std::vector<ConvertedTensor>> layout =
+          all.ok() ? EngineLayout(*spec, infos, ByName(*all)) : absl::StatusOr<std::vector<ConvertedTensor>>(all.status());
+      if (!layout.ok()) return Fail(layout.status().message());
+      for (const ConvertedTensor& c : *layout) expected[c.name] = Checksum64(c.bytes.data(), c.bytes.size());
+    }
     for (size_t ti = 0; ti < tensors.size(); ++ti) {
       const demo::HfTensor& t = tensors[ti];
       if (bytes_only) {
@@ -562,10 +580,9 @@ int main(int argc, char** argv) {
         continue;
       }
       std::vector<uint16_t> w = std::move(generated[ti]);
-      absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
-      if (!conv.ok()) return Fail(conv.status().message());
-      for (const ConvertedTensor& c : *conv) expected[c.name] = Checksum64(c.bytes.data(), c.bytes.size());
       if (prequantized) {
+        absl::StatusOr<std::vector<ConvertedTensor>> conv = ConvertTensor(*spec, t.name, DType::kBF16, t.shape, w.data());
+        if (!conv.ok()) return Fail(conv.status().message());
         for (ConvertedTensor& c : *conv) to_send.push_back(std::move(c));
       } else {
         std::vector<uint8_t> bytes(w.size() * 2);
@@ -601,17 +618,23 @@ int main(int argc, char** argv) {
     if (fault == "drop-scale") manifest.tensors.clear();
     // With --gpu the weights live on the GPU, as a trainer's do.
     std::vector<const void*> sources;
-    std::shared_ptr<void> device_copies;  // one allocation holding every tensor
     for (const ConvertedTensor& c : to_send) sources.push_back(c.bytes.data());
 #if REFIT_HAVE_CUDA
     if (gpu >= 0) {
+      // One allocation holding every tensor, kept across refits as a trainer keeps its
+      // parameters (each refit's weights are written into it in place).
       uint64_t total = 0;
       for (const ConvertedTensor& c : to_send) total += (c.bytes.size() + 255) & ~uint64_t{255};
-      void* d = nullptr;
-      if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) {
-        return Fail(absl::StrCat("cannot allocate ", total, " bytes on GPU ", gpu));
+      if (total > device_bytes) {
+        device_copies.reset();
+        void* d = nullptr;
+        if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) {
+          return Fail(absl::StrCat("cannot allocate ", total, " bytes on GPU ", gpu));
+        }
+        device_copies = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
+        device_bytes = total;
       }
-      device_copies = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
+      void* d = device_copies.get();
       uint64_t offset = 0;
       for (size_t i = 0; i < to_send.size(); ++i) {
         uint8_t* at = static_cast<uint8_t*>(d) + offset;
@@ -765,7 +788,6 @@ int main(int argc, char** argv) {
         absl::StrCat(",\"trainer_begin_ms\":", absl::ToDoubleMilliseconds(begin_done - begun),
                      ",\"trainer_push_ms\":", absl::ToDoubleMilliseconds(push_done - begin_done),
                      ",\"trainer_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - push_done));
-    device_copies.reset();
     if (!report.ok()) {
       RefitReport r;
       r.outcome = Outcome::kRefused;

@@ -80,9 +80,34 @@ absl::Status CudaIpcSender::AwaitReply(uint32_t kind, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::Status CudaIpcSender::SendForget(uint64_t buffer_id) {
+  Frame forget;
+  forget.kind = Frame::kForget;
+  forget.buffer_id = buffer_id;
+  return cuda_ipc::WriteAll(fd_.get(), &forget, sizeof(forget));
+}
+
+absl::Status CudaIpcSender::ForgetFreed() {
+  for (auto it = exported_.begin(); it != exported_.end();) {
+    absl::StatusOr<cuda_ipc::Allocation> a = cuda_ipc::QueryAllocation(reinterpret_cast<const void*>(it->base));
+    if (a.ok() && a->device && a->buffer_id == it->buffer_id) {
+      ++it;
+      continue;
+    }
+    if (absl::Status st = SendForget(it->buffer_id); !st.ok()) return st;
+    it = exported_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaIpcSender::ExportBuffer(uint64_t buffer_id, uint64_t base, uint64_t size, bool& exported) {
   exported = true;
-  if (std::find(exported_.begin(), exported_.end(), buffer_id) != exported_.end()) return absl::OkStatus();
+  if (std::any_of(exported_.begin(), exported_.end(), [&](const Export& e) { return e.buffer_id == buffer_id; })) {
+    return absl::OkStatus();
+  }
+  // A new buffer: the trainer may have freed an earlier one (its memory stays allocated while
+  // the receiver maps it).
+  if (absl::Status st = ForgetFreed(); !st.ok()) return st;
   Frame f;
   f.kind = Frame::kExport;
   f.buffer_id = buffer_id;
@@ -100,13 +125,11 @@ absl::Status CudaIpcSender::ExportBuffer(uint64_t buffer_id, uint64_t base, uint
   }
   if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f)); !st.ok()) return st;
   ++exports_;
-  exported_.push_back(buffer_id);
+  exported_.push_back({buffer_id, base});
   if (exported_.size() > cuda_ipc::kMaxExports) {
-    Frame forget;
-    forget.kind = Frame::kForget;
-    forget.buffer_id = exported_.front();
+    const uint64_t oldest = exported_.front().buffer_id;
     exported_.pop_front();
-    if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &forget, sizeof(forget)); !st.ok()) return st;
+    if (absl::Status st = SendForget(oldest); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -134,13 +157,13 @@ absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buf
     const uint64_t grown = std::max<uint64_t>({bytes, 2 * bounce_.bytes(), 1ull << 20});
     if (bounce_) {
       absl::StatusOr<cuda_ipc::Allocation> old = cuda_ipc::QueryAllocation(bounce_.get());
-      auto it = old.ok() ? std::find(exported_.begin(), exported_.end(), old->buffer_id) : exported_.end();
+      auto it = old.ok() ? std::find_if(exported_.begin(), exported_.end(),
+                                        [&](const Export& e) { return e.buffer_id == old->buffer_id; })
+                         : exported_.end();
       if (it != exported_.end()) {
-        Frame forget;
-        forget.kind = Frame::kForget;
-        forget.buffer_id = *it;
+        const uint64_t id = it->buffer_id;
         exported_.erase(it);
-        if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &forget, sizeof(forget)); !st.ok()) return st;
+        if (absl::Status st = SendForget(id); !st.ok()) return st;
       }
       bounce_.Reset();
     }

@@ -8,6 +8,10 @@
 // into a bounce buffer of this sender's device, which is exported once like any other. The bytes
 // at `src` must be complete when Send is called (the trainer client synchronizes its packing
 // stream first). At most kMaxExports buffers are exported at once (the oldest is forgotten).
+// An exported buffer keeps its memory allocated while the receiver maps it, even once the
+// trainer freed it: whenever a new buffer is exported, every earlier one whose allocation is
+// gone (or replaced by another at the same address) is forgotten first, so a trainer that frees
+// and reallocates its weights does not pin the old allocation in refitd.
 // The socket is the liveness signal: if it closes, Send returns Unavailable. The destructor sends
 // a goodbye frame and waits for its acknowledgement (close_timeout).
 //
@@ -38,6 +42,8 @@ class CudaIpcSender final : public Sender {
   int device() const { return options_.device; }
   // Buffers exported so far (for tests: the bucket buffers, once each).
   uint64_t exports() const { return exports_; }
+  // Buffers exported and not forgotten (the receiver maps each).
+  size_t live_exports() const { return exported_.size(); }
 
  private:
   CudaIpcSender(CudaIpcOptions options, std::string endpoint, UniqueFd fd);
@@ -45,13 +51,20 @@ class CudaIpcSender final : public Sender {
   // the bounce buffer) first.
   absl::Status Place(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset);
   absl::Status ExportBuffer(uint64_t buffer_id, uint64_t base, uint64_t size, bool& exported);
+  // Forgets (tells the receiver to unmap) every exported buffer whose allocation is gone.
+  absl::Status ForgetFreed();
+  absl::Status SendForget(uint64_t buffer_id);
   absl::Status AwaitReply(uint32_t kind, absl::Time deadline);
 
   const CudaIpcOptions options_;
   const std::string endpoint_;
   const UniqueFd fd_;
   bool same_process_ = false;
-  std::deque<uint64_t> exported_;    // buffer ids, oldest first
+  struct Export {
+    uint64_t buffer_id;
+    uint64_t base;  // where the allocation lay when it was exported
+  };
+  std::deque<Export> exported_;  // oldest first
   std::deque<uint64_t> unexportable_;  // device buffers cudaIpcGetMemHandle refused
   DeviceAllocation bounce_;
   uint64_t exports_ = 0;

@@ -16,6 +16,7 @@ _spec = importlib.util.spec_from_file_location("host_path_conftest",
 _host = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_host)
 BIN, ENGINE, REFITD, TRAINER, wait_for = _host.BIN, _host.ENGINE, _host.REFITD, _host.TRAINER, _host.wait_for
+SRC = _host.SRC
 REFITCTL = BIN / "tools/refitctl"
 
 
@@ -67,17 +68,20 @@ class GpuNode:
     """refitd with `staging: device` and the data plane `transport` on GPU `device`, and the
     example engine (CUDA IPC registration) on the same GPU, in `tmp`. `trainer(*args)` runs the
     example trainer on GPU `trainer_gpu`; `engine_matches(seed)` is refitctl verify against the
-    offline conversion of refit 0 of `seed`."""
+    offline conversion of refit 0 of `seed`. `spec`: a model spec file for refitd, the engine and
+    the trainer (the demo spec when empty)."""
 
     def __init__(self, tmp: Path, transport: str, device: int, trainer_gpu: int = 0, deadline_ms: int = 60000,
-                 socket: str = ""):
+                 socket: str = "", spec: str = ""):
         self.tmp = tmp
         self.trainer_gpu = trainer_gpu
+        self.spec_flags = ["--spec", spec] if spec else []
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
         extra = f"  cuda_ipc_socket: {socket}\n" if socket else ""
         cfg.write_text(f"listen: {self.address}\nstaging: device\nlog_level: debug\n"
+                       + (f"model_spec: {spec}\n" if spec else "") +
                        f"data_plane:\n  transport: {transport}\n  device: {device}\n{extra}"
                        f"limits:\n  session_deadline_ms: {deadline_ms}\n  bucket_bytes: 1048576\n")
         self.log = tmp / "refitd.log"
@@ -87,14 +91,16 @@ class GpuNode:
         wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
         assert self.daemon.poll() is None, self.log.read_text()
         self.engine_log = tmp / "engine.log"
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--gpu", str(device)],
+        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--gpu", str(device),
+                                        *self.spec_flags],
                                        stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
                  what="registration")
         assert self.engine.poll() is None, self.engine_log.read_text() + self.log.read_text()
 
     def trainer(self, *args, timeout=180):
-        p = subprocess.run([str(TRAINER), "--address", self.address, "--gpu", str(self.trainer_gpu), *args],
+        p = subprocess.run([str(TRAINER), "--address", self.address, "--gpu", str(self.trainer_gpu),
+                            *self.spec_flags, *args],
                            capture_output=True, text=True, timeout=timeout)
         return p, [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
 

@@ -7,13 +7,14 @@ killed mid-refit (packing or pushing in place), and one that stalls, end in an a
 session deadline with the engine's bytes unchanged, and the next refit lands.
 Skips, saying why, without a CUDA device or without a CUDA build."""
 import json
+import re
 import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import TRAINER, node_fixture, wait_for
+from conftest import SRC, TRAINER, node_fixture, wait_for
 
 
 @pytest.fixture
@@ -48,6 +49,20 @@ def test_refits_pushed_in_place_match_offline_conversion(node_factory):
     p, lines = node.trainer("--refits", "1", "--seed", "5", "--in-place")
     assert p.returncode == 0 and lines[0]["engine_matches_expected"], p.stdout + p.stderr
     assert node.engine_matches(5)["ok"]
+
+
+def test_shipped_llama3_spec_fused_engine_layout_matches_offline_conversion(node_factory, tmp_path):
+    # deploy/models/llama3_fp8.yaml as one engine on one GPU: the engine holds fused qkv_proj and
+    # gate_up_proj, which the commit writes piece by piece from staging; packed and in place.
+    text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
+    spec = tmp_path / "llama3_tp1.yaml"
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    node = node_factory(spec=str(spec))
+    for flags in ([], ["--in-place"]):
+        p, lines = node.trainer("--refits", "2", *flags)
+        assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+        assert [l["outcome"] for l in lines] == ["committed"] * 2
+        assert all(l["engine_matches_expected"] for l in lines), lines
 
 
 def test_trainer_killed_while_pushing_in_place_aborts_and_engine_is_unchanged(node_factory):

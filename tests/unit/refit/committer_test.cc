@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -85,10 +86,8 @@ class CommitterTest : public ::testing::Test {
     return *EngineLayout(spec_, infos, by);
   }
 
-  // Stages `ts` the way a session does and commits them.
-  absl::StatusOr<CommitStats> Commit(const std::vector<Tensor>& ts) {
-    StagingPool pool(storage::NewHostMemory());
-    Staging staging(1 << 24, pool);
+  // Stages `ts` the way a session does (into `pool`) and returns the produced parameters.
+  absl::StatusOr<std::vector<size_t>> Stage(const std::vector<Tensor>& ts, Staging& staging) {
     std::set<size_t> produced;
     for (const Tensor& t : ts) {
       absl::StatusOr<TensorPlan> plan = planner_->Plan(t.name, DType::kBF16, t.shape);
@@ -104,7 +103,16 @@ class CommitterTest : public ::testing::Test {
                                     std::nullopt, outs, t.name);
       if (!st.ok()) return st;
     }
-    return CommitStaged(*planner_, staging, std::vector<size_t>(produced.begin(), produced.end()), *storage_);
+    return std::vector<size_t>(produced.begin(), produced.end());
+  }
+
+  // Stages `ts` and commits them.
+  absl::StatusOr<CommitStats> Commit(const std::vector<Tensor>& ts) {
+    StagingPool pool(storage::NewHostMemory());
+    Staging staging(1 << 24, pool);
+    absl::StatusOr<std::vector<size_t>> produced = Stage(ts, staging);
+    if (!produced.ok()) return produced.status();
+    return CommitStaged(*planner_, staging, *produced, *storage_);
   }
 
   std::vector<uint8_t> Read(const std::string& name) {
@@ -151,6 +159,63 @@ TEST_F(CommitterTest, RepeatedAndPartialCommitsRebuildFromStagedData) {
       if (o.name == t.name) old = &o;
     }
     EXPECT_EQ(Read(t.name), norm ? t.bytes : old->bytes) << t.name;
+  }
+}
+
+// Host memory that says it is device memory: staging "on the device" without a GPU, so that
+// what the committer does for device staging runs here (the bytes are plain host bytes).
+class HostMemoryAsDevice final : public storage::Memory {
+ public:
+  storage::MemoryKind kind() const override { return storage::MemoryKind::kDevice; }
+  absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) override { return host_->Allocate(bytes); }
+  absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  std::unique_ptr<storage::Memory> host_ = storage::NewHostMemory();
+};
+
+// Device staging with pieces_in_place: the fused gate/up weight is written as its two staged
+// pieces, each at its offset in the engine's parameter (no assembly copy before the pause); the
+// swizzled scales (a layout step) and the derived parameter stay whole. Applying the writes gives
+// the offline engine layout; without pieces_in_place every write is a whole parameter.
+TEST_F(CommitterTest, PiecesInPlaceWriteEachFusedPieceAtItsOffset) {
+  for (bool pieces : {false, true}) {
+    SCOPED_TRACE(pieces ? "pieces in place" : "whole parameters");
+    StagingPool pool(std::make_unique<HostMemoryAsDevice>());
+    Staging staging(1 << 24, pool);
+    absl::StatusOr<std::vector<size_t>> produced = Stage(Make(1.0f), staging);
+    ASSERT_TRUE(produced.ok()) << produced.status();
+    PrepareOptions options;
+    options.pieces_in_place = pieces;
+    absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*planner_, staging, *produced, nullptr, options);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    std::map<std::string, std::vector<uint8_t>> engine;
+    std::map<std::string, int> writes;
+    for (const PreparedCommit::Write& w : prepared->writes) {
+      const storage::ParamInfo& p = planner_->params()[w.index];
+      std::vector<uint8_t>& bytes = engine.try_emplace(p.name, p.nbytes, uint8_t{0xA5}).first->second;
+      ASSERT_LE(w.offset + w.bytes, p.nbytes) << p.name;
+      std::memcpy(bytes.data() + w.offset, w.data, w.bytes);
+      ++writes[p.name];
+    }
+    EXPECT_EQ(writes["l.gate_up_proj.weight"], pieces ? 2 : 1);
+    EXPECT_EQ(writes["l.gate_up_proj.weight_scale_inv"], 1);
+    EXPECT_EQ(writes["l.norm.gemma_weight"], 1);
+    EXPECT_EQ(prepared->params, engine.size());
+    ASSERT_EQ(engine.size(), layout_.size());
+    for (const ConvertedTensor& t : layout_) EXPECT_EQ(engine[t.name], t.bytes) << t.name;
   }
 }
 

@@ -1,7 +1,14 @@
 #include "refit/offline.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "refit/checkpoint_io.h"
+#include "spec/model_spec.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -75,6 +82,51 @@ TEST(OfflineTest, EngineLayoutNamesAMissingSlot) {
   ASSERT_FALSE(layout.ok());
   EXPECT_THAT(layout.status().message(), ::testing::HasSubstr("engine parameter 'w13': slot 1 of 2 has no tensor"));
 }
+
+// EngineParamInfos (what an engine registers for trainer tensors) names, types and sizes every
+// parameter exactly as EngineLayout builds it, for every shipped spec: fused, stacked, sharded,
+// laid out (swizzled and UE8M0-packed scales, padding), derived and kept parameters.
+class EngineParamInfosFamilies : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(EngineParamInfosFamilies, EqualEngineLayoutsParameters) {
+  const auto [family, spec_file] = GetParam();
+  const char* env = std::getenv("REFIT_SOURCE_DIR");
+  const std::string source = env != nullptr && *env != '\0' ? env : REFIT_SOURCE_DIR_DEFAULT;
+  char tmpl[] = "/tmp/refit-offline-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string cmd = absl::StrCat("python3 '", source, "/tests/integration/specs/make_checkpoints.py' ", family,
+                                       " '", dir, "' --seed 1 > /dev/null");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(source + "/deploy/models/" + spec_file);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto converted = ConvertCheckpoint(*spec, (*ckpt)->tensors());
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  auto layout = EngineLayout(*spec, (*ckpt)->infos(), ByName(*converted));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto infos = EngineParamInfos(*spec, (*ckpt)->infos());
+  ASSERT_TRUE(infos.ok()) << infos.status();
+  (void)std::system(("rm -rf '" + dir + "'").c_str());
+  ASSERT_EQ(infos->size(), layout->size());
+  for (size_t i = 0; i < layout->size(); ++i) {
+    const ConvertedTensor& want = (*layout)[i];
+    const storage::ParamInfo& got = (*infos)[i];
+    EXPECT_EQ(got.name, want.name);
+    EXPECT_EQ(got.dtype, want.dtype) << want.name;
+    EXPECT_EQ(got.shape, want.shape) << want.name;
+    EXPECT_EQ(got.nbytes, want.bytes.size()) << want.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, EngineParamInfosFamilies,
+                         ::testing::Values(std::make_pair("llama3", "llama3_fp8.yaml"),
+                                           std::make_pair("qwen3_moe", "qwen3_moe_nvfp4.yaml"),
+                                           std::make_pair("deepseek_v3", "deepseek_v3_fp8_ue8m0.yaml"),
+                                           std::make_pair("gpt_oss", "gpt_oss_mxfp4.yaml"),
+                                           std::make_pair("qwen35", "qwen35_mxfp8.yaml")),
+                         [](const auto& info) { return std::string(info.param.first); });
 
 }  // namespace
 }  // namespace refit

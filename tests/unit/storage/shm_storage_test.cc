@@ -63,7 +63,7 @@ TEST_F(ShmEngineStorageTest, WritesLandAtTheirOffsetsOnly) {
   ASSERT_TRUE((*s)->ReadToHost(1, back.data()).ok());
   EXPECT_EQ(back, b);
   EXPECT_EQ((*s)->WriteFromHost(2, b.data()).code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ((*s)->WriteFromDevice(0, b.data()).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*s)->WriteFromDevice({0, 0, b.data(), b.size()}).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST_F(ShmEngineStorageTest, OutOfBoundsParametersAreRefusedNamingThem) {

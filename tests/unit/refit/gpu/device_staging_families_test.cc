@@ -174,21 +174,39 @@ TEST_P(DeviceStagingFamilies, EngineBytesEqualTheOfflineEngineLayout) {
       continue;
     }
     ASSERT_TRUE(valid.ok()) << valid;
-    absl::StatusOr<PreparedCommit> prepared =
-        PrepareCommit(*planner, session->staging(), session->ledger().Produced(), (*converter)->device_ops());
+    // Odd refits write fused and stacked parameters piece by piece (PrepareOptions::pieces_in_place).
+    PrepareOptions prepare_options;
+    prepare_options.pieces_in_place = refit % 2 == 1;
+    absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*planner, session->staging(), session->ledger().Produced(),
+                                                            (*converter)->device_ops(), prepare_options);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
     built_on_device += prepared->built_on_device;
     held_peak = std::max(held_peak, session->Report().fused_held_peak_bytes);
 
     std::map<std::string, const ConvertedTensor*> want;
     for (const ConvertedTensor& t : *expected) want[t.name] = &t;
-    size_t compared = 0;
+    // What the engine's parameters hold after the writes (each at its offset), poisoned first.
+    std::map<size_t, std::vector<uint8_t>> engine;
+    size_t pieces = 0;
     for (const PreparedCommit::Write& w : prepared->writes) {
       const storage::ParamInfo& p = planner->params()[w.index];
+      std::vector<uint8_t>& bytes = engine.try_emplace(w.index, p.nbytes, uint8_t{0xA5}).first->second;
+      ASSERT_LE(w.offset + w.bytes, p.nbytes) << p.name;
+      ASSERT_EQ(cudaMemcpy(bytes.data() + w.offset, w.data, w.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      pieces += w.bytes != p.nbytes;
+    }
+    if (prepare_options.pieces_in_place && (f.name == "llama3" || f.name == "qwen3_moe")) {
+      EXPECT_GT(pieces, 0u) << "fused parameters are written piece by piece";
+    }
+    if (!prepare_options.pieces_in_place) {
+      EXPECT_EQ(pieces, 0u);
+    }
+    EXPECT_EQ(prepared->params, engine.size());
+    size_t compared = 0;
+    for (const auto& [index, got] : engine) {
+      const storage::ParamInfo& p = planner->params()[index];
       auto it = want.find(p.name);
       ASSERT_NE(it, want.end()) << p.name;
-      std::vector<uint8_t> got(p.nbytes);
-      ASSERT_EQ(cudaMemcpy(got.data(), w.data, p.nbytes, cudaMemcpyDeviceToHost), cudaSuccess);
       ASSERT_EQ(got.size(), it->second->bytes.size()) << p.name;
       size_t first = got.size();
       for (size_t i = 0; i < got.size(); ++i) {

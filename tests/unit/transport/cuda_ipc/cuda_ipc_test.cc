@@ -74,6 +74,29 @@ TEST_F(CudaIpcTest, EachDeviceBufferIsExportedOnceForAllItsMessages) {
   EXPECT_EQ(sender_->exports(), 2u);
 }
 
+// A trainer that frees its buffer and sends from a new one: the freed one is forgotten when the
+// new one is exported, so the receiver does not keep the freed memory mapped (and allocated).
+TEST_F(CudaIpcTest, AFreedBufferIsForgottenWhenTheNextIsExported) {
+  constexpr uint64_t kBytes = 1 << 20;
+  uint8_t* slot = DeviceBuffer(kBytes, 0);
+  std::vector<uint8_t> host(kBytes);
+  for (uint64_t i = 0; i < 3; ++i) {
+    void* weights = nullptr;
+    ASSERT_EQ(cudaMalloc(&weights, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(weights, static_cast<int>(0x30 + i), kBytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::thread send([&] { ASSERT_TRUE(sender_->Send(i, weights, kBytes).ok()); });
+    auto got = receiver_->Receive(i, slot, kBytes, Soon());
+    send.join();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(cudaMemcpy(host.data(), slot, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(host[kBytes / 2], 0x30 + i) << "message " << i;
+    EXPECT_EQ(sender_->live_exports(), 1u) << "message " << i << ": the freed buffers were not forgotten";
+    ASSERT_EQ(cudaFree(weights), cudaSuccess);
+  }
+  EXPECT_EQ(sender_->exports(), 3u);
+}
+
 TEST_F(CudaIpcTest, HostSourcesShareOneBounceBuffer) {
   std::vector<uint8_t> data(1 << 16, 0x5A);
   std::thread send([&] {
