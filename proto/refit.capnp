@@ -153,6 +153,9 @@ struct RefitReport {
   fusedHeldPeakBytes @13 :UInt64;
   # Device staging: the most input bytes of fused NVFP4 members held on the device at once,
   # waiting across buckets for the rest of their group (counted against limits.staging_bytes).
+  bytesInPlace @14 :UInt64;
+  # staging: direct: output bytes converted straight into the engine's memory (not staged, not
+  # copied in the commit window).
 }
 
 struct FormatBytes {

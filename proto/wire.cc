@@ -135,6 +135,7 @@ RefitReport FromWire(proto::RefitReport::Reader r) {
              t.getPlanMs(), t.getFinishMs(), t.getPrepareMs()};
   for (auto f : r.getBytesByFormat()) o.bytes_out_by_format[f.getFormat().cStr()] = f.getBytes();
   o.fused_held_peak_bytes = r.getFusedHeldPeakBytes();
+  o.bytes_in_place = r.getBytesInPlace();
   return o;
 }
 
@@ -213,6 +214,7 @@ void ToWire(const RefitReport& r, proto::RefitReport::Builder b) {
   b.setBuckets(r.buckets);
   b.setTensors(r.tensors);
   b.setFusedHeldPeakBytes(r.fused_held_peak_bytes);
+  b.setBytesInPlace(r.bytes_in_place);
   auto t = b.initTimes();
   t.setReceiveMs(r.times.receive_ms);
   t.setConvertMs(r.times.convert_ms);

@@ -64,6 +64,8 @@ struct PreparedCommit {
 absl::Status PrepareStorageWrites(PreparedCommit& prepared, storage::EngineStorage& storage);
 
 struct PrepareOptions {
+  // A piece converted in place (StagedTensor::in_place, staging: direct) is where it belongs
+  // already: it is never written. Otherwise:
   // Device staging: a fused or stacked parameter with no layout step is written piece by piece,
   // each staged piece copied to its offset in the engine's parameter in the commit window,
   // instead of assembled in a pool buffer first (which reads and writes its bytes once more

@@ -149,6 +149,12 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   const SessionLimits& limits = options_.limits;
   // Count and names first: nothing below plans, logs or echoes a name this refuses.
   if (absl::Status checked = CheckManifest(manifest, limits); !checked.ok()) return checked;
+  // staging: direct, for an awake engine whose storage refitd maps in the staging pool's memory:
+  // the manifest's plans say where each tensor goes in the engine (PlanPlacement).
+  const bool direct = options_.direct && !engine_->asleep && !manifest.stage_only && engine_->ranks.empty() &&
+                      engine_->storage->on_device() == (engine_->pool->kind() == storage::MemoryKind::kDevice) &&
+                      !engine_->storage->params().empty() && engine_->storage->MappedAddress(0) != nullptr;
+  std::vector<TensorPlan> plans;
   // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
   std::vector<std::string> problems;
   size_t count = 0;
@@ -166,7 +172,10 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     }
     for (const TensorDesc& t : tensors) {
       absl::StatusOr<TensorPlan> plan = engine_->planner->Plan(t.name, t.dtype, t.shape);
-      if (plan.ok()) continue;
+      if (plan.ok()) {
+        if (direct) plans.push_back(std::move(*plan));
+        continue;
+      }
       if (++count <= 64) problems.push_back(std::string(plan.status().message()));
     }
   }
@@ -247,9 +256,86 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
   a.plan_ms = Ms(absl::Now() - requested);
   a.tag = manifest.tag;
+  if (direct) {
+    std::shared_ptr<const Placement> placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
+    if (!placement->places.empty()) a.placement = std::move(placement);
+  }
+  const bool pause_first = a.placement != nullptr;
   active_ = std::move(a);
   NotifySession();
-  return BeginResult{so.id, deadline_ms, so.wire};
+  return BeginResult{so.id, deadline_ms, so.wire, pause_first};
+}
+
+absl::StatusOr<std::shared_ptr<DirectPause>> Node::StartDirectPause(uint64_t session_id) {
+  absl::Status active = CheckActive(session_id);
+  if (!active.ok()) return active;
+  if (active_->placement == nullptr || active_->direct_paused) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " has no direct pause to take"));
+  }
+  auto p = std::make_shared<DirectPause>();
+  p->session_id_ = session_id;
+  p->engine_ = active_->engine;
+  p->pause_timeout_ = options_.pause_timeout;
+  p->resume_timeout_ = options_.resume_timeout;
+  p->from_version_ = active_->engine->version;
+  p->from_tag_ = active_->engine->tag;
+  p->dirty_at_start_ = active_->engine->dirty;
+  p->generation_ = active_->engine->generation;
+  return p;
+}
+
+void Node::RunDirectPause(DirectPause& p) {
+  EngineRecord& engine = *p.engine_;
+  // refitd's own mappings first (the registration audit's part 1): nothing is paused if stale.
+  if (absl::Status audited = engine.storage->Audit(); !audited.ok()) {
+    p.refused_ = true;
+    p.status_ = absl::FailedPreconditionError(absl::StrCat("refit refused: ", audited.message(), "; the engine is untouched"));
+    return;
+  }
+  absl::Status paused = engine.control->Pause(p.pause_timeout_);
+  if (!paused.ok()) {
+    if (paused.code() == absl::StatusCode::kDeadlineExceeded && !p.dirty_at_start_) {
+      // It may pause later: the resume queued behind the pause lets it serve what it has.
+      (void)engine.control->Resume(p.from_version_, p.from_tag_, absl::ZeroDuration());
+    }
+    p.status_ = absl::UnavailableError(absl::StrCat("staging: direct: the engine did not pause: ", paused.message(),
+                                                    "; its weights are untouched"));
+    return;
+  }
+  p.paused_at_ = absl::Now();
+  // The registration audit, part 2: the engine's, answered with its pause.
+  if (std::vector<std::string> stale = engine.control->PausedStale(); !stale.empty()) {
+    std::vector<std::string> names;
+    for (const std::string& n : stale) names.push_back(PrintableName(n));
+    absl::Status refusal = storage::StaleError(names, "the engine reports they are no longer where it registered them");
+    if (!p.dirty_at_start_) (void)engine.control->Resume(p.from_version_, p.from_tag_, p.resume_timeout_);
+    p.refused_ = true;
+    p.status_ = absl::FailedPreconditionError(absl::StrCat("refit refused: ", refusal.message(), "; nothing was written"));
+  }
+}
+
+absl::Status Node::FinishDirectPause(DirectPause& p) {
+  const bool current = active_ && active_->session->id() == p.session_id_ && !active_->committing &&
+                       p.engine_->generation == p.generation_ && !p.engine_->gone;
+  if (!current) {
+    // The session ended (or the engine changed) while the engine paused: nothing was written.
+    if (p.status_.ok() && !p.dirty_at_start_ && !p.engine_->gone) {
+      (void)p.engine_->control->Resume(p.from_version_, p.from_tag_, absl::ZeroDuration());
+    }
+    if (active_ && active_->session->id() == p.session_id_ && !active_->committing) {
+      End(Outcome::kAborted, EndCause::kEngineError, "the engine's registration changed while it paused");
+    }
+    return absl::AbortedError(absl::StrCat("session ", p.session_id_, " ended while its engine paused (staging: direct)",
+                                           last_report_.session_id == p.session_id_ ? ": " + last_report_.reason : ""));
+  }
+  if (!p.status_.ok()) {
+    End(p.refused_ ? Outcome::kRefused : Outcome::kFailed, EndCause::kEngineError, std::string(p.status_.message()));
+    return p.status_;
+  }
+  active_->direct_paused = true;
+  active_->direct_since = p.paused_at_;
+  active_->session->UsePlacement(active_->placement);
+  return absl::OkStatus();
 }
 
 absl::Status Node::CheckActive(uint64_t session_id) const {
@@ -355,6 +441,23 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
   const bool sealed = active_->session->sealed();
   const bool ended_well = outcome == Outcome::kCommitted || outcome == Outcome::kStaged;
   if (!ended_well) active_->session->Abort(reason);
+  if (active_->direct_paused) {
+    // staging: direct, ended before its commit settled the engine (the commit clears this): once
+    // nothing of the session runs, the engine either holds a mix of versions (it stays paused and
+    // dirty until a full refit lands) or is untouched (resumed at what it holds).
+    active_->direct_paused = false;
+    active_->session->Stop();
+    EngineRecord& engine = *active_->engine;
+    if (active_->session->in_place_bytes() > 0) {
+      engine.dirty = true;
+      absl::StrAppend(&reason, "; the engine was written in place (staging: direct): it stays paused and dirty until a "
+                               "full refit lands");
+      if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+    } else if (!engine.gone && !engine.dirty) {
+      (void)engine.control->Resume(engine.version, engine.tag, absl::ZeroDuration());
+      absl::StrAppend(&reason, "; nothing was written in place: the engine was resumed");
+    }
+  }
   RefitReport r = active_->session->Report();
   if (times != nullptr) {
     r.times.validate_ms = times->validate_ms;
@@ -464,6 +567,8 @@ std::shared_ptr<Commit> Node::NewSessionCommit() {
   commit->generation_ = active_->engine->generation;
   commit->asleep_ = active_->engine->asleep;
   commit->refuse_asleep_ = options_.refuse_while_asleep;
+  commit->direct_ = active_->direct_paused;
+  commit->direct_since_ = active_->direct_since;
   return commit;
 }
 
@@ -478,6 +583,11 @@ absl::Status Node::Sleep(uint64_t engine_id) {
   }
   if (engine_->asleep) return absl::OkStatus();
   if (committing()) return absl::UnavailableError("busy: a commit is in flight; sleep once it has ended");
+  if (active_ && active_->placement != nullptr) {
+    return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(),
+                                               " converts into the engine's memory (staging: direct); sleep once it "
+                                               "has ended"));
+  }
   // Drops every mapping (shm regions unmapped, CUDA IPC handles closed) with the storage.
   const bool on_device = engine_->storage->on_device();
   const int device = engine_->storage->device();
@@ -542,6 +652,22 @@ void Node::RunCommit(Commit& c) {
     if (c.hooks_->on_commit_phase) c.hooks_->on_commit_phase(c.session_id_, name);
   };
   auto end = [&c](Outcome outcome, EndCause cause, std::string reason) {
+    if (c.direct_ && outcome != Outcome::kCommitted && !c.engine_dirty_ && !c.engine_version_set_) {
+      // staging: direct: the engine is paused since the session began. Once nothing of the
+      // session runs, it holds a mix of versions (stays paused and dirty) or nothing new (resumed).
+      c.session_->Stop();
+      if (c.session_->in_place_bytes() > 0) {
+        c.engine_dirty_ = true;
+        absl::StrAppend(&reason, "; the engine was written in place (staging: direct): it stays paused and dirty until "
+                                 "a full refit lands");
+      } else if (!c.dirty_at_start_) {
+        absl::Status resumed = c.engine_->control->Resume(c.from_version_, c.from_tag_, c.resume_timeout_);
+        absl::StrAppend(&reason, resumed.ok() ? "; nothing was written in place: the engine was resumed"
+                                              : "; nothing was written in place, but the engine did not resume: ",
+                        resumed.ok() ? "" : resumed.message());
+      }
+      c.times_.pause_ms = Ms(absl::Now() - c.direct_since_);
+    }
     c.outcome_ = outcome;
     c.cause_ = cause;
     c.reason_ = std::move(reason);
@@ -632,7 +758,7 @@ void Node::RunCommit(Commit& c) {
   // object or CUDA allocation behind each). Part 2 is the engine's, answered with its pause.
   if (absl::Status audited = AuditRegistration(c); !audited.ok()) {
     return end(Outcome::kRefused, EndCause::kEngineError,
-               absl::StrCat("refit refused: ", audited.message(), "; the engine is untouched"));
+               absl::StrCat("refit refused: ", audited.message(), c.direct_ ? "" : "; the engine is untouched"));
   }
 
   // verify_after_commit: the checksum of every write's staged bytes, before the pause.
@@ -644,15 +770,16 @@ void Node::RunCommit(Commit& c) {
     if (!sums.ok()) {
       return end(Outcome::kFailed, EndCause::kInternal,
                  absl::StrCat("verify_after_commit: checksumming the staged bytes failed: ", sums.status().message(),
-                              "; the engine is untouched"));
+                              c.direct_ ? "" : "; the engine is untouched"));
     }
     expected = std::move(*sums);
   }
 
-  // The window: pause, copy in place, (verify,) resume.
+  // The window: pause, copy in place, (verify,) resume. staging: direct paused the engine when
+  // the session began (and audited it then): its window is the whole session.
   phase("pausing");
-  const absl::Time pause_start = absl::Now();
-  absl::Status paused = engine.control->Pause(c.pause_timeout_);
+  const absl::Time pause_start = c.direct_ ? c.direct_since_ : absl::Now();
+  absl::Status paused = c.direct_ ? absl::OkStatus() : engine.control->Pause(c.pause_timeout_);
   if (!paused.ok()) {
     c.times_.pause_ms = Ms(absl::Now() - pause_start);
     if (paused.code() == absl::StatusCode::kDeadlineExceeded) {
@@ -679,7 +806,8 @@ void Node::RunCommit(Commit& c) {
   }
   // The registration audit, part 2: what the engine found stale once paused. Nothing is written;
   // the engine is resumed at the version it holds.
-  if (std::vector<std::string> stale = engine.control->PausedStale(); !stale.empty()) {
+  if (std::vector<std::string> stale = c.direct_ ? std::vector<std::string>{} : engine.control->PausedStale();
+      !stale.empty()) {
     std::vector<std::string> names;
     for (const std::string& n : stale) names.push_back(PrintableName(n));
     absl::Status refusal = storage::StaleError(names, "the engine reports they are no longer where it registered them");
@@ -806,6 +934,7 @@ const RefitReport& Node::FinishCommit(Commit& c) {
   if (c.held_ != nullptr) return FinishVersionCommit(c);
   ApplyCommitOutcome(c);
   if (!active_ || active_->session->id() != c.session_id_) return last_report_;  // cannot happen: committing
+  active_->direct_paused = false;  // the commit settled the engine (resumed, or paused and dirty)
   if (c.asleep_ && !c.stage_only_ && c.outcome_ == Outcome::kStaged && !active_->ended_by && !c.engine_->gone) {
     // Validated while the engine sleeps: the session stays, waiting for the wake to commit it.
     active_->committing = false;

@@ -35,6 +35,7 @@
 #include "refit/bucket_ring.h"
 #include "refit/converter.h"
 #include "refit/engine_control.h"
+#include "refit/placement.h"
 #include "refit/planner.h"
 #include "refit/rank_group_control.h"
 #include "refit/session.h"
@@ -166,6 +167,14 @@ struct NodeOptions {
   // engine.asleep_refits: refuse (true) or stage (false, the default) a refit while the engine
   // sleeps. Staged, it is received, converted and validated, and commits when the engine wakes.
   bool refuse_while_asleep = false;
+  // staging: direct (docs/architecture.md "staging: direct"): a session of an awake engine
+  // pauses it before its trainer is answered (BeginResult::pause_first) and converts every tensor
+  // the manifest lets it place (PlanPlacement) straight into the engine's memory; only the rest is
+  // staged and copied at commit, which resumes the engine. A session that ends without its commit
+  // after writing in place leaves the engine paused and dirty until a full refit lands (as a
+  // commit that fails mid-copy does); one that wrote nothing resumes it. Not with hold > 0 or
+  // engine ranks (the server refuses those configurations).
+  bool direct = false;
   const FailpointSet* failpoints = nullptr;  // test builds only
   // What session deadlines are computed and checked against; the system clock when null.
   const Clock* clock = nullptr;
@@ -186,6 +195,28 @@ struct BeginResult {
   uint32_t deadline_ms = 0;
   // Wire format checkpoint: the tensors the trainer converts (empty plan otherwise).
   std::shared_ptr<const WireTable> wire;
+  // staging: direct: the engine must be paused (StartDirectPause, RunDirectPause,
+  // FinishDirectPause) before the trainer is answered.
+  bool pause_first = false;
+};
+
+// staging: direct: the pause that opens a session's window, before its trainer is answered.
+// Handed out by StartDirectPause, run by RunDirectPause on a worker thread (Pause blocks),
+// finished by FinishDirectPause on the loop thread.
+class DirectPause {
+ private:
+  friend class Node;
+  uint64_t session_id_ = 0;
+  std::shared_ptr<EngineRecord> engine_;
+  absl::Duration pause_timeout_, resume_timeout_;
+  uint64_t from_version_ = 0;
+  std::string from_tag_;
+  bool dirty_at_start_ = false;
+  uint64_t generation_ = 0;
+  // Set by RunDirectPause.
+  absl::Status status_;        // OK: the engine is paused and its registration current
+  bool refused_ = false;       // stale registration: refused, the engine resumed (or never paused)
+  absl::Time paused_at_;
 };
 
 // One commit: handed out by StartCommit, run by RunCommit on a worker thread, ended by
@@ -210,6 +241,8 @@ class Commit {
   bool asleep_ = false;        // the engine slept when the commit started: validate, then wait for wake
   bool refuse_asleep_ = false; // ... or refuse (engine.asleep_refits: refuse)
   bool woken_ = false;         // the commit of a refit staged while the engine slept: from prepare on
+  bool direct_ = false;        // staging: direct: the engine is paused since direct_since_ (no pause here)
+  absl::Time direct_since_;
 
   // Set by RunCommit.
   Outcome outcome_ = Outcome::kFailed;
@@ -286,6 +319,14 @@ class Node {
   // The commit of the active session: StartCommit (loop) → RunCommit (worker) → FinishCommit
   // (loop). A session has at most one commit.
   absl::StatusOr<std::shared_ptr<Commit>> StartCommit(uint64_t session_id);
+  // staging: direct (BeginResult::pause_first): the pause of session `session_id`'s engine,
+  // StartDirectPause (loop) → RunDirectPause (worker: refitd's audit of its mappings, the pause
+  // and the engine's own audit) → FinishDirectPause (loop): OK once the engine is paused and the
+  // session converts in place; otherwise the session has ended (the engine untouched) and the
+  // status says why (the begin's answer).
+  absl::StatusOr<std::shared_ptr<DirectPause>> StartDirectPause(uint64_t session_id);
+  static void RunDirectPause(DirectPause& pause);
+  absl::Status FinishDirectPause(DirectPause& pause);
   static void RunCommit(Commit& commit);
   // Ends the session with the commit's outcome; returns the report (also last_report()).
   const RefitReport& FinishCommit(Commit& commit);
@@ -365,6 +406,11 @@ class Node {
     std::optional<std::pair<EndCause, std::string>> ended_by;
     // Validated while the engine slept: waits for Wake, which commits it from the prepare step.
     bool awaiting_wake = false;
+    // staging: direct: where the session's tensors go in the engine (empty: nothing to place, a
+    // staged session), and whether the engine is paused for it (since when).
+    std::shared_ptr<const Placement> placement;
+    bool direct_paused = false;
+    absl::Time direct_since;
     PhaseTimes staged_times;
     uint64_t staged_checksum = 0;
   };

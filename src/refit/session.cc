@@ -37,6 +37,13 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
 }
 
 Session::~Session() {
+  Stop();
+  absl::MutexLock lock(&mu_);
+  for (const Received& r : received_) Done(r);  // left by a converter that failed (a lent sender waits)
+  received_.clear();
+}
+
+void Session::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -44,12 +51,13 @@ Session::~Session() {
   }
   receiver_.Cancel();
   ring_.Cancel();
-  receiver_thread_.join();
-  converter_thread_.join();
-  absl::MutexLock lock(&mu_);
-  for (const Received& r : received_) Done(r);  // left by a converter that failed (a lent sender waits)
-  received_.clear();
+  if (receiver_thread_.joinable()) receiver_thread_.join();
+  if (converter_thread_.joinable()) converter_thread_.join();
 }
+
+void Session::UsePlacement(std::shared_ptr<const Placement> placement) { staging_->Place(std::move(placement)); }
+
+uint64_t Session::in_place_bytes() const { return staging_->in_place_bytes(); }
 
 void Session::Done(const Received& r) {
   receiver_.GiveBack(r.loan);
@@ -890,6 +898,7 @@ RefitReport Session::Report() const {
   r.times.receive_ms = absl::ToDoubleMilliseconds(receive_time_);
   r.times.convert_ms = absl::ToDoubleMilliseconds(convert_time_);
   r.fused_held_peak_bytes = peak_held_bytes_.load();
+  r.bytes_in_place = staging_->in_place_bytes();
   return r;
 }
 

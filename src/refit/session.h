@@ -81,6 +81,15 @@ class Session {
   // The Ledger's verdict, and every tensor whose slices did not tile it (call after Finish).
   absl::Status Validate() const;
   void Abort(const std::string& reason);
+  // Ends the session's threads (aborting it unless it failed already): afterwards nothing of it
+  // runs, on the CPU or the GPU (each bucket's conversion completes before the next). Idempotent;
+  // the destructor calls it. Not from the session's own threads.
+  void Stop();
+  // staging: direct, once the engine is paused: tensors of `placement` are converted into the
+  // engine's memory from now on (Staging::Place).
+  void UsePlacement(std::shared_ptr<const Placement> placement);
+  // Bytes converted into the engine's memory so far (staging: direct).
+  uint64_t in_place_bytes() const;
 
   uint64_t id() const { return options_.id; }
   bool partial() const { return options_.partial; }

@@ -32,6 +32,14 @@ absl::StatusOr<uint8_t*> Staging::Allocate(const std::string& key, DType dtype, 
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = staged_.try_emplace(key);
   if (!inserted) return absl::AlreadyExistsError(absl::StrCat("'", key, "' staged twice"));
+  if (placement_ != nullptr) {
+    auto place = placement_->places.find(key);
+    if (place != placement_->places.end() && place->second.bytes == nbytes) {
+      it->second = StagedTensor{dtype, shape, nbytes, place->second.address, nullptr, true};
+      in_place_bytes_ += nbytes;
+      return place->second.address;
+    }
+  }
   if (nbytes > limit_ - bytes_) {
     staged_.erase(it);
     return absl::ResourceExhaustedError(absl::StrCat("staging limit of ", limit_, " bytes reached (", bytes_,
@@ -73,8 +81,18 @@ void Staging::Release(const std::string& key) {
   absl::MutexLock lock(&mu_);
   auto it = staged_.find(key);
   if (it == staged_.end()) return;
-  bytes_ -= it->second.nbytes;
+  if (!it->second.in_place) bytes_ -= it->second.nbytes;  // bytes written in place stay counted
   staged_.erase(it);
+}
+
+void Staging::Place(std::shared_ptr<const Placement> placement) {
+  absl::MutexLock lock(&mu_);
+  placement_ = std::move(placement);
+}
+
+uint64_t Staging::in_place_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return in_place_bytes_;
 }
 
 std::vector<std::string> Staging::Keys() const {

@@ -49,6 +49,19 @@ struct StagedTensor {
   uint64_t nbytes = 0;
   uint8_t* data = nullptr;  // in the pool's memory (host or device)
   std::shared_ptr<uint8_t> owner;  // set when the tensor owns its bytes (offline assembly)
+  bool in_place = false;  // `data` is where the engine's parameter holds it (staging: direct)
+};
+
+// staging: direct: where each staging key's bytes go in the engine's own memory (mapped by
+// refitd, of the pool's memory kind), so that the converter writes them there and the commit
+// copies nothing for them. Only keys whose place is known before anything arrives are here: a
+// whole parameter, or one piece of a fused or stacked one at its offset (see PlanDirect).
+struct Placement {
+  struct Place {
+    uint8_t* address;
+    uint64_t bytes;
+  };
+  absl::flat_hash_map<std::string, Place> places;
 };
 
 class Staging {
@@ -56,8 +69,16 @@ class Staging {
   // REQUIRES: `pool` outlives this and serves one session at a time.
   Staging(uint64_t limit_bytes, StagingPool& pool) : limit_(limit_bytes), pool_(pool) {}
 
-  // A buffer for `key`. ResourceExhausted past the limit; AlreadyExists if already staged.
+  // A buffer for `key`. ResourceExhausted past the limit; AlreadyExists if already staged. With
+  // a placement that has `key` at exactly `nbytes`, its place in the engine's memory (not counted
+  // against the limit).
   absl::StatusOr<uint8_t*> Allocate(const std::string& key, DType dtype, const Shape& shape, uint64_t nbytes);
+  // From now on, keys of `placement` are allocated where it says (staging: direct, once the
+  // engine is paused). REQUIRES: `placement`'s addresses stay mapped while this staging lives.
+  void Place(std::shared_ptr<const Placement> placement);
+  // Bytes allocated in the engine's memory so far: what a session that ends without its commit
+  // leaves written into the engine.
+  uint64_t in_place_bytes() const;
   // Counts `nbytes` of other session memory (fused members held on the device) against the
   // limit; ResourceExhausted naming `what` past it. Unreserve gives them back.
   absl::Status Reserve(uint64_t nbytes, const std::string& what);
@@ -79,6 +100,8 @@ class Staging {
   mutable absl::Mutex mu_;
   absl::node_hash_map<std::string, StagedTensor> staged_ ABSL_GUARDED_BY(mu_);  // nodes: Get's pointers stay put
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const Placement> placement_ ABSL_GUARDED_BY(mu_);
+  uint64_t in_place_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace refit

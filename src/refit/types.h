@@ -157,6 +157,9 @@ struct RefitReport {
   // Device staging: the most input bytes of fused NVFP4 members held on the device at once,
   // waiting for the rest of their group across buckets (counted against the staging limit).
   uint64_t fused_held_peak_bytes = 0;
+  // staging: direct: bytes converted straight into the engine's memory (no staging, no copy in
+  // the commit window); the rest of bytes_out was staged and copied as usual.
+  uint64_t bytes_in_place = 0;
 };
 
 // The status a trainer gets for a session that ended with `report`: OK when committed; a refused

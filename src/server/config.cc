@@ -68,9 +68,9 @@ absl::Status ParseDataPlane(const YAML::Node& d, const std::string& path, const 
     REFIT_RETURN_IF_ERROR(Get(d, k.name.c_str(), path, "data_plane.", value));
     c.transport_keys[k.name] = value;
   }
-  if (t->payload_memory == storage::MemoryKind::kDevice && c.staging != "device") {
+  if (t->payload_memory == storage::MemoryKind::kDevice && c.staging != "device" && c.staging != "direct") {
     return Err(d["transport"], path, "data_plane.transport",
-               absl::StrCat(t->name, " delivers buckets to the GPU and needs staging: device"));
+               absl::StrCat(t->name, " delivers buckets to the GPU and needs staging: device (or direct)"));
   }
   return absl::OkStatus();
 }
@@ -162,7 +162,14 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "hold", path, "", c.hold));
   if (c.hold > 64) return Err(root["hold"], path, "hold", "must be at most 64");
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
-  if (c.staging != "host" && c.staging != "device") return Err(root["staging"], path, "staging", "must be host or device");
+  if (c.staging != "host" && c.staging != "device" && c.staging != "direct") {
+    return Err(root["staging"], path, "staging", "must be host, device or direct");
+  }
+  if (c.staging == "direct" && c.hold > 0) {
+    return Err(root["hold"], path, "hold",
+               "must be 0 with staging: direct (refits are converted into the engine's memory: no version is kept "
+               "to commit or roll back to)");
+  }
   REFIT_RETURN_IF_ERROR(ParseLogSection(root, path, c));
   if (const YAML::Node d = root["data_plane"]) REFIT_RETURN_IF_ERROR(ParseDataPlane(d, path, transports, c));
   if (const YAML::Node l = root["limits"]) {

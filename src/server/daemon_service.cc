@@ -14,6 +14,7 @@
 #include "server/engine_params.h"
 #include "server/log.h"
 #include "storage/shm_storage.h"
+#include "transport/builtin_transports.h"
 #if REFIT_HAVE_CUDA
 #include "refit/gpu/gpu_converter.h"
 #include "storage/cuda_ipc_storage.h"
@@ -360,7 +361,24 @@ absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<
 // with `staging: device` and an engine on the GPU, device staging and the GPU converter.
 absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
   const storage::EngineStorage& storage = *setup.storage;
-  if (config.staging == "device") {
+  // staging: direct converts into the engine's memory: on its GPU (as device staging, whose pool
+  // holds what cannot be placed) or, for host (shm) parameters, on the host.
+  if (config.staging == "direct") {
+    const transport::TransportRegistry transports = transport::BuiltinTransports();
+    const transport::TransportDescriptor* t = transports.Find(config.transport);
+    if (t != nullptr && t->payload_memory == storage::MemoryKind::kDevice && !storage.on_device()) {
+      return absl::InvalidArgumentError(absl::StrCat("config says staging: direct with the ", t->name,
+                                                     " data plane (buckets on the GPU), but the engine registered "
+                                                     "host (shm) parameters"));
+    }
+    if (storage.on_device() && t != nullptr && t->payload_memory == storage::MemoryKind::kDevice &&
+        storage.device() != config.data_device) {
+      return absl::InvalidArgumentError(absl::StrCat("config says staging: direct, but the engine's parameters are on "
+                                                     "GPU ", storage.device(), " and data_plane.device is ",
+                                                     config.data_device, "; they must be the same GPU"));
+    }
+  }
+  if (config.staging == "device" || (config.staging == "direct" && storage.on_device())) {
     if (!storage.on_device()) {
       return absl::InvalidArgumentError("config says staging: device, but the engine registered host (shm) parameters");
     }
@@ -382,6 +400,11 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
   }
   // Host staging: pinned when the engine is on the GPU, so the commit copy is a fast H2D copy.
   const bool pinned = storage.on_device();
+#if !REFIT_HAVE_CUDA
+  if (config.staging == "direct" && pinned) {
+    return absl::InvalidArgumentError("config says staging: direct, but this refitd was built without CUDA");
+  }
+#endif
   setup.pool = std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
   setup.new_pool = [pinned] {
     return std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
@@ -420,7 +443,28 @@ class DaemonImpl final : public proto::Daemon::Server {
     results.setDataEndpoint(state_.receiver->Endpoint());
     results.setBucketBytes(state_.config.limits.bucket_bytes);
     if (begun->wire != nullptr) wire::ToWire(begun->wire->plan(), results.initWirePlan());
-    return kj::READY_NOW;
+    if (!begun->pause_first) return kj::READY_NOW;
+    // staging: direct: the engine pauses before the trainer is answered (its buckets are then
+    // converted into the engine's memory). A daemon task, so that the pause's outcome is always
+    // settled (FinishDirectPause) even if the trainer goes away meanwhile.
+    absl::StatusOr<std::shared_ptr<DirectPause>> pause = state_.node.StartDirectPause(id);
+    if (!pause.ok()) return Answer(context, pause.status());
+    DaemonState* state = &state_;
+    std::shared_ptr<DirectPause> p = *pause;
+    auto status = std::make_shared<absl::Status>();
+    auto done = RunBlocking(state->io, [p] { Node::RunDirectPause(*p); })
+                    .then([state, p, status, id] {
+                      *status = state->node.FinishDirectPause(*p);
+                      LogEvent(status->ok() ? LogLevel::kInfo : LogLevel::kWarn, "engine_paused_for_direct")
+                          .Add("session", id)
+                          .Add("status", status->ok() ? std::string("ok") : std::string(status->message()));
+                    })
+                    .fork();
+    state->tasks.add(done.addBranch());
+    return done.addBranch().then([status, context]() mutable {
+      if (!status->ok()) return Answer(context, *status);
+      return kj::Promise<void>(kj::READY_NOW);
+    });
   }
 
   kj::Promise<void> join(JoinContext context) override {
@@ -660,13 +704,14 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.verify_after_commit = config.verify_after_commit;
             o.hold = config.hold;
             o.refuse_while_asleep = config.asleep_refits == "refuse";
+            o.direct = config.staging == "direct";
             o.failpoints = failpoints.get();
             o.spec = &spec;
             const Config* cfg = &config;
             o.make_staging = [cfg](EngineSetup& setup) {
-              if (cfg->staging == "device") {
-                return absl::InvalidArgumentError(
-                    "staging: device is not supported for an engine of several ranks yet; use staging: host");
+              if (cfg->staging == "device" || cfg->staging == "direct") {
+                return absl::InvalidArgumentError(absl::StrCat(
+                    "staging: ", cfg->staging, " is not supported for an engine of several ranks yet; use staging: host"));
               }
               return MakeStaging(*cfg, setup);
             };

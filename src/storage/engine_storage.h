@@ -57,6 +57,10 @@ class EngineStorage {
   }
   // Issues the prepared batch. REQUIRES: the engine is paused; PrepareDeviceWrites succeeded.
   virtual absl::Status WritePreparedDevice() { return absl::UnimplementedError("no batched device writes"); }
+  // Where parameter `index`'s bytes are mapped in this process (host memory for host storage,
+  // device memory of device() for device storage), for writers that fill the parameter in place
+  // while the engine is paused (staging: direct); null when the storage has no such mapping.
+  virtual uint8_t* MappedAddress(size_t index) const { return nullptr; }
   // True when the parameters live in GPU memory.
   virtual bool on_device() const { return false; }
   // The CUDA device of the parameters, or -1 for host storage.

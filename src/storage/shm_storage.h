@@ -31,6 +31,7 @@ class ShmEngineStorage : public EngineStorage {
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::StatusOr<uint64_t> Checksum(size_t index) const override;
   absl::Status Flush() override;
+  uint8_t* MappedAddress(size_t index) const override { return index < addrs_.size() ? addrs_[index] : nullptr; }
   // Each region's name still names the object mapped, at its size (ShmRegion::CheckCurrent).
   absl::Status Audit() const override;
 

@@ -10,10 +10,14 @@ colocated user writes today, measured in one run.
             projections into the engine layout SGLang and vLLM hold (fused qkv_proj and
             gate_up_proj), BF16 rest (--spec another file; --spec demo: the embedded demo spec,
             unfused); --refits refits, steady state = all but the first. Wall = the trainer's
-            Begin -> commit reply; pause = refitd's engine pause window. Twice: the trainer
-            packing its weights into bucket buffers (Push), then pushing them from its one weight
-            allocation, kept across refits as a trainer keeps its parameters (PushInPlace,
-            example_trainer --in-place).
+            Begin -> commit reply; pause = refitd's engine pause window. Five runs (see `runs`):
+            the trainer packing its weights into bucket buffers (Push) or pushing them from its
+            one weight allocation, kept across refits as a trainer keeps its parameters
+            (PushInPlace, example_trainer --in-place); `staging: device` or `staging: direct`
+            (converted straight into the engine's memory, the engine paused for the whole refit);
+            the engine's weights in one cudaMalloc registered by CUDA IPC handle, or in CUDA
+            virtual memory registered in place (example_engine --vmm, as vLLM's sleep mode and
+            SGLang's memory saver allocate them).
   bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
             (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
             device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
@@ -216,9 +220,9 @@ def main() -> int:
         spec = str(spec_path)
         out["spec"] = a.spec
 
-    def refitd_run(in_place):
+    def refitd_run(in_place, staging="device", engine_args=()):
         r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, transport="cuda_ipc",
-                            in_place=in_place)
+                            in_place=in_place, staging=staging, engine_args=engine_args)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
                    "pause_ms": statistics.median(x["pause_ms"] for x in steady),
@@ -226,22 +230,32 @@ def main() -> int:
                    "phases_ms": {k: statistics.median(x[k] for x in steady)
                                  for k in ("receive_ms", "convert_ms", "validate_ms", "commit_ms", "prepare_ms")},
                    "bytes_in": r["bytes_in"], "bytes_out": r["bytes_out"], "tensors": r["tensors"],
+                   "bytes_in_place": r["refits"][-1].get("bytes_in_place", 0),
                    "buckets": r["buckets"], "raw_cuda_ipc": r["nccl_raw"],
                    # Every timing field of the trainer's reports (refitd's phases and the trainer's
                    # own timeline: trainer_begin_ms, trainer_push_ms, trainer_commit_ms).
                    "steady_medians_ms": {k: statistics.median(x[k] for x in steady) for k in steady[0]
                                          if k.endswith("_ms") and isinstance(steady[0][k], (int, float))}}
 
-    # The trainer packs its tensors into two bucket buffers (Push), then pushes them from where
-    # they lie in its one weight allocation (PushInPlace: refitd's converter reads them there).
-    r, refitd = refitd_run(False)
-    out["refitd"] = refitd
-    print(json.dumps(refitd), file=sys.stderr, flush=True)
-    save()
-    _, in_place = refitd_run(True)
-    out["refitd_in_place"] = in_place
-    print(json.dumps(in_place), file=sys.stderr, flush=True)
-    save()
+    # The runs, each a fresh refitd + engine: the trainer packing its tensors into two bucket
+    # buffers (Push), or pushing them from where they lie in its one weight allocation (PushInPlace:
+    # refitd's converter reads them there); staging: device (converted into staging, copied into
+    # the engine in the pause), or staging: direct (converted into the engine's memory, the engine
+    # paused for the whole refit); the engine's weights in one cudaMalloc registered by CUDA IPC
+    # handle, or in CUDA virtual memory registered in place (--vmm: as vLLM's sleep mode and
+    # SGLang's memory saver allocate them).
+    runs = [("refitd", False, "device", ()), ("refitd_in_place", True, "device", ()),
+            ("refitd_direct", True, "direct", ()), ("vmm_in_place", True, "device", ("--vmm",)),
+            ("vmm_direct", True, "direct", ("--vmm",))]
+    results = {}
+    r = None
+    for label, in_place, staging, engine_args in runs:
+        raw, results[label] = refitd_run(in_place, staging, engine_args)
+        r = r or raw
+        out[label] = results[label]
+        print(json.dumps({label: results[label]}), file=sys.stderr, flush=True)
+        save()
+    refitd = results["refitd"]
     import torch
 
     out["gpu"] = torch.cuda.get_device_name(0)
@@ -249,28 +263,34 @@ def main() -> int:
     copy = copy_rates(a.copy_gib << 30, r["bytes_out"])
     out["copy"] = copy
     bound_ms = (r["bytes_in"] + r["bytes_out"]) / (2 * copy["copy_gbps"] * 1e6)
-    out["bound"] = {"ms": bound_ms, "refit_fraction_of_bound": bound_ms / r["wall_ms"],
-                    "in_place_fraction_of_bound": bound_ms / in_place["wall_ms"]}
-    out["pause_vs_copy_in_place"] = {"pause_ms": in_place["pause_ms"],
-                                     "pause_minus_copy_ms": in_place["pause_ms"] - copy["engine_bytes_copy_ms"]}
-    out["pause_vs_copy"] = {"pause_ms": refitd["pause_ms"], "copy_ms": copy["engine_bytes_copy_ms"],
-                            "pause_minus_copy_ms": refitd["pause_ms"] - copy["engine_bytes_copy_ms"]}
+    out["bound"] = {"ms": bound_ms, "refit_fraction_of_bound": bound_ms / r["wall_ms"]}
+    for label, x in results.items():
+        out["bound"][f"{label}_fraction_of_bound"] = bound_ms / x["wall_ms"]
+    out["pause_vs_copy"] = {label: {"pause_ms": x["pause_ms"], "copy_ms": copy["engine_bytes_copy_ms"],
+                                    "pause_minus_copy_ms": x["pause_ms"] - copy["engine_bytes_copy_ms"]}
+                            for label, x in results.items()}
     save()
     if a.baseline:
         b = baseline(a.baseline, a.refits)
         b["refitd_speedup"] = b["wall_ms"] / r["wall_ms"]
-        b["refitd_in_place_speedup"] = b["wall_ms"] / in_place["wall_ms"]
+        for label, x in results.items():
+            b[f"{label}_speedup"] = b["wall_ms"] / x["wall_ms"]
         b["fraction_of_bound"] = bound_ms / b["wall_ms"]
         out["baseline"] = b
         save()
     print(json.dumps(out, indent=1))
-    s = (f"refitd colocated FP8 refit {r['wall_ms']:.1f} ms ({r['bytes_in'] / 1e9:.2f} GB in, {r['bytes_out'] / 1e9:.2f} "
-         f"GB out); bound {bound_ms:.1f} ms -> {bound_ms / r['wall_ms']:.2f} of it; pause {refitd['pause_ms']:.2f} ms vs "
-         f"copy {copy['engine_bytes_copy_ms']:.2f} ms; pushed in place {in_place['wall_ms']:.1f} ms -> "
-         f"{bound_ms / in_place['wall_ms']:.2f} of the bound, pause {in_place['pause_ms']:.2f} ms")
+    print(f"colocated FP8 refit, {r['bytes_in'] / 1e9:.2f} GB in, {r['bytes_out'] / 1e9:.2f} GB out; bound "
+          f"{bound_ms:.2f} ms; one copy of the engine's bytes {copy['engine_bytes_copy_ms']:.2f} ms", file=sys.stderr)
+    print(f"{'run':<16} {'wall ms':>8} {'of bound':>8} {'pause ms':>8} {'convert':>8} {'commit':>8} {'in place GB':>11}",
+          file=sys.stderr)
+    for label, x in results.items():
+        print(f"{label:<16} {x['wall_ms']:>8.2f} {bound_ms / x['wall_ms']:>8.2f} {x['pause_ms']:>8.2f} "
+              f"{x['phases_ms']['convert_ms']:>8.2f} {x['phases_ms']['commit_ms']:>8.2f} "
+              f"{x['bytes_in_place'] / 1e9:>11.2f}", file=sys.stderr)
     if "baseline" in out:
-        s += f"; torch per-tensor IPC + quantize + copy {out['baseline']['wall_ms']:.1f} ms ({out['baseline']['refitd_speedup']:.2f}x)"
-    print(s, file=sys.stderr)
+        print(f"torch per-tensor IPC + quantize + copy: {out['baseline']['wall_ms']:.1f} ms "
+              f"({out['baseline']['refitd_speedup']:.2f}x packed, "
+              f"{max(out['baseline'][f'{l}_speedup'] for l in results):.2f}x best)", file=sys.stderr)
     return 0
 
 

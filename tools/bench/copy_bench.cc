@@ -8,7 +8,8 @@
 // per_region_memcpy_ms: the same regions by one cudaMemcpyAsync each; scattered_batch_ms: the
 // batch with every source region in an allocation of its own, as refitd's staging pool holds them;
 // ipc_scattered_batch_ms: the same into another process's memory opened by its CUDA IPC handle,
-// as refitd writes an engine's; vmm_scattered_batch_ms: into CUDA virtual memory imported from its
+// as refitd writes an engine's; ipc_read_batch_ms: the same regions read out of that memory (as
+// refitd's converter reads a colocated trainer's buffers); vmm_scattered_batch_ms: into CUDA virtual memory imported from its
 // POSIX descriptor, as refitd maps an engine's virtual-memory weights.
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -151,7 +152,7 @@ int main(int argc, char** argv) {
     if (sb.ok()) scattered_ms = median_of([&] { (void)(*sb)->Launch(nullptr); });
   }
   // Into another process's memory opened by its CUDA IPC handle, as refitd writes the engine's.
-  float ipc_ms = -1;
+  float ipc_ms = -1, ipc_read_ms = -1;
   {
     int to_child[2], from_child[2];
     if (pipe(to_child) == 0 && pipe(from_child) == 0) {
@@ -178,6 +179,14 @@ int main(int argc, char** argv) {
         }
         auto ib = refit::kernels::BatchCopy::Create(into.data(), into.size(), nullptr);
         if (ib.ok()) ipc_ms = median_of([&] { (void)(*ib)->Launch(nullptr); });
+        // And reading it: out of the other process's memory into local allocations.
+        std::vector<refit::kernels::CopyRegion> out_of = into;
+        for (size_t k = 0; k < out_of.size(); ++k) {
+          out_of[k].src = into[k].dst;
+          out_of[k].dst = const_cast<void*>(scattered[k].src);
+        }
+        auto ob = refit::kernels::BatchCopy::Create(out_of.data(), out_of.size(), nullptr);
+        if (ob.ok()) ipc_read_ms = median_of([&] { (void)(*ob)->Launch(nullptr); });
         cudaIpcCloseMemHandle(remote);
       }
       close(to_child[1]);
@@ -243,8 +252,9 @@ int main(int argc, char** argv) {
   }
   std::printf("{\"bytes\":%zu,\"d2d_ms\":%.3f,\"h2d_ms\":%.3f,\"batch_ms\":%.3f,\"regions\":%zu,"
               "\"batch_vs_d2d\":%.3f,\"batch_equal\":%s,\"per_region_memcpy_ms\":%.3f,"
-              "\"scattered_batch_ms\":%.3f,\"ipc_scattered_batch_ms\":%.3f,\"vmm_scattered_batch_ms\":%.3f}\n",
+              "\"scattered_batch_ms\":%.3f,\"ipc_scattered_batch_ms\":%.3f,\"ipc_read_batch_ms\":%.3f,"
+              "\"vmm_scattered_batch_ms\":%.3f}\n",
               n, d2d, h2d, batch_ms, regions.size(), d2d / batch_ms, equal ? "true" : "false", per_region_ms,
-              scattered_ms, ipc_ms, vmm_ms);
+              scattered_ms, ipc_ms, ipc_read_ms, vmm_ms);
   return equal ? 0 : 3;
 }

@@ -43,11 +43,12 @@ def moe_shape(layers):
             "--experts", "128", "--moe-intermediate", "768"]
 
 
-def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transport="nccl"):
+def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transport="nccl", staging="device",
+               engine_args=()):
     """refitd + an idle example engine on GPU k; returns (address, [processes], log)."""
     sock = tmp / f"{name}.{k}.sock"
     cfg = tmp / f"{name}.{k}.yaml"
-    text = (f"listen: unix:{sock}\nstaging: device\nadmin: {{listen: ''}}\n"
+    text = (f"listen: unix:{sock}\nstaging: {staging}\nadmin: {{listen: ''}}\n"
             f"data_plane:\n  transport: {transport}\n  device: {k}\n"
             f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: {slots}\n  session_deadline_ms: 600000\n")
     if spec:
@@ -65,7 +66,7 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
         raise RuntimeError(f"refitd exited: {log.read_text()[-2000:]}")
     spec_flag = ["--spec", spec] if spec else []
     procs.append(subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
-                                   "--gpu", str(k), "--idle", *spec_flag, *shape],
+                                   "--gpu", str(k), "--idle", *engine_args, *spec_flag, *shape],
                                   stdout=open(elog, "w"), stderr=subprocess.STDOUT))
     for _ in range(6000):
         if "registered" in elog.read_text() or procs[1].poll() is not None:
@@ -77,7 +78,7 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
 
 
 def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2,
-                 transport="nccl", in_place=False):
+                 transport="nccl", in_place=False, staging="device", engine_args=()):
     """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
     (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon).
     `in_place`: the trainer pushes by RefitSession::PushInPlace (example_trainer --in-place)."""
@@ -87,7 +88,8 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
     try:
         first = 0 if transport == "cuda_ipc" else 1  # colocated: refitd and engine on the trainer's GPU
         for k in range(first, first + daemons):
-            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots, transport)
+            address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots, transport, staging,
+                                          engine_args)
             addresses.append(address)
             procs += ps
             logs.append(log)

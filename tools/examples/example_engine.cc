@@ -7,13 +7,16 @@
 // `mixed` counts requests that saw bytes that are neither the old nor the new version of any
 // parameter set (a checksum that differs between two requests of the same version): it must be 0.
 //
-//   example_engine [--address unix:/run/refitd/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE] [--idle]
-//                  [--reconnect] [--pause-ms MS] [shape flags]
+//   example_engine [--address unix:/run/refitd/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE [--vmm]]
+//                  [--idle] [--reconnect] [--pause-ms MS] [shape flags]
 // --pause-ms MS makes each pause take MS ms, printing {"event":"pausing"} when it starts.
 // --reconnect keeps serving when refitd goes away and registers again when it is back (a dirty
 // engine, one that lost refitd inside a commit window, stays paused until a full refit lands).
 // --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
-// requests then copy every parameter to the host to checksum it.
+// requests then copy every parameter to the host to checksum it. --vmm allocates that memory as
+// CUDA virtual memory (cuMemCreate with a POSIX descriptor handle, mapped with cuMemMap), as
+// vLLM's sleep mode and SGLang's memory saver do, and registers the parameters in place (the
+// agent exports the allocation's descriptor; refitd imports and maps it).
 //   example_engine --checkpoint DIR --spec FILE [--address ...] [--shm NAME]
 // With --checkpoint the engine holds a model family's parameters in the spec's engine layout
 // (fused, stacked, sharded, laid out, derived), loaded from the converted checkpoint DIR; the
@@ -45,10 +48,59 @@
 #include "spec/model_spec.h"
 #include "storage/shm_region.h"
 #if REFIT_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "common/cuda_status.h"
 #endif
 
 namespace {
+
+#if REFIT_HAVE_CUDA
+// `bytes` (rounded up to the granularity) of CUDA virtual memory on `device`, exportable as a
+// POSIX file descriptor, mapped read-write; null (with the reason in `why`) when unavailable.
+void* AllocateVmm(int device, uint64_t bytes, std::string& why) {
+  using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+  using Granularity = CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
+  using Reserve = CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  using Map = CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  using SetAccess = CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  Create create = nullptr;
+  Granularity granularity = nullptr;
+  Reserve reserve = nullptr;
+  Map map = nullptr;
+  SetAccess set_access = nullptr;
+  if (!refit::LoadDriverEntryPoint("cuMemCreate", 10020, &create) ||
+      !refit::LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &granularity) ||
+      !refit::LoadDriverEntryPoint("cuMemAddressReserve", 10020, &reserve) ||
+      !refit::LoadDriverEntryPoint("cuMemMap", 10020, &map) || !refit::LoadDriverEntryPoint("cuMemSetAccess", 10020, &set_access)) {
+    why = "the CUDA driver has no virtual memory management";
+    return nullptr;
+  }
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr va = 0;
+  if (granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) {
+    why = "no virtual memory with POSIX descriptors on this device";
+    return nullptr;
+  }
+  const size_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS || reserve(&va, size, g, 0, 0) != CUDA_SUCCESS ||
+      map(va, size, 0, handle, 0) != CUDA_SUCCESS || set_access(va, size, &access, 1) != CUDA_SUCCESS) {
+    why = "cuMemCreate/cuMemMap failed";
+    return nullptr;
+  }
+  return reinterpret_cast<void*>(va);  // held until the process exits
+}
+#endif
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
@@ -68,6 +120,7 @@ int main(int argc, char** argv) {
   std::string address = refit::kDefaultControlAddress, spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
   int gpu = -1;
+  bool vmm = false;   // --vmm: the GPU memory is CUDA virtual memory, registered in place
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
   int pause_ms = 0;   // --pause-ms: a pause that takes this long (draining requests, flushing a cache)
   bool reconnect = false;
@@ -89,6 +142,8 @@ int main(int argc, char** argv) {
       reconnect = true;
     } else if (a == "--gpu" && i + 1 < argc) {
       gpu = std::atoi(argv[++i]);
+    } else if (a == "--vmm") {
+      vmm = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       std::fprintf(stderr, "example_engine: unknown flag %s\n", argv[i]);
       return 2;
@@ -156,13 +211,20 @@ int main(int argc, char** argv) {
   } else {
 #if REFIT_HAVE_CUDA
     cudaIpcMemHandle_t h;
-    if (cudaSetDevice(gpu) != cudaSuccess || cudaMalloc(&device_base, total) != cudaSuccess ||
-        cudaMemset(device_base, 0, total) != cudaSuccess || cudaIpcGetMemHandle(&h, device_base) != cudaSuccess) {
+    std::string why;
+    if (vmm && (cudaSetDevice(gpu) != cudaSuccess || (device_base = AllocateVmm(gpu, total, why)) == nullptr ||
+                cudaMemset(device_base, 0, total) != cudaSuccess)) {
+      std::fprintf(stderr, "example_engine: cannot allocate %llu bytes of CUDA virtual memory on GPU %d: %s\n",
+                   static_cast<unsigned long long>(total), gpu, why.c_str());
+      return 1;
+    }
+    if (!vmm && (cudaSetDevice(gpu) != cudaSuccess || cudaMalloc(&device_base, total) != cudaSuccess ||
+                 cudaMemset(device_base, 0, total) != cudaSuccess || cudaIpcGetMemHandle(&h, device_base) != cudaSuccess)) {
       std::fprintf(stderr, "example_engine: cannot allocate %llu bytes on GPU %d: %s\n",
                    static_cast<unsigned long long>(total), gpu, cudaGetErrorString(cudaGetLastError()));
       return 1;
     }
-    std::memcpy(ipc_handle.data(), &h, sizeof(h));
+    if (!vmm) std::memcpy(ipc_handle.data(), &h, sizeof(h));
     host_copy.resize(total);
     base = host_copy.data();
 #else
@@ -225,9 +287,17 @@ int main(int argc, char** argv) {
     agent = client::EngineAgent::Start(address, params, callbacks, 0, reconnect);
   } else {
 #if REFIT_HAVE_CUDA
-    std::vector<client::CudaParam> cuda;
-    for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu, nullptr});
-    agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0, reconnect);
+    if (vmm) {
+      std::vector<client::DevicePtrParam> in_place;
+      for (const client::ShmParam& p : params) {
+        in_place.push_back({p.name, p.dtype, p.shape, static_cast<uint8_t*>(device_base) + p.offset});
+      }
+      agent = client::EngineAgent::Start(address, std::move(in_place), callbacks, 0, reconnect);
+    } else {
+      std::vector<client::CudaParam> cuda;
+      for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu, nullptr});
+      agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0, reconnect);
+    }
 #endif
   }
   if (!agent.ok()) {

@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice] [--gpu N [--in-place]]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
@@ -108,6 +108,7 @@ std::string Json(const RefitReport& r, int refit, bool match, const std::string&
   return absl::StrCat("{\"push_commit_ms\":", push_commit_ms, ",\"refit\":", refit, ",\"session\":", r.session_id, ",\"version\":", r.version,
                       ",\"tag\":\"", JsonEscape(r.tag), "\"",
                       ",\"outcome\":\"", OutcomeName(r.outcome), "\",\"bytes_in\":", r.bytes_in, ",\"bytes_out\":", r.bytes_out,
+                      ",\"bytes_in_place\":", r.bytes_in_place,
                       ",\"buckets\":", r.buckets, ",\"tensors\":", r.tensors, ",\"receive_ms\":", r.times.receive_ms,
                       ",\"convert_ms\":", r.times.convert_ms, ",\"validate_ms\":", r.times.validate_ms,
                       ",\"commit_ms\":", r.times.commit_ms, ",\"pause_ms\":", r.times.pause_ms,
@@ -738,7 +739,9 @@ int main(int argc, char** argv) {
       }
       return absl::OkStatus();
     };
-    for (size_t i = 0; i < to_send.size() && pushed.ok(); ++i) {
+    // --fault withhold: the manifest names every tensor, the last is never sent (refused at commit).
+    const size_t send_count = fault == "withhold" && !to_send.empty() ? to_send.size() - 1 : to_send.size();
+    for (size_t i = 0; i < send_count && pushed.ok(); ++i) {
       pushed = push(i);
       if (fault == "die-mid-bucket" && i == to_send.size() / 2) {
         (void)(*session)->Flush();

@@ -65,14 +65,14 @@ def require_two_gpus():
 
 
 class GpuNode:
-    """refitd with `staging: device` and the data plane `transport` on GPU `device`, and the
+    """refitd with `staging: device` (or `staging`) and the data plane `transport` on GPU `device`, and the
     example engine (CUDA IPC registration) on the same GPU, in `tmp`. `trainer(*args)` runs the
     example trainer on GPU `trainer_gpu`; `engine_matches(seed)` is refitctl verify against the
     offline conversion of refit 0 of `seed`. `spec`: a model spec file for refitd, the engine and
     the trainer (the demo spec when empty)."""
 
     def __init__(self, tmp: Path, transport: str, device: int, trainer_gpu: int = 0, deadline_ms: int = 60000,
-                 socket: str = "", spec: str = ""):
+                 socket: str = "", spec: str = "", staging: str = "device", engine_args=()):
         self.tmp = tmp
         self.trainer_gpu = trainer_gpu
         self.spec_flags = ["--spec", spec] if spec else []
@@ -80,7 +80,7 @@ class GpuNode:
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
         extra = f"  cuda_ipc_socket: {socket}\n" if socket else ""
-        cfg.write_text(f"listen: {self.address}\nstaging: device\nlog_level: debug\n"
+        cfg.write_text(f"listen: {self.address}\nstaging: {staging}\nlog_level: debug\n"
                        + (f"model_spec: {spec}\n" if spec else "") +
                        f"data_plane:\n  transport: {transport}\n  device: {device}\n{extra}"
                        f"limits:\n  session_deadline_ms: {deadline_ms}\n  bucket_bytes: 1048576\n")
@@ -92,7 +92,7 @@ class GpuNode:
         assert self.daemon.poll() is None, self.log.read_text()
         self.engine_log = tmp / "engine.log"
         self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--gpu", str(device),
-                                        *self.spec_flags],
+                                        *engine_args, *self.spec_flags],
                                        stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
                  what="registration")

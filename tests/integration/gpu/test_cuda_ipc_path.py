@@ -65,6 +65,33 @@ def test_shipped_llama3_spec_fused_engine_layout_matches_offline_conversion(node
         assert all(l["engine_matches_expected"] for l in lines), lines
 
 
+@pytest.mark.parametrize("engine_memory", ["ipc", "vmm"])
+def test_staging_direct_converts_into_the_engine_packed_and_in_place(node_factory, tmp_path, engine_memory):
+    # staging: direct with the shipped llama3 spec (one engine on one GPU): the engine pauses at
+    # begin and every tensor is converted into its fused qkv_proj / gate_up_proj in place; the
+    # engine's bytes equal the offline conversion, packed and pushed in place. A trainer killed
+    # while pushing in place leaves it paused and dirty; the next refit lands and cleans it. The
+    # engine's weights in a cudaMalloc registered by IPC handle, or in CUDA virtual memory
+    # registered in place (example_engine --vmm).
+    text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
+    spec = tmp_path / "llama3_tp1.yaml"
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    node = node_factory(spec=str(spec), staging="direct", deadline_ms=20000,
+                        engine_args=["--vmm"] if engine_memory == "vmm" else [])
+    for flags in ([], ["--in-place"]):
+        p, lines = node.trainer("--refits", "2", *flags)
+        assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+        assert [l["outcome"] for l in lines] == ["committed"] * 2
+        assert all(l["engine_matches_expected"] for l in lines), lines
+        assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
+    p, _ = node.trainer("--refits", "1", "--seed", "6", "--fault", "die-mid-bucket", "--in-place")
+    assert p.returncode == 9, p.stderr
+    wait_for(lambda: "stays paused and dirty" in node.log.read_text(), timeout=20, what="abort after trainer death")
+    p, lines = node.trainer("--refits", "1", "--seed", "7", "--in-place")
+    assert p.returncode == 0 and lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], \
+        p.stdout + p.stderr + node.log.read_text()[-3000:]
+
+
 def test_trainer_killed_while_pushing_in_place_aborts_and_engine_is_unchanged(node_factory):
     # refitd's converter may be reading the dead trainer's own memory: the abort must still come,
     # refitd must stay healthy, and the next refit lands.

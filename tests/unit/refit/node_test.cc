@@ -104,9 +104,11 @@ class NodeTest : public ::testing::Test {
     options.verify_after_commit = verify_;
     options.hold = hold_;
     options.refuse_while_asleep = refuse_asleep_;
+    options.direct = direct_;
     if (staging_limit_ != 0) options.limits.staging_bytes = staging_limit_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
+    hooks.on_converted = [this](const std::map<std::string, uint64_t>&, uint64_t) { converted_.fetch_add(1); };
     node_ = std::make_unique<Node>(options, receiver_, *ring_, hooks);
   }
 
@@ -187,6 +189,8 @@ class NodeTest : public ::testing::Test {
   bool verify_ = false;  // NodeOptions::verify_after_commit (set, then SetUp() again)
   uint32_t hold_ = 0;            // NodeOptions::hold
   bool refuse_asleep_ = false;   // NodeOptions::refuse_while_asleep
+  bool direct_ = false;          // NodeOptions::direct (staging: direct)
+  std::atomic<int> converted_{0};  // buckets converted (NodeHooks::on_converted)
   int pools_made_ = 0;           // EngineSetup::new_pool calls
   uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
 
@@ -936,6 +940,159 @@ TEST_F(NodeTest, TheEnginesAuditNamesStaleParametersAndTheRefitIsRefused) {
   EXPECT_EQ(EngineBytes(), std::vector<uint8_t>(kBytes * kParams, 0xAB));
   control->audit_stale.clear();
   EXPECT_EQ(CommitNow(Send(Payload(8), kParams)).outcome, Outcome::kCommitted);
+}
+
+// ---- staging: direct ----
+
+class DirectNodeTest : public NodeTest {
+ protected:
+  void SetUp() override {
+    direct_ = true;
+    NodeTest::SetUp();
+  }
+  // Begins a session; the engine pauses first (the server's begin: Start/Run/FinishDirectPause).
+  absl::StatusOr<uint64_t> BeginDirect(const Manifest& m) {
+    absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
+    if (!begun.ok()) return begun.status();
+    EXPECT_TRUE(begun->pause_first);
+    absl::StatusOr<std::shared_ptr<DirectPause>> pause = node_->StartDirectPause(begun->session_id);
+    if (!pause.ok()) return pause.status();
+    Node::RunDirectPause(**pause);
+    if (absl::Status st = node_->FinishDirectPause(**pause); !st.ok()) return st;
+    return begun->session_id;
+  }
+  // Sends `tensors` of `payload` in one bucket and waits until it is converted.
+  void SendBucket(uint64_t session, const std::vector<uint8_t>& payload, int tensors) {
+    BucketHeader h;
+    h.seq = 0;
+    h.nbytes = kBytes * tensors;
+    h.checksum = Checksum64(payload.data(), h.nbytes);
+    for (int i = 0; i < tensors; ++i) h.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, i * kBytes, kBytes});
+    sent_ = std::vector<uint8_t>(payload.begin(), payload.begin() + static_cast<long>(h.nbytes));
+    receiver_.Put(Session::Tag(session, 0), &sent_);
+    const int before = converted_.load();
+    ASSERT_TRUE(node_->Announce(session, h).ok());
+    for (int i = 0; i < 5000 && converted_.load() == before; ++i) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_GT(converted_.load(), before) << "the bucket was not converted";
+  }
+};
+
+// The engine pauses when the session begins; every tensor is converted straight into its memory,
+// so the commit copies nothing and resumes it: one pause, one resume, the new bytes.
+TEST_F(DirectNodeTest, ConvertsIntoTheEngineAndTheCommitCopiesNothing) {
+  ScriptedControl* control;
+  Register(&control);
+  absl::StatusOr<uint64_t> session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_THAT(control->calls, ElementsAre("pause"));
+  EXPECT_EQ(control->audits, 1);  // the engine's audit, answered with the pause
+  const std::vector<uint8_t> p = Payload(3);
+  SendBucket(*session, p, kParams);
+  EXPECT_EQ(EngineBytes(), p) << "converted into the engine's memory before the commit";
+  const RefitReport& r = CommitNow(*session);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.bytes_in_place, kBytes * kParams);
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+  EXPECT_GE(r.times.pause_ms, r.times.commit_ms);
+  EXPECT_FALSE(node_->engine()->dirty);
+  // And again: version 2.
+  const std::vector<uint8_t> q = Payload(4);
+  session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok());
+  SendBucket(*session, q, kParams);
+  EXPECT_EQ(CommitNow(*session).version, 2u);
+  EXPECT_EQ(EngineBytes(), q);
+}
+
+// A refit refused after some tensors were converted in place: the engine holds a mix, so it stays
+// paused (no resume) and dirty; a partial refit is refused; the next full refit lands and resumes.
+TEST_F(DirectNodeTest, ARefusedRefitLeavesTheEnginePausedAndDirtyUntilAFullRefitLands) {
+  ScriptedControl* control;
+  Register(&control);
+  absl::StatusOr<uint64_t> session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::vector<uint8_t> before = EngineBytes();
+  const std::vector<uint8_t> p = Payload(5);
+  SendBucket(*session, p, 1);  // w.1 never comes
+  const RefitReport& r = CommitNow(*session);
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("w.1"));
+  EXPECT_THAT(r.reason, HasSubstr("stays paused and dirty"));
+  EXPECT_THAT(control->calls, ElementsAre("pause"));  // not resumed
+  EXPECT_TRUE(node_->engine()->dirty);
+  const std::vector<uint8_t> now = EngineBytes();  // w.0 new, w.1 as before
+  EXPECT_EQ(std::vector<uint8_t>(now.begin(), now.begin() + kBytes), std::vector<uint8_t>(p.begin(), p.begin() + kBytes));
+  EXPECT_EQ(std::vector<uint8_t>(now.begin() + kBytes, now.end()), std::vector<uint8_t>(before.begin() + kBytes, before.end()));
+  absl::StatusOr<BeginResult> partial = node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now());
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<uint8_t> q = Payload(6);
+  session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+  SendBucket(*session, q, kParams);
+  const RefitReport& ok = CommitNow(*session);
+  EXPECT_EQ(ok.outcome, Outcome::kCommitted) << ok.reason;
+  EXPECT_EQ(EngineBytes(), q);
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_EQ(control->calls.back(), "resume:1");
+}
+
+// A trainer that goes away after its first bucket was converted in place: the engine stays
+// paused and dirty. One that goes away before anything was written: the engine is resumed at
+// the version it holds, untouched.
+TEST_F(DirectNodeTest, AnAbortAfterWritingLeavesItDirtyBeforeWritingResumesIt) {
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> before = EngineBytes();
+  absl::StatusOr<uint64_t> session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok());
+  node_->EndByTrainer(*session, EndCause::kDisconnected, "trainer disconnected");
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:0:sent"));
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_EQ(EngineBytes(), before);
+  EXPECT_THAT(node_->last_report().reason, HasSubstr("nothing was written in place"));
+
+  // (The sent resume left the scripted engine "late"; a real one answers it.)
+  control->late = 0;
+  session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+  SendBucket(*session, Payload(7), 1);
+  node_->EndByTrainer(*session, EndCause::kDisconnected, "trainer disconnected");
+  EXPECT_EQ(node_->last_report().outcome, Outcome::kAborted);
+  EXPECT_THAT(node_->last_report().reason, HasSubstr("stays paused and dirty"));
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_EQ(control->calls.back(), "pause");
+}
+
+// A pause that fails ends the session before anything is converted, naming why; the engine's
+// weights are untouched. Sleep is refused while a session converts into the engine.
+TEST_F(DirectNodeTest, APauseThatFailsEndsTheSessionAndSleepWaitsForTheSession) {
+  ScriptedControl* control;
+  const uint64_t engine = Register(&control);
+  control->pause_status = absl::UnavailableError("the engine is shutting down");
+  absl::StatusOr<uint64_t> session = BeginDirect(ManifestOf(kParams));
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(session.status().message(), HasSubstr("did not pause"));
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_EQ(node_->last_report().outcome, Outcome::kFailed);
+  control->pause_status = absl::OkStatus();
+  session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok());
+  EXPECT_EQ(node_->Sleep(engine).code(), absl::StatusCode::kUnavailable);
+  SendBucket(*session, Payload(8), kParams);
+  EXPECT_EQ(CommitNow(*session).outcome, Outcome::kCommitted);
+  EXPECT_TRUE(node_->Sleep(engine).ok());
+}
+
+// Asleep, a refit is staged as without staging: direct (nothing to write into) and commits at
+// the wake; a manifest that names nothing placeable begins without a pause.
+TEST_F(DirectNodeTest, NothingToPlaceMeansNoPauseAtBegin) {
+  ScriptedControl* control;
+  Register(&control);
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(0), absl::Now());
+  ASSERT_TRUE(begun.ok());
+  EXPECT_FALSE(begun->pause_first);
+  EXPECT_TRUE(control->calls.empty());
 }
 
 }  // namespace

@@ -1,0 +1,51 @@
+#include "refit/placement.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace refit {
+
+std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const storage::EngineStorage& storage,
+                                               const std::vector<TensorPlan>& plans) {
+  // What the manifest stages under each key, and how many slots each key fills.
+  absl::flat_hash_map<std::string, const Target*> by_key;
+  absl::flat_hash_map<std::string, int> uses;
+  for (const TensorPlan& plan : plans) {
+    for (const Target& t : plan.targets) {
+      by_key.try_emplace(t.key, &t);
+      ++uses[t.key];
+    }
+  }
+  auto placement = std::make_shared<Placement>();
+  const std::vector<storage::ParamInfo>& params = planner.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSource& src = planner.source(i);
+    if (src.kind != ParamSource::Kind::kBuilt || src.slots.empty()) continue;
+    const bool laid_out = std::any_of(src.rule->layout.begin(), src.rule->layout.end(),
+                                      [&](const spec::LayoutStep& step) { return step.AppliesTo(src.suffix); });
+    uint8_t* base = storage.MappedAddress(i);
+    if (laid_out || base == nullptr) continue;
+    const storage::ParamInfo& p = params[i];
+    std::vector<Placement::Place> places;
+    uint64_t offset = 0;
+    bool whole = true;
+    for (size_t s = 0; s < src.slots.size() && whole; ++s) {
+      auto it = by_key.find(src.slots[s]);
+      const Target* t = it == by_key.end() ? nullptr : it->second;
+      whole = t != nullptr && uses[src.slots[s]] == 1 && t->engine_index == i && t->slot == static_cast<int64_t>(s) &&
+              t->spec.dtype == p.dtype && t->spec.bytes <= p.nbytes - std::min(offset, p.nbytes) &&
+              (src.slots.size() > 1 || t->spec.shape == p.shape);
+      if (whole) {
+        places.push_back({base + offset, t->spec.bytes});
+        offset += t->spec.bytes;
+      }
+    }
+    if (!whole || offset != p.nbytes) continue;
+    for (size_t s = 0; s < src.slots.size(); ++s) placement->places[src.slots[s]] = places[s];
+  }
+  return placement;
+}
+
+}  // namespace refit

@@ -1,0 +1,119 @@
+"""staging: direct (docs/architecture.md): refitd converts every tensor it can place straight into
+the engine's memory, the engine paused from the session's begin to its commit's resume. Each
+scenario states its expected outcome: a clean refit serves only whole versions; a session that
+ends after writing in place leaves the engine paused and dirty (not ready, partial refits
+refused) until a full refit lands; one that ends before writing anything resumes the engine
+untouched; refitd dying mid-session leaves the engine dirty for the next refitd."""
+import signal
+
+from conftest import wait_for
+
+DIRECT = "staging: direct\nlimits:\n  bucket_bytes: 1048576\n"
+
+
+def committed_ok(lines, version):
+    return (len(lines) == 1 and lines[0]["outcome"] == "committed" and lines[0]["version"] == version
+            and lines[0]["engine_matches_expected"])
+
+
+def finish(node, versions):
+    assert node.resumed_versions() == versions
+    report = node.stop()
+    assert report is not None and report["mixed"] == 0, report
+    assert report["dirty"] is False, report
+
+
+def test_direct_refits_are_converted_in_place_and_serve_whole_versions(fault_node):
+    # Expected: three refits commit with the engine's bytes equal to the offline conversion,
+    # every output byte converted in place (nothing staged: the demo spec lays nothing out).
+    node = fault_node(config=DIRECT)
+    _, lines = node.trainer("--refits", "3")
+    assert [l["outcome"] for l in lines] == ["committed"] * 3, lines
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
+    assert "event=engine_paused_for_direct" in node.log()
+    finish(node, [1, 2, 3])
+
+
+def test_direct_trainer_killed_mid_refit_leaves_the_engine_paused_and_dirty(fault_node):
+    # Expected: the trainer dies after some buckets were converted into the engine: the session
+    # aborts, the engine stays paused and dirty (not ready), a partial refit is refused, and the
+    # next full refit lands and resumes it as version 1.
+    node = fault_node(config=DIRECT)
+    p, _ = node.trainer("--fault", "die-mid-bucket")
+    assert p.returncode == 9
+    wait_for(lambda: "outcome=aborted" in node.log(), what="abort")
+    assert "stays paused and dirty" in node.log()
+    status, body = node.admin("/readyz")
+    assert status == 503 and "dirty" in body, body
+    p, _ = node.trainer("--fault", "partial")
+    assert p.returncode == 1 and "partial refit refused" in p.stderr and "dirty" in p.stderr, p.stderr
+    _, lines = node.trainer("--refits", "1")
+    assert committed_ok(lines, 1), lines
+    assert node.admin("/readyz")[0] == 200
+    finish(node, [1])
+
+
+def test_direct_refused_refit_leaves_the_engine_dirty_until_a_full_refit(fault_node):
+    # Expected: a refit whose last tensor never comes is refused at commit, naming it, after the
+    # rest was converted in place: the engine stays paused and dirty; the next full refit lands.
+    # A refit whose manifest names nothing places nothing: refused as with staging, the engine
+    # untouched and never paused.
+    node = fault_node(config=DIRECT)
+    before = node.shm_digest()
+    _, lines = node.trainer("--refits", "1", "--fault", "strand-gate")
+    assert lines[0]["outcome"] == "refused", lines
+    assert "missing: 'model.layers.0.mlp.up_proj.weight'" in lines[0]["error"], lines[0]["error"]
+    assert node.shm_digest() == before and node.admin("/readyz")[0] == 200
+    _, lines = node.trainer("--refits", "1", "--fault", "withhold")
+    assert lines[0]["outcome"] == "refused", lines
+    assert "missing: '" in lines[0]["error"], lines[0]["error"]
+    assert "stays paused and dirty" in lines[0]["error"], lines[0]["error"]
+    assert node.shm_digest() != before
+    assert "dirty" in node.admin("/readyz")[1]
+    _, lines = node.trainer("--refits", "1", "--seed", "3")
+    assert committed_ok(lines, 1), lines
+    finish(node, [1])
+
+
+def test_direct_session_ending_before_any_write_resumes_the_engine(fault_node):
+    # Expected: a trainer that begins and sends nothing is aborted at the deadline; nothing was
+    # converted in place, so the engine is resumed untouched and stays ready.
+    node = fault_node(config="staging: direct\nlimits:\n  session_deadline_ms: 2000\n")
+    before = node.shm_digest()
+    t = node.trainer_async("--fault", "silent")
+    try:
+        wait_for(lambda: 'reason="session deadline passed' in node.log(), what="deadline abort")
+    finally:
+        t.kill()
+        t.wait()
+    assert "nothing was written in place: the engine was resumed" in node.log()
+    assert node.shm_digest() == before
+    assert node.admin("/readyz")[0] == 200
+    _, lines = node.trainer("--refits", "1")
+    assert committed_ok(lines, 1), lines
+    finish(node, [0, 1])  # resumed at version 0 (untouched), then version 1
+
+
+def test_refitd_killed_mid_direct_session_leaves_the_engine_dirty(fault_node):
+    # Expected: refitd dies after a bucket was converted into the engine: the engine (paused)
+    # knows its weights are mixed, re-registers dirty with the next refitd, which is not ready
+    # until a full refit lands.
+    node = fault_node(config=DIRECT)
+    _, lines = node.trainer("--refits", "1", "--seed", "1")
+    assert committed_ok(lines, 1), lines
+    node.daemon.send_signal(signal.SIGTERM)
+    assert node.daemon.wait(timeout=30) == 0, node.log()[-4000:]
+    node.start_daemon(failpoints="after_convert=crash")
+    node.wait_registered()
+    p, _ = node.trainer("--refits", "1", "--seed", "2")
+    assert node.wait_daemon_dead() == -signal.SIGKILL
+    assert p.returncode != 0
+    node.start_daemon()
+    node.wait_registered()
+    assert "version=1 dirty=true" in node.log(), node.log()
+    status, body = node.admin("/readyz")
+    assert status == 503 and "dirty" in body, body
+    _, lines = node.trainer("--refits", "1", "--seed", "3")
+    assert committed_ok(lines, 2), lines
+    finish(node, [1, 2])
