@@ -189,6 +189,7 @@ def main() -> int:
     ap.add_argument("--refits", type=int, default=3)
     ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
     ap.add_argument("--copy-gib", type=int, default=4)
+    ap.add_argument("--runs", default="", help="comma-separated run labels to do (default: all)")
     ap.add_argument("--spec", default=str(HERE.parent.parent / "deploy/models/llama3_fp8.yaml"),
                     help="model spec (its tensor_parallel is set to size 1); 'demo' for the embedded demo spec")
     ap.add_argument("--out", default="")
@@ -247,6 +248,8 @@ def main() -> int:
     runs = [("refitd", False, "device", ()), ("refitd_in_place", True, "device", ()),
             ("refitd_direct", True, "direct", ()), ("vmm_in_place", True, "device", ("--vmm",)),
             ("vmm_direct", True, "direct", ("--vmm",))]
+    if a.runs:
+        runs = [x for x in runs if x[0] in a.runs.split(",")]
     results = {}
     r = None
     for label, in_place, staging, engine_args in runs:
@@ -255,7 +258,6 @@ def main() -> int:
         out[label] = results[label]
         print(json.dumps({label: results[label]}), file=sys.stderr, flush=True)
         save()
-    refitd = results["refitd"]
     import torch
 
     out["gpu"] = torch.cuda.get_device_name(0)

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   std::string address = refit::kDefaultControlAddress, spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
   demo::ModelShape shape;
   int gpu = -1;
-  bool vmm = false;   // --vmm: the GPU memory is CUDA virtual memory, registered in place
+  [[maybe_unused]] bool vmm = false;  // --vmm: the GPU memory is CUDA virtual memory, registered in place
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
   int pause_ms = 0;   // --pause-ms: a pause that takes this long (draining requests, flushing a cache)
   bool reconnect = false;

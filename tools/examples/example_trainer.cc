@@ -526,7 +526,7 @@ int main(int argc, char** argv) {
 
   int unexpected = 0;
   std::shared_ptr<void> device_copies;  // --gpu: the weights on the GPU, kept across refits
-  uint64_t device_bytes = 0;
+  [[maybe_unused]] uint64_t device_bytes = 0;
   for (int refit = 0; refit < refits; ++refit) {
     uint64_t weights_seed = seed * 1000003 + static_cast<uint64_t>(refit);
     // Expected engine bytes and what to send.

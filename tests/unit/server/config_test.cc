@@ -44,6 +44,17 @@ TEST(ConfigTest, AllowedUidsAreCapped) {
   EXPECT_THAT(s.message(), HasSubstr("access.allowed_uids: lists 4097 uids; at most 4096"));
 }
 
+// staging: direct is read; it keeps no versions (hold must be 0) and takes GPU data planes.
+TEST(ConfigTest, StagingDirectIsReadAndRefusesHeldVersions) {
+  absl::StatusOr<Config> c = ParseConfig("staging: direct\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->staging, "direct");
+  EXPECT_THAT(ParseConfig("staging: direct\nhold: 2\n", "c.yaml").status().message(),
+              HasSubstr("c.yaml:2: hold: must be 0 with staging: direct"));
+  EXPECT_THAT(ParseConfig("staging: staged\n", "c.yaml").status().message(),
+              HasSubstr("staging: must be host, device or direct"));
+}
+
 TEST(ConfigTest, VerifyAfterCommitAndHoldAreRead) {
   absl::StatusOr<Config> c = ParseConfig("", "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
