@@ -1,0 +1,115 @@
+// PlanPlacement (staging: direct): which staged keys go straight into the engine's memory, and
+// where. Real shared-memory engine storage; the planner over the committer test's kind of spec:
+// a fused pair without layout steps (placed piece by piece at the committer's offsets), scales
+// with a layout step (staged), a derived parameter (staged) and its partial source (placed).
+#include "refit/placement.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "spec/model_spec.h"
+#include "storage/shm_region.h"
+#include "storage/shm_storage.h"
+
+namespace refit {
+namespace {
+
+constexpr char kSpec[] = R"(model: m
+rules:
+  - match: "l.{p:gate,up}_proj.weight"
+    target: "l.gate_up_proj.weight"
+    format: mxfp8
+    fuse: {capture: p, order: [gate, up]}
+    layout:
+      - {op: swizzle_128x4, on: _scale_inv}
+  - match: "l.norm.weight"
+    partial: true
+derived:
+  - {target: "l.norm.gemma_weight", from: "l.norm.weight", op: add_one}
+)";
+
+class PlacementTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = *spec::ParseModelSpec(kSpec);
+    // The engine layout: gate [64, 64] + up [32, 64] fused (MXFP8: E4M3 data, swizzled scales).
+    params_ = {{"l.gate_up_proj.weight", DType::kF8E4M3, {96, 64}, 96 * 64},
+               {"l.gate_up_proj.weight_scale_inv", DType::kU8, {128, 4}, 128 * 4},
+               {"l.norm.weight", DType::kBF16, {64}, 128},
+               {"l.norm.gemma_weight", DType::kBF16, {64}, 128}};
+    std::vector<storage::ShmParam> shm;
+    uint64_t off = 0;
+    for (const storage::ParamInfo& p : params_) {
+      shm.push_back({p, name_, off});
+      off += (p.nbytes + 63) / 64 * 64;
+    }
+    region_ = *storage::ShmRegion::Create(name_, off);
+    storage_ = *storage::ShmEngineStorage::Open(shm);
+    planner_ = std::make_unique<Planner>(*Planner::Create(spec_, storage_->params()));
+  }
+  std::vector<TensorPlan> Plans(const std::vector<std::pair<std::string, Shape>>& tensors) {
+    std::vector<TensorPlan> plans;
+    for (const auto& [name, shape] : tensors) {
+      absl::StatusOr<TensorPlan> plan = planner_->Plan(name, DType::kBF16, shape);
+      EXPECT_TRUE(plan.ok()) << plan.status();
+      if (plan.ok()) plans.push_back(*plan);
+    }
+    return plans;
+  }
+  uint8_t* Address(const std::string& param) { return storage_->MappedAddress(planner_->IndexOf(param)); }
+
+  std::string name_ = absl::StrCat("/refit-placement-test-", getpid());
+  spec::ModelSpec spec_;
+  std::vector<storage::ParamInfo> params_;
+  std::unique_ptr<storage::ShmRegion> region_;
+  std::unique_ptr<storage::ShmEngineStorage> storage_;
+  std::unique_ptr<Planner> planner_;
+};
+
+TEST_F(PlacementTest, FusedPiecesAtTheirOffsetsLaidOutAndDerivedStaged) {
+  std::shared_ptr<const Placement> p = PlanPlacement(
+      *planner_, *storage_, Plans({{"l.gate_proj.weight", {64, 64}}, {"l.up_proj.weight", {32, 64}}, {"l.norm.weight", {64}}}));
+  ASSERT_EQ(p->places.size(), 3u);
+  const auto& gate = p->places.at("l.gate_proj.weight");
+  const auto& up = p->places.at("l.up_proj.weight");
+  EXPECT_EQ(gate.address, Address("l.gate_up_proj.weight"));
+  EXPECT_EQ(gate.bytes, 64u * 64u);
+  EXPECT_EQ(up.address, Address("l.gate_up_proj.weight") + 64 * 64);  // after gate, as the committer writes it
+  EXPECT_EQ(up.bytes, 32u * 64u);
+  EXPECT_EQ(p->places.at("l.norm.weight").address, Address("l.norm.weight"));
+  // The scales have a layout step (swizzle): staged, built at commit.
+  EXPECT_EQ(p->places.count("l.gate_proj.weight_scale_inv"), 0u);
+  EXPECT_EQ(p->places.count("l.up_proj.weight_scale_inv"), 0u);
+}
+
+TEST_F(PlacementTest, AFusedParameterMissingAMemberIsNotPlaced) {
+  // Without `up` in the manifest the offsets of gate's partner are unknown: nothing of the fused
+  // parameter is placed; the norm still is.
+  std::shared_ptr<const Placement> p =
+      PlanPlacement(*planner_, *storage_, Plans({{"l.gate_proj.weight", {64, 64}}, {"l.norm.weight", {64}}}));
+  EXPECT_EQ(p->places.count("l.gate_proj.weight"), 0u);
+  EXPECT_EQ(p->places.count("l.norm.weight"), 1u);
+  EXPECT_TRUE(PlanPlacement(*planner_, *storage_, {})->places.empty());
+}
+
+TEST_F(PlacementTest, StagingAllocatesPlacedKeysInTheEngineAndTheRestInThePool) {
+  std::shared_ptr<const Placement> p = PlanPlacement(*planner_, *storage_, Plans({{"l.norm.weight", {64}}}));
+  StagingPool pool(storage::NewHostMemory());
+  Staging staging(1 << 20, pool);
+  staging.Place(p);
+  absl::StatusOr<uint8_t*> norm = staging.Allocate("l.norm.weight", DType::kBF16, {64}, 128);
+  ASSERT_TRUE(norm.ok());
+  EXPECT_EQ(*norm, Address("l.norm.weight"));
+  EXPECT_TRUE(staging.Get("l.norm.weight")->in_place);
+  // Another size than planned is staged, not placed.
+  absl::StatusOr<uint8_t*> other = staging.Allocate("l.gate_proj.weight", DType::kF8E4M3, {64, 64}, 64 * 64);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, Address("l.gate_up_proj.weight"));
+  EXPECT_FALSE(staging.Get("l.gate_proj.weight")->in_place);
+  EXPECT_EQ(staging.in_place_bytes(), 128u);
+  EXPECT_EQ(staging.bytes(), 64u * 64u);  // only what the pool holds counts against the limit
+}
+
+}  // namespace
+}  // namespace refit
