@@ -664,22 +664,35 @@ absl::Status PushConverted(RefitSession& session, RefitSession::Impl& impl, cons
   return packed;
 }
 
+namespace {
+
+// What Push and PushInPlace check before anything is sent (refitd checks it again: refused here,
+// the push fails alone instead of aborting the session): the slice's geometry, then the tensor's
+// dense size, which must fit one bucket.
+absl::Status CheckSlice(const TensorRef& t) {
+  return t.slice.present() ? CheckSliceGeometry(t.name, t.shape, t.slice) : absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> BucketedBytes(const TensorRef& t, uint64_t bucket_bytes) {
+  absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
+  if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
+  if (*nbytes > bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
+                                                   bucket_bytes, "-byte bucket"));
+  }
+  return nbytes;
+}
+
+}  // namespace
+
 absl::Status RefitSession::Push(const TensorRef& t) {
   if (impl_->done) return absl::FailedPreconditionError("session already ended");
-  if (t.slice.present()) {
-    // Checked before anything is sent (refitd checks it again): refused here, the push fails
-    // alone instead of aborting the session.
-    if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
-  }
+  if (absl::Status st = CheckSlice(t); !st.ok()) return st;
   if (!impl_->convert.empty() && (t.dtype == DType::kBF16 || t.dtype == DType::kF32)) {
     if (const TrainerConverter::Entry* e = impl_->convert.Find(t.name); e != nullptr) return PushConverted(*this, *impl_, *e, t);
   }
-  absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
-  if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
-  if (*nbytes > impl_->bucket_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
-                                                   impl_->bucket_bytes, "-byte bucket"));
-  }
+  absl::StatusOr<uint64_t> nbytes = BucketedBytes(t, impl_->bucket_bytes);
+  if (!nbytes.ok()) return nbytes.status();
   DataPlane* data = impl_->data;
   // Keep 16-byte alignment of every tensor inside the bucket.
   uint64_t offset = (impl_->used + 15) & ~uint64_t{15};
@@ -710,15 +723,9 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
                         r.convert.Find(t.name) != nullptr;
   if (!r.data->overlapped() || !r.data->transport->sends_in_place || r.amax != nullptr || converts) return Push(t);
 #if REFIT_HAVE_CUDA
-  if (t.slice.present()) {
-    if (absl::Status st = CheckSliceGeometry(t.name, t.shape, t.slice); !st.ok()) return st;
-  }
-  absl::StatusOr<uint64_t> nbytes = DenseBytes(t.dtype, t.shape);
-  if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", nbytes.status().message()));
-  if (*nbytes > r.bucket_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' is ", *nbytes, " bytes, larger than the ",
-                                                   r.bucket_bytes, "-byte bucket"));
-  }
+  if (absl::Status st = CheckSlice(t); !st.ok()) return st;
+  absl::StatusOr<uint64_t> nbytes = BucketedBytes(t, r.bucket_bytes);
+  if (!nbytes.ok()) return nbytes.status();
   constexpr uint64_t kMaxGap = 256;  // padding between a contiguous buffer's parameters
   const uint64_t addr = reinterpret_cast<uint64_t>(t.data);
   const uint64_t base = reinterpret_cast<uint64_t>(r.run_base);

@@ -37,6 +37,20 @@ def wait_for(pred, timeout=30.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def committed_ok(lines, version):
+    """One refit line: committed as `version`, the engine's bytes equal to the offline conversion."""
+    return (len(lines) == 1 and lines[0]["outcome"] == "committed" and lines[0]["version"] == version
+            and lines[0]["engine_matches_expected"])
+
+
+def finish(node, versions):
+    """The engine served only whole versions, ended clean, and resumed exactly `versions`."""
+    assert node.resumed_versions() == versions
+    report = node.stop()
+    assert report is not None and report["mixed"] == 0, report
+    assert report["dirty"] is False, report
+
+
 class FaultNode:
     """refitd + an engine on a temp Unix socket. refitd can be killed and restarted with other
     failpoints; the engine re-registers on its own."""

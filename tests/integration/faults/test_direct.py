@@ -6,21 +6,9 @@ refused) until a full refit lands; one that ends before writing anything resumes
 untouched; refitd dying mid-session leaves the engine dirty for the next refitd."""
 import signal
 
-from conftest import wait_for
+from conftest import committed_ok, finish, wait_for
 
 DIRECT = "staging: direct\nlimits:\n  bucket_bytes: 1048576\n"
-
-
-def committed_ok(lines, version):
-    return (len(lines) == 1 and lines[0]["outcome"] == "committed" and lines[0]["version"] == version
-            and lines[0]["engine_matches_expected"])
-
-
-def finish(node, versions):
-    assert node.resumed_versions() == versions
-    report = node.stop()
-    assert report is not None and report["mixed"] == 0, report
-    assert report["dirty"] is False, report
 
 
 def test_direct_refits_are_converted_in_place_and_serve_whole_versions(fault_node):

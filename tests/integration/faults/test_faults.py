@@ -7,22 +7,9 @@ import time
 
 import pytest
 
-from conftest import sanitized_build, wait_for
+from conftest import committed_ok, finish, sanitized_build, wait_for
 
 SMALL_BUCKETS = "limits:\n  bucket_bytes: 1048576\n"
-
-
-def committed_ok(lines, version):
-    return (len(lines) == 1 and lines[0]["outcome"] == "committed" and lines[0]["version"] == version
-            and lines[0]["engine_matches_expected"])
-
-
-def finish(node, versions):
-    """The engine served only whole versions, ended clean, and resumed exactly `versions`."""
-    assert node.resumed_versions() == versions
-    report = node.stop()
-    assert report is not None and report["mixed"] == 0, report
-    assert report["dirty"] is False, report
 
 
 def test_trainer_killed_mid_bucket(fault_node):

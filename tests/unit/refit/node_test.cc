@@ -156,16 +156,22 @@ class NodeTest : public ::testing::Test {
     absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
     EXPECT_TRUE(begun.ok()) << begun.status();
     if (!begun.ok()) return 0;
+    absl::StatusOr<uint32_t> seq = node_->Announce(begun->session_id, Bucket(begun->session_id, payload, tensors));
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    return begun->session_id;
+  }
+
+  // Bucket 0 of `session`: the first `tensors` of `payload` (w.0, w.1, ...), its bytes put on the
+  // data plane.
+  BucketHeader Bucket(uint64_t session, const std::vector<uint8_t>& payload, int tensors) {
     BucketHeader h;
     h.seq = 0;
     h.nbytes = kBytes * tensors;
     h.checksum = Checksum64(payload.data(), h.nbytes);
     for (int i = 0; i < tensors; ++i) h.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, i * kBytes, kBytes});
     sent_ = std::vector<uint8_t>(payload.begin(), payload.begin() + static_cast<long>(h.nbytes));
-    receiver_.Put(Session::Tag(begun->session_id, 0), &sent_);
-    absl::StatusOr<uint32_t> seq = node_->Announce(begun->session_id, h);
-    EXPECT_TRUE(seq.ok()) << seq.status();
-    return begun->session_id;
+    receiver_.Put(Session::Tag(session, 0), &sent_);
+    return h;
   }
 
   // The whole commit on this thread (the loop's and the worker's steps in order).
@@ -963,15 +969,8 @@ class DirectNodeTest : public NodeTest {
   }
   // Sends `tensors` of `payload` in one bucket and waits until it is converted.
   void SendBucket(uint64_t session, const std::vector<uint8_t>& payload, int tensors) {
-    BucketHeader h;
-    h.seq = 0;
-    h.nbytes = kBytes * tensors;
-    h.checksum = Checksum64(payload.data(), h.nbytes);
-    for (int i = 0; i < tensors; ++i) h.tensors.push_back({absl::StrCat("w.", i), DType::kBF16, {kElems}, i * kBytes, kBytes});
-    sent_ = std::vector<uint8_t>(payload.begin(), payload.begin() + static_cast<long>(h.nbytes));
-    receiver_.Put(Session::Tag(session, 0), &sent_);
     const int before = converted_.load();
-    ASSERT_TRUE(node_->Announce(session, h).ok());
+    ASSERT_TRUE(node_->Announce(session, Bucket(session, payload, tensors)).ok());
     for (int i = 0; i < 5000 && converted_.load() == before; ++i) absl::SleepFor(absl::Milliseconds(1));
     ASSERT_GT(converted_.load(), before) << "the bucket was not converted";
   }
