@@ -304,21 +304,12 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
                                       [&](const spec::LayoutStep& step) { return step.AppliesTo(src.suffix); });
     if (!laid_out) {
       ++prepared.params;
-      // Converted where the engine holds it (staging: direct; placed at the offsets assembly
-      // would give each piece): nothing to write.
-      if (!pieces.empty() && std::all_of(pieces.begin(), pieces.end(), [](const StagedTensor* t) { return t->in_place; })) {
-        std::vector<Shape> shapes;
-        for (const StagedTensor* t : pieces) shapes.push_back(t->shape);
-        REFIT_ASSIGN_OR_RETURN(Shape shape, AssembledShape(*src.rule, shapes));
-        if (shape != p.shape) {
-          return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "' built as ", ShapeString(shape),
-                                                         ", registered as ", ShapeString(p.shape)));
-        }
-        continue;
-      }
+      // Converted where the engine holds it (staging: direct placed every piece at the offset
+      // assembly gives it): nothing to write once the pieces are checked.
+      const bool in_place = std::all_of(pieces.begin(), pieces.end(), [](const StagedTensor* t) { return t->in_place; });
       if (pieces.size() == 1 && pieces[0]->dtype == p.dtype && pieces[0]->shape == p.shape &&
           pieces[0]->nbytes == p.nbytes) {
-        prepared.writes.push_back({i, pieces[0]->data, 0, p.nbytes});  // as staged: no copy
+        if (!in_place) prepared.writes.push_back({i, pieces[0]->data, 0, p.nbytes});  // as staged: no copy
         continue;
       }
       // Assembly only (fused/stacked slots are concatenated in slot order): copy within staging memory.
@@ -338,6 +329,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
                                                        ShapeString(shape), ", registered as ", DTypeName(p.dtype),
                                                        ShapeString(p.shape)));
       }
+      if (in_place && !pieces.empty()) continue;
       if (options.pieces_in_place && device) {
         // Each piece straight from staging to its place in the engine's parameter, in the window.
         uint64_t off = 0;

@@ -19,6 +19,30 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
 
+// The refusal for what the engine's own audit (answered with its pause) found stale.
+absl::Status EngineStaleError(const std::vector<std::string>& stale) {
+  std::vector<std::string> names;
+  for (const std::string& n : stale) names.push_back(PrintableName(n));
+  return storage::StaleError(names, "the engine reports they are no longer where it registered them");
+}
+
+// staging: direct, a session ended before its commit settled the engine (paused since begin).
+// Once nothing of the session runs, the engine holds a mix of versions (it stays paused and
+// dirty: `dirty` set) or nothing new (resumed at `version`, when `may_resume`, within
+// `resume_timeout`; zero: sent, not awaited). Returns what the session's reason adds.
+std::string SettleDirectSession(Session& session, EngineControl& control, bool may_resume, uint64_t version,
+                                const std::string& tag, absl::Duration resume_timeout, bool& dirty) {
+  session.Stop();
+  if (session.in_place_bytes() > 0) {
+    dirty = true;
+    return "; the engine was written in place (staging: direct): it stays paused and dirty until a full refit lands";
+  }
+  if (!may_resume) return "";
+  absl::Status resumed = control.Resume(version, tag, resume_timeout);
+  if (resumed.ok() || resume_timeout == absl::ZeroDuration()) return "; nothing was written in place: the engine was resumed";
+  return absl::StrCat("; nothing was written in place, but the engine did not resume: ", resumed.message());
+}
+
 }  // namespace
 
 Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring, NodeHooks hooks)
@@ -305,9 +329,7 @@ void Node::RunDirectPause(DirectPause& p) {
   p.paused_at_ = absl::Now();
   // The registration audit, part 2: the engine's, answered with its pause.
   if (std::vector<std::string> stale = engine.control->PausedStale(); !stale.empty()) {
-    std::vector<std::string> names;
-    for (const std::string& n : stale) names.push_back(PrintableName(n));
-    absl::Status refusal = storage::StaleError(names, "the engine reports they are no longer where it registered them");
+    absl::Status refusal = EngineStaleError(stale);
     if (!p.dirty_at_start_) (void)engine.control->Resume(p.from_version_, p.from_tag_, p.resume_timeout_);
     p.refused_ = true;
     p.status_ = absl::FailedPreconditionError(absl::StrCat("refit refused: ", refusal.message(), "; nothing was written"));
@@ -446,17 +468,11 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
     // nothing of the session runs, the engine either holds a mix of versions (it stays paused and
     // dirty until a full refit lands) or is untouched (resumed at what it holds).
     active_->direct_paused = false;
-    active_->session->Stop();
     EngineRecord& engine = *active_->engine;
-    if (active_->session->in_place_bytes() > 0) {
-      engine.dirty = true;
-      absl::StrAppend(&reason, "; the engine was written in place (staging: direct): it stays paused and dirty until a "
-                               "full refit lands");
-      if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
-    } else if (!engine.gone && !engine.dirty) {
-      (void)engine.control->Resume(engine.version, engine.tag, absl::ZeroDuration());
-      absl::StrAppend(&reason, "; nothing was written in place: the engine was resumed");
-    }
+    const bool was_dirty = engine.dirty;
+    absl::StrAppend(&reason, SettleDirectSession(*active_->session, *engine.control, !engine.gone && !engine.dirty,
+                                                 engine.version, engine.tag, absl::ZeroDuration(), engine.dirty));
+    if (engine.dirty != was_dirty && hooks_.on_ranks) hooks_.on_ranks(Ranks());
   }
   RefitReport r = active_->session->Report();
   if (times != nullptr) {
@@ -653,19 +669,9 @@ void Node::RunCommit(Commit& c) {
   };
   auto end = [&c](Outcome outcome, EndCause cause, std::string reason) {
     if (c.direct_ && outcome != Outcome::kCommitted && !c.engine_dirty_ && !c.engine_version_set_) {
-      // staging: direct: the engine is paused since the session began. Once nothing of the
-      // session runs, it holds a mix of versions (stays paused and dirty) or nothing new (resumed).
-      c.session_->Stop();
-      if (c.session_->in_place_bytes() > 0) {
-        c.engine_dirty_ = true;
-        absl::StrAppend(&reason, "; the engine was written in place (staging: direct): it stays paused and dirty until "
-                                 "a full refit lands");
-      } else if (!c.dirty_at_start_) {
-        absl::Status resumed = c.engine_->control->Resume(c.from_version_, c.from_tag_, c.resume_timeout_);
-        absl::StrAppend(&reason, resumed.ok() ? "; nothing was written in place: the engine was resumed"
-                                              : "; nothing was written in place, but the engine did not resume: ",
-                        resumed.ok() ? "" : resumed.message());
-      }
+      // staging: direct: the engine is paused since the session began.
+      absl::StrAppend(&reason, SettleDirectSession(*c.session_, *c.engine_->control, !c.dirty_at_start_, c.from_version_,
+                                                   c.from_tag_, c.resume_timeout_, c.engine_dirty_));
       c.times_.pause_ms = Ms(absl::Now() - c.direct_since_);
     }
     c.outcome_ = outcome;
@@ -808,9 +814,7 @@ void Node::RunCommit(Commit& c) {
   // the engine is resumed at the version it holds.
   if (std::vector<std::string> stale = c.direct_ ? std::vector<std::string>{} : engine.control->PausedStale();
       !stale.empty()) {
-    std::vector<std::string> names;
-    for (const std::string& n : stale) names.push_back(PrintableName(n));
-    absl::Status refusal = storage::StaleError(names, "the engine reports they are no longer where it registered them");
+    absl::Status refusal = EngineStaleError(stale);
     absl::Status resumed = engine.control->Resume(c.from_version_, c.from_tag_, c.resume_timeout_);
     c.times_.pause_ms = Ms(absl::Now() - pause_start);
     if (!resumed.ok()) {

@@ -7,12 +7,14 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "refit/convert.h"
 #include "refit/offline.h"
+#include "refit/placement.h"
 #include "storage/shm_region.h"
 #include "storage/shm_storage.h"
 
@@ -217,6 +219,30 @@ TEST_F(CommitterTest, PiecesInPlaceWriteEachFusedPieceAtItsOffset) {
     ASSERT_EQ(engine.size(), layout_.size());
     for (const ConvertedTensor& t : layout_) EXPECT_EQ(engine[t.name], t.bytes) << t.name;
   }
+}
+
+// staging: direct: the keys PlanPlacement places are converted into the engine's memory, so
+// the commit writes nothing for the fused weight and the norm (every piece in place) and writes
+// only the swizzled scales and the derived parameter (built from the norm's in-place bytes).
+// The engine then holds the offline engine layout.
+TEST_F(CommitterTest, PiecesConvertedInPlaceAreNotWrittenAgain) {
+  const std::vector<Tensor> ts = Make(2.0f);
+  std::vector<TensorPlan> plans;
+  for (const Tensor& t : ts) plans.push_back(*planner_->Plan(t.name, DType::kBF16, t.shape));
+  StagingPool pool(storage::NewHostMemory());
+  Staging staging(1 << 24, pool);
+  staging.Place(PlanPlacement(*planner_, *storage_, plans));
+  absl::StatusOr<std::vector<size_t>> produced = Stage(ts, staging);
+  ASSERT_TRUE(produced.ok()) << produced.status();
+  EXPECT_EQ(staging.in_place_bytes(), 96u * 64u + 64u * 2u);  // gate + up (MXFP8 bytes) and the norm
+  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*planner_, staging, *produced);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  std::set<std::string> written;
+  for (const PreparedCommit::Write& w : prepared->writes) written.insert(planner_->params()[w.index].name);
+  EXPECT_EQ(written, (std::set<std::string>{"l.gate_up_proj.weight_scale_inv", "l.norm.gemma_weight"}));
+  EXPECT_EQ(prepared->params, 4u);
+  ASSERT_TRUE(WritePrepared(*planner_, *prepared, *storage_).ok());
+  for (const ConvertedTensor& t : Layout(ts)) EXPECT_EQ(Read(t.name), t.bytes) << t.name;
 }
 
 TEST_F(CommitterTest, SwizzledScalesAreTheEngineShape) {

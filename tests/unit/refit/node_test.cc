@@ -1083,8 +1083,8 @@ TEST_F(DirectNodeTest, APauseThatFailsEndsTheSessionAndSleepWaitsForTheSession) 
   EXPECT_TRUE(node_->Sleep(engine).ok());
 }
 
-// Asleep, a refit is staged as without staging: direct (nothing to write into) and commits at
-// the wake; a manifest that names nothing placeable begins without a pause.
+// A manifest that names nothing placeable begins without a pause (its tensors are staged as
+// without staging: direct).
 TEST_F(DirectNodeTest, NothingToPlaceMeansNoPauseAtBegin) {
   ScriptedControl* control;
   Register(&control);
