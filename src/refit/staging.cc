@@ -81,7 +81,7 @@ void Staging::Release(const std::string& key) {
   absl::MutexLock lock(&mu_);
   auto it = staged_.find(key);
   if (it == staged_.end()) return;
-  if (!it->second.in_place) bytes_ -= it->second.nbytes;  // bytes written in place stay counted
+  if (!it->second.in_place) bytes_ -= it->second.nbytes;  // in-place bytes never counted against the limit
   staged_.erase(it);
 }
 

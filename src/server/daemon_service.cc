@@ -400,11 +400,6 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
   }
   // Host staging: pinned when the engine is on the GPU, so the commit copy is a fast H2D copy.
   const bool pinned = storage.on_device();
-#if !REFIT_HAVE_CUDA
-  if (config.staging == "direct" && pinned) {
-    return absl::InvalidArgumentError("config says staging: direct, but this refitd was built without CUDA");
-  }
-#endif
   setup.pool = std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());
   setup.new_pool = [pinned] {
     return std::make_unique<StagingPool>(pinned ? storage::NewPinnedHostMemory() : storage::NewHostMemory());

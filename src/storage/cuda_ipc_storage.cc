@@ -127,7 +127,7 @@ absl::Status CudaIpcEngineStorage::WriteFromHost(size_t index, const void* src) 
 absl::Status CudaIpcEngineStorage::WriteFromDevice(const DeviceWrite& w) {
   cudaSetDevice(device_);
   if (absl::Status st = CheckDeviceWrite(infos_, w); !st.ok()) return st;
-  return CudaStatus(cudaMemcpyAsync(static_cast<uint8_t*>(addrs_[w.index]) + w.offset, w.src, w.bytes,
+  return CudaStatus(cudaMemcpyAsync(addrs_[w.index] + w.offset, w.src, w.bytes,
                                     cudaMemcpyDeviceToDevice, StreamOf(stream_)),
                     absl::StrCat("writing '", infos_[w.index].name, "'"));
 }
@@ -151,7 +151,7 @@ absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<DeviceW
   std::vector<kernels::CopyRegion> regions;
   for (const DeviceWrite& w : writes) {
     if (absl::Status st = CheckDeviceWrite(infos_, w); !st.ok()) return st;
-    regions.push_back({static_cast<uint8_t*>(addrs_[w.index]) + w.offset, w.src, w.bytes});
+    regions.push_back({addrs_[w.index] + w.offset, w.src, w.bytes});
   }
   absl::StatusOr<std::unique_ptr<kernels::BatchCopy>> batch =
       kernels::BatchCopy::Create(regions.data(), regions.size(), StreamOf(stream_));

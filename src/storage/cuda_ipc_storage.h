@@ -48,9 +48,7 @@ class CudaIpcEngineStorage : public EngineStorage {
   absl::Status Audit() const override;
   bool on_device() const override { return true; }
   int device() const override { return device_; }
-  uint8_t* MappedAddress(size_t index) const override {
-    return index < addrs_.size() ? static_cast<uint8_t*>(addrs_[index]) : nullptr;
-  }
+  uint8_t* MappedAddress(size_t index) const override { return index < addrs_.size() ? addrs_[index] : nullptr; }
 
  private:
   CudaIpcEngineStorage() = default;
