@@ -2,7 +2,16 @@
 // several input copies rotated so that L2 never holds the next input), against a plain
 // device-to-device cudaMemcpy measured in the same run. Logical traffic = input read once +
 // every output written once. Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C] [--iters N]
+//
+// kernel_bench --sequence: a whole Llama-3-8B-shaped refit's conversion (224 FP8 block-128
+// projections, BF16 embedding, head and norms; 16.06 GB in, 9.08 GB out) as refitd's converter
+// enqueues it, on 1-4 streams, with the inputs in separate allocations, in one allocation, in
+// CUDA virtual memory imported from its POSIX descriptor, and in another process's cudaMalloc
+// opened by its CUDA IPC handle (as refitd reads a colocated trainer's weights); against the
+// bound (the model's bytes read once and written once at the copy rate of the same run).
 #include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +24,11 @@
 #include <string>
 #include <vector>
 
+#include <cuda.h>
+
+#include "common/cuda_status.h"
 #include "formats/format.h"
+#include "storage/vmm_import.h"
 #include "kernels/checksum.h"
 #include "kernels/derive.h"
 #include "kernels/quantize.h"
@@ -88,9 +101,198 @@ struct Row {
   double host_us = g_host_us;
 };
 
+// --sequence: one Llama-3-8B-shaped model (the tensors a refit converts: 224 FP8 block-128
+// projections, BF16 embedding and head, 65 norms) from its own inputs into its own outputs, as
+// one refit's conversion enqueues it, on `streams` streams (tensors dealt round-robin). Prints
+// the model's wall against the bound (its bytes read once and written once at the copy rate of
+// the same run) and the host's enqueue time.
+// --ipc-child BYTES: allocates BYTES on the device, writes its CUDA IPC handle to stdout and
+// holds the memory until stdin closes (the trainer's side of the --sequence IPC rows).
+int IpcChild(size_t n) {
+  void* p = nullptr;
+  cudaIpcMemHandle_t h;
+  if (cudaMalloc(&p, n) != cudaSuccess || cudaIpcGetMemHandle(&h, p) != cudaSuccess) return 1;
+  if (std::fwrite(&h, sizeof(h), 1, stdout) != 1) return 1;
+  std::fflush(stdout);
+  char c;
+  while (std::fread(&c, 1, 1, stdin) == 1) {
+  }
+  cudaFree(p);
+  return 0;
+}
+
+int RunSequence(const char* argv0, int iters) {
+  struct T {
+    int64_t rows, cols;
+    bool fp8;
+  };
+  std::vector<T> model;
+  const int64_t h = 4096, kv = 1024, inter = 14336, vocab = 128256;
+  model.push_back({vocab, h, false});
+  for (int l = 0; l < 32; ++l) {
+    for (T t : {T{h, h, true}, T{kv, h, true}, T{kv, h, true}, T{h, h, true}, T{inter, h, true},
+                T{inter, h, true}, T{h, inter, true}, T{1, h, false}, T{1, h, false}}) {
+      model.push_back(t);
+    }
+  }
+  model.push_back({1, h, false});
+  model.push_back({vocab, h, false});
+  uint64_t in_bytes = 0, out_bytes = 0;
+  std::vector<void*> sep, outs, scales;
+  std::vector<uint64_t> offsets;
+  for (const T& t : model) {
+    const uint64_t n = static_cast<uint64_t>(t.rows * t.cols);
+    void *i = nullptr, *o = nullptr, *s = nullptr;
+    CHECK_CUDA(cudaMalloc(&i, n * 2));
+    CHECK_CUDA(cudaMemset(i, 0x3c, n * 2));
+    CHECK_CUDA(cudaMalloc(&o, t.fp8 ? n : n * 2));
+    const uint64_t sb = t.fp8 ? static_cast<uint64_t>((t.rows + 127) / 128 * ((t.cols + 127) / 128)) * 4 : 0;
+    if (sb) CHECK_CUDA(cudaMalloc(&s, n / 32 + 4096));
+    sep.push_back(i);
+    outs.push_back(o);
+    scales.push_back(s);
+    offsets.push_back(in_bytes);
+    in_bytes += (n * 2 + 255) / 256 * 256;
+    out_bytes += (t.fp8 ? n : n * 2) + sb;
+  }
+  const uint64_t copy_n = 4ull << 30;
+  double rate = 0;
+  {
+    Buf ca(copy_n), cb(copy_n);
+    const double copy_ms = TimeMs([&](int) { CHECK_CUDA(cudaMemcpyAsync(cb.p, ca.p, copy_n, cudaMemcpyDeviceToDevice)); }, 1);
+    rate = copy_n / copy_ms;  // bytes per ms, each read once and written once
+  }
+  const double bound = (in_bytes + out_bytes) / (2 * rate);
+  std::printf("model: %zu tensors, %.2f GB in, %.2f GB out; copy %.1f GB/s; bound %.3f ms\n", model.size(),
+              in_bytes / 1e9, out_bytes / 1e9, rate / 1e6, bound);
+  auto probe = refit::kernels::NonfiniteProbe::Create();
+  CHECK_OK(probe.status());
+  const Format format = Format::kFp8Block128;
+  auto run = [&](const char* label, const std::vector<void*>& ins, int nstreams) {
+    std::vector<cudaStream_t> ss(nstreams);
+    for (auto& s : ss) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t fork, join;
+    CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    g_iters = iters;
+    uint64_t bytes = 0;
+    const double ms = TimeMs([&](int) {
+      bytes = 0;
+      CHECK_CUDA(cudaEventRecord(fork, nullptr));
+      for (auto& s : ss) CHECK_CUDA(cudaStreamWaitEvent(s, fork));
+      for (size_t k = 0; k < model.size(); ++k) {
+        const T& t = model[k];
+        cudaStream_t s = ss[k % nstreams];
+        const uint64_t n = static_cast<uint64_t>(t.rows * t.cols);
+        if (!t.fp8) {
+          CHECK_CUDA(cudaMemcpyAsync(outs[k], ins[k], n * 2, cudaMemcpyDeviceToDevice, s));
+          bytes += 4 * n;
+          continue;
+        }
+        auto ob = refit::kernels::OutputBytes(format, DType::kBF16, refit::Shape{t.rows, t.cols});
+        CHECK_OK(ob.status());
+        const uint64_t sb = (*ob)[1];
+        std::vector<refit::formats::MutableBytes> o{{outs[k], (*ob)[0]}, {scales[k], sb}};
+        CHECK_OK(refit::kernels::Quantize(format, {DType::kBF16, refit::Shape{t.rows, t.cols}, ins[k]},
+                                          {}, {}, o, "w", &*probe, s));
+        bytes += 3 * n + sb;
+      }
+      for (auto& s : ss) {
+        CHECK_CUDA(cudaEventRecord(join, s));
+        CHECK_CUDA(cudaStreamWaitEvent(nullptr, join));
+      }
+    }, 1);
+    std::printf("%-28s streams %d: %8.3f ms, %7.1f GB/s of traffic (%.3f of copy), host enqueue %.3f ms\n", label,
+                nstreams, ms, bytes / ms / 1e6, bytes / ms / (2 * rate), g_host_us / 1e3);
+    for (auto& s : ss) cudaStreamDestroy(s);
+  };
+  for (int ns : {1, 2, 3, 4}) run("separate allocations", sep, ns);
+  {
+    Buf one(in_bytes);
+    CHECK_CUDA(cudaMemset(one.p, 0x3c, in_bytes));
+    std::vector<void*> packed;
+    for (uint64_t o : offsets) packed.push_back(static_cast<char*>(one.p) + o);
+    run("one allocation", packed, 1);
+  }
+  // CUDA virtual memory exported as a POSIX descriptor and imported (storage::VmmImport), as
+  // refitd maps an engine's virtual-memory weights.
+  {
+    using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+    using Export = CUresult (*)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long);
+    using Granularity = CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
+    using Release = CUresult (*)(CUmemGenericAllocationHandle);
+    Create create = nullptr;
+    Export export_fd = nullptr;
+    Granularity granularity = nullptr;
+    Release release = nullptr;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t g = 0;
+    if (refit::LoadDriverEntryPoint("cuMemCreate", 10020, &create) &&
+        refit::LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &export_fd) &&
+        refit::LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &granularity) &&
+        refit::LoadDriverEntryPoint("cuMemRelease", 10020, &release) &&
+        granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS) {
+      const size_t size = (in_bytes + g - 1) / g * g;
+      CUmemGenericAllocationHandle handle = 0;
+      int fd = -1;
+      if (create(&handle, size, &prop, 0) == CUDA_SUCCESS &&
+          export_fd(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS) {
+        auto imported = refit::storage::VmmImport::Import({{fd, size}}, 0);
+        if (imported.ok()) {
+          CHECK_CUDA(cudaMemset((*imported)->address(), 0x3c, in_bytes));
+          std::vector<void*> packed;
+          for (uint64_t o : offsets) packed.push_back((*imported)->address() + o);
+          for (int ns : {1, 2}) run("vmm-imported allocation", packed, ns);
+        }
+        close(fd);
+      }
+      if (handle != 0) release(handle);
+    }
+  }
+  // Another process's allocation opened by its CUDA IPC handle, as refitd reads a colocated trainer's.
+  int to_child[2], from_child[2];
+  if (pipe(to_child) == 0 && pipe(from_child) == 0) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      close(to_child[1]);
+      close(from_child[0]);
+      execl(argv0, argv0, "--ipc-child", std::to_string(in_bytes).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    cudaIpcMemHandle_t handle;
+    void* remote = nullptr;
+    if (read(from_child[0], &handle, sizeof(handle)) == sizeof(handle) &&
+        cudaIpcOpenMemHandle(&remote, handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
+      CHECK_CUDA(cudaMemset(remote, 0x3c, in_bytes));
+      std::vector<void*> packed;
+      for (uint64_t o : offsets) packed.push_back(static_cast<char*>(remote) + o);
+      for (int ns : {1, 2, 3, 4}) run("ipc-opened allocation", packed, ns);
+      cudaIpcCloseMemHandle(remote);
+    } else {
+      std::printf("ipc: could not open the child's allocation\n");
+    }
+    close(to_child[1]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--sequence")) return RunSequence(argv[0], 5);
+    if (!std::strcmp(argv[i], "--ipc-child") && i + 1 < argc) return IpcChild(std::strtoull(argv[i + 1], nullptr, 10));
+  }
   int64_t rows = 14336, cols = 4096;
   int copies = 8;
   const char* json_path = nullptr;

@@ -32,6 +32,15 @@ class GpuConverter final : public Converter, public DeviceOps {
       return absl::Status(stream.status().code(), absl::StrCat("GPU converter on device ", device, ": ", stream.status().message()));
     }
     c->stream_ = std::move(*stream);
+    absl::StatusOr<CudaStream> side = CudaStream::Create(device);
+    if (!side.ok()) return side.status();
+    c->side_ = std::move(*side);
+    absl::StatusOr<CudaEvent> fork = CudaEvent::Create(device);
+    if (!fork.ok()) return fork.status();
+    c->fork_ = std::move(*fork);
+    absl::StatusOr<CudaEvent> join = CudaEvent::Create(device);
+    if (!join.ok()) return join.status();
+    c->join_ = std::move(*join);
     absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(device);
     if (!memory.ok()) return memory.status();
     c->memory_ = std::move(*memory);
@@ -42,8 +51,11 @@ class GpuConverter final : public Converter, public DeviceOps {
     return std::unique_ptr<Converter>(std::move(c));
   }
 
-  // The stream is drained before the arena's buffers go; it is destroyed last.
-  ~GpuConverter() override { (void)stream_.Synchronize(); }
+  // The streams are drained before the arena's buffers go; they are destroyed last.
+  ~GpuConverter() override {
+    (void)side_.Synchronize();
+    (void)stream_.Synchronize();
+  }
 
   storage::MemoryKind staging_kind() const override { return storage::MemoryKind::kDevice; }
 
@@ -51,6 +63,10 @@ class GpuConverter final : public Converter, public DeviceOps {
                        std::span<const formats::MutableBytes> outs, const formats::QuantizeOptions& options) override {
     cudaSetDevice(device_);
     if (plan.kind == ConvertKind::kCopy) return Copy(desc, src, src_kind, outs);
+    // The slot first: the bucket's first slot resets the arena on the main lane, which the side
+    // lane then waits for.
+    absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
+    if (!slot.ok()) return slot.status();
     const uint8_t* input = src;
     if (src_kind == storage::MemoryKind::kHost) {
       // Pinned slot → device scratch; the scratch region of each tensor in a bucket is distinct,
@@ -61,8 +77,6 @@ class GpuConverter final : public Converter, public DeviceOps {
       if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("copying '", desc.name, "' to the GPU"));
       input = *scratch;
     }
-    absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
-    if (!slot.ok()) return slot.status();
     const bool reject = options.nonfinite == formats::NonfinitePolicy::kReject;
     const formats::ConstTensor in{desc.dtype, desc.shape, input};
     kernels::GlobalAmax amax;
@@ -77,13 +91,18 @@ class GpuConverter final : public Converter, public DeviceOps {
           return AddNvfp4(kernels::Nvfp4KindOf(plan.format, desc.dtype, options), **item, desc.name);
         }
       }
+    }
+    // A whole tensor on the device: on the less loaded lane (host inputs stay on the main lane
+    // with their scratch copy).
+    const cudaStream_t lane = src_kind == storage::MemoryKind::kHost ? stream_.get() : Lane(desc.nbytes);
+    if (formats::NeedsGlobalAmax(plan.format)) {
       // The single-tensor two-pass path: the tensor's amax into its slot, then the encode.
-      absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_.get());
+      absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, lane);
       if (!st.ok()) return st;
       amax.device = slot->amax;
     }
     absl::Status st = kernels::QuantizeRecording(plan.format, in, options, amax, outs, desc.name,
-                                                 reject ? slot->probe : nullptr, stream_.get());
+                                                 reject ? slot->probe : nullptr, lane);
     if (!st.ok()) return st;
     Count(&GpuConverterStats::tensors);
     if (reject) pending_.push_back({desc.name, slot->index});
@@ -101,6 +120,14 @@ class GpuConverter final : public Converter, public DeviceOps {
       return absl::InternalError(absl::StrCat("tensor '", desc.name, "': ", outs.size(), " outputs for ",
                                               plan.targets.size(), " targets"));
     }
+    // The slot first (see Convert); then the whole plan of this tensor on one lane.
+    std::optional<DeviceArena::Slot> slot;
+    if (plan.kind != ConvertKind::kCopy) {
+      absl::StatusOr<DeviceArena::Slot> taken = TakeSlot();
+      if (!taken.ok()) return taken.status();
+      slot = *taken;
+    }
+    const cudaStream_t lane = src_kind == storage::MemoryKind::kHost ? stream_.get() : Lane(desc.nbytes);
     absl::StatusOr<const uint8_t*> input = DeviceInput(desc, src, src_kind);
     if (!input.ok()) return input.status();
     formats::ConstTensor in{desc.dtype, desc.shape, *input};
@@ -112,7 +139,7 @@ class GpuConverter final : public Converter, public DeviceOps {
       absl::StatusOr<uint8_t*> t = Scratch(desc.nbytes);
       if (!t.ok()) return t.status();
       absl::Status st = kernels::TransposeLast2(*input, batch, desc.shape[r - 2], desc.shape[r - 1],
-                                                static_cast<int>(DTypeSize(desc.dtype)), *t, stream_.get());
+                                                static_cast<int>(DTypeSize(desc.dtype)), *t, lane);
       if (!st.ok()) return absl::Status(st.code(), absl::StrCat("tensor '", desc.name, "': ", st.message()));
       std::swap(in.shape[r - 1], in.shape[r - 2]);
       in.data = *t;
@@ -137,11 +164,9 @@ class GpuConverter final : public Converter, public DeviceOps {
       if (whole.size() != 1 || whole[0].bytes != desc.nbytes) {
         return absl::InternalError(absl::StrCat("tensor '", desc.name, "': copy output does not fit"));
       }
-      cudaError_t e = cudaMemcpyAsync(whole[0].data, in.data, desc.nbytes, cudaMemcpyDeviceToDevice, stream_.get());
+      cudaError_t e = cudaMemcpyAsync(whole[0].data, in.data, desc.nbytes, cudaMemcpyDeviceToDevice, lane);
       if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("staging '", desc.name, "'"));
     } else {
-      absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
-      if (!slot.ok()) return slot.status();
       const bool reject = options.nonfinite == formats::NonfinitePolicy::kReject;
       kernels::GlobalAmax amax;
       const bool check = formats::NeedsGlobalAmax(plan.format) && planned.claim.has_value();
@@ -153,13 +178,13 @@ class GpuConverter final : public Converter, public DeviceOps {
         } else if (planned.host) {
           amax.host = planned.host;
         } else {
-          absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, stream_.get());
+          absl::Status st = kernels::AccumulateAmax(in, options, slot->amax, lane);
           if (!st.ok()) return st;
           amax.device = slot->amax;
         }
       }
       absl::Status st = kernels::QuantizeRecording(plan.format, in, options, amax, whole, desc.name,
-                                                   reject || check ? slot->probe : nullptr, stream_.get());
+                                                   reject || check ? slot->probe : nullptr, lane);
       if (!st.ok()) return st;
       if (reject || check) pending_.push_back({desc.name, slot->index, amax.claim});
     }
@@ -179,7 +204,7 @@ class GpuConverter final : public Converter, public DeviceOps {
       }
       if (chunk == 0 || outer == 0) continue;
       cudaError_t e = cudaMemcpy2DAsync(outs[i].data, chunk, static_cast<const uint8_t*>(whole[i].data) + static_cast<uint64_t>(plan.shard_index) * chunk,
-                                        n * inner, chunk, outer, cudaMemcpyDeviceToDevice, stream_.get());
+                                        n * inner, chunk, outer, cudaMemcpyDeviceToDevice, lane);
       if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("slicing '", desc.name, "' for this rank"));
     }
     Count(&GpuConverterStats::tensors);
@@ -189,12 +214,14 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   absl::Status ResetAmax(float* amax) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     return kernels::ResetAmax(amax, stream_.get());
   }
 
   absl::Status AccumulateAmax(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                               const formats::QuantizeOptions& options, float* amax) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     absl::StatusOr<const uint8_t*> input = DeviceInput(desc, src, src_kind);
     if (!input.ok()) return input.status();
     return kernels::AccumulateAmax(formats::ConstTensor{desc.dtype, desc.shape, *input}, options, amax, stream_.get());
@@ -202,6 +229,7 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   absl::Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes, storage::MemoryKind src_kind) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     if (bytes == 0) return absl::OkStatus();
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes,
                                     src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
@@ -212,6 +240,7 @@ class GpuConverter final : public Converter, public DeviceOps {
   absl::Status Copy2D(uint8_t* dst, uint64_t dst_pitch, const uint8_t* src, uint64_t src_pitch, uint64_t width,
                       uint64_t height) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     if (width == 0 || height == 0) return absl::OkStatus();
     cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, stream_.get());
     return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "strided device copy");
@@ -219,6 +248,7 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   absl::Status Zero(uint8_t* dst, uint64_t bytes) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     if (bytes == 0) return absl::OkStatus();
     cudaError_t e = cudaMemsetAsync(dst, 0, bytes, stream_.get());
     return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "clearing device memory");
@@ -227,12 +257,14 @@ class GpuConverter final : public Converter, public DeviceOps {
   absl::Status Swizzle128x4(const uint8_t* s, int64_t batch, int64_t rows, int64_t cols, uint8_t* out,
                             uint64_t out_bytes) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     return kernels::Swizzle128x4(s, batch, rows, cols, out, out_bytes, stream_.get());
   }
 
   absl::Status PackUe8m0(const float* sf, int64_t groups, int64_t mn, int64_t kb, int32_t* out, uint64_t out_words,
                          const std::string& name) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     constexpr size_t kWordsPerChunk = 4096;
     if (pack_checks_.size() == pack_chunks_.size() * kWordsPerChunk) {
       absl::StatusOr<std::shared_ptr<uint8_t>> chunk = memory_->Allocate(kWordsPerChunk * 8);
@@ -251,11 +283,13 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   absl::Status AddOne(const uint8_t* w, DType dtype, int64_t n, uint8_t* out) override {
     cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
     return kernels::GemmaPlusOne(w, dtype, n, out, stream_.get());
   }
 
   absl::Status Synchronize() override {
     cudaSetDevice(device_);
+    JoinSide();
     absl::Status st = stream_.Synchronize();
     if (st.ok() && !pack_checks_.empty()) {
       constexpr size_t kWordsPerChunk = 4096;
@@ -305,6 +339,56 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   GpuConverter(int device, const GpuConverterOptions& options) : device_(device), options_(options) {}
 
+  // Two lanes (streams): whole tensors on the device go to the less loaded one, so that one
+  // tensor's kernel runs while another's drains its last tiles. Everything else (the arena, batched
+  // runs, host inputs, every DeviceOps call) is on the main lane, ordered against the side lane:
+  // a device op waits for the side lane's work so far (it may read a tensor converted there),
+  // and side-lane work enqueued after it waits for it (it may read what the op wrote).
+  cudaStream_t Lane(uint64_t bytes) {
+    const int k = lane_bytes_[1] < lane_bytes_[0] ? 1 : 0;
+    if (k == 0) {
+      lane_bytes_[0] += bytes;
+      return stream_.get();
+    }
+    if (fork_pending_) {
+      if (cudaStreamWaitEvent(side_.get(), fork_.get(), 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        lane_bytes_[0] += bytes;
+        return stream_.get();
+      }
+      fork_pending_ = false;
+    }
+    lane_bytes_[1] += bytes;
+    side_pending_ = true;
+    Count(&GpuConverterStats::side_lane);
+    return side_.get();
+  }
+  // Side-lane work enqueued from now on waits for the main lane's work so far.
+  void MarkFork() {
+    if (cudaEventRecord(fork_.get(), stream_.get()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      lane_bytes_[1] = UINT64_MAX;  // the side lane stays unused until the next bucket
+      return;
+    }
+    fork_pending_ = true;
+  }
+  // The main lane's work from now on waits for the side lane's work so far.
+  void JoinSide() {
+    if (!side_pending_) return;
+    if (cudaEventRecord(join_.get(), side_.get()) != cudaSuccess ||
+        cudaStreamWaitEvent(stream_.get(), join_.get(), 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)side_.Synchronize();  // ordered the slow way
+    }
+    side_pending_ = false;
+  }
+  // Scope of one DeviceOps call on the main lane.
+  struct OnMainLane {
+    explicit OnMainLane(GpuConverter& c) : c(c) { c.JoinSide(); }
+    ~OnMainLane() { c.MarkFork(); }
+    GpuConverter& c;
+  };
+
   void Count(uint64_t GpuConverterStats::*field, uint64_t n = 1) {
     if (options_.stats != nullptr) options_.stats->*field += n;
   }
@@ -336,10 +420,9 @@ class GpuConverter final : public Converter, public DeviceOps {
       if (copies_.items.size() >= options_.max_run_tensors) FlushCopies(failed_);
       return absl::OkStatus();
     }
-    cudaError_t e = cudaMemcpyAsync(outs[0].data, src, desc.nbytes,
-                                    src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice
-                                                                           : cudaMemcpyDeviceToDevice,
-                                    stream_.get());
+    const bool host = src_kind == storage::MemoryKind::kHost;
+    cudaError_t e = cudaMemcpyAsync(outs[0].data, src, desc.nbytes, host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+                                    host ? stream_.get() : Lane(desc.nbytes));
     if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("staging '", desc.name, "'"));
     Count(&GpuConverterStats::tensors);
     return absl::OkStatus();
@@ -398,7 +481,10 @@ class GpuConverter final : public Converter, public DeviceOps {
       Count(&GpuConverterStats::drains);
       if (absl::Status st = arena_->Grow(arena_->used() + 1); !st.ok()) return st;
     }
-    return arena_->Take(stream_.get());
+    const bool resets = arena_->used() == 0;  // the bucket's first slot resets the arena's words
+    absl::StatusOr<DeviceArena::Slot> slot = arena_->Take(stream_.get());
+    if (slot.ok() && resets) MarkFork();
+    return slot;
   }
 
   // Launches the open runs, waits for the stream, reads every probe word back with one copy, and
@@ -408,7 +494,10 @@ class GpuConverter final : public Converter, public DeviceOps {
     FlushCopies(failed_);
     Failures failed = std::move(failed_);
     failed_.clear();
+    JoinSide();
     absl::Status st = arena_->Collect(stream_.get());
+    lane_bytes_[0] = lane_bytes_[1] = 0;
+    fork_pending_ = false;  // both lanes are idle
     if (!st.ok()) failed.push_back({"(bucket)", st});
     for (const Pending& p : pending_) {
       absl::Status recorded = kernels::RecordedStatus(arena_->probe(p.slot), p.name, p.claim);
@@ -425,6 +514,7 @@ class GpuConverter final : public Converter, public DeviceOps {
     uint64_t offset = (scratch_used_ + 255) & ~uint64_t{255};
     if (offset + bytes > scratch_bytes_) {
       if (offset > 0) {
+        JoinSide();
         cudaError_t e = cudaStreamSynchronize(stream_.get());  // earlier tensors still read the old buffer
         if (e != cudaSuccess) return CudaStatus(e, "GPU conversion");
       }
@@ -442,7 +532,12 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   const int device_;
   const GpuConverterOptions options_;
-  CudaStream stream_;
+  CudaStream stream_;  // the main lane
+  CudaStream side_;    // the side lane
+  CudaEvent fork_, join_;
+  uint64_t lane_bytes_[2] = {0, 0};  // input bytes given to each lane since the last drain
+  bool fork_pending_ = false;        // fork_ holds main-lane work the side lane has not waited for
+  bool side_pending_ = false;        // the side lane has work the main lane has not waited for
   std::unique_ptr<storage::Memory> memory_;
   std::unique_ptr<storage::Memory> pinned_;
   std::unique_ptr<DeviceArena> arena_;

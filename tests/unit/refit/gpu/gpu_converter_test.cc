@@ -315,5 +315,76 @@ TEST_F(GpuConverterTest, PropagatePolicyMatchesCpuReference) {
   EXPECT_GE(stats_.batched_nvfp4, 9u);
 }
 
+// Whole device tensors go to two lanes (streams). A device op reading a tensor converted on the
+// side lane waits for it, and a tensor converted on the side lane after a device op wrote its
+// input waits for the op. Each race would show: the op copies the big tensor's last tiles, which
+// its kernel writes last; the side lane's input is written by an op queued behind a long copy.
+TEST_F(GpuConverterTest, DeviceOpsAreOrderedAgainstTheSideLane) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::unique_ptr<Converter> converter = Make({});
+  ASSERT_NE(converter, nullptr);
+  DeviceOps* ops = converter->device_ops();
+  ASSERT_NE(ops, nullptr);
+  const Shape small{128, 128}, big{4096, 8192};
+  const std::vector<uint8_t> small_in = kernels::testing::Encode(Values(small, rng, 0.02f), DType::kBF16);
+  const std::vector<uint8_t> big_in = kernels::testing::Encode(Values(big, rng, 0.02f), DType::kBF16);
+  TensorPlan plan;
+  plan.kind = ConvertKind::kQuantize;
+  plan.format = Format::kFp8Block128;
+  auto outputs = formats::PlanOutputs(Format::kFp8Block128, DType::kBF16, big);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  const uint64_t q_bytes = (*outputs)[0].bytes, s_bytes = (*outputs)[1].bytes;
+  std::vector<uint8_t> want_q(q_bytes), want_s(s_bytes);
+  {
+    CpuConverter cpu;
+    TensorDesc d{"big", DType::kBF16, big, 0, big_in.size()};
+    std::vector<formats::MutableBytes> outs{{want_q.data(), q_bytes}, {want_s.data(), s_bytes}};
+    ASSERT_TRUE(cpu.Convert(plan, d, big_in.data(), storage::MemoryKind::kHost, outs, {}).ok());
+  }
+  DeviceBuffer in_small(small_in.size()), in_big(big_in.size()), staged_big(big_in.size()), busy(big_in.size());
+  in_small.Upload(small_in.data(), small_in.size());
+  in_big.Upload(big_in.data(), big_in.size());
+  auto convert = [&](const char* name, const Shape& shape, const void* in, uint64_t bytes, DeviceBuffer& q,
+                     DeviceBuffer& sc) {
+    TensorDesc d{name, DType::kBF16, shape, 0, bytes};
+    TensorPlan p = plan;
+    p.input_shape = shape;
+    auto o = formats::PlanOutputs(Format::kFp8Block128, DType::kBF16, shape);
+    std::vector<formats::MutableBytes> outs{{q.get(), (*o)[0].bytes}, {sc.get(), (*o)[1].bytes}};
+    absl::Status st = converter->Convert(p, d, static_cast<const uint8_t*>(in), storage::MemoryKind::kDevice, outs, {});
+    EXPECT_TRUE(st.ok()) << name << ": " << st;
+  };
+  auto copy = [&](void* dst, const void* src, uint64_t bytes) {
+    absl::Status st = ops->Copy(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes,
+                                storage::MemoryKind::kDevice);
+    EXPECT_TRUE(st.ok()) << st;
+  };
+  // A device op after a side-lane tensor reads that tensor's last tiles.
+  const uint64_t tail = 1 << 20;
+  DeviceBuffer q_small(small[0] * small[1]), s_small(4), q_big(q_bytes), s_big(s_bytes), copied(tail);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  convert("small", small, in_small.get(), small_in.size(), q_small, s_small);  // the main lane
+  convert("big", big, in_big.get(), big_in.size(), q_big, s_big);              // the side lane
+  copy(copied.get(), static_cast<const uint8_t*>(q_big.get()) + q_bytes - tail, tail);
+  EXPECT_THAT(converter->Sync(), ::testing::IsEmpty());
+  EXPECT_EQ(stats_.side_lane, 1u);
+  EXPECT_TRUE(q_big.Download(q_bytes) == want_q) << "the side lane's tensor differs from the CPU reference";
+  EXPECT_TRUE(copied.Download(tail) == std::vector<uint8_t>(want_q.end() - tail, want_q.end()))
+      << "the device op read the side lane's output before it was written";
+  // A side-lane tensor after a device op reads what the op wrote.
+  DeviceBuffer q2(q_bytes), s2(s_bytes);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  convert("small", small, in_small.get(), small_in.size(), q_small, s_small);  // the main lane
+  for (int i = 0; i < 4; ++i) copy(busy.get(), in_big.get(), big_in.size());   // keeps the main lane busy
+  copy(staged_big.get(), in_big.get(), big_in.size());
+  convert("big again", big, staged_big.get(), big_in.size(), q2, s2);  // the side lane
+  EXPECT_THAT(converter->Sync(), ::testing::IsEmpty());
+  EXPECT_EQ(stats_.side_lane, 2u);
+  EXPECT_TRUE(q2.Download(q_bytes) == want_q) << "the side lane read the device op's output before it was written";
+  EXPECT_TRUE(s2.Download(s_bytes) == want_s);
+}
+
 }  // namespace
 }  // namespace refit
