@@ -10,14 +10,16 @@ colocated user writes today, measured in one run.
             projections into the engine layout SGLang and vLLM hold (fused qkv_proj and
             gate_up_proj), BF16 rest (--spec another file; --spec demo: the embedded demo spec,
             unfused); --refits refits, steady state = all but the first. Wall = the trainer's
-            Begin -> commit reply; pause = refitd's engine pause window. Five runs (see `runs`):
+            Begin -> commit reply; pause = refitd's engine pause window. Seven runs (see `runs`):
             the trainer packing its weights into bucket buffers (Push) or pushing them from its
             one weight allocation, kept across refits as a trainer keeps its parameters
             (PushInPlace, example_trainer --in-place); `staging: device` or `staging: direct`
             (converted straight into the engine's memory, the engine paused for the whole refit);
             the engine's weights in one cudaMalloc registered by CUDA IPC handle, or in CUDA
             virtual memory registered in place (example_engine --vmm, as vLLM's sleep mode and
-            SGLang's memory saver allocate them).
+            SGLang's memory saver allocate them); the trainer's weights in one cudaMalloc (sent
+            by CUDA IPC handle) or in CUDA virtual memory (example_trainer --vmm, as PyTorch's
+            expandable segments allocate them: sent as POSIX descriptors, read faster).
   bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
             (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
             device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
@@ -221,9 +223,9 @@ def main() -> int:
         spec = str(spec_path)
         out["spec"] = a.spec
 
-    def refitd_run(in_place, staging="device", engine_args=()):
+    def refitd_run(in_place, staging="device", engine_args=(), trainer_args=()):
         r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, transport="cuda_ipc",
-                            in_place=in_place, staging=staging, engine_args=engine_args)
+                            in_place=in_place, staging=staging, engine_args=engine_args, trainer_args=trainer_args)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
                    "pause_ms": statistics.median(x["pause_ms"] for x in steady),
@@ -245,15 +247,19 @@ def main() -> int:
     # paused for the whole refit); the engine's weights in one cudaMalloc registered by CUDA IPC
     # handle, or in CUDA virtual memory registered in place (--vmm: as vLLM's sleep mode and
     # SGLang's memory saver allocate them).
-    runs = [("refitd", False, "device", ()), ("refitd_in_place", True, "device", ()),
-            ("refitd_direct", True, "direct", ()), ("vmm_in_place", True, "device", ("--vmm",)),
-            ("vmm_direct", True, "direct", ("--vmm",))]
+    # The last two: the trainer's weights in CUDA virtual memory too (example_trainer --vmm, as
+    # PyTorch's expandable segments allocate them), sent as descriptors and imported by refitd.
+    runs = [("refitd", False, "device", (), ()), ("refitd_in_place", True, "device", (), ()),
+            ("refitd_direct", True, "direct", (), ()), ("vmm_in_place", True, "device", ("--vmm",), ()),
+            ("vmm_direct", True, "direct", ("--vmm",), ()),
+            ("vmm_both_in_place", True, "device", ("--vmm",), ("--vmm",)),
+            ("vmm_both_direct", True, "direct", ("--vmm",), ("--vmm",))]
     if a.runs:
         runs = [x for x in runs if x[0] in a.runs.split(",")]
     results = {}
     r = None
-    for label, in_place, staging, engine_args in runs:
-        raw, results[label] = refitd_run(in_place, staging, engine_args)
+    for label, in_place, staging, engine_args, trainer_args in runs:
+        raw, results[label] = refitd_run(in_place, staging, engine_args, trainer_args)
         r = r or raw
         out[label] = results[label]
         print(json.dumps({label: results[label]}), file=sys.stderr, flush=True)

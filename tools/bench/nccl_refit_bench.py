@@ -78,10 +78,11 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
 
 
 def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2,
-                 transport="nccl", in_place=False, staging="device", engine_args=()):
+                 transport="nccl", in_place=False, staging="device", engine_args=(), trainer_args=()):
     """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
     (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon).
-    `in_place`: the trainer pushes by RefitSession::PushInPlace (example_trainer --in-place)."""
+    `in_place`: the trainer pushes by RefitSession::PushInPlace (example_trainer --in-place);
+    `trainer_args`: more example_trainer flags (--vmm)."""
     fanout = fanout or daemons > 1
     label = f"{name}-fanout{daemons}" if fanout else name
     procs, logs, addresses = [], [], []
@@ -101,6 +102,7 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
             cmd.append("--fanout")
         if in_place:
             cmd.append("--in-place")
+        cmd += list(trainer_args)
         p = subprocess.run(cmd + ["--gpu", "0", "--refits", str(refits), "--no-verify", *spec_flag, *shape],
                            capture_output=True, text=True, timeout=1200)
         reports = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]

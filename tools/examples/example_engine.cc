@@ -52,55 +52,11 @@
 #include <cuda_runtime.h>
 
 #include "common/cuda_status.h"
+#include "cuda_vmm_alloc.h"
 #endif
 
 namespace {
 
-#if REFIT_HAVE_CUDA
-// `bytes` (rounded up to the granularity) of CUDA virtual memory on `device`, exportable as a
-// POSIX file descriptor, mapped read-write; null (with the reason in `why`) when unavailable.
-void* AllocateVmm(int device, uint64_t bytes, std::string& why) {
-  using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
-  using Granularity = CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
-  using Reserve = CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
-  using Map = CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-  using SetAccess = CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
-  Create create = nullptr;
-  Granularity granularity = nullptr;
-  Reserve reserve = nullptr;
-  Map map = nullptr;
-  SetAccess set_access = nullptr;
-  if (!refit::LoadDriverEntryPoint("cuMemCreate", 10020, &create) ||
-      !refit::LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &granularity) ||
-      !refit::LoadDriverEntryPoint("cuMemAddressReserve", 10020, &reserve) ||
-      !refit::LoadDriverEntryPoint("cuMemMap", 10020, &map) || !refit::LoadDriverEntryPoint("cuMemSetAccess", 10020, &set_access)) {
-    why = "the CUDA driver has no virtual memory management";
-    return nullptr;
-  }
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  size_t g = 0;
-  CUmemGenericAllocationHandle handle = 0;
-  CUdeviceptr va = 0;
-  if (granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) {
-    why = "no virtual memory with POSIX descriptors on this device";
-    return nullptr;
-  }
-  const size_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS || reserve(&va, size, g, 0, 0) != CUDA_SUCCESS ||
-      map(va, size, 0, handle, 0) != CUDA_SUCCESS || set_access(va, size, &access, 1) != CUDA_SUCCESS) {
-    why = "cuMemCreate/cuMemMap failed";
-    return nullptr;
-  }
-  return reinterpret_cast<void*>(va);  // held until the process exits
-}
-#endif
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop = true; }
@@ -212,7 +168,7 @@ int main(int argc, char** argv) {
 #if REFIT_HAVE_CUDA
     cudaIpcMemHandle_t h;
     std::string why;
-    if (vmm && (cudaSetDevice(gpu) != cudaSuccess || (device_base = AllocateVmm(gpu, total, why)) == nullptr ||
+    if (vmm && (cudaSetDevice(gpu) != cudaSuccess || (device_base = refit::examples::AllocateVmm(gpu, total, why)) == nullptr ||
                 cudaMemset(device_base, 0, total) != cudaSuccess)) {
       std::fprintf(stderr, "example_engine: cannot allocate %llu bytes of CUDA virtual memory on GPU %d: %s\n",
                    static_cast<unsigned long long>(total), gpu, why.c_str());

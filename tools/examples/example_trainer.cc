@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place]]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
@@ -36,6 +36,9 @@
 // --in-place (with --gpu) pushes whole tensors by RefitSession::PushInPlace: the weights lie in
 // one allocation, 256-byte aligned, so the CUDA IPC data plane sends runs of them from where they
 // are, nothing packed (on one GPU refitd's converter reads them there; other planes pack).
+// --vmm (with --gpu) makes that allocation CUDA virtual memory exportable as a POSIX descriptor
+// (as PyTorch's expandable segments make a trainer's), which the CUDA IPC data plane sends as
+// descriptors instead of a CUDA IPC handle.
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
 // Several --address flags (or --fanout with one) feed every daemon at once through one
@@ -66,6 +69,8 @@
 #include "client/trainer_client.h"
 #if REFIT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_vmm_alloc.h"
 #endif
 #include "common/checksum.h"
 #include "common/control_connect.h"
@@ -398,6 +403,7 @@ int main(int argc, char** argv) {
   std::string wire_fault;               // --wire-fault KIND:TENSOR (with --checkpoint)
   int gpu = -1;  // --gpu: weights on this GPU
   bool in_place = false;  // --in-place: whole device tensors go by RefitSession::PushInPlace
+  [[maybe_unused]] bool vmm = false;  // --vmm: the weights' allocation is CUDA virtual memory
   int slices = 1;  // --slices: push matrices in this many slices
   int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
   std::string session_file;  // --session-file: where rank 0 publishes the session id
@@ -460,6 +466,8 @@ int main(int argc, char** argv) {
       measure_amax = true;
     } else if (a == "--in-place") {
       in_place = true;
+    } else if (a == "--vmm") {
+      vmm = true;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       return Fail(absl::StrCat("unknown flag ", a));
     }
@@ -629,10 +637,19 @@ int main(int argc, char** argv) {
       if (total > device_bytes) {
         device_copies.reset();
         void* d = nullptr;
-        if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) {
-          return Fail(absl::StrCat("cannot allocate ", total, " bytes on GPU ", gpu));
+        std::string why;
+        if (vmm) {
+          // Held until the process exits, as the examples' virtual memory is.
+          if ((d = examples::AllocateVmm(gpu, total, why)) == nullptr) {
+            return Fail(absl::StrCat("cannot allocate ", total, " bytes of virtual memory on GPU ", gpu, ": ", why));
+          }
+          device_copies = std::shared_ptr<void>(d, [](void*) {});
+        } else {
+          if (cudaMalloc(&d, std::max<uint64_t>(total, 1)) != cudaSuccess) {
+            return Fail(absl::StrCat("cannot allocate ", total, " bytes on GPU ", gpu));
+          }
+          device_copies = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
         }
-        device_copies = std::shared_ptr<void>(d, [](void* p) { cudaFree(p); });
         device_bytes = total;
       }
       void* d = device_copies.get();

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_status.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
 
 namespace refit::transport::cuda_ipc {
 namespace {
@@ -190,6 +192,137 @@ absl::StatusOr<Allocation> QueryAllocation(const void* p) {
   a.size = size;
   a.ordinal = ordinal;
   return a;
+}
+
+namespace {
+
+// The virtual-memory entry points, through the runtime (nothing links libcuda).
+struct VmmDriver {
+  CUresult (*address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
+  CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  bool ok() const { return address_range && retain && release && properties && export_handle; }
+};
+
+const VmmDriver& GetVmmDriver() {
+  static const VmmDriver d = [] {
+    VmmDriver d;
+    LoadDriverEntryPoint("cuMemGetAddressRange", 3020, &d.address_range);
+    LoadDriverEntryPoint("cuMemRetainAllocationHandle", 11000, &d.retain);
+    LoadDriverEntryPoint("cuMemRelease", 10020, &d.release);
+    LoadDriverEntryPoint("cuMemGetAllocationPropertiesFromHandle", 10020, &d.properties);
+    LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &d.export_handle);
+    return d;
+  }();
+  return d;
+}
+
+// The piece mapped at `p` (its mapping's base and size), exported; fd < 0 when it cannot be.
+VmmPiece ExportPiece(const VmmDriver& d, uint64_t p) {
+  VmmPiece piece;
+  CUmemGenericAllocationHandle h;
+  if (d.retain(&h, reinterpret_cast<void*>(p)) != CUDA_SUCCESS) return piece;
+  CUmemAllocationProp prop{};
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  int fd = -1;
+  absl::StatusOr<Allocation> a = QueryAllocation(reinterpret_cast<const void*>(p));
+  if (a.ok() && a->device && d.properties(&prop, h) == CUDA_SUCCESS &&
+      (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 &&
+      d.address_range(&base, &size, static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+      d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS) {
+    piece.base = static_cast<uint64_t>(base);
+    piece.size = static_cast<uint64_t>(size);
+    piece.buffer_id = a->buffer_id;
+    piece.fd = UniqueFd(fd);
+  }
+  d.release(h);
+  return piece;
+}
+
+}  // namespace
+
+std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes) {
+  const VmmDriver& d = GetVmmDriver();
+  std::vector<VmmPiece> pieces;
+  if (!d.ok() || bytes == 0) return pieces;
+  const uint64_t begin = reinterpret_cast<uint64_t>(p), end = begin + bytes;
+  uint64_t at = begin;
+  while (true) {
+    VmmPiece piece = ExportPiece(d, at);
+    // The first piece holds `p`; each next one starts where the last ended.
+    if (!piece.fd.valid() || (pieces.empty() ? piece.base > at : piece.base != at) || pieces.size() >= kMaxVmmPieces) {
+      return {};
+    }
+    at = piece.base + piece.size;
+    pieces.push_back(std::move(piece));
+    if (at >= end) return pieces;
+  }
+}
+
+absl::Status SendWithFds(int sock, const void* data, uint64_t bytes, const std::vector<int>& fds) {
+  if (fds.size() > kMaxVmmPieces) return absl::InvalidArgumentError("too many descriptors for one message");
+  iovec iov{const_cast<void*>(data), bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxVmmPieces)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return absl::UnavailableError(absl::StrCat("CUDA IPC control socket: ", std::strerror(errno)));
+  // The descriptors went with the first byte; the rest (if the socket took only part) follows.
+  if (static_cast<uint64_t>(n) < bytes) return WriteAll(sock, static_cast<const char*>(data) + n, bytes - n);
+  return absl::OkStatus();
+}
+
+absl::Status RecvWithFds(int sock, void* data, uint64_t bytes, std::vector<UniqueFd>& fds, absl::Time deadline) {
+  fds.clear();
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("timed out on the CUDA IPC control socket");
+    pollfd pfd{sock, POLLIN, 0};
+    const int rc = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 100)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) continue;
+    iovec iov{p, bytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxVmmPieces)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n == 0) return absl::UnavailableError("connection closed by the peer");
+    if (n < 0) return absl::UnavailableError(absl::StrCat("CUDA IPC control socket: ", std::strerror(errno)));
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(fd);
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) return absl::UnavailableError("CUDA IPC control socket: descriptors truncated");
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace refit::transport::cuda_ipc

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,6 +54,24 @@ struct Allocation {
 };
 // Plain host memory gives device = false. Unavailable when the driver has no such query.
 absl::StatusOr<Allocation> QueryAllocation(const void* p);
+
+// CUDA virtual memory (cuMemCreate + cuMemMap: PyTorch's expandable segments, vLLM's and SGLang's
+// sleep-mode allocators): the mapped pieces holding [p, p + bytes), at consecutive addresses, each
+// exported as a POSIX descriptor (cuMemExportToShareableHandle). Empty when the bytes are not all
+// in such pieces, or a piece was allocated without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, or
+// more than kMaxVmmPieces would be needed (the caller then copies the bytes instead).
+struct VmmPiece {
+  uint64_t base = 0;
+  uint64_t size = 0;
+  uint64_t buffer_id = 0;  // CU_POINTER_ATTRIBUTE_BUFFER_ID of the mapping (to notice it is gone)
+  UniqueFd fd;
+};
+std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes);
+
+// `bytes` of `data` and the descriptors `fds` in one sendmsg (SCM_RIGHTS), and its counterpart,
+// which reads exactly `bytes` and returns the descriptors that came with them.
+absl::Status SendWithFds(int sock, const void* data, uint64_t bytes, const std::vector<int>& fds);
+absl::Status RecvWithFds(int sock, void* data, uint64_t bytes, std::vector<UniqueFd>& fds, absl::Time deadline);
 
 }  // namespace refit::transport::cuda_ipc
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_handles.h"
+#include "storage/vmm_import.h"
 #include "transport/cuda_ipc/cuda_ipc_handles.h"
 #include "transport/peer_threads.h"
 
@@ -34,6 +35,7 @@ struct CudaIpcReceiver::Peer : TagMatcher::Sender {
     bool mapped = false;    // opened from a handle (else the sender's own address)
     bool lendable = false;  // device memory of the receiver's GPU: lent to ReceiveOrLend, not copied
     HandleKey key{};
+    std::shared_ptr<storage::VmmImport> vmm;  // a run of virtual-memory pieces, imported
   };
   std::map<uint64_t, Buffer> buffers;  // by the sender's buffer id; the peer's thread only
   std::atomic<bool> dropped{false};    // DisconnectPeers shut its socket: not a failure
@@ -156,6 +158,12 @@ void CudaIpcReceiver::ServePeer(Peer& peer) {
           return;
         }
         break;
+      case Frame::kExportVmm:
+        if (absl::Status e = ExportVmm(peer, f); !e.ok()) {
+          PeerFailed(peer, e);
+          return;
+        }
+        break;
       case Frame::kForget:
         Forget(peer, f.buffer_id);
         break;
@@ -214,6 +222,46 @@ absl::Status CudaIpcReceiver::Export(Peer& peer, const Frame& f) {
     (void)cudaGetLastError();
   }
   peer.buffers.emplace(f.buffer_id, b);
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcReceiver::ExportVmm(Peer& peer, const Frame& f) {
+  if (f.buffer_id == 0 || peer.buffers.count(f.buffer_id) != 0 || peer.buffers.size() >= 2 * cuda_ipc::kMaxExports ||
+      f.pieces == 0 || f.pieces > cuda_ipc::kMaxVmmPieces) {
+    return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, " exported virtual-memory buffer ", f.buffer_id,
+                                               " twice, as 0, past ", 2 * cuda_ipc::kMaxExports, " buffers, or in ",
+                                               f.pieces, " pieces"));
+  }
+  std::vector<uint64_t> sizes(f.pieces);
+  std::vector<UniqueFd> fds;
+  if (absl::Status st = cuda_ipc::RecvWithFds(peer.fd.get(), sizes.data(), sizes.size() * sizeof(uint64_t), fds,
+                                              absl::Now() + absl::Seconds(10));
+      !st.ok()) {
+    return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, ": its virtual-memory pieces: ", st.message()));
+  }
+  uint64_t total = 0;
+  std::vector<storage::VmmImport::Piece> pieces;
+  for (size_t i = 0; i < sizes.size() && i < fds.size(); ++i) {
+    pieces.push_back({fds[i].get(), sizes[i]});
+    total += sizes[i];
+  }
+  if (fds.size() != sizes.size() || total != f.bytes) {
+    return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, " sent ", fds.size(), " descriptors for ",
+                                               sizes.size(), " virtual-memory pieces of ", total, " bytes (frame: ",
+                                               f.bytes, ")"));
+  }
+  cudaSetDevice(options_.device);
+  absl::StatusOr<std::unique_ptr<storage::VmmImport>> imported = storage::VmmImport::Import(pieces, options_.device);
+  if (!imported.ok()) {
+    return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer.name, ": importing its virtual memory of ",
+                                               f.bytes, " bytes: ", imported.status().message()));
+  }
+  Peer::Buffer b;
+  b.size = f.bytes;
+  b.base = (*imported)->address();
+  b.vmm = std::move(*imported);
+  b.lendable = true;  // imported onto this receiver's GPU
+  peer.buffers.emplace(f.buffer_id, std::move(b));
   return absl::OkStatus();
 }
 

@@ -3,7 +3,8 @@
 // payload byte crosses it. Each sender exports each of its device buffers once (its bucket
 // buffers: a CUDA IPC handle per allocation, not per bucket); the receiver maps each buffer once
 // (cudaIpcOpenMemHandle, shared by every peer of this process and counted) and keeps it mapped
-// until the sender forgets it or disconnects. A message is a frame naming (tag, size, buffer,
+// until the sender forgets it or disconnects. A run of CUDA virtual-memory pieces comes as their
+// POSIX descriptors and is imported (storage::VmmImport) for that sender alone. A message is a frame naming (tag, size, buffer,
 // offset): its bytes are copied out of the mapped buffer into the matching Receive's buffer on
 // this receiver's GPU (a device-to-device copy on the peer's stream), and only once that stream
 // has synchronized is the sender released (a kReleased reply), so the trainer reuses a buffer only
@@ -78,6 +79,8 @@ class CudaIpcReceiver final : public Receiver {
   void AcceptLoop();
   void ServePeer(Peer& peer);
   absl::Status Export(Peer& peer, const cuda_ipc::Frame& f);
+  // A run of CUDA virtual-memory pieces: its descriptors read off the socket and imported.
+  absl::Status ExportVmm(Peer& peer, const cuda_ipc::Frame& f);
   void Forget(Peer& peer, uint64_t buffer_id);
   // Delivers one message whose frame was just read; false when the peer must stop.
   bool Deliver(Peer& peer, const cuda_ipc::Frame& f);

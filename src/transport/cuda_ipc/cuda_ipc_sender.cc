@@ -87,10 +87,18 @@ absl::Status CudaIpcSender::SendForget(uint64_t buffer_id) {
   return cuda_ipc::WriteAll(fd_.get(), &forget, sizeof(forget));
 }
 
+bool CudaIpcSender::Live(const Export& e) {
+  auto same = [](uint64_t base, uint64_t buffer_id) {
+    absl::StatusOr<cuda_ipc::Allocation> a = cuda_ipc::QueryAllocation(reinterpret_cast<const void*>(base));
+    return a.ok() && a->device && a->buffer_id == buffer_id;
+  };
+  if (e.pieces.empty()) return same(e.base, e.buffer_id);
+  return std::all_of(e.pieces.begin(), e.pieces.end(), [&](const auto& p) { return same(p.first, p.second); });
+}
+
 absl::Status CudaIpcSender::ForgetFreed() {
   for (auto it = exported_.begin(); it != exported_.end();) {
-    absl::StatusOr<cuda_ipc::Allocation> a = cuda_ipc::QueryAllocation(reinterpret_cast<const void*>(it->base));
-    if (a.ok() && a->device && a->buffer_id == it->buffer_id) {
+    if (Live(*it)) {
       ++it;
       continue;
     }
@@ -124,14 +132,58 @@ absl::Status CudaIpcSender::ExportBuffer(uint64_t buffer_id, uint64_t base, uint
     std::memcpy(f.handle, &h, sizeof(h));
   }
   if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f)); !st.ok()) return st;
+  return Remember(buffer_id, base, size, {});
+}
+
+absl::Status CudaIpcSender::Remember(uint64_t buffer_id, uint64_t base, uint64_t size,
+                                     std::vector<std::pair<uint64_t, uint64_t>> pieces) {
   ++exports_;
-  exported_.push_back({buffer_id, base});
+  exported_.push_back({buffer_id, base, size, std::move(pieces)});
   if (exported_.size() > cuda_ipc::kMaxExports) {
     const uint64_t oldest = exported_.front().buffer_id;
     exported_.pop_front();
     if (absl::Status st = SendForget(oldest); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaIpcSender::PlaceVmm(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset) {
+  const uint64_t s = reinterpret_cast<uint64_t>(src);
+  for (const Export& e : exported_) {
+    if (!e.pieces.empty() && s >= e.base && bytes <= e.size - (s - e.base) && s - e.base < e.size && Live(e)) {
+      buffer_id = e.buffer_id;
+      offset = s - e.base;
+      return true;
+    }
+  }
+  std::vector<cuda_ipc::VmmPiece> pieces = cuda_ipc::ExportVmmPieces(src, bytes);
+  if (pieces.empty()) return false;
+  if (absl::Status st = ForgetFreed(); !st.ok()) return st;
+  // Run ids cannot collide with CUDA buffer ids (small counters from 1).
+  constexpr uint64_t kVmmRunBit = uint64_t{1} << 63;
+  Frame f;
+  f.kind = Frame::kExportVmm;
+  f.buffer_id = kVmmRunBit | ++vmm_runs_;
+  f.address = pieces.front().base;
+  f.pieces = static_cast<uint32_t>(pieces.size());
+  std::vector<uint64_t> sizes;
+  std::vector<int> fds;
+  std::vector<std::pair<uint64_t, uint64_t>> ids;
+  for (const cuda_ipc::VmmPiece& p : pieces) {
+    f.bytes += p.size;
+    sizes.push_back(p.size);
+    fds.push_back(p.fd.get());
+    ids.emplace_back(p.base, p.buffer_id);
+  }
+  if (absl::Status st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f)); !st.ok()) return st;
+  if (absl::Status st = cuda_ipc::SendWithFds(fd_.get(), sizes.data(), sizes.size() * sizeof(uint64_t), fds);
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = Remember(f.buffer_id, f.address, f.bytes, std::move(ids)); !st.ok()) return st;
+  buffer_id = f.buffer_id;
+  offset = s - f.address;
+  return true;
 }
 
 absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset) {
@@ -151,6 +203,11 @@ absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buf
     }
     unexportable_.push_back(a->buffer_id);
     if (unexportable_.size() > cuda_ipc::kMaxExports) unexportable_.pop_front();
+  } else if (a->device && !a->ipc_capable) {
+    // CUDA virtual memory (the legacy IPC handle does not cover it).
+    absl::StatusOr<bool> placed = PlaceVmm(src, bytes, buffer_id, offset);
+    if (!placed.ok()) return placed.status();
+    if (*placed) return absl::OkStatus();
   }
   // Through the bounce buffer (grown as needed; the old one is forgotten first).
   if (bounce_.bytes() < bytes) {

@@ -2,8 +2,10 @@
 // fixed-size records (no payload bytes ever cross it).
 //
 //   sender -> receiver: Hello (+ name), then Frames: kExport (a buffer's IPC handle, once per
-//                       buffer), kMessage (tag, size, buffer, offset), kForget (a buffer no longer
-//                       used), kGoodbye.
+//                       buffer), kExportVmm (a run of CUDA virtual-memory pieces: the frame, then
+//                       one record of the pieces' sizes carrying their POSIX descriptors by
+//                       SCM_RIGHTS), kMessage (tag, size, buffer, offset), kForget (a buffer no
+//                       longer used), kGoodbye.
 //   receiver -> sender: Reply kHelloAck (the receiver's process token), one kReleased per
 //                       kMessage once the receiver's copy out of the buffer has completed (its
 //                       stream synchronized), kGoodbyeAck.
@@ -22,6 +24,8 @@ inline constexpr uint32_t kMaxNameBytes = 1024;
 inline constexpr uint32_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 // Buffers one sender may have exported at once (the sender forgets its oldest beyond this).
 inline constexpr uint32_t kMaxExports = 64;
+// Pieces one kExportVmm may carry (one descriptor each).
+inline constexpr uint32_t kMaxVmmPieces = 64;
 
 struct Hello {
   uint64_t magic = kMagic;
@@ -32,12 +36,12 @@ struct Hello {
 static_assert(sizeof(Hello) == 24);
 
 struct Frame {
-  enum Kind : uint32_t { kExport = 1, kForget = 2, kMessage = 3, kGoodbye = 4 };
+  enum Kind : uint32_t { kExport = 1, kForget = 2, kMessage = 3, kGoodbye = 4, kExportVmm = 5 };
   uint64_t magic = kMagic;
   uint32_t kind = 0;
-  uint32_t reserved = 0;
+  uint32_t pieces = 0;     // kExportVmm: the number of pieces (and descriptors) that follow
   uint64_t tag = 0;        // kMessage
-  uint64_t bytes = 0;      // kMessage: payload size; kExport: the buffer's size
+  uint64_t bytes = 0;      // kMessage: payload size; kExport, kExportVmm: the buffer's size
   uint64_t buffer_id = 0;  // kExport, kForget, kMessage (0: an empty message)
   uint64_t offset = 0;     // kMessage: the payload's offset in the buffer
   uint64_t address = 0;    // kExport: the buffer's address in the sender (used within one process)

@@ -2,16 +2,19 @@
 // exported once however many messages come from it, host sources share one bounce buffer, a Send
 // returns only once the receiver's copy out of the buffer has completed, ReceiveOrLend lends the
 // sender's bytes (nothing copied) and releases the sender only at GiveBack (also when its peer is
-// disconnected meanwhile), and endpoint strings.
+// disconnected meanwhile), CUDA virtual memory goes as descriptors of its pieces and is lent
+// in place, and endpoint strings.
 // GPU cases skip, saying why, without a CUDA device.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
 #include "../../cuda_device.h"
+#include "../../cuda_vmm.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "transport/cuda_ipc/cuda_ipc_handles.h"
@@ -163,6 +166,56 @@ TEST_F(CudaIpcTest, ReceiveOrLendLendsTheSendersBytesAndReleasesItOnlyAtGiveBack
   receiver_->GiveBack(got->loan);
   send.join();
   EXPECT_TRUE(sent);
+}
+
+// CUDA virtual memory in two pieces (as expandable segments grow): a message spanning both is
+// exported once as a run of two descriptors, imported by the receiver and lent from there (not
+// copied, not bounced); later messages inside the run reuse it. Memory made without the POSIX
+// descriptor handle type cannot be exported: it is bounced, and still arrives.
+TEST_F(CudaIpcTest, VirtualMemoryGoesAsDescriptorsOfItsPiecesAndIsLentInPlace) {
+  testing::CudaVmm weights(4 << 20, 2, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (!weights.ok()) GTEST_SKIP() << weights.why();
+  const uint64_t piece = weights.piece();
+  std::vector<uint8_t> pattern(weights.size());
+  for (uint64_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 131 + i / 4096);
+  ASSERT_EQ(cudaMemcpy(weights.data(), pattern.data(), pattern.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  uint8_t* slot = DeviceBuffer(weights.size(), 0);
+  struct Case {
+    uint64_t offset, bytes;
+  };
+  // Across the boundary of the pieces; inside the first; inside the second.
+  const std::vector<Case> cases{{piece / 2, piece}, {4096, piece / 4}, {piece + 8192, piece / 2}};
+  for (uint64_t i = 0; i < cases.size(); ++i) {
+    const Case c = cases[i];
+    std::thread send([&] { ASSERT_TRUE(sender_->Send(i, weights.data() + c.offset, c.bytes).ok()); });
+    auto got = receiver_->ReceiveOrLend(i, slot, weights.size(), Soon());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NE(got->loan, 0u) << "message " << i << " was copied, not lent";
+    EXPECT_NE(got->data, weights.data() + c.offset) << "message " << i << ": the sender's address, not an import";
+    std::vector<uint8_t> host(c.bytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), got->data, c.bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(std::equal(host.begin(), host.end(), pattern.begin() + static_cast<int64_t>(c.offset)))
+        << "message " << i << ": the bytes differ from the sender's";
+    receiver_->GiveBack(got->loan);
+    send.join();
+  }
+  EXPECT_EQ(sender_->vmm_exports(), 1u);
+  EXPECT_EQ(sender_->exports(), 1u);
+  // Without the POSIX descriptor handle type: bounced (a cudaMalloc'd buffer, exported once).
+  testing::CudaVmm plain(1 << 20, 1, CU_MEM_HANDLE_TYPE_NONE);
+  if (!plain.ok()) GTEST_SKIP() << plain.why();
+  ASSERT_EQ(cudaMemset(plain.data(), 0x5C, plain.size()), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::thread send([&] { ASSERT_TRUE(sender_->Send(9, plain.data(), plain.size()).ok()); });
+  auto got = receiver_->Receive(9, slot, weights.size(), Soon());
+  send.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<uint8_t> host(plain.size());
+  ASSERT_EQ(cudaMemcpy(host.data(), slot, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host.front(), 0x5C);
+  EXPECT_EQ(host.back(), 0x5C);
+  EXPECT_EQ(sender_->vmm_exports(), 1u);
+  EXPECT_EQ(sender_->exports(), 2u);  // the bounce buffer
 }
 
 TEST_F(CudaIpcTest, ASenderDisconnectedWhileLentStaysBlockedUntilGiveBack) {
