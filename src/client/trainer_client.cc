@@ -286,6 +286,7 @@ struct RefitSession::Impl {
   const uint8_t* run_base = nullptr;
   uint64_t run_used = 0;   // bytes from run_base to the end of the run's last tensor
   uint64_t run_limit = 0;  // bytes from run_base to the end of its allocation
+  uint64_t in_place_bytes = 0;  // pushed_in_place_bytes()
   BucketHeader run_header;
   // Announces `h` (payload: `nbytes` at `payload`) on every daemon and sends it: in the background
   // on an overlapped data plane (after the previous send ended); `packed` (a bucket buffer): the
@@ -735,23 +736,30 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
                      addr - (base + r.run_used) <= kMaxGap && addr + *nbytes - base <= std::min(r.run_limit, r.bucket_bytes);
   if (!joins) {
     absl::StatusOr<transport::cuda_ipc::Allocation> a = transport::cuda_ipc::QueryAllocation(t.data);
-    if (!a.ok() || !a->device || addr % 16 != 0 || addr < a->base || addr - a->base >= a->size ||
-        *nbytes > a->base + a->size - addr) {
-      return Push(t);  // not device memory, or not within one allocation: packed
+    if (!a.ok() || !a->device || addr % 16 != 0 || addr < a->base || addr - a->base >= a->size) {
+      return Push(t);  // not device memory: packed
     }
+    // The bytes from the tensor to the end of its allocation; in CUDA virtual memory (expandable
+    // segments map theirs piece by piece), to the end of the pieces mapped one after another.
+    uint64_t extent = a->base + a->size - addr;
+    if (!a->ipc_capable) extent = std::max(extent, transport::cuda_ipc::VmmMappedBytes(t.data, r.bucket_bytes));
+    if (*nbytes > extent) return Push(t);  // not within one allocation: packed
     if (absl::Status st = r.FlushRun(); !st.ok()) return st;
     r.run_base = static_cast<const uint8_t*>(t.data);
     r.run_used = 0;
-    r.run_limit = a->base + a->size - addr;
+    r.run_limit = extent;
   }
   const uint64_t offset = addr - reinterpret_cast<uint64_t>(r.run_base);
   r.run_header.tensors.push_back({t.name, t.dtype, t.shape, offset, *nbytes, t.slice, t.amax});
   r.run_used = offset + *nbytes;
+  r.in_place_bytes += *nbytes;
   return absl::OkStatus();
 #else
   return Push(t);
 #endif
 }
+
+uint64_t RefitSession::pushed_in_place_bytes() const { return impl_->in_place_bytes; }
 
 void RefitSession::MeasureAmax(bool on) {
   if (!on) {

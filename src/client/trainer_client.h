@@ -193,8 +193,12 @@ class RefitSession {
   // as a trainer's contiguous parameter buffer holds them) travel as one bucket of that memory,
   // up to the bucket size. `t.data` must then stay allocated and unchanged until Commit (or
   // Detach, or Abort) returns. Anything else (host memory, a tensor this trainer converts under
-  // wire format checkpoint, MeasureAmax on, a host data plane) is pushed as Push does.
+  // wire format checkpoint, MeasureAmax on, a host data plane) is pushed as Push does. Memory in
+  // CUDA virtual memory counts as one allocation across pieces mapped one after another (PyTorch's
+  // expandable segments).
   absl::Status PushInPlace(const TensorRef& t);
+  // Bytes of this session's tensors that PushInPlace sent from where they lie (not packed).
+  uint64_t pushed_in_place_bytes() const;
   // Pushes each of `members` as Push does; a fused NVFP4 group member without TensorRef::amax
   // gets the max|x| over its group's members, which must all be among `members` (whole host
   // tensors), else refused naming the tensor.

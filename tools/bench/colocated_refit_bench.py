@@ -10,7 +10,7 @@ colocated user writes today, measured in one run.
             projections into the engine layout SGLang and vLLM hold (fused qkv_proj and
             gate_up_proj), BF16 rest (--spec another file; --spec demo: the embedded demo spec,
             unfused); --refits refits, steady state = all but the first. Wall = the trainer's
-            Begin -> commit reply; pause = refitd's engine pause window. Seven runs (see `runs`):
+            Begin -> commit reply; pause = refitd's engine pause window. Eight runs (see `runs`):
             the trainer packing its weights into bucket buffers (Push) or pushing them from its
             one weight allocation, kept across refits as a trainer keeps its parameters
             (PushInPlace, example_trainer --in-place); `staging: device` or `staging: direct`
@@ -19,7 +19,8 @@ colocated user writes today, measured in one run.
             virtual memory registered in place (example_engine --vmm, as vLLM's sleep mode and
             SGLang's memory saver allocate them); the trainer's weights in one cudaMalloc (sent
             by CUDA IPC handle) or in CUDA virtual memory (example_trainer --vmm, as PyTorch's
-            expandable segments allocate them: sent as POSIX descriptors, read faster).
+            expandable segments allocate them: sent as POSIX descriptors, read faster; the last
+            run maps it in 20 MiB pieces, as expandable segments grow).
   bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
             (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
             device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
@@ -247,13 +248,15 @@ def main() -> int:
     # paused for the whole refit); the engine's weights in one cudaMalloc registered by CUDA IPC
     # handle, or in CUDA virtual memory registered in place (--vmm: as vLLM's sleep mode and
     # SGLang's memory saver allocate them).
-    # The last two: the trainer's weights in CUDA virtual memory too (example_trainer --vmm, as
-    # PyTorch's expandable segments allocate them), sent as descriptors and imported by refitd.
+    # The last three: the trainer's weights in CUDA virtual memory too (example_trainer --vmm, as
+    # PyTorch's expandable segments allocate them), sent as descriptors and imported by refitd;
+    # the last maps them in 20 MiB pieces, as expandable segments do.
     runs = [("refitd", False, "device", (), ()), ("refitd_in_place", True, "device", (), ()),
             ("refitd_direct", True, "direct", (), ()), ("vmm_in_place", True, "device", ("--vmm",), ()),
             ("vmm_direct", True, "direct", ("--vmm",), ()),
             ("vmm_both_in_place", True, "device", ("--vmm",), ("--vmm",)),
-            ("vmm_both_direct", True, "direct", ("--vmm",), ("--vmm",))]
+            ("vmm_both_direct", True, "direct", ("--vmm",), ("--vmm",)),
+            ("vmm_pieces_direct", True, "direct", ("--vmm",), ("--vmm", "--vmm-piece-mib", "20"))]
     if a.runs:
         runs = [x for x in runs if x[0] in a.runs.split(",")]
     results = {}

@@ -16,7 +16,9 @@ namespace refit::examples {
 
 // `bytes` (rounded up to the granularity) of CUDA virtual memory on `device`, exportable as a
 // POSIX file descriptor, mapped read-write; null (with the reason in `why`) when unavailable.
-inline void* AllocateVmm(int device, uint64_t bytes, std::string& why) {
+// `piece_bytes` > 0: made of allocations of that size (rounded up to the granularity) mapped one
+// after another, as PyTorch's expandable segments grow; 0: one allocation.
+inline void* AllocateVmm(int device, uint64_t bytes, std::string& why, uint64_t piece_bytes = 0) {
   using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
   using Granularity = CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
   using Reserve = CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
@@ -47,12 +49,23 @@ inline void* AllocateVmm(int device, uint64_t bytes, std::string& why) {
     return nullptr;
   }
   const size_t size = (std::max<uint64_t>(bytes, 1) + g - 1) / g * g;
+  const size_t piece = piece_bytes == 0 ? size : std::min<size_t>(size, (piece_bytes + g - 1) / g * g);
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (create(&handle, size, &prop, 0) != CUDA_SUCCESS || reserve(&va, size, g, 0, 0) != CUDA_SUCCESS ||
-      map(va, size, 0, handle, 0) != CUDA_SUCCESS || set_access(va, size, &access, 1) != CUDA_SUCCESS) {
-    why = "cuMemCreate/cuMemMap failed";
+  if (reserve(&va, size, g, 0, 0) != CUDA_SUCCESS) {
+    why = "cuMemAddressReserve failed";
+    return nullptr;
+  }
+  for (size_t at = 0; at < size; at += piece) {
+    const size_t n = std::min(piece, size - at);
+    if (create(&handle, n, &prop, 0) != CUDA_SUCCESS || map(va + at, n, 0, handle, 0) != CUDA_SUCCESS) {
+      why = "cuMemCreate/cuMemMap failed";
+      return nullptr;
+    }
+  }
+  if (set_access(va, size, &access, 1) != CUDA_SUCCESS) {
+    why = "cuMemSetAccess failed";
     return nullptr;
   }
   return reinterpret_cast<void*>(va);  // held until the process exits

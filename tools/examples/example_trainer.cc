@@ -4,7 +4,7 @@
 //
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm]]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm [--vmm-piece-mib N]]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
@@ -38,7 +38,8 @@
 // are, nothing packed (on one GPU refitd's converter reads them there; other planes pack).
 // --vmm (with --gpu) makes that allocation CUDA virtual memory exportable as a POSIX descriptor
 // (as PyTorch's expandable segments make a trainer's), which the CUDA IPC data plane sends as
-// descriptors instead of a CUDA IPC handle.
+// descriptors instead of a CUDA IPC handle; --vmm-piece-mib N maps it in pieces of N MiB, as
+// expandable segments grow (tensors then run across pieces).
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
 // Several --address flags (or --fanout with one) feed every daemon at once through one
@@ -404,6 +405,7 @@ int main(int argc, char** argv) {
   int gpu = -1;  // --gpu: weights on this GPU
   bool in_place = false;  // --in-place: whole device tensors go by RefitSession::PushInPlace
   [[maybe_unused]] bool vmm = false;  // --vmm: the weights' allocation is CUDA virtual memory
+  [[maybe_unused]] uint64_t vmm_piece_bytes = 0;  // --vmm-piece-mib: ... mapped in pieces of this size
   int slices = 1;  // --slices: push matrices in this many slices
   int ranks = 1, rank = 0;  // --ranks/--rank: this process pushes its share of one session
   std::string session_file;  // --session-file: where rank 0 publishes the session id
@@ -468,6 +470,8 @@ int main(int argc, char** argv) {
       in_place = true;
     } else if (a == "--vmm") {
       vmm = true;
+    } else if (a == "--vmm-piece-mib" && i + 1 < argc) {
+      vmm_piece_bytes = std::strtoull(argv[++i], nullptr, 10) << 20;
     } else if (!demo::ParseShapeFlag(argc, argv, i, shape)) {
       return Fail(absl::StrCat("unknown flag ", a));
     }
@@ -640,7 +644,7 @@ int main(int argc, char** argv) {
         std::string why;
         if (vmm) {
           // Held until the process exits, as the examples' virtual memory is.
-          if ((d = examples::AllocateVmm(gpu, total, why)) == nullptr) {
+          if ((d = examples::AllocateVmm(gpu, total, why, vmm_piece_bytes)) == nullptr) {
             return Fail(absl::StrCat("cannot allocate ", total, " bytes of virtual memory on GPU ", gpu, ": ", why));
           }
           device_copies = std::shared_ptr<void>(d, [](void*) {});
@@ -807,7 +811,8 @@ int main(int argc, char** argv) {
     const std::string trainer_times =
         absl::StrCat(",\"trainer_begin_ms\":", absl::ToDoubleMilliseconds(begin_done - begun),
                      ",\"trainer_push_ms\":", absl::ToDoubleMilliseconds(push_done - begin_done),
-                     ",\"trainer_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - push_done));
+                     ",\"trainer_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - push_done),
+                     ",\"pushed_in_place_bytes\":", (*session)->pushed_in_place_bytes());
     if (!report.ok()) {
       RefitReport r;
       r.outcome = Outcome::kRefused;

@@ -262,6 +262,24 @@ std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes) {
   }
 }
 
+uint64_t VmmMappedBytes(const void* p, uint64_t limit) {
+  const VmmDriver& d = GetVmmDriver();
+  if (!d.ok()) return 0;
+  const uint64_t begin = reinterpret_cast<uint64_t>(p);
+  uint64_t at = begin;
+  for (uint32_t n = 0; n < kMaxVmmPieces && at - begin < limit; ++n) {
+    CUmemGenericAllocationHandle h;
+    if (d.retain(&h, reinterpret_cast<void*>(at)) != CUDA_SUCCESS) break;
+    d.release(h);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (d.address_range(&base, &size, static_cast<CUdeviceptr>(at)) != CUDA_SUCCESS) break;
+    if (n > 0 && static_cast<uint64_t>(base) != at) break;
+    at = static_cast<uint64_t>(base) + size;
+  }
+  return at - begin;
+}
+
 absl::Status SendWithFds(int sock, const void* data, uint64_t bytes, const std::vector<int>& fds) {
   if (fds.size() > kMaxVmmPieces) return absl::InvalidArgumentError("too many descriptors for one message");
   iovec iov{const_cast<void*>(data), bytes};

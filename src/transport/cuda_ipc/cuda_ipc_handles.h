@@ -67,6 +67,10 @@ struct VmmPiece {
   UniqueFd fd;
 };
 std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes);
+// The bytes from `p` to the end of the CUDA virtual-memory pieces mapped one after another from
+// the one holding `p` (looking no further than `limit` bytes, nor past kMaxVmmPieces pieces); 0
+// when `p` is not in virtual memory. A trainer's tensors in expandable segments run across pieces.
+uint64_t VmmMappedBytes(const void* p, uint64_t limit);
 
 // `bytes` of `data` and the descriptors `fds` in one sendmsg (SCM_RIGHTS), and its counterpart,
 // which reads exactly `bytes` and returns the descriptors that came with them.

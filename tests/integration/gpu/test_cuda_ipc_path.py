@@ -96,17 +96,23 @@ def test_staging_direct_converts_into_the_engine_packed_and_in_place(node_factor
 def test_trainer_weights_in_virtual_memory_go_as_descriptors(node_factory, tmp_path, staging):
     # The trainer's weights in CUDA virtual memory (example_trainer --vmm, as PyTorch's expandable
     # segments allocate them), pushed in place: the data plane sends POSIX descriptors of the
-    # allocation, which refitd imports and converts from, staged or straight into a VMM engine;
+    # allocation's pieces, which refitd imports and converts from, staged or straight into a VMM engine;
     # the engine's bytes equal the offline conversion. A trainer killed mid-push: the session
     # aborts (refitd drops the imported memory) and the next refit lands.
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
     spec = tmp_path / "llama3_tp1.yaml"
     spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
     node = node_factory(spec=str(spec), staging=staging, deadline_ms=20000, engine_args=["--vmm"])
-    p, lines = node.trainer("--refits", "2", "--in-place", "--vmm")
-    assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
-    assert [l["outcome"] for l in lines] == ["committed"] * 2
-    assert all(l["engine_matches_expected"] for l in lines), lines
+    # One allocation, then pieces of 2 MiB (as expandable segments map memory): tensors and runs
+    # cross pieces.
+    for pieces in ([], ["--vmm-piece-mib", "2"]):
+        p, lines = node.trainer("--refits", "2", "--in-place", "--vmm", *pieces)
+        assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+        assert [l["outcome"] for l in lines] == ["committed"] * 2
+        assert all(l["engine_matches_expected"] for l in lines), lines
+        # Every tensor went from where it lies, none packed (bytes_in also counts the alignment
+        # gaps inside runs, under 256 bytes a tensor).
+        assert all(l["pushed_in_place_bytes"] >= 0.99 * l["bytes_in"] for l in lines), lines
     p, _ = node.trainer("--refits", "1", "--seed", "6", "--fault", "die-mid-bucket", "--in-place", "--vmm")
     assert p.returncode == 9, p.stderr
     wait_for(lambda: "outcome=aborted" in node.log.read_text(), timeout=20, what="abort after trainer death")
