@@ -8,12 +8,12 @@
 namespace refit {
 
 std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const storage::EngineStorage& storage,
-                                               const std::vector<TensorPlan>& plans) {
+                                               const std::vector<std::shared_ptr<const TensorPlan>>& plans) {
   // What the manifest stages under each key, and how many slots each key fills.
   absl::flat_hash_map<std::string, const Target*> by_key;
   absl::flat_hash_map<std::string, int> uses;
-  for (const TensorPlan& plan : plans) {
-    for (const Target& t : plan.targets) {
+  for (const std::shared_ptr<const TensorPlan>& plan : plans) {
+    for (const Target& t : plan->targets) {
       by_key.try_emplace(t.key, &t);
       ++uses[t.key];
     }

@@ -22,9 +22,10 @@
 
 namespace refit {
 
-// The placement of the keys `plans` (the manifest's tensors, planned) stage, in `storage`.
+// The placement of the keys `plans` (the manifest's tensors, planned: the planner's shared plans,
+// not copies) stage, in `storage`.
 std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const storage::EngineStorage& storage,
-                                               const std::vector<TensorPlan>& plans);
+                                               const std::vector<std::shared_ptr<const TensorPlan>>& plans);
 
 }  // namespace refit
 

@@ -227,8 +227,8 @@ TEST_F(CommitterTest, PiecesInPlaceWriteEachFusedPieceAtItsOffset) {
 // The engine then holds the offline engine layout.
 TEST_F(CommitterTest, PiecesConvertedInPlaceAreNotWrittenAgain) {
   const std::vector<Tensor> ts = Make(2.0f);
-  std::vector<TensorPlan> plans;
-  for (const Tensor& t : ts) plans.push_back(*planner_->Plan(t.name, DType::kBF16, t.shape));
+  std::vector<std::shared_ptr<const TensorPlan>> plans;
+  for (const Tensor& t : ts) plans.push_back(*planner_->SharedPlan(t.name, DType::kBF16, t.shape));
   StagingPool pool(storage::NewHostMemory());
   Staging staging(1 << 24, pool);
   staging.Place(PlanPlacement(*planner_, *storage_, plans));

@@ -48,10 +48,10 @@ class PlacementTest : public ::testing::Test {
     storage_ = *storage::ShmEngineStorage::Open(shm);
     planner_ = std::make_unique<Planner>(*Planner::Create(spec_, storage_->params()));
   }
-  std::vector<TensorPlan> Plans(const std::vector<std::pair<std::string, Shape>>& tensors) {
-    std::vector<TensorPlan> plans;
+  std::vector<std::shared_ptr<const TensorPlan>> Plans(const std::vector<std::pair<std::string, Shape>>& tensors) {
+    std::vector<std::shared_ptr<const TensorPlan>> plans;
     for (const auto& [name, shape] : tensors) {
-      absl::StatusOr<TensorPlan> plan = planner_->Plan(name, DType::kBF16, shape);
+      absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = planner_->SharedPlan(name, DType::kBF16, shape);
       EXPECT_TRUE(plan.ok()) << plan.status();
       if (plan.ok()) plans.push_back(*plan);
     }
