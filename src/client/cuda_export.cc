@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/cuda_status.h"
+#include "common/cuda_vmm.h"
 #include "common/fd_passing.h"
 #endif
 
@@ -36,32 +37,10 @@ std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>&) { retur
 
 namespace {
 
-// Driver entry points through the runtime, so nothing links libcuda (absent without a driver).
-struct Driver {
-  CUresult (*address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
-  CUresult (*retain_allocation)(CUmemGenericAllocationHandle*, void*) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
-};
-
-const Driver& GetDriver() {
-  static const Driver d = [] {
-    Driver d;
-    LoadDriverEntryPoint("cuMemGetAddressRange", 3020, &d.address_range);
-    LoadDriverEntryPoint("cuMemRetainAllocationHandle", 11000, &d.retain_allocation);
-    LoadDriverEntryPoint("cuMemRelease", 10020, &d.release);
-    LoadDriverEntryPoint("cuMemGetAllocationPropertiesFromHandle", 10020, &d.properties);
-    LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &d.export_handle);
-    return d;
-  }();
-  return d;
-}
-
 // Why `ptr` cannot be registered in place, or "" when it can; `*vmm` says whether it lies in a
 // CUDA virtual-memory allocation (exported as a file descriptor) rather than a cudaMalloc'd one
 // (exported as a CUDA IPC handle).
-std::string NotShareable(const Driver& d, const void* ptr, int* device, bool* vmm) {
+std::string NotShareable(const CudaVmmDriver& d, const void* ptr, int* device, bool* vmm) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -75,9 +54,9 @@ std::string NotShareable(const Driver& d, const void* ptr, int* device, bool* vm
   }
   *device = attr.device;
   *vmm = false;
-  if (d.retain_allocation != nullptr) {
+  if (d.retain != nullptr) {
     CUmemGenericAllocationHandle h;
-    if (d.retain_allocation(&h, const_cast<void*>(ptr)) == CUDA_SUCCESS) {
+    if (d.retain(&h, const_cast<void*>(ptr)) == CUDA_SUCCESS) {
       if (d.release != nullptr) d.release(h);
       *vmm = true;
     }
@@ -86,10 +65,10 @@ std::string NotShareable(const Driver& d, const void* ptr, int* device, bool* vm
 }
 
 // The allocation handle mapped at `ptr` (0 when none), without keeping a reference to it.
-uint64_t MappedHandle(const Driver& d, const void* ptr) {
+uint64_t MappedHandle(const CudaVmmDriver& d, const void* ptr) {
   CUmemGenericAllocationHandle h;
-  if (d.retain_allocation == nullptr || d.release == nullptr ||
-      d.retain_allocation(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
+  if (d.retain == nullptr || d.release == nullptr ||
+      d.retain(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
     return 0;
   }
   d.release(h);
@@ -99,7 +78,7 @@ uint64_t MappedHandle(const Driver& d, const void* ptr) {
 // The mapped pieces (base, size) holding a virtual-memory parameter's `nbytes` from `ptr`: the
 // mapping at ptr and, when the parameter runs past it, the mappings at consecutive addresses
 // after it (expandable segments map memory piece by piece).
-absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> VmmPieces(const Driver& d, const std::string& name,
+absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> VmmPieces(const CudaVmmDriver& d, const std::string& name,
                                                                      uint64_t ptr, uint64_t nbytes) {
   std::vector<std::pair<uint64_t, uint64_t>> pieces;
   CUdeviceptr base = 0;
@@ -134,13 +113,13 @@ struct VmmRun {
 }  // namespace
 
 absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr) {
-  const Driver& d = GetDriver();
-  if (d.retain_allocation == nullptr || d.release == nullptr || d.properties == nullptr ||
+  const CudaVmmDriver& d = VmmDriver();
+  if (d.retain == nullptr || d.release == nullptr || d.properties == nullptr ||
       d.export_handle == nullptr || d.address_range == nullptr) {
     return absl::UnavailableError("the CUDA driver has no virtual memory management (cuMem*)");
   }
   CUmemGenericAllocationHandle h;
-  if (d.retain_allocation(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
+  if (d.retain(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
     return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "' is not in a CUDA virtual-memory allocation"));
   }
   VmmExport out;
@@ -180,7 +159,7 @@ absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const voi
 }
 
 absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params) {
-  const Driver& d = GetDriver();
+  const CudaVmmDriver& d = VmmDriver();
   if (d.address_range == nullptr) return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
   InPlaceExport out;
   struct Allocation {
@@ -300,7 +279,7 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
 
 std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records) {
   std::vector<std::string> stale;
-  const Driver& d = GetDriver();
+  const CudaVmmDriver& d = VmmDriver();
   if (d.address_range == nullptr || records.empty()) return stale;
   int previous = 0;
   const bool restore = cudaGetDevice(&previous) == cudaSuccess;

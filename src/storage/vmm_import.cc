@@ -7,45 +7,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/cuda_vmm.h"
 
 namespace refit::storage {
 namespace {
 
-// The driver's virtual-memory entry points, through the runtime (no libcuda link).
-struct VmmDriver {
-  CUresult (*import)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*error_string)(CUresult, const char**) = nullptr;
-
-  bool complete() const {
-    return import && reserve && map && set_access && unmap && address_free && release && granularity;
-  }
-};
-
-const VmmDriver& Driver() {
-  static const VmmDriver d = [] {
-    VmmDriver d;
-    LoadDriverEntryPoint("cuMemImportFromShareableHandle", 10020, &d.import);
-    LoadDriverEntryPoint("cuMemAddressReserve", 10020, &d.reserve);
-    LoadDriverEntryPoint("cuMemMap", 10020, &d.map);
-    LoadDriverEntryPoint("cuMemSetAccess", 10020, &d.set_access);
-    LoadDriverEntryPoint("cuMemUnmap", 10020, &d.unmap);
-    LoadDriverEntryPoint("cuMemAddressFree", 10020, &d.address_free);
-    LoadDriverEntryPoint("cuMemRelease", 10020, &d.release);
-    LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &d.granularity);
-    LoadDriverEntryPoint("cuGetErrorString", 6000, &d.error_string);
-    return d;
-  }();
-  return d;
-}
-
-absl::Status DriverError(const VmmDriver& d, CUresult r, const char* call) {
+absl::Status DriverError(const CudaVmmDriver& d, CUresult r, const char* call) {
   const char* text = nullptr;
   if (d.error_string != nullptr) d.error_string(r, &text);
   return absl::InternalError(absl::StrCat(call, ": ", text != nullptr ? text : "CUDA driver error ", static_cast<int>(r)));
@@ -54,17 +21,13 @@ absl::Status DriverError(const VmmDriver& d, CUresult r, const char* call) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<VmmImport>> VmmImport::Import(const std::vector<Piece>& pieces, int device) {
-  const VmmDriver& d = Driver();
-  if (!d.complete()) return absl::UnavailableError("the CUDA driver has no virtual memory management (cuMem*)");
+  const CudaVmmDriver& d = VmmDriver();
+  if (!d.can_import()) return absl::UnavailableError("the CUDA driver has no virtual memory management (cuMem*)");
   if (pieces.empty()) return absl::InvalidArgumentError("a CUDA virtual-memory allocation of no pieces");
   // The driver calls act on the device's primary context, which must be current on this thread.
   if (absl::Status st = CudaStatus(cudaSetDevice(device), "cudaSetDevice"); !st.ok()) return st;
   if (absl::Status st = CudaStatus(cudaFree(nullptr), "initializing the CUDA context"); !st.ok()) return st;
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const CUmemAllocationProp prop = DeviceVmmProp(device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   size_t granularity = 0;
   if (CUresult r = d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM); r != CUDA_SUCCESS) {
     return DriverError(d, r, "cuMemGetAllocationGranularity");
@@ -107,8 +70,8 @@ absl::StatusOr<std::unique_ptr<VmmImport>> VmmImport::Import(const std::vector<P
 }
 
 VmmImport::~VmmImport() {
-  const VmmDriver& d = Driver();
-  if (!d.complete()) return;
+  const CudaVmmDriver& d = VmmDriver();
+  if (!d.can_import()) return;
   cudaSetDevice(device_);
   for (auto it = pieces_.rbegin(); it != pieces_.rend(); ++it) {
     if (it->mapped) d.unmap(static_cast<CUdeviceptr>(va_ + it->offset), it->size);

@@ -27,7 +27,7 @@
 
 #include "common/cuda_status.h"
 #include "kernels/batch_copy.h"
-#include "storage/vmm_import.h"
+#include "bench_memory.h"
 
 namespace {
 
@@ -49,25 +49,11 @@ float TimeMs(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   return ms[ms.size() / 2];
 }
 
-// --ipc-child BYTES: allocates BYTES on the device, writes its CUDA IPC handle to stdout and
-// holds the memory until stdin closes (the engine's side of the ipc_batch_ms measurement).
-int IpcChild(size_t n) {
-  void* p = nullptr;
-  cudaIpcMemHandle_t h;
-  if (cudaMalloc(&p, n) != cudaSuccess || cudaIpcGetMemHandle(&h, p) != cudaSuccess) return 1;
-  if (std::fwrite(&h, sizeof(h), 1, stdout) != 1) return 1;
-  std::fflush(stdout);
-  char c;
-  while (std::fread(&c, 1, 1, stdin) == 1) {
-  }
-  cudaFree(p);
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], "--ipc-child") == 0) return IpcChild(std::strtoull(argv[2], nullptr, 10));
+  bool child = false;
+  if (int rc = refit::bench::IpcChildMain(argc, argv, &child); child) return rc;
   if (argc != 2) {
     std::fprintf(stderr, "usage: copy_bench BYTES\n");
     return 2;
@@ -151,93 +137,39 @@ int main(int argc, char** argv) {
     auto sb = refit::kernels::BatchCopy::Create(scattered.data(), scattered.size(), nullptr);
     if (sb.ok()) scattered_ms = median_of([&] { (void)(*sb)->Launch(nullptr); });
   }
+  // The scattered regions copied into one buffer at `base`, one after another.
+  auto into_buffer = [&](uint8_t* base) {
+    std::vector<refit::kernels::CopyRegion> into = scattered;
+    size_t o = 0;
+    for (auto& r : into) {
+      r.dst = base + o;
+      o += r.bytes;
+    }
+    return into;
+  };
   // Into another process's memory opened by its CUDA IPC handle, as refitd writes the engine's.
   float ipc_ms = -1, ipc_read_ms = -1;
-  {
-    int to_child[2], from_child[2];
-    if (pipe(to_child) == 0 && pipe(from_child) == 0) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        dup2(to_child[0], 0);
-        dup2(from_child[1], 1);
-        close(to_child[1]);
-        close(from_child[0]);
-        execl(argv[0], argv[0], "--ipc-child", std::to_string(n).c_str(), static_cast<char*>(nullptr));
-        _exit(127);
-      }
-      close(to_child[0]);
-      close(from_child[1]);
-      cudaIpcMemHandle_t handle;
-      void* remote = nullptr;
-      if (read(from_child[0], &handle, sizeof(handle)) == sizeof(handle) &&
-          cudaIpcOpenMemHandle(&remote, handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
-        std::vector<refit::kernels::CopyRegion> into = scattered;
-        size_t o = 0;
-        for (auto& r : into) {
-          r.dst = static_cast<char*>(remote) + o;
-          o += r.bytes;
-        }
-        auto ib = refit::kernels::BatchCopy::Create(into.data(), into.size(), nullptr);
-        if (ib.ok()) ipc_ms = median_of([&] { (void)(*ib)->Launch(nullptr); });
-        // And reading it: out of the other process's memory into local allocations.
-        std::vector<refit::kernels::CopyRegion> out_of = into;
-        for (size_t k = 0; k < out_of.size(); ++k) {
-          out_of[k].src = into[k].dst;
-          out_of[k].dst = const_cast<void*>(scattered[k].src);
-        }
-        auto ob = refit::kernels::BatchCopy::Create(out_of.data(), out_of.size(), nullptr);
-        if (ob.ok()) ipc_read_ms = median_of([&] { (void)(*ob)->Launch(nullptr); });
-        cudaIpcCloseMemHandle(remote);
-      }
-      close(to_child[1]);
-      int status = 0;
-      waitpid(pid, &status, 0);
+  if (std::unique_ptr<refit::bench::ChildAllocation> remote = refit::bench::ChildAllocation::Open(argv[0], n)) {
+    std::vector<refit::kernels::CopyRegion> into = into_buffer(remote->data());
+    auto ib = refit::kernels::BatchCopy::Create(into.data(), into.size(), nullptr);
+    if (ib.ok()) ipc_ms = median_of([&] { (void)(*ib)->Launch(nullptr); });
+    // And reading it: out of the other process's memory into local allocations.
+    std::vector<refit::kernels::CopyRegion> out_of = into;
+    for (size_t k = 0; k < out_of.size(); ++k) {
+      out_of[k].src = into[k].dst;
+      out_of[k].dst = const_cast<void*>(scattered[k].src);
     }
+    auto ob = refit::kernels::BatchCopy::Create(out_of.data(), out_of.size(), nullptr);
+    if (ob.ok()) ipc_read_ms = median_of([&] { (void)(*ob)->Launch(nullptr); });
   }
   // Into CUDA virtual memory (cuMemCreate with a POSIX descriptor, as vLLM's and SGLang's
   // sleep-mode allocators make it), mapped the way refitd maps an engine's (storage::VmmImport of
   // the exported descriptor).
   float vmm_ms = -1;
-  {
-    using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
-    using Export = CUresult (*)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long);
-    using Granularity = CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
-    using Release = CUresult (*)(CUmemGenericAllocationHandle);
-    Create create = nullptr;
-    Export export_fd = nullptr;
-    Granularity granularity = nullptr;
-    Release release = nullptr;
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t g = 0;
-    if (refit::LoadDriverEntryPoint("cuMemCreate", 10020, &create) &&
-        refit::LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &export_fd) &&
-        refit::LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &granularity) &&
-        refit::LoadDriverEntryPoint("cuMemRelease", 10020, &release) &&
-        granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS) {
-      const size_t size = (n + g - 1) / g * g;
-      CUmemGenericAllocationHandle handle = 0;
-      int fd = -1;
-      if (create(&handle, size, &prop, 0) == CUDA_SUCCESS &&
-          export_fd(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS) {
-        auto imported = refit::storage::VmmImport::Import({{fd, size}}, 0);
-        if (imported.ok()) {
-          std::vector<refit::kernels::CopyRegion> into = scattered;
-          size_t o = 0;
-          for (auto& r : into) {
-            r.dst = (*imported)->address() + o;
-            o += r.bytes;
-          }
-          auto vb = refit::kernels::BatchCopy::Create(into.data(), into.size(), nullptr);
-          if (vb.ok()) vmm_ms = median_of([&] { (void)(*vb)->Launch(nullptr); });
-        }
-        close(fd);
-      }
-      if (handle != 0) release(handle);
-    }
+  if (std::unique_ptr<refit::storage::VmmImport> imported = refit::bench::ImportedVmm(n)) {
+    std::vector<refit::kernels::CopyRegion> into = into_buffer(imported->address());
+    auto vb = refit::kernels::BatchCopy::Create(into.data(), into.size(), nullptr);
+    if (vb.ok()) vmm_ms = median_of([&] { (void)(*vb)->Launch(nullptr); });
   }
   for (void* p : own) cudaFree(p);
   // Every byte copied: compare in 256 MiB pieces through pinned memory (`h` holds the source).

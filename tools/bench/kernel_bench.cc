@@ -24,11 +24,8 @@
 #include <string>
 #include <vector>
 
-#include <cuda.h>
-
-#include "common/cuda_status.h"
 #include "formats/format.h"
-#include "storage/vmm_import.h"
+#include "bench_memory.h"
 #include "kernels/checksum.h"
 #include "kernels/derive.h"
 #include "kernels/quantize.h"
@@ -106,21 +103,6 @@ struct Row {
 // one refit's conversion enqueues it, on `streams` streams (tensors dealt round-robin). Prints
 // the model's wall against the bound (its bytes read once and written once at the copy rate of
 // the same run) and the host's enqueue time.
-// --ipc-child BYTES: allocates BYTES on the device, writes its CUDA IPC handle to stdout and
-// holds the memory until stdin closes (the trainer's side of the --sequence IPC rows).
-int IpcChild(size_t n) {
-  void* p = nullptr;
-  cudaIpcMemHandle_t h;
-  if (cudaMalloc(&p, n) != cudaSuccess || cudaIpcGetMemHandle(&h, p) != cudaSuccess) return 1;
-  if (std::fwrite(&h, sizeof(h), 1, stdout) != 1) return 1;
-  std::fflush(stdout);
-  char c;
-  while (std::fread(&c, 1, 1, stdin) == 1) {
-  }
-  cudaFree(p);
-  return 0;
-}
-
 int RunSequence(const char* argv0, int iters) {
   struct T {
     int64_t rows, cols;
@@ -216,72 +198,20 @@ int RunSequence(const char* argv0, int iters) {
   }
   // CUDA virtual memory exported as a POSIX descriptor and imported (storage::VmmImport), as
   // refitd maps an engine's virtual-memory weights.
-  {
-    using Create = CUresult (*)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
-    using Export = CUresult (*)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long);
-    using Granularity = CUresult (*)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
-    using Release = CUresult (*)(CUmemGenericAllocationHandle);
-    Create create = nullptr;
-    Export export_fd = nullptr;
-    Granularity granularity = nullptr;
-    Release release = nullptr;
-    CUmemAllocationProp prop{};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t g = 0;
-    if (refit::LoadDriverEntryPoint("cuMemCreate", 10020, &create) &&
-        refit::LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &export_fd) &&
-        refit::LoadDriverEntryPoint("cuMemGetAllocationGranularity", 10020, &granularity) &&
-        refit::LoadDriverEntryPoint("cuMemRelease", 10020, &release) &&
-        granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS) {
-      const size_t size = (in_bytes + g - 1) / g * g;
-      CUmemGenericAllocationHandle handle = 0;
-      int fd = -1;
-      if (create(&handle, size, &prop, 0) == CUDA_SUCCESS &&
-          export_fd(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS) {
-        auto imported = refit::storage::VmmImport::Import({{fd, size}}, 0);
-        if (imported.ok()) {
-          CHECK_CUDA(cudaMemset((*imported)->address(), 0x3c, in_bytes));
-          std::vector<void*> packed;
-          for (uint64_t o : offsets) packed.push_back((*imported)->address() + o);
-          for (int ns : {1, 2}) run("vmm-imported allocation", packed, ns);
-        }
-        close(fd);
-      }
-      if (handle != 0) release(handle);
-    }
+  if (std::unique_ptr<refit::storage::VmmImport> imported = refit::bench::ImportedVmm(in_bytes)) {
+    CHECK_CUDA(cudaMemset(imported->address(), 0x3c, in_bytes));
+    std::vector<void*> packed;
+    for (uint64_t o : offsets) packed.push_back(imported->address() + o);
+    for (int ns : {1, 2}) run("vmm-imported allocation", packed, ns);
   }
   // Another process's allocation opened by its CUDA IPC handle, as refitd reads a colocated trainer's.
-  int to_child[2], from_child[2];
-  if (pipe(to_child) == 0 && pipe(from_child) == 0) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      close(to_child[1]);
-      close(from_child[0]);
-      execl(argv0, argv0, "--ipc-child", std::to_string(in_bytes).c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    cudaIpcMemHandle_t handle;
-    void* remote = nullptr;
-    if (read(from_child[0], &handle, sizeof(handle)) == sizeof(handle) &&
-        cudaIpcOpenMemHandle(&remote, handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
-      CHECK_CUDA(cudaMemset(remote, 0x3c, in_bytes));
-      std::vector<void*> packed;
-      for (uint64_t o : offsets) packed.push_back(static_cast<char*>(remote) + o);
-      for (int ns : {1, 2, 3, 4}) run("ipc-opened allocation", packed, ns);
-      cudaIpcCloseMemHandle(remote);
-    } else {
-      std::printf("ipc: could not open the child's allocation\n");
-    }
-    close(to_child[1]);
-    int status = 0;
-    waitpid(pid, &status, 0);
+  if (std::unique_ptr<refit::bench::ChildAllocation> remote = refit::bench::ChildAllocation::Open(argv0, in_bytes)) {
+    CHECK_CUDA(cudaMemset(remote->data(), 0x3c, in_bytes));
+    std::vector<void*> packed;
+    for (uint64_t o : offsets) packed.push_back(remote->data() + o);
+    for (int ns : {1, 2, 3, 4}) run("ipc-opened allocation", packed, ns);
+  } else {
+    std::printf("ipc: could not open the child's allocation\n");
   }
   return 0;
 }
@@ -289,9 +219,10 @@ int RunSequence(const char* argv0, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool child = false;
+  if (int rc = refit::bench::IpcChildMain(argc, argv, &child); child) return rc;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sequence")) return RunSequence(argv[0], 5);
-    if (!std::strcmp(argv[i], "--ipc-child") && i + 1 < argc) return IpcChild(std::strtoull(argv[i + 1], nullptr, 10));
   }
   int64_t rows = 14336, cols = 4096;
   int copies = 8;

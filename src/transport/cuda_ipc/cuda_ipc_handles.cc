@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_status.h"
+#include "common/cuda_vmm.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 
 namespace refit::transport::cuda_ipc {
@@ -196,31 +197,8 @@ absl::StatusOr<Allocation> QueryAllocation(const void* p) {
 
 namespace {
 
-// The virtual-memory entry points, through the runtime (nothing links libcuda).
-struct VmmDriver {
-  CUresult (*address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
-  CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
-  bool ok() const { return address_range && retain && release && properties && export_handle; }
-};
-
-const VmmDriver& GetVmmDriver() {
-  static const VmmDriver d = [] {
-    VmmDriver d;
-    LoadDriverEntryPoint("cuMemGetAddressRange", 3020, &d.address_range);
-    LoadDriverEntryPoint("cuMemRetainAllocationHandle", 11000, &d.retain);
-    LoadDriverEntryPoint("cuMemRelease", 10020, &d.release);
-    LoadDriverEntryPoint("cuMemGetAllocationPropertiesFromHandle", 10020, &d.properties);
-    LoadDriverEntryPoint("cuMemExportToShareableHandle", 10020, &d.export_handle);
-    return d;
-  }();
-  return d;
-}
-
 // The piece mapped at `p` (its mapping's base and size), exported; fd < 0 when it cannot be.
-VmmPiece ExportPiece(const VmmDriver& d, uint64_t p) {
+VmmPiece ExportPiece(const CudaVmmDriver& d, uint64_t p) {
   VmmPiece piece;
   CUmemGenericAllocationHandle h;
   if (d.retain(&h, reinterpret_cast<void*>(p)) != CUDA_SUCCESS) return piece;
@@ -245,9 +223,9 @@ VmmPiece ExportPiece(const VmmDriver& d, uint64_t p) {
 }  // namespace
 
 std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes) {
-  const VmmDriver& d = GetVmmDriver();
+  const CudaVmmDriver& d = VmmDriver();
   std::vector<VmmPiece> pieces;
-  if (!d.ok() || bytes == 0) return pieces;
+  if (!d.can_export() || bytes == 0) return pieces;
   const uint64_t begin = reinterpret_cast<uint64_t>(p), end = begin + bytes;
   uint64_t at = begin;
   while (true) {
@@ -263,8 +241,8 @@ std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes) {
 }
 
 uint64_t VmmMappedBytes(const void* p, uint64_t limit) {
-  const VmmDriver& d = GetVmmDriver();
-  if (!d.ok()) return 0;
+  const CudaVmmDriver& d = VmmDriver();
+  if (!d.can_export()) return 0;
   const uint64_t begin = reinterpret_cast<uint64_t>(p);
   uint64_t at = begin;
   for (uint32_t n = 0; n < kMaxVmmPieces && at - begin < limit; ++n) {

@@ -26,6 +26,7 @@
 #include "client/cuda_export.h"
 #include "common/control_connect.h"
 #include "common/cuda_status.h"
+#include "common/cuda_vmm.h"
 #include "common/fd_passing.h"
 #include "gtest/gtest.h"
 #include "kj/async-io.h"
@@ -37,30 +38,7 @@ namespace refit::storage {
 namespace {
 
 // The engine's side of virtual memory, as PyTorch's expandable segments or vLLM's allocator do it.
-struct EngineDriver {
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-};
-
-template <typename Fn>
-bool Load(const char* name, Fn* out) {
-  return LoadDriverEntryPoint(name, 10020, out);
-}
-
-CUmemAllocationProp Prop(CUmemAllocationHandleType handle_type) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  prop.requestedHandleTypes = handle_type;
-  return prop;
-}
+CUmemAllocationProp Prop(CUmemAllocationHandleType handle_type) { return DeviceVmmProp(0, handle_type); }
 
 class VmmStorageTest : public ::testing::Test {
  protected:
@@ -68,11 +46,7 @@ class VmmStorageTest : public ::testing::Test {
     REFIT_SKIP_WITHOUT_GPU();
     cudaSetDevice(0);
     cudaFree(nullptr);
-    bool all = Load("cuMemCreate", &d_.create) && Load("cuMemAddressReserve", &d_.reserve) && Load("cuMemMap", &d_.map) &&
-               Load("cuMemSetAccess", &d_.set_access) && Load("cuMemUnmap", &d_.unmap) &&
-               Load("cuMemAddressFree", &d_.address_free) && Load("cuMemRelease", &d_.release) &&
-               Load("cuMemGetAllocationGranularity", &d_.granularity);
-    if (!all) GTEST_SKIP() << "the CUDA driver lacks the cuMem* entry points";
+    if (!d_.can_allocate()) GTEST_SKIP() << "the CUDA driver lacks the cuMem* entry points";
     CUmemAllocationProp prop = Prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (d_.granularity(&granularity_, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) {
       GTEST_SKIP() << "device 0 has no virtual memory management with POSIX file descriptors";
@@ -163,7 +137,7 @@ class VmmStorageTest : public ::testing::Test {
     return free;
   }
 
-  EngineDriver d_;
+  const CudaVmmDriver& d_ = VmmDriver();
   size_t granularity_ = 0;
   size_t size_ = 0;
   CUdeviceptr va_ = 0;
