@@ -20,10 +20,11 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 10  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 11  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
                  # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups; 9: in-place
-                 # parameters in CUDA virtual memory; 10: refit_session_push_in_place)
+                 # parameters in CUDA virtual memory; 10: refit_session_push_in_place; 11: the report's
+                 # bytes_in_place and bytes_pushed_in_place)
 
 OK = 0
 MEMORY_HOST = 0
@@ -66,7 +67,9 @@ class Report(ctypes.Structure):
                 ("validate_ms", ctypes.c_double), ("commit_ms", ctypes.c_double), ("pause_ms", ctypes.c_double),
                 ("total_ms", ctypes.c_double), ("num_formats", ctypes.c_uint32),
                 ("format_names", ctypes.POINTER(ctypes.c_char_p)), ("format_bytes", ctypes.POINTER(ctypes.c_uint64)),
-                ("tag", ctypes.c_char_p), ("cause", ctypes.c_char_p), ("verify_ms", ctypes.c_double)]
+                ("tag", ctypes.c_char_p), ("cause", ctypes.c_char_p), ("verify_ms", ctypes.c_double),
+                # ABI 11
+                ("bytes_in_place", ctypes.c_uint64), ("bytes_pushed_in_place", ctypes.c_uint64)]
 
 
 class DaemonStatus(ctypes.Structure):

@@ -51,6 +51,8 @@ class RefitReport:
     bytes_out_by_format: dict = field(default_factory=dict)
     tag: str = ""    # the manifest's tag ("" when none)
     cause: str = ""  # why it did not commit: "none", "engine_error", "verify_mismatch", ...
+    bytes_in_place: int = 0  # output bytes converted straight into the engine (staging: direct)
+    bytes_pushed_in_place: int = 0  # bytes sent from where they lie (push(..., in_place=True)), not packed
 
 
 @dataclass
@@ -71,7 +73,7 @@ def _report(out) -> "RefitReport":
         out.buckets, out.tensors,
         {k: getattr(out, k + "_ms") for k in ("receive", "convert", "validate", "commit", "pause", "total", "verify")},
         {_text(out.format_names[i]): out.format_bytes[i] for i in range(out.num_formats)},
-        _text(out.tag), _text(out.cause))
+        _text(out.tag), _text(out.cause), out.bytes_in_place, out.bytes_pushed_in_place)
 
 
 @dataclass

@@ -175,6 +175,8 @@ void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out
   out->tag = s->tag.c_str();
   out->cause = s->cause.c_str();
   out->verify_ms = r.times.verify_ms;
+  out->bytes_in_place = r.bytes_in_place;
+  out->bytes_pushed_in_place = s->impl != nullptr ? s->impl->pushed_in_place_bytes() : 0;
 }
 
 // A new session handle owning `impl`, registered with its client.

@@ -53,7 +53,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 10 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 11 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
@@ -70,7 +70,8 @@ extern "C" {
                                  fused NVFP4 groups (refit_session_amax_group);
                                  9: REFIT_STORAGE_CUDA_PTR parameters in CUDA virtual memory (no struct
                                  change: exported as POSIX file descriptors over a unix: address);
-                                 10: refit_session_push_in_place */
+                                 10: refit_session_push_in_place;
+                                 11: refit_report.bytes_in_place/bytes_pushed_in_place */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -214,6 +215,10 @@ typedef struct refit_report {
   const char* tag;    /* the manifest's tag ("" when none) */
   const char* cause;  /* "none", "client_abort", ..., "engine_error", "verify_mismatch" (the metric's reason) */
   double verify_ms;   /* engine.verify_after_commit: checksumming staged and engine bytes */
+  /* ABI 11. */
+  uint64_t bytes_in_place;        /* output bytes refitd converted straight into the engine (staging: direct) */
+  uint64_t bytes_pushed_in_place; /* bytes this session sent from where they lie (refit_session_push_in_place),
+                                     not packed; 0 for a kept version's commit */
 } refit_report;
 
 /* refitd's state. Strings are owned by the client handle and valid until its next status call. */

@@ -116,6 +116,12 @@ absl::StatusOr<RefitMetrics> RefitMetrics::Register(Registry& registry, const Bu
                           "did not match the staged bytes."));
   m.verify_mismatches_total = &mismatches->Labels({});
   REFIT_ASSIGN_OR_RETURN(
+      CounterFamily * in_place,
+      registry.AddCounter("refit_converted_in_place_bytes_total",
+                          "Output bytes converted straight into the engine's memory (staging: direct), counted at "
+                          "each session's end."));
+  m.converted_in_place_bytes_total = &in_place->Labels({});
+  REFIT_ASSIGN_OR_RETURN(
       m.kept_versions,
       registry.AddGauge("refit_kept_versions",
                         "Versions kept in staging (hold: K), by state: held, current, previous.", {"state"}));

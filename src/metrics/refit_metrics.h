@@ -85,6 +85,7 @@ struct RefitMetrics {
   Gauge* committed_version_timestamp_seconds = nullptr;
   GaugeFamily* committed_version_info = nullptr;  // {tag}, value 1: only the current tag's series
   Counter* verify_mismatches_total = nullptr;     // commits verify_after_commit failed
+  Counter* converted_in_place_bytes_total = nullptr;  // staging: direct: output bytes converted into the engine
   GaugeFamily* kept_versions = nullptr;           // {state}: held, current, previous (hold: K)
   // Engine ranks: {rank} (the tensor-parallel rank), every declared rank.
   GaugeFamily* engine_rank_registered = nullptr;

@@ -49,6 +49,9 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
       mp->SetCommittedTag(r.tag);
     }
     if (r.cause == EndCause::kVerifyMismatch) mp->verify_mismatches_total->Inc();
+    // Written into the engine whatever the outcome (a direct session that fails after writing
+    // leaves the engine dirty).
+    if (r.bytes_in_place > 0) mp->converted_in_place_bytes_total->Inc(static_cast<double>(r.bytes_in_place));
   };
   h.on_versions = [mp](uint32_t held, uint32_t current, uint32_t previous) {
     mp->kept_versions->Labels({"held"}).Set(held);

@@ -88,6 +88,8 @@ def test_in_place_push_of_host_tensors_commits_like_push(node):
     with refit.TrainerClient(daemon.address) as client:
         report = client.refit(models.TOY, trainer.named_parameters(), in_place=True)
         assert report.outcome == "committed" and report.version == 1
+        # Host tensors were packed, and this daemon stages (ABI 11 fields).
+        assert report.bytes_pushed_in_place == 0 and report.bytes_in_place == 0, report
     assert_same_tensors(engine.snapshot(1)["params"], named(trainer))
 
 

@@ -20,6 +20,11 @@ def test_direct_refits_are_converted_in_place_and_serve_whole_versions(fault_nod
     assert all(l["engine_matches_expected"] for l in lines), lines
     assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
     assert "event=engine_paused_for_direct" in node.log()
+    # The metric counts every byte converted in place.
+    status, body = node.admin("/metrics")
+    assert status == 200
+    counted = [float(l.split()[-1]) for l in body.splitlines() if l.startswith("refit_converted_in_place_bytes_total")]
+    assert counted == [sum(l["bytes_in_place"] for l in lines)], counted
     finish(node, [1, 2, 3])
 
 

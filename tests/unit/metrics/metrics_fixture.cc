@@ -40,6 +40,7 @@ void Populate(Registry& registry, const RefitMetrics& m) {
   m.RecordSession(SessionOutcome::kFailed, SessionFailureReason::kIncomplete);
   m.received_bytes_total->Labels({"ucx"}).Inc(1048576);
   m.converted_bytes_total->Labels({"nvfp4"}).Inc(262144);
+  m.converted_in_place_bytes_total->Inc(131072);
   m.ObservePhase(RefitPhase::kConvert, absl::Milliseconds(20));
   m.ObservePhase(RefitPhase::kConvert, absl::Milliseconds(300));
   m.RecordCommit(7, absl::FromUnixMillis(1700000000500), absl::Microseconds(800));

@@ -74,6 +74,7 @@ def test_metrics_parse_with_prometheus_client(server):
         "refit_committed_version_timestamp_seconds": "gauge",
         "refit_committed_version_info": "gauge",
         "refit_verify_mismatches": "counter",
+        "refit_converted_in_place_bytes": "counter",
         "refit_kept_versions": "gauge",
         "refit_staging_bytes": "gauge",
         "refit_active_sessions": "gauge",
@@ -101,6 +102,8 @@ def test_metrics_parse_with_prometheus_client(server):
     assert sample_values(fams["refit_committed_version_info"]) == {
         ("refit_committed_version_info", (("tag", "step-7"),)): 1.0}
     assert sample_values(fams["refit_verify_mismatches"]) == {("refit_verify_mismatches_total", ()): 0.0}
+    assert sample_values(fams["refit_converted_in_place_bytes"]) == {
+        ("refit_converted_in_place_bytes_total", ()): 131072.0}
     assert sample_values(fams["refit_staging_bytes"]) == {("refit_staging_bytes", ()): 4096.0}
     assert sample_values(fams["refit_active_sessions"]) == {("refit_active_sessions", ()): 1.0}
     assert sample_values(fams["refit_engine_registered"]) == {

@@ -38,6 +38,7 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
                   Pair("refit_committed_version_timestamp_seconds", MetricType::kGauge),
                   Pair("refit_committed_version_info", MetricType::kGauge),
                   Pair("refit_verify_mismatches_total", MetricType::kCounter),
+                  Pair("refit_converted_in_place_bytes_total", MetricType::kCounter),
                   Pair("refit_kept_versions", MetricType::kGauge),
                   Pair("refit_staging_bytes", MetricType::kGauge),
                   Pair("refit_active_sessions", MetricType::kGauge),
