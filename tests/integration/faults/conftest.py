@@ -43,6 +43,16 @@ def committed_ok(lines, version):
             and lines[0]["engine_matches_expected"])
 
 
+def silent_trainer_aborted_at_deadline(node):
+    """A trainer that begins and never sends: waits until refitd aborts it at the session deadline."""
+    t = node.trainer_async("--fault", "silent")
+    try:
+        wait_for(lambda: 'reason="session deadline passed' in node.log(), what="deadline abort")
+    finally:
+        t.kill()
+        t.wait()
+
+
 def finish(node, versions):
     """The engine served only whole versions, ended clean, and resumed exactly `versions`."""
     assert node.resumed_versions() == versions

@@ -6,7 +6,7 @@ refused) until a full refit lands; one that ends before writing anything resumes
 untouched; refitd dying mid-session leaves the engine dirty for the next refitd."""
 import signal
 
-from conftest import committed_ok, finish, wait_for
+from conftest import committed_ok, finish, silent_trainer_aborted_at_deadline, wait_for
 
 DIRECT = "staging: direct\nlimits:\n  bucket_bytes: 1048576\n"
 
@@ -74,12 +74,7 @@ def test_direct_session_ending_before_any_write_resumes_the_engine(fault_node):
     # converted in place, so the engine is resumed untouched and stays ready.
     node = fault_node(config="staging: direct\nlimits:\n  session_deadline_ms: 2000\n")
     before = node.shm_digest()
-    t = node.trainer_async("--fault", "silent")
-    try:
-        wait_for(lambda: 'reason="session deadline passed' in node.log(), what="deadline abort")
-    finally:
-        t.kill()
-        t.wait()
+    silent_trainer_aborted_at_deadline(node)
     assert "nothing was written in place: the engine was resumed" in node.log()
     assert node.shm_digest() == before
     assert node.admin("/readyz")[0] == 200

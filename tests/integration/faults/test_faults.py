@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import committed_ok, finish, sanitized_build, wait_for
+from conftest import committed_ok, finish, sanitized_build, silent_trainer_aborted_at_deadline, wait_for
 
 SMALL_BUCKETS = "limits:\n  bucket_bytes: 1048576\n"
 
@@ -31,12 +31,7 @@ def test_trainer_never_sends_after_begin(fault_node):
     # (under the same deadline: 2 s leaves a loaded machine room for that refit).
     node = fault_node(config="limits:\n  session_deadline_ms: 2000\n")
     before = node.shm_digest()
-    t = node.trainer_async("--fault", "silent")
-    try:
-        wait_for(lambda: 'reason="session deadline passed' in node.log(), what="deadline abort")
-    finally:
-        t.kill()
-        t.wait()
+    silent_trainer_aborted_at_deadline(node)
     assert node.shm_digest() == before
     _, lines = node.trainer("--refits", "1")
     assert committed_ok(lines, 1), lines

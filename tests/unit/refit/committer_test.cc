@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/refit/fused_mxfp8_spec.h"
 #include "refit/convert.h"
 #include "refit/offline.h"
 #include "refit/placement.h"
@@ -21,19 +22,7 @@
 namespace refit {
 namespace {
 
-constexpr char kSpec[] = R"(model: m
-rules:
-  - match: "l.{p:gate,up}_proj.weight"
-    target: "l.gate_up_proj.weight"
-    format: mxfp8
-    fuse: {capture: p, order: [gate, up]}
-    layout:
-      - {op: swizzle_128x4, on: _scale_inv}
-  - match: "l.norm.weight"
-    partial: true
-derived:
-  - {target: "l.norm.gemma_weight", from: "l.norm.weight", op: add_one}
-)";
+using testing::kFusedMxfp8Spec;
 
 uint16_t Bf16(float f) {
   uint32_t b;
@@ -62,7 +51,7 @@ std::vector<Tensor> Make(float base) {
 class CommitterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    spec_ = *spec::ParseModelSpec(kSpec);
+    spec_ = *spec::ParseModelSpec(kFusedMxfp8Spec);
     layout_ = Layout(Make(1.0f));
     std::vector<storage::ShmParam> shm;
     uint64_t off = 0;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/unit/refit/fused_mxfp8_spec.h"
 #include "spec/model_spec.h"
 #include "storage/shm_region.h"
 #include "storage/shm_storage.h"
@@ -15,24 +16,12 @@
 namespace refit {
 namespace {
 
-constexpr char kSpec[] = R"(model: m
-rules:
-  - match: "l.{p:gate,up}_proj.weight"
-    target: "l.gate_up_proj.weight"
-    format: mxfp8
-    fuse: {capture: p, order: [gate, up]}
-    layout:
-      - {op: swizzle_128x4, on: _scale_inv}
-  - match: "l.norm.weight"
-    partial: true
-derived:
-  - {target: "l.norm.gemma_weight", from: "l.norm.weight", op: add_one}
-)";
+using testing::kFusedMxfp8Spec;
 
 class PlacementTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    spec_ = *spec::ParseModelSpec(kSpec);
+    spec_ = *spec::ParseModelSpec(kFusedMxfp8Spec);
     // The engine layout: gate [64, 64] + up [32, 64] fused (MXFP8: E4M3 data, swizzled scales).
     params_ = {{"l.gate_up_proj.weight", DType::kF8E4M3, {96, 64}, 96 * 64},
                {"l.gate_up_proj.weight_scale_inv", DType::kU8, {128, 4}, 128 * 4},
