@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/unit/refit/fused_mxfp8_spec.h"
+#include "fused_mxfp8_spec.h"
 #include "refit/convert.h"
 #include "refit/offline.h"
 #include "refit/placement.h"

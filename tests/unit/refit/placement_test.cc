@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/unit/refit/fused_mxfp8_spec.h"
+#include "fused_mxfp8_spec.h"
 #include "spec/model_spec.h"
 #include "storage/shm_region.h"
 #include "storage/shm_storage.h"
