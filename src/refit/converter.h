@@ -84,6 +84,23 @@ class Converter {
   // under `nonfinite: reject`), each with its error.
   virtual std::vector<std::pair<std::string, absl::Status>> Sync() = 0;
 
+  // Ends a bucket: the conversions issued since the previous EndBucket are launched and marked
+  // with the returned ticket; the next bucket's conversions may be issued before WaitBucket, so
+  // that they queue behind this bucket's on the GPU instead of waiting for it on the host.
+  virtual uint64_t EndBucket() { return 0; }
+  // Completes the bucket `ticket` and every earlier one (their sources may then be released).
+  // Returns their failed tensors, as Sync does. A converter that finishes each conversion before
+  // returning (the CPU's) completes everything here.
+  virtual std::vector<std::pair<std::string, absl::Status>> WaitBucket(uint64_t ticket) {
+    (void)ticket;
+    return Sync();
+  }
+  // Whether WaitBucket(ticket) would return without waiting (the bucket's work is done).
+  virtual bool BucketDone(uint64_t ticket) {
+    (void)ticket;
+    return true;
+  }
+
   // The device side, for converters whose staging is on the GPU; nullptr otherwise.
   virtual DeviceOps* device_ops() { return nullptr; }
 };

@@ -208,35 +208,90 @@ void Session::ReceiveLoop() {
 }
 
 void Session::ConvertLoop() {
+  // One bucket may be in flight: its conversions issued, not yet complete. The next bucket's are
+  // issued behind them when it arrives first; otherwise the bucket in flight completes first (its
+  // slot may be what the next bucket waits for).
+  std::optional<Converting> flight;
   while (true) {
-    Received item;
+    std::optional<Received> next;
+    bool leave = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !failure_.ok() || !received_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (stopping_ || !failure_.ok()) {
-        for (const Received& r : received_) Done(r);
-        received_.clear();
-        return;
+      if (!flight) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        // Looks for the next bucket while the GPU works on this one.
+        while (!ready() && !converter_.BucketDone(flight->ticket)) {
+          mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Microseconds(20));
+        }
       }
-      item = std::move(received_.front());
-      received_.pop_front();
+      if (stopping_ || !failure_.ok()) {
+        leave = true;
+      } else if (!received_.empty()) {
+        next = std::move(received_.front());
+        received_.pop_front();
+      }
     }
-    absl::Time start = absl::Now();
-    bucket_report_.clear();
-    Convert(item.header, item.data);  // returns once every read of the bytes is complete
-    absl::Duration took = absl::Now() - start;
-    Done(item);
-    if (options_.on_converted) options_.on_converted(bucket_report_, staging_->bytes());
-    absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
-    absl::MutexLock lock(&mu_);
-    convert_time_ += took;
-    if (!fp.ok()) {
-      FailLocked(fp);
+    if (leave) {
+      if (flight) {
+        (void)converter_.Sync();
+        Release(*flight);
+      }
+      absl::MutexLock lock(&mu_);
+      for (const Received& r : received_) Done(r);
+      received_.clear();
       return;
     }
-    ++converted_;
+    std::optional<Converting> issued;
+    if (next) {
+      issued.emplace();
+      issued->item = std::move(*next);
+      absl::Time start = absl::Now();
+      Convert(*issued);
+      issued->took = absl::Now() - start;
+      if (!failure().ok()) {
+        // Convert synchronized the converter: nothing reads either bucket any more. What the
+        // failed bucket staged is still reported.
+        if (flight) Release(*flight);
+        Release(*issued);
+        if (options_.on_converted) options_.on_converted(bucket_report_, staging_->bytes());
+        flight.reset();
+        continue;  // leaves
+      }
+    }
+    if (flight && !Complete(*flight)) {
+      if (issued) {
+        (void)converter_.Sync();
+        Release(*issued);
+      }
+      return;
+    }
+    flight = std::move(issued);
   }
+}
+
+bool Session::Complete(Converting& c) {
+  absl::Time start = absl::Now();
+  for (const auto& [name, error] : converter_.WaitBucket(c.ticket)) ledger_.Fail(name, error);
+  c.took += absl::Now() - start;
+  Release(c);
+  if (options_.on_converted) options_.on_converted(c.report, staging_->bytes());
+  absl::Status fp = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterConvert);
+  absl::MutexLock lock(&mu_);
+  convert_time_ += c.took;
+  if (!fp.ok()) {
+    FailLocked(fp);
+    return false;
+  }
+  ++converted_;
+  return true;
+}
+
+void Session::Release(Converting& c) {
+  RetireGroups(c.retiring);
+  c.assembled.clear();
+  Done(c.item);
 }
 
 DeviceOps* Session::device_ops() const {
@@ -520,8 +575,8 @@ absl::Status Session::HoldPendingMembers() {
   return absl::OkStatus();
 }
 
-void Session::RetireGroups() {
-  for (DeviceGroup& g : retiring_) {
+void Session::RetireGroups(std::vector<DeviceGroup>& groups) {
+  for (DeviceGroup& g : groups) {
     for (const DeviceMember& m : g.members) {
       if (m.reserved == 0) continue;
       staging_->Unreserve(m.reserved);
@@ -529,12 +584,15 @@ void Session::RetireGroups() {
     }
     if (g.amax != nullptr) free_amax_.push_back(g.amax);
   }
-  retiring_.clear();
+  groups.clear();
 }
 
-void Session::Convert(const BucketHeader& header, const uint8_t* data) {
+void Session::Convert(Converting& c) {
+  const BucketHeader& header = c.item.header;
+  const uint8_t* data = c.item.data;
   uint64_t out_bytes = 0;
   bucket_out_by_format_.clear();
+  bucket_report_.clear();
   // Per-format bytes are counted as tensors are staged (also when the bucket then fails), and
   // reported to on_converted once the lock is released (the caller, ConvertLoop).
   auto add_format_bytes = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -561,7 +619,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     ledger_.Fail(name, added.status());
     return false;
   };
-  std::vector<std::shared_ptr<uint8_t>> assembled;  // whole tensors from slices, until converted
+  std::vector<std::shared_ptr<uint8_t>>& assembled = c.assembled;  // whole tensors from slices, until converted
   const std::optional<spec::MegatronSource>& source = planner_.spec().source;
   std::vector<SourcePiece> pieces;
   // Wire format checkpoint: converted tensors' outputs in this bucket, staged after the loop.
@@ -702,7 +760,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
       }
       if (status.code() == absl::StatusCode::kResourceExhausted) {
         converter_.Sync();
-        RetireGroups();
+        RetireGroups(retiring_);
         absl::MutexLock lock(&mu_);
         add_format_bytes();
         std::string msg(status.message());
@@ -717,7 +775,7 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
     absl::Status status = StageConverted(*entry, parts, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       converter_.Sync();
-      RetireGroups();
+      RetireGroups(retiring_);
       absl::MutexLock lock(&mu_);
       add_format_bytes();
       FailLocked(status);
@@ -726,17 +784,23 @@ void Session::Convert(const BucketHeader& header, const uint8_t* data) {
   }
   // Fused members whose group is still incomplete leave the slot before it is released.
   absl::Status held = HoldPendingMembers();
-  // The slot is released after this returns: every conversion reading it must be complete.
-  for (const auto& [name, error] : converter_.Sync()) ledger_.Fail(name, error);
-  RetireGroups();
   if (!held.ok()) {
+    converter_.Sync();
+    RetireGroups(retiring_);
     absl::MutexLock lock(&mu_);
     add_format_bytes();
     FailLocked(held);
     return;
   }
+  // The slot is released once the bucket is complete (Complete): the conversions reading it and
+  // the groups converted here are the bucket's from now on.
+  c.ticket = converter_.EndBucket();
+  c.retiring = std::move(retiring_);
+  retiring_.clear();
   absl::MutexLock lock(&mu_);
   add_format_bytes();
+  c.report = std::move(bucket_report_);
+  bucket_report_.clear();
   bytes_out_ += out_bytes;
 }
 

@@ -1,7 +1,9 @@
 // Session: one refit, from begin to commit or abort. Receives announced buckets on the data
 // plane into a ring of slots (receiver thread) and converts them into staging (converter
-// thread), so receiving bucket k+1 overlaps converting bucket k. Commit-time validation is the
-// Ledger's; the engine swap is the Committer's. A session never touches engine storage.
+// thread), so receiving bucket k+1 overlaps converting bucket k, and a GPU converter's kernels
+// for bucket k+1 queue behind bucket k's (one bucket in flight; Converter::EndBucket).
+// Commit-time validation is the Ledger's; the engine swap is the Committer's. A session never
+// touches engine storage.
 //
 // Threading: Announce/Finish/Abort may be called from any thread (the RPC loop); Abort wakes
 // every blocked call. The destructor aborts and joins the threads.
@@ -113,7 +115,16 @@ class Session {
   void Done(const Received& r);
   void ReceiveLoop();
   void ConvertLoop();
-  void Convert(const BucketHeader& header, const uint8_t* data);
+  struct Converting;   // below
+  struct DeviceGroup;  // below
+  // Issues the conversions of the bucket in `c.item`, ending with EndBucket. On a failure that
+  // ends the session, returns after Converter::Sync (nothing of the bucket is read any more).
+  void Convert(Converting& c);
+  // Waits for `c`'s conversions, records its failed tensors, releases its slot and counts it.
+  // False when the session failed (the after-convert failpoint).
+  bool Complete(Converting& c);
+  // Releases what `c` held without looking at its results. REQUIRES: Converter::Sync since.
+  void Release(Converting& c);
   // Wire format checkpoint: one converted tensor's outputs from this bucket (`parts[i]` is output
   // i, nullptr when absent) checked and staged as copies. ResourceExhausted ends the session.
   struct WirePart {
@@ -163,8 +174,8 @@ class Session {
   // End of a bucket: copies the members of incomplete groups out of the slot (ResourceExhausted
   // past the staging limit).
   absl::Status HoldPendingMembers();
-  // After the bucket's Sync: frees the held copies and amax floats of the groups converted.
-  void RetireGroups();
+  // Once their conversions are complete: frees the held copies and amax floats of `groups`.
+  void RetireGroups(std::vector<DeviceGroup>& groups);
   absl::StatusOr<float*> TakeGroupAmax();
   // A fused NVFP4 member: held until every member of its group arrived (their shared amax
   // must be known before any member is encoded), then the whole group is converted.
@@ -248,7 +259,18 @@ class Session {
     bool ok = true;
   };
   std::map<std::string, DeviceGroup> device_pending_;
-  std::vector<DeviceGroup> retiring_;  // converted this bucket; freed after its Sync
+  std::vector<DeviceGroup> retiring_;  // converted this bucket; freed once the bucket is complete
+  // A bucket whose conversions are issued (Converter::EndBucket) and not yet complete: what its
+  // kernels still read (its slot or loan, whole tensors assembled from slices, fused groups'
+  // amax floats and held copies) and what it reports once complete.
+  struct Converting {
+    Received item;
+    uint64_t ticket = 0;
+    std::vector<std::shared_ptr<uint8_t>> assembled;
+    std::vector<DeviceGroup> retiring;
+    std::map<std::string, uint64_t> report;  // bytes per format, for on_converted
+    absl::Duration took;                     // issuing it, then waiting for it
+  };
   std::vector<float*> free_amax_;
   uint64_t amax_blocks_ = 0;
   uint64_t held_bytes_ = 0;       // held member copies now

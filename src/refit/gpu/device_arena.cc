@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
 
 namespace refit {
 namespace {
@@ -59,13 +60,16 @@ absl::StatusOr<DeviceArena::Table> DeviceArena::TakeTable(uint64_t bytes) {
   return Table{host_buf_.get() + host_table_offset_ + offset, device_buf_.get() + table_offset_ + offset};
 }
 
+absl::Status DeviceArena::CopyProbes(cudaStream_t stream) {
+  if (used_ == 0) return absl::OkStatus();
+  cudaError_t e = cudaMemcpyAsync(host_words_, device_buf_.get(), used_ * sizeof(unsigned long long),
+                                  cudaMemcpyDeviceToHost, stream);
+  return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "GPU conversion");
+}
+
 absl::Status DeviceArena::Collect(cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
-  if (used_ > 0) {
-    e = cudaMemcpyAsync(host_words_, device_buf_.get(), used_ * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                        stream);
-  }
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  REFIT_RETURN_IF_ERROR(CopyProbes(stream));
+  cudaError_t e = cudaStreamSynchronize(stream);
   return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "GPU conversion");
 }
 

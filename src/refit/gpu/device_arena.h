@@ -2,7 +2,9 @@
 // no memset and no read-back each: a fixed number of tensor slots, each with a non-finite probe
 // word (reset to ~0 once per bucket) and an amax float (reset to 0 once per bucket), plus room
 // for the descriptor tables of batched runs (pinned host buffer and device buffer at the same
-// offsets). At the end of a bucket all probe words come back with one device-to-host copy.
+// offsets). At the end of a bucket all probe words come back with one device-to-host copy. The
+// converter keeps one arena per bucket in flight (a bucket's words are read while the next
+// bucket's kernels already run on another arena).
 //
 // Threading: used by one converter thread; every device operation is enqueued on the stream given
 // to it, and buffers are replaced only after that stream was synchronized.
@@ -52,9 +54,12 @@ class DeviceArena {
   // run of tensors that each hold a slot: a bucket's tables then always fit.
   absl::StatusOr<Table> TakeTable(uint64_t bytes);
 
-  // Copies the probe words of the taken slots to the host and synchronizes `stream`; then
-  // probe(index) reads them.
+  // Enqueues the copy of the taken slots' probe words to the host on `stream`; once `stream`
+  // passed it, probe(index) reads them.
+  absl::Status CopyProbes(cudaStream_t stream);
+  // CopyProbes, then synchronizes `stream`.
   absl::Status Collect(cudaStream_t stream);
+  size_t capacity() const { return capacity_; }
   unsigned long long probe(size_t index) const { return host_words_[index]; }
 
   // Forgets every slot and table. REQUIRES: `stream` passed all work using them (Collect).

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,8 +46,7 @@ class GpuConverter final : public Converter, public DeviceOps {
     if (!memory.ok()) return memory.status();
     c->memory_ = std::move(*memory);
     c->pinned_ = storage::NewPinnedHostMemory();
-    c->arena_ = std::make_unique<DeviceArena>(
-        *c->memory_, *c->pinned_, std::max(kernels::Nvfp4BatchTableBytes(1), kernels::CopyBatchTableBytes(1)));
+    c->arena_ = std::make_unique<DeviceArena>(*c->memory_, *c->pinned_, PerSlotTable());
     if (absl::Status st = c->arena_->Grow(std::max<size_t>(options.initial_slots, 1)); !st.ok()) return st;
     return std::unique_ptr<Converter>(std::move(c));
   }
@@ -312,10 +312,84 @@ class GpuConverter final : public Converter, public DeviceOps {
 
   Failures Sync() override {
     cudaSetDevice(device_);
-    Failures failed = Drain();
+    Failures failed = WaitBucket(UINT64_MAX);
+    Failures current = Drain();
+    failed.insert(failed.end(), std::make_move_iterator(current.begin()), std::make_move_iterator(current.end()));
     retired_.clear();
-    scratch_used_ = 0;
+    scratch_used_ = scratch_bucket_ = 0;  // both lanes are idle
     return failed;
+  }
+
+  // The bucket's runs are launched, its probe words copied back behind its work (both lanes) and
+  // its end marked by an event; the next bucket gets another arena, so that its kernels queue
+  // behind this bucket's while the host has not looked at this one's words yet.
+  uint64_t EndBucket() override {
+    cudaSetDevice(device_);
+    FlushNvfp4(failed_);
+    FlushCopies(failed_);
+    JoinSide();
+    Submitted b;
+    b.ticket = ++tickets_;
+    absl::StatusOr<CudaEvent> done = TakeEvent();
+    absl::Status st = done.status();
+    if (st.ok()) st = arena_->CopyProbes(stream_.get());
+    if (st.ok()) st = CudaStatus(cudaEventRecord(done->get(), stream_.get()), "marking the end of a bucket");
+    absl::StatusOr<std::unique_ptr<DeviceArena>> next = st.ok() ? TakeArena() : st;
+    if (!next.ok()) {
+      // Completed here instead (the next bucket then waits for it).
+      (void)cudaGetLastError();
+      b.failed = Drain();
+      if (done.ok()) spare_events_.push_back(std::move(*done));
+    } else {
+      b.done = std::move(*done);
+      b.arena = std::move(arena_);
+      arena_ = std::move(*next);
+      b.pending = std::move(pending_);
+      pending_.clear();
+      b.failed = std::move(failed_);
+      failed_.clear();
+      lane_bytes_[0] = lane_bytes_[1] = 0;
+    }
+    b.retired = std::move(retired_);
+    retired_.clear();
+    scratch_bucket_ = scratch_used_;
+    submitted_.push_back(std::move(b));
+    return submitted_.back().ticket;
+  }
+
+  Failures WaitBucket(uint64_t ticket) override {
+    cudaSetDevice(device_);
+    Failures failed;
+    while (!submitted_.empty() && submitted_.front().ticket <= ticket) {
+      Submitted b = std::move(submitted_.front());
+      submitted_.pop_front();
+      failed.insert(failed.end(), std::make_move_iterator(b.failed.begin()), std::make_move_iterator(b.failed.end()));
+      if (!b.done) continue;  // completed at EndBucket
+      cudaError_t e = cudaEventSynchronize(b.done.get());
+      if (e != cudaSuccess) {
+        failed.push_back({"(bucket)", CudaStatus(e, "GPU conversion")});
+      } else {
+        for (const Pending& p : b.pending) {
+          absl::Status recorded = kernels::RecordedStatus(b.arena->probe(p.slot), p.name, p.claim);
+          if (!recorded.ok()) failed.push_back({p.name, std::move(recorded)});
+        }
+      }
+      b.arena->Reset();
+      spare_arenas_.push_back(std::move(b.arena));
+      spare_events_.push_back(std::move(b.done));
+    }
+    // Nothing in flight reads the scratch any more: the next bucket starts it again.
+    if (submitted_.empty() && scratch_used_ == scratch_bucket_) scratch_used_ = scratch_bucket_ = 0;
+    return failed;
+  }
+
+  bool BucketDone(uint64_t ticket) override {
+    for (const Submitted& b : submitted_) {
+      if (b.ticket > ticket) break;
+      if (b.done && cudaEventQuery(b.done.get()) == cudaErrorNotReady) return false;
+    }
+    (void)cudaGetLastError();  // an error shows at WaitBucket
+    return true;
   }
 
  private:
@@ -336,6 +410,33 @@ class GpuConverter final : public Converter, public DeviceOps {
     std::vector<std::string> names;
     uint64_t bytes = 0;
   };
+  // A bucket ended (EndBucket) and not yet waited for.
+  struct Submitted {
+    uint64_t ticket = 0;
+    CudaEvent done;                       // after its work on both lanes and its probe copy; empty: completed
+    std::unique_ptr<DeviceArena> arena;   // its slots, probe words copied back
+    std::vector<Pending> pending;
+    Failures failed;                      // found before it ended (failed launches)
+    std::vector<std::shared_ptr<uint8_t>> retired;  // scratch buffers its work may still read
+  };
+
+  absl::StatusOr<std::unique_ptr<DeviceArena>> TakeArena() {
+    if (!spare_arenas_.empty()) {
+      std::unique_ptr<DeviceArena> a = std::move(spare_arenas_.back());
+      spare_arenas_.pop_back();
+      return a;
+    }
+    auto a = std::make_unique<DeviceArena>(*memory_, *pinned_, PerSlotTable());
+    if (absl::Status st = a->Grow(arena_->capacity()); !st.ok()) return st;
+    return a;
+  }
+  absl::StatusOr<CudaEvent> TakeEvent() {
+    if (spare_events_.empty()) return CudaEvent::Create(device_);
+    CudaEvent e = std::move(spare_events_.back());
+    spare_events_.pop_back();
+    return e;
+  }
+  static uint64_t PerSlotTable() { return std::max(kernels::Nvfp4BatchTableBytes(1), kernels::CopyBatchTableBytes(1)); }
 
   GpuConverter(int device, const GpuConverterOptions& options) : device_(device), options_(options) {}
 
@@ -508,15 +609,23 @@ class GpuConverter final : public Converter, public DeviceOps {
     return failed;
   }
 
-  // Device scratch for host inputs, bump-allocated per bucket (reset at Sync). Grows by
-  // reallocating only between buckets, never while a kernel may read it.
+  // Device scratch for host inputs and transposes, bump-allocated: buckets in flight use
+  // successive regions; it starts again at 0 once nothing in flight reads it (WaitBucket, Sync)
+  // or after a synchronization when it is full. Grows (only after that synchronization) when one
+  // bucket's own regions do not fit.
   absl::StatusOr<uint8_t*> Scratch(uint64_t bytes) {
     uint64_t offset = (scratch_used_ + 255) & ~uint64_t{255};
     if (offset + bytes > scratch_bytes_) {
       if (offset > 0) {
         JoinSide();
-        cudaError_t e = cudaStreamSynchronize(stream_.get());  // earlier tensors still read the old buffer
+        cudaError_t e = cudaStreamSynchronize(stream_.get());  // earlier tensors still read the buffer
         if (e != cudaSuccess) return CudaStatus(e, "GPU conversion");
+        if (offset - std::min(offset, scratch_bucket_) + bytes <= scratch_bytes_) {
+          // Earlier buckets' regions are free now: this bucket continues from the start.
+          scratch_used_ = bytes;
+          scratch_bucket_ = 0;
+          return scratch_.get();
+        }
       }
       uint64_t want = std::max<uint64_t>(offset + bytes, scratch_bytes_ * 2);
       absl::StatusOr<std::shared_ptr<uint8_t>> a = memory_->Allocate(want);
@@ -545,12 +654,17 @@ class GpuConverter final : public Converter, public DeviceOps {
   std::vector<std::shared_ptr<uint8_t>> retired_;
   uint64_t scratch_bytes_ = 0;
   uint64_t scratch_used_ = 0;
+  uint64_t scratch_bucket_ = 0;  // where the open bucket's scratch regions begin
   std::vector<Pending> pending_;  // tensors whose probe word is read at the next Drain
   Nvfp4Run nvfp4_;
   CopyRun copies_;
   std::vector<std::shared_ptr<uint8_t>> pack_chunks_;  // pack_ue8m0 check words, 4096 per chunk
   std::vector<std::string> pack_checks_;                // the parameter of each word in use
   Failures failed_;  // failures found before the next Sync (failed launches, mid-bucket drains)
+  uint64_t tickets_ = 0;
+  std::deque<Submitted> submitted_;  // ended buckets not yet waited for, oldest first
+  std::vector<std::unique_ptr<DeviceArena>> spare_arenas_;
+  std::vector<CudaEvent> spare_events_;
 };
 
 }  // namespace

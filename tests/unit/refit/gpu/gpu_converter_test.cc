@@ -73,25 +73,35 @@ class Bucket {
 
   // Converts every tensor, then Syncs; returns the failures.
   std::vector<std::pair<std::string, absl::Status>> Convert(Converter& converter) {
-    const uint8_t* base = kind_ == storage::MemoryKind::kDevice ? static_cast<const uint8_t*>(device_->get())
-                                                                  : static_cast<const uint8_t*>(pinned_);
+    Prepare();
+    Issue(converter);
+    return converter.Sync();
+  }
+
+  // Allocates the (poisoned) outputs.
+  void Prepare() {
     outs_.clear();
-    std::vector<std::vector<formats::MutableBytes>> outs(specs_.size());
+    outs_bytes_.assign(specs_.size(), {});
     for (size_t i = 0; i < specs_.size(); ++i) {
       std::vector<std::unique_ptr<DeviceBuffer>> bufs;
       for (uint64_t b : OutputBytes(i)) {
         bufs.push_back(std::make_unique<DeviceBuffer>(b));
-        outs[i].push_back({bufs.back()->get(), b});
+        outs_bytes_[i].push_back({bufs.back()->get(), b});
       }
       outs_.push_back(std::move(bufs));
     }
     // The poison memsets ran on the legacy stream, which the converter's stream does not wait for.
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+  // Issues every tensor's conversion into the prepared outputs.
+  void Issue(Converter& converter) {
+    const uint8_t* base = kind_ == storage::MemoryKind::kDevice ? static_cast<const uint8_t*>(device_->get())
+                                                                  : static_cast<const uint8_t*>(pinned_);
     for (size_t i = 0; i < specs_.size(); ++i) {
-      absl::Status st = converter.Convert(Plan(i), descs_[i], base + descs_[i].offset, kind_, outs[i], options_);
+      absl::Status st = converter.Convert(Plan(i), descs_[i], base + descs_[i].offset, kind_, outs_bytes_[i], options_);
       EXPECT_TRUE(st.ok()) << specs_[i].name << ": " << st;
     }
-    return converter.Sync();
   }
 
   // Every output byte of tensor i against the CPU converter.
@@ -116,6 +126,7 @@ class Bucket {
   }
 
   size_t size() const { return specs_.size(); }
+  const std::string& name(size_t i) const { return specs_[i].name; }
 
  private:
   TensorPlan Plan(size_t i) const {
@@ -144,6 +155,7 @@ class Bucket {
   std::unique_ptr<DeviceBuffer> device_;
   void* pinned_ = nullptr;
   std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> outs_;
+  std::vector<std::vector<formats::MutableBytes>> outs_bytes_;
 };
 
 uint64_t FreshSeed() {
@@ -313,6 +325,57 @@ TEST_F(GpuConverterTest, PropagatePolicyMatchesCpuReference) {
   EXPECT_THAT(bucket.Convert(*converter), ::testing::IsEmpty());
   for (size_t i = 0; i < bucket.size(); ++i) bucket.ExpectMatchesCpu(i);
   EXPECT_GE(stats_.batched_nvfp4, 9u);
+}
+
+// Buckets in flight (EndBucket, then the next bucket's conversions before WaitBucket): each
+// bucket's failures come back with its own ticket, named; every output equals the CPU reference,
+// from device slots and from host slots (whose scratch regions the buckets in flight share).
+TEST_F(GpuConverterTest, BucketsInFlightReportTheirOwnFailures) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::unique_ptr<Converter> converter = Make({});
+  ASSERT_NE(converter, nullptr);
+  auto with_nan = [&](const std::string& name, size_t index) {
+    std::vector<Spec> specs = MoeLayer(rng, 4);
+    for (Spec& s : specs) {
+      if (s.name == name) s.values[index] = std::numeric_limits<float>::quiet_NaN();
+    }
+    return specs;
+  };
+  Bucket a(with_nan("l.experts.1.gate_proj.weight", 5), storage::MemoryKind::kDevice, {});
+  Bucket b(with_nan("l.o_proj.weight", 77), storage::MemoryKind::kHost, {});
+  Bucket c(with_nan("l.experts.3.down_proj.weight", 300), storage::MemoryKind::kHost, {});
+  a.Prepare();
+  b.Prepare();
+  c.Prepare();
+  auto messages = [](const std::vector<std::pair<std::string, absl::Status>>& failed) {
+    std::vector<std::string> m;
+    for (const auto& [name, st] : failed) m.push_back(std::string(st.message()));
+    return m;
+  };
+  a.Issue(*converter);
+  const uint64_t ta = converter->EndBucket();
+  b.Issue(*converter);
+  const uint64_t tb = converter->EndBucket();
+  EXPECT_THAT(messages(converter->WaitBucket(ta)),
+              ::testing::ElementsAre("tensor l.experts.1.gate_proj.weight: non-finite value (NaN or Inf) at flat index 5"));
+  c.Issue(*converter);  // behind b, whose scratch it must not overwrite
+  const uint64_t tc = converter->EndBucket();
+  EXPECT_THAT(messages(converter->WaitBucket(tb)),
+              ::testing::ElementsAre("tensor l.o_proj.weight: non-finite value (NaN or Inf) at flat index 77"));
+  EXPECT_THAT(messages(converter->WaitBucket(tc)),
+              ::testing::ElementsAre("tensor l.experts.3.down_proj.weight: non-finite value (NaN or Inf) at flat index 300"));
+  EXPECT_TRUE(converter->BucketDone(tc));
+  EXPECT_THAT(converter->Sync(), ::testing::IsEmpty());
+  for (Bucket* bucket : {&a, &b, &c}) {
+    for (size_t i = 0; i < bucket->size(); ++i) {
+      const std::string& name = bucket->name(i);
+      if (name != "l.experts.1.gate_proj.weight" && name != "l.o_proj.weight" && name != "l.experts.3.down_proj.weight") {
+        bucket->ExpectMatchesCpu(i);
+      }
+    }
+  }
 }
 
 // Whole device tensors go to two lanes (streams). A device op reading a tensor converted on the
