@@ -147,6 +147,9 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
                                                " is staged, waiting for the engine to wake"));
   }
   if (active_) return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(), " is active"));
+  if (early_undoing_ > 0) {
+    return absl::UnavailableError("busy: the engine is being resumed after a refused begin (staging: direct); begin again");
+  }
   if (!engine_->control->Responsive()) {
     return absl::UnavailableError(absl::StrCat("engine ", engine_->id,
                                                " did not answer a pause or resume in time; refits are refused until "
@@ -175,9 +178,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   if (absl::Status checked = CheckManifest(manifest, limits); !checked.ok()) return checked;
   // staging: direct, for an awake engine whose storage refitd maps in the staging pool's memory:
   // the manifest's plans say where each tensor goes in the engine (PlanPlacement).
-  const bool direct = options_.direct && !engine_->asleep && !manifest.stage_only && engine_->ranks.empty() &&
-                      engine_->storage->on_device() == (engine_->pool->kind() == storage::MemoryKind::kDevice) &&
-                      !engine_->storage->params().empty() && engine_->storage->MappedAddress(0) != nullptr;
+  const bool direct = !manifest.stage_only && DirectPossible();
   std::vector<std::shared_ptr<const TensorPlan>> plans;
   // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
   std::vector<std::string> problems;
@@ -291,11 +292,52 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   return BeginResult{so.id, deadline_ms, so.wire, pause_first};
 }
 
-absl::StatusOr<std::shared_ptr<DirectPause>> Node::StartDirectPause(uint64_t session_id) {
+bool Node::DirectPossible() const {
+  return options_.direct && engine_ && !engine_->asleep && engine_->ranks.empty() &&
+         engine_->storage->on_device() == (engine_->pool->kind() == storage::MemoryKind::kDevice) &&
+         !engine_->storage->params().empty() && engine_->storage->MappedAddress(0) != nullptr;
+}
+
+void Node::NotePlacing(uint64_t manifest_key) {
+  if (engine_) placing_ = std::make_pair(manifest_key, engine_->generation);
+}
+
+std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
+  if (!placing_ || active_ || early_undoing_ > 0 || version_commit_ != nullptr || !DirectPossible() ||
+      *placing_ != std::make_pair(manifest_key, engine_->generation) || !engine_->control->Responsive()) {
+    return nullptr;
+  }
+  auto p = std::make_shared<DirectPause>();
+  p->engine_ = engine_;
+  p->pause_timeout_ = options_.pause_timeout;
+  p->resume_timeout_ = options_.resume_timeout;
+  p->from_version_ = engine_->version;
+  p->from_tag_ = engine_->tag;
+  p->dirty_at_start_ = engine_->dirty;
+  p->generation_ = engine_->generation;
+  return p;
+}
+
+void Node::RunUndoEarlyPause(DirectPause& p) {
+  // A pause that failed or was refused settled the engine already (RunDirectPause); a dirty engine
+  // stays paused, as it was.
+  if (p.status_.ok() && !p.dirty_at_start_) (void)p.engine_->control->Resume(p.from_version_, p.from_tag_, p.resume_timeout_);
+}
+
+absl::StatusOr<std::shared_ptr<DirectPause>> Node::StartDirectPause(uint64_t session_id,
+                                                                    std::shared_ptr<DirectPause> early) {
   absl::Status active = CheckActive(session_id);
   if (!active.ok()) return active;
   if (active_->placement == nullptr || active_->direct_paused) {
     return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " has no direct pause to take"));
+  }
+  if (early != nullptr) {
+    // Begun for this request, on this engine registration (Begin ran since, on the same thread).
+    if (early->engine_ != active_->engine || early->generation_ != active_->engine->generation) {
+      return absl::InternalError("the early pause is of another engine registration");
+    }
+    early->session_id_ = session_id;
+    return early;
   }
   auto p = std::make_shared<DirectPause>();
   p->session_id_ = session_id;

@@ -26,6 +26,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -324,9 +325,30 @@ class Node {
   // and the engine's own audit) → FinishDirectPause (loop): OK once the engine is paused and the
   // session converts in place; otherwise the session has ended (the engine untouched) and the
   // status says why (the begin's answer).
-  absl::StatusOr<std::shared_ptr<DirectPause>> StartDirectPause(uint64_t session_id);
+  // `early`: the pause StartEarlyPause began for this begin request (RunDirectPause already
+  // started on it), adopted by the session instead of a new one.
+  absl::StatusOr<std::shared_ptr<DirectPause>> StartDirectPause(uint64_t session_id,
+                                                                std::shared_ptr<DirectPause> early = nullptr);
   static void RunDirectPause(DirectPause& pause);
   absl::Status FinishDirectPause(DirectPause& pause);
+  // staging: direct: the engine's pause begun as a begin request arrives, before its manifest is
+  // decoded and planned, which it then overlaps (a Llama-8B manifest: ~0.9 ms of decode and
+  // planning against a ~0.7 ms pause). Only for a manifest like the last one that converted in
+  // place into this engine registration (`manifest_key`: a hash of what placement depends on,
+  // NotePlacing), as in an RL loop's steady state: the first refit, and any other manifest, pause
+  // after planning as before. nullptr otherwise, or when no session could convert in place now (a
+  // session or a kept version's commit active, the engine asleep or unresponsive). The caller
+  // runs RunDirectPause on it, then either Begin's session adopts it (StartDirectPause) or, when
+  // the begin failed or placed nothing, it is undone before the begin is answered:
+  // StartUndoEarlyPause (loop), RunUndoEarlyPause (worker: the engine resumed at the version it
+  // holds, unless it was dirty), FinishUndoEarlyPause (loop). Begins are refused as busy while an
+  // undo runs.
+  std::shared_ptr<DirectPause> StartEarlyPause(uint64_t manifest_key);
+  // Begin's session converts in place (BeginResult::pause_first) for a manifest of `manifest_key`.
+  void NotePlacing(uint64_t manifest_key);
+  void StartUndoEarlyPause() { ++early_undoing_; }
+  static void RunUndoEarlyPause(DirectPause& pause);
+  void FinishUndoEarlyPause() { --early_undoing_; }
   static void RunCommit(Commit& commit);
   // Ends the session with the commit's outcome; returns the report (also last_report()).
   const RefitReport& FinishCommit(Commit& commit);
@@ -463,6 +485,11 @@ class Node {
   uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
   std::vector<std::shared_ptr<StagedVersion>> versions_;
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
+  uint32_t early_undoing_ = 0;              // early pauses being undone (StartUndoEarlyPause)
+  // NotePlacing's last manifest key, and the engine registration it placed into.
+  std::optional<std::pair<uint64_t, uint64_t>> placing_;
+  // Whether a session could convert into the registered engine's memory (staging: direct).
+  bool DirectPossible() const;
   // The pool of the last dropped version, its buffers reused by the next session (same keys and
   // sizes: no allocation). At most one; freed with the engine.
   std::unique_ptr<StagingPool> spare_pool_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
 #include "common/version.h"
 #include "kj/debug.h"
 #include "proto/wire.h"
@@ -408,6 +409,32 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
   return absl::OkStatus();
 }
 
+// What a manifest's placement (staging: direct) depends on, hashed: the model, the kind of
+// refit and every tensor's name, dtype and shape (not its amax, nor the tag or deadline).
+uint64_t PlacementKey(proto::Manifest::Reader m) {
+  std::string key;
+  key.reserve(64 * m.getTensors().size() + 64);
+  auto add_text = [&](capnp::Text::Reader t) {
+    key.append(t.cStr(), t.size());
+    key.push_back('\0');
+  };
+  auto add_int = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  add_text(m.getModel());
+  add_text(m.getWireFormat());
+  add_int((m.getPartial() ? 1 : 0) | (m.getStageOnly() ? 2 : 0));
+  for (proto::TensorDesc::Reader t : m.getTensors()) {
+    add_text(t.getName());
+    add_text(t.getDtype());
+    add_int(static_cast<int64_t>(t.getShape().size()));
+    for (int64_t d : t.getShape()) add_int(d);
+    add_int(t.getSliceDim());
+    add_int(static_cast<int64_t>(t.getSliceStart()));
+    add_int(static_cast<int64_t>(t.getFullShape().size()));
+    for (int64_t d : t.getFullShape()) add_int(d);
+  }
+  return Checksum64(key.data(), key.size());
+}
+
 class DaemonImpl final : public proto::Daemon::Server {
  public:
   explicit DaemonImpl(DaemonState& state) : state_(state) {}
@@ -415,10 +442,47 @@ class DaemonImpl final : public proto::Daemon::Server {
  protected:
   kj::Promise<void> begin(BeginContext context) override {
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
-    absl::StatusOr<Manifest> manifest = wire::FromWire(context.getParams().getManifest());
-    if (!manifest.ok()) return Answer(context, manifest.status());
-    absl::StatusOr<BeginResult> begun = state_.node.Begin(*manifest, requested);
+    DaemonState* state = &state_;
+    // staging: direct: for a manifest like the last one placed, the engine starts pausing now,
+    // while the manifest is decoded and planned on this thread (Node::StartEarlyPause).
+    const auto reader = context.getParams().getManifest();
+    const uint64_t key = PlacementKey(reader);
+    std::shared_ptr<DirectPause> early = state_.node.StartEarlyPause(key);
+    kj::Maybe<kj::ForkedPromise<void>> early_paused;
+    if (early != nullptr) early_paused = RunBlocking(state->io, [early] { Node::RunDirectPause(*early); }).fork();
+    absl::StatusOr<Manifest> manifest = wire::FromWire(reader);
+    absl::StatusOr<BeginResult> begun = manifest.ok() ? state_.node.Begin(*manifest, requested)
+                                                      : absl::StatusOr<BeginResult>(manifest.status());
+    if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
+      // Not taken: the engine resumes (unless it was dirty) before the begin is answered.
+      state_.node.StartUndoEarlyPause();
+      KJ_IF_MAYBE(paused, early_paused) {
+        return paused->addBranch()
+            .then([state, early] { return RunBlocking(state->io, [early] { Node::RunUndoEarlyPause(*early); }); })
+            .then([state, context, begun = std::move(begun), manifest = std::move(manifest)]() mutable {
+              state->node.FinishUndoEarlyPause();
+              LogEvent(LogLevel::kInfo, "early_pause_undone")
+                  .Add("reason", begun.ok() ? std::string("nothing to convert in place")
+                                            : std::string(begun.status().message()));
+              if (!begun.ok()) return Answer(context, begun.status());
+              return Begun(state, context, *manifest, *begun, nullptr, nullptr);
+            });
+      }
+    }
     if (!begun.ok()) return Answer(context, begun.status());
+    if (begun->pause_first) state_.node.NotePlacing(key);
+    kj::Promise<void> paused = nullptr;
+    KJ_IF_MAYBE(p, early_paused) { paused = p->addBranch(); }
+    return Begun(state, context, *manifest, *begun, std::move(early), kj::mv(paused));
+  }
+
+  // The rest of a begin that Node::Begin accepted. `early`/`paused`: the early pause and its
+  // RunDirectPause (staging: direct), or nullptr.
+  static kj::Promise<void> Begun(DaemonState* state, BeginContext context, const Manifest& m,
+                                 const BeginResult& begun_result, std::shared_ptr<DirectPause> early,
+                                 kj::Promise<void> paused) {
+    const Manifest* manifest = &m;
+    const BeginResult* begun = &begun_result;
     const uint64_t id = begun->session_id;
     LogEvent(LogLevel::kInfo, "session_begin")
         .Add("session", id)
@@ -431,27 +495,28 @@ class DaemonImpl final : public proto::Daemon::Server {
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
-    state_.tasks.add(Watch(id));
+    state->tasks.add(Watch(state, id));
     auto results = context.getResults();
-    results.setSession(kj::heap<SessionImpl>(state_, id));
+    results.setSession(kj::heap<SessionImpl>(*state, id));
     results.setSessionId(id);
-    results.setDataEndpoint(state_.receiver->Endpoint());
-    results.setBucketBytes(state_.config.limits.bucket_bytes);
+    results.setDataEndpoint(state->receiver->Endpoint());
+    results.setBucketBytes(state->config.limits.bucket_bytes);
     if (begun->wire != nullptr) wire::ToWire(begun->wire->plan(), results.initWirePlan());
     if (!begun->pause_first) return kj::READY_NOW;
     // staging: direct: the engine pauses before the trainer is answered (its buckets are then
     // converted into the engine's memory). A daemon task, so that the pause's outcome is always
     // settled (FinishDirectPause) even if the trainer goes away meanwhile.
-    absl::StatusOr<std::shared_ptr<DirectPause>> pause = state_.node.StartDirectPause(id);
+    const bool adopted = early != nullptr;
+    absl::StatusOr<std::shared_ptr<DirectPause>> pause = state->node.StartDirectPause(id, std::move(early));
     if (!pause.ok()) return Answer(context, pause.status());
-    DaemonState* state = &state_;
     std::shared_ptr<DirectPause> p = *pause;
     auto status = std::make_shared<absl::Status>();
-    auto done = RunBlocking(state->io, [p] { Node::RunDirectPause(*p); })
-                    .then([state, p, status, id] {
+    kj::Promise<void> run = adopted ? kj::mv(paused) : RunBlocking(state->io, [p] { Node::RunDirectPause(*p); });
+    auto done = run.then([state, p, status, id, adopted] {
                       *status = state->node.FinishDirectPause(*p);
                       LogEvent(status->ok() ? LogLevel::kInfo : LogLevel::kWarn, "engine_paused_for_direct")
                           .Add("session", id)
+                          .Add("early", adopted)
                           .Add("status", status->ok() ? std::string("ok") : std::string(status->message()));
                     })
                     .fork();
@@ -667,10 +732,10 @@ class DaemonImpl final : public proto::Daemon::Server {
   }
 
  private:
-  kj::Promise<void> Watch(uint64_t id) {
-    return state_.timer.afterDelay(50 * kj::MILLISECONDS).then([this, id]() -> kj::Promise<void> {
-      if (!state_.node.Poll(id)) return kj::READY_NOW;
-      return Watch(id);
+  static kj::Promise<void> Watch(DaemonState* state, uint64_t id) {
+    return state->timer.afterDelay(50 * kj::MILLISECONDS).then([state, id]() -> kj::Promise<void> {
+      if (!state->node.Poll(id)) return kj::READY_NOW;
+      return Watch(state, id);
     });
   }
 

@@ -13,19 +13,29 @@ DIRECT = "staging: direct\nlimits:\n  bucket_bytes: 1048576\n"
 
 def test_direct_refits_are_converted_in_place_and_serve_whole_versions(fault_node):
     # Expected: three refits commit with the engine's bytes equal to the offline conversion,
-    # every output byte converted in place (nothing staged: the demo spec lays nothing out).
+    # every output byte converted in place (nothing staged: the demo spec lays nothing out). The
+    # first pauses the engine after planning; the next two, with the same manifest, while their
+    # manifest is planned (the early pause). A begin with that manifest that is refused (a bad
+    # tag) undoes its early pause: the engine resumes at the version it holds, untouched.
     node = fault_node(config=DIRECT)
     _, lines = node.trainer("--refits", "3")
     assert [l["outcome"] for l in lines] == ["committed"] * 3, lines
     assert all(l["engine_matches_expected"] for l in lines), lines
     assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
-    assert "event=engine_paused_for_direct" in node.log()
+    paused = [l for l in node.log().splitlines() if "event=engine_paused_for_direct" in l]
+    assert len(paused) == 3 and "early=false" in paused[0], paused
+    assert all("early=true" in l for l in paused[1:]), paused
+    before = node.shm_digest()
+    p, _ = node.trainer("--refits", "1", "--tag", "bad tag!")
+    assert p.returncode != 0 and "tag" in p.stderr + p.stdout, (p.stdout, p.stderr)
+    wait_for(lambda: "event=early_pause_undone" in node.log(), what="the early pause undone")
+    assert node.shm_digest() == before and node.admin("/readyz")[0] == 200
     # The metric counts every byte converted in place.
     status, body = node.admin("/metrics")
     assert status == 200
     counted = [float(l.split()[-1]) for l in body.splitlines() if l.startswith("refit_converted_in_place_bytes_total")]
     assert counted == [sum(l["bytes_in_place"] for l in lines)], counted
-    finish(node, [1, 2, 3])
+    finish(node, [1, 2, 3, 3])
 
 
 def test_direct_trainer_killed_mid_refit_leaves_the_engine_paused_and_dirty(fault_node):

@@ -1004,6 +1004,61 @@ TEST_F(DirectNodeTest, ConvertsIntoTheEngineAndTheCommitCopiesNothing) {
   EXPECT_EQ(EngineBytes(), q);
 }
 
+// The early pause (the server's begin for a manifest like the last one placed): none before a
+// manifest placed anything, nor for another manifest key; adopted by the session, it is the
+// session's one pause; not taken (the begin refused), it is undone: the engine resumed at the
+// version it holds, and begins are refused as busy until the undo finished.
+TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
+  ScriptedControl* control;
+  Register(&control);
+  constexpr uint64_t kKey = 42;
+  EXPECT_EQ(node_->StartEarlyPause(kKey), nullptr) << "no manifest placed anything yet";
+  absl::StatusOr<uint64_t> session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+  node_->NotePlacing(kKey);
+  SendBucket(*session, Payload(3), kParams);
+  ASSERT_EQ(CommitNow(*session).outcome, Outcome::kCommitted);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+  EXPECT_EQ(node_->StartEarlyPause(kKey + 1), nullptr) << "another manifest";
+
+  // Adopted: begin's session takes the pause that ran while it planned.
+  std::shared_ptr<DirectPause> early = node_->StartEarlyPause(kKey);
+  ASSERT_NE(early, nullptr);
+  Node::RunDirectPause(*early);
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  ASSERT_TRUE(begun->pause_first);
+  EXPECT_EQ(node_->StartEarlyPause(kKey), nullptr) << "a session is active";
+  absl::StatusOr<std::shared_ptr<DirectPause>> adopted = node_->StartDirectPause(begun->session_id, early);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(*adopted, early);
+  ASSERT_TRUE(node_->FinishDirectPause(**adopted).ok());
+  const std::vector<uint8_t> p = Payload(4);
+  SendBucket(begun->session_id, p, kParams);
+  EXPECT_EQ(CommitNow(begun->session_id).version, 2u);
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1", "pause", "resume:2"));
+
+  // Not taken: the begin is refused (another model); the engine resumes untouched at version 2.
+  early = node_->StartEarlyPause(kKey);
+  ASSERT_NE(early, nullptr);
+  Node::RunDirectPause(*early);
+  Manifest other = ManifestOf(kParams);
+  other.model = "another";
+  EXPECT_EQ(node_->Begin(other, absl::Now()).status().code(), absl::StatusCode::kInvalidArgument);
+  node_->StartUndoEarlyPause();
+  absl::StatusOr<BeginResult> meanwhile = node_->Begin(ManifestOf(kParams), absl::Now());
+  EXPECT_EQ(meanwhile.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(meanwhile.status().message(), HasSubstr("being resumed after a refused begin"));
+  Node::RunUndoEarlyPause(*early);
+  node_->FinishUndoEarlyPause();
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1", "pause", "resume:2", "pause", "resume:2"));
+  EXPECT_EQ(EngineBytes(), p);
+  EXPECT_FALSE(node_->engine()->dirty);
+  session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+}
+
 // A refit refused after some tensors were converted in place: the engine holds a mix, so it stays
 // paused (no resume) and dirty; a partial refit is refused; the next full refit lands and resumes.
 TEST_F(DirectNodeTest, ARefusedRefitLeavesTheEnginePausedAndDirtyUntilAFullRefitLands) {
