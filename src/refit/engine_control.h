@@ -34,6 +34,11 @@ class EngineControl {
   // (no further call): the parameters no longer where it registered them (each still at the
   // address, in the allocation, it registered). An engine that has no such check answers none.
   virtual std::vector<std::string> PausedStale() { return {}; }
+  // Sends the pause request now without waiting for its answer, on the thread the control's calls
+  // run on (the server's event loop), so that it travels while that thread does other work (the
+  // early pause of staging: direct); the next Pause waits for this request's answer instead of
+  // sending another. Default: nothing (Pause sends it).
+  virtual void StartPause() {}
 };
 
 }  // namespace refit

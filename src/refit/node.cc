@@ -315,6 +315,12 @@ std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   p->from_tag_ = engine_->tag;
   p->dirty_at_start_ = engine_->dirty;
   p->generation_ = engine_->generation;
+  // refitd's own registration audit first, as RunDirectPause does: nothing is paused if stale
+  // (the begin's own pause then refuses it). Then the request goes out now, from this thread,
+  // to travel while the manifest is decoded and planned here.
+  if (!engine_->storage->Audit().ok()) return nullptr;
+  engine_->control->StartPause();
+  p->pause_sent_ = true;
   return p;
 }
 
@@ -355,6 +361,10 @@ void Node::RunDirectPause(DirectPause& p) {
   EngineRecord& engine = *p.engine_;
   // refitd's own mappings first (the registration audit's part 1): nothing is paused if stale.
   if (absl::Status audited = engine.storage->Audit(); !audited.ok()) {
+    if (p.pause_sent_ && engine.control->Pause(p.pause_timeout_).ok() && !p.dirty_at_start_) {
+      // Stale since the early pause went out: that pause is answered, then undone.
+      (void)engine.control->Resume(p.from_version_, p.from_tag_, p.resume_timeout_);
+    }
     p.refused_ = true;
     p.status_ = absl::FailedPreconditionError(absl::StrCat("refit refused: ", audited.message(), "; the engine is untouched"));
     return;

@@ -214,6 +214,7 @@ class DirectPause {
   std::string from_tag_;
   bool dirty_at_start_ = false;
   uint64_t generation_ = 0;
+  bool pause_sent_ = false;  // an early pause: its request went out already (EngineControl::StartPause)
   // Set by RunDirectPause.
   absl::Status status_;        // OK: the engine is paused and its registration current
   bool refused_ = false;       // stale registration: refused, the engine resumed (or never paused)
@@ -349,6 +350,7 @@ class Node {
   void StartUndoEarlyPause() { ++early_undoing_; }
   static void RunUndoEarlyPause(DirectPause& pause);
   void FinishUndoEarlyPause() { --early_undoing_; }
+  bool undoing_early_pause() const { return early_undoing_ > 0; }
   static void RunCommit(Commit& commit);
   // Ends the session with the commit's outcome; returns the report (also last_report()).
   const RefitReport& FinishCommit(Commit& commit);

@@ -74,10 +74,15 @@ class RpcEngineControl final : public EngineControl {
 
   absl::Status Pause(absl::Duration timeout) override {
     auto stale = std::make_shared<std::vector<std::string>>();
-    absl::Status st = Call("pause", timeout, [this, stale] {
-      return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
-        for (auto name : r.getStale()) stale->push_back(wire::Str(name));
-      });
+    absl::Status st = Call("pause", timeout, [this, &stale]() -> kj::Promise<void> {
+      KJ_IF_MAYBE(started, started_) {
+        // StartPause sent it: its answer is this pause's.
+        kj::Promise<void> answer = started->addBranch();
+        stale = started_stale_;
+        started_ = nullptr;
+        return answer;
+      }
+      return SendPause(stale);
     });
     // Only an answered pause's audit counts (a late answer fills a vector nobody reads).
     paused_stale_ = st.ok() ? std::move(*stale) : std::vector<std::string>{};
@@ -97,11 +102,23 @@ class RpcEngineControl final : public EngineControl {
 
   bool Responsive() const override { return late_->load() == 0; }
 
+  void StartPause() override {
+    started_stale_ = std::make_shared<std::vector<std::string>>();
+    started_ = SendPause(started_stale_).fork();
+  }
+
 
  private:
   struct Handler : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&&) override {}
   };
+
+  // Loop thread only.
+  kj::Promise<void> SendPause(std::shared_ptr<std::vector<std::string>> stale) {
+    return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
+      for (auto name : r.getStale()) stale->push_back(wire::Str(name));
+    });
+  }
 
   template <typename Send>
   absl::Status Call(const char* what, absl::Duration timeout, Send send) {
@@ -144,6 +161,9 @@ class RpcEngineControl final : public EngineControl {
 
   proto::EngineControl::Client client_;
   std::vector<std::string> paused_stale_;  // the commit's worker thread only
+  // StartPause's request, until a Pause takes its answer (loop thread only).
+  kj::Maybe<kj::ForkedPromise<void>> started_;
+  std::shared_ptr<std::vector<std::string>> started_stale_;
   kj::Timer& timer_;
   const kj::Executor& loop_;
   std::shared_ptr<std::atomic<int>> late_;
@@ -293,6 +313,7 @@ class SessionImpl final : public proto::Session::Server {
     return kj::READY_NOW;
   }
 
+  // Also waits while an early pause is undone (staging: direct, Node::StartEarlyPause).
   kj::Promise<void> commit(CommitContext context) override {
     if (member_) {
       return Answer(context, absl::FailedPreconditionError(
@@ -310,7 +331,10 @@ class SessionImpl final : public proto::Session::Server {
 
  private:
   static kj::Promise<void> WaitForMembers(DaemonState* state, uint64_t id) {
-    if (state->node.active_session_id() != id || state->node.open_members() == 0) return kj::READY_NOW;
+    if (state->node.active_session_id() != id ||
+        (state->node.open_members() == 0 && !state->node.undoing_early_pause())) {
+      return kj::READY_NOW;
+    }
     return state->timer.afterDelay(1 * kj::MILLISECONDS).then([state, id] { return WaitForMembers(state, id); });
   }
 
@@ -454,19 +478,26 @@ class DaemonImpl final : public proto::Daemon::Server {
     absl::StatusOr<BeginResult> begun = manifest.ok() ? state_.node.Begin(*manifest, requested)
                                                       : absl::StatusOr<BeginResult>(manifest.status());
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
-      // Not taken: the engine resumes (unless it was dirty) before the begin is answered.
+      // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
+      // answered after it, a staged session's commit waits for it (commit).
       state_.node.StartUndoEarlyPause();
       KJ_IF_MAYBE(paused, early_paused) {
-        return paused->addBranch()
-            .then([state, early] { return RunBlocking(state->io, [early] { Node::RunUndoEarlyPause(*early); }); })
-            .then([state, context, begun = std::move(begun), manifest = std::move(manifest)]() mutable {
-              state->node.FinishUndoEarlyPause();
-              LogEvent(LogLevel::kInfo, "early_pause_undone")
-                  .Add("reason", begun.ok() ? std::string("nothing to convert in place")
-                                            : std::string(begun.status().message()));
-              if (!begun.ok()) return Answer(context, begun.status());
-              return Begun(state, context, *manifest, *begun, nullptr, nullptr);
-            });
+        const std::string reason =
+            begun.ok() ? std::string("nothing to convert in place") : std::string(begun.status().message());
+        auto undone = paused->addBranch()
+                          .then([state, early] {
+                            return RunBlocking(state->io, [early] { Node::RunUndoEarlyPause(*early); });
+                          })
+                          .then([state, reason] {
+                            state->node.FinishUndoEarlyPause();
+                            LogEvent(LogLevel::kInfo, "early_pause_undone").Add("reason", reason);
+                          })
+                          .fork();
+        state->tasks.add(undone.addBranch());
+        if (!begun.ok()) {
+          return undone.addBranch().then([context, status = begun.status()]() mutable { return Answer(context, status); });
+        }
+        return Begun(state, context, *manifest, *begun, nullptr, nullptr);
       }
     }
     if (!begun.ok()) return Answer(context, begun.status());
