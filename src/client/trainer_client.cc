@@ -966,12 +966,15 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
 
 absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   absl::Status st = Flush();
-  if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
   if (!st.ok()) {
+    (void)impl_->WaitInFlight();
     impl_->data->Drop();
     return st;
   }
   impl_->done = true;
+  // Every bucket is announced: the commit goes out now, while the last sends are still read (refitd's
+  // commit waits for every announced bucket itself), and this trainer's memory is free again only
+  // once those sends ended (below).
   std::vector<std::unique_ptr<capnp::RemotePromise<proto::Session::CommitResults>>> calls;
   for (auto& m : impl_->members) {
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
@@ -979,6 +982,13 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
     })) {
       calls.push_back(nullptr);
     }
+  }
+  impl_->wait().poll();  // writes the requests
+  if (absl::Status sent = impl_->WaitInFlight(); !sent.ok()) {
+    // A send failed: the data plane is dropped, which fails refitd's session (and the commit
+    // waiting for its buckets); this reports the send.
+    impl_->data->Drop();
+    return sent;
   }
   std::vector<RefitReport> reports;
   absl::Status failed;
