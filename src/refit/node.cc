@@ -150,6 +150,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   if (early_undoing_ > 0) {
     return absl::UnavailableError("busy: the engine is being resumed after a refused begin (staging: direct); begin again");
   }
+  if (early_window_) return absl::UnavailableError("busy: another begin is being planned");
   if (!engine_->control->Responsive()) {
     return absl::UnavailableError(absl::StrCat("engine ", engine_->id,
                                                " did not answer a pause or resume in time; refits are refused until "
@@ -303,24 +304,18 @@ void Node::NotePlacing(uint64_t manifest_key) {
 }
 
 std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
-  if (!placing_ || active_ || early_undoing_ > 0 || version_commit_ != nullptr || !DirectPossible() ||
+  if (!placing_ || active_ || early_undoing_ > 0 || early_window_ || version_commit_ != nullptr || !DirectPossible() ||
       *placing_ != std::make_pair(manifest_key, engine_->generation) || !engine_->control->Responsive()) {
     return nullptr;
   }
-  auto p = std::make_shared<DirectPause>();
-  p->engine_ = engine_;
-  p->pause_timeout_ = options_.pause_timeout;
-  p->resume_timeout_ = options_.resume_timeout;
-  p->from_version_ = engine_->version;
-  p->from_tag_ = engine_->tag;
-  p->dirty_at_start_ = engine_->dirty;
-  p->generation_ = engine_->generation;
+  std::shared_ptr<DirectPause> p = NewDirectPause(engine_);
   // refitd's own registration audit first, as RunDirectPause does: nothing is paused if stale
   // (the begin's own pause then refuses it). Then the request goes out now, from this thread,
   // to travel while the manifest is decoded and planned here.
   if (!engine_->storage->Audit().ok()) return nullptr;
   engine_->control->StartPause();
   p->pause_sent_ = true;
+  early_window_ = true;
   return p;
 }
 
@@ -345,15 +340,20 @@ absl::StatusOr<std::shared_ptr<DirectPause>> Node::StartDirectPause(uint64_t ses
     early->session_id_ = session_id;
     return early;
   }
-  auto p = std::make_shared<DirectPause>();
+  std::shared_ptr<DirectPause> p = NewDirectPause(active_->engine);
   p->session_id_ = session_id;
-  p->engine_ = active_->engine;
+  return p;
+}
+
+std::shared_ptr<DirectPause> Node::NewDirectPause(std::shared_ptr<EngineRecord> engine) const {
+  auto p = std::make_shared<DirectPause>();
   p->pause_timeout_ = options_.pause_timeout;
   p->resume_timeout_ = options_.resume_timeout;
-  p->from_version_ = active_->engine->version;
-  p->from_tag_ = active_->engine->tag;
-  p->dirty_at_start_ = active_->engine->dirty;
-  p->generation_ = active_->engine->generation;
+  p->from_version_ = engine->version;
+  p->from_tag_ = engine->tag;
+  p->dirty_at_start_ = engine->dirty;
+  p->generation_ = engine->generation;
+  p->engine_ = std::move(engine);
   return p;
 }
 

@@ -347,6 +347,9 @@ class Node {
   std::shared_ptr<DirectPause> StartEarlyPause(uint64_t manifest_key);
   // Begin's session converts in place (BeginResult::pause_first) for a manifest of `manifest_key`.
   void NotePlacing(uint64_t manifest_key);
+  // From StartEarlyPause (a pause was returned) to EndEarlyWindow, which the caller calls right
+  // before its Begin: other begins are refused as busy and start no early pause.
+  void EndEarlyWindow() { early_window_ = false; }
   void StartUndoEarlyPause() { ++early_undoing_; }
   static void RunUndoEarlyPause(DirectPause& pause);
   void FinishUndoEarlyPause() { --early_undoing_; }
@@ -488,10 +491,13 @@ class Node {
   std::vector<std::shared_ptr<StagedVersion>> versions_;
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
   uint32_t early_undoing_ = 0;              // early pauses being undone (StartUndoEarlyPause)
+  bool early_window_ = false;               // StartEarlyPause returned a pause; its Begin is to come
   // NotePlacing's last manifest key, and the engine registration it placed into.
   std::optional<std::pair<uint64_t, uint64_t>> placing_;
   // Whether a session could convert into the registered engine's memory (staging: direct).
   bool DirectPossible() const;
+  // A pause of `engine` from its state now (no session yet).
+  std::shared_ptr<DirectPause> NewDirectPause(std::shared_ptr<EngineRecord> engine) const;
   // The pool of the last dropped version, its buffers reused by the next session (same keys and
   // sizes: no allocation). At most one; freed with the engine.
   std::unique_ptr<StagingPool> spare_pool_;

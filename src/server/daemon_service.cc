@@ -468,19 +468,57 @@ class DaemonImpl final : public proto::Daemon::Server {
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
     // staging: direct: for a manifest like the last one placed, the engine starts pausing now,
-    // while the manifest is decoded and planned on this thread (Node::StartEarlyPause).
-    const auto reader = context.getParams().getManifest();
-    const uint64_t key = PlacementKey(reader);
+    // while the manifest is decoded and planned on this thread (Node::StartEarlyPause). Its
+    // request is written when the event loop next turns: decoding and planning wait for that.
+    const uint64_t key = PlacementKey(context.getParams().getManifest());
     std::shared_ptr<DirectPause> early = state_.node.StartEarlyPause(key);
+    if (early == nullptr) return Plan(state, context, requested, key, nullptr);
+    // Should the deferred planning never run (the call dropped meanwhile: not expected, the loop
+    // runs it before it reads anything else), the early pause is still settled.
+    auto pending = kj::heap<EarlyPending>(state, early);
+    return kj::evalLater([state, context, requested, key, pending = kj::mv(pending)]() mutable {
+      return Plan(state, context, requested, key, pending->Take());
+    });
+  }
+
+  // Owns an early pause until Plan takes it; dropped untaken, it ends the early window and undoes
+  // the pause (a daemon task).
+  class EarlyPending {
+   public:
+    EarlyPending(DaemonState* state, std::shared_ptr<DirectPause> early) : state_(state), early_(std::move(early)) {}
+    std::shared_ptr<DirectPause> Take() { return std::move(early_); }
+    ~EarlyPending() {
+      if (early_ == nullptr) return;
+      DaemonState* state = state_;
+      std::shared_ptr<DirectPause> early = std::move(early_);
+      state->node.EndEarlyWindow();
+      state->node.StartUndoEarlyPause();
+      state->tasks.add(RunBlocking(state->io, [early] {
+                         Node::RunDirectPause(*early);
+                         Node::RunUndoEarlyPause(*early);
+                       }).then([state] { state->node.FinishUndoEarlyPause(); }));
+    }
+
+   private:
+    DaemonState* state_;
+    std::shared_ptr<DirectPause> early_;
+  };
+
+  // The begin's decode and planning (Node::Begin), then the rest (Begun); `early`: its early
+  // pause (RunDirectPause not started yet), or nullptr.
+  static kj::Promise<void> Plan(DaemonState* state, BeginContext context, absl::Time requested, uint64_t key,
+                                std::shared_ptr<DirectPause> early) {
+    if (early != nullptr) state->node.EndEarlyWindow();
+    const auto reader = context.getParams().getManifest();
     kj::Maybe<kj::ForkedPromise<void>> early_paused;
     if (early != nullptr) early_paused = RunBlocking(state->io, [early] { Node::RunDirectPause(*early); }).fork();
     absl::StatusOr<Manifest> manifest = wire::FromWire(reader);
-    absl::StatusOr<BeginResult> begun = manifest.ok() ? state_.node.Begin(*manifest, requested)
+    absl::StatusOr<BeginResult> begun = manifest.ok() ? state->node.Begin(*manifest, requested)
                                                       : absl::StatusOr<BeginResult>(manifest.status());
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
       // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
       // answered after it, a staged session's commit waits for it (commit).
-      state_.node.StartUndoEarlyPause();
+      state->node.StartUndoEarlyPause();
       KJ_IF_MAYBE(paused, early_paused) {
         const std::string reason =
             begun.ok() ? std::string("nothing to convert in place") : std::string(begun.status().message());
@@ -501,7 +539,7 @@ class DaemonImpl final : public proto::Daemon::Server {
       }
     }
     if (!begun.ok()) return Answer(context, begun.status());
-    if (begun->pause_first) state_.node.NotePlacing(key);
+    if (begun->pause_first) state->node.NotePlacing(key);
     kj::Promise<void> paused = nullptr;
     KJ_IF_MAYBE(p, early_paused) { paused = p->addBranch(); }
     return Begun(state, context, *manifest, *begun, std::move(early), kj::mv(paused));

@@ -1024,7 +1024,11 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   // Adopted: begin's session takes the pause that ran while it planned.
   std::shared_ptr<DirectPause> early = node_->StartEarlyPause(kKey);
   ASSERT_NE(early, nullptr);
+  EXPECT_EQ(node_->StartEarlyPause(kKey), nullptr) << "one early pause at a time";
+  EXPECT_EQ(node_->Begin(ManifestOf(kParams), absl::Now()).status().code(), absl::StatusCode::kUnavailable)
+      << "another begin while this one's planning is to come";
   Node::RunDirectPause(*early);
+  node_->EndEarlyWindow();
   absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
   ASSERT_TRUE(begun.ok()) << begun.status();
   ASSERT_TRUE(begun->pause_first);
@@ -1043,6 +1047,7 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   early = node_->StartEarlyPause(kKey);
   ASSERT_NE(early, nullptr);
   Node::RunDirectPause(*early);
+  node_->EndEarlyWindow();
   Manifest other = ManifestOf(kParams);
   other.model = "another";
   EXPECT_EQ(node_->Begin(other, absl::Now()).status().code(), absl::StatusCode::kInvalidArgument);
