@@ -24,8 +24,14 @@ struct EngineAgent::Impl {
   std::vector<InPlaceRecord> in_place;                  // parameters registered in place, for the audit
   bool passes_fds = false;                              // the connection is a Unix socket
   kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
-  kj::Own<kj::PromiseFulfiller<void>> stop;  // touched only on the agent thread
-  bool stopping = false;                     // agent thread only
+  // Stop: fulfilled from any thread (the destructor) without waiting for the agent's loop, which
+  // may be ending on its own (a waiting cross-thread call to a loop that ended can hang).
+  struct StopSignal {
+    bool requested = false;
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> fulfiller;  // while the agent's loop runs
+  };
+  kj::MutexGuarded<StopSignal> stop;
+  bool stopping = false;  // agent thread only
 };
 
 namespace {
@@ -260,8 +266,12 @@ void EngineAgent::Run(std::string address, Params initial) {
     reported = true;
   };
   auto io = kj::setupAsyncIo();
-  auto stop = kj::newPromiseAndFulfiller<void>();
-  impl_->stop = kj::mv(stop.fulfiller);
+  auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
+  {
+    auto signal = impl_->stop.lockExclusive();
+    if (signal->requested) stop.fulfiller->fulfill();
+    signal->fulfiller = kj::mv(stop.fulfiller);
+  }
   kj::ForkedPromise<void> stopped = stop.promise.then([this] { impl_->stopping = true; }).fork();
   *impl_->executor.lockExclusive() = kj::getCurrentThreadExecutor().addRef();
   while (true) {
@@ -351,7 +361,7 @@ void EngineAgent::Run(std::string address, Params initial) {
     if (impl_->stopping) break;
   }
   *impl_->executor.lockExclusive() = nullptr;
-  impl_->stop = nullptr;
+  impl_->stop.lockExclusive()->fulfiller = nullptr;
 }
 
 namespace {
@@ -478,14 +488,10 @@ absl::StatusOr<bool> EngineAgent::Wake(std::vector<DevicePtrParam> params) {
 }
 
 EngineAgent::~EngineAgent() {
-  kj::Own<const kj::Executor> executor = kj::mv(*impl_->executor.lockExclusive());
-  if (executor.get() != nullptr) {
-    // Throws DISCONNECTED if the agent's loop already ended (refitd went away first).
-    kj::runCatchingExceptions([&]() {
-      executor->executeSync([this]() {
-        if (impl_->stop) impl_->stop->fulfill();
-      });
-    });
+  {
+    auto signal = impl_->stop.lockExclusive();
+    signal->requested = true;
+    if (signal->fulfiller.get() != nullptr) signal->fulfiller->fulfill();
   }
   if (thread_.joinable()) thread_.join();
 }
