@@ -575,17 +575,29 @@ class DaemonImpl final : public proto::Daemon::Server {
     // staging: direct: the engine pauses before the trainer is answered (its buckets are then
     // converted into the engine's memory). A daemon task, so that the pause's outcome is always
     // settled (FinishDirectPause) even if the trainer goes away meanwhile.
-    const bool adopted = early != nullptr;
+    std::shared_ptr<DirectPause> adopted = early;
     absl::StatusOr<std::shared_ptr<DirectPause>> pause = state->node.StartDirectPause(id, std::move(early));
-    if (!pause.ok()) return Answer(context, pause.status());
+    if (!pause.ok()) {
+      if (adopted != nullptr) {
+        // The early pause is settled all the same (its RunDirectPause must finish first).
+        state->node.StartUndoEarlyPause();
+        state->tasks.add(kj::mv(paused)
+                             .then([state, adopted] {
+                               return RunBlocking(state->io, [adopted] { Node::RunUndoEarlyPause(*adopted); });
+                             })
+                             .then([state] { state->node.FinishUndoEarlyPause(); }));
+      }
+      return Answer(context, pause.status());
+    }
     std::shared_ptr<DirectPause> p = *pause;
     auto status = std::make_shared<absl::Status>();
-    kj::Promise<void> run = adopted ? kj::mv(paused) : RunBlocking(state->io, [p] { Node::RunDirectPause(*p); });
-    auto done = run.then([state, p, status, id, adopted] {
+    const bool early_pause = adopted != nullptr;
+    kj::Promise<void> run = early_pause ? kj::mv(paused) : RunBlocking(state->io, [p] { Node::RunDirectPause(*p); });
+    auto done = run.then([state, p, status, id, early_pause] {
                       *status = state->node.FinishDirectPause(*p);
                       LogEvent(status->ok() ? LogLevel::kInfo : LogLevel::kWarn, "engine_paused_for_direct")
                           .Add("session", id)
-                          .Add("early", adopted)
+                          .Add("early", early_pause)
                           .Add("status", status->ok() ? std::string("ok") : std::string(status->message()));
                     })
                     .fork();
