@@ -300,12 +300,13 @@ bool Node::DirectPossible() const {
 }
 
 void Node::NotePlacing(uint64_t manifest_key) {
-  if (engine_) placing_ = std::make_pair(manifest_key, engine_->generation);
+  if (engine_) placing_ = std::make_tuple(manifest_key, engine_->id, engine_->generation);
 }
 
 std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   if (!placing_ || active_ || early_undoing_ > 0 || early_window_ || version_commit_ != nullptr || !DirectPossible() ||
-      *placing_ != std::make_pair(manifest_key, engine_->generation) || !engine_->control->Responsive()) {
+      *placing_ != std::make_tuple(manifest_key, engine_->id, engine_->generation) ||
+      !engine_->control->Responsive()) {
     return nullptr;
   }
   std::shared_ptr<DirectPause> p = NewDirectPause(engine_);
@@ -359,12 +360,10 @@ std::shared_ptr<DirectPause> Node::NewDirectPause(std::shared_ptr<EngineRecord> 
 
 void Node::RunDirectPause(DirectPause& p) {
   EngineRecord& engine = *p.engine_;
-  // refitd's own mappings first (the registration audit's part 1): nothing is paused if stale.
-  if (absl::Status audited = engine.storage->Audit(); !audited.ok()) {
-    if (p.pause_sent_ && engine.control->Pause(p.pause_timeout_).ok() && !p.dirty_at_start_) {
-      // Stale since the early pause went out: that pause is answered, then undone.
-      (void)engine.control->Resume(p.from_version_, p.from_tag_, p.resume_timeout_);
-    }
+  // refitd's own mappings first (the registration audit's part 1): nothing is paused if stale. An
+  // early pause was audited before its request went out (StartEarlyPause).
+  absl::Status audited = p.pause_sent_ ? absl::OkStatus() : engine.storage->Audit();
+  if (!audited.ok()) {
     p.refused_ = true;
     p.status_ = absl::FailedPreconditionError(absl::StrCat("refit refused: ", audited.message(), "; the engine is untouched"));
     return;

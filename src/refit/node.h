@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <random>
 #include <string>
 #include <string_view>
@@ -492,8 +493,9 @@ class Node {
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
   uint32_t early_undoing_ = 0;              // early pauses being undone (StartUndoEarlyPause)
   bool early_window_ = false;               // StartEarlyPause returned a pause; its Begin is to come
-  // NotePlacing's last manifest key, and the engine registration it placed into.
-  std::optional<std::pair<uint64_t, uint64_t>> placing_;
+  // NotePlacing's last manifest key, and the engine registration (id, storage generation) it
+  // placed into.
+  std::optional<std::tuple<uint64_t, uint64_t, uint64_t>> placing_;
   // Whether a session could convert into the registered engine's memory (staging: direct).
   bool DirectPossible() const;
   // A pause of `engine` from its state now (no session yet).

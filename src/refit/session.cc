@@ -603,6 +603,15 @@ void Session::Convert(Converting& c) {
     }
     bucket_out_by_format_.clear();
   };
+  // A failure that ends the session: once nothing of the bucket is read any more, what it staged is
+  // counted and the session fails with `status`.
+  auto fail_bucket = [&](absl::Status status) {
+    converter_.Sync();
+    RetireGroups(retiring_);
+    absl::MutexLock lock(&mu_);
+    add_format_bytes();
+    FailLocked(std::move(status));
+  };
   // A SliceAssembler result: staging exhausted fails the bucket (true: stop converting it); another
   // error fails the tensor `name` in the ledger (the caller skips it, as it does a tensor whose
   // slices are still incomplete).
@@ -610,10 +619,7 @@ void Session::Convert(Converting& c) {
                           const std::string& name) {
     if (added.ok()) return false;
     if (added.status().code() == absl::StatusCode::kResourceExhausted) {
-      converter_.Sync();
-      absl::MutexLock lock(&mu_);
-      add_format_bytes();
-      FailLocked(added.status());
+      fail_bucket(added.status());
       return true;
     }
     ledger_.Fail(name, added.status());
@@ -664,10 +670,7 @@ void Session::Convert(Converting& c) {
           for (size_t i = 0; i < a.descs.size(); ++i) parts.push_back({&a.descs[i], a.data[i].get()});
           absl::Status staged = StageConverted(*e, parts, out_bytes);
           if (staged.code() == absl::StatusCode::kResourceExhausted) {
-            converter_.Sync();
-            absl::MutexLock lock(&mu_);
-            add_format_bytes();
-            FailLocked(staged);
+            fail_bucket(staged);
             return;
           }
           // The assembled outputs stay until the bucket's conversions are done with them.
@@ -759,12 +762,8 @@ void Session::Convert(Converting& c) {
         status = Defer(desc, src, ring_.kind(), *plan, out_bytes);
       }
       if (status.code() == absl::StatusCode::kResourceExhausted) {
-        converter_.Sync();
-        RetireGroups(retiring_);
-        absl::MutexLock lock(&mu_);
-        add_format_bytes();
         std::string msg(status.message());
-        FailLocked(absl::ResourceExhaustedError(
+        fail_bucket(absl::ResourceExhaustedError(
             msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
         return;
       }
@@ -774,22 +773,14 @@ void Session::Convert(Converting& c) {
   for (const auto& [entry, parts] : converted) {
     absl::Status status = StageConverted(*entry, parts, out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
-      converter_.Sync();
-      RetireGroups(retiring_);
-      absl::MutexLock lock(&mu_);
-      add_format_bytes();
-      FailLocked(status);
+      fail_bucket(status);
       return;
     }
   }
   // Fused members whose group is still incomplete leave the slot before it is released.
   absl::Status held = HoldPendingMembers();
   if (!held.ok()) {
-    converter_.Sync();
-    RetireGroups(retiring_);
-    absl::MutexLock lock(&mu_);
-    add_format_bytes();
-    FailLocked(held);
+    fail_bucket(held);
     return;
   }
   // The slot is released once the bucket is complete (Complete): the conversions reading it and

@@ -489,20 +489,28 @@ class DaemonImpl final : public proto::Daemon::Server {
     std::shared_ptr<DirectPause> Take() { return std::move(early_); }
     ~EarlyPending() {
       if (early_ == nullptr) return;
-      DaemonState* state = state_;
       std::shared_ptr<DirectPause> early = std::move(early_);
-      state->node.EndEarlyWindow();
-      state->node.StartUndoEarlyPause();
-      state->tasks.add(RunBlocking(state->io, [early] {
-                         Node::RunDirectPause(*early);
-                         Node::RunUndoEarlyPause(*early);
-                       }).then([state] { state->node.FinishUndoEarlyPause(); }));
+      state_->node.EndEarlyWindow();
+      state_->tasks.add(UndoEarlyPause(state_, early, RunBlocking(state_->io, [early] { Node::RunDirectPause(*early); }),
+                                       "its begin was dropped"));
     }
 
    private:
     DaemonState* state_;
     std::shared_ptr<DirectPause> early_;
   };
+
+  // An early pause not taken: once its RunDirectPause (`paused`) returned, the engine is resumed
+  // unless it was dirty (Node::StartUndoEarlyPause ... FinishUndoEarlyPause; begins are busy meanwhile).
+  static kj::Promise<void> UndoEarlyPause(DaemonState* state, std::shared_ptr<DirectPause> early,
+                                          kj::Promise<void> paused, std::string reason) {
+    state->node.StartUndoEarlyPause();
+    return paused.then([state, early] { return RunBlocking(state->io, [early] { Node::RunUndoEarlyPause(*early); }); })
+        .then([state, reason = std::move(reason)] {
+          state->node.FinishUndoEarlyPause();
+          LogEvent(LogLevel::kInfo, "early_pause_undone").Add("reason", reason);
+        });
+  }
 
   // The begin's decode and planning (Node::Begin), then the rest (Begun); `early`: its early
   // pause (RunDirectPause not started yet), or nullptr.
@@ -518,18 +526,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
       // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
       // answered after it, a staged session's commit waits for it (commit).
-      state->node.StartUndoEarlyPause();
       KJ_IF_MAYBE(paused, early_paused) {
-        const std::string reason =
-            begun.ok() ? std::string("nothing to convert in place") : std::string(begun.status().message());
-        auto undone = paused->addBranch()
-                          .then([state, early] {
-                            return RunBlocking(state->io, [early] { Node::RunUndoEarlyPause(*early); });
-                          })
-                          .then([state, reason] {
-                            state->node.FinishUndoEarlyPause();
-                            LogEvent(LogLevel::kInfo, "early_pause_undone").Add("reason", reason);
-                          })
+        auto undone = UndoEarlyPause(state, early, paused->addBranch(),
+                                     begun.ok() ? std::string("nothing to convert in place")
+                                                : std::string(begun.status().message()))
                           .fork();
         state->tasks.add(undone.addBranch());
         if (!begun.ok()) {
@@ -580,12 +580,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (!pause.ok()) {
       if (adopted != nullptr) {
         // The early pause is settled all the same (its RunDirectPause must finish first).
-        state->node.StartUndoEarlyPause();
-        state->tasks.add(kj::mv(paused)
-                             .then([state, adopted] {
-                               return RunBlocking(state->io, [adopted] { Node::RunUndoEarlyPause(*adopted); });
-                             })
-                             .then([state] { state->node.FinishUndoEarlyPause(); }));
+        state->tasks.add(UndoEarlyPause(state, adopted, kj::mv(paused), std::string(pause.status().message())));
       }
       return Answer(context, pause.status());
     }
