@@ -284,8 +284,13 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.plan_ms = Ms(absl::Now() - requested);
   a.tag = manifest.tag;
   if (direct) {
-    std::shared_ptr<const Placement> placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
-    if (!placement->places.empty()) a.placement = std::move(placement);
+    EngineRecord::PlacementMemo& memo = engine_->placement_memo;
+    if (memo.placement == nullptr || memo.generation != engine_->generation || memo.plans != plans) {
+      memo.placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
+      memo.generation = engine_->generation;
+      memo.plans = std::move(plans);
+    }
+    if (!memo.placement->places.empty()) a.placement = memo.placement;
   }
   const bool pause_first = a.placement != nullptr;
   active_ = std::move(a);

@@ -119,6 +119,16 @@ struct EngineRecord {
   // with.
   bool asleep = false;
   uint64_t generation = 1;
+  // staging: direct: the last placement planned (Node::Begin) and what it was planned from: the
+  // manifest's plans (the planner's shared plans, held here so that none is freed and its address
+  // reused) and the storage generation. An RL loop's next begin, planned to the same plans in the
+  // same generation, takes it again rather than planning it anew.
+  struct PlacementMemo {
+    uint64_t generation = 0;
+    std::vector<std::shared_ptr<const TensorPlan>> plans;
+    std::shared_ptr<const Placement> placement;
+  };
+  PlacementMemo placement_memo;
 };
 
 // What status shows of each declared engine rank.

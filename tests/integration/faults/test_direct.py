@@ -5,6 +5,7 @@ ends after writing in place leaves the engine paused and dirty (not ready, parti
 refused) until a full refit lands; one that ends before writing anything resumes the engine
 untouched; refitd dying mid-session leaves the engine dirty for the next refitd."""
 import signal
+import time
 
 from conftest import committed_ok, finish, silent_trainer_aborted_at_deadline, wait_for
 
@@ -36,6 +37,37 @@ def test_direct_refits_are_converted_in_place_and_serve_whole_versions(fault_nod
     counted = [float(l.split()[-1]) for l in body.splitlines() if l.startswith("refit_converted_in_place_bytes_total")]
     assert counted == [sum(l["bytes_in_place"] for l in lines)], counted
     finish(node, [1, 2, 3, 3])
+
+
+def test_direct_early_pause_that_times_out_leaves_the_engine_untouched(fault_node):
+    # Expected: after a refit placed its manifest, the engine is stopped (SIGSTOP): the next begin
+    # with that manifest sends its early pause, which times out after engine.pause_timeout_ms;
+    # the begin fails naming the pause, nothing is written and the next begin is refused until the
+    # engine answers. Running again, the engine answers the late pause and the resume queued
+    # behind it (the version it holds, 1); the next refit lands as version 2.
+    node = fault_node(config=DIRECT + "engine:\n  pause_timeout_ms: 500\n  resume_timeout_ms: 500\n")
+    _, lines = node.trainer("--refits", "1", "--seed", "1")
+    assert committed_ok(lines, 1), lines
+    before = node.shm_digest()
+    node.engine.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        p, _ = node.trainer("--refits", "1", "--seed", "2", timeout=60)
+        assert p.returncode != 0 and "did not pause" in p.stderr + p.stdout, (p.stdout, p.stderr)
+        assert time.monotonic() - started < 20
+        assert "did not answer pause within 500ms" in node.log(), node.log()
+        p, _ = node.trainer("--refits", "1", timeout=60)
+        assert p.returncode != 0 and "did not answer" in p.stderr + p.stdout, (p.stdout, p.stderr)
+    finally:
+        node.engine.send_signal(signal.SIGCONT)
+    wait_for(lambda: node.resumed_versions() == [1, 1], what="the late pause and its queued resume")
+    assert node.shm_digest() == before
+    wait_for(lambda: node.admin("/readyz")[0] == 200, what="the engine answering again")
+    _, lines = node.trainer("--refits", "1", "--seed", "3")
+    assert committed_ok(lines, 2), lines
+    paused = [l for l in node.log().splitlines() if "event=engine_paused_for_direct" in l]
+    assert "early=true" in paused[1] and "status=ok" not in paused[1], paused
+    finish(node, [1, 1, 2])
 
 
 def test_direct_trainer_killed_mid_refit_leaves_the_engine_paused_and_dirty(fault_node):

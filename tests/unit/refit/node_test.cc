@@ -1064,6 +1064,50 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   ASSERT_TRUE(session.ok()) << session.status();
 }
 
+// An RL loop's begins plan the same tensors into the same registration: the placement planned for
+// the first is taken again (not planned anew); other plans, or a registration woken at new
+// addresses, get their own, and each refit lands where the engine's parameters are now.
+TEST_F(DirectNodeTest, TheLastPlacementIsTakenAgainForTheSamePlansInTheSameRegistration) {
+  ScriptedControl* control;
+  const uint64_t engine = Register(&control);
+  auto refit = [&](const Manifest& m, uint8_t seed) {
+    absl::StatusOr<uint64_t> session = BeginDirect(m);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return std::shared_ptr<const Placement>();
+    SendBucket(*session, Payload(seed), static_cast<int>(m.tensors.size()));
+    std::shared_ptr<const Placement> placed = node_->engine()->placement_memo.placement;
+    EXPECT_EQ(CommitNow(*session).outcome, Outcome::kCommitted);
+    return placed;
+  };
+  std::shared_ptr<const Placement> first = refit(ManifestOf(kParams), 3);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->places.size(), static_cast<size_t>(kParams));
+  EXPECT_EQ(refit(ManifestOf(kParams), 4), first) << "the same plans, the same registration";
+  EXPECT_EQ(EngineBytes(), Payload(4));
+
+  // Other plans (a partial refit of the first parameter): planned anew, and placed only it.
+  std::shared_ptr<const Placement> partial = refit(ManifestOf(1, /*partial=*/true), 5);
+  ASSERT_NE(partial, nullptr);
+  EXPECT_NE(partial, first);
+  EXPECT_EQ(partial->places.size(), 1u);
+  std::vector<uint8_t> expected = Payload(4);
+  std::copy_n(Payload(5).begin(), kBytes, expected.begin());
+  EXPECT_EQ(EngineBytes(), expected);
+
+  // Asleep and woken at new addresses (another region): the same plans are placed anew, there.
+  std::shared_ptr<const Placement> before = refit(ManifestOf(kParams), 6);
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  const std::string moved = region_name_ + "-moved";
+  std::unique_ptr<storage::ShmRegion> region2 = *storage::ShmRegion::Create(moved, kBytes * kParams);
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(engine, ShmStorageIn(moved));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  std::shared_ptr<const Placement> after = refit(ManifestOf(kParams), 7);
+  ASSERT_NE(after, nullptr);
+  EXPECT_NE(after, before);
+  EXPECT_EQ(std::vector<uint8_t>(region2->data(), region2->data() + region2->size()), Payload(7));
+  EXPECT_EQ(EngineBytes(), Payload(6)) << "the old addresses untouched";
+}
+
 // A refit refused after some tensors were converted in place: the engine holds a mix, so it stays
 // paused (no resume) and dirty; a partial refit is refused; the next full refit lands and resumes.
 TEST_F(DirectNodeTest, ARefusedRefitLeavesTheEnginePausedAndDirtyUntilAFullRefitLands) {
