@@ -3,11 +3,13 @@
 // implement it in-process.
 //
 // Threading: Pause and Resume are called from the commit's worker thread and block until the
-// engine answered, the call failed or `timeout` passed. Responsive may be called from any thread.
+// engine answered, the call failed or `timeout` passed. Responsive may be called from any thread;
+// StartPause, WhenPauseAnswered and TakeAnsweredPause from the server's event loop only.
 #ifndef REFIT_REFIT_ENGINE_CONTROL_H_
 #define REFIT_REFIT_ENGINE_CONTROL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,9 +38,17 @@ class EngineControl {
   virtual std::vector<std::string> PausedStale() { return {}; }
   // Sends the pause request now without waiting for its answer, on the thread the control's calls
   // run on (the server's event loop), so that it travels while that thread does other work (the
-  // early pause of staging: direct); the next Pause waits for this request's answer instead of
-  // sending another. Default: nothing (Pause sends it).
-  virtual void StartPause() {}
+  // early pause of staging: direct); the next Pause takes this request's outcome (answered,
+  // failed, or not answered within `timeout`) instead of sending another. Default: nothing (Pause
+  // sends it).
+  virtual void StartPause(absl::Duration timeout) { (void)timeout; }
+  // On the thread StartPause ran on: `then` runs there once StartPause's request has an outcome
+  // (at once without one).
+  virtual void WhenPauseAnswered(std::function<void()> then) { then(); }
+  // On that thread, once WhenPauseAnswered's `then` ran: takes StartPause's outcome as Pause would,
+  // without blocking, when the engine paused in time with nothing stale (true; PausedStale then
+  // answers none). Otherwise false: Pause (from a worker thread) takes the outcome. Default: false.
+  virtual bool TakeAnsweredPause() { return false; }
 };
 
 }  // namespace refit

@@ -319,10 +319,20 @@ std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   // (the begin's own pause then refuses it). Then the request goes out now, from this thread,
   // to travel while the manifest is decoded and planned here.
   if (!engine_->storage->Audit().ok()) return nullptr;
-  engine_->control->StartPause();
+  engine_->control->StartPause(p->pause_timeout_);
   p->pause_sent_ = true;
   early_window_ = true;
   return p;
+}
+
+void Node::WhenEarlyPauseAnswered(DirectPause& p, std::function<void()> then) {
+  p.engine_->control->WhenPauseAnswered(std::move(then));
+}
+
+bool Node::TakeAnsweredEarlyPause(DirectPause& p) {
+  if (!p.pause_sent_ || !p.engine_->control->TakeAnsweredPause()) return false;
+  p.paused_at_ = absl::Now();
+  return true;
 }
 
 void Node::RunUndoEarlyPause(DirectPause& p) {

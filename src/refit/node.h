@@ -350,12 +350,21 @@ class Node {
   // NotePlacing), as in an RL loop's steady state: the first refit, and any other manifest, pause
   // after planning as before. nullptr otherwise, or when no session could convert in place now (a
   // session or a kept version's commit active, the engine asleep or unresponsive). The caller
-  // runs RunDirectPause on it, then either Begin's session adopts it (StartDirectPause) or, when
+  // waits for its answer (WhenEarlyPauseAnswered) and takes it on the loop (TakeAnsweredEarlyPause)
+  // or, when that refuses, runs RunDirectPause on it; then either Begin's session adopts it
+  // (StartDirectPause) or, when
   // the begin failed or placed nothing, it is undone before the begin is answered:
   // StartUndoEarlyPause (loop), RunUndoEarlyPause (worker: the engine resumed at the version it
   // holds, unless it was dirty), FinishUndoEarlyPause (loop). Begins are refused as busy while an
   // undo runs.
   std::shared_ptr<DirectPause> StartEarlyPause(uint64_t manifest_key);
+  // Loop thread: `then` runs once an early pause's request has an outcome (answered, failed or
+  // timed out: EngineControl::WhenPauseAnswered).
+  static void WhenEarlyPauseAnswered(DirectPause& pause, std::function<void()> then);
+  // Loop thread, after WhenEarlyPauseAnswered's `then`: settles the early pause as RunDirectPause
+  // would, without blocking, when the engine paused in time with nothing stale (true); false
+  // otherwise, and RunDirectPause (worker) settles it.
+  static bool TakeAnsweredEarlyPause(DirectPause& pause);
   // Begin's session converts in place (BeginResult::pause_first) for a manifest of `manifest_key`.
   void NotePlacing(uint64_t manifest_key);
   // From StartEarlyPause (a pause was returned) to EndEarlyWindow, which the caller calls right

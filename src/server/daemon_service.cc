@@ -74,15 +74,15 @@ class RpcEngineControl final : public EngineControl {
 
   absl::Status Pause(absl::Duration timeout) override {
     auto stale = std::make_shared<std::vector<std::string>>();
-    absl::Status st = Call("pause", timeout, [this, &stale]() -> kj::Promise<void> {
+    absl::Status st = Run("pause", [this, timeout, &stale]() -> kj::Promise<absl::Status> {
       KJ_IF_MAYBE(started, started_) {
-        // StartPause sent it: its answer is this pause's.
-        kj::Promise<void> answer = started->addBranch();
+        // StartPause sent it (and raced it against its own timeout): its outcome is this pause's.
+        kj::Promise<absl::Status> answer = started->addBranch();
         stale = started_stale_;
         started_ = nullptr;
         return answer;
       }
-      return SendPause(stale);
+      return CallOnLoop("pause", timeout, [this, stale] { return SendPause(stale); });
     });
     // Only an answered pause's audit counts (a late answer fills a vector nobody reads).
     paused_stale_ = st.ok() ? std::move(*stale) : std::vector<std::string>{};
@@ -92,21 +92,44 @@ class RpcEngineControl final : public EngineControl {
   std::vector<std::string> PausedStale() override { return paused_stale_; }
 
   absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
-    return Call("resume", timeout, [this, version, tag] {
-      auto req = client_.resumeRequest();
-      req.setVersion(version);
-      req.setTag(wire::Text(tag));
-      return req.send().ignoreResult();
+    return Run("resume", [this, version, tag, timeout] {
+      return CallOnLoop("resume", timeout, [this, version, tag] {
+        auto req = client_.resumeRequest();
+        req.setVersion(version);
+        req.setTag(wire::Text(tag));
+        return req.send().ignoreResult();
+      });
     });
   }
 
   bool Responsive() const override { return late_->load() == 0; }
 
-  void StartPause() override {
+  void StartPause(absl::Duration timeout) override {
     started_stale_ = std::make_shared<std::vector<std::string>>();
-    started_ = SendPause(started_stale_).fork();
+    started_outcome_.reset();
+    auto stale = started_stale_;
+    started_ = CallOnLoop("pause", timeout, [this, stale] { return SendPause(stale); })
+                   .then([this](absl::Status st) {
+                     started_outcome_ = st;
+                     return st;
+                   })
+                   .fork();
   }
 
+  void WhenPauseAnswered(std::function<void()> then) override {
+    KJ_IF_MAYBE(started, started_) {
+      late_calls_->add(started->addBranch().then([then = std::move(then)](absl::Status) { then(); }));
+      return;
+    }
+    then();
+  }
+
+  bool TakeAnsweredPause() override {
+    if (started_ == nullptr || !started_outcome_ || !started_outcome_->ok() || !started_stale_->empty()) return false;
+    started_ = nullptr;
+    paused_stale_.clear();
+    return true;
+  }
 
  private:
   struct Handler : kj::TaskSet::ErrorHandler {
@@ -120,50 +143,66 @@ class RpcEngineControl final : public EngineControl {
     });
   }
 
-  template <typename Send>
-  absl::Status Call(const char* what, absl::Duration timeout, Send send) {
-    bool answered = false;
-    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
-      loop_.executeSync([&]() -> kj::Promise<void> {
-        kj::ForkedPromise<void> call = send().fork();
-        auto late = late_;
-        auto keep_late = [this, late](kj::ForkedPromise<void>& call) {
-          ++*late;
-          late_calls_->add(call.addBranch().then([late] { --*late; }, [late](kj::Exception&&) { --*late; }));
-        };
-        if (timeout <= absl::ZeroDuration()) {
-          keep_late(call);
-          return kj::READY_NOW;
-        }
-        auto deadline = timer_.afterDelay(absl::ToInt64Milliseconds(timeout) * kj::MILLISECONDS).then([] {
-          return false;
-        });
-        return call.addBranch()
-            .then([] { return true; })
-            .exclusiveJoin(kj::mv(deadline))
-            .then([&answered, keep_late, call = kj::mv(call)](bool in_time) mutable {
-              answered = in_time;
-              if (!in_time) keep_late(call);
-            });
-      });
-    })) {
-      if (e->getType() == kj::Exception::Type::DISCONNECTED) {
-        return absl::UnavailableError(absl::StrCat("the engine disconnected during ", what));
-      }
-      return absl::UnavailableError(absl::StrCat("the engine's ", what, " failed: ", e->getDescription().cStr()));
+  static absl::Status CallError(const char* what, const kj::Exception& e) {
+    if (e.getType() == kj::Exception::Type::DISCONNECTED) {
+      return absl::UnavailableError(absl::StrCat("the engine disconnected during ", what));
     }
-    if (!answered) {
+    return absl::UnavailableError(absl::StrCat("the engine's ", what, " failed: ", e.getDescription().cStr()));
+  }
+
+  // Loop thread: `send`'s call raced against `timeout`, as a status. A call that timed out is kept:
+  // the engine counts as unresponsive until it answers it.
+  template <typename Send>
+  kj::Promise<absl::Status> CallOnLoop(const char* what, absl::Duration timeout, Send send) {
+    kj::ForkedPromise<void> call = nullptr;
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { call = send().fork(); })) {
+      return CallError(what, *e);
+    }
+    auto late = late_;
+    auto keep_late = [this, late](kj::ForkedPromise<void>& call) {
+      ++*late;
+      late_calls_->add(call.addBranch().then([late] { --*late; }, [late](kj::Exception&&) { --*late; }));
+    };
+    auto late_error = [what, timeout] {
       return absl::DeadlineExceededError(
           absl::StrCat("the engine did not answer ", what, " within ", absl::FormatDuration(timeout)));
+    };
+    if (timeout <= absl::ZeroDuration()) {
+      keep_late(call);
+      return late_error();
     }
-    return absl::OkStatus();
+    auto deadline = timer_.afterDelay(absl::ToInt64Milliseconds(timeout) * kj::MILLISECONDS).then([] {
+      return false;
+    });
+    return call.addBranch()
+        .then([] { return true; })
+        .exclusiveJoin(kj::mv(deadline))
+        .then(
+            [keep_late, late_error, call = kj::mv(call)](bool in_time) mutable -> absl::Status {
+              if (in_time) return absl::OkStatus();
+              keep_late(call);
+              return late_error();
+            },
+            [what](kj::Exception&& e) { return CallError(what, e); });
+  }
+
+  // From the commit's worker thread: `call` (returning CallOnLoop's promise) run on the loop.
+  template <typename Call>
+  absl::Status Run(const char* what, Call call) {
+    absl::Status status;
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { status = loop_.executeSync(call); })) {
+      return CallError(what, *e);
+    }
+    return status;
   }
 
   proto::EngineControl::Client client_;
-  std::vector<std::string> paused_stale_;  // the commit's worker thread only
-  // StartPause's request, until a Pause takes its answer (loop thread only).
-  kj::Maybe<kj::ForkedPromise<void>> started_;
+  std::vector<std::string> paused_stale_;  // the thread that took the pause's answer (Pause, TakeAnsweredPause)
+  // StartPause's request (raced against its timeout), until a Pause takes its outcome, and that
+  // outcome once settled (loop thread only).
+  kj::Maybe<kj::ForkedPromise<absl::Status>> started_;
   std::shared_ptr<std::vector<std::string>> started_stale_;
+  std::optional<absl::Status> started_outcome_;
   kj::Timer& timer_;
   const kj::Executor& loop_;
   std::shared_ptr<std::atomic<int>> late_;
@@ -512,6 +551,21 @@ class DaemonImpl final : public proto::Daemon::Server {
         });
   }
 
+  // An early pause's outcome: taken on this thread once the engine answered, when it paused in
+  // time with nothing stale (no worker thread, no hop back); otherwise by RunDirectPause on a
+  // worker thread, which takes the same answer.
+  static kj::Promise<void> SettleEarlyPause(DaemonState* state, std::shared_ptr<DirectPause> early) {
+    auto answered = kj::newPromiseAndFulfiller<void>();
+    auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<void>>>(kj::mv(answered.fulfiller));
+    Node::WhenEarlyPauseAnswered(*early, [fulfiller] { (*fulfiller)->fulfill(); });
+    auto settle = [state, early]() -> kj::Promise<void> {
+      if (Node::TakeAnsweredEarlyPause(*early)) return kj::READY_NOW;
+      return RunBlocking(state->io, [early] { Node::RunDirectPause(*early); });
+    };
+    auto on_error = [settle](kj::Exception&&) { return settle(); };
+    return answered.promise.then(kj::mv(settle), kj::mv(on_error));
+  }
+
   // The begin's decode and planning (Node::Begin), then the rest (Begun); `early`: its early
   // pause (RunDirectPause not started yet), or nullptr.
   static kj::Promise<void> Plan(DaemonState* state, BeginContext context, absl::Time requested, uint64_t key,
@@ -519,7 +573,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (early != nullptr) state->node.EndEarlyWindow();
     const auto reader = context.getParams().getManifest();
     kj::Maybe<kj::ForkedPromise<void>> early_paused;
-    if (early != nullptr) early_paused = RunBlocking(state->io, [early] { Node::RunDirectPause(*early); }).fork();
+    if (early != nullptr) early_paused = SettleEarlyPause(state, early).fork();
     absl::StatusOr<Manifest> manifest = wire::FromWire(reader);
     absl::StatusOr<BeginResult> begun = manifest.ok() ? state->node.Begin(*manifest, requested)
                                                       : absl::StatusOr<BeginResult>(manifest.status());
