@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "refit/param_build.h"
@@ -40,6 +41,7 @@ absl::StatusOr<std::shared_ptr<const TensorPlan>> Ledger::Arrive(const TensorDes
     Slot& s = slots_[t.engine_index][static_cast<size_t>(t.slot)];
     ++s.count;
     s.out = &t.spec;
+    s.plan = *plan;
   }
   return plan;
 }
@@ -62,11 +64,18 @@ void Ledger::Fail(const std::string& name, const absl::Status& error) {
 absl::Status Ledger::Check(bool partial) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> problems = errors_;
-  const std::vector<const std::string*> names = SortedNames();
-  for (const std::string* name : names) {
-    const int count = arrivals_.find(*name)->second.count;
-    if (count > 1) problems.push_back(absl::StrCat("duplicate: tensor '", *name, "' arrived ", count, " times"));
+  std::vector<const std::string*> duplicates;
+  for (const auto& [name, arrival] : arrivals_) {
+    if (arrival.count > 1) duplicates.push_back(&name);
   }
+  std::sort(duplicates.begin(), duplicates.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  for (const std::string* name : duplicates) {
+    problems.push_back(absl::StrCat("duplicate: tensor '", *name, "' arrived ", arrivals_.find(*name)->second.count,
+                                    " times"));
+  }
+  // Arrived names in name order, for the checks below that list them (partial refits, groups).
+  std::vector<const std::string*> names;
+  if (partial || !planner_.spec().groups.empty()) names = SortedNames();
   const auto& params = planner_.params();
   std::vector<bool> produced(params.size(), false), complete(params.size(), false);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -104,8 +113,30 @@ absl::Status Ledger::Check(bool partial) const {
     absl::StatusOr<Shape> a = AssembledShape(*src.rule, shapes);
     return a.ok() && a->size() >= 2 ? (*a)[a->size() - 2] : -1;
   };
+  // The plans a parameter's check depends on: its slots', then its data parameter's (when complete).
+  absl::InlinedVector<const TensorPlan*, 8> key;
+  auto key_of = [&](size_t i) {
+    key.clear();
+    for (const Slot& s : slots_[i]) key.push_back(s.plan.get());
+    const int64_t d = planner_.source(i).data_index;
+    if (d >= 0 && complete[static_cast<size_t>(d)]) {
+      for (const Slot& s : slots_[static_cast<size_t>(d)]) key.push_back(s.plan.get());
+    }
+  };
+  auto note_checked = [&](size_t i) {
+    std::vector<std::shared_ptr<const TensorPlan>> plans;
+    plans.reserve(key.size());
+    for (const Slot& s : slots_[i]) plans.push_back(s.plan);
+    const int64_t d = planner_.source(i).data_index;
+    if (d >= 0 && complete[static_cast<size_t>(d)]) {
+      for (const Slot& s : slots_[static_cast<size_t>(d)]) plans.push_back(s.plan);
+    }
+    planner_.NoteShapeChecked(i, std::move(plans));
+  };
   for (size_t i = 0; i < params.size(); ++i) {
     if (!complete[i]) continue;
+    key_of(i);
+    if (planner_.ShapeChecked(i, key)) continue;  // the same plans checked out before
     const ParamSource& src = planner_.source(i);
     std::vector<Shape> shapes;
     for (const Slot& s : slots_[i]) shapes.push_back(s.out->shape);
@@ -122,6 +153,8 @@ absl::Status Ledger::Check(bool partial) const {
       problems.push_back(absl::StrCat("mismatch: engine parameter '", params[i].name, "' would be ",
                                       DTypeName(laid->first), ShapeString(laid->second), ", registered as ",
                                       DTypeName(params[i].dtype), ShapeString(params[i].shape)));
+    } else {
+      note_checked(i);
     }
   }
   if (!partial) {

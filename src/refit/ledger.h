@@ -41,7 +41,8 @@ class Ledger {
  private:
   struct Slot {
     int count = 0;
-    const formats::OutputSpec* out = nullptr;  // dtype and shape as staged, in a plan held below
+    const formats::OutputSpec* out = nullptr;  // dtype and shape as staged, in `plan`
+    std::shared_ptr<const TensorPlan> plan;
   };
   struct Arrival {
     int count = 0;

@@ -183,6 +183,23 @@ absl::StatusOr<std::shared_ptr<const TensorPlan>> Planner::SharedPlan(const std:
   return plan;
 }
 
+bool Planner::ShapeChecked(size_t index, absl::Span<const TensorPlan* const> plans) const {
+  absl::MutexLock lock(&memo_->mu);
+  if (index >= memo_->shape_checked.size()) return false;
+  const std::vector<std::shared_ptr<const TensorPlan>>& noted = memo_->shape_checked[index];
+  if (noted.size() != plans.size()) return false;
+  for (size_t k = 0; k < plans.size(); ++k) {
+    if (noted[k].get() != plans[k]) return false;
+  }
+  return true;
+}
+
+void Planner::NoteShapeChecked(size_t index, std::vector<std::shared_ptr<const TensorPlan>> plans) const {
+  absl::MutexLock lock(&memo_->mu);
+  if (memo_->shape_checked.size() < params_.size()) memo_->shape_checked.resize(params_.size());
+  if (index < memo_->shape_checked.size()) memo_->shape_checked[index] = std::move(plans);
+}
+
 absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtype, const Shape& shape) const {
   TensorPlan plan;
   bool first = true;

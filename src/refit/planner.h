@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "formats/format.h"
 #include "refit/resolve.h"
 #include "refit/types.h"
@@ -98,6 +99,12 @@ class Planner {
   absl::StatusOr<std::shared_ptr<const TensorPlan>> SharedPlan(const std::string& name, DType dtype,
                                                                const Shape& shape) const;
 
+  // Ledger::Check's memo: engine parameter `index` assembled to its registered dtype and shape
+  // from slots staged by `plans` (its slots' plans in slot order, then its data parameter's).
+  // The plans noted stay alive here, so a pointer equal to a noted one is that same plan.
+  bool ShapeChecked(size_t index, absl::Span<const TensorPlan* const> plans) const;
+  void NoteShapeChecked(size_t index, std::vector<std::shared_ptr<const TensorPlan>> plans) const;
+
   const spec::ModelSpec& spec() const { return *spec_; }
   const std::vector<storage::ParamInfo>& params() const { return params_; }
   const ParamSource& source(size_t index) const { return sources_[index]; }
@@ -136,6 +143,7 @@ class Planner {
     };
     absl::Mutex mu;
     absl::flat_hash_map<std::string, Entry> plans ABSL_GUARDED_BY(mu);
+    std::vector<std::vector<std::shared_ptr<const TensorPlan>>> shape_checked ABSL_GUARDED_BY(mu);  // by index
   };
   size_t memo_limit_ = 0;  // every slot of every built parameter: the most names that plan cleanly
   std::unique_ptr<Memo> memo_ = std::make_unique<Memo>();

@@ -162,6 +162,39 @@ TEST_F(PlannerLedgerTest, FullRefitNeedsEverySlotExactlyOnce) {
   EXPECT_THAT(dup.Check(true).message(), HasSubstr("duplicate: tensor 'l.0.norm.weight' arrived 2 times"));
 }
 
+// The assembled-shape check is remembered by the plans that staged each parameter's slots: the
+// same plans again check out without assembling, another plan of a name (another shape) is checked
+// anew, and a mismatch is never hidden by an earlier refit that checked out.
+TEST_F(PlannerLedgerTest, TheShapeCheckIsRememberedByPlanNeverByName) {
+  auto full = [&](const std::string& odd, const Shape& odd_shape) {
+    auto ledger = std::make_unique<Ledger>(*planner_);
+    for (const auto& p : Inputs()) {
+      if (p.name.find("input_scale") != std::string::npos) continue;
+      TensorDesc d = Desc(p.name);
+      if (p.name == odd) {
+        d.shape = odd_shape;
+        d.nbytes = *DenseBytes(d.dtype, d.shape);
+      }
+      EXPECT_TRUE(ledger->Arrive(d).ok()) << p.name;
+    }
+    return ledger;
+  };
+  EXPECT_TRUE(full("", {})->Check(false).ok());
+  const int64_t w13 = planner_->IndexOf("l.0.experts.w13");
+  ASSERT_GE(w13, 0);
+  std::vector<const TensorPlan*> plans;
+  for (const char* n : {"l.0.experts.0.w1.weight", "l.0.experts.0.w3.weight", "l.0.experts.1.w1.weight",
+                        "l.0.experts.1.w3.weight"}) {
+    plans.push_back(planner_->SharedPlan(n, DType::kBF16, {32, 64})->get());
+  }
+  EXPECT_TRUE(planner_->ShapeChecked(static_cast<size_t>(w13), plans));
+  EXPECT_TRUE(full("", {})->Check(false).ok());
+  // An expert of other rows plans cleanly on its own; assembled, the stack is not the engine's.
+  absl::Status odd = full("l.0.experts.1.w3.weight", {64, 64})->Check(false);
+  EXPECT_THAT(odd.message(), HasSubstr("'l.0.experts.w13'"));
+  EXPECT_TRUE(full("", {})->Check(false).ok());
+}
+
 TEST_F(PlannerLedgerTest, PartialRefitTakesWholePartialParamsOnly) {
   Ledger partial(*planner_);
   for (const char* n : {"l.0.experts.0.w1.weight", "l.0.experts.0.w3.weight", "l.0.experts.1.w1.weight",
