@@ -278,20 +278,18 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
 }
 
 std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records) {
-  std::vector<std::string> stale;
   const CudaVmmDriver& d = VmmDriver();
-  if (d.address_range == nullptr || records.empty()) return stale;
+  if (d.address_range == nullptr || records.empty()) return {};
   int previous = 0;
   const bool restore = cudaGetDevice(&previous) == cudaSuccess;
   int current = -1;
-  for (const InPlaceRecord& r : records) {
+  std::vector<std::string> stale = AuditByMapping(records, [&](const InPlaceRecord& r) {
     if (r.device != current) {
       // The driver queries need the device's (primary) context current on this thread, which the
       // agent's thread otherwise lacks.
       if (cudaSetDevice(r.device) != cudaSuccess) {
         (void)cudaGetLastError();
-        stale.push_back(r.name);
-        continue;
+        return true;
       }
       cudaFree(nullptr);  // makes the primary context current on older runtimes too
       current = r.device;
@@ -300,16 +298,13 @@ std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records)
     size_t size = 0;
     if (d.address_range(&base, &size, static_cast<CUdeviceptr>(r.ptr)) != CUDA_SUCCESS ||
         static_cast<uint64_t>(base) != r.base || static_cast<uint64_t>(size) != r.size) {
-      stale.push_back(r.name);
-      continue;
+      return true;
     }
     // Virtual memory: the same range may now be mapped from another allocation (released and
     // created again, as an engine's sleep does) that refitd's import does not see. The driver
     // returns the handle that was used to map the address.
-    if (r.vmm_handle != 0 && MappedHandle(d, reinterpret_cast<const void*>(r.ptr)) != r.vmm_handle) {
-      stale.push_back(r.name);
-    }
-  }
+    return r.vmm_handle != 0 && MappedHandle(d, reinterpret_cast<const void*>(r.ptr)) != r.vmm_handle;
+  });
   if (restore) cudaSetDevice(previous);
   (void)cudaGetLastError();
   return stale;

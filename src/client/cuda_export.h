@@ -22,7 +22,9 @@
 #define REFIT_CLIENT_CUDA_EXPORT_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,6 +66,23 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
 // (freed, or the range now belongs to another allocation of another base or size, or, for virtual
 // memory, is mapped from another allocation handle).
 std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records);
+
+// AuditInPlace's walk: the names of `records` whose mapping is stale, in record order, asking
+// `stale_at(record)` (the driver's queries at its pointer) once per mapping: the records of one
+// mapping as exported (device, base, size, virtual-memory handle) all lie in it still, or it is
+// gone or changed under every one of them. (A Llama-8B engine's ~300 parameters in one allocation:
+// one set of queries instead of ~300, inside the engine's pause.)
+template <typename StaleAt>
+std::vector<std::string> AuditByMapping(const std::vector<InPlaceRecord>& records, StaleAt stale_at) {
+  std::vector<std::string> stale;
+  std::map<std::tuple<int, uint64_t, uint64_t, uint64_t>, bool> verdicts;
+  for (const InPlaceRecord& r : records) {
+    auto [it, first] = verdicts.try_emplace(std::make_tuple(r.device, r.base, r.size, r.vmm_handle), false);
+    if (first) it->second = stale_at(r);
+    if (it->second) stale.push_back(r.name);
+  }
+  return stale;
+}
 
 }  // namespace refit::client
 
