@@ -26,6 +26,7 @@ Ledger::Ledger(const Planner& planner) : planner_(planner) {
 
 absl::StatusOr<std::shared_ptr<const TensorPlan>> Ledger::Arrive(const TensorDesc& desc) {
   absl::MutexLock lock(&mu_);
+  ++changes_;
   Arrival& arrival = arrivals_[desc.name];
   ++arrival.count;
   if (arrival.count > 1) {
@@ -56,6 +57,7 @@ std::vector<const std::string*> Ledger::SortedNames() const {
 
 void Ledger::Fail(const std::string& name, const absl::Status& error) {
   absl::MutexLock lock(&mu_);
+  ++changes_;
   std::string msg(error.message());
   if (msg.find(name) == std::string::npos) msg = absl::StrCat("tensor '", name, "': ", msg);
   errors_.push_back(std::move(msg));
@@ -230,6 +232,11 @@ absl::Status Ledger::Check(bool partial) const {
                                  absl::StrJoin(problems, "; "));
   if (total > kMaxListed) absl::StrAppend(&msg, "; ... and ", total - kMaxListed, " more");
   return absl::FailedPreconditionError(msg);
+}
+
+uint64_t Ledger::changes() const {
+  absl::MutexLock lock(&mu_);
+  return changes_;
 }
 
 size_t Ledger::tensors() const {

@@ -35,6 +35,8 @@ class Ledger {
   absl::Status Check(bool partial) const;
 
   size_t tensors() const;
+  // Counts Arrive and Fail calls: equal counts, the same verdict from Check.
+  uint64_t changes() const;
   // Engine indices with at least one slot filled (every slot exactly once when Check passed).
   std::vector<size_t> Produced() const;
 
@@ -56,6 +58,7 @@ class Ledger {
   absl::flat_hash_map<std::string, Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<Slot>> slots_ ABSL_GUARDED_BY(mu_);  // per engine parameter
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace refit

@@ -250,6 +250,10 @@ void Session::ConvertLoop() {
       absl::Time start = absl::Now();
       Convert(*issued);
       issued->took = absl::Now() - start;
+      {
+        absl::MutexLock lock(&mu_);
+        ++issued_;
+      }
       if (!failure().ok()) {
         // Convert synchronized the converter: nothing reads either bucket any more. What the
         // failed bucket staged is still reported.
@@ -925,6 +929,13 @@ absl::Status Session::Validate() const {
 bool Session::sealed() const {
   absl::MutexLock lock(&mu_);
   return sealed_;
+}
+
+absl::Status Session::WaitIssued() const {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || issued_ == next_seq_; };
+  mu_.Await(absl::Condition(&done));
+  return failure_;
 }
 
 absl::Status Session::Finish() {

@@ -76,6 +76,10 @@ class Session {
   // header fails the whole session (InvalidArgument naming the field). `header.seq` must be
   // the next number, or kAssignSeq; `assigned` (optional) receives the bucket's number.
   absl::Status Announce(BucketHeader header, uint32_t* assigned = nullptr);
+  // Blocks until every announced bucket is received and its conversions issued (a GPU converter:
+  // the last may still run), or the session failed. Every tensor has arrived then: the ledger
+  // changes after it only by a conversion's failure (Ledger::changes).
+  absl::Status WaitIssued() const;
   // Blocks until every announced bucket is received and converted, or the session failed.
   absl::Status Finish();
   // Finish succeeded: every announced bucket is in, and no trainer can be sending one.
@@ -203,6 +207,7 @@ class Session {
   std::deque<Received> received_ ABSL_GUARDED_BY(mu_);
   uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t announced_tensors_ ABSL_GUARDED_BY(mu_) = 0;  // across buckets, against max_tensors
+  uint32_t issued_ ABSL_GUARDED_BY(mu_) = 0;  // buckets whose conversions were issued
   uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

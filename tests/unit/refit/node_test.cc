@@ -81,6 +81,28 @@ class ScriptedControl final : public EngineControl {
   int audits = 0;
 };
 
+// A converter whose failures surface only when its bucket completes, as a GPU's do (a NaN input
+// found by the kernel): each bucket completes `delay` after it was issued and reports `failing`.
+class LateFailingConverter final : public Converter {
+ public:
+  LateFailingConverter(std::string failing, absl::Duration delay) : failing_(std::move(failing)), delay_(delay) {}
+  storage::MemoryKind staging_kind() const override { return storage::MemoryKind::kHost; }
+  absl::Status Convert(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                       std::span<const formats::MutableBytes> outs, const formats::QuantizeOptions& options) override {
+    return cpu_.Convert(plan, desc, src, src_kind, outs, options);
+  }
+  std::vector<std::pair<std::string, absl::Status>> Sync() override { return {}; }
+  std::vector<std::pair<std::string, absl::Status>> WaitBucket(uint64_t) override {
+    absl::SleepFor(delay_);
+    return {{failing_, absl::InvalidArgumentError(absl::StrCat("tensor '", failing_, "': NaN in the input"))}};
+  }
+
+ private:
+  CpuConverter cpu_;
+  std::string failing_;
+  absl::Duration delay_;
+};
+
 std::vector<uint8_t> Payload(uint8_t seed) {
   std::vector<uint8_t> p(kBytes * kParams);
   for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed + i * 7);
@@ -127,7 +149,7 @@ class NodeTest : public ::testing::Test {
       ++pools_made_;
       return std::make_unique<StagingPool>(storage::NewHostMemory());
     };
-    setup.converter = std::make_unique<CpuConverter>();
+    setup.converter = make_converter_ ? make_converter_() : std::make_unique<CpuConverter>();
     auto control = std::make_unique<ScriptedControl>();
     if (control_out != nullptr) *control_out = control.get();
     setup.control = std::move(control);
@@ -199,6 +221,7 @@ class NodeTest : public ::testing::Test {
   std::atomic<int> converted_{0};  // buckets converted (NodeHooks::on_converted)
   int pools_made_ = 0;           // EngineSetup::new_pool calls
   uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
+  std::function<std::unique_ptr<Converter>()> make_converter_;  // Register's; a CpuConverter when unset
 
   // Stage-only refit of `payload` under `tag`.
   const RefitReport& Stage(const std::vector<uint8_t>& payload, const std::string& tag) {
@@ -260,6 +283,20 @@ TEST_F(NodeTest, IncompleteRefitIsRefusedBeforeThePause) {
   EXPECT_TRUE(control->calls.empty());
   EXPECT_EQ(EngineBytes(), before);
   EXPECT_EQ(node_->version(), 0u);
+}
+
+// The commit validates once every tensor has arrived, while the last bucket may still convert (a
+// GPU's); a conversion that fails after that still refuses the refit, naming the tensor, before
+// the engine is paused.
+TEST_F(NodeTest, AConversionThatFailsAfterTheCommitValidatedIsStillRefused) {
+  make_converter_ = [] { return std::make_unique<LateFailingConverter>("w.1", absl::Milliseconds(200)); };
+  ScriptedControl* control = nullptr;
+  Register(&control);
+  const RefitReport& r = CommitNow(Send(Payload(3), kParams));
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("tensor 'w.1': NaN in the input"));
+  EXPECT_TRUE(control->calls.empty()) << "never paused";
+  EXPECT_EQ(EngineBytes(), std::vector<uint8_t>(kBytes * kParams, 0xAB));
 }
 
 TEST_F(NodeTest, PauseErrorLeavesTheEngineUntouched) {
