@@ -3,6 +3,7 @@
 #include "client/cuda_export.h"
 #include "common/control_connect.h"
 #include "common/fd_passing.h"
+#include "common/trace.h"
 
 #include <future>
 #include <map>
@@ -149,6 +150,7 @@ class ControlImpl final : public proto::EngineControl::Server {
  protected:
 
   kj::Promise<void> pause(PauseContext context) override {
+  TracePoint("engine.pause_received");
     if (!paused_.load()) {
       if (cb_.pause) cb_.pause();
       paused_ = true;
@@ -160,11 +162,13 @@ class ControlImpl final : public proto::EngineControl::Server {
     if (cb_.audit) {
       for (std::string& name : cb_.audit()) stale.push_back(std::move(name));
     }
+    TracePoint("engine.paused");
     auto list = context.getResults().initStale(static_cast<unsigned>(stale.size()));
     for (size_t i = 0; i < stale.size(); ++i) list.set(static_cast<unsigned>(i), stale[i]);
     return kj::READY_NOW;
   }
   kj::Promise<void> resume(ResumeContext context) override {
+  TracePoint("engine.resume_received");
     uint64_t v = context.getParams().getVersion();
     std::string tag = wire::Str(context.getParams().getTag());
     {

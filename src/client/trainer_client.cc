@@ -15,6 +15,7 @@
 #include "capnp/rpc-twoparty.h"
 #include "client/amax_meter.h"
 #include "common/checksum.h"
+#include "common/trace.h"
 #include "kj/async-io.h"
 #include "proto/refit.capnp.h"
 #include "proto/wire.h"
@@ -362,6 +363,7 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
   std::vector<uint64_t> bucket_bytes(clients.size());
   absl::Status failed;
   if (manifest != nullptr) {
+    TracePoint("trainer.begin_sent");
     std::vector<std::unique_ptr<capnp::RemotePromise<proto::Daemon::BeginResults>>> calls;
     for (TrainerClient::Impl* c : clients) {
       KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
@@ -376,6 +378,7 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
       absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
         if (calls[i] != nullptr) {
           auto resp = calls[i]->wait(wait);
+          TracePoint("trainer.begin_answered");
           if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
           s->members[i].session = resp.getSession();
           s->members[i].id = resp.getSessionId();
@@ -923,6 +926,7 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
     tags[i] = (members[i].id << 32) | *seq;
   }
   if (!announced.ok()) return announced;
+  TracePoint("trainer.bucket_announced", first_seq);
   std::vector<uint8_t> tampered;
   if (tamper && data->memory->kind() == storage::MemoryKind::kHost) {
     tampered.assign(payload, payload + h.nbytes);
@@ -984,6 +988,7 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
     }
   }
   impl_->wait().poll();  // writes the requests
+  TracePoint("trainer.commit_sent");
   if (absl::Status sent = impl_->WaitInFlight(); !sent.ok()) {
     // A send failed: the data plane is dropped, which fails refitd's session (and the commit
     // waiting for its buckets); this reports the send.
@@ -997,6 +1002,7 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
     absl::StatusOr<RefitReport> r = Call([&]() -> absl::StatusOr<RefitReport> {
       if (calls[i] != nullptr) {
         auto resp = calls[i]->wait(impl_->wait());
+        TracePoint("trainer.commit_answered");
         if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
         return wire::FromWire(resp.getReport());
       }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/trace.h"
 #include "refit/commit_verify.h"
 #include "refit/committer.h"
 #include "refit/manifest_check.h"
@@ -765,9 +766,11 @@ void Node::RunCommit(Commit& c) {
       validated_changes = s.ledger().changes();
       valid = s.Validate();
       c.times_.validate_ms = Ms(absl::Now() - v0);
+      TracePoint("daemon.validated");
     }
     // Every announced bucket received and converted.
     absl::Status finished = s.Finish();
+    TracePoint("daemon.drained");
     c.times_.finish_ms = Ms(absl::Now() - t0) - c.times_.validate_ms;
     if (!finished.ok()) {
       return end(finished.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
@@ -777,6 +780,7 @@ void Node::RunCommit(Commit& c) {
     if (!valid || s.ledger().changes() != validated_changes) {
       valid = s.Validate();
       c.times_.validate_ms += Ms(absl::Now() - t0);
+      TracePoint("daemon.validated_again");
     }
     if (valid->ok() && c.dirty_at_start_ && s.partial()) {
       valid = absl::FailedPreconditionError(
@@ -827,6 +831,7 @@ void Node::RunCommit(Commit& c) {
     if (!st.ok()) prepared = st;
   }
   c.times_.prepare_ms = Ms(absl::Now() - t0);
+  TracePoint("daemon.prepared");
   if (prepared.ok()) {
     absl::Status hit = REFIT_FAILPOINT(c.failpoints_, failpoints::kBeforeCommit);
     if (!hit.ok()) prepared = hit;
@@ -905,6 +910,7 @@ void Node::RunCommit(Commit& c) {
                             "version ", c.from_version_, ")"));
   }
   phase("copying");
+  TracePoint("daemon.copying");
   t0 = absl::Now();
   absl::Status hit = REFIT_FAILPOINT(c.failpoints_, failpoints::kMidCommit);
   absl::StatusOr<CommitStats> copied =
@@ -952,7 +958,9 @@ void Node::RunCommit(Commit& c) {
   const uint64_t to_version = c.from_version_ + 1;
   c.engine_version_set_ = true;  // the engine's memory holds to_version from here on
   phase("resuming");
+  TracePoint("daemon.resume_sent");
   absl::Status resumed = engine.control->Resume(to_version, c.to_tag_, c.resume_timeout_);
+  TracePoint("daemon.resumed");
   c.times_.pause_ms = Ms(absl::Now() - pause_start);
   if (!resumed.ok()) {
     if (resumed.code() == absl::StatusCode::kDeadlineExceeded) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "formats/format.h"
 #include "refit/convert.h"
 #include "refit/megatron_source.h"
@@ -166,6 +167,7 @@ void Session::ReceiveLoop() {
     // instead of receiving into the slot; the slot still bounds the buckets in flight.
     absl::StatusOr<transport::Receiver::Message> got =
         receiver_.ReceiveOrLend(Tag(options_.id, header.seq), ring_.data(slot), header.nbytes, options_.deadline);
+    TracePoint("daemon.bucket_received", header.seq);
     absl::Duration took = absl::Now() - start;
     absl::Status status = got.status();
     Received item{std::move(header), slot, got.ok() ? got->data : ring_.data(slot), got.ok() ? got->loan : 0};
@@ -249,6 +251,7 @@ void Session::ConvertLoop() {
       issued->item = std::move(*next);
       absl::Time start = absl::Now();
       Convert(*issued);
+      TracePoint("daemon.bucket_issued", issued->item.header.seq);
       issued->took = absl::Now() - start;
       {
         absl::MutexLock lock(&mu_);
@@ -278,6 +281,7 @@ void Session::ConvertLoop() {
 bool Session::Complete(Converting& c) {
   absl::Time start = absl::Now();
   for (const auto& [name, error] : converter_.WaitBucket(c.ticket)) ledger_.Fail(name, error);
+  TracePoint("daemon.bucket_converted", c.item.header.seq);
   c.took += absl::Now() - start;
   Release(c);
   if (options_.on_converted) options_.on_converted(c.report, staging_->bytes());

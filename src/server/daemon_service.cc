@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/trace.h"
 #include "common/version.h"
 #include "kj/debug.h"
 #include "proto/wire.h"
@@ -138,6 +139,7 @@ class RpcEngineControl final : public EngineControl {
 
   // Loop thread only.
   kj::Promise<void> SendPause(std::shared_ptr<std::vector<std::string>> stale) {
+    TracePoint("daemon.pause_sent");
     return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
       for (auto name : r.getStale()) stale->push_back(wire::Str(name));
     });
@@ -275,6 +277,7 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
                   .fork();
   state->tasks.add(done.addBranch());
   return done.addBranch().then([state, context]() mutable {
+  TracePoint("daemon.commit_answered");
     const RefitReport& report = state->node.last_report();
     wire::ToWire(report, context.getResults().initReport());
     absl::Status status = ReportStatus(report);
@@ -354,6 +357,7 @@ class SessionImpl final : public proto::Session::Server {
 
   // Also waits while an early pause is undone (staging: direct, Node::StartEarlyPause).
   kj::Promise<void> commit(CommitContext context) override {
+  TracePoint("daemon.commit_received");
     if (member_) {
       return Answer(context, absl::FailedPreconditionError(
                                  "only the rank that began the session commits it; joined ranks detach"));
@@ -504,6 +508,7 @@ class DaemonImpl final : public proto::Daemon::Server {
 
  protected:
   kj::Promise<void> begin(BeginContext context) override {
+  TracePoint("daemon.begin_received");
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
     // staging: direct: for a manifest like the last one placed, the engine starts pausing now,
@@ -593,6 +598,7 @@ class DaemonImpl final : public proto::Daemon::Server {
       }
     }
     if (!begun.ok()) return Answer(context, begun.status());
+    TracePoint("daemon.planned");
     if (begun->pause_first) state->node.NotePlacing(key);
     kj::Promise<void> paused = nullptr;
     KJ_IF_MAYBE(p, early_paused) { paused = p->addBranch(); }
@@ -643,6 +649,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     const bool early_pause = adopted != nullptr;
     kj::Promise<void> run = early_pause ? kj::mv(paused) : RunBlocking(state->io, [p] { Node::RunDirectPause(*p); });
     auto done = run.then([state, p, status, id, early_pause] {
+                      TracePoint("daemon.engine_paused");
                       *status = state->node.FinishDirectPause(*p);
                       LogEvent(status->ok() ? LogLevel::kInfo : LogLevel::kWarn, "engine_paused_for_direct")
                           .Add("session", id)

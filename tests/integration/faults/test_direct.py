@@ -4,10 +4,13 @@ scenario states its expected outcome: a clean refit serves only whole versions; 
 ends after writing in place leaves the engine paused and dirty (not ready, partial refits
 refused) until a full refit lands; one that ends before writing anything resumes the engine
 untouched; refitd dying mid-session leaves the engine dirty for the next refitd."""
+import json
 import signal
+import subprocess
+import sys
 import time
 
-from conftest import committed_ok, finish, silent_trainer_aborted_at_deadline, wait_for
+from conftest import SRC, committed_ok, finish, silent_trainer_aborted_at_deadline, wait_for
 
 DIRECT = "staging: direct\nlimits:\n  bucket_bytes: 1048576\n"
 
@@ -68,6 +71,35 @@ def test_direct_early_pause_that_times_out_leaves_the_engine_untouched(fault_nod
     paused = [l for l in node.log().splitlines() if "event=engine_paused_for_direct" in l]
     assert "early=true" in paused[1] and "status=ok" not in paused[1], paused
     finish(node, [1, 1, 2])
+
+
+def test_direct_refits_traced_by_every_process_into_one_timeline(fault_node, tmp_path):
+    # Expected: with REFIT_TRACE_FILE set for the trainer, refitd and the engine, the file holds
+    # each refit's steps from all three processes, and tools/trace_timeline.py orders them as a
+    # refit runs: begin, plan, the engine's pause, buckets, validation, resume, the answer.
+    trace = tmp_path / "refit.trace"
+    node = fault_node(config=DIRECT, env={"REFIT_TRACE_FILE": str(trace)})
+    _, lines = node.trainer("--refits", "4")
+    assert [l["outcome"] for l in lines] == ["committed"] * 4, lines
+    node.stop()
+    pids = {int(l.split()[0]) for l in trace.read_text().splitlines()}
+    assert len(pids) == 3, pids
+    out = subprocess.run([sys.executable, str(SRC / "tools/trace_timeline.py"), str(trace), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    timeline = json.loads(out)
+    assert timeline["refits"] == 2, timeline  # refits 3-4 (two skipped)
+    steps = timeline["steps_ms"]
+    order = ["trainer.begin_sent", "daemon.begin_received", "daemon.pause_sent", "engine.pause_received",
+             "engine.paused", "daemon.engine_paused", "trainer.begin_answered", "trainer.bucket_announced.first",
+             "daemon.bucket_received.first", "daemon.bucket_issued.first", "daemon.bucket_converted.last",
+             "daemon.drained", "daemon.prepared", "daemon.resume_sent",
+             "engine.resume_received", "daemon.resumed", "daemon.commit_answered", "trainer.commit_answered"]
+    assert all(k in steps for k in order), sorted(steps)
+    times = [steps[k] for k in order]
+    assert times == sorted(times), list(zip(order, times))
+    assert steps["daemon.planned"] < steps["daemon.engine_paused"]
+    assert steps["daemon.bucket_issued.last"] < steps["daemon.validated"] < steps["daemon.drained"], steps
+    assert steps["daemon.bucket_converted.count"] == steps["trainer.bucket_announced.count"] > 1, steps
 
 
 def test_direct_trainer_killed_mid_refit_leaves_the_engine_paused_and_dirty(fault_node):

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Where a refit's time goes, from a REFIT_TRACE_FILE written by the trainer, refitd and the
+engine agent together (src/common/trace.h, docs/operations.md "Tracing a refit").
+
+  REFIT_TRACE_FILE=/tmp/refit.trace  (in the environment of all three processes)
+  python3 tools/trace_timeline.py /tmp/refit.trace [--refit N] [--skip 2] [--json]
+
+A refit runs from one `trainer.begin_sent` to the next. Without --refit, prints the median over
+the refits after the first --skip of each step's time from the begin (per-bucket steps: their
+first and last), in order; with --refit N, that refit's steps one by one with the time since the
+step before. --json prints the medians as JSON.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+BUCKET_STEPS = ("daemon.bucket_received", "daemon.bucket_issued", "daemon.bucket_converted", "trainer.bucket_announced")
+
+
+def read(path):
+    events = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            pid, us, label = int(parts[0]), int(parts[1]), parts[2]
+            value = int(parts[3]) if len(parts) > 3 else None
+            events.append((us, pid, label, value))
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def split_refits(events):
+    refits, current = [], None
+    for e in events:
+        if e[2] == "trainer.begin_sent":
+            current = []
+            refits.append(current)
+        if current is not None:
+            current.append(e)
+    return refits
+
+
+def steps(refit):
+    """{step: ms since the begin}: the first time of each step; per-bucket steps as .first/.last."""
+    t0 = refit[0][0]
+    out = {}
+    for us, _, label, _ in refit:
+        ms = (us - t0) / 1000.0
+        if label in BUCKET_STEPS:
+            out.setdefault(label + ".first", ms)
+            out[label + ".last"] = ms
+            out[label + ".count"] = out.get(label + ".count", 0) + 1
+        else:
+            out.setdefault(label, ms)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--refit", type=int, help="print this refit's steps (0 = the first)")
+    ap.add_argument("--skip", type=int, default=2, help="refits left out of the medians (warm-up)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    refits = split_refits(read(args.trace))
+    if not refits:
+        print(f"{args.trace}: no refit (no trainer.begin_sent)", file=sys.stderr)
+        return 1
+    if args.refit is not None:
+        refit = refits[args.refit]
+        t0 = prev = refit[0][0]
+        for us, pid, label, value in refit:
+            extra = "" if value is None else f" {value}"
+            print(f"{(us - t0) / 1000:9.3f} {(us - prev) / 1000:8.3f}  {pid:>7}  {label}{extra}")
+            prev = us
+        return 0
+    steady = refits[args.skip:] if len(refits) > args.skip else refits
+    per = [steps(r) for r in steady]
+    names = sorted({k for p in per for k in p},
+                   key=lambda k: (float("inf") if k.endswith(".count") else statistics.median(p[k] for p in per if k in p), k))
+    medians = {k: statistics.median(p[k] for p in per if k in p) for k in names}
+    if args.json:
+        print(json.dumps({"refits": len(per), "steps_ms": medians}, indent=1))
+        return 0
+    print(f"{len(per)} refits (median ms from trainer.begin_sent):")
+    for k in names:
+        print(f"  {medians[k]:9.3f}  {k}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
