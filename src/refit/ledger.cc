@@ -116,28 +116,18 @@ absl::Status Ledger::Check(bool partial) const {
     return a.ok() && a->size() >= 2 ? (*a)[a->size() - 2] : -1;
   };
   // The plans a parameter's check depends on: its slots', then its data parameter's (when complete).
+  auto for_each_plan = [&](size_t i, const auto& f) {
+    for (const Slot& s : slots_[i]) f(s.plan);
+    const int64_t d = planner_.source(i).data_index;
+    if (d >= 0 && complete[static_cast<size_t>(d)]) {
+      for (const Slot& s : slots_[static_cast<size_t>(d)]) f(s.plan);
+    }
+  };
   absl::InlinedVector<const TensorPlan*, 8> key;
-  auto key_of = [&](size_t i) {
-    key.clear();
-    for (const Slot& s : slots_[i]) key.push_back(s.plan.get());
-    const int64_t d = planner_.source(i).data_index;
-    if (d >= 0 && complete[static_cast<size_t>(d)]) {
-      for (const Slot& s : slots_[static_cast<size_t>(d)]) key.push_back(s.plan.get());
-    }
-  };
-  auto note_checked = [&](size_t i) {
-    std::vector<std::shared_ptr<const TensorPlan>> plans;
-    plans.reserve(key.size());
-    for (const Slot& s : slots_[i]) plans.push_back(s.plan);
-    const int64_t d = planner_.source(i).data_index;
-    if (d >= 0 && complete[static_cast<size_t>(d)]) {
-      for (const Slot& s : slots_[static_cast<size_t>(d)]) plans.push_back(s.plan);
-    }
-    planner_.NoteShapeChecked(i, std::move(plans));
-  };
   for (size_t i = 0; i < params.size(); ++i) {
     if (!complete[i]) continue;
-    key_of(i);
+    key.clear();
+    for_each_plan(i, [&](const std::shared_ptr<const TensorPlan>& p) { key.push_back(p.get()); });
     if (planner_.ShapeChecked(i, key)) continue;  // the same plans checked out before
     const ParamSource& src = planner_.source(i);
     std::vector<Shape> shapes;
@@ -156,7 +146,10 @@ absl::Status Ledger::Check(bool partial) const {
                                       DTypeName(laid->first), ShapeString(laid->second), ", registered as ",
                                       DTypeName(params[i].dtype), ShapeString(params[i].shape)));
     } else {
-      note_checked(i);
+      std::vector<std::shared_ptr<const TensorPlan>> plans;
+      plans.reserve(key.size());
+      for_each_plan(i, [&](const std::shared_ptr<const TensorPlan>& p) { plans.push_back(p); });
+      planner_.NoteShapeChecked(i, std::move(plans));
     }
   }
   if (!partial) {
