@@ -277,10 +277,15 @@ int main(int argc, char** argv) {
     if (absl::Status ok = server::PrepareSocketPath(unix_path); !ok.ok()) return Fail(ok.message());
   }
   kj::Own<kj::ConnectionReceiver> listener;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+  // A unix socket exists from the listen on: until the chown and chmod below it is its owner's
+  // alone, whatever the process's umask, so that nobody else connects in between.
+  const mode_t umask_before = unix_path.empty() ? 0 : umask(0177);
+  auto listened = kj::runCatchingExceptions([&]() {
     auto addr = io.provider->getNetwork().parseAddress(address).wait(io.waitScope);
     listener = addr->listen();
-  })) {
+  });
+  if (!unix_path.empty()) umask(umask_before);
+  KJ_IF_MAYBE(e, listened) {
     return Fail(absl::StrCat("cannot listen on '", address, "': ", e->getDescription().cStr()));
   }
   if (!unix_path.empty()) {

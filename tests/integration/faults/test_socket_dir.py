@@ -30,9 +30,12 @@ def refused(tmp_path, sock):
 
 
 def serves(tmp_path, sock):
+    """Starts refitd on `sock`; the socket's stat once refitd gave it its mode (0660, the default:
+    until then it is its owner's alone, 0600)."""
     p = start(tmp_path, sock)
     try:
-        wait_for(lambda: sock.exists() or p.poll() is not None, what="refitd socket")
+        wait_for(lambda: (sock.is_socket() and os.stat(sock).st_mode & 0o777 == 0o660) or p.poll() is not None,
+                 what="refitd socket, mode 0660")
         assert p.poll() is None, p.communicate()[0]
         return os.stat(sock)
     finally:
