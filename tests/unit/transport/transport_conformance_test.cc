@@ -336,19 +336,26 @@ TEST_P(TransportConformanceTest, SendFailsOnceTheReceiverIsGone) {
 }
 
 // The sender runs in a child process that is SIGKILLed while it is streaming 1 MiB messages.
-TEST_P(TransportConformanceTest, PeerDeathIsReportedNotWaitedOn) {
-  constexpr uint64_t kTag = 77;
-  constexpr uint64_t kBytes = 1 * kMiB;
-  std::string endpoint = receiver_->Endpoint();
+// Starts the sender process: `count` messages (0 = until killed) of `bytes` bytes on `tag`,
+// message i carrying Pattern(seed = i). Returns its pid, or 0 if it could not be started.
+pid_t SpawnSender(const std::string& config, const std::string& endpoint, uint64_t tag, uint64_t bytes,
+                  uint64_t count) {
   // REFIT_TRANSPORT_TEST_SENDER in the environment overrides the build path (relocated binaries).
   const char* sender_path = std::getenv("REFIT_TRANSPORT_TEST_SENDER");
-  std::vector<std::string> args = {sender_path != nullptr ? sender_path : REFIT_TRANSPORT_TEST_SENDER, GetParam().name, endpoint,
-                                   std::to_string(kTag), std::to_string(kBytes), "0"};
+  std::vector<std::string> args = {sender_path != nullptr ? sender_path : REFIT_TRANSPORT_TEST_SENDER, config,
+                                   endpoint, std::to_string(tag), std::to_string(bytes), std::to_string(count)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t child = 0;
-  ASSERT_EQ(posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  return posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ) == 0 ? child : 0;
+}
+
+TEST_P(TransportConformanceTest, PeerDeathIsReportedNotWaitedOn) {
+  constexpr uint64_t kTag = 77;
+  constexpr uint64_t kBytes = 1 * kMiB;
+  pid_t child = SpawnSender(GetParam().name, receiver_->Endpoint(), kTag, kBytes, 0);
+  ASSERT_NE(child, 0);
 
   std::vector<uint8_t> buffer(kBytes);
   uint64_t next_seed = 0;
@@ -379,16 +386,19 @@ TEST_P(TransportConformanceTest, PeerDeathIsReportedNotWaitedOn) {
   EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable) << failure;
   EXPECT_LT(absl::Now() - killed_at, absl::Seconds(15));
 
-  // The failure is sticky until Reset; afterwards the receiver serves a new sender.
+  // The failure is sticky until Reset; afterwards the receiver serves a new sender. The new
+  // sender is a process, as a restarted trainer is: a second UCX worker in this process could
+  // take over the dead connection's file descriptor while the receiver's worker still holds an
+  // event for it, which UCX 1.13 aborts on (docs/transports.md, "Known UCX limitation").
   absl::StatusOr<uint64_t> again =
       receiver_->Receive(kTag, buffer.data(), kBytes, absl::Now() + absl::Seconds(5));
   EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
   receiver_->Reset();
-  std::unique_ptr<Sender> sender = Connect();
-  ASSERT_NE(sender, nullptr);
-  SendThread send([&] { return SendPattern(*sender, 78, 5, 4096); });
-  ExpectMessage(78, 4096, 5, 4096);
-  EXPECT_TRUE(send.Join().ok());
+  pid_t next = SpawnSender(GetParam().name, receiver_->Endpoint(), 78, 4096, 1);
+  ASSERT_NE(next, 0);
+  ExpectMessage(78, 4096, 0, 4096);
+  ASSERT_EQ(waitpid(next, &wstatus, 0), next);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "sender exit status " << wstatus;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
