@@ -7,8 +7,16 @@ engine agent together (src/common/trace.h, docs/operations.md "Tracing a refit")
 
 A refit runs from one `trainer.begin_sent` to the next. Without --refit, prints the median over
 the refits after the first --skip of each step's time from the begin (per-bucket steps: their
-first and last), in order; with --refit N, that refit's steps one by one with the time since the
-step before. --json prints the medians as JSON.
+first and last), in order, then the pipeline's shape (median over the same refits):
+
+  before_first_kernel  the begin to the first bucket's conversions issued
+  conversion_span      the first bucket issued to the last bucket converted (against the kernels'
+                       own time: what the GPU waited for between buckets)
+  after_last_kernel    the last bucket converted to the trainer's commit answer
+  bucket_issue         per bucket, received to issued (the host's launches; median over buckets)
+
+With --refit N, that refit's steps one by one with the time since the step before. --json prints
+the medians as JSON ("steps_ms", "pipeline_ms").
 """
 import argparse
 import json
@@ -58,6 +66,23 @@ def steps(refit):
     return out
 
 
+def pipeline(refit):
+    """The pipeline's shape of one refit (ms), from its per-bucket steps; {} without buckets."""
+    s = steps(refit)
+    if "daemon.bucket_issued.first" not in s or "daemon.bucket_converted.last" not in s:
+        return {}
+    out = {"before_first_kernel": s["daemon.bucket_issued.first"],
+           "conversion_span": s["daemon.bucket_converted.last"] - s["daemon.bucket_issued.first"]}
+    if "trainer.commit_answered" in s:
+        out["after_last_kernel"] = s["trainer.commit_answered"] - s["daemon.bucket_converted.last"]
+    received = {v: us for us, _, label, v in refit if label == "daemon.bucket_received" and v is not None}
+    issue = [(us - received[v]) / 1000.0 for us, _, label, v in refit
+             if label == "daemon.bucket_issued" and v in received]
+    if issue:
+        out["bucket_issue"] = statistics.median(issue)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
@@ -82,12 +107,20 @@ def main() -> int:
     names = sorted({k for p in per for k in p},
                    key=lambda k: (float("inf") if k.endswith(".count") else statistics.median(p[k] for p in per if k in p), k))
     medians = {k: statistics.median(p[k] for p in per if k in p) for k in names}
+    shapes = [pipeline(r) for r in steady]
+    shape = {k: statistics.median(p[k] for p in shapes if k in p)
+             for k in ("before_first_kernel", "conversion_span", "after_last_kernel", "bucket_issue")
+             if any(k in p for p in shapes)}
     if args.json:
-        print(json.dumps({"refits": len(per), "steps_ms": medians}, indent=1))
+        print(json.dumps({"refits": len(per), "steps_ms": medians, "pipeline_ms": shape}, indent=1))
         return 0
     print(f"{len(per)} refits (median ms from trainer.begin_sent):")
     for k in names:
         print(f"  {medians[k]:9.3f}  {k}")
+    if shape:
+        print("pipeline (median ms):")
+        for k, v in shape.items():
+            print(f"  {v:9.3f}  {k}")
     return 0
 
 

@@ -100,6 +100,12 @@ def test_direct_refits_traced_by_every_process_into_one_timeline(fault_node, tmp
     assert steps["daemon.planned"] < steps["daemon.engine_paused"]
     assert steps["daemon.bucket_issued.last"] < steps["daemon.validated"] < steps["daemon.drained"], steps
     assert steps["daemon.bucket_converted.count"] == steps["trainer.bucket_announced.count"] > 1, steps
+    # The pipeline's shape is the same steps taken apart: it adds up to the refit's answer.
+    shape = timeline["pipeline_ms"]
+    assert shape["before_first_kernel"] == steps["daemon.bucket_issued.first"], shape
+    assert shape["conversion_span"] > 0 and shape["after_last_kernel"] > 0 and shape["bucket_issue"] >= 0, shape
+    total = shape["before_first_kernel"] + shape["conversion_span"] + shape["after_last_kernel"]
+    assert abs(total - steps["trainer.commit_answered"]) < 1.0, (shape, steps["trainer.commit_answered"])
 
 
 def test_direct_trainer_killed_mid_refit_leaves_the_engine_paused_and_dirty(fault_node):
