@@ -150,7 +150,7 @@ class ControlImpl final : public proto::EngineControl::Server {
  protected:
 
   kj::Promise<void> pause(PauseContext context) override {
-  TracePoint("engine.pause_received");
+    TracePoint("engine.pause_received");
     if (!paused_.load()) {
       if (cb_.pause) cb_.pause();
       paused_ = true;
@@ -168,7 +168,7 @@ class ControlImpl final : public proto::EngineControl::Server {
     return kj::READY_NOW;
   }
   kj::Promise<void> resume(ResumeContext context) override {
-  TracePoint("engine.resume_received");
+    TracePoint("engine.resume_received");
     uint64_t v = context.getParams().getVersion();
     std::string tag = wire::Str(context.getParams().getTag());
     {

@@ -277,7 +277,7 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
                   .fork();
   state->tasks.add(done.addBranch());
   return done.addBranch().then([state, context]() mutable {
-  TracePoint("daemon.commit_answered");
+    TracePoint("daemon.commit_answered");
     const RefitReport& report = state->node.last_report();
     wire::ToWire(report, context.getResults().initReport());
     absl::Status status = ReportStatus(report);
@@ -357,7 +357,7 @@ class SessionImpl final : public proto::Session::Server {
 
   // Also waits while an early pause is undone (staging: direct, Node::StartEarlyPause).
   kj::Promise<void> commit(CommitContext context) override {
-  TracePoint("daemon.commit_received");
+    TracePoint("daemon.commit_received");
     if (member_) {
       return Answer(context, absl::FailedPreconditionError(
                                  "only the rank that began the session commits it; joined ranks detach"));
@@ -508,7 +508,7 @@ class DaemonImpl final : public proto::Daemon::Server {
 
  protected:
   kj::Promise<void> begin(BeginContext context) override {
-  TracePoint("daemon.begin_received");
+    TracePoint("daemon.begin_received");
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
     // staging: direct: for a manifest like the last one placed, the engine starts pausing now,
