@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import SRC, TRAINER, node_fixture, wait_for
+from conftest import REFITCTL, SRC, TRAINER, node_fixture, wait_for
 
 
 @pytest.fixture
@@ -70,7 +70,9 @@ def test_staging_direct_converts_into_the_engine_packed_and_in_place(node_factor
     # staging: direct with the shipped llama3 spec (one engine on one GPU): the engine pauses at
     # begin and every tensor is converted into its fused qkv_proj / gate_up_proj in place; the
     # engine's bytes equal the offline conversion, packed and pushed in place. A trainer killed
-    # while pushing in place leaves it paused and dirty; the next refit lands and cleans it. The
+    # while pushing in place: the session aborts, the engine is left paused and dirty (refitd wrote
+    # into it) or resumed at what it held (nothing of the session reached refitd; the trainer's last
+    # runs are sent in the background, so which one is a race), and the next refit lands. The
     # engine's weights in a cudaMalloc registered by IPC handle, or in CUDA virtual memory
     # registered in place (example_engine --vmm).
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
@@ -86,7 +88,15 @@ def test_staging_direct_converts_into_the_engine_packed_and_in_place(node_factor
         assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
     p, _ = node.trainer("--refits", "1", "--seed", "6", "--fault", "die-mid-bucket", "--in-place")
     assert p.returncode == 9, p.stderr
-    wait_for(lambda: "stays paused and dirty" in node.log.read_text(), timeout=20, what="abort after trainer death")
+    wait_for(lambda: "outcome=aborted" in node.log.read_text(), timeout=20, what="abort after trainer death")
+    aborted = next(l for l in node.log.read_text().splitlines() if "outcome=aborted" in l)
+    status = json.loads(subprocess.run([str(REFITCTL), "status", "--address", node.address, "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    if "stays paused and dirty" in aborted:
+        assert status["engine_dirty"] is True, status
+    else:
+        assert "nothing was written in place: the engine was resumed" in aborted, aborted
+        assert status["engine_dirty"] is False and status["version"] == 4, status
     p, lines = node.trainer("--refits", "1", "--seed", "7", "--in-place")
     assert p.returncode == 0 and lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], \
         p.stdout + p.stderr + node.log.read_text()[-3000:]
