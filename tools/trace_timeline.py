@@ -23,7 +23,8 @@ import json
 import statistics
 import sys
 
-BUCKET_STEPS = ("daemon.bucket_received", "daemon.bucket_issued", "daemon.bucket_converted", "trainer.bucket_announced")
+BUCKET_STEPS = ("trainer.bucket_ready", "daemon.announce_received", "trainer.bucket_announced", "trainer.bucket_sent",
+                "daemon.run_arrived", "daemon.bucket_received", "daemon.bucket_issued", "daemon.bucket_converted")
 
 
 def read(path):

@@ -890,6 +890,7 @@ absl::Status RefitSession::Impl::FlushRun() {
 }
 
 absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed) {
+  TracePoint("trainer.bucket_ready");
   h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
   h.nbytes = nbytes;
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
@@ -951,6 +952,7 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
       const uint64_t n = h.nbytes;
       DataPlane* plane = data;
       in_flight[lane] = std::async(std::launch::async, [plane, lane, tags = std::move(tags), payload, n] {
+        TracePoint("trainer.bucket_sent", tags[0] & 0xFFFFFFFFu);
         absl::Status st = plane->Send(lane, tags, payload, n);
         return st;
       });

@@ -319,6 +319,7 @@ class SessionImpl final : public proto::Session::Server {
 
  protected:
   kj::Promise<void> announce(AnnounceContext context) override {
+    TracePoint("daemon.announce_received");
     if (detached_) return Answer(context, absl::FailedPreconditionError("this trainer rank has detached from the session"));
     absl::StatusOr<BucketHeader> header = wire::FromWire(context.getParams().getHeader());
     if (!header.ok()) {

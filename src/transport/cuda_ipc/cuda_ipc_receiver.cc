@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_handles.h"
+#include "common/trace.h"
 #include "storage/vmm_import.h"
 #include "transport/cuda_ipc/cuda_ipc_handles.h"
 #include "transport/peer_threads.h"
@@ -283,6 +284,7 @@ void CudaIpcReceiver::Forget(Peer& peer, uint64_t buffer_id) {
 
 bool CudaIpcReceiver::Deliver(Peer& peer, const Frame& f) {
   const uint64_t tag = f.tag;
+  TracePoint("daemon.run_arrived", tag & 0xFFFFFFFFu);
   const uint64_t bytes = f.bytes;
   const uint8_t* src = nullptr;
   bool lendable = false;
