@@ -766,6 +766,10 @@ int main(int argc, char** argv) {
       pushed = push(i);
       if (fault == "die-mid-bucket" && i == to_send.size() / 2) {
         (void)(*session)->Flush();
+        // Sends leave in the background: a moment for refitd to take what was sent, so that the
+        // death comes mid-refit (refitd converting, or waiting for the rest), not before the
+        // first bucket reached it.
+        usleep(20000);
         std::fprintf(stderr, "example_trainer: dying mid-refit (fault injection)\n");
         _exit(9);
       }
