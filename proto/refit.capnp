@@ -165,11 +165,13 @@ struct FormatBytes {
 
 interface Session {
   announce @0 (header :BucketHeader) -> (seq :UInt32, status :Status);
-  # Queues a bucket for receipt. Returns once the daemon will accept its bytes on the data plane
-  # (send them after this returns), or fails if the session has already failed. A header with
-  # seq 0xFFFFFFFF gets the next sequence number assigned (what several trainer ranks pushing
-  # into one session do); `seq` is the bucket's number either way: its data-plane tag is
-  # (sessionId << 32) | seq.
+  # Queues a bucket for receipt, or fails if the session has already failed. Each trainer rank
+  # numbers its buckets in its own range (begin/join: seqBase, seqBase + 1, ...): a header with
+  # seq 0xFFFFFFFF gets the rank's next number assigned; any other seq must be that number. `seq`
+  # is the bucket's number either way: its data-plane tag is (sessionId << 32) | seq. The bytes
+  # may be sent once the number is known, before this returns: the daemon holds a message that
+  # arrives before its announce until the announce is read (a trainer that numbers its own
+  # buckets sends at once; a bucket never announced is dropped when the session ends).
 
   commit @1 () -> (report :RefitReport, status :Status);
   # First waits until every rank that joined the session has detached (bounded by the
@@ -304,10 +306,14 @@ struct EngineRankStatus {
 
 interface Daemon {
   begin @0 (manifest :Manifest) -> (session :Session, sessionId :UInt64, dataEndpoint :Text,
-                                    bucketBytes :UInt64, status :Status, wirePlan :WirePlan);
+                                    bucketBytes :UInt64, status :Status, wirePlan :WirePlan,
+                                    seqBase :UInt32, ownSeqs :Bool);
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq. `wirePlan`: with manifest.wireFormat "checkpoint", what the
-  # trainer converts before sending (empty otherwise).
+  # trainer converts before sending (empty otherwise). `ownSeqs` (false from daemons older than
+  # the field): this rank's buckets are numbered seqBase, seqBase + 1, ... in the order it
+  # announces them, so it may number them itself and send a bucket's bytes without waiting for
+  # its announce's answer (Session.announce).
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
                      tag :Text, tpRank :Int32, tpSize :Int32, epRank :Int32, epSize :Int32,
@@ -332,10 +338,10 @@ interface Daemon {
   abortActive @3 (reason :Text) -> (aborted :Bool);
 
   join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64, status :Status,
-                                  wirePlan :WirePlan);
+                                  wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool);
   # Another trainer rank (a pipeline stage, an expert-parallel or tensor-parallel rank) pushes
-  # into the active session `sessionId`: its buckets are announced with assigned sequence
-  # numbers, and it detaches when done (or aborts the refit). Only the rank that began the session
+  # into the active session `sessionId`: its buckets are numbered from its own `seqBase` (see
+  # begin), and it detaches when done (or aborts the refit). Only the rank that began the session
   # commits. `wirePlan`: the session's (see begin); entries name their tensors.
 
   commitVersion @6 (tag :Text) -> (report :RefitReport, status :Status);

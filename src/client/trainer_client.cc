@@ -249,8 +249,22 @@ struct RefitSession::Impl {
     TrainerClient::Impl* client;
     proto::Session::Client session = nullptr;
     uint64_t id = 0;
+    // The daemon numbers this rank's buckets seq_base, seq_base + 1, ... (own_seqs; false from a
+    // daemon older than that): this rank numbers them itself, and sends a bucket's bytes without
+    // waiting for its announce's answer. next_seq: the next bucket's number.
+    bool own_seqs = false;
+    uint32_t next_seq = 0;
   };
   std::vector<Member> members;
+  // Announces answered later (own_seqs): checked at the next bucket and before commit or detach.
+  struct PendingAnnounce {
+    size_t member;
+    uint32_t seq;
+    std::unique_ptr<capnp::RemotePromise<proto::Session::AnnounceResults>> call;
+  };
+  std::vector<PendingAnnounce> pending_announces;
+  // Waits for every announce still unanswered; the first error (naming its daemon), if any.
+  absl::Status CheckAnnounced();
   DataPlane* data = nullptr;
   kj::WaitScope& wait() { return members.front().client->io.waitScope; }
   // Names member i in errors of a fan-out session.
@@ -382,6 +396,8 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
           if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
           s->members[i].session = resp.getSession();
           s->members[i].id = resp.getSessionId();
+          s->members[i].own_seqs = resp.getOwnSeqs();
+          s->members[i].next_seq = resp.getSeqBase();
           bucket_bytes[i] = resp.getBucketBytes();
           endpoints[i] = resp.getDataEndpoint().cStr();
           if (absl::Status st = UseWirePlan(*s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
@@ -400,6 +416,8 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
         if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
         s->members[i].session = resp.getSession();
         s->members[i].id = ids[i];
+        s->members[i].own_seqs = resp.getOwnSeqs();
+        s->members[i].next_seq = resp.getSeqBase();
         bucket_bytes[i] = resp.getBucketBytes();
         endpoints[i] = resp.getDataEndpoint().cStr();
         if (absl::Status st = UseWirePlan(*s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
@@ -889,17 +907,40 @@ absl::Status RefitSession::Impl::FlushRun() {
   return sent;
 }
 
+absl::Status RefitSession::Impl::CheckAnnounced() {
+  absl::Status failed;
+  for (PendingAnnounce& p : pending_announces) {
+    absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
+      auto resp = p.call->wait(wait());
+      if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+      if (resp.getSeq() != p.seq) {
+        return absl::InternalError(absl::StrCat("refitd numbered bucket ", p.seq, " as ", resp.getSeq()));
+      }
+      return true;
+    });
+    if (!ok.ok() && failed.ok()) {
+      failed = absl::Status(ok.status().code(), absl::StrCat(Who(p.member), ok.status().message()));
+    }
+  }
+  pending_announces.clear();
+  return failed;
+}
+
 absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed) {
   TracePoint("trainer.bucket_ready");
-  h.seq = kAssignBucketSeq;  // refitd numbers buckets (several ranks may push into one session)
+  // The announces of earlier buckets (answered by now, as a rule) before this one's.
+  if (absl::Status st = CheckAnnounced(); !st.ok()) return st;
   h.nbytes = nbytes;
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
   h.checksum = data->transport->checks_integrity ? 0 : Checksum64(payload, h.nbytes);
-  // Announce on every daemon (the requests go out together); each numbers the bucket itself.
+  // Announce on every daemon (the requests go out together). A daemon that numbers this rank's
+  // buckets in a range of its own gets the number here; an older one numbers the bucket itself.
+  const bool own_seqs = std::all_of(members.begin(), members.end(), [](const Member& m) { return m.own_seqs; });
   std::vector<uint64_t> tags(members.size());
   std::vector<std::unique_ptr<capnp::RemotePromise<proto::Session::AnnounceResults>>> calls;
   for (auto& m : members) {
+    h.seq = own_seqs ? m.next_seq : kAssignBucketSeq;
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
       auto req = m.session.announceRequest();
       wire::ToWire(h, req.initHeader());
@@ -908,25 +949,38 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
       calls.push_back(nullptr);
     }
   }
-  absl::Status announced;
   uint32_t first_seq = 0;
-  for (size_t i = 0; i < members.size(); ++i) {
-    absl::StatusOr<uint32_t> seq = Call([&]() -> absl::StatusOr<uint32_t> {
-      if (calls[i] != nullptr) {
-        auto resp = calls[i]->wait(wait());
-        if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
-        return resp.getSeq();
-      }
-      KJ_FAIL_REQUIRE("announce request could not be sent");
-    });
-    if (!seq.ok()) {
-      if (announced.ok()) announced = absl::Status(seq.status().code(), absl::StrCat(Who(i), seq.status().message()));
-      continue;
+  if (own_seqs) {
+    // The bytes go at once, not after the announce's answer: refitd holds a message that arrives
+    // before its announce is read (Session.announce). The requests are written first.
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (calls[i] == nullptr) return absl::UnavailableError(absl::StrCat(Who(i), "announce request could not be sent"));
+      tags[i] = (members[i].id << 32) | members[i].next_seq;
+      pending_announces.push_back({i, members[i].next_seq, std::move(calls[i])});
+      ++members[i].next_seq;
     }
-    if (i == 0) first_seq = *seq;
-    tags[i] = (members[i].id << 32) | *seq;
+    first_seq = static_cast<uint32_t>(tags[0]);
+    wait().poll();
+  } else {
+    absl::Status announced;
+    for (size_t i = 0; i < members.size(); ++i) {
+      absl::StatusOr<uint32_t> seq = Call([&]() -> absl::StatusOr<uint32_t> {
+        if (calls[i] != nullptr) {
+          auto resp = calls[i]->wait(wait());
+          if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+          return resp.getSeq();
+        }
+        KJ_FAIL_REQUIRE("announce request could not be sent");
+      });
+      if (!seq.ok()) {
+        if (announced.ok()) announced = absl::Status(seq.status().code(), absl::StrCat(Who(i), seq.status().message()));
+        continue;
+      }
+      if (i == 0) first_seq = *seq;
+      tags[i] = (members[i].id << 32) | *seq;
+    }
+    if (!announced.ok()) return announced;
   }
-  if (!announced.ok()) return announced;
   TracePoint("trainer.bucket_announced", first_seq);
   std::vector<uint8_t> tampered;
   if (tamper && data->memory->kind() == storage::MemoryKind::kHost) {
@@ -963,9 +1017,11 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
   }
   if (!sent.ok()) {
     // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
-    // session connects afresh (once the other lane's send, if any, has ended).
+    // session connects afresh (once the other lane's send, if any, has ended). An announce
+    // refitd refused (what ended the session) says why better than the send.
     (void)WaitInFlight();
     data->Drop();
+    if (absl::Status announced = CheckAnnounced(); !announced.ok()) return announced;
   }
   return sent;
 }
@@ -991,7 +1047,13 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   }
   impl_->wait().poll();  // writes the requests
   TracePoint("trainer.commit_sent");
-  if (absl::Status sent = impl_->WaitInFlight(); !sent.ok()) {
+  absl::Status sent = impl_->WaitInFlight();
+  // The last buckets' announces (own_seqs): one refitd refused ended the session.
+  if (absl::Status announced = impl_->CheckAnnounced(); !announced.ok()) {
+    if (!sent.ok()) impl_->data->Drop();
+    return announced;
+  }
+  if (!sent.ok()) {
     // A send failed: the data plane is dropped, which fails refitd's session (and the commit
     // waiting for its buckets); this reports the send.
     impl_->data->Drop();
@@ -1040,6 +1102,7 @@ absl::StatusOr<RefitReport> RefitSession::Commit() {
 absl::Status RefitSession::Detach() {
   absl::Status st = Flush();
   if (absl::Status last = impl_->WaitInFlight(); st.ok()) st = last;
+  if (absl::Status announced = impl_->CheckAnnounced(); !announced.ok()) st = announced;
   if (!st.ok()) return st;
   impl_->done = true;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
@@ -1057,6 +1120,7 @@ absl::Status RefitSession::Abort(const std::string& reason) {
   impl_->done = true;
   impl_->run_header.tensors.clear();  // a run not yet announced is not sent
   (void)impl_->WaitInFlight();
+  impl_->pending_announces.clear();  // their answers no longer matter
   absl::Status st;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
     absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {

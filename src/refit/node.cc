@@ -443,14 +443,18 @@ absl::Status Node::CheckActive(uint64_t session_id) const {
   return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " is not active (no session is)"));
 }
 
-absl::Status Node::Join(uint64_t session_id) {
+absl::StatusOr<uint32_t> Node::Join(uint64_t session_id) {
   absl::Status active = CheckActive(session_id);
   if (!active.ok()) return active;
   if (active_->committing) {
     return absl::FailedPreconditionError(absl::StrCat("session ", session_id, " is committing; too late to join"));
   }
+  if (active_->joined >= Session::kMaxRanks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session ", session_id, " has ", active_->joined, " joined trainer ranks, the most it takes"));
+  }
   ++active_->open_members;
-  return absl::OkStatus();
+  return ++active_->joined;
 }
 
 absl::Status Node::Detach(uint64_t session_id) {
@@ -463,11 +467,11 @@ absl::Status Node::Detach(uint64_t session_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> Node::Announce(uint64_t session_id, BucketHeader header) {
+absl::StatusOr<uint32_t> Node::Announce(uint64_t session_id, BucketHeader header, uint32_t rank) {
   absl::Status active = CheckActive(session_id);
   if (!active.ok()) return active;
   uint32_t seq = 0;
-  absl::Status status = active_->session->Announce(std::move(header), &seq);
+  absl::Status status = active_->session->Announce(std::move(header), &seq, rank);
   if (!status.ok()) {
     if (!active_->committing) {
       End(Outcome::kAborted, status.code() == absl::StatusCode::kFailedPrecondition ? EndCause::kInvalidInput

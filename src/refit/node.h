@@ -306,8 +306,10 @@ class Node {
   // the missing engine (Unavailable), the busy node (Unavailable) or the dirty engine
   // (FailedPrecondition).
   absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested);
-  // Another trainer rank joins the active session; it counts as open until it detaches.
-  absl::Status Join(uint64_t session_id);
+  // Another trainer rank joins the active session; it counts as open until it detaches. Returns
+  // the rank's number in the session (1, 2, ...; the rank that began it is 0), which picks its
+  // range of bucket numbers (Session::SeqBase).
+  absl::StatusOr<uint32_t> Join(uint64_t session_id);
   // A joined rank is done pushing (Detach after Join). A joined rank that leaves without
   // detaching ends the session through EndByTrainer instead.
   absl::Status Detach(uint64_t session_id);
@@ -316,8 +318,9 @@ class Node {
   uint32_t open_members() const { return active_ ? active_->open_members : 0; }
   // The active session's wire plan (what a joining rank converts), or nullptr without a session.
   std::shared_ptr<const WireTable> wire() const { return active_ ? active_->wire : nullptr; }
-  // Queues a bucket; an invalid header ends the session (InvalidArgument naming the field).
-  absl::StatusOr<uint32_t> Announce(uint64_t session_id, BucketHeader header);
+  // Queues a bucket of trainer rank `rank` (Join); an invalid header ends the session
+  // (InvalidArgument naming the field).
+  absl::StatusOr<uint32_t> Announce(uint64_t session_id, BucketHeader header, uint32_t rank = 0);
   // A trainer aborted (kClientAbort) or disconnected (kDisconnected) with `reason`. During a
   // commit, the commit runs on and this is ignored.
   void EndByTrainer(uint64_t session_id, EndCause cause, const std::string& reason);
@@ -447,6 +450,7 @@ class Node {
     std::string tag;  // the manifest's
     bool committing = false;
     uint32_t open_members = 0;  // joined ranks that have not detached
+    uint32_t joined = 0;        // ranks that joined, detached or not (the last one's number)
     std::shared_ptr<const WireTable> wire;  // the session's wire plan
     // Set when the node aborted the session while its commit ran (engine gone, operator,
     // shutdown): the commit ends with this cause.

@@ -115,15 +115,22 @@ absl::Status Session::CheckHeader(const BucketHeader& h) const {
   return absl::OkStatus();
 }
 
-absl::Status Session::Announce(BucketHeader header, uint32_t* assigned) {
+absl::Status Session::Announce(BucketHeader header, uint32_t* assigned, uint32_t rank) {
   absl::Status check = CheckHeader(header);
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) return failure_;
   if (stopping_) return absl::FailedPreconditionError("session is committing; no more buckets");
-  if (header.seq == kAssignSeq) header.seq = next_seq_;
+  if (rank > kMaxRanks) return absl::InvalidArgumentError(absl::StrCat("trainer rank ", rank, " past ", kMaxRanks));
+  uint32_t& next = next_seq_[rank];
+  const uint32_t expected = SeqBase(rank) + next;
+  if (header.seq == kAssignSeq) header.seq = expected;
   if (assigned != nullptr) *assigned = header.seq;
-  if (check.ok() && header.seq != next_seq_) {
-    check = absl::InvalidArgumentError(absl::StrCat("bucket seq ", header.seq, " out of order (expected ", next_seq_, ")"));
+  if (check.ok() && next >= (1u << kSeqRangeBits) - 1) {
+    check = absl::InvalidArgumentError(absl::StrCat("bucket ", header.seq, ": more than ", (1u << kSeqRangeBits) - 1,
+                                                    " buckets from one trainer rank"));
+  }
+  if (check.ok() && header.seq != expected) {
+    check = absl::InvalidArgumentError(absl::StrCat("bucket seq ", header.seq, " out of order (expected ", expected, ")"));
   }
   if (check.ok() && header.tensors.size() > options_.limits.max_tensors - std::min<uint64_t>(announced_tensors_, options_.limits.max_tensors)) {
     check = absl::InvalidArgumentError(absl::StrCat("bucket ", header.seq, ": the session would exceed ",
@@ -133,7 +140,8 @@ absl::Status Session::Announce(BucketHeader header, uint32_t* assigned) {
     FailLocked(check);
     return check;
   }
-  ++next_seq_;
+  ++next;
+  ++announced_count_;
   announced_tensors_ += header.tensors.size();
   // Whole tensors' supplied amax, known before their bucket converts (a fused group converts in
   // one pass once every member's is known; slices are known when assembled).
@@ -937,14 +945,14 @@ bool Session::sealed() const {
 
 absl::Status Session::WaitIssued() const {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || issued_ == next_seq_; };
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || issued_ == announced_count_; };
   mu_.Await(absl::Condition(&done));
   return failure_;
 }
 
 absl::Status Session::Finish() {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || converted_ == next_seq_; };
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || converted_ == announced_count_; };
   mu_.Await(absl::Condition(&done));
   if (failure_.ok()) stopping_ = sealed_ = true;  // no more buckets; the deadline no longer applies
   return failure_;

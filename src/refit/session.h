@@ -70,12 +70,19 @@ class Session {
   // Data-plane tag of bucket `seq` in session `id`.
   static uint64_t Tag(uint64_t id, uint32_t seq) { return (id << 32) | seq; }
 
-  // A header seq that asks for the next sequence number (several trainer ranks per session).
+  // A header seq that asks for the next sequence number of the announcing rank's range.
   static constexpr uint32_t kAssignSeq = kAssignBucketSeq;
+  // Each trainer rank of a session numbers its buckets in a range of its own: rank k's (the rank
+  // that began the session is 0, joined ranks 1, 2, ...) starts at SeqBase(k). So a rank knows a
+  // bucket's number (its data-plane tag) before its announce is answered.
+  static constexpr int kSeqRangeBits = 20;  // 1M buckets per rank
+  static constexpr uint32_t kMaxRanks = 4095;  // SeqBase(kMaxRanks) < kAssignSeq
+  static uint32_t SeqBase(uint32_t rank) { return rank << kSeqRangeBits; }
   // Checks the header (sizes, offsets, names; checked arithmetic) and queues it. An invalid
   // header fails the whole session (InvalidArgument naming the field). `header.seq` must be
-  // the next number, or kAssignSeq; `assigned` (optional) receives the bucket's number.
-  absl::Status Announce(BucketHeader header, uint32_t* assigned = nullptr);
+  // the next number of rank `rank`'s range, or kAssignSeq; `assigned` (optional) receives the
+  // bucket's number.
+  absl::Status Announce(BucketHeader header, uint32_t* assigned = nullptr, uint32_t rank = 0);
   // Blocks until every announced bucket is received and its conversions issued (a GPU converter:
   // the last may still run), or the session failed. Every tensor has arrived then: the ledger
   // changes after it only by a conversion's failure (Ledger::changes).
@@ -205,7 +212,8 @@ class Session {
   mutable absl::Mutex mu_;
   std::deque<BucketHeader> announced_ ABSL_GUARDED_BY(mu_);
   std::deque<Received> received_ ABSL_GUARDED_BY(mu_);
-  uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t announced_count_ ABSL_GUARDED_BY(mu_) = 0;                   // buckets announced, every rank
+  absl::flat_hash_map<uint32_t, uint32_t> next_seq_ ABSL_GUARDED_BY(mu_);  // by rank: its next number
   uint64_t announced_tensors_ ABSL_GUARDED_BY(mu_) = 0;  // across buckets, against max_tensors
   uint32_t issued_ ABSL_GUARDED_BY(mu_) = 0;  // buckets whose conversions were issued
   uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;

@@ -307,7 +307,9 @@ class SessionImpl final : public proto::Session::Server {
  public:
   // `member`: a trainer rank that joined the session (Daemon.join) rather than began it; it
   // announces, then detaches (or aborts the refit); only the rank that began it commits.
-  SessionImpl(DaemonState& state, uint64_t id, bool member = false) : state_(state), id_(id), member_(member) {}
+  // `rank`: the trainer rank's number in the session (0 for the rank that began it; Node::Join).
+  SessionImpl(DaemonState& state, uint64_t id, bool member = false, uint32_t rank = 0)
+      : state_(state), id_(id), member_(member), rank_(rank) {}
 
   ~SessionImpl() {
     // The trainer dropped its session (disconnect or done). An uncommitted session is aborted;
@@ -327,7 +329,7 @@ class SessionImpl final : public proto::Session::Server {
       state_.node.EndByTrainer(id_, EndCause::kInvalidInput, std::string(header.status().message()));
       return Answer(context, header.status());
     }
-    absl::StatusOr<uint32_t> seq = state_.node.Announce(id_, std::move(*header));
+    absl::StatusOr<uint32_t> seq = state_.node.Announce(id_, std::move(*header), rank_);
     if (!seq.ok()) return Answer(context, seq.status());
     context.getResults().setSeq(*seq);
     return kj::READY_NOW;
@@ -401,6 +403,7 @@ class SessionImpl final : public proto::Session::Server {
   DaemonState& state_;
   const uint64_t id_;
   const bool member_;
+  const uint32_t rank_;
   bool detached_ = false;
 };
 
@@ -629,6 +632,8 @@ class DaemonImpl final : public proto::Daemon::Server {
     auto results = context.getResults();
     results.setSession(kj::heap<SessionImpl>(*state, id));
     results.setSessionId(id);
+    results.setSeqBase(::refit::Session::SeqBase(0));
+    results.setOwnSeqs(true);
     results.setDataEndpoint(state->receiver->Endpoint());
     results.setBucketBytes(state->config.limits.bucket_bytes);
     if (begun->wire != nullptr) wire::ToWire(begun->wire->plan(), results.initWirePlan());
@@ -667,11 +672,13 @@ class DaemonImpl final : public proto::Daemon::Server {
 
   kj::Promise<void> join(JoinContext context) override {
     const uint64_t id = context.getParams().getSessionId();
-    absl::Status joined = state_.node.Join(id);
-    if (!joined.ok()) return Answer(context, joined);
-    LogEvent(LogLevel::kInfo, "session_join").Add("session", id);
+    absl::StatusOr<uint32_t> joined = state_.node.Join(id);
+    if (!joined.ok()) return Answer(context, joined.status());
+    LogEvent(LogLevel::kInfo, "session_join").Add("session", id).Add("rank", *joined);
     auto results = context.getResults();
-    results.setSession(kj::heap<SessionImpl>(state_, id, /*member=*/true));
+    results.setSession(kj::heap<SessionImpl>(state_, id, /*member=*/true, *joined));
+    results.setSeqBase(::refit::Session::SeqBase(*joined));
+    results.setOwnSeqs(true);
     results.setDataEndpoint(state_.receiver->Endpoint());
     results.setBucketBytes(state_.config.limits.bucket_bytes);
     if (std::shared_ptr<const WireTable> plan = state_.node.wire(); plan != nullptr) {

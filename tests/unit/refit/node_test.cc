@@ -808,7 +808,7 @@ TEST_F(NodeTest, DeadlineAndTrainerEndsAreTyped) {
   EXPECT_EQ(reports_.back().cause, EndCause::kClientAbort);
   EXPECT_FALSE(node_->AbortActive("nothing"));
   // A session that ended is named with how it ended.
-  absl::Status gone = node_->Join(c->session_id);
+  absl::Status gone = node_->Join(c->session_id).status();
   EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(gone.message(), HasSubstr("operator abort"));
 }
@@ -834,6 +834,60 @@ TEST_F(NodeTest, JoinedRanksCountAsOpenUntilTheyDetach) {
   node_->EndByTrainer(a->session_id, EndCause::kDisconnected, "a joined trainer rank disconnected before detaching");
   EXPECT_EQ(reports_.back().outcome, Outcome::kAborted);
   EXPECT_EQ(node_->open_members(), 0u);
+}
+
+// Each trainer rank numbers its buckets in its own range (Session::SeqBase): a joined rank knows
+// its bucket's tag before the announce is answered, and its bytes may already be on the data plane.
+TEST_F(NodeTest, TrainerRanksNumberTheirBucketsInRangesOfTheirOwn) {
+  Register();
+  const std::vector<uint8_t> payload = Payload(7);
+  absl::StatusOr<BeginResult> a = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<uint32_t> first = node_->Join(a->session_id);
+  absl::StatusOr<uint32_t> second = node_->Join(a->session_id);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(*first, 1u);
+  EXPECT_EQ(*second, 2u);
+  // Rank 0 sends w.0 as bucket 0 (numbered by refitd); rank 2 sends w.1 as its first bucket, its
+  // bytes on the data plane before the announce.
+  std::vector<uint8_t> w0(payload.begin(), payload.begin() + kBytes);
+  std::vector<uint8_t> w1(payload.begin() + kBytes, payload.begin() + 2 * kBytes);
+  const uint32_t rank2 = Session::SeqBase(2);
+  receiver_.Put(Session::Tag(a->session_id, rank2), &w1);
+  BucketHeader h1;
+  h1.seq = rank2;
+  h1.nbytes = kBytes;
+  h1.checksum = Checksum64(w1.data(), kBytes);
+  h1.tensors.push_back({"w.1", DType::kBF16, {kElems}, 0, kBytes});
+  absl::StatusOr<uint32_t> seq1 = node_->Announce(a->session_id, h1, 2);
+  ASSERT_TRUE(seq1.ok()) << seq1.status();
+  EXPECT_EQ(*seq1, rank2);
+  receiver_.Put(Session::Tag(a->session_id, 0), &w0);
+  BucketHeader h0;
+  h0.seq = Session::kAssignSeq;
+  h0.nbytes = kBytes;
+  h0.checksum = Checksum64(w0.data(), kBytes);
+  h0.tensors.push_back({"w.0", DType::kBF16, {kElems}, 0, kBytes});
+  absl::StatusOr<uint32_t> seq0 = node_->Announce(a->session_id, h0, 0);
+  ASSERT_TRUE(seq0.ok()) << seq0.status();
+  EXPECT_EQ(*seq0, 0u);
+  ASSERT_TRUE(node_->Detach(a->session_id).ok());
+  ASSERT_TRUE(node_->Detach(a->session_id).ok());
+  const RefitReport& r = CommitNow(a->session_id);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(EngineBytes(), payload);
+
+  // A number outside the rank's range (or out of order in it) fails the session naming the one
+  // expected.
+  absl::StatusOr<BeginResult> b = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(node_->Join(b->session_id).ok());
+  BucketHeader wrong = h0;
+  wrong.seq = 1;  // rank 0's range; rank 1's next is SeqBase(1)
+  absl::StatusOr<uint32_t> refused = node_->Announce(b->session_id, wrong, 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("expected ", Session::SeqBase(1))));
+  EXPECT_FALSE(node_->session_active());
 }
 
 TEST_F(NodeTest, InvalidBucketEndsTheSessionAsInvalidInput) {
