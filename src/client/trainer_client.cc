@@ -76,6 +76,11 @@ std::shared_ptr<ThreadIo> AcquireThreadIo() {
   return io;
 }
 
+// Runs sent in place (PushInPlace) that may be on their way at once. Three: while the daemon
+// converts one and has the next queued behind it, the third already waits at the daemon, which
+// takes it the moment a receive slot frees, without a round trip to this process.
+constexpr int kRunLanes = 3;
+
 // Where a session's buckets are packed and how they leave: one point-to-point sender
 // (TrainerClient) or one group sender to every daemon (FanoutClient), of the transport that owns
 // refitd's data endpoint. Buckets live where that transport's payloads live (its descriptor's
@@ -84,7 +89,7 @@ std::shared_ptr<ThreadIo> AcquireThreadIo() {
 struct DataPlane {
   explicit DataPlane(transport::TransportRegistry registry) : transports(std::move(registry)) {}
   ~DataPlane() {
-    second.reset();
+    for (std::unique_ptr<transport::Sender>& e : extra) e.reset();
     sender.reset();
     group.reset();
     if (memory != nullptr) (void)memory->Synchronize();  // before the buckets are freed
@@ -101,10 +106,10 @@ struct DataPlane {
   std::unique_ptr<transport::GroupSender> group;
   std::vector<std::string> endpoints;  // what sender/group is connected to
   transport::ConnectConfig config;     // how they were connected
-  // A second connection to the same daemon for runs sent in place (PushInPlace), so that one run
-  // is on its way while the daemon still reads the one before: a run is the trainer's own memory,
-  // not a bucket buffer waiting to be packed again. Connected at the first run that needs it.
-  std::unique_ptr<transport::Sender> second;
+  // More connections to the same daemon for runs sent in place (PushInPlace), one per lane past
+  // the first: a run is the trainer's own memory, not a bucket buffer waiting to be packed again,
+  // so several can be on their way at once. Connected at the first run that needs each.
+  std::unique_ptr<transport::Sender> extra[kRunLanes - 1];
 
   // Device buckets: packing is asynchronous, so a bucket is sent in the background while the
   // next one is packed into the other buffer. Host buckets are sent at once.
@@ -112,30 +117,33 @@ struct DataPlane {
 
   // After a failed send: the next session connects afresh.
   void Drop() {
-    second.reset();
+    for (std::unique_ptr<transport::Sender>& e : extra) e.reset();
     sender.reset();
     group.reset();
     endpoints.clear();
   }
 
-  // Two runs in flight at once: a point-to-point data plane that sends in place.
-  bool two_lanes() const { return group == nullptr && sender != nullptr && transport->sends_in_place; }
-  // Lane 1's sender (two_lanes()), connected on first use.
-  absl::Status ConnectSecond() {
-    if (second != nullptr) return absl::OkStatus();
+  // Runs in flight at once: kRunLanes for a point-to-point data plane that sends in place, else 1.
+  int run_lanes() const {
+    return group == nullptr && sender != nullptr && transport->sends_in_place ? kRunLanes : 1;
+  }
+  // Lane `lane`'s sender (lane >= 1, run_lanes()), connected on first use.
+  absl::Status ConnectLane(int lane) {
+    std::unique_ptr<transport::Sender>& e = extra[lane - 1];
+    if (e != nullptr) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<transport::Sender>> s = transport->connect(endpoints.front(), config);
     if (!s.ok()) return s.status();
-    second = std::move(*s);
+    e = std::move(*s);
     return absl::OkStatus();
   }
 
   // Connects the data plane named by refitd's endpoints (one transport on every daemon): a
   // point-to-point sender for one daemon, a group sender for a fan-out.
   absl::Status Connect(const std::vector<std::string>& want, bool fanout, uint64_t bucket_bytes);
-  // On lane 1 (second) or lane 0 (sender or group).
+  // On lane 0 (sender or group) or a run lane (extra).
   absl::Status Send(int lane, std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
     if (group != nullptr) return group->Send(tags, payload, bytes);
-    return (lane == 1 ? second : sender)->Send(tags[0], payload, bytes);
+    return (lane == 0 ? sender : extra[lane - 1])->Send(tags[0], payload, bytes);
   }
 
  private:
@@ -274,15 +282,17 @@ struct RefitSession::Impl {
   uint64_t bucket_bytes = 0;
   uint64_t used = 0;  // bytes packed into the data plane's current bucket
   // Sends in the background (overlapped data planes), one per lane: lane 0 sends buckets (the
-  // previous one while the next is packed) and runs; lane 1, runs sent in place while lane 0's
-  // is still read (DataPlane::two_lanes()).
-  std::future<absl::Status> in_flight[2];
+  // previous one while the next is packed) and runs; the other lanes, runs sent in place while
+  // the daemon still reads the ones before (DataPlane::run_lanes()).
+  std::future<absl::Status> in_flight[kRunLanes];
   int next_run_lane = 0;
   absl::Status WaitLane(int lane) { return in_flight[lane].valid() ? in_flight[lane].get() : absl::OkStatus(); }
   // Waits for every send in flight; the first error, if any.
   absl::Status WaitInFlight() {
-    absl::Status st = WaitLane(0);
-    if (absl::Status second = WaitLane(1); st.ok()) st = second;
+    absl::Status st;
+    for (int lane = 0; lane < kRunLanes; ++lane) {
+      if (absl::Status sent = WaitLane(lane); st.ok()) st = sent;
+    }
     return st;
   }
   BucketHeader header;
@@ -991,14 +1001,14 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
   absl::Status sent;
   if (data->overlapped()) {
     // Send in the background while the next bucket is packed (into the other buffer) or found.
-    // A run sent in place takes the other lane from the run before it, whose bytes the daemon may
-    // still be reading: nothing of the trainer's is reused until both sends ended.
+    // A run sent in place takes the next lane after the run before it, whose bytes the daemon may
+    // still be reading: nothing of the trainer's is reused until every send ended.
     int lane = 0;
-    if (!packed && data->two_lanes()) {
+    if (!packed && data->run_lanes() > 1) {
       lane = next_run_lane;
-      next_run_lane ^= 1;
+      next_run_lane = (lane + 1) % data->run_lanes();
       sent = WaitLane(lane);
-      if (sent.ok() && lane == 1) sent = data->ConnectSecond();
+      if (sent.ok() && lane > 0) sent = data->ConnectLane(lane);
     } else {
       sent = WaitInFlight();
     }

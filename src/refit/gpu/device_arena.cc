@@ -15,7 +15,7 @@ uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) & ~(kAlign - 1); }
 
 }  // namespace
 
-absl::Status DeviceArena::Grow(size_t slots) {
+absl::Status DeviceArena::Grow(size_t slots, cudaStream_t stream) {
   if (used_ != 0) return absl::InternalError("device arena grown while slots are taken");
   const size_t capacity = std::max({slots, capacity_ * 2, size_t{1}});
   const uint64_t words = AlignUp(capacity * sizeof(unsigned long long));
@@ -34,18 +34,21 @@ absl::Status DeviceArena::Grow(size_t slots) {
   host_table_offset_ = words;
   table_offset_ = words + amax;
   table_bytes_ = tables;
-  return absl::OkStatus();
+  return ResetWords(capacity_, stream);
 }
 
-absl::StatusOr<DeviceArena::Slot> DeviceArena::Take(cudaStream_t stream) {
+absl::Status DeviceArena::ResetWords(size_t slots, cudaStream_t stream) {
+  if (slots == 0) return absl::OkStatus();
+  // Probe words to ~0 (no bad index yet), amax floats to +0.
+  uint8_t* base = device_buf_.get();
+  cudaError_t e = cudaMemsetAsync(base, 0xFF, slots * sizeof(unsigned long long), stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(base + amax_offset_, 0, slots * sizeof(float), stream);
+  return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "resetting the converter's probe words");
+}
+
+absl::StatusOr<DeviceArena::Slot> DeviceArena::Take() {
   if (used_ >= capacity_) return absl::InternalError("device arena full");
   uint8_t* base = device_buf_.get();
-  if (used_ == 0) {
-    // Probe words to ~0 (no bad index yet), amax floats to +0: two memsets per bucket.
-    cudaError_t e = cudaMemsetAsync(base, 0xFF, capacity_ * sizeof(unsigned long long), stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(base + amax_offset_, 0, capacity_ * sizeof(float), stream);
-    if (e != cudaSuccess) return CudaStatus(e, "resetting the converter's probe words");
-  }
   const size_t i = used_++;
   return Slot{i, reinterpret_cast<unsigned long long*>(base) + i, reinterpret_cast<float*>(base + amax_offset_) + i};
 }
@@ -60,15 +63,16 @@ absl::StatusOr<DeviceArena::Table> DeviceArena::TakeTable(uint64_t bytes) {
   return Table{host_buf_.get() + host_table_offset_ + offset, device_buf_.get() + table_offset_ + offset};
 }
 
-absl::Status DeviceArena::CopyProbes(cudaStream_t stream) {
+absl::Status DeviceArena::CopyProbesAndReset(cudaStream_t stream) {
   if (used_ == 0) return absl::OkStatus();
   cudaError_t e = cudaMemcpyAsync(host_words_, device_buf_.get(), used_ * sizeof(unsigned long long),
                                   cudaMemcpyDeviceToHost, stream);
-  return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "GPU conversion");
+  if (e != cudaSuccess) return CudaStatus(e, "GPU conversion");
+  return ResetWords(used_, stream);
 }
 
 absl::Status DeviceArena::Collect(cudaStream_t stream) {
-  REFIT_RETURN_IF_ERROR(CopyProbes(stream));
+  REFIT_RETURN_IF_ERROR(CopyProbesAndReset(stream));
   cudaError_t e = cudaStreamSynchronize(stream);
   return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "GPU conversion");
 }

@@ -1,8 +1,10 @@
 // Per-bucket device memory of the GPU converter, so that a bucket's tensors cost no allocation,
 // no memset and no read-back each: a fixed number of tensor slots, each with a non-finite probe
-// word (reset to ~0 once per bucket) and an amax float (reset to 0 once per bucket), plus room
-// for the descriptor tables of batched runs (pinned host buffer and device buffer at the same
-// offsets). At the end of a bucket all probe words come back with one device-to-host copy. The
+// word (~0 until a kernel records a bad index) and an amax float (+0 until an amax pass raises
+// it), plus room for the descriptor tables of batched runs (pinned host buffer and device buffer
+// at the same offsets). At the end of a bucket all probe words come back with one device-to-host
+// copy, and the words are reset behind it on the same stream, so that the arena is clean when its
+// next bucket takes it: a bucket's start enqueues nothing its lanes would have to wait for. The
 // converter keeps one arena per bucket in flight (a bucket's words are read while the next
 // bucket's kernels already run on another arena).
 //
@@ -42,22 +44,23 @@ class DeviceArena {
   bool full() const { return used_ == capacity_; }
   size_t used() const { return used_; }
 
-  // Allocates buffers for at least `slots` slots (at least twice the current capacity).
+  // Allocates buffers for at least `slots` slots (at least twice the current capacity) and
+  // enqueues their words' reset on `stream`: work that takes slots must be ordered after it.
   // REQUIRES: no slot is taken (Reset was called) and no queued work uses the current buffers.
-  absl::Status Grow(size_t slots);
+  absl::Status Grow(size_t slots, cudaStream_t stream);
 
-  // The next slot. The first slot of a bucket enqueues the reset of every word on `stream`.
+  // The next slot, its words reset (by Grow, CopyProbesAndReset or ResetWords before).
   // REQUIRES: !full().
-  absl::StatusOr<Slot> Take(cudaStream_t stream);
+  absl::StatusOr<Slot> Take();
 
   // Room for a descriptor table of `bytes` (at most max_table_bytes_per_slot per tensor), for a
   // run of tensors that each hold a slot: a bucket's tables then always fit.
   absl::StatusOr<Table> TakeTable(uint64_t bytes);
 
-  // Enqueues the copy of the taken slots' probe words to the host on `stream`; once `stream`
-  // passed it, probe(index) reads them.
-  absl::Status CopyProbes(cudaStream_t stream);
-  // CopyProbes, then synchronizes `stream`.
+  // Enqueues the copy of the taken slots' probe words to the host, then the reset of those words
+  // and amax floats, on `stream`; once `stream` passed them, probe(index) reads the words.
+  absl::Status CopyProbesAndReset(cudaStream_t stream);
+  // CopyProbesAndReset, then synchronizes `stream`.
   absl::Status Collect(cudaStream_t stream);
   size_t capacity() const { return capacity_; }
   unsigned long long probe(size_t index) const { return host_words_[index]; }
@@ -66,6 +69,9 @@ class DeviceArena {
   void Reset();
 
  private:
+  // Enqueues the reset of the first `slots` probe words and amax floats on `stream`.
+  absl::Status ResetWords(size_t slots, cudaStream_t stream);
+
   storage::Memory& device_;
   storage::Memory& pinned_;
   const uint64_t per_slot_table_;

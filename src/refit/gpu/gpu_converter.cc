@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
 #include "kernels/batch_quantize.h"
 #include "kernels/derive.h"
 #include "kernels/layout.h"
@@ -36,23 +37,33 @@ class GpuConverter final : public Converter, public DeviceOps {
     absl::StatusOr<CudaStream> side = CudaStream::Create(device);
     if (!side.ok()) return side.status();
     c->side_ = std::move(*side);
+    absl::StatusOr<CudaStream> ends = CudaStream::Create(device);
+    if (!ends.ok()) return ends.status();
+    c->ends_ = std::move(*ends);
     absl::StatusOr<CudaEvent> fork = CudaEvent::Create(device);
     if (!fork.ok()) return fork.status();
     c->fork_ = std::move(*fork);
     absl::StatusOr<CudaEvent> join = CudaEvent::Create(device);
     if (!join.ok()) return join.status();
     c->join_ = std::move(*join);
+    absl::StatusOr<CudaEvent> main_end = CudaEvent::Create(device);
+    if (!main_end.ok()) return main_end.status();
+    c->main_end_ = std::move(*main_end);
     absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(device);
     if (!memory.ok()) return memory.status();
     c->memory_ = std::move(*memory);
     c->pinned_ = storage::NewPinnedHostMemory();
     c->arena_ = std::make_unique<DeviceArena>(*c->memory_, *c->pinned_, PerSlotTable());
-    if (absl::Status st = c->arena_->Grow(std::max<size_t>(options.initial_slots, 1)); !st.ok()) return st;
+    if (absl::Status st = c->arena_->Grow(std::max<size_t>(options.initial_slots, 1), c->stream_.get()); !st.ok()) {
+      return st;
+    }
+    c->MarkFork();  // the side lane's first work waits for the arena's reset
     return std::unique_ptr<Converter>(std::move(c));
   }
 
   // The streams are drained before the arena's buffers go; they are destroyed last.
   ~GpuConverter() override {
+    (void)ends_.Synchronize();
     (void)side_.Synchronize();
     (void)stream_.Synchronize();
   }
@@ -63,8 +74,7 @@ class GpuConverter final : public Converter, public DeviceOps {
                        std::span<const formats::MutableBytes> outs, const formats::QuantizeOptions& options) override {
     cudaSetDevice(device_);
     if (plan.kind == ConvertKind::kCopy) return Copy(desc, src, src_kind, outs);
-    // The slot first: the bucket's first slot resets the arena on the main lane, which the side
-    // lane then waits for.
+    // The slot first: when the arena is full, taking it drains both lanes.
     absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
     if (!slot.ok()) return slot.status();
     const uint8_t* input = src;
@@ -320,24 +330,25 @@ class GpuConverter final : public Converter, public DeviceOps {
     return failed;
   }
 
-  // The bucket's runs are launched, its probe words copied back behind its work (both lanes) and
-  // its end marked by an event; the next bucket gets another arena, so that its kernels queue
-  // behind this bucket's while the host has not looked at this one's words yet.
+  // The bucket's runs are launched; a third stream (ends_) waits for the bucket's work on both
+  // lanes, copies its probe words back, resets them and marks the bucket's end with an event. The
+  // lanes themselves go on with the next bucket at once (on another arena, already reset), so
+  // that neither lane idles at a bucket's end while the other drains its last kernel.
   uint64_t EndBucket() override {
     cudaSetDevice(device_);
     FlushNvfp4(failed_);
     FlushCopies(failed_);
-    JoinSide();
     Submitted b;
     b.ticket = ++tickets_;
     absl::StatusOr<CudaEvent> done = TakeEvent();
-    absl::Status st = done.status();
-    if (st.ok()) st = arena_->CopyProbes(stream_.get());
-    if (st.ok()) st = CudaStatus(cudaEventRecord(done->get(), stream_.get()), "marking the end of a bucket");
-    absl::StatusOr<std::unique_ptr<DeviceArena>> next = st.ok() ? TakeArena() : st;
-    if (!next.ok()) {
-      // Completed here instead (the next bucket then waits for it).
+    absl::StatusOr<std::unique_ptr<DeviceArena>> next = done.ok() ? TakeArena() : done.status();
+    absl::Status st = next.status();
+    if (st.ok()) st = EndOnThirdStream(done->get());
+    if (!st.ok()) {
+      // Completed here instead (the next bucket then waits for it), after whatever reached ends_.
       (void)cudaGetLastError();
+      (void)ends_.Synchronize();
+      if (next.ok()) spare_arenas_.push_back(std::move(*next));
       b.failed = Drain();
       if (done.ok()) spare_events_.push_back(std::move(*done));
     } else {
@@ -420,6 +431,8 @@ class GpuConverter final : public Converter, public DeviceOps {
     std::vector<std::shared_ptr<uint8_t>> retired;  // scratch buffers its work may still read
   };
 
+  // A spare arena (reset behind its last bucket's probe copy), or a new one, reset on the main
+  // lane (the side lane waits for that: only until the converter has one arena per bucket in flight).
   absl::StatusOr<std::unique_ptr<DeviceArena>> TakeArena() {
     if (!spare_arenas_.empty()) {
       std::unique_ptr<DeviceArena> a = std::move(spare_arenas_.back());
@@ -427,8 +440,21 @@ class GpuConverter final : public Converter, public DeviceOps {
       return a;
     }
     auto a = std::make_unique<DeviceArena>(*memory_, *pinned_, PerSlotTable());
-    if (absl::Status st = a->Grow(arena_->capacity()); !st.ok()) return st;
+    if (absl::Status st = a->Grow(arena_->capacity(), stream_.get()); !st.ok()) return st;
+    MarkFork();
     return a;
+  }
+
+  // EndBucket's work on ends_: after the bucket's work on both lanes, the probe words' copy and
+  // reset, then `done`. The lanes are not joined: the main lane still waits for the side lane's
+  // work before its next device op (side_pending_ stays as it is).
+  absl::Status EndOnThirdStream(cudaEvent_t done) {
+    REFIT_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(main_end_.get(), stream_.get()), "marking the end of a bucket"));
+    REFIT_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(ends_.get(), main_end_.get(), 0), "marking the end of a bucket"));
+    REFIT_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(join_.get(), side_.get()), "marking the end of a bucket"));
+    REFIT_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(ends_.get(), join_.get(), 0), "marking the end of a bucket"));
+    REFIT_RETURN_IF_ERROR(arena_->CopyProbesAndReset(ends_.get()));
+    return CudaStatus(cudaEventRecord(done, ends_.get()), "marking the end of a bucket");
   }
   absl::StatusOr<CudaEvent> TakeEvent() {
     if (spare_events_.empty()) return CudaEvent::Create(device_);
@@ -580,16 +606,14 @@ class GpuConverter final : public Converter, public DeviceOps {
       Failures drained = Drain();
       failed_.insert(failed_.end(), std::make_move_iterator(drained.begin()), std::make_move_iterator(drained.end()));
       Count(&GpuConverterStats::drains);
-      if (absl::Status st = arena_->Grow(arena_->used() + 1); !st.ok()) return st;
+      if (absl::Status st = arena_->Grow(arena_->used() + 1, stream_.get()); !st.ok()) return st;
+      MarkFork();  // the side lane's next work waits for the new arena's reset
     }
-    const bool resets = arena_->used() == 0;  // the bucket's first slot resets the arena's words
-    absl::StatusOr<DeviceArena::Slot> slot = arena_->Take(stream_.get());
-    if (slot.ok() && resets) MarkFork();
-    return slot;
+    return arena_->Take();
   }
 
-  // Launches the open runs, waits for the stream, reads every probe word back with one copy, and
-  // frees the slots. Returns every failure recorded since the last Drain.
+  // Launches the open runs, waits for the stream, reads every probe word back with one copy
+  // (resetting them), and frees the slots. Returns every failure recorded since the last Drain.
   Failures Drain() {
     FlushNvfp4(failed_);
     FlushCopies(failed_);
@@ -643,7 +667,8 @@ class GpuConverter final : public Converter, public DeviceOps {
   const GpuConverterOptions options_;
   CudaStream stream_;  // the main lane
   CudaStream side_;    // the side lane
-  CudaEvent fork_, join_;
+  CudaStream ends_;    // each bucket's end: probe copy and reset after both lanes (EndBucket)
+  CudaEvent fork_, join_, main_end_;
   uint64_t lane_bytes_[2] = {0, 0};  // input bytes given to each lane since the last drain
   bool fork_pending_ = false;        // fork_ holds main-lane work the side lane has not waited for
   bool side_pending_ = false;        // the side lane has work the main lane has not waited for
