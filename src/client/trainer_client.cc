@@ -961,8 +961,9 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
   }
   uint32_t first_seq = 0;
   if (own_seqs) {
-    // The bytes go at once, not after the announce's answer: refitd holds a message that arrives
-    // before its announce is read (Session.announce). The requests are written first.
+    // The numbers are known: the answers are checked later (CheckAnnounced), at once unless the
+    // bytes may go first (early_sends: refitd holds a message that arrives before its announce is
+    // read, and drops it if the session ends). The requests are written before the bytes go.
     for (size_t i = 0; i < members.size(); ++i) {
       if (calls[i] == nullptr) return absl::UnavailableError(absl::StrCat(Who(i), "announce request could not be sent"));
       tags[i] = (members[i].id << 32) | members[i].next_seq;
@@ -970,7 +971,11 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
       ++members[i].next_seq;
     }
     first_seq = static_cast<uint32_t>(tags[0]);
-    wait().poll();
+    if (data->transport->early_sends) {
+      wait().poll();
+    } else if (absl::Status st = CheckAnnounced(); !st.ok()) {
+      return st;
+    }
   } else {
     absl::Status announced;
     for (size_t i = 0; i < members.size(); ++i) {

@@ -60,6 +60,12 @@ struct TransportDescriptor {
   // allocation, not only from buckets of `bucket_memory`, so RefitSession::PushInPlace sends
   // tensors from where they are (CUDA IPC exports each allocation once). Off: PushInPlace packs.
   bool sends_in_place = false;
+  // A message may be sent before its receive is posted without risking a sender that never
+  // returns: the receiver ends a send that no receive will take once the session it was meant for
+  // has ended (a TagMatcher-based receiver drops it). The trainer client then sends a bucket
+  // without waiting for its announce's answer (a rank numbering its own buckets). Off (UCX: an
+  // unmatched message waits in the peer's queue): a bucket is sent once its announce is answered.
+  bool early_sends = false;
   // Daemon side: the long-lived receiver.
   std::function<absl::StatusOr<std::unique_ptr<Receiver>>(const ListenConfig&)> listen;
   // Trainer side: one point-to-point connection to `endpoint` (a Receiver's Endpoint()).

@@ -15,6 +15,7 @@ TransportDescriptor CudaIpcTransport() {
   d.checks_integrity = true;
   d.shares_device = true;
   d.sends_in_place = true;
+  d.early_sends = true;  // its TagMatcher drops a message of a session that ended
   d.listen = [](const ListenConfig& c) -> absl::StatusOr<std::unique_ptr<Receiver>> {
     CudaIpcOptions options;
     options.device = c.device;
