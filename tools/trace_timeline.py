@@ -20,6 +20,7 @@ the medians as JSON ("steps_ms", "pipeline_ms").
 """
 import argparse
 import json
+import signal
 import statistics
 import sys
 
@@ -126,4 +127,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: end quietly
     raise SystemExit(main())
