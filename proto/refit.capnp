@@ -305,15 +305,22 @@ struct EngineRankStatus {
 }
 
 interface Daemon {
-  begin @0 (manifest :Manifest) -> (session :Session, sessionId :UInt64, dataEndpoint :Text,
-                                    bucketBytes :UInt64, status :Status, wirePlan :WirePlan,
-                                    seqBase :UInt32, ownSeqs :Bool);
+  begin @0 (manifest :Manifest, manifestKey :UInt64)
+      -> (session :Session, sessionId :UInt64, dataEndpoint :Text, bucketBytes :UInt64, status :Status,
+          wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool, manifestKey :UInt64, needManifest :Bool);
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq. `wirePlan`: with manifest.wireFormat "checkpoint", what the
   # trainer converts before sending (empty otherwise). `ownSeqs` (false from daemons older than
   # the field): this rank's buckets are numbered seqBase, seqBase + 1, ... in the order it
   # announces them, so it may number them itself and send a bucket's bytes without waiting for
   # its announce's answer (Session.announce).
+  # The manifest's tensors are the same every refit: the answer's `manifestKey` (0: not kept, or
+  # a daemon older than the field) names this manifest's tensor list, which refitd keeps (its
+  # last one). A later begin may send `manifestKey` with a manifest whose `tensors` is empty (the
+  # other fields as usual): refitd uses the list it kept. When it no longer has it (restarted,
+  # or another list came since), the begin fails with `needManifest` set, and nothing else
+  # happened: the trainer sends the whole manifest. Tensor lists with a supplied amax are not
+  # kept (the amax changes each refit).
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
                      tag :Text, tpRank :Int32, tpSize :Int32, epRank :Int32, epSize :Int32,

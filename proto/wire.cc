@@ -158,13 +158,14 @@ void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b) {
   }
 }
 
-void ToWire(const Manifest& m, proto::Manifest::Builder b) {
+void ToWire(const Manifest& m, proto::Manifest::Builder b, bool with_tensors) {
   b.setModel(Text(m.model));
   b.setPartial(m.partial);
   b.setDeadlineMs(m.deadline_ms);
   b.setTag(Text(m.tag));
   b.setStageOnly(m.stage_only);
   if (m.wire_format != WireFormat::kBf16) b.setWireFormat(WireFormatName(m.wire_format));
+  if (!with_tensors) return;
   auto list = b.initTensors(static_cast<unsigned>(m.tensors.size()));
   for (size_t i = 0; i < m.tensors.size(); ++i) ToWire(m.tensors[i], list[static_cast<unsigned>(i)]);
 }

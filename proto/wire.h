@@ -27,7 +27,8 @@ inline std::string Str(capnp::Text::Reader t) { return std::string(t.begin(), t.
 inline capnp::Text::Reader Text(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
 
 void ToWire(const TensorDesc& d, proto::TensorDesc::Builder b);
-void ToWire(const Manifest& m, proto::Manifest::Builder b);
+// `with_tensors` false: every field but the tensor list (a begin by manifest key).
+void ToWire(const Manifest& m, proto::Manifest::Builder b, bool with_tensors = true);
 void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b);
 void ToWire(const WirePlan& p, proto::WirePlan::Builder b);
 void ToWire(const RefitReport& r, proto::RefitReport::Builder b);

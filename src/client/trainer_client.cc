@@ -244,7 +244,30 @@ struct TrainerClient::Impl {
   kj::Own<capnp::TwoPartyClient> rpc;
   proto::Daemon::Client daemon = nullptr;
   DataPlane data{transport::BuiltinTransports()};
+  // The daemon keeps the tensor list of the last manifest sent whole under manifest_key
+  // (Daemon.begin; 0: none): a begin with the same list sends the key instead.
+  uint64_t manifest_key = 0;
+  std::vector<TensorDesc> manifest_tensors;
 };
+
+namespace {
+
+// The same tensor list: every field a manifest carries (a list with a supplied amax never is).
+bool SameTensors(const std::vector<TensorDesc>& a, const std::vector<TensorDesc>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const TensorDesc& x = a[i];
+    const TensorDesc& y = b[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.offset != y.offset || x.nbytes != y.nbytes ||
+        x.slice.dim != y.slice.dim || x.slice.start != y.slice.start || x.slice.full_shape != y.slice.full_shape ||
+        x.amax.has_value() || y.amax.has_value()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
 
 struct FanoutClient::Impl {
   std::vector<std::unique_ptr<TrainerClient>> daemons;
@@ -388,13 +411,18 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
   absl::Status failed;
   if (manifest != nullptr) {
     TracePoint("trainer.begin_sent");
+    // A daemon that kept this manifest's tensor list gets its key instead of the list.
+    auto request = [&](TrainerClient::Impl* c, bool by_key) {
+      auto req = c->daemon.beginRequest();
+      if (by_key) req.setManifestKey(c->manifest_key);
+      wire::ToWire(*manifest, req.initManifest(), /*with_tensors=*/!by_key);
+      return std::make_unique<capnp::RemotePromise<proto::Daemon::BeginResults>>(req.send());
+    };
     std::vector<std::unique_ptr<capnp::RemotePromise<proto::Daemon::BeginResults>>> calls;
+    std::vector<bool> by_key;
     for (TrainerClient::Impl* c : clients) {
-      KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-        auto req = c->daemon.beginRequest();
-        wire::ToWire(*manifest, req.initManifest());
-        calls.push_back(std::make_unique<capnp::RemotePromise<proto::Daemon::BeginResults>>(req.send()));
-      })) {
+      by_key.push_back(c->manifest_key != 0 && SameTensors(c->manifest_tensors, manifest->tensors));
+      KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { calls.push_back(request(c, by_key.back())); })) {
         calls.push_back(nullptr);
       }
     }
@@ -402,8 +430,20 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
       absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
         if (calls[i] != nullptr) {
           auto resp = calls[i]->wait(wait);
+          if (resp.getNeedManifest() && by_key[i]) {
+            // The daemon no longer has the list (it restarted, or another came): the whole
+            // manifest, once (nothing else happened on that daemon).
+            clients[i]->manifest_key = 0;
+            by_key[i] = false;
+            calls[i] = request(clients[i], false);
+            resp = calls[i]->wait(wait);
+          }
           TracePoint("trainer.begin_answered");
           if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+          if (!by_key[i]) {
+            clients[i]->manifest_key = resp.getManifestKey();
+            if (clients[i]->manifest_key != 0) clients[i]->manifest_tensors = manifest->tensors;
+          }
           s->members[i].session = resp.getSession();
           s->members[i].id = resp.getSessionId();
           s->members[i].own_seqs = resp.getOwnSeqs();

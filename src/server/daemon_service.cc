@@ -482,27 +482,54 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
 
 // What a manifest's placement (staging: direct) depends on, hashed: the model, the kind of
 // refit and every tensor's name, dtype and shape (not its amax, nor the tag or deadline).
-uint64_t PlacementKey(proto::Manifest::Reader m) {
+// A manifest's tensor list, hashed (every field a manifest's TensorDesc carries), and whether
+// refitd keeps it for begins by key (no supplied amax: that changes each refit).
+struct ManifestTensors {
+  uint64_t key = 0;
+  bool keepable = true;
+};
+
+ManifestTensors HashTensors(capnp::List<proto::TensorDesc>::Reader tensors) {
+  ManifestTensors out;
   std::string key;
-  key.reserve(64 * m.getTensors().size() + 64);
+  key.reserve(64 * tensors.size() + 8);
   auto add_text = [&](capnp::Text::Reader t) {
     key.append(t.cStr(), t.size());
     key.push_back('\0');
   };
   auto add_int = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  add_text(m.getModel());
-  add_text(m.getWireFormat());
-  add_int((m.getPartial() ? 1 : 0) | (m.getStageOnly() ? 2 : 0));
-  for (proto::TensorDesc::Reader t : m.getTensors()) {
+  add_int(static_cast<int64_t>(tensors.size()));
+  for (proto::TensorDesc::Reader t : tensors) {
     add_text(t.getName());
     add_text(t.getDtype());
     add_int(static_cast<int64_t>(t.getShape().size()));
     for (int64_t d : t.getShape()) add_int(d);
+    add_int(static_cast<int64_t>(t.getOffset()));
+    add_int(static_cast<int64_t>(t.getNbytes()));
     add_int(t.getSliceDim());
     add_int(static_cast<int64_t>(t.getSliceStart()));
     add_int(static_cast<int64_t>(t.getFullShape().size()));
     for (int64_t d : t.getFullShape()) add_int(d);
+    if (t.getHasAmax()) out.keepable = false;
   }
+  out.key = Checksum64(key.data(), key.size());
+  if (out.key == 0) out.keepable = false;  // 0 names no list
+  return out;
+}
+
+// What the placement of a manifest's tensors depends on: its tensor list (`tensors`, HashTensors)
+// and the fields that change how they are planned.
+uint64_t PlacementKey(proto::Manifest::Reader m, uint64_t tensors) {
+  std::string key;
+  auto add_text = [&](capnp::Text::Reader t) {
+    key.append(t.cStr(), t.size());
+    key.push_back('\0');
+  };
+  auto add_int = [&](uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  add_text(m.getModel());
+  add_text(m.getWireFormat());
+  add_int((m.getPartial() ? 1 : 0) | (m.getStageOnly() ? 2 : 0));
+  add_int(tensors);
   return Checksum64(key.data(), key.size());
 }
 
@@ -515,17 +542,34 @@ class DaemonImpl final : public proto::Daemon::Server {
     TracePoint("daemon.begin_received");
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
+    // A begin by manifest key: the tensor list kept from an earlier begin (Daemon.begin).
+    const uint64_t by_key = context.getParams().getManifestKey();
+    std::shared_ptr<const std::vector<TensorDesc>> kept;
+    ManifestTensors tensors;
+    if (by_key != 0 && context.getParams().getManifest().getTensors().size() == 0) {
+      if (state_.kept_manifest.key != by_key || state_.kept_manifest.tensors == nullptr) {
+        context.getResults().setNeedManifest(true);
+        return Answer(context, absl::FailedPreconditionError(absl::StrCat(
+                                   "manifest key ", by_key,
+                                   " is not this refitd's (it restarted, or another manifest came since): send the manifest")));
+      }
+      kept = state_.kept_manifest.tensors;
+      tensors.key = by_key;
+    } else {
+      tensors = HashTensors(context.getParams().getManifest().getTensors());
+    }
     // staging: direct: for a manifest like the last one placed, the engine starts pausing now,
     // while the manifest is decoded and planned on this thread (Node::StartEarlyPause). Its
     // request is written when the event loop next turns: decoding and planning wait for that.
-    const uint64_t key = PlacementKey(context.getParams().getManifest());
+    const uint64_t key = PlacementKey(context.getParams().getManifest(), tensors.key);
     std::shared_ptr<DirectPause> early = state_.node.StartEarlyPause(key);
-    if (early == nullptr) return Plan(state, context, requested, key, nullptr);
+    if (early == nullptr) return Plan(state, context, requested, key, nullptr, tensors, std::move(kept));
     // Should the deferred planning never run (the call dropped meanwhile: not expected, the loop
     // runs it before it reads anything else), the early pause is still settled.
     auto pending = kj::heap<EarlyPending>(state, early);
-    return kj::evalLater([state, context, requested, key, pending = kj::mv(pending)]() mutable {
-      return Plan(state, context, requested, key, pending->Take());
+    return kj::evalLater([state, context, requested, key, tensors, kept = std::move(kept),
+                          pending = kj::mv(pending)]() mutable {
+      return Plan(state, context, requested, key, pending->Take(), tensors, std::move(kept));
     });
   }
 
@@ -576,14 +620,22 @@ class DaemonImpl final : public proto::Daemon::Server {
   }
 
   // The begin's decode and planning (Node::Begin), then the rest (Begun); `early`: its early
-  // pause (RunDirectPause not started yet), or nullptr.
+  // pause (RunDirectPause not started yet), or nullptr. `kept`: the tensor list of a begin by
+  // manifest key; else the manifest's own, kept for later begins when `tensors` says so.
   static kj::Promise<void> Plan(DaemonState* state, BeginContext context, absl::Time requested, uint64_t key,
-                                std::shared_ptr<DirectPause> early) {
+                                std::shared_ptr<DirectPause> early, ManifestTensors tensors,
+                                std::shared_ptr<const std::vector<TensorDesc>> kept) {
     if (early != nullptr) state->node.EndEarlyWindow();
     const auto reader = context.getParams().getManifest();
     kj::Maybe<kj::ForkedPromise<void>> early_paused;
     if (early != nullptr) early_paused = SettleEarlyPause(state, early).fork();
     absl::StatusOr<Manifest> manifest = wire::FromWire(reader);
+    if (manifest.ok() && kept != nullptr) {
+      manifest->tensors = *kept;
+    } else if (manifest.ok() && tensors.keepable) {
+      state->kept_manifest = {tensors.key, std::make_shared<const std::vector<TensorDesc>>(manifest->tensors)};
+    }
+    if (manifest.ok() && (kept != nullptr || tensors.keepable)) context.getResults().setManifestKey(tensors.key);
     absl::StatusOr<BeginResult> begun = manifest.ok() ? state->node.Begin(*manifest, requested)
                                                       : absl::StatusOr<BeginResult>(manifest.status());
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
@@ -624,7 +676,9 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("tag", manifest->tag)
         .Add("stage_only", manifest->stage_only)
         .Add("wire_format", WireFormatName(manifest->wire_format))
-        .Add("trainer_converts", begun->wire != nullptr ? begun->wire->entries().size() : 0);
+        .Add("trainer_converts", begun->wire != nullptr ? begun->wire->entries().size() : 0)
+        .Add("manifest_by_key",
+             context.getParams().getManifestKey() != 0 && context.getParams().getManifest().getTensors().size() == 0);
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.

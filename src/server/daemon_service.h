@@ -42,6 +42,13 @@ class DaemonState {
   kj::LowLevelAsyncIoProvider& io;
   kj::Timer& timer;
   Node node;
+  // The last manifest tensor list a begin sent whole, under its key (ManifestTensors in
+  // daemon_service.cc): a later begin names it by key instead of sending it (Daemon.begin).
+  // Event loop only.
+  struct KeptManifest {
+    uint64_t key = 0;
+    std::shared_ptr<const std::vector<TensorDesc>> tensors;
+  } kept_manifest;
 
   // Shutting down: ends a session that is not committing, then waits (bounded by the engine
   // timeouts) for a commit in its window to finish. False if one is still running.

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -256,6 +257,60 @@ TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
   EXPECT_EQ(st.committed, 1u);
   refit_session_close(s);
   refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+// refitd keeps the tensor list of the last manifest sent whole: a client that begins again with the
+// same list sends its key instead (session_begin logs manifest_by_key). When refitd has another
+// list by then, the begin by key is refused and the client sends the whole manifest, unseen by
+// its caller.
+TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdHasAnother) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  refit_client* first = nullptr;
+  refit_client* second = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &first), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &second), REFIT_OK) << LastError();
+  std::vector<float> w(32), b(8);
+  // One refit: `w_first` orders the manifest w, b (else b, w); every value is `value`.
+  auto refit = [&](refit_client* c, bool w_first, float value) {
+    std::fill(w.begin(), w.end(), value);
+    std::fill(b.begin(), b.end(), -value);
+    refit_session* s = w_first ? Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)})
+                               : Begin(c, {Desc("b", kBShape, 1), Desc("w", kWShape, 2)});
+    if (s == nullptr) return std::string("begin failed: ") + LastError();
+    refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+    EXPECT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+    EXPECT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+    refit_report report{};
+    report.struct_size = sizeof(report);
+    std::string outcome = refit_session_commit(s, &report) == REFIT_OK ? report.outcome : LastError();
+    refit_session_close(s);
+    EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0) << value;
+    EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0) << value;
+    return outcome;
+  };
+  EXPECT_EQ(refit(first, true, 1.0f), "committed");
+  EXPECT_EQ(refit(first, true, 2.0f), "committed");   // by key
+  EXPECT_EQ(refit(second, false, 3.0f), "committed");  // another list: refitd keeps it instead
+  EXPECT_EQ(refit(first, true, 4.0f), "committed");   // the key is refused, the manifest goes whole
+  EXPECT_EQ(refit(first, true, 5.0f), "committed");   // by key again
+  std::vector<std::string> by_key;
+  const std::string log = daemon.Log();
+  for (size_t at = log.find("event=session_begin"); at != std::string::npos;
+       at = log.find("event=session_begin", at + 1)) {
+    const size_t eol = log.find('\n', at);
+    const std::string line = log.substr(at, eol - at);
+    const size_t k = line.find("manifest_by_key=");
+    by_key.push_back(k == std::string::npos ? "?" : line.substr(k + 16, line.find(' ', k) - k - 16));
+  }
+  EXPECT_THAT(by_key, ::testing::ElementsAre("false", "true", "false", "false", "true")) << log;
+  EXPECT_EQ(refit_engine_version(engine), 5u);
+  refit_client_close(first);
+  refit_client_close(second);
   refit_engine_stop(engine);
 }
 
