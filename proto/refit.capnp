@@ -168,10 +168,10 @@ interface Session {
   # Queues a bucket for receipt, or fails if the session has already failed. Each trainer rank
   # numbers its buckets in its own range (begin/join: seqBase, seqBase + 1, ...): a header with
   # seq 0xFFFFFFFF gets the rank's next number assigned; any other seq must be that number. `seq`
-  # is the bucket's number either way: its data-plane tag is (sessionId << 32) | seq. The bytes
-  # may be sent once the number is known, before this returns: the daemon holds a message that
-  # arrives before its announce until the announce is read (a trainer that numbers its own
-  # buckets sends at once; a bucket never announced is dropped when the session ends).
+  # is the bucket's number either way: its data-plane tag is (sessionId << 32) | seq. Send the
+  # bytes after this returns, except over a data plane whose receiver drops a message of an ended
+  # session (CUDA IPC; the transport descriptor's `early_sends`): there they may go once the
+  # number is known, and the daemon holds a message that arrives before its announce is read.
 
   commit @1 () -> (report :RefitReport, status :Status);
   # First waits until every rank that joined the session has detached (bounded by the

@@ -480,8 +480,17 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
   return absl::OkStatus();
 }
 
-// What a manifest's placement (staging: direct) depends on, hashed: the model, the kind of
-// refit and every tensor's name, dtype and shape (not its amax, nor the tag or deadline).
+// Bytes hashed into a key: texts NUL-terminated, integers as their 8 bytes.
+struct KeyBytes {
+  std::string bytes;
+  void Text(capnp::Text::Reader t) {
+    bytes.append(t.cStr(), t.size());
+    bytes.push_back('\0');
+  }
+  void Int(int64_t v) { bytes.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+  uint64_t Hash() const { return Checksum64(bytes.data(), bytes.size()); }
+};
+
 // A manifest's tensor list, hashed (every field a manifest's TensorDesc carries), and whether
 // refitd keeps it for begins by key (no supplied amax: that changes each refit).
 struct ManifestTensors {
@@ -491,46 +500,41 @@ struct ManifestTensors {
 
 ManifestTensors HashTensors(capnp::List<proto::TensorDesc>::Reader tensors) {
   ManifestTensors out;
-  std::string key;
-  key.reserve(64 * tensors.size() + 8);
-  auto add_text = [&](capnp::Text::Reader t) {
-    key.append(t.cStr(), t.size());
-    key.push_back('\0');
-  };
-  auto add_int = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  add_int(static_cast<int64_t>(tensors.size()));
+  KeyBytes key;
+  key.bytes.reserve(64 * tensors.size() + 8);
+  key.Int(static_cast<int64_t>(tensors.size()));
   for (proto::TensorDesc::Reader t : tensors) {
-    add_text(t.getName());
-    add_text(t.getDtype());
-    add_int(static_cast<int64_t>(t.getShape().size()));
-    for (int64_t d : t.getShape()) add_int(d);
-    add_int(static_cast<int64_t>(t.getOffset()));
-    add_int(static_cast<int64_t>(t.getNbytes()));
-    add_int(t.getSliceDim());
-    add_int(static_cast<int64_t>(t.getSliceStart()));
-    add_int(static_cast<int64_t>(t.getFullShape().size()));
-    for (int64_t d : t.getFullShape()) add_int(d);
+    key.Text(t.getName());
+    key.Text(t.getDtype());
+    key.Int(static_cast<int64_t>(t.getShape().size()));
+    for (int64_t d : t.getShape()) key.Int(d);
+    key.Int(static_cast<int64_t>(t.getOffset()));
+    key.Int(static_cast<int64_t>(t.getNbytes()));
+    key.Int(t.getSliceDim());
+    key.Int(static_cast<int64_t>(t.getSliceStart()));
+    key.Int(static_cast<int64_t>(t.getFullShape().size()));
+    for (int64_t d : t.getFullShape()) key.Int(d);
     if (t.getHasAmax()) out.keepable = false;
   }
-  out.key = Checksum64(key.data(), key.size());
+  out.key = key.Hash();
   if (out.key == 0) out.keepable = false;  // 0 names no list
   return out;
 }
 
-// What the placement of a manifest's tensors depends on: its tensor list (`tensors`, HashTensors)
-// and the fields that change how they are planned.
+// What a manifest's placement (staging: direct) depends on, hashed: its tensor list (`tensors`,
+// HashTensors), the model and the kind of refit (not the tag or deadline).
 uint64_t PlacementKey(proto::Manifest::Reader m, uint64_t tensors) {
-  std::string key;
-  auto add_text = [&](capnp::Text::Reader t) {
-    key.append(t.cStr(), t.size());
-    key.push_back('\0');
-  };
-  auto add_int = [&](uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  add_text(m.getModel());
-  add_text(m.getWireFormat());
-  add_int((m.getPartial() ? 1 : 0) | (m.getStageOnly() ? 2 : 0));
-  add_int(tensors);
-  return Checksum64(key.data(), key.size());
+  KeyBytes key;
+  key.Text(m.getModel());
+  key.Text(m.getWireFormat());
+  key.Int((m.getPartial() ? 1 : 0) | (m.getStageOnly() ? 2 : 0));
+  key.Int(static_cast<int64_t>(tensors));
+  return key.Hash();
+}
+
+// A begin that names its tensor list by key (Daemon.begin) instead of sending it.
+bool BeginsByKey(proto::Daemon::BeginParams::Reader params) {
+  return params.getManifestKey() != 0 && params.getManifest().getTensors().size() == 0;
 }
 
 class DaemonImpl final : public proto::Daemon::Server {
@@ -546,7 +550,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     const uint64_t by_key = context.getParams().getManifestKey();
     std::shared_ptr<const std::vector<TensorDesc>> kept;
     ManifestTensors tensors;
-    if (by_key != 0 && context.getParams().getManifest().getTensors().size() == 0) {
+    if (BeginsByKey(context.getParams())) {
       if (state_.kept_manifest.key != by_key || state_.kept_manifest.tensors == nullptr) {
         context.getResults().setNeedManifest(true);
         return Answer(context, absl::FailedPreconditionError(absl::StrCat(
@@ -677,8 +681,7 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("stage_only", manifest->stage_only)
         .Add("wire_format", WireFormatName(manifest->wire_format))
         .Add("trainer_converts", begun->wire != nullptr ? begun->wire->entries().size() : 0)
-        .Add("manifest_by_key",
-             context.getParams().getManifestKey() != 0 && context.getParams().getManifest().getTensors().size() == 0);
+        .Add("manifest_by_key", BeginsByKey(context.getParams()));
     // The deadline, and a session that fails on its own threads (a corrupt or short bucket, a
     // dead data-plane peer, staging exhausted), end the session at once, not when its trainer
     // next calls: a trainer blocked in a data-plane send may never call again.
