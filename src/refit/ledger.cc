@@ -195,8 +195,20 @@ absl::Status Ledger::Check(bool partial) const {
       }
     }
   }
-  // Explicit groups: any member present means every member present.
+  // Explicit groups: any member present means every member present. Checked once for the same
+  // tensors (Planner::GroupsChecked: the arrivals' plans, in name order).
+  absl::InlinedVector<const TensorPlan*, 8> arrived_plans;
+  bool plans_known = !planner_.spec().groups.empty();
+  for (const std::string* name : names) {
+    if (!plans_known) break;
+    const TensorPlan* plan = arrivals_.find(*name)->second.plan.get();
+    plans_known = plan != nullptr;
+    arrived_plans.push_back(plan);
+  }
+  const bool groups_checked = plans_known && planner_.GroupsChecked(arrived_plans);
+  const size_t problems_before_groups = problems.size();
   for (const spec::Group& g : planner_.spec().groups) {
+    if (groups_checked) break;
     std::set<std::string> seen_instances;
     for (const std::string* arrived : names) {
       const std::string& name = *arrived;
@@ -217,6 +229,12 @@ absl::Status Ledger::Check(bool partial) const {
         }
       }
     }
+  }
+  if (plans_known && !groups_checked && problems.size() == problems_before_groups) {
+    std::vector<std::shared_ptr<const TensorPlan>> plans;
+    plans.reserve(names.size());
+    for (const std::string* name : names) plans.push_back(arrivals_.find(*name)->second.plan);
+    planner_.NoteGroupsChecked(std::move(plans));
   }
   if (problems.empty()) return absl::OkStatus();
   size_t total = problems.size();

@@ -200,6 +200,21 @@ void Planner::NoteShapeChecked(size_t index, std::vector<std::shared_ptr<const T
   if (index < memo_->shape_checked.size()) memo_->shape_checked[index] = std::move(plans);
 }
 
+bool Planner::GroupsChecked(absl::Span<const TensorPlan* const> plans) const {
+  absl::MutexLock lock(&memo_->mu);
+  const std::vector<std::shared_ptr<const TensorPlan>>& noted = memo_->groups_checked;
+  if (noted.empty() || noted.size() != plans.size()) return false;
+  for (size_t k = 0; k < plans.size(); ++k) {
+    if (noted[k].get() != plans[k]) return false;
+  }
+  return true;
+}
+
+void Planner::NoteGroupsChecked(std::vector<std::shared_ptr<const TensorPlan>> plans) const {
+  absl::MutexLock lock(&memo_->mu);
+  memo_->groups_checked = std::move(plans);
+}
+
 absl::StatusOr<TensorPlan> Planner::Resolved(const std::string& name, DType dtype, const Shape& shape) const {
   TensorPlan plan;
   bool first = true;

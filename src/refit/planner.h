@@ -104,6 +104,11 @@ class Planner {
   // The plans noted stay alive here, so a pointer equal to a noted one is that same plan.
   bool ShapeChecked(size_t index, absl::Span<const TensorPlan* const> plans) const;
   void NoteShapeChecked(size_t index, std::vector<std::shared_ptr<const TensorPlan>> plans) const;
+  // Ledger::Check's memo of the spec's groups: the tensors arrived (their plans, in name order)
+  // left no group incomplete. An RL loop sends the same tensors each refit; the check of every
+  // arrived name against every group member's pattern runs once.
+  bool GroupsChecked(absl::Span<const TensorPlan* const> plans) const;
+  void NoteGroupsChecked(std::vector<std::shared_ptr<const TensorPlan>> plans) const;
 
   const spec::ModelSpec& spec() const { return *spec_; }
   const std::vector<storage::ParamInfo>& params() const { return params_; }
@@ -144,6 +149,7 @@ class Planner {
     absl::Mutex mu;
     absl::flat_hash_map<std::string, Entry> plans ABSL_GUARDED_BY(mu);
     std::vector<std::vector<std::shared_ptr<const TensorPlan>>> shape_checked ABSL_GUARDED_BY(mu);  // by index
+    std::vector<std::shared_ptr<const TensorPlan>> groups_checked ABSL_GUARDED_BY(mu);
   };
   size_t memo_limit_ = 0;  // every slot of every built parameter: the most names that plan cleanly
   std::unique_ptr<Memo> memo_ = std::make_unique<Memo>();

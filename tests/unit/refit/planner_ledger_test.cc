@@ -208,5 +208,43 @@ TEST_F(PlannerLedgerTest, PartialRefitTakesWholePartialParamsOnly) {
   EXPECT_THAT(not_partial.Check(true).message(), HasSubstr("may not be refit alone"));
 }
 
+// The spec's groups are checked once for the same arrived tensors (Planner::GroupsChecked): the
+// same tensors again skip the check, and a set with a member missing is never hidden by it.
+TEST(PlannerLedgerGroupsTest, TheGroupCheckIsRememberedForTheSameTensorsOnly) {
+  auto s = spec::ParseModelSpec(R"(model: g
+rules:
+  - match: "l.{L}.{n:a,b}.weight"
+    partial: true
+groups:
+  - name: ab
+    members: ["l.{L}.a.weight", "l.{L}.b.weight"]
+)");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<std::string> names = {"l.0.a.weight", "l.0.b.weight", "l.1.a.weight", "l.1.b.weight"};
+  std::vector<storage::ParamInfo> params;
+  for (const std::string& n : names) params.push_back({n, DType::kBF16, {8}, 16});
+  auto planner = Planner::Create(*s, params);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  auto check = [&](size_t count) {
+    Ledger ledger(*planner);
+    for (size_t i = 0; i < count; ++i) EXPECT_TRUE(ledger.Arrive({names[i], DType::kBF16, {8}, 0, 16}).ok());
+    return ledger.Check(true);
+  };
+  std::vector<const TensorPlan*> all;
+  for (const std::string& n : names) all.push_back(planner->SharedPlan(n, DType::kBF16, {8})->get());
+  EXPECT_FALSE(planner->GroupsChecked(all));
+  EXPECT_TRUE(check(4).ok());
+  EXPECT_TRUE(planner->GroupsChecked(all));
+  EXPECT_TRUE(check(4).ok());
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_THAT(check(3).message(), HasSubstr("incomplete group 'ab': 'l.1.a.weight' arrived without 'l.1.b.weight'"));
+  }
+  EXPECT_TRUE(planner->GroupsChecked(all));  // an incomplete set is not noted
+  EXPECT_TRUE(check(2).ok());  // layer 0 whole: checked, and noted in place of the four
+  EXPECT_FALSE(planner->GroupsChecked(all));
+  EXPECT_THAT(check(3).message(), HasSubstr("incomplete group 'ab'"));
+  EXPECT_TRUE(check(4).ok());
+}
+
 }  // namespace
 }  // namespace refit
