@@ -4,7 +4,8 @@
 //
 // Threading: Pause and Resume are called from the commit's worker thread and block until the
 // engine answered, the call failed or `timeout` passed. Responsive may be called from any thread;
-// StartPause, WhenPauseAnswered and TakeAnsweredPause from the server's event loop only.
+// StartPause, WhenPauseAnswered, TakeAnsweredPause and StartResume from the server's event loop
+// only.
 #ifndef REFIT_REFIT_ENGINE_CONTROL_H_
 #define REFIT_REFIT_ENGINE_CONTROL_H_
 
@@ -49,6 +50,15 @@ class EngineControl {
   // without blocking, when the engine paused in time with nothing stale (true; PausedStale then
   // answers none). Otherwise false: Pause (from a worker thread) takes the outcome. Default: false.
   virtual bool TakeAnsweredPause() { return false; }
+  // Resume without blocking, from the thread the control's calls run on (the server's event
+  // loop): sends the request now and calls `done` there with what Resume would return. False
+  // (nothing sent, `done` never called) when this control cannot: the caller uses Resume from a
+  // worker thread. Default: false.
+  virtual bool StartResume(uint64_t version, const std::string& tag, absl::Duration timeout,
+                           std::function<void(absl::Status)> done) {
+    (void)version, (void)tag, (void)timeout, (void)done;
+    return false;
+  }
 };
 
 }  // namespace refit

@@ -1,6 +1,7 @@
 #include "refit/node.h"
 
 #include <algorithm>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,6 +74,7 @@ Node::~Node() {
 // ---- engines ----
 
 absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
+  ReleaseEnded();
   if (ranked_) return RegisterRank(std::move(setup));
   if (absl::Status placed = CheckRank(setup); !placed.ok()) return placed;
   if (engine_ && !engine_->gone) {
@@ -102,6 +104,7 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
 }
 
 bool Node::UnregisterEngine(uint64_t engine_id) {
+  ReleaseEnded();
   if (ranked_) {
     auto it = std::find_if(ranks_.begin(), ranks_.end(),
                            [engine_id](const std::shared_ptr<RankRecord>& r) { return r && r->id == engine_id; });
@@ -140,7 +143,8 @@ const std::string& Node::tag() const {
 
 // ---- sessions ----
 
-absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested) {
+absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key) {
+  ReleaseEnded();
   // Engine ranks: refused before anything is received or written unless every rank is in.
   if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered");
   if (active_ && active_->awaiting_wake) {
@@ -176,17 +180,23 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     return absl::InvalidArgumentError(absl::StrCat("manifest tag '", PrintableName(manifest.tag), "': ", tag.message()));
   }
   const SessionLimits& limits = options_.limits;
-  // Count and names first: nothing below plans, logs or echoes a name this refuses.
-  if (absl::Status checked = CheckManifest(manifest, limits); !checked.ok()) return checked;
   // staging: direct, for an awake engine whose storage refitd maps in the staging pool's memory:
   // the manifest's plans say where each tensor goes in the engine (PlanPlacement).
   const bool direct = !manifest.stage_only && DirectPossible();
   std::vector<std::shared_ptr<const TensorPlan>> plans;
+  // The tensor list this planner accepted last (the same key): its checks passed and its plans
+  // are known.
+  EngineRecord::BeginMemo& memo = engine_->begin_memo;
+  const bool known = tensors_key != 0 && memo.tensors_key == tensors_key;
+  if (known && direct) plans = memo.plans;
+  // Count and names first: nothing below plans, logs or echoes a name this refuses.
+  if (absl::Status checked = known ? absl::OkStatus() : CheckManifest(manifest, limits); !checked.ok()) return checked;
   // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
   std::vector<std::string> problems;
   size_t count = 0;
   const std::optional<spec::MegatronSource>& source = engine_->planner->spec().source;
-  for (const TensorDesc& entry : manifest.tensors) {
+  const bool keep_plans = direct || tensors_key != 0;
+  for (const TensorDesc& entry : known ? std::span<const TensorDesc>() : std::span<const TensorDesc>(manifest.tensors)) {
     // A Megatron-core name (spec `source`) stands for the checkpoint tensors it holds parts of.
     std::vector<TensorDesc> tensors{entry};
     if (source) {
@@ -201,7 +211,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
       // The planner's memoized plan, not a copy of it (a Llama-8B manifest: 291 plans).
       absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = engine_->planner->SharedPlan(t.name, t.dtype, t.shape);
       if (plan.ok()) {
-        if (direct) plans.push_back(std::move(*plan));
+        if (keep_plans) plans.push_back(std::move(*plan));
         continue;
       }
       if (++count <= 64) problems.push_back(std::string(plan.status().message()));
@@ -211,6 +221,8 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     return absl::FailedPreconditionError(absl::StrCat("manifest refused (", count, " problem", count == 1 ? "" : "s",
                                                    "): ", absl::StrJoin(problems, "; ")));
   }
+  if (!known && tensors_key != 0) memo = {tensors_key, plans};
+  if (!direct) plans.clear();
   if (manifest.stage_only) {
     if (options_.hold == 0) {
       return absl::FailedPreconditionError("stage-only refit refused: this daemon holds no versions (config hold: 0)");
@@ -525,6 +537,7 @@ bool Node::Poll(uint64_t session_id) {
 }
 
 bool Node::Shutdown() {
+  ReleaseEnded();
   AbortWith(EndCause::kDisconnected, "daemon shutting down");
   return committing();
 }
@@ -596,6 +609,8 @@ void Node::End(Outcome outcome, EndCause cause, std::string reason, const PhaseT
   if (hooks_.on_report) hooks_.on_report(r);
   // A session's pool that no version kept (aborted, refused, partial) serves the next session.
   if (active_->own_pool != nullptr && spare_pool_ == nullptr) spare_pool_ = std::move(active_->own_pool);
+  ReleaseEnded();
+  if (outcome == Outcome::kCommitted) ended_ = std::move(active_);
   active_.reset();
   NotifySession();
 }
@@ -645,6 +660,7 @@ std::shared_ptr<Commit> Node::NewSessionCommit() {
   commit->hooks_ = &hooks_;
   commit->pause_timeout_ = options_.pause_timeout;
   commit->resume_timeout_ = options_.resume_timeout;
+  commit->resume_on_loop_ = options_.resume_on_loop;
   commit->from_version_ = active_->engine->version;
   commit->from_tag_ = active_->engine->tag;
   commit->to_tag_ = active_->tag;
@@ -663,6 +679,7 @@ std::shared_ptr<Commit> Node::NewSessionCommit() {
 // ---- sleep and wake ----
 
 absl::Status Node::Sleep(uint64_t engine_id) {
+  ReleaseEnded();
   if (ranked_) {
     return absl::UnimplementedError("sleep: an engine of several ranks cannot sleep yet (each rank's weights stay mapped)");
   }
@@ -688,6 +705,7 @@ absl::Status Node::Sleep(uint64_t engine_id) {
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::Wake(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage) {
+  ReleaseEnded();
   if (ranked_) {
     return absl::UnimplementedError("wake: an engine of several ranks cannot sleep yet (each rank's weights stay mapped)");
   }
@@ -959,13 +977,42 @@ void Node::RunCommit(Commit& c) {
                               n > 16 ? ", ..." : "", "); engine left paused and dirty, a full refit must land"));
     }
   }
-  const uint64_t to_version = c.from_version_ + 1;
-  c.engine_version_set_ = true;  // the engine's memory holds to_version from here on
+  c.engine_version_set_ = true;  // the engine's memory holds from_version_ + 1 from here on
   phase("resuming");
+  c.pause_start_ = pause_start;
+  if (c.resume_on_loop_) {
+    c.resume_pending_ = true;  // StartLoopResume or RunResume
+    return;
+  }
+  RunResume(c);
+}
+
+void Node::RunResume(Commit& c) {
   TracePoint("daemon.resume_sent");
-  absl::Status resumed = engine.control->Resume(to_version, c.to_tag_, c.resume_timeout_);
+  absl::Status resumed = c.engine_->control->Resume(c.from_version_ + 1, c.to_tag_, c.resume_timeout_);
+  FinishResume(c, resumed);
+}
+
+bool Node::StartLoopResume(const std::shared_ptr<Commit>& commit, std::function<void()> done) {
+  Commit& c = *commit;
+  TracePoint("daemon.resume_sent");
+  return c.engine_->control->StartResume(c.from_version_ + 1, c.to_tag_, c.resume_timeout_,
+                                         [commit, done = std::move(done)](absl::Status resumed) {
+                                           FinishResume(*commit, resumed);
+                                           done();
+                                         });
+}
+
+void Node::FinishResume(Commit& c, const absl::Status& resumed) {
+  c.resume_pending_ = false;
+  const uint64_t to_version = c.from_version_ + 1;
   TracePoint("daemon.resumed");
-  c.times_.pause_ms = Ms(absl::Now() - pause_start);
+  c.times_.pause_ms = Ms(absl::Now() - c.pause_start_);
+  auto end = [&c](Outcome outcome, EndCause cause, std::string reason) {
+    c.outcome_ = outcome;
+    c.cause_ = cause;
+    c.reason_ = std::move(reason);
+  };
   if (!resumed.ok()) {
     if (resumed.code() == absl::StatusCode::kDeadlineExceeded) {
       return end(Outcome::kFailed, EndCause::kEngineError,

@@ -129,6 +129,14 @@ struct EngineRecord {
     std::shared_ptr<const Placement> placement;
   };
   PlacementMemo placement_memo;
+  // The last manifest's tensor list this engine's planner accepted, by its key (Node::Begin's
+  // `tensors_key`), with its plans: an RL loop's next begin with the same list takes them rather
+  // than checking and planning each tensor again.
+  struct BeginMemo {
+    uint64_t tensors_key = 0;
+    std::vector<std::shared_ptr<const TensorPlan>> plans;
+  };
+  BeginMemo begin_memo;
 };
 
 // What status shows of each declared engine rank.
@@ -187,6 +195,11 @@ struct NodeOptions {
   // commit that fails mid-copy does); one that wrote nothing resumes it. Not with hold > 0 or
   // engine ranks (the server refuses those configurations).
   bool direct = false;
+  // A commit's last step, the engine's resume, is sent by the thread that starts and finishes
+  // commits (the server's event loop, where the engine's capability lives) rather than from the
+  // worker thread: RunCommit returns with resume_pending() and the caller sends it
+  // (StartLoopResume), saving the worker's wake-up and its hop back. Off: RunCommit resumes.
+  bool resume_on_loop = false;
   const FailpointSet* failpoints = nullptr;  // test builds only
   // What session deadlines are computed and checked against; the system clock when null.
   const Clock* clock = nullptr;
@@ -237,6 +250,9 @@ class DirectPause {
 class Commit {
  public:
   uint64_t session_id() const { return session_id_; }
+  // NodeOptions::resume_on_loop: RunCommit returned with the engine's memory written and its
+  // resume still to send (Node::StartLoopResume, or Node::RunResume on a worker thread).
+  bool resume_pending() const { return resume_pending_; }
 
  private:
   friend class Node;
@@ -256,6 +272,9 @@ class Commit {
   bool woken_ = false;         // the commit of a refit staged while the engine slept: from prepare on
   bool direct_ = false;        // staging: direct: the engine is paused since direct_since_ (no pause here)
   absl::Time direct_since_;
+  bool resume_on_loop_ = false;  // NodeOptions::resume_on_loop
+  bool resume_pending_ = false;  // RunCommit left the resume (of to_version) to its caller
+  absl::Time pause_start_;       // the window's start (pause_ms)
 
   // Set by RunCommit.
   Outcome outcome_ = Outcome::kFailed;
@@ -304,8 +323,10 @@ class Node {
 
   // A new session for `manifest`; every refusal names the field or tensor (InvalidArgument),
   // the missing engine (Unavailable), the busy node (Unavailable) or the dirty engine
-  // (FailedPrecondition).
-  absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested);
+  // (FailedPrecondition). `tensors_key`: a hash of every field of the manifest's tensor list
+  // (the daemon's manifest key; 0: none). A list of the key the engine's planner accepted last
+  // is not checked and planned again (EngineRecord::BeginMemo).
+  absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key = 0);
   // Another trainer rank joins the active session; it counts as open until it detaches. Returns
   // the rank's number in the session (1, 2, ...; the rank that began it is 0), which picks its
   // range of bucket numbers (Session::SeqBase).
@@ -329,6 +350,9 @@ class Node {
   // Ends the session if it failed on its own threads or passed its deadline (by the options'
   // clock). Returns false once `session_id` is no longer active (the caller stops polling).
   bool Poll(uint64_t session_id);
+  // Tears down the last committed session (End keeps it for this: its threads, staging and ledger
+  // are freed after the commit is answered). Every other entry point that needs it gone calls it.
+  void ReleaseEnded() { ended_.reset(); }
   // Shutting down: ends a session that is not committing. Returns true while a commit runs.
   bool Shutdown();
 
@@ -378,6 +402,12 @@ class Node {
   void FinishUndoEarlyPause() { --early_undoing_; }
   bool undoing_early_pause() const { return early_undoing_ > 0; }
   static void RunCommit(Commit& commit);
+  // After a RunCommit that left the resume pending (Commit::resume_pending): on the loop thread,
+  // sends the resume through the engine's EngineControl::StartResume and runs `done` there once
+  // the commit has its outcome (then FinishCommit); false, sending nothing, when the control
+  // cannot resume from this thread: RunResume (worker thread, blocking) then.
+  static bool StartLoopResume(const std::shared_ptr<Commit>& commit, std::function<void()> done);
+  static void RunResume(Commit& commit);
   // Ends the session with the commit's outcome; returns the report (also last_report()).
   const RefitReport& FinishCommit(Commit& commit);
 
@@ -497,6 +527,8 @@ class Node {
   // refitd's own mappings are not stale (EngineStorage::Audit); the engine's own audit comes with
   // its pause (EngineControl::PausedStale). Runs on the commit's worker thread.
   static absl::Status AuditRegistration(const Commit& c);
+  // The commit's outcome once the engine answered its resume (or did not).
+  static void FinishResume(Commit& c, const absl::Status& resumed);
 
   const NodeOptions options_;
   const std::unique_ptr<Clock> system_clock_;  // when options_.clock is null
@@ -506,6 +538,9 @@ class Node {
   NodeHooks hooks_;
   std::shared_ptr<EngineRecord> engine_;
   std::optional<Active> active_;
+  // The last session that committed, its teardown (threads joined, staging and ledger freed) left
+  // for ReleaseEnded, after the trainer's answer.
+  std::optional<Active> ended_;
   uint64_t next_engine_id_ = 1;
   bool ranked_ = false;
   std::vector<std::shared_ptr<const spec::ModelSpec>> rank_specs_;  // spec::ForRank, by rank

@@ -112,6 +112,7 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<St
   commit->hooks_ = &hooks_;
   commit->pause_timeout_ = options_.pause_timeout;
   commit->resume_timeout_ = options_.resume_timeout;
+  commit->resume_on_loop_ = options_.resume_on_loop;
   commit->from_version_ = engine_->version;
   commit->from_tag_ = engine_->tag;
   commit->to_tag_ = v->tag;

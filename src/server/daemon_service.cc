@@ -94,16 +94,19 @@ class RpcEngineControl final : public EngineControl {
 
   absl::Status Resume(uint64_t version, const std::string& tag, absl::Duration timeout) override {
     return Run("resume", [this, version, tag, timeout] {
-      return CallOnLoop("resume", timeout, [this, version, tag] {
-        auto req = client_.resumeRequest();
-        req.setVersion(version);
-        req.setTag(wire::Text(tag));
-        return req.send().ignoreResult();
-      });
+      return CallOnLoop("resume", timeout, [this, version, tag] { return SendResume(version, tag); });
     });
   }
 
   bool Responsive() const override { return late_->load() == 0; }
+
+  bool StartResume(uint64_t version, const std::string& tag, absl::Duration timeout,
+                   std::function<void(absl::Status)> done) override {
+    // CallOnLoop's promise always settles (answered, failed, or its timeout).
+    late_calls_->add(CallOnLoop("resume", timeout, [this, version, tag] { return SendResume(version, tag); })
+                         .then([done = std::move(done)](absl::Status st) { done(st); }));
+    return true;
+  }
 
   void StartPause(absl::Duration timeout) override {
     started_stale_ = std::make_shared<std::vector<std::string>>();
@@ -138,6 +141,13 @@ class RpcEngineControl final : public EngineControl {
   };
 
   // Loop thread only.
+  kj::Promise<void> SendResume(uint64_t version, const std::string& tag) {
+    auto req = client_.resumeRequest();
+    req.setVersion(version);
+    req.setTag(wire::Text(tag));
+    return req.send().ignoreResult();
+  }
+
   kj::Promise<void> SendPause(std::shared_ptr<std::vector<std::string>> stale) {
     TracePoint("daemon.pause_sent");
     return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
@@ -273,6 +283,16 @@ template <typename Context>
 kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context) {
   DaemonState* state = &state_ref;
   auto done = RunBlocking(state->io, [commit] { Node::RunCommit(*commit); })
+                  .then([state, commit]() -> kj::Promise<void> {
+                    if (!commit->resume_pending()) return kj::READY_NOW;
+                    // The engine's resume goes out from here, and its answer is taken here.
+                    auto resumed = kj::newPromiseAndFulfiller<void>();
+                    auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<void>>>(kj::mv(resumed.fulfiller));
+                    if (Node::StartLoopResume(commit, [fulfiller] { (*fulfiller)->fulfill(); })) {
+                      return kj::mv(resumed.promise);
+                    }
+                    return RunBlocking(state->io, [commit] { Node::RunResume(*commit); });
+                  })
                   .then([state, commit] { state->node.FinishCommit(*commit); })
                   .fork();
   state->tasks.add(done.addBranch());
@@ -286,6 +306,9 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
       status = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kAfterCommit);
     }
     wire::ToWire(status, context.getResults().initStatus());
+    // The ended session's teardown (threads joined, staging and ledger freed) once the answer is
+    // on its way (kj::evalLast: after every event queued now).
+    state->tasks.add(kj::evalLast([state] { state->node.ReleaseEnded(); }));
   });
 }
 
@@ -640,7 +663,10 @@ class DaemonImpl final : public proto::Daemon::Server {
       state->kept_manifest = {tensors.key, std::make_shared<const std::vector<TensorDesc>>(manifest->tensors)};
     }
     if (manifest.ok() && (kept != nullptr || tensors.keepable)) context.getResults().setManifestKey(tensors.key);
-    absl::StatusOr<BeginResult> begun = manifest.ok() ? state->node.Begin(*manifest, requested)
+    // A tensor list of a key (kept, or keepable: no supplied amax) may take the planner's last
+    // check and plans of the same list (Node::Begin).
+    const uint64_t tensors_key = kept != nullptr || tensors.keepable ? tensors.key : 0;
+    absl::StatusOr<BeginResult> begun = manifest.ok() ? state->node.Begin(*manifest, requested, tensors_key)
                                                       : absl::StatusOr<BeginResult>(manifest.status());
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
       // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
@@ -967,6 +993,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.hold = config.hold;
             o.refuse_while_asleep = config.asleep_refits == "refuse";
             o.direct = config.staging == "direct";
+            o.resume_on_loop = true;  // RunCommitTask sends the commit's resume from the loop
             o.failpoints = failpoints.get();
             o.spec = &spec;
             const Config* cfg = &config;

@@ -60,6 +60,16 @@ class ScriptedControl final : public EngineControl {
     return resume_status;
   }
   bool Responsive() const override { return late == 0; }
+  // resumes_on_loop: takes the resume, whose answer the test gives by calling loop_resumed.
+  bool StartResume(uint64_t version, const std::string& tag, absl::Duration timeout,
+                   std::function<void(absl::Status)> done) override {
+    if (!resumes_on_loop) return false;
+    calls.push_back(absl::StrCat("resume:", version, ":loop"));
+    tags.push_back(tag);
+    (void)timeout;
+    loop_resumed = std::move(done);
+    return true;
+  }
   std::vector<std::string> PausedStale() override {
     ++audits;
     return audit_stale;
@@ -79,6 +89,8 @@ class ScriptedControl final : public EngineControl {
   std::atomic<bool> pause_called{false};
   std::vector<std::string> audit_stale;  // what the engine's audit names
   int audits = 0;
+  bool resumes_on_loop = false;
+  std::function<void(absl::Status)> loop_resumed;
 };
 
 // A converter whose failures surface only when its bucket completes, as a GPU's do (a NaN input
@@ -127,6 +139,7 @@ class NodeTest : public ::testing::Test {
     options.hold = hold_;
     options.refuse_while_asleep = refuse_asleep_;
     options.direct = direct_;
+    options.resume_on_loop = resume_on_loop_;
     if (staging_limit_ != 0) options.limits.staging_bytes = staging_limit_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
@@ -218,6 +231,7 @@ class NodeTest : public ::testing::Test {
   uint32_t hold_ = 0;            // NodeOptions::hold
   bool refuse_asleep_ = false;   // NodeOptions::refuse_while_asleep
   bool direct_ = false;          // NodeOptions::direct (staging: direct)
+  bool resume_on_loop_ = false;  // NodeOptions::resume_on_loop
   std::atomic<int> converted_{0};  // buckets converted (NodeHooks::on_converted)
   int pools_made_ = 0;           // EngineSetup::new_pool calls
   uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero
@@ -778,6 +792,81 @@ TEST_F(NodeTest, BeginRefusalsCarryTheirCodes) {
   st = node_->Begin(ManifestOf(kParams), absl::Now()).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(st.message(), HasSubstr("busy"));
+}
+
+// A tensor list's key stands for the list (the daemon's manifest key: a hash of every field): a
+// begin of the key the planner accepted last is neither checked nor planned again. A refused list
+// is never remembered, and a list of another key is checked, as is any list after the engine
+// registers again (a new planner).
+TEST_F(NodeTest, TheTensorListOfTheKeyAcceptedLastIsNotPlannedAgain) {
+  constexpr uint64_t kGood = 0x600d, kBad = 0xbad;
+  Register();
+  Manifest unknown = ManifestOf(kParams);
+  unknown.tensors.push_back({"nope", DType::kBF16, {kElems}, 0, kBytes});
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_THAT(node_->Begin(unknown, absl::Now(), kBad).status().message(), HasSubstr("'nope'"));
+  }
+  absl::StatusOr<BeginResult> good = node_->Begin(ManifestOf(kParams), absl::Now(), kGood);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE(node_->AbortActive("next"));
+  EXPECT_THAT(node_->Begin(unknown, absl::Now(), kBad).status().message(), HasSubstr("'nope'"));
+  // The key accepted last is taken as its list: planning is skipped (what arrives is still
+  // checked at commit).
+  absl::StatusOr<BeginResult> by_key = node_->Begin(unknown, absl::Now(), kGood);
+  EXPECT_TRUE(by_key.ok()) << by_key.status();
+  ASSERT_TRUE(node_->AbortActive("next"));
+  ASSERT_TRUE(node_->UnregisterEngine(node_->engine()->id));
+  Register();
+  EXPECT_THAT(node_->Begin(unknown, absl::Now(), kGood).status().message(), HasSubstr("'nope'"));
+}
+
+// resume_on_loop: RunCommit writes the engine's memory and leaves the resume to the loop thread,
+// which sends it without blocking (StartLoopResume) and finishes the commit on its answer; a
+// control that cannot resume from the loop resumes from the worker (RunResume).
+TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
+  resume_on_loop_ = true;
+  SetUp();
+  ScriptedControl* control = nullptr;
+  Register(&control);
+  auto commit_until_resume = [&](uint8_t seed) {
+    const uint64_t id = Send(Payload(seed), kParams, false, absl::StrCat("step-", static_cast<int>(seed)));
+    absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(id);
+    EXPECT_TRUE(c.ok()) << c.status();
+    Node::RunCommit(**c);
+    EXPECT_TRUE((*c)->resume_pending());
+    EXPECT_EQ(EngineBytes(), Payload(seed));  // written in the window, before the resume
+    return *c;
+  };
+  std::shared_ptr<Commit> c = commit_until_resume(1);
+  control->resumes_on_loop = true;
+  bool done = false;
+  ASSERT_TRUE(Node::StartLoopResume(c, [&] { done = true; }));
+  EXPECT_FALSE(done);
+  EXPECT_EQ(control->calls.back(), "resume:1:loop");
+  EXPECT_EQ(control->tags.back(), "step-1");
+  control->loop_resumed(absl::OkStatus());
+  EXPECT_TRUE(done);
+  EXPECT_FALSE(c->resume_pending());
+  const RefitReport& r = node_->FinishCommit(*c);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(node_->version(), 1u);
+  // Unanswered in time: the commit fails naming the resume; the engine holds the new version.
+  c = commit_until_resume(2);
+  ASSERT_TRUE(Node::StartLoopResume(c, [] {}));
+  control->loop_resumed(absl::DeadlineExceededError("no answer"));
+  const RefitReport& late = node_->FinishCommit(*c);
+  EXPECT_EQ(late.outcome, Outcome::kFailed);
+  EXPECT_THAT(late.reason, HasSubstr("did not answer resume(2)"));
+  // A control that cannot: nothing sent, the worker resumes.
+  control->resumes_on_loop = false;
+  c = commit_until_resume(3);
+  const size_t calls = control->calls.size();
+  EXPECT_FALSE(Node::StartLoopResume(c, [] { ADD_FAILURE() << "not to be called"; }));
+  EXPECT_EQ(control->calls.size(), calls);
+  Node::RunResume(*c);
+  EXPECT_EQ(control->calls.back(), "resume:3");
+  EXPECT_EQ(node_->FinishCommit(*c).outcome, Outcome::kCommitted);
+  EXPECT_EQ(node_->version(), 3u);
 }
 
 TEST_F(NodeTest, DeadlineAndTrainerEndsAreTyped) {
