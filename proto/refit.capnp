@@ -305,7 +305,7 @@ struct EngineRankStatus {
 }
 
 interface Daemon {
-  begin @0 (manifest :Manifest, manifestKey :UInt64)
+  begin @0 (manifest :Manifest, manifestKey :UInt64, sessionId :UInt64)
       -> (session :Session, sessionId :UInt64, dataEndpoint :Text, bucketBytes :UInt64, status :Status,
           wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool, manifestKey :UInt64, needManifest :Bool);
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
@@ -320,7 +320,14 @@ interface Daemon {
   # other fields as usual): refitd uses the list it kept. When it no longer has it (restarted,
   # or another list came since), the begin fails with `needManifest` set, and nothing else
   # happened: the trainer sends the whole manifest. Tensor lists with a supplied amax are not
-  # kept (the amax changes each refit).
+  # kept (the amax changes each refit). refitd keeps the last 8 lists.
+  # `sessionId` (0: refitd chooses): the trainer's choice of this session's id, nonzero and below
+  # 2^32, refused (invalidArgument) when one of refitd's recent sessions had it. Knowing its
+  # data-plane tags, the trainer need not wait for the answer: it may announce on the answer's
+  # session as promised (Cap'n Proto promise pipelining: refitd takes the announce once the begin
+  # is answered) and, on a data plane with early sends (CUDA IPC), send a bucket's bytes at once;
+  # refitd holds them for the session, and drops them if the begin is refused. The answer's
+  # `sessionId` is the chosen one.
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
                      tag :Text, tpRank :Int32, tpSize :Int32, epRank :Int32, epSize :Int32,

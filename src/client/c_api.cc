@@ -183,8 +183,8 @@ void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out
 refit_session* AdoptSession(refit_client* client, std::unique_ptr<refit::client::RefitSession> impl, bool joined) {
   auto s = std::make_unique<refit_session>();
   s->client = client;
-  s->id = impl->id();
-  s->ids = impl->ids();
+  s->ids = impl->ids();  // not waiting for a pipelined begin's answer (refit_session_id does)
+  s->id = s->ids.front();
   s->bucket_bytes = impl->bucket_bytes();
   s->joined = joined;
   s->impl = std::move(impl);
@@ -628,13 +628,19 @@ int refit_session_ids(const refit_session* session, uint64_t* out_ids, uint64_t 
     if (session == nullptr) return absl::InvalidArgumentError("session is NULL");
     if (out_count == nullptr) return absl::InvalidArgumentError("out_count is NULL");
     if (capacity > 0 && out_ids == nullptr) return absl::InvalidArgumentError("out_ids is NULL");
+    if (session->impl != nullptr && !session->ended) (void)session->impl->id();  // as refit_session_id
     for (uint64_t i = 0; i < capacity && i < session->ids.size(); ++i) out_ids[i] = session->ids[i];
     *out_count = session->ids.size();
     return absl::OkStatus();
   });
 }
 
-uint64_t refit_session_id(const refit_session* session) { return session == nullptr ? 0 : session->id; }
+uint64_t refit_session_id(const refit_session* session) {
+  if (session == nullptr) return 0;
+  // After a pipelined begin: once refitd answered (the id is handed to ranks that join).
+  if (session->impl != nullptr && !session->ended) (void)session->impl->id();
+  return session->id;
+}
 
 uint64_t refit_session_bucket_bytes(const refit_session* session) {
   return session == nullptr ? 0 : session->bucket_bytes;

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <future>
+#include <random>
 #include <span>
 
 #include "absl/container/flat_hash_map.h"
@@ -248,6 +250,17 @@ struct TrainerClient::Impl {
   // (Daemon.begin; 0: none): a begin with the same list sends the key instead.
   uint64_t manifest_key = 0;
   std::vector<TensorDesc> manifest_tensors;
+  // What the last begin (by key, its list kept) was answered besides its session: a later begin
+  // by the same key that expects the same need not wait for its answer (pipelined: see
+  // OpenSession). ok: such an answer came (own_seqs from seq base 0, nothing for the trainer to
+  // convert).
+  struct Answered {
+    bool ok = false;
+    std::string endpoint;
+    uint64_t bucket_bytes = 0;
+    WireFormat wire_format = WireFormat::kBf16;  // the begin's (its plan depends on it)
+  } answered;
+  std::mt19937_64 session_ids{std::random_device{}()};
 };
 
 namespace {
@@ -294,6 +307,13 @@ struct RefitSession::Impl {
     std::unique_ptr<capnp::RemotePromise<proto::Session::AnnounceResults>> call;
   };
   std::vector<PendingAnnounce> pending_announces;
+  // A pipelined begin (one daemon), not yet answered: the session and its id were taken as
+  // promised. Checked before the first bucket's bytes go where they wait for it (CheckBegun) and
+  // before every announce is checked.
+  std::unique_ptr<capnp::RemotePromise<proto::Daemon::BeginResults>> pending_begin;
+  absl::Status begin_status;  // its outcome, once answered
+  // Waits for a pipelined begin's answer; its error (then every later call fails with it).
+  absl::Status CheckBegun();
   // Waits for every announce still unanswered; the first error (naming its daemon), if any.
   absl::Status CheckAnnounced();
   DataPlane* data = nullptr;
@@ -396,6 +416,63 @@ absl::Status UseWirePlan(RefitSession::Impl& s, size_t i, bool has, proto::WireP
   return absl::OkStatus();
 }
 
+// On a data plane with early sends (CUDA IPC), whether a pipelined begin's first buckets go before
+// its answer (refitd holds them for the session: TagMatcher::Options::wait_for_sessions) or wait
+// for it. `REFIT_SEND_BEFORE_BEGIN=1`; off by default until measured on the GPU host
+// (docs/benchmarks.md).
+bool SendsBeforeBegin() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("REFIT_SEND_BEFORE_BEGIN");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return enabled;
+}
+
+// A begin that does not wait for its answer (one daemon, `REFIT_PIPELINED_BEGIN` not 0): when the
+// manifest goes by key and the last begin of that key was answered with this rank's own bucket
+// numbers from 0, no wire plan, and the data plane this client is connected to, the trainer
+// chooses the session's id (Daemon.begin's sessionId) and takes the session as promised
+// (Cap'n Proto promise pipelining): its announces go out at once and refitd takes them once the
+// begin is answered. The answer is checked later (RefitSession::Impl::CheckBegun): a refusal
+// fails the session's first push or its commit with the begin's error. False: nothing was sent.
+bool PipelinedBegin(RefitSession::Impl& s, TrainerClient::Impl& c, DataPlane& data, const Manifest& manifest) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("REFIT_PIPELINED_BEGIN");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  if (!enabled || !c.answered.ok || c.manifest_key == 0 || manifest.wire_format != c.answered.wire_format ||
+      data.endpoints != std::vector<std::string>{c.answered.endpoint} ||
+      data.sender == nullptr || !SameTensors(c.manifest_tensors, manifest.tensors)) {
+    return false;
+  }
+  uint64_t id = 0;
+  while (id == 0) id = c.session_ids() & 0xFFFFFFFFu;
+  bool sent = false;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    TracePoint("trainer.begin_sent");
+    auto req = c.daemon.beginRequest();
+    req.setManifestKey(c.manifest_key);
+    req.setSessionId(id);
+    wire::ToWire(manifest, req.initManifest(), /*with_tensors=*/false);
+    auto call = std::make_unique<capnp::RemotePromise<proto::Daemon::BeginResults>>(req.send());
+    RefitSession::Impl::Member& m = s.members.front();
+    m.session = call->getSession();
+    m.id = id;
+    m.own_seqs = true;
+    m.next_seq = 0;
+    s.pending_begin = std::move(call);
+    sent = true;
+  })) {
+    return false;  // sent nothing (the connection is broken: the usual begin reports it)
+  }
+  if (!sent) return false;
+  s.wait().poll();  // writes the request
+  s.bucket_bytes = c.answered.bucket_bytes;
+  // The same data plane: connected already; this reserves the buckets as a begin does.
+  s.begin_status = data.Connect({c.answered.endpoint}, false, s.bucket_bytes);
+  return true;
+}
+
 // Begins (ids empty) or joins (ids[i] on daemon i) a session on every daemon; requests go out
 // together. On failure the sessions already begun are aborted.
 absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vector<TrainerClient::Impl*>& clients,
@@ -409,6 +486,9 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
   std::vector<std::string> endpoints(clients.size());
   std::vector<uint64_t> bucket_bytes(clients.size());
   absl::Status failed;
+  if (manifest != nullptr && clients.size() == 1 && PipelinedBegin(*s, *clients.front(), data, *manifest)) {
+    return s;
+  }
   if (manifest != nullptr) {
     TracePoint("trainer.begin_sent");
     // A daemon that kept this manifest's tensor list gets its key instead of the list.
@@ -444,6 +524,10 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
             clients[i]->manifest_key = resp.getManifestKey();
             if (clients[i]->manifest_key != 0) clients[i]->manifest_tensors = manifest->tensors;
           }
+          // What a pipelined begin by this key may expect next time (one daemon only).
+          clients[i]->answered = {clients.size() == 1 && clients[i]->manifest_key != 0 && resp.getOwnSeqs() &&
+                                      resp.getSeqBase() == 0 && resp.getWirePlan().getTensors().size() == 0,
+                                  resp.getDataEndpoint().cStr(), resp.getBucketBytes(), manifest->wire_format};
           s->members[i].session = resp.getSession();
           s->members[i].id = resp.getSessionId();
           s->members[i].own_seqs = resp.getOwnSeqs();
@@ -667,7 +751,12 @@ void RefitSession::SetWireTamper(std::function<void(uint32_t, std::vector<uint8_
   impl_->tamper = std::move(tamper);
 }
 
-uint64_t RefitSession::id() const { return impl_->members.front().id; }
+uint64_t RefitSession::id() const {
+  // A pipelined begin's id is the trainer's choice: once refitd answered, ranks handed it can
+  // join (a refused begin's id joins nothing; its first push reports why).
+  (void)impl_->CheckBegun();
+  return impl_->members.front().id;
+}
 std::vector<uint64_t> RefitSession::ids() const {
   std::vector<uint64_t> out;
   for (const auto& m : impl_->members) out.push_back(m.id);
@@ -957,7 +1046,43 @@ absl::Status RefitSession::Impl::FlushRun() {
   return sent;
 }
 
+absl::Status RefitSession::Impl::CheckBegun() {
+  if (pending_begin == nullptr) return begin_status;
+  std::unique_ptr<capnp::RemotePromise<proto::Daemon::BeginResults>> call = std::move(pending_begin);
+  TrainerClient::Impl& c = *members.front().client;
+  const uint64_t id = members.front().id;
+  absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
+    auto resp = call->wait(wait());
+    TracePoint("trainer.begin_answered");
+    if (resp.getNeedManifest()) {
+      // refitd no longer keeps the list (it restarted, or many other lists came since): the next
+      // begin sends it whole.
+      c.manifest_key = 0;
+      c.answered.ok = false;
+      return absl::FailedPreconditionError(
+          "refitd no longer keeps this trainer's manifest (it restarted, or many other manifests came since); "
+          "the refit was not begun: begin it again");
+    }
+    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+    if (resp.getSessionId() != id || !resp.getOwnSeqs() || resp.getSeqBase() != 0 ||
+        resp.getWirePlan().getTensors().size() != 0 ||
+        resp.getBucketBytes() != bucket_bytes || c.answered.endpoint != resp.getDataEndpoint().cStr()) {
+      c.answered.ok = false;
+      return absl::InternalError(
+          "refitd answered the begin unlike the one before it (session id, bucket numbers, bucket size, data plane or "
+          "wire plan), which this trainer had taken as promised; begin again");
+    }
+    return true;
+  });
+  if (!ok.ok() && begin_status.ok()) begin_status = ok.status();
+  return begin_status;
+}
+
 absl::Status RefitSession::Impl::CheckAnnounced() {
+  if (absl::Status begun = CheckBegun(); !begun.ok()) {
+    pending_announces.clear();  // refused with the begin
+    return begun;
+  }
   absl::Status failed;
   for (PendingAnnounce& p : pending_announces) {
     absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
@@ -1012,6 +1137,11 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
     }
     first_seq = static_cast<uint32_t>(tags[0]);
     if (data->transport->early_sends) {
+      // The bytes go now, or, after a pipelined begin not yet answered, once it is (unless sent
+      // before it: SendsBeforeBegin).
+      if (pending_begin != nullptr && !SendsBeforeBegin()) {
+        if (absl::Status st = CheckBegun(); !st.ok()) return st;
+      }
       wait().poll();
     } else if (absl::Status st = CheckAnnounced(); !st.ok()) {
       return st;
@@ -1089,6 +1219,8 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
     return st;
   }
   impl_->done = true;
+  // A pipelined begin refused: nothing to commit (a session with buckets knew it at their announce).
+  if (absl::Status begun = impl_->CheckBegun(); !begun.ok()) return begun;
   // Every bucket is announced: the commit goes out now, while the last sends are still read (refitd's
   // commit waits for every announced bucket itself), and this trainer's memory is free again only
   // once those sends ended (below).
@@ -1176,6 +1308,7 @@ absl::Status RefitSession::Abort(const std::string& reason) {
   impl_->run_header.tensors.clear();  // a run not yet announced is not sent
   (void)impl_->WaitInFlight();
   impl_->pending_announces.clear();  // their answers no longer matter
+  if (!impl_->CheckBegun().ok()) return absl::OkStatus();  // a pipelined begin refused: nothing began
   absl::Status st;
   for (size_t i = 0; i < impl_->members.size(); ++i) {
     absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {

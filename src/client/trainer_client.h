@@ -173,6 +173,8 @@ class FanoutClient {
 class RefitSession {
  public:
   ~RefitSession();
+  // The session's id; after a pipelined begin (docs/architecture.md "The pipelined begin") it
+  // first waits for refitd's answer, so that ranks handed the id find the session to join.
   uint64_t id() const;
   uint64_t bucket_bytes() const;
   // Appends a tensor to the current bucket, sending the bucket first when it would overflow.

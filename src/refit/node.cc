@@ -143,7 +143,8 @@ const std::string& Node::tag() const {
 
 // ---- sessions ----
 
-absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key) {
+absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key,
+                                        uint64_t session_id) {
   ReleaseEnded();
   // Engine ranks: refused before anything is received or written unless every rank is in.
   if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered");
@@ -270,7 +271,9 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   const uint32_t deadline_ms =
       manifest.deadline_ms != 0 ? std::min(manifest.deadline_ms, limits.deadline_ms) : limits.deadline_ms;
   Session::Options so;
-  so.id = NewSessionId();
+  absl::StatusOr<uint64_t> id = TakeSessionId(session_id);
+  if (!id.ok()) return id.status();
+  so.id = *id;
   so.partial = manifest.partial;
   // The session's blocking waits (buckets, receives) run on the real clock; the node ends the
   // session at its deadline by its own clock (Poll).
@@ -627,10 +630,30 @@ void Node::NotifySession() {
 uint64_t Node::NewSessionId() {
   // A random nonzero 32-bit nonce: data-plane tags are (id << 32) | seq and ids are handed out
   // only over the control plane, so a data-plane peer cannot address a live session without it.
+  auto recent = [this](uint64_t id) {
+    return std::find(recent_session_ids_.begin(), recent_session_ids_.end(), id) != recent_session_ids_.end();
+  };
   uint64_t id = 0;
-  while (id == 0 || id == last_session_id_) id = entropy_();
-  last_session_id_ = id;
-  return id;
+  while (id == 0 || recent(id)) id = entropy_();
+  absl::StatusOr<uint64_t> taken = TakeSessionId(id);
+  return taken.ok() ? *taken : id;
+}
+
+absl::StatusOr<uint64_t> Node::TakeSessionId(uint64_t proposed) {
+  if (proposed == 0) return NewSessionId();
+  // A trainer's choice is as secret as the node's: it goes over the control plane only.
+  if (proposed >> 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("session id ", proposed,
+                                                   ": a trainer's choice must be below 2^32 (data-plane tags are "
+                                                   "(id << 32) | seq)"));
+  }
+  if (std::find(recent_session_ids_.begin(), recent_session_ids_.end(), proposed) != recent_session_ids_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session id ", proposed, " was one of this daemon's recent sessions; choose another"));
+  }
+  recent_session_ids_.push_back(proposed);
+  if (recent_session_ids_.size() > kRecentSessionIds) recent_session_ids_.pop_front();
+  return proposed;
 }
 
 // ---- the commit protocol ----

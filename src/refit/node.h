@@ -20,6 +20,7 @@
 #define REFIT_REFIT_NODE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -326,7 +327,11 @@ class Node {
   // (FailedPrecondition). `tensors_key`: a hash of every field of the manifest's tensor list
   // (the daemon's manifest key; 0: none). A list of the key the engine's planner accepted last
   // is not checked and planned again (EngineRecord::BeginMemo).
-  absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key = 0);
+  // `session_id`: the trainer's choice of the session's id (nonzero; 0: the node chooses), so
+  // that it knows its data-plane tags before the answer. Refused (InvalidArgument) at or above
+  // 2^32 or when one of the node's recent sessions had it.
+  absl::StatusOr<BeginResult> Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key = 0,
+                                    uint64_t session_id = 0);
   // Another trainer rank joins the active session; it counts as open until it detaches. Returns
   // the rank's number in the session (1, 2, ...; the rank that began it is 0), which picks its
   // range of bucket numbers (Session::SeqBase).
@@ -503,6 +508,8 @@ class Node {
   void AbortWith(EndCause cause, const std::string& reason);
   void NotifySession();
   uint64_t NewSessionId();
+  // `proposed` (a trainer's choice) when it is no recent session's, else an error; 0: NewSessionId.
+  absl::StatusOr<uint64_t> TakeSessionId(uint64_t proposed);
   // Keeps the active session's staging as a version in `state` (End, before the session goes).
   void KeepActive(StagedVersion::State state, uint64_t checksum);
   // A version of `state`, or null.
@@ -561,7 +568,8 @@ class Node {
   // The pool of the last dropped version, its buffers reused by the next session (same keys and
   // sizes: no allocation). At most one; freed with the engine.
   std::unique_ptr<StagingPool> spare_pool_;
-  uint64_t last_session_id_ = 0;
+  std::deque<uint64_t> recent_session_ids_;  // the last kRecentSessionIds, oldest first
+  static constexpr size_t kRecentSessionIds = 64;
   std::random_device entropy_;
   RefitReport last_report_;
 };

@@ -50,6 +50,7 @@ void Session::Stop() {
     stopping_ = true;
     if (failure_.ok()) failure_ = absl::CancelledError("session closed");
   }
+  receiver_.EndSession(options_.id);
   receiver_.Cancel();
   ring_.Cancel();
   if (receiver_thread_.joinable()) receiver_thread_.join();
@@ -68,6 +69,7 @@ void Session::Done(const Received& r) {
 void Session::FailLocked(absl::Status status) {
   if (!failure_.ok()) return;
   failure_ = std::move(status);
+  receiver_.EndSession(options_.id);
   receiver_.Cancel();
   ring_.Cancel();
 }

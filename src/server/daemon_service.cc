@@ -560,12 +560,49 @@ bool BeginsByKey(proto::Daemon::BeginParams::Reader params) {
   return params.getManifestKey() != 0 && params.getManifest().getTensors().size() == 0;
 }
 
+}  // namespace
+
+std::shared_ptr<const std::vector<TensorDesc>> DaemonState::KeptTensors(uint64_t key) {
+  for (auto it = kept_manifests.begin(); it != kept_manifests.end(); ++it) {
+    if (it->key != key) continue;
+    KeptManifest kept = std::move(*it);
+    kept_manifests.erase(it);
+    kept_manifests.push_back(std::move(kept));
+    return kept_manifests.back().tensors;
+  }
+  return nullptr;
+}
+
+void DaemonState::KeepTensors(uint64_t key, std::shared_ptr<const std::vector<TensorDesc>> tensors) {
+  for (auto it = kept_manifests.begin(); it != kept_manifests.end(); ++it) {
+    if (it->key == key) {
+      kept_manifests.erase(it);
+      break;
+    }
+  }
+  kept_manifests.push_back({key, std::move(tensors)});
+  if (kept_manifests.size() > kKeptManifests) kept_manifests.pop_front();
+}
+
+namespace {
+
 class DaemonImpl final : public proto::Daemon::Server {
  public:
   explicit DaemonImpl(DaemonState& state) : state_(state) {}
 
  protected:
   kj::Promise<void> begin(BeginContext context) override {
+    const uint64_t chosen = context.getParams().getSessionId();
+    if (chosen == 0) return Begin(context);
+    // The trainer chose the session's id and may have sent bytes of it already: if the begin is
+    // refused, nothing of that id is received (Receiver::EndSession).
+    DaemonState* state = &state_;
+    return Begin(context).then([state, context, chosen]() mutable {
+      if (context.getResults().getStatus().getCode() != proto::StatusCode::OK) state->receiver->EndSession(chosen);
+    });
+  }
+
+  kj::Promise<void> Begin(BeginContext context) {
     TracePoint("daemon.begin_received");
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
@@ -574,13 +611,14 @@ class DaemonImpl final : public proto::Daemon::Server {
     std::shared_ptr<const std::vector<TensorDesc>> kept;
     ManifestTensors tensors;
     if (BeginsByKey(context.getParams())) {
-      if (state_.kept_manifest.key != by_key || state_.kept_manifest.tensors == nullptr) {
+      kept = state_.KeptTensors(by_key);
+      if (kept == nullptr) {
         context.getResults().setNeedManifest(true);
         return Answer(context, absl::FailedPreconditionError(absl::StrCat(
                                    "manifest key ", by_key,
-                                   " is not this refitd's (it restarted, or another manifest came since): send the manifest")));
+                                   " is not this refitd's (it restarted, or many other manifests came since): send "
+                                   "the manifest")));
       }
-      kept = state_.kept_manifest.tensors;
       tensors.key = by_key;
     } else {
       tensors = HashTensors(context.getParams().getManifest().getTensors());
@@ -660,14 +698,15 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (manifest.ok() && kept != nullptr) {
       manifest->tensors = *kept;
     } else if (manifest.ok() && tensors.keepable) {
-      state->kept_manifest = {tensors.key, std::make_shared<const std::vector<TensorDesc>>(manifest->tensors)};
+      state->KeepTensors(tensors.key, std::make_shared<const std::vector<TensorDesc>>(manifest->tensors));
     }
     if (manifest.ok() && (kept != nullptr || tensors.keepable)) context.getResults().setManifestKey(tensors.key);
     // A tensor list of a key (kept, or keepable: no supplied amax) may take the planner's last
     // check and plans of the same list (Node::Begin).
     const uint64_t tensors_key = kept != nullptr || tensors.keepable ? tensors.key : 0;
-    absl::StatusOr<BeginResult> begun = manifest.ok() ? state->node.Begin(*manifest, requested, tensors_key)
-                                                      : absl::StatusOr<BeginResult>(manifest.status());
+    absl::StatusOr<BeginResult> begun =
+        manifest.ok() ? state->node.Begin(*manifest, requested, tensors_key, context.getParams().getSessionId())
+                      : absl::StatusOr<BeginResult>(manifest.status());
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
       // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
       // answered after it, a staged session's commit waits for it (commit).

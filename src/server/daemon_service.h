@@ -8,6 +8,7 @@
 #ifndef REFIT_SERVER_DAEMON_SERVICE_H_
 #define REFIT_SERVER_DAEMON_SERVICE_H_
 
+#include <deque>
 #include <memory>
 
 #include "common/failpoint.h"
@@ -42,13 +43,19 @@ class DaemonState {
   kj::LowLevelAsyncIoProvider& io;
   kj::Timer& timer;
   Node node;
-  // The last manifest tensor list a begin sent whole, under its key (ManifestTensors in
-  // daemon_service.cc): a later begin names it by key instead of sending it (Daemon.begin).
-  // Event loop only.
+  // The last kKeptManifests tensor lists begins sent whole (most recent last), under their keys
+  // (ManifestTensors in daemon_service.cc): a later begin names one by key instead of sending it
+  // (Daemon.begin). Several, so that trainers of different lists (and a list sent again after
+  // another) keep going by key. Event loop only.
   struct KeptManifest {
     uint64_t key = 0;
     std::shared_ptr<const std::vector<TensorDesc>> tensors;
-  } kept_manifest;
+  };
+  static constexpr size_t kKeptManifests = 8;
+  std::deque<KeptManifest> kept_manifests;
+  // The kept list of `key` (made the most recent), or null.
+  std::shared_ptr<const std::vector<TensorDesc>> KeptTensors(uint64_t key);
+  void KeepTensors(uint64_t key, std::shared_ptr<const std::vector<TensorDesc>> tensors);
 
   // Shutting down: ends a session that is not committing, then waits (bounded by the engine
   // timeouts) for a commit in its window to finish. False if one is still running.

@@ -1,5 +1,6 @@
 #include "transport/tag_matcher.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,7 +51,11 @@ TagMatcher::Arrival TagMatcher::Arrive(Sender& sender, uint64_t tag, uint64_t by
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || matched() || fits(); };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
       if (shutdown_) return a;  // kStop
-      if (!matched() && !fits() && (cancelled_ || epoch_ != epoch)) {
+      auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (!options_.wait_for_sessions) return cancelled_ || epoch_ != epoch;
+        return std::find(ended_.begin(), ended_.end(), tag >> 32) != ended_.end();
+      };
+      if (!matched() && !fits() && gone()) {
         a.kind = Arrival::kDrop;  // nobody will receive it: its session ended
         return a;
       }
@@ -191,6 +196,23 @@ void TagMatcher::Reset() {
   failure_ = absl::OkStatus();
   ++generation_;
   ++epoch_;
+}
+
+void TagMatcher::EndSession(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  if (std::find(ended_.begin(), ended_.end(), session_id) == ended_.end()) {
+    ended_.push_back(session_id);
+    if (ended_.size() > kEndedSessions) ended_.pop_front();
+  }
+  // Its held messages nobody will receive (those still being transferred stay until complete).
+  for (auto it = eager_.lower_bound(session_id << 32); it != eager_.end() && (it->first >> 32) == session_id;) {
+    std::deque<Held>& q = it->second;
+    while (!q.empty() && q.front().ready) {
+      eager_held_ -= q.front().bytes;
+      q.pop_front();
+    }
+    it = q.empty() ? eager_.erase(it) : std::next(it);
+  }
 }
 
 void TagMatcher::Shutdown() {

@@ -46,6 +46,12 @@ class TagMatcher {
     // stalled mid-message) sets the sender's abort_requested and waits for the transfer to end;
     // false: it waits for the transfer without a deadline (a local copy: the bytes are all there).
     bool abort_stalled = false;
+    // Messages wait for their session rather than for the current one: a message that has no
+    // place yet is dropped only once its session (tag >> 32) ended (EndSession), not when the
+    // matcher is reset or cancelled, so a sender may send a session's first messages before the
+    // receiving side began it (a trainer's begin answered later). False: dropped once the
+    // matcher is reset or cancelled after it arrived.
+    bool wait_for_sessions = false;
   };
   // The matcher's part of a connected sender (a receiver's peer derives from it).
   struct Sender {
@@ -95,6 +101,11 @@ class TagMatcher {
                                    Loan* loan = nullptr);
   void Cancel();
   void Reset();
+  // Session `session_id` ended (or was never begun): its messages still waiting for a place are
+  // dropped, and its held ones freed (Options::wait_for_sessions; the last kEndedSessions ids
+  // are remembered).
+  void EndSession(uint64_t session_id);
+  static constexpr size_t kEndedSessions = 64;
   // Ends every wait for good (the receiver is being destroyed).
   void Shutdown();
   // Records a sender's failure: every Receive fails with `status` until Reset(), when the sender
@@ -134,6 +145,7 @@ class TagMatcher {
   mutable absl::Mutex mu_;
   std::list<Post*> posted_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::deque<Held>> eager_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> ended_ ABSL_GUARDED_BY(mu_);  // EndSession's ids, oldest first
   uint64_t eager_held_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

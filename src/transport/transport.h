@@ -60,6 +60,11 @@ class Receiver {
   // Makes a blocked or later Receive return Cancelled until Reset().
   virtual void Cancel() = 0;
   virtual void Reset() = 0;
+  // Session `session_id` ended, or a begin that named its id was refused: messages of its tags
+  // still waiting for a receive are dropped. For a receiver that holds a session's messages sent
+  // before the session began (a trainer that chose its session id and did not wait for the
+  // begin's answer: CUDA IPC); others drop waiting messages at Cancel/Reset already.
+  virtual void EndSession(uint64_t session_id) { (void)session_id; }
 
   // Drops every connected sender, so that one blocked in Send fails instead of waiting for a
   // receive that an aborted session will never post. Senders reconnect for their next session.

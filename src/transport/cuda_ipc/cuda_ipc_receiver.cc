@@ -64,7 +64,8 @@ CudaIpcReceiver::CudaIpcReceiver(CudaIpcOptions options, UniqueFd listen_fd, std
     : options_(std::move(options)),
       listen_fd_(std::move(listen_fd)),
       endpoint_(std::move(endpoint)),
-      matcher_(TagMatcher::Options{options_.eager_bytes, options_.eager_limit_bytes, /*abort_stalled=*/false}) {}
+      matcher_(TagMatcher::Options{options_.eager_bytes, options_.eager_limit_bytes, /*abort_stalled=*/false,
+                                   /*wait_for_sessions=*/true}) {}
 
 CudaIpcReceiver::~CudaIpcReceiver() {
   {
@@ -413,6 +414,8 @@ absl::StatusOr<uint64_t> CudaIpcReceiver::Receive(uint64_t tag, void* dst, uint6
 void CudaIpcReceiver::Cancel() { matcher_.Cancel(); }
 
 void CudaIpcReceiver::Reset() { matcher_.Reset(); }
+
+void CudaIpcReceiver::EndSession(uint64_t session_id) { matcher_.EndSession(session_id); }
 
 void CudaIpcReceiver::DisconnectPeers() {
   absl::MutexLock lock(&mu_);

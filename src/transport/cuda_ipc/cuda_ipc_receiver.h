@@ -60,6 +60,7 @@ class CudaIpcReceiver final : public Receiver {
   void GiveBack(uint64_t loan) override;
   void Cancel() override;
   void Reset() override;
+  void EndSession(uint64_t session_id) override;
   void DisconnectPeers() override;
 
   int device() const { return options_.device; }

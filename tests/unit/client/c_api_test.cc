@@ -264,7 +264,7 @@ TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
 // same list sends its key instead (session_begin logs manifest_by_key). When refitd has another
 // list by then, the begin by key is refused and the client sends the whole manifest, unseen by
 // its caller.
-TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdHasAnother) {
+TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt) {
   Refitd daemon;
   Shm shm(512);
   Calls calls;
@@ -294,10 +294,27 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdHasAnother) {
     return outcome;
   };
   EXPECT_EQ(refit(first, true, 1.0f), "committed");
-  EXPECT_EQ(refit(first, true, 2.0f), "committed");   // by key
-  EXPECT_EQ(refit(second, false, 3.0f), "committed");  // another list: refitd keeps it instead
-  EXPECT_EQ(refit(first, true, 4.0f), "committed");   // the key is refused, the manifest goes whole
-  EXPECT_EQ(refit(first, true, 5.0f), "committed");   // by key again
+  EXPECT_EQ(refit(first, true, 2.0f), "committed");   // by key (pipelined: not waiting for the answer)
+  EXPECT_EQ(refit(second, false, 3.0f), "committed");  // another list: refitd keeps it too
+  EXPECT_EQ(refit(first, true, 4.0f), "committed");   // by key still
+  // Eight more lists (refused, unknown tensors, but kept): refitd keeps the last eight only.
+  for (int i = 0; i < 8; ++i) {
+    const std::string name = absl::StrCat("x", i);
+    const refit_tensor_desc unknown = Desc(name.c_str(), kBShape, 1);
+    refit_manifest m{};
+    m.struct_size = sizeof(m);
+    m.model = "toy";
+    m.tensors = &unknown;
+    m.num_tensors = 1;
+    refit_session* s = nullptr;
+    EXPECT_EQ(refit_session_begin(second, &m, &s), REFIT_FAILED_PRECONDITION);
+    EXPECT_THAT(LastError(), HasSubstr(absl::StrCat("'x", i, "'")));
+  }
+  // The key is no longer refitd's: the pipelined begin is refused saying so, nothing changed,
+  // and the next begin sends the manifest whole.
+  EXPECT_THAT(refit(first, true, 4.0f), HasSubstr("refitd no longer keeps this trainer's manifest"));
+  EXPECT_EQ(refit(first, true, 5.0f), "committed");   // whole
+  EXPECT_EQ(refit(first, true, 6.0f), "committed");   // by key again
   std::vector<std::string> by_key;
   const std::string log = daemon.Log();
   for (size_t at = log.find("event=session_begin"); at != std::string::npos;
@@ -307,8 +324,8 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdHasAnother) {
     const size_t k = line.find("manifest_by_key=");
     by_key.push_back(k == std::string::npos ? "?" : line.substr(k + 16, line.find(' ', k) - k - 16));
   }
-  EXPECT_THAT(by_key, ::testing::ElementsAre("false", "true", "false", "false", "true")) << log;
-  EXPECT_EQ(refit_engine_version(engine), 5u);
+  EXPECT_THAT(by_key, ::testing::ElementsAre("false", "true", "false", "true", "false", "true")) << log;
+  EXPECT_EQ(refit_engine_version(engine), 6u);
   refit_client_close(first);
   refit_client_close(second);
   refit_engine_stop(engine);

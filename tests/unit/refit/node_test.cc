@@ -90,6 +90,12 @@ class ScriptedControl final : public EngineControl {
   std::vector<std::string> audit_stale;  // what the engine's audit names
   int audits = 0;
   bool resumes_on_loop = false;
+  // Answers StartResume's request (once: the callback holds its commit).
+  void AnswerResume(absl::Status status) {
+    std::function<void(absl::Status)> done = std::move(loop_resumed);
+    loop_resumed = nullptr;
+    done(std::move(status));
+  }
   std::function<void(absl::Status)> loop_resumed;
 };
 
@@ -844,7 +850,7 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
   EXPECT_FALSE(done);
   EXPECT_EQ(control->calls.back(), "resume:1:loop");
   EXPECT_EQ(control->tags.back(), "step-1");
-  control->loop_resumed(absl::OkStatus());
+  control->AnswerResume(absl::OkStatus());
   EXPECT_TRUE(done);
   EXPECT_FALSE(c->resume_pending());
   const RefitReport& r = node_->FinishCommit(*c);
@@ -853,7 +859,7 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
   // Unanswered in time: the commit fails naming the resume; the engine holds the new version.
   c = commit_until_resume(2);
   ASSERT_TRUE(Node::StartLoopResume(c, [] {}));
-  control->loop_resumed(absl::DeadlineExceededError("no answer"));
+  control->AnswerResume(absl::DeadlineExceededError("no answer"));
   const RefitReport& late = node_->FinishCommit(*c);
   EXPECT_EQ(late.outcome, Outcome::kFailed);
   EXPECT_THAT(late.reason, HasSubstr("did not answer resume(2)"));
@@ -867,6 +873,26 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
   EXPECT_EQ(control->calls.back(), "resume:3");
   EXPECT_EQ(node_->FinishCommit(*c).outcome, Outcome::kCommitted);
   EXPECT_EQ(node_->version(), 3u);
+}
+
+// A trainer may choose its session's id (so that it knows its data-plane tags before the
+// answer): taken when below 2^32 and none of the node's recent sessions had it.
+TEST_F(NodeTest, ATrainerChosenSessionIdIsTakenUnlessRecentOrTooLarge) {
+  Register();
+  absl::StatusOr<BeginResult> chosen = node_->Begin(ManifestOf(kParams), absl::Now(), 0, 0x1234);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->session_id, 0x1234u);
+  ASSERT_TRUE(node_->AbortActive("next"));
+  absl::Status again = node_->Begin(ManifestOf(kParams), absl::Now(), 0, 0x1234).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(again.message(), HasSubstr("session id 4660 was one of this daemon's recent sessions"));
+  absl::Status large = node_->Begin(ManifestOf(kParams), absl::Now(), 0, uint64_t{1} << 32).status();
+  EXPECT_EQ(large.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(large.message(), HasSubstr("below 2^32"));
+  absl::StatusOr<BeginResult> own = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_NE(own->session_id, 0x1234u);
+  EXPECT_EQ(own->session_id >> 32, 0u);
 }
 
 TEST_F(NodeTest, DeadlineAndTrainerEndsAreTyped) {

@@ -320,5 +320,48 @@ TEST(TagMatcherTest, DeadSenderAndShutdownStopTheWait) {
   EXPECT_EQ(waiting.status().code(), absl::StatusCode::kCancelled);
 }
 
+// wait_for_sessions (the CUDA IPC receiver): a message of a session not begun yet (a trainer that
+// chose its session id and did not wait for the begin's answer) waits across the end of the
+// session before and the next one's Reset, and goes into its receive; a message of a session that
+// ended, or whose begin was refused (EndSession), is dropped and its sender released; held
+// messages of an ended session are freed.
+TEST(TagMatcherTest, WithWaitForSessionsAMessageWaitsForItsSessionNotTheCurrentOne) {
+  TagMatcher::Options o = Small();
+  o.wait_for_sessions = true;
+  TagMatcher m(o);
+  TagMatcher::Sender s;
+  constexpr uint64_t kEnded = 7, kNext = 9;
+  const std::vector<uint8_t> payload = Bytes(500, 5);
+  // Session kEnded ends (its receives cancelled); kNext's first message comes before kNext begins.
+  m.EndSession(kEnded);
+  m.Cancel();
+  TagMatcher::Arrival early;
+  std::thread sender([&] { early = Deliver(m, s, kNext << 32, payload); });
+  absl::SleepFor(absl::Milliseconds(60));  // waits (polled every 20 ms): not dropped while cancelled
+  m.Reset();                               // kNext begins
+  absl::SleepFor(absl::Milliseconds(60));  // nor at the Reset
+  std::vector<uint8_t> dst(500);
+  absl::StatusOr<uint64_t> got = m.Receive(kNext << 32, dst.data(), dst.size(), absl::Now() + absl::Seconds(10), HostCopy);
+  sender.join();
+  EXPECT_EQ(early.kind, TagMatcher::Arrival::kPost);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(dst, payload);
+  // A message of an ended session is dropped at once; one waiting when its session ends, then.
+  EXPECT_EQ(Deliver(m, s, (kEnded << 32) | 1, payload).kind, TagMatcher::Arrival::kDrop);
+  TagMatcher::Arrival refused;
+  std::thread late([&] { refused = Deliver(m, s, (kNext + 1) << 32, payload); });
+  absl::SleepFor(absl::Milliseconds(60));
+  m.EndSession(kNext + 1);  // its begin was refused
+  late.join();
+  EXPECT_EQ(refused.kind, TagMatcher::Arrival::kDrop);
+  // Held (small) messages of a session are freed when it ends.
+  EXPECT_EQ(Deliver(m, s, kNext << 32 | 2, Bytes(40, 0)).kind, TagMatcher::Arrival::kHold);
+  EXPECT_EQ(m.held_bytes(), 40u);
+  m.EndSession(kNext);
+  EXPECT_EQ(m.held_bytes(), 0u);
+  EXPECT_EQ(m.Receive(kNext << 32 | 2, dst.data(), dst.size(), absl::Now(), HostCopy).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
 }  // namespace
 }  // namespace refit::transport
