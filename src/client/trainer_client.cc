@@ -416,19 +416,22 @@ absl::Status UseWirePlan(RefitSession::Impl& s, size_t i, bool has, proto::WireP
   return absl::OkStatus();
 }
 
+// A trainer environment switch: `name` set to "1" (on) or "0" (off), else `default_on`. Read at
+// each begin (a process may change it between refits).
+bool EnvSwitch(const char* name, bool default_on) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return default_on;
+  return std::string_view(v) == "1";
+}
+
 // On a data plane with early sends (CUDA IPC), whether a pipelined begin's first buckets go before
 // its answer (refitd holds them for the session: TagMatcher::Options::wait_for_sessions) or wait
 // for it. `REFIT_SEND_BEFORE_BEGIN=1`; off by default until measured on the GPU host
-// (docs/benchmarks.md).
-bool SendsBeforeBegin() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("REFIT_SEND_BEFORE_BEGIN");
-    return v != nullptr && std::string_view(v) == "1";
-  }();
-  return enabled;
-}
+// (docs/architecture.md "The pipelined begin").
+bool SendsBeforeBegin() { return EnvSwitch("REFIT_SEND_BEFORE_BEGIN", false); }
 
-// A begin that does not wait for its answer (one daemon, `REFIT_PIPELINED_BEGIN` not 0): when the
+// A begin that does not wait for its answer (one daemon, `REFIT_PIPELINED_BEGIN=1`; off by default
+// until measured on the GPU host): when the
 // manifest goes by key and the last begin of that key was answered with this rank's own bucket
 // numbers from 0, no wire plan, and the data plane this client is connected to, the trainer
 // chooses the session's id (Daemon.begin's sessionId) and takes the session as promised
@@ -436,11 +439,7 @@ bool SendsBeforeBegin() {
 // begin is answered. The answer is checked later (RefitSession::Impl::CheckBegun): a refusal
 // fails the session's first push or its commit with the begin's error. False: nothing was sent.
 bool PipelinedBegin(RefitSession::Impl& s, TrainerClient::Impl& c, DataPlane& data, const Manifest& manifest) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("REFIT_PIPELINED_BEGIN");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  if (!enabled || !c.answered.ok || c.manifest_key == 0 || manifest.wire_format != c.answered.wire_format ||
+  if (!EnvSwitch("REFIT_PIPELINED_BEGIN", false) || !c.answered.ok || c.manifest_key == 0 || manifest.wire_format != c.answered.wire_format ||
       data.endpoints != std::vector<std::string>{c.answered.endpoint} ||
       data.sender == nullptr || !SameTensors(c.manifest_tensors, manifest.tensors)) {
     return false;

@@ -293,28 +293,37 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt)
     EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0) << value;
     return outcome;
   };
+  // Eight more lists (refused, unknown tensors, but kept): refitd keeps the last eight only.
+  auto eight_more = [&](int round) {
+    for (int i = 0; i < 8; ++i) {
+      const std::string name = absl::StrCat("x", round, "_", i);
+      const refit_tensor_desc unknown = Desc(name.c_str(), kBShape, 1);
+      refit_manifest m{};
+      m.struct_size = sizeof(m);
+      m.model = "toy";
+      m.tensors = &unknown;
+      m.num_tensors = 1;
+      refit_session* s = nullptr;
+      EXPECT_EQ(refit_session_begin(second, &m, &s), REFIT_FAILED_PRECONDITION);
+      EXPECT_THAT(LastError(), HasSubstr(absl::StrCat("'", name, "'")));
+    }
+  };
   EXPECT_EQ(refit(first, true, 1.0f), "committed");
-  EXPECT_EQ(refit(first, true, 2.0f), "committed");   // by key (pipelined: not waiting for the answer)
+  EXPECT_EQ(refit(first, true, 2.0f), "committed");   // by key
   EXPECT_EQ(refit(second, false, 3.0f), "committed");  // another list: refitd keeps it too
   EXPECT_EQ(refit(first, true, 4.0f), "committed");   // by key still
-  // Eight more lists (refused, unknown tensors, but kept): refitd keeps the last eight only.
-  for (int i = 0; i < 8; ++i) {
-    const std::string name = absl::StrCat("x", i);
-    const refit_tensor_desc unknown = Desc(name.c_str(), kBShape, 1);
-    refit_manifest m{};
-    m.struct_size = sizeof(m);
-    m.model = "toy";
-    m.tensors = &unknown;
-    m.num_tensors = 1;
-    refit_session* s = nullptr;
-    EXPECT_EQ(refit_session_begin(second, &m, &s), REFIT_FAILED_PRECONDITION);
-    EXPECT_THAT(LastError(), HasSubstr(absl::StrCat("'x", i, "'")));
-  }
-  // The key is no longer refitd's: the pipelined begin is refused saying so, nothing changed,
-  // and the next begin sends the manifest whole.
-  EXPECT_THAT(refit(first, true, 4.0f), HasSubstr("refitd no longer keeps this trainer's manifest"));
-  EXPECT_EQ(refit(first, true, 5.0f), "committed");   // whole
-  EXPECT_EQ(refit(first, true, 6.0f), "committed");   // by key again
+  eight_more(0);
+  EXPECT_EQ(refit(first, true, 5.0f), "committed");   // the key is refused, the manifest goes whole
+  // A pipelined begin (REFIT_PIPELINED_BEGIN=1) does not wait for its answer: it commits by key
+  // as the others, and a refusal reaches its first push, here refitd no longer keeping the list,
+  // with nothing changed; the next begin sends the manifest whole.
+  ASSERT_EQ(setenv("REFIT_PIPELINED_BEGIN", "1", 1), 0);
+  EXPECT_EQ(refit(first, true, 6.0f), "committed");   // by key, pipelined
+  eight_more(1);
+  EXPECT_THAT(refit(first, true, 6.0f), HasSubstr("refitd no longer keeps this trainer's manifest"));
+  EXPECT_EQ(refit(first, true, 7.0f), "committed");   // whole
+  EXPECT_EQ(refit(first, true, 8.0f), "committed");   // by key, pipelined
+  ASSERT_EQ(unsetenv("REFIT_PIPELINED_BEGIN"), 0);
   std::vector<std::string> by_key;
   const std::string log = daemon.Log();
   for (size_t at = log.find("event=session_begin"); at != std::string::npos;
@@ -324,8 +333,9 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt)
     const size_t k = line.find("manifest_by_key=");
     by_key.push_back(k == std::string::npos ? "?" : line.substr(k + 16, line.find(' ', k) - k - 16));
   }
-  EXPECT_THAT(by_key, ::testing::ElementsAre("false", "true", "false", "true", "false", "true")) << log;
-  EXPECT_EQ(refit_engine_version(engine), 6u);
+  EXPECT_THAT(by_key, ::testing::ElementsAre("false", "true", "false", "true", "false", "true", "false", "true"))
+      << log;
+  EXPECT_EQ(refit_engine_version(engine), 8u);
   refit_client_close(first);
   refit_client_close(second);
   refit_engine_stop(engine);
