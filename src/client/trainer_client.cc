@@ -431,17 +431,17 @@ bool EnvSwitch(const char* name, bool default_on) {
 bool SendsBeforeBegin() { return EnvSwitch("REFIT_SEND_BEFORE_BEGIN", false); }
 
 // A begin that does not wait for its answer (one daemon, `REFIT_PIPELINED_BEGIN=1`; off by default
-// until measured on the GPU host): when the
-// manifest goes by key and the last begin of that key was answered with this rank's own bucket
-// numbers from 0, no wire plan, and the data plane this client is connected to, the trainer
-// chooses the session's id (Daemon.begin's sessionId) and takes the session as promised
-// (Cap'n Proto promise pipelining): its announces go out at once and refitd takes them once the
-// begin is answered. The answer is checked later (RefitSession::Impl::CheckBegun): a refusal
+// until measured on the GPU host): when the manifest goes by key and the last begin of that key
+// was answered with this rank's own bucket numbers from 0, no wire plan, and the data plane this
+// client is connected to, the trainer chooses the session's id (Daemon.begin's sessionId) and
+// takes the session as promised (Cap'n Proto promise pipelining): its announces go out at once
+// and refitd takes them once the begin is answered. The answer is checked later (RefitSession::Impl::CheckBegun): a refusal
 // fails the session's first push or its commit with the begin's error. False: nothing was sent.
 bool PipelinedBegin(RefitSession::Impl& s, TrainerClient::Impl& c, DataPlane& data, const Manifest& manifest) {
-  if (!EnvSwitch("REFIT_PIPELINED_BEGIN", false) || !c.answered.ok || c.manifest_key == 0 || manifest.wire_format != c.answered.wire_format ||
+  if (!EnvSwitch("REFIT_PIPELINED_BEGIN", false) || !c.answered.ok || c.manifest_key == 0 ||
+      manifest.wire_format != c.answered.wire_format || data.sender == nullptr ||
       data.endpoints != std::vector<std::string>{c.answered.endpoint} ||
-      data.sender == nullptr || !SameTensors(c.manifest_tensors, manifest.tensors)) {
+      !SameTensors(c.manifest_tensors, manifest.tensors)) {
     return false;
   }
   uint64_t id = 0;
