@@ -298,18 +298,34 @@ class RefitSession:
         self._lib = client._lib
         self._handle = handle
         self.joined = joined  # joined another rank's session: detach() instead of commit()
-        self.id = self._lib.refit_session_id(handle)
-        count = ctypes.c_uint64()
-        _native.check(self._lib.refit_session_ids(handle, None, 0, ctypes.byref(count)), "session ids")
-        ids = (ctypes.c_uint64 * max(count.value, 1))()
-        _native.check(self._lib.refit_session_ids(handle, ids, count.value, ctypes.byref(count)), "session ids")
-        self.ids = [ids[i] for i in range(count.value)]  # one per daemon: what other ranks join
+        self._id: Optional[int] = None
+        self._ids: Optional[list] = None
         self.bucket_bytes = self._lib.refit_session_bucket_bytes(handle)
         self.report: Optional[RefitReport] = None
         self._ended = False
         self._stage_cuda_on_host = False
         self._in_flight: list = []  # CUDA tensors pushed, kept until their bucket is sent
         self._in_place: list = []  # CUDA tensors pushed in place, kept until the session ends
+
+    @property
+    def id(self) -> int:
+        """The session's id (after a pipelined begin, read once refitd answered it: what ranks
+        that join are handed)."""
+        if self._id is None:
+            self._id = self._lib.refit_session_id(self._handle)
+        return self._id
+
+    @property
+    def ids(self) -> list:
+        """One session id per daemon (a fan-out): what other ranks join."""
+        if self._ids is None:
+            count = ctypes.c_uint64()
+            _native.check(self._lib.refit_session_ids(self._handle, None, 0, ctypes.byref(count)), "session ids")
+            ids = (ctypes.c_uint64 * max(count.value, 1))()
+            _native.check(self._lib.refit_session_ids(self._handle, ids, count.value, ctypes.byref(count)),
+                          "session ids")
+            self._ids = [ids[i] for i in range(count.value)]
+        return self._ids
 
     def push(self, name: str, tensor, *, dim: Optional[int] = None, start: int = 0, full_shape=None,
              amax: Optional[float] = None, in_place: bool = False) -> None:
@@ -473,6 +489,7 @@ class RefitSession:
     def close(self) -> None:
         """Aborts the session if it has not ended, and frees it."""
         if self._handle:
+            _ = self.id  # kept for messages after the handle is gone
             self._lib.refit_session_close(self._handle)
             self._handle = None
         self._in_flight.clear()
