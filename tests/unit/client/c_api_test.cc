@@ -884,6 +884,48 @@ std::vector<float> Ramp(size_t n, float scale) {
   return v;
 }
 
+// A pipelined begin's id (REFIT_PIPELINED_BEGIN=1): refit_session_id waits for refitd's answer, so
+// a rank handed the id at once finds the session to join.
+TEST(CApiMultiRankTest, APipelinedBeginsIdIsJoinableAtOnce) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  std::vector<float> w(32), b(8);
+  refit_client* c = nullptr;
+  refit_client* c1 = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c1), REFIT_OK) << LastError();
+  ASSERT_EQ(setenv("REFIT_PIPELINED_BEGIN", "1", 1), 0);
+  for (int refit = 1; refit <= 3; ++refit) {  // the first begin is answered; the next are pipelined
+    std::fill(w.begin(), w.end(), static_cast<float>(refit));
+    std::fill(b.begin(), b.end(), static_cast<float>(-refit));
+    refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+    ASSERT_NE(s, nullptr);
+    const uint64_t id = refit_session_id(s);
+    refit_session* s1 = nullptr;
+    ASSERT_EQ(refit_session_join(c1, &id, 1, &s1), REFIT_OK) << refit << ": " << LastError();
+    refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+    EXPECT_EQ(refit_session_push(s1, &tb), REFIT_OK) << LastError();
+    EXPECT_EQ(refit_session_detach(s1), REFIT_OK) << LastError();
+    refit_session_close(s1);
+    EXPECT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+    refit_report report{};
+    report.struct_size = sizeof(report);
+    ASSERT_EQ(refit_session_commit(s, &report), REFIT_OK) << LastError();
+    EXPECT_STREQ(report.outcome, "committed");
+    refit_session_close(s);
+    EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0) << refit;
+    EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0) << refit;
+  }
+  ASSERT_EQ(unsetenv("REFIT_PIPELINED_BEGIN"), 0);
+  EXPECT_EQ(refit_engine_version(engine), 3u);
+  refit_client_close(c1);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
 TEST(CApiMultiRankTest, RanksJoinPushSlicesDetachAndTheBeginningRankCommits) {
   Refitd daemon;
   Shm shm(512);
