@@ -630,13 +630,11 @@ void Node::NotifySession() {
 uint64_t Node::NewSessionId() {
   // A random nonzero 32-bit nonce: data-plane tags are (id << 32) | seq and ids are handed out
   // only over the control plane, so a data-plane peer cannot address a live session without it.
-  auto recent = [this](uint64_t id) {
-    return std::find(recent_session_ids_.begin(), recent_session_ids_.end(), id) != recent_session_ids_.end();
-  };
-  uint64_t id = 0;
-  while (id == 0 || recent(id)) id = entropy_();
-  absl::StatusOr<uint64_t> taken = TakeSessionId(id);
-  return taken.ok() ? *taken : id;
+  while (true) {
+    const uint64_t id = entropy_();
+    if (id == 0) continue;
+    if (absl::StatusOr<uint64_t> taken = TakeSessionId(id); taken.ok()) return *taken;  // not a recent one
+  }
 }
 
 absl::StatusOr<uint64_t> Node::TakeSessionId(uint64_t proposed) {
@@ -1018,12 +1016,13 @@ void Node::RunResume(Commit& c) {
 
 bool Node::StartLoopResume(const std::shared_ptr<Commit>& commit, std::function<void()> done) {
   Commit& c = *commit;
-  TracePoint("daemon.resume_sent");
-  return c.engine_->control->StartResume(c.from_version_ + 1, c.to_tag_, c.resume_timeout_,
-                                         [commit, done = std::move(done)](absl::Status resumed) {
-                                           FinishResume(*commit, resumed);
-                                           done();
-                                         });
+  const bool sent = c.engine_->control->StartResume(c.from_version_ + 1, c.to_tag_, c.resume_timeout_,
+                                                    [commit, done = std::move(done)](absl::Status resumed) {
+                                                      FinishResume(*commit, resumed);
+                                                      done();
+                                                    });
+  if (sent) TracePoint("daemon.resume_sent");  // else RunResume sends it (and traces it)
+  return sent;
 }
 
 void Node::FinishResume(Commit& c, const absl::Status& resumed) {

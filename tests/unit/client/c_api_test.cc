@@ -154,14 +154,19 @@ refit_tensor Tensor(const char* name, const int64_t* shape, uint32_t rank, const
   return t;
 }
 
-refit_session* Begin(refit_client* c, const std::vector<refit_tensor_desc>& descs) {
+// refit_session_begin's code for a manifest of `descs` (model "toy"); the session in *s.
+int TryBegin(refit_client* c, const std::vector<refit_tensor_desc>& descs, refit_session** s) {
   refit_manifest m{};
   m.struct_size = sizeof(m);
   m.model = "toy";
   m.tensors = descs.data();
   m.num_tensors = descs.size();
+  return refit_session_begin(c, &m, s);
+}
+
+refit_session* Begin(refit_client* c, const std::vector<refit_tensor_desc>& descs) {
   refit_session* s = nullptr;
-  EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_OK) << LastError();
+  EXPECT_EQ(TryBegin(c, descs, &s), REFIT_OK) << LastError();
   return s;
 }
 
@@ -260,10 +265,10 @@ TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
   refit_engine_stop(engine);
 }
 
-// refitd keeps the tensor list of the last manifest sent whole: a client that begins again with the
-// same list sends its key instead (session_begin logs manifest_by_key). When refitd has another
-// list by then, the begin by key is refused and the client sends the whole manifest, unseen by
-// its caller.
+// refitd keeps the tensor lists of the last 8 manifests sent whole: a client that begins again with
+// the same list sends its key instead (session_begin logs manifest_by_key). When refitd no longer
+// keeps it, the begin by key is refused and the client sends the whole manifest, unseen by its
+// caller (a pipelined begin reports the refusal instead).
 TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt) {
   Refitd daemon;
   Shm shm(512);
@@ -297,14 +302,8 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt)
   auto eight_more = [&](int round) {
     for (int i = 0; i < 8; ++i) {
       const std::string name = absl::StrCat("x", round, "_", i);
-      const refit_tensor_desc unknown = Desc(name.c_str(), kBShape, 1);
-      refit_manifest m{};
-      m.struct_size = sizeof(m);
-      m.model = "toy";
-      m.tensors = &unknown;
-      m.num_tensors = 1;
       refit_session* s = nullptr;
-      EXPECT_EQ(refit_session_begin(second, &m, &s), REFIT_FAILED_PRECONDITION);
+      EXPECT_EQ(TryBegin(second, {Desc(name.c_str(), kBShape, 1)}, &s), REFIT_FAILED_PRECONDITION);
       EXPECT_THAT(LastError(), HasSubstr(absl::StrCat("'", name, "'")));
     }
   };
