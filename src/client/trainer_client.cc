@@ -315,7 +315,10 @@ struct RefitSession::Impl {
   // Waits for a pipelined begin's answer; its error (then every later call fails with it).
   absl::Status CheckBegun();
   // Waits for every announce still unanswered; the first error (naming its daemon), if any.
-  absl::Status CheckAnnounced();
+  // `block` false (the bytes may go first: early_sends): checks only those answered by now, and a
+  // pipelined begin's answer only once it came, unless kUncheckedAnnounces are unanswered.
+  absl::Status CheckAnnounced(bool block = true);
+  static constexpr size_t kUncheckedAnnounces = 16;
   DataPlane* data = nullptr;
   kj::WaitScope& wait() { return members.front().client->io.waitScope; }
   // Names member i in errors of a fan-out session.
@@ -1077,13 +1080,18 @@ absl::Status RefitSession::Impl::CheckBegun() {
   return begin_status;
 }
 
-absl::Status RefitSession::Impl::CheckAnnounced() {
+absl::Status RefitSession::Impl::CheckAnnounced(bool block) {
+  block = block || pending_announces.size() >= kUncheckedAnnounces;
+  if (!block && pending_begin != nullptr && !pending_begin->poll(wait())) return absl::OkStatus();
   if (absl::Status begun = CheckBegun(); !begun.ok()) {
     pending_announces.clear();  // refused with the begin
     return begun;
   }
   absl::Status failed;
+  size_t checked = 0;
   for (PendingAnnounce& p : pending_announces) {
+    if (!block && !p.call->poll(wait())) break;  // this one and those after it: later
+    ++checked;
     absl::StatusOr<bool> ok = Call([&]() -> absl::StatusOr<bool> {
       auto resp = p.call->wait(wait());
       if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
@@ -1096,14 +1104,17 @@ absl::Status RefitSession::Impl::CheckAnnounced() {
       failed = absl::Status(ok.status().code(), absl::StrCat(Who(p.member), ok.status().message()));
     }
   }
-  pending_announces.clear();
+  pending_announces.erase(pending_announces.begin(), pending_announces.begin() + checked);
   return failed;
 }
 
 absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed) {
   TracePoint("trainer.bucket_ready");
-  // The announces of earlier buckets (answered by now, as a rule) before this one's.
-  if (absl::Status st = CheckAnnounced(); !st.ok()) return st;
+  // The announces of earlier buckets (answered by now, as a rule) before this one's. Where the
+  // bytes may go first (early_sends), only those answered by now: the trainer does not wait for
+  // refitd's event loop between buckets, nor, after a pipelined begin that sends before its answer
+  // (SendsBeforeBegin), for that answer before the first bucket.
+  if (absl::Status st = CheckAnnounced(/*block=*/!data->transport->early_sends); !st.ok()) return st;
   h.nbytes = nbytes;
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.

@@ -14,7 +14,7 @@
 namespace refit {
 
 bool IsKnownFailpoint(const std::string& name) {
-  for (const char* known : {failpoints::kAfterReceive, failpoints::kAfterConvert, failpoints::kBeforeCommit,
+  for (const char* known : {failpoints::kBeginReceived, failpoints::kAfterReceive, failpoints::kAfterConvert, failpoints::kBeforeCommit,
                             failpoints::kMidCommit, failpoints::kAfterCopy, failpoints::kCorruptCopy,
                             failpoints::kAfterCommit}) {
     if (name == known) return true;

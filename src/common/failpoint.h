@@ -31,6 +31,7 @@ namespace refit {
 
 // The failpoints refitd defines, in the order a refit passes them.
 namespace failpoints {
+inline constexpr char kBeginReceived[] = "begin_received";  // a begin's request was read; nothing planned or paused
 inline constexpr char kAfterReceive[] = "after_receive";  // a bucket arrived and its checksum matched
 inline constexpr char kAfterConvert[] = "after_convert";  // a bucket was converted into staging
 inline constexpr char kBeforeCommit[] = "before_commit";  // validated and prepared; engine not paused yet

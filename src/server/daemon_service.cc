@@ -604,6 +604,9 @@ class DaemonImpl final : public proto::Daemon::Server {
 
   kj::Promise<void> Begin(BeginContext context) {
     TracePoint("daemon.begin_received");
+    if (absl::Status hit = REFIT_FAILPOINT(state_.failpoints.get(), failpoints::kBeginReceived); !hit.ok()) {
+      return Answer(context, hit);
+    }
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
     // A begin by manifest key: the tensor list kept from an earlier begin (Daemon.begin).

@@ -4,6 +4,7 @@ the fixtures that skip, printing why, on a machine without them (`-rs` in CMakeL
 reasons)."""
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -69,10 +70,12 @@ class GpuNode:
     example engine (CUDA IPC registration) on the same GPU, in `tmp`. `trainer(*args)` runs the
     example trainer on GPU `trainer_gpu`; `engine_matches(seed)` is refitctl verify against the
     offline conversion of refit 0 of `seed`. `spec`: a model spec file for refitd, the engine and
-    the trainer (the demo spec when empty)."""
+    the trainer (the demo spec when empty). `env`: variables added to refitd's environment (e.g.
+    REFIT_FAILPOINTS)."""
 
     def __init__(self, tmp: Path, transport: str, device: int, trainer_gpu: int = 0, deadline_ms: int = 60000,
-                 socket: str = "", spec: str = "", staging: str = "device", engine_args=()):
+                 socket: str = "", spec: str = "", staging: str = "device", engine_args=(), env=None):
+        tmp.mkdir(parents=True, exist_ok=True)
         self.tmp = tmp
         self.trainer_gpu = trainer_gpu
         self.spec_flags = ["--spec", spec] if spec else []
@@ -86,7 +89,7 @@ class GpuNode:
                        f"limits:\n  session_deadline_ms: {deadline_ms}\n  bucket_bytes: 1048576\n")
         self.log = tmp / "refitd.log"
         self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
-                                       stderr=subprocess.STDOUT)
+                                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.engine = None
         wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
         assert self.daemon.poll() is None, self.log.read_text()
@@ -98,10 +101,10 @@ class GpuNode:
                  what="registration")
         assert self.engine.poll() is None, self.engine_log.read_text() + self.log.read_text()
 
-    def trainer(self, *args, timeout=180):
+    def trainer(self, *args, timeout=180, env=None):
         p = subprocess.run([str(TRAINER), "--address", self.address, "--gpu", str(self.trainer_gpu),
                             *self.spec_flags, *args],
-                           capture_output=True, text=True, timeout=timeout)
+                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
         return p, [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
 
     def engine_matches(self, seed):
@@ -125,11 +128,11 @@ class GpuNode:
 
 def node_fixture(tmp_path, **defaults):
     """A generator for a node_factory fixture: make(**kw) starts a GpuNode (defaults updated by
-    kw); every node is closed after the test."""
+    kw; `tmp`: its directory, tmp_path by default); every node is closed after the test."""
     nodes = []
 
-    def make(**kw):
-        nodes.append(GpuNode(tmp_path, **dict(defaults, **kw)))
+    def make(tmp=None, **kw):
+        nodes.append(GpuNode(tmp or tmp_path, **dict(defaults, **kw)))
         return nodes[-1]
 
     yield make

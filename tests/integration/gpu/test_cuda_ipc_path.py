@@ -192,3 +192,57 @@ def test_stalled_trainer_is_aborted_at_the_session_deadline(node_factory):
         stalled.wait()
     p, lines = node.trainer("--refits", "1", "--seed", "9")
     assert p.returncode == 0 and lines[0]["outcome"] == "committed", p.stdout + p.stderr + node.log.read_text()[-3000:]
+
+
+PIPELINED = {"REFIT_PIPELINED_BEGIN": "1", "REFIT_SEND_BEFORE_BEGIN": "1"}
+
+
+def test_a_pipelined_begins_first_buckets_go_before_its_answer(node_factory, tmp_path):
+    # REFIT_PIPELINED_BEGIN=1 with REFIT_SEND_BEFORE_BEGIN=1: from a trainer's second refit on, it
+    # takes the begin as promised and sends its first buckets' bytes before refitd answers. Here
+    # refitd reads every begin 300 ms late (failpoint begin_received=delay:300), so the bytes wait
+    # in its data plane for their session; with `staging: direct` they are converted into the
+    # engine once it paused. Packed and pushed in place, every refit equals the offline conversion.
+    text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
+    spec = tmp_path / "llama3_tp1.yaml"
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    node = node_factory(tmp=tmp_path / "late", spec=str(spec), staging="direct", deadline_ms=20000,
+                        env={"REFIT_FAILPOINTS": "begin_received=delay:300"})
+    trace = tmp_path / "trainer.trace"
+    for flags in ([], ["--in-place"]):
+        trace.unlink(missing_ok=True)
+        p, lines = node.trainer("--refits", "3", *flags, env={**PIPELINED, "REFIT_TRACE_FILE": str(trace)})
+        assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+        assert [l["outcome"] for l in lines] == ["committed"] * 3
+        assert all(l["engine_matches_expected"] for l in lines), lines
+        # The trainer's trace ("pid us label [seq]"), one refit from each begin_sent: the first
+        # begin waits for its answer; the later ones send a bucket before it.
+        refits = []
+        for line in trace.read_text().splitlines():
+            label = line.split()[2]
+            if label == "trainer.begin_sent":
+                refits.append([])
+            if refits:
+                refits[-1].append(label)
+        assert len(refits) == 3, trace.read_text()
+        assert refits[0].index("trainer.begin_answered") < refits[0].index("trainer.bucket_sent"), refits[0]
+        for r in refits[1:]:
+            assert r.index("trainer.bucket_sent") < r.index("trainer.begin_answered"), r
+    assert "event=session_begin" in node.log.read_text() and "manifest_by_key=true" in node.log.read_text()
+
+
+def test_a_refused_pipelined_begin_drops_the_bytes_sent_before_its_answer(node_factory, tmp_path):
+    # The third begin is refused (failpoint begin_received=error@3) after the trainer, pushing in
+    # place, may have sent its first runs for it: that refit fails with the begin's error and
+    # nothing of it is written (the fourth lands as version 3, equal to its offline conversion);
+    # refitd drops the refused session's bytes and releases the trainer's memory.
+    node = node_factory(tmp=tmp_path / "refused", env={"REFIT_FAILPOINTS": "begin_received=error@3"})
+    p, lines = node.trainer("--refits", "4", "--in-place", env=PIPELINED)
+    assert [l["outcome"] for l in lines] == ["committed", "committed", "refused", "committed"], \
+        p.stdout + p.stderr + node.log.read_text()[-3000:]
+    assert "failpoint 'begin_received' triggered" in lines[2]["error"], lines[2]
+    assert all(lines[i]["engine_matches_expected"] for i in (0, 1, 3)), lines
+    assert [lines[i]["version"] for i in (0, 1, 3)] == [1, 2, 3], lines
+    verdict = json.loads(subprocess.run([str(REFITCTL), "status", "--address", node.address, "--json"],
+                                        capture_output=True, text=True, check=True).stdout)
+    assert verdict["engine_dirty"] is False and verdict["version"] == 3, verdict

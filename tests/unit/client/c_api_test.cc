@@ -340,6 +340,53 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt)
   refit_engine_stop(engine);
 }
 
+// A pipelined begin that refitd refuses (failpoint begin_received=error@3: the third begin): the
+// refit fails with the begin's error, nothing of it is written, and the next pipelined refit lands.
+TEST(CApiTest, APipelinedBeginRefitdRefusesFailsItsRefitAndLeavesTheEngine) {
+  ASSERT_EQ(setenv("REFIT_FAILPOINTS", "begin_received=error@3", 1), 0);
+  Refitd daemon;
+  ASSERT_EQ(unsetenv("REFIT_FAILPOINTS"), 0);
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  ASSERT_EQ(setenv("REFIT_PIPELINED_BEGIN", "1", 1), 0);
+  std::vector<float> w(32), b(8);
+  auto refit = [&](float value) {
+    std::fill(w.begin(), w.end(), value);
+    std::fill(b.begin(), b.end(), -value);
+    refit_session* s = nullptr;
+    if (TryBegin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)}, &s) != REFIT_OK) {
+      return std::string("begin failed: ") + LastError();
+    }
+    refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+    std::string outcome;
+    if (refit_session_push(s, &tw) != REFIT_OK || refit_session_push(s, &tb) != REFIT_OK) outcome = LastError();
+    refit_report report{};
+    report.struct_size = sizeof(report);
+    if (outcome.empty()) outcome = refit_session_commit(s, &report) == REFIT_OK ? report.outcome : LastError();
+    refit_session_close(s);
+    return outcome;
+  };
+  EXPECT_EQ(refit(1.0f), "committed");  // the manifest whole
+  EXPECT_EQ(refit(2.0f), "committed");  // by key, pipelined
+  EXPECT_THAT(refit(3.0f), HasSubstr("failpoint 'begin_received' triggered"));
+  std::vector<float> held(32, 2.0f);
+  EXPECT_EQ(std::memcmp(shm.data(), held.data(), 128), 0);  // version 2's bytes
+  EXPECT_EQ(refit_engine_version(engine), 2u);
+  EXPECT_EQ(refit(4.0f), "committed");  // pipelined again
+  EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0);
+  EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0);
+  EXPECT_EQ(refit_engine_version(engine), 3u);
+  ASSERT_EQ(unsetenv("REFIT_PIPELINED_BEGIN"), 0);
+  const std::string log = daemon.Log();
+  EXPECT_THAT(log, HasSubstr("event=failpoints_armed"));
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
 // refit_session_push_in_place of host tensors (a host data plane) pushes them as
 // refit_session_push does; bad input is refused naming the tensor the same way.
 TEST(CApiTest, PushInPlaceOfHostTensorsCommitsLikePush) {
