@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 namespace refit {
 namespace {
@@ -394,6 +395,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     ++prepared.derived;
   }
   // Everything built on the device is complete (and pack_ue8m0's scales checked) before the pause.
+  TracePoint("daemon.prepare_built");
   if (ops != nullptr) REFIT_RETURN_IF_ERROR(ops->Synchronize());
   return prepared;
 }

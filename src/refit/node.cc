@@ -888,7 +888,9 @@ void Node::RunCommit(Commit& c) {
 
   // The registration audit, part 1, before the pause: refitd's own mappings (generation, the shm
   // object or CUDA allocation behind each). Part 2 is the engine's, answered with its pause.
-  if (absl::Status audited = AuditRegistration(c); !audited.ok()) {
+  absl::Status audited = AuditRegistration(c);
+  TracePoint("daemon.audited");
+  if (!audited.ok()) {
     return end(Outcome::kRefused, EndCause::kEngineError,
                absl::StrCat("refit refused: ", audited.message(), c.direct_ ? "" : "; the engine is untouched"));
   }
