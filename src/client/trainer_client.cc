@@ -1110,11 +1110,11 @@ absl::Status RefitSession::Impl::CheckAnnounced(bool block) {
 
 absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed) {
   TracePoint("trainer.bucket_ready");
-  // The announces of earlier buckets (answered by now, as a rule) before this one's. Where the
-  // bytes may go first (early_sends), only those answered by now: the trainer does not wait for
-  // refitd's event loop between buckets, nor, after a pipelined begin that sends before its answer
-  // (SendsBeforeBegin), for that answer before the first bucket.
-  if (absl::Status st = CheckAnnounced(/*block=*/!data->transport->early_sends); !st.ok()) return st;
+  // The announces of earlier buckets (answered by now, as a rule) before this one's; after a
+  // pipelined begin whose buckets go before its answer (early_sends, SendsBeforeBegin), only once
+  // that answer came, and then those answered by now.
+  const bool before_answer = data->transport->early_sends && pending_begin != nullptr && SendsBeforeBegin();
+  if (absl::Status st = CheckAnnounced(/*block=*/!before_answer); !st.ok()) return st;
   h.nbytes = nbytes;
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
