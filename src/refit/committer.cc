@@ -260,6 +260,10 @@ absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t inde
   return cur.data;
 }
 
+absl::Status NotPlacementOnly(const std::string& param) {
+  return absl::UnavailableError(absl::StrCat("engine parameter '", param, "' is built at commit"));
+}
+
 }  // namespace
 
 absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Staging& staging,
@@ -340,6 +344,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
         }
         continue;
       }
+      if (options.only_placement) return NotPlacementOnly(p.name);
       REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging.pool().Get("built:" + p.name, total));
       uint64_t off = 0;
       for (const StagedTensor* t : pieces) {
@@ -349,6 +354,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
       prepared.writes.push_back({i, buf, 0, p.nbytes});
       continue;
     }
+    if (options.only_placement) return NotPlacementOnly(p.name);
     ++prepared.params;
     if (ops != nullptr) {
       // Layout steps on the GPU, before the pause.
@@ -364,6 +370,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
   }
   for (const DerivedTarget& d : planner.derived()) {
     if (!staged[d.from_index]) continue;  // source unchanged in this refit: derived value still valid
+    if (options.only_placement) return NotPlacementOnly(params[d.target_index].name);
     if (ops != nullptr) {
       const storage::ParamInfo& target = params[d.target_index];
       REFIT_ASSIGN_OR_RETURN(DeviceBuilt from, AssembleOnDevice(planner, d.from_index, staging, *ops,
@@ -396,7 +403,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
   }
   // Everything built on the device is complete (and pack_ue8m0's scales checked) before the pause.
   TracePoint("daemon.prepare_built");
-  if (ops != nullptr) REFIT_RETURN_IF_ERROR(ops->Synchronize());
+  if (ops != nullptr && !options.only_placement) REFIT_RETURN_IF_ERROR(ops->Synchronize());
   return prepared;
 }
 

@@ -72,6 +72,11 @@ struct PrepareOptions {
   // before the pause). Off, every write is a whole parameter (verify_after_commit checksums
   // whole parameters).
   bool pieces_in_place = false;
+  // Only a commit that builds nothing: every write is a staged piece as it is (no layout step, no
+  // derived parameter, no assembly copy). Anything else is kUnavailable, with nothing built or
+  // allocated. Such a prepare reads no staged bytes, only where they are, so it may run while the
+  // last conversions still run (Node: once every tensor arrived).
+  bool only_placement = false;
 };
 
 // Builds every produced parameter (and derived one) before the engine pauses. A parameter that

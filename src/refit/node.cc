@@ -793,6 +793,7 @@ void Node::RunCommit(Commit& c) {
   absl::Time t0 = absl::Now();
   const Staging* staging = nullptr;
   std::vector<size_t> produced;
+  std::optional<PreparedCommit> early_prepared;  // the live session's, prepared before its last conversions ended
   if (c.held_ == nullptr && c.woken_) {
     // Staged while the engine slept: received, converted and validated then.
     staging = &c.session_->staging();
@@ -810,6 +811,21 @@ void Node::RunCommit(Commit& c) {
       valid = s.Validate();
       c.times_.validate_ms = Ms(absl::Now() - v0);
       TracePoint("daemon.validated");
+      if (valid->ok() && !c.stage_only_ && !c.asleep_) {
+        // A commit that builds nothing is prepared now, while the last conversions run; used
+        // below unless the ledger changes meanwhile (a conversion failed).
+        const absl::Time p0 = absl::Now();
+        PrepareOptions early;
+        early.pieces_in_place = !c.verify_;
+        early.only_placement = true;
+        absl::StatusOr<PreparedCommit> prepared =
+            PrepareCommit(*engine.planner, s.staging(), s.ledger().Produced(), nullptr, early);
+        if (prepared.ok() && PrepareStorageWrites(*prepared, *engine.storage).ok()) {
+          early_prepared = std::move(*prepared);
+          TracePoint("daemon.prepared_early");
+        }
+        c.times_.prepare_ms = Ms(absl::Now() - p0);
+      }
     }
     // Every announced bucket received and converted.
     absl::Status finished = s.Finish();
@@ -821,6 +837,7 @@ void Node::RunCommit(Commit& c) {
     }
     t0 = absl::Now();
     if (!valid || s.ledger().changes() != validated_changes) {
+      early_prepared.reset();
       valid = s.Validate();
       c.times_.validate_ms += Ms(absl::Now() - t0);
       TracePoint("daemon.validated_again");
@@ -867,13 +884,17 @@ void Node::RunCommit(Commit& c) {
   // parameters.
   PrepareOptions prepare_options;
   prepare_options.pieces_in_place = !c.verify_;
-  absl::StatusOr<PreparedCommit> prepared =
-      PrepareCommit(*engine.planner, *staging, produced, device_ops, prepare_options);
-  if (prepared.ok()) {
-    absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
-    if (!st.ok()) prepared = st;
+  absl::StatusOr<PreparedCommit> prepared = absl::UnknownError("not prepared");
+  if (early_prepared) {
+    prepared = std::move(*early_prepared);
+  } else {
+    prepared = PrepareCommit(*engine.planner, *staging, produced, device_ops, prepare_options);
+    if (prepared.ok()) {
+      absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
+      if (!st.ok()) prepared = st;
+    }
   }
-  c.times_.prepare_ms = Ms(absl::Now() - t0);
+  c.times_.prepare_ms += Ms(absl::Now() - t0);
   TracePoint("daemon.prepared");
   if (prepared.ok()) {
     absl::Status hit = REFIT_FAILPOINT(c.failpoints_, failpoints::kBeforeCommit);

@@ -234,6 +234,73 @@ TEST_F(CommitterTest, PiecesConvertedInPlaceAreNotWrittenAgain) {
   for (const ConvertedTensor& t : Layout(ts)) EXPECT_EQ(Read(t.name), t.bytes) << t.name;
 }
 
+// PrepareOptions::only_placement (a commit prepared while the last conversions run): a commit
+// that builds anything (here swizzled scales and a derived parameter) is kUnavailable, naming the
+// parameter, with nothing allocated in the pool. One that only places staged pieces (a spec
+// without layout steps or derived parameters, fused pieces written in place on device staging)
+// gives the same writes as the ordinary prepare; on host staging its fused weight needs an
+// assembly copy, so it too is kUnavailable.
+TEST_F(CommitterTest, OnlyPlacementPreparesWhatReadsNoStagedBytesAndRefusesTheRest) {
+  PrepareOptions only;
+  only.pieces_in_place = true;
+  only.only_placement = true;
+  {
+    StagingPool pool(std::make_unique<HostMemoryAsDevice>());
+    Staging staging(1 << 24, pool);
+    absl::StatusOr<std::vector<size_t>> produced = Stage(Make(1.0f), staging);
+    ASSERT_TRUE(produced.ok()) << produced.status();
+    const uint64_t pooled = pool.bytes();
+    absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*planner_, staging, *produced, nullptr, only);
+    EXPECT_EQ(prepared.status().code(), absl::StatusCode::kUnavailable) << prepared.status();
+    EXPECT_THAT(prepared.status().message(), ::testing::HasSubstr("is built at commit"));
+    EXPECT_EQ(pool.bytes(), pooled);
+  }
+  // The same tensors under a spec that builds nothing.
+  spec_ = *spec::ParseModelSpec(R"(model: m
+rules:
+  - match: "l.{p:gate,up}_proj.weight"
+    target: "l.gate_up_proj.weight"
+    format: mxfp8
+    fuse: {capture: p, order: [gate, up]}
+  - match: "l.norm.weight"
+)");
+  std::vector<storage::ParamInfo> infos;
+  for (const ConvertedTensor& t : Layout(Make(1.0f))) infos.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+  ASSERT_EQ(infos.size(), 3u);  // the fused weight, its scales, the norm
+  planner_ = std::make_unique<Planner>(*Planner::Create(spec_, infos));
+  for (bool device : {true, false}) {
+    SCOPED_TRACE(device ? "device staging" : "host staging");
+    StagingPool pool(device ? std::unique_ptr<storage::Memory>(std::make_unique<HostMemoryAsDevice>())
+                            : storage::NewHostMemory());
+    Staging staging(1 << 24, pool);
+    absl::StatusOr<std::vector<size_t>> produced = Stage(Make(1.0f), staging);
+    ASSERT_TRUE(produced.ok()) << produced.status();
+    const uint64_t pooled = pool.bytes();
+    absl::StatusOr<PreparedCommit> early = PrepareCommit(*planner_, staging, *produced, nullptr, only);
+    if (!device) {
+      EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable) << early.status();
+      EXPECT_THAT(early.status().message(), ::testing::HasSubstr("'l.gate_up_proj.weight'"));
+      EXPECT_EQ(pool.bytes(), pooled);
+      continue;
+    }
+    ASSERT_TRUE(early.ok()) << early.status();
+    PrepareOptions ordinary;
+    ordinary.pieces_in_place = true;
+    absl::StatusOr<PreparedCommit> late = PrepareCommit(*planner_, staging, *produced, nullptr, ordinary);
+    ASSERT_TRUE(late.ok()) << late.status();
+    ASSERT_EQ(early->writes.size(), late->writes.size());
+    EXPECT_EQ(early->writes.size(), 5u);  // gate and up of the weight and of its scales, the norm
+    for (size_t i = 0; i < early->writes.size(); ++i) {
+      EXPECT_EQ(early->writes[i].index, late->writes[i].index);
+      EXPECT_EQ(early->writes[i].offset, late->writes[i].offset);
+      EXPECT_EQ(early->writes[i].data, late->writes[i].data);
+      EXPECT_EQ(early->writes[i].bytes, late->writes[i].bytes);
+    }
+    EXPECT_EQ(early->params, late->params);
+    EXPECT_EQ(pool.bytes(), pooled);
+  }
+}
+
 TEST_F(CommitterTest, SwizzledScalesAreTheEngineShape) {
   int64_t i = planner_->IndexOf("l.gate_up_proj.weight_scale_inv");
   ASSERT_GE(i, 0);
