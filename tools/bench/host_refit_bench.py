@@ -26,7 +26,7 @@ from pathlib import Path
 SHAPES = ["--layers", "32", "--hidden", "64", "--intermediate", "128", "--kv-hidden", "32", "--vocab", "512"]
 # For a spec file: every dimension a multiple of 128 (FP8 block-128 shards whole blocks).
 SPEC_SHAPES = ["--layers", "32", "--hidden", "256", "--intermediate", "512", "--kv-hidden", "128", "--vocab", "512"]
-KEYS = ["push_commit_ms", "trainer_begin_ms", "trainer_push_ms", "trainer_commit_ms", "plan_ms", "validate_ms",
+KEYS = ["push_commit_ms", "ready_commit_ms", "trainer_begin_ms", "trainer_push_ms", "trainer_commit_ms", "plan_ms", "validate_ms",
         "finish_ms", "prepare_ms", "commit_ms", "pause_ms", "total_ms", "tensors", "buckets"]
 
 
@@ -45,6 +45,8 @@ def main() -> int:
     ap.add_argument("--config", default="", help="extra refitd config lines (YAML)")
     ap.add_argument("--refits", type=int, default=12)
     ap.add_argument("--spec", default="", help="model spec file (default: the embedded demo spec)")
+    ap.add_argument("--begin-ahead-ms", type=int, default=0,
+                    help="the trainer begins each refit this long before it pushes (ready_commit_ms from then)")
     args = ap.parse_args()
     build = Path(args.build).resolve()
     with tempfile.TemporaryDirectory() as d:
@@ -74,7 +76,8 @@ def main() -> int:
             if engine.poll() is not None:
                 raise SystemExit(engine_log.read_text())
             p = subprocess.run([str(build / "tools/examples/example_trainer"), "--address", address,
-                                "--refits", str(args.refits), *spec_flag, *shapes], capture_output=True, text=True, timeout=600)
+                                "--refits", str(args.refits), "--begin-ahead-ms", str(args.begin_ahead_ms), *spec_flag,
+                                *shapes], capture_output=True, text=True, timeout=600)
             lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
             if p.returncode != 0 or len(lines) != args.refits:
                 raise SystemExit(f"trainer failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")

@@ -40,6 +40,10 @@
 // (as PyTorch's expandable segments make a trainer's), which the CUDA IPC data plane sends as
 // descriptors instead of a CUDA IPC handle; --vmm-piece-mib N maps it in pieces of N MiB, as
 // expandable segments grow (tensors then run across pieces).
+// --begin-ahead-ms N begins each refit N ms before its weights are pushed, as a trainer that
+// begins while its optimizer step still runs (refitd plans and, with `staging: direct`, pauses
+// the engine meanwhile); each line's ready_commit_ms is the time from then (the weights ready) to
+// the commit reply, push_commit_ms still from Begin.
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
 // Several --address flags (or --fanout with one) feed every daemon at once through one
@@ -75,6 +79,7 @@
 #endif
 #include "common/checksum.h"
 #include "common/control_connect.h"
+#include "common/trace.h"
 #include "formats/format_info.h"
 #include "formats/safetensors.h"
 #include "demo_model.h"
@@ -413,6 +418,7 @@ int main(int argc, char** argv) {
   bool prequantized = false;
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
   bool measure_amax = false;  // --measure-amax: announce each BF16 tensor's amax (single-pass NVFP4)
+  int begin_ahead_ms = 0;     // --begin-ahead-ms: Begin this long before the weights are pushed
   std::string dump_dir;
   demo::ModelShape shape;
   for (int i = 1; i < argc; ++i) {
@@ -466,6 +472,8 @@ int main(int argc, char** argv) {
       gpu = std::atoi(argv[++i]);
     } else if (a == "--measure-amax") {
       measure_amax = true;
+    } else if (a == "--begin-ahead-ms" && i + 1 < argc) {
+      begin_ahead_ms = std::atoi(argv[++i]);
     } else if (a == "--in-place") {
       in_place = true;
     } else if (a == "--vmm") {
@@ -697,6 +705,12 @@ int main(int argc, char** argv) {
     if (!session.ok()) return Fail(session.status().message());
     (*session)->MeasureAmax(measure_amax);
     const absl::Time begin_done = absl::Now();
+    absl::Time ready = begin_done;  // the weights ready to push (--begin-ahead-ms: that long after Begin)
+    if (begin_ahead_ms > 0) {
+      absl::SleepFor(absl::Milliseconds(begin_ahead_ms) - (begin_done - begun));
+      ready = absl::Now();
+      TracePoint("trainer.weights_ready");
+    }
     if (fault == "silent") {
       std::fprintf(stderr, "example_trainer: sending nothing after begin (fault injection)\n");
       pause();
@@ -816,7 +830,8 @@ int main(int argc, char** argv) {
         absl::StrCat(",\"trainer_begin_ms\":", absl::ToDoubleMilliseconds(begin_done - begun),
                      ",\"trainer_push_ms\":", absl::ToDoubleMilliseconds(push_done - begin_done),
                      ",\"trainer_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - push_done),
-                     ",\"pushed_in_place_bytes\":", (*session)->pushed_in_place_bytes());
+                     ",\"pushed_in_place_bytes\":", (*session)->pushed_in_place_bytes(),
+                     ",\"ready_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - ready));
     if (!report.ok()) {
       RefitReport r;
       r.outcome = Outcome::kRefused;
