@@ -31,6 +31,20 @@ def test_three_refits_match_offline_conversion(node_factory):
             assert seen[r["version"]] == r["checksum"]
 
 
+def test_a_refit_begun_ahead_of_its_weights_lands(node_factory):
+    # A trainer that begins while its step still runs (example_trainer --begin-ahead-ms): with
+    # `staging: direct` refitd pauses the engine at the begin, and the refit pushed 200 ms later
+    # lands equal to the offline conversion. ready_commit_ms counts from the weights ready, so the
+    # 200 ms after the begin are in push_commit_ms only.
+    node = node_factory(config="staging: direct\n")
+    _, lines = node.trainer("--refits", "2", "--begin-ahead-ms", "200", check_rc=0)
+    assert [l["outcome"] for l in lines] == ["committed"] * 2
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines  # converted into the engine
+    assert all(l["push_commit_ms"] - l["ready_commit_ms"] >= 190 for l in lines), lines
+    assert node.stop()["mixed"] == 0
+
+
 def test_missing_scale_is_refused_and_engine_untouched(node_factory):
     node = node_factory(spec=PREQUANTIZED_SPEC)
     node.trainer("--refits", "1", "--prequantized", check_rc=0)  # a good refit first
