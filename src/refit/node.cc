@@ -830,7 +830,7 @@ void Node::RunCommit(Commit& c) {
     // Every announced bucket received and converted.
     absl::Status finished = s.Finish();
     TracePoint("daemon.drained");
-    c.times_.finish_ms = Ms(absl::Now() - t0) - c.times_.validate_ms;
+    c.times_.finish_ms = Ms(absl::Now() - t0) - c.times_.validate_ms - c.times_.prepare_ms;  // the early prepare's
     if (!finished.ok()) {
       return end(finished.code() == absl::StatusCode::kResourceExhausted ? Outcome::kFailed : Outcome::kAborted,
                  CauseOfSessionFailure(finished), std::string(finished.message()));
