@@ -170,6 +170,24 @@ refit_session* Begin(refit_client* c, const std::vector<refit_tensor_desc>& desc
   return s;
 }
 
+// One refit of "w" [4, 8] (every value `value`) and "b" [8] (-value) under the manifest `descs`:
+// its outcome, or the error of the call that failed.
+std::string RefitWB(refit_client* c, const std::vector<refit_tensor_desc>& descs, std::vector<float>& w,
+                    std::vector<float>& b, float value) {
+  std::fill(w.begin(), w.end(), value);
+  std::fill(b.begin(), b.end(), -value);
+  refit_session* s = nullptr;
+  if (TryBegin(c, descs, &s) != REFIT_OK) return std::string("begin failed: ") + LastError();
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  std::string outcome;
+  if (refit_session_push(s, &tw) != REFIT_OK || refit_session_push(s, &tb) != REFIT_OK) outcome = LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  if (outcome.empty()) outcome = refit_session_commit(s, &report) == REFIT_OK ? report.outcome : LastError();
+  refit_session_close(s);
+  return outcome;
+}
+
 TEST(CApiTest, LibraryBasics) {
   EXPECT_GE(refit_abi_version(), 1u);
   EXPECT_STREQ(refit_code_name(REFIT_FAILED_PRECONDITION), "FAILED_PRECONDITION");
@@ -282,18 +300,10 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt)
   std::vector<float> w(32), b(8);
   // One refit: `w_first` orders the manifest w, b (else b, w); every value is `value`.
   auto refit = [&](refit_client* c, bool w_first, float value) {
-    std::fill(w.begin(), w.end(), value);
-    std::fill(b.begin(), b.end(), -value);
-    refit_session* s = w_first ? Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)})
-                               : Begin(c, {Desc("b", kBShape, 1), Desc("w", kWShape, 2)});
-    if (s == nullptr) return std::string("begin failed: ") + LastError();
-    refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
-    EXPECT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
-    EXPECT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
-    refit_report report{};
-    report.struct_size = sizeof(report);
-    std::string outcome = refit_session_commit(s, &report) == REFIT_OK ? report.outcome : LastError();
-    refit_session_close(s);
+    std::string outcome = RefitWB(c,
+                                  w_first ? std::vector<refit_tensor_desc>{Desc("w", kWShape, 2), Desc("b", kBShape, 1)}
+                                          : std::vector<refit_tensor_desc>{Desc("b", kBShape, 1), Desc("w", kWShape, 2)},
+                                  w, b, value);
     EXPECT_EQ(std::memcmp(shm.data(), w.data(), 128), 0) << value;
     EXPECT_EQ(std::memcmp(shm.data() + 256, b.data(), 32), 0) << value;
     return outcome;
@@ -354,22 +364,7 @@ TEST(CApiTest, APipelinedBeginRefitdRefusesFailsItsRefitAndLeavesTheEngine) {
   ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
   ASSERT_EQ(setenv("REFIT_PIPELINED_BEGIN", "1", 1), 0);
   std::vector<float> w(32), b(8);
-  auto refit = [&](float value) {
-    std::fill(w.begin(), w.end(), value);
-    std::fill(b.begin(), b.end(), -value);
-    refit_session* s = nullptr;
-    if (TryBegin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)}, &s) != REFIT_OK) {
-      return std::string("begin failed: ") + LastError();
-    }
-    refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
-    std::string outcome;
-    if (refit_session_push(s, &tw) != REFIT_OK || refit_session_push(s, &tb) != REFIT_OK) outcome = LastError();
-    refit_report report{};
-    report.struct_size = sizeof(report);
-    if (outcome.empty()) outcome = refit_session_commit(s, &report) == REFIT_OK ? report.outcome : LastError();
-    refit_session_close(s);
-    return outcome;
-  };
+  auto refit = [&](float value) { return RefitWB(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)}, w, b, value); };
   EXPECT_EQ(refit(1.0f), "committed");  // the manifest whole
   EXPECT_EQ(refit(2.0f), "committed");  // by key, pipelined
   EXPECT_THAT(refit(3.0f), HasSubstr("failpoint 'begin_received' triggered"));
