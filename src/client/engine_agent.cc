@@ -1,6 +1,7 @@
 #include "client/engine_agent.h"
 
 #include "client/cuda_export.h"
+#include "common/busy_poll.h"
 #include "common/control_connect.h"
 #include "common/fd_passing.h"
 #include "common/trace.h"
@@ -24,6 +25,8 @@ struct EngineAgent::Impl {
   kj::Maybe<proto::Registration::Client> registration;  // while registered
   std::vector<InPlaceRecord> in_place;                  // parameters registered in place, for the audit
   bool passes_fds = false;                              // the connection is a Unix socket
+  kj::Own<kj::PromiseFulfiller<void>> on_pause;         // busy polling: the next pause wakes the loop
+  absl::Time paused_at;                                 // busy polling: the last pause
   kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
   // Stop: fulfilled from any thread (the destructor) without waiting for the agent's loop, which
   // may be ending on its own (a waiting cross-thread call to a loop that ended can hang).
@@ -36,6 +39,9 @@ struct EngineAgent::Impl {
 };
 
 namespace {
+
+// Busy polling (common/busy_poll.h): the agent's loop spins for at most this long per pause.
+constexpr absl::Duration kBusyPauseBound = absl::Seconds(2);
 
 // A CUDA virtual-memory allocation's descriptor as a capability: Cap'n Proto attaches it to every
 // message that carries the capability (over a connection that passes descriptors).
@@ -144,8 +150,10 @@ size_t CountParams(const std::variant<std::vector<ShmParam>, std::vector<CudaPar
 class ControlImpl final : public proto::EngineControl::Server {
  public:
   ControlImpl(EngineCallbacks& cb, std::atomic<uint64_t>& version, std::mutex& tag_mu, std::string& tag,
-              std::atomic<bool>& paused, std::atomic<bool>& dirty, const std::vector<InPlaceRecord>& in_place)
-      : cb_(cb), version_(version), tag_mu_(tag_mu), tag_(tag), paused_(paused), dirty_(dirty), in_place_(in_place) {}
+              std::atomic<bool>& paused, std::atomic<bool>& dirty, const std::vector<InPlaceRecord>& in_place,
+              std::function<void()> on_pause = nullptr)
+      : cb_(cb), version_(version), tag_mu_(tag_mu), tag_(tag), paused_(paused), dirty_(dirty), in_place_(in_place),
+        on_pause_(std::move(on_pause)) {}
 
  protected:
 
@@ -163,6 +171,7 @@ class ControlImpl final : public proto::EngineControl::Server {
       for (std::string& name : cb_.audit()) stale.push_back(std::move(name));
     }
     TracePoint("engine.paused");
+    if (on_pause_) on_pause_();
     auto list = context.getResults().initStale(static_cast<unsigned>(stale.size()));
     for (size_t i = 0; i < stale.size(); ++i) list.set(static_cast<unsigned>(i), stale[i]);
     return kj::READY_NOW;
@@ -200,6 +209,7 @@ class ControlImpl final : public proto::EngineControl::Server {
   std::atomic<bool>& paused_;
   std::atomic<bool>& dirty_;
   const std::vector<InPlaceRecord>& in_place_;  // agent thread, like every call here
+  std::function<void()> on_pause_;
 };
 
 }  // namespace
@@ -310,7 +320,11 @@ void EngineAgent::Run(std::string address, Params initial) {
       auto req = daemon.registerEngineRequest();
       FillParams(req.initParams(static_cast<unsigned>(CountParams(impl_->params))), impl_->params);
       req.setControl(
-          kj::heap<ControlImpl>(callbacks_, version_, tag_.mu, tag_.value, paused_, dirty_, impl_->in_place));
+          kj::heap<ControlImpl>(callbacks_, version_, tag_.mu, tag_.value, paused_, dirty_, impl_->in_place, [this] {
+            impl_->paused_at = absl::Now();
+            if (impl_->on_pause.get() != nullptr) impl_->on_pause->fulfill();
+            impl_->on_pause = nullptr;
+          }));
       req.setVersion(version_.load());
       req.setTag(wire::Text(tag()));
       req.setDirty(dirty_.load());
@@ -344,7 +358,21 @@ void EngineAgent::Run(std::string address, Params initial) {
       connected_ = true;
       ++registrations_;
       report(absl::OkStatus());
-      stopped.addBranch().exclusiveJoin(rpc->onDisconnect()).wait(io.waitScope);
+      auto ended = stopped.addBranch().exclusiveJoin(rpc->onDisconnect()).fork();
+      if (BusyPollWanted("auto")) {
+        // While paused (refitd writes the weights; the resume is next) the loop spins, for at
+        // most kBusyPauseBound per pause (a pause that lasts, e.g. an engine left dirty, blocks).
+        WaitBusyPolling(
+            ended, io.waitScope,
+            [this] { return paused_.load() && absl::Now() - impl_->paused_at < kBusyPauseBound; },
+            [this] {
+              auto paf = kj::newPromiseAndFulfiller<void>();
+              impl_->on_pause = kj::mv(paf.fulfiller);
+              return kj::mv(paf.promise);
+            });
+      }
+      ended.addBranch().wait(io.waitScope);
+      impl_->on_pause = nullptr;
       impl_->registration = nullptr;
     })) {
       if (!reported) {

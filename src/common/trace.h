@@ -25,6 +25,13 @@ int Open();
 void Write(int fd, const char* label, const uint64_t* value);
 }  // namespace trace_internal
 
+// Whether this process traces (REFIT_TRACE_FILE set and opened).
+inline bool TraceOn() {
+  int s = trace_internal::state.load(std::memory_order_relaxed);
+  if (s < 0) s = trace_internal::Open();
+  return s > 0;
+}
+
 inline void TracePoint(const char* label) {
   int s = trace_internal::state.load(std::memory_order_relaxed);
   if (s < 0) s = trace_internal::Open();

@@ -289,6 +289,18 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   if (!wire.ok()) return wire.status();
   so.wire = *wire;
   Active a;
+  if (direct) {
+    EngineRecord::PlacementMemo& memo = engine_->placement_memo;
+    if (memo.placement == nullptr || memo.generation != engine_->generation || memo.plans != plans) {
+      memo.placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
+      memo.generation = engine_->generation;
+      memo.plans = std::move(plans);
+    }
+    if (!memo.placement->places.empty()) a.placement = memo.placement;
+  }
+  // Converts nothing before the engine paused (its begin may be answered early: the trainer's
+  // announces then arrive while it pauses).
+  so.await_placement = a.placement != nullptr;
   a.wire = *wire;
   a.engine = engine_;
   a.stage_only = manifest.stage_only;
@@ -299,15 +311,6 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
   a.plan_ms = Ms(absl::Now() - requested);
   a.tag = manifest.tag;
-  if (direct) {
-    EngineRecord::PlacementMemo& memo = engine_->placement_memo;
-    if (memo.placement == nullptr || memo.generation != engine_->generation || memo.plans != plans) {
-      memo.placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
-      memo.generation = engine_->generation;
-      memo.plans = std::move(plans);
-    }
-    if (!memo.placement->places.empty()) a.placement = memo.placement;
-  }
   const bool pause_first = a.placement != nullptr;
   active_ = std::move(a);
   NotifySession();

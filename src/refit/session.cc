@@ -29,6 +29,7 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
       slices_(ring.memory(), options_.limits.staging_bytes) {
   {
     absl::MutexLock lock(&mu_);
+    awaiting_placement_ = options_.await_placement;
     for (const auto& [name, amax] : options_.supplied_amax) supplied_amax_[name] = amax;
   }
   receiver_.Reset();
@@ -57,7 +58,11 @@ void Session::Stop() {
   if (converter_thread_.joinable()) converter_thread_.join();
 }
 
-void Session::UsePlacement(std::shared_ptr<const Placement> placement) { staging_->Place(std::move(placement)); }
+void Session::UsePlacement(std::shared_ptr<const Placement> placement) {
+  staging_->Place(std::move(placement));
+  absl::MutexLock lock(&mu_);
+  awaiting_placement_ = false;
+}
 
 uint64_t Session::in_place_bytes() const { return staging_->in_place_bytes(); }
 
@@ -229,7 +234,9 @@ void Session::ConvertLoop() {
     bool leave = false;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !failure_.ok() || !received_.empty(); };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !failure_.ok() || (!received_.empty() && !awaiting_placement_);
+      };
       if (!flight) {
         mu_.Await(absl::Condition(&ready));
       } else {
@@ -240,7 +247,7 @@ void Session::ConvertLoop() {
       }
       if (stopping_ || !failure_.ok()) {
         leave = true;
-      } else if (!received_.empty()) {
+      } else if (!received_.empty() && !awaiting_placement_) {
         next = std::move(received_.front());
         received_.pop_front();
       }

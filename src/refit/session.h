@@ -57,6 +57,10 @@ class Session {
     // Wire format checkpoint: the tensors that arrive converted by the trainer (their outputs are
     // checked, then staged as copies). nullptr or empty: every tensor arrives as declared.
     std::shared_ptr<const WireTable> wire;
+    // staging: direct: buckets are received but none is converted until UsePlacement (the engine
+    // paused) or the session ends, so that buckets announced while the engine pauses are still
+    // converted straight into its memory.
+    bool await_placement = false;
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
@@ -99,7 +103,8 @@ class Session {
   // the destructor calls it. Not from the session's own threads.
   void Stop();
   // staging: direct, once the engine is paused: tensors of `placement` are converted into the
-  // engine's memory from now on (Staging::Place).
+  // engine's memory from now on (Staging::Place); with Options::await_placement, conversions
+  // start now.
   void UsePlacement(std::shared_ptr<const Placement> placement);
   // Bytes converted into the engine's memory so far (staging: direct).
   uint64_t in_place_bytes() const;
@@ -219,6 +224,7 @@ class Session {
   uint32_t converted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool awaiting_placement_ ABSL_GUARDED_BY(mu_) = false;  // Options::await_placement, until UsePlacement
   bool sealed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_out_ ABSL_GUARDED_BY(mu_) = 0;

@@ -113,7 +113,8 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
                                   {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
-                                   "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold"}));
+                                   "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold",
+                                   "busy_poll"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
@@ -164,6 +165,10 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
   if (c.staging != "host" && c.staging != "device" && c.staging != "direct") {
     return Err(root["staging"], path, "staging", "must be host, device or direct");
+  }
+  REFIT_RETURN_IF_ERROR(Get(root, "busy_poll", path, "", c.busy_poll));
+  if (c.busy_poll != "auto" && c.busy_poll != "on" && c.busy_poll != "off") {
+    return Err(root["busy_poll"], path, "busy_poll", "must be auto, on or off");
   }
   if (c.staging == "direct" && c.hold > 0) {
     return Err(root["hold"], path, "hold",

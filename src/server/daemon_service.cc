@@ -342,6 +342,9 @@ class SessionImpl final : public proto::Session::Server {
                              member_ ? "a joined trainer rank disconnected before detaching" : "trainer disconnected");
   }
 
+  // staging: direct: a commit that arrives before the engine's pause settled waits for it.
+  void CommitAfter(kj::Promise<void> paused) { paused_ = paused.catch_([](kj::Exception&&) {}).fork(); }
+
  protected:
   kj::Promise<void> announce(AnnounceContext context) override {
     TracePoint("daemon.announce_received");
@@ -384,6 +387,16 @@ class SessionImpl final : public proto::Session::Server {
   // Also waits while an early pause is undone (staging: direct, Node::StartEarlyPause).
   kj::Promise<void> commit(CommitContext context) override {
     TracePoint("daemon.commit_received");
+    KJ_IF_MAYBE(paused, paused_) {
+      auto settled = paused->addBranch();
+      paused_ = nullptr;
+      return settled.then([this, context]() mutable { return Commit(kj::mv(context)); });
+    }
+    return Commit(kj::mv(context));
+  }
+
+ private:
+  kj::Promise<void> Commit(CommitContext context) {
     if (member_) {
       return Answer(context, absl::FailedPreconditionError(
                                  "only the rank that began the session commits it; joined ranks detach"));
@@ -428,6 +441,7 @@ class SessionImpl final : public proto::Session::Server {
   const bool member_;
   const uint32_t rank_;
   bool detached_ = false;
+  kj::Maybe<kj::ForkedPromise<void>> paused_;  // CommitAfter, until a commit waits for it
 };
 
 // Maps the engine's registered parameters: all in POSIX shm, or all in GPU memory (CUDA IPC and
@@ -592,6 +606,7 @@ class DaemonImpl final : public proto::Daemon::Server {
 
  protected:
   kj::Promise<void> begin(BeginContext context) override {
+    state_.Heat();
     const uint64_t chosen = context.getParams().getSessionId();
     if (chosen == 0) return Begin(context);
     // The trainer chose the session's id and may have sent bytes of it already: if the begin is
@@ -755,7 +770,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     // next calls: a trainer blocked in a data-plane send may never call again.
     state->tasks.add(Watch(state, id));
     auto results = context.getResults();
-    results.setSession(kj::heap<SessionImpl>(*state, id));
+    auto session_impl = kj::heap<SessionImpl>(*state, id);
+    SessionImpl& session_ref = *session_impl;
+    proto::Session::Client session = kj::mv(session_impl);
+    results.setSession(session);
     results.setSessionId(id);
     results.setSeqBase(::refit::Session::SeqBase(0));
     results.setOwnSeqs(true);
@@ -789,6 +807,14 @@ class DaemonImpl final : public proto::Daemon::Server {
                     })
                     .fork();
     state->tasks.add(done.addBranch());
+    // The session is the trainer's now, before its begin is answered: announces it sent ahead
+    // (promise pipelining) are taken while the engine pauses; the session receives their
+    // buckets and converts them once the engine has paused (Session::Options::await_placement).
+    // A commit waits for the pause's outcome.
+    session_ref.CommitAfter(done.addBranch());
+    capnp::PipelineBuilder<proto::Daemon::BeginResults> pipeline;
+    pipeline.setSession(kj::mv(session));
+    context.setPipeline(pipeline.build());
     return done.addBranch().then([status, context]() mutable {
       if (!status->ok()) return Answer(context, *status);
       return kj::Promise<void>(kj::READY_NOW);
@@ -1060,6 +1086,22 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
       tasks(error_handler_) {}
 
 DaemonState::~DaemonState() = default;
+
+void DaemonState::Heat() {
+  heated_at_ = absl::Now();
+  if (heat_.get() != nullptr) heat_->fulfill();
+  heat_ = nullptr;
+}
+
+kj::Promise<void> DaemonState::OnHeat() {
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  heat_ = kj::mv(paf.fulfiller);
+  return kj::mv(paf.promise);
+}
+
+bool DaemonState::Hot() const {
+  return node.active_session_id() != 0 || node.committing() || absl::Now() - heated_at_ < absl::Milliseconds(5);
+}
 
 bool DaemonState::Drain(kj::WaitScope& wait_scope) {
   if (!node.Shutdown()) return true;

@@ -61,7 +61,17 @@ class DaemonState {
   // timeouts) for a commit in its window to finish. False if one is still running.
   bool Drain(kj::WaitScope& wait_scope);
 
+  // Busy polling (main.cc): the event loop spins while a refit is in flight. Heat (a begin or a
+  // join arrived) fulfills OnHeat's promise and keeps the loop spinning for a while even before
+  // the session exists. Event loop only.
+  void Heat();
+  kj::Promise<void> OnHeat();
+  bool Hot() const;
+
  private:
+  kj::Own<kj::PromiseFulfiller<void>> heat_;
+  absl::Time heated_at_ = absl::InfinitePast();
+
   struct ErrorHandler : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&& e) override;
   } error_handler_;

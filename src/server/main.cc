@@ -33,6 +33,7 @@
 #include "metrics/registry.h"
 #include "server/admin/admin_server.h"
 #include "common/bounded_file.h"
+#include "common/busy_poll.h"
 #include "common/failpoint.h"
 #include "common/tls_context.h"
 #include "common/version.h"
@@ -270,6 +271,7 @@ int main(int argc, char** argv) {
     });
   };
   kj::Promise<void> reloading = reload_on_hup().eagerlyEvaluate(nullptr);
+  const bool busy_poll = BusyPollWanted(config->busy_poll);
   std::string address = config->listen;
   std::string unix_path;
   if (address.rfind("unix:", 0) == 0) {
@@ -301,6 +303,7 @@ int main(int argc, char** argv) {
     listening.Add("control", address);
     if (with_tls) listening.Add("tls", "on");
     listening.Add("data", state.receiver->Endpoint()).Add("model", state.spec.model).Add("pid", getpid());
+    listening.Add("busy_poll", busy_poll);
     if (admin_server) listening.Add("admin_port", admin_server->port());
   }
   std::fflush(stdout);
@@ -315,7 +318,13 @@ int main(int argc, char** argv) {
 
   auto serving = rpc.Listen(*listener, unix_socket);
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
-  siginfo_t info = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).wait(io.waitScope);
+  auto finished = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).fork();
+  if (busy_poll) {
+    // While a refit is in flight the loop spins; otherwise it blocks until a begin heats it.
+    auto ended = finished.addBranch().ignoreResult().fork();
+    WaitBusyPolling(ended, io.waitScope, [&state] { return state.Hot(); }, [&state] { return state.OnHeat(); });
+  }
+  siginfo_t info = finished.addBranch().wait(io.waitScope);
   server::LogEvent(server::LogLevel::kInfo, "shutdown").Add("signal", info.si_signo);
   if (*notifier) (void)(*notifier)->Notify("STOPPING=1");
   // Aborting ends a session that is still receiving (a commit waiting for buckets ends too). A

@@ -192,6 +192,7 @@ def main() -> int:
     ap.add_argument("--refits", type=int, default=3)
     ap.add_argument("--bucket-bytes", type=int, default=1200 << 20)
     ap.add_argument("--copy-gib", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=2, help="refitd's bucket ring slots (limits.bucket_slots)")
     ap.add_argument("--runs", default="", help="comma-separated run labels to do (default: all)")
     ap.add_argument("--spec", default=str(HERE.parent.parent / "deploy/models/llama3_fp8.yaml"),
                     help="model spec (its tensor_parallel is set to size 1); 'demo' for the embedded demo spec")
@@ -225,7 +226,7 @@ def main() -> int:
         out["spec"] = a.spec
 
     def refitd_run(in_place, staging="device", engine_args=(), trainer_args=()):
-        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, transport="cuda_ipc",
+        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, slots=a.slots, transport="cuda_ipc",
                             in_place=in_place, staging=staging, engine_args=engine_args, trainer_args=trainer_args)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],

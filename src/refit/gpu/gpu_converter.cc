@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "common/trace.h"
 #include "common/status_macros.h"
 #include "kernels/batch_quantize.h"
 #include "kernels/derive.h"
@@ -73,6 +74,7 @@ class GpuConverter final : public Converter, public DeviceOps {
   absl::Status Convert(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                        std::span<const formats::MutableBytes> outs, const formats::QuantizeOptions& options) override {
     cudaSetDevice(device_);
+    MarkBucketStart();
     if (plan.kind == ConvertKind::kCopy) return Copy(desc, src, src_kind, outs);
     // The slot first: when the arena is full, taking it drains both lanes.
     absl::StatusOr<DeviceArena::Slot> slot = TakeSlot();
@@ -126,6 +128,7 @@ class GpuConverter final : public Converter, public DeviceOps {
                               storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,
                               const formats::QuantizeOptions& options, const PlannedAmax& planned) override {
     cudaSetDevice(device_);
+    MarkBucketStart();
     if (outs.size() != plan.targets.size()) {
       return absl::InternalError(absl::StrCat("tensor '", desc.name, "': ", outs.size(), " outputs for ",
                                               plan.targets.size(), " targets"));
@@ -363,6 +366,8 @@ class GpuConverter final : public Converter, public DeviceOps {
     }
     b.retired = std::move(retired_);
     retired_.clear();
+    b.start = std::move(bucket_start_);
+    bucket_started_ = false;
     scratch_bucket_ = scratch_used_;
     submitted_.push_back(std::move(b));
     return submitted_.back().ticket;
@@ -385,9 +390,11 @@ class GpuConverter final : public Converter, public DeviceOps {
           if (!recorded.ok()) failed.push_back({p.name, std::move(recorded)});
         }
       }
+      if (e == cudaSuccess) TraceGpuTimes(b);
       b.arena->Reset();
       spare_arenas_.push_back(std::move(b.arena));
-      spare_events_.push_back(std::move(b.done));
+      if (b.done) spare_events_.push_back(std::move(b.done));
+      if (b.start) spare_starts_.push_back(std::move(b.start));
     }
     // Nothing in flight reads the scratch any more: the next bucket starts it again.
     if (submitted_.empty() && scratch_used_ == scratch_bucket_) scratch_used_ = scratch_bucket_ = 0;
@@ -429,7 +436,43 @@ class GpuConverter final : public Converter, public DeviceOps {
     std::vector<Pending> pending;
     Failures failed;                      // found before it ended (failed launches)
     std::vector<std::shared_ptr<uint8_t>> retired;  // scratch buffers its work may still read
+    CudaEvent start;                      // traced runs: recorded before its first work (MarkBucketStart)
   };
+
+  // Traced runs (REFIT_TRACE_FILE) only: a timing event on the main lane before a bucket's first
+  // work, so that WaitBucket can trace how long the GPU worked on the bucket and how long the
+  // main lane waited for it after the bucket before ended ("daemon.gpu_bucket_us",
+  // "daemon.gpu_wait_us"): the host's issue against the kernels' own time.
+  void MarkBucketStart() {
+    if (!timing_ || bucket_started_) return;
+    bucket_started_ = true;
+    TracePoint("daemon.bucket_first_launch");
+    if (!bucket_start_) {
+      if (!spare_starts_.empty()) {
+        bucket_start_ = std::move(spare_starts_.back());
+        spare_starts_.pop_back();
+      } else if (absl::StatusOr<CudaEvent> e = CudaEvent::Create(device_, /*timing=*/true); e.ok()) {
+        bucket_start_ = std::move(*e);
+      }
+    }
+    if (bucket_start_ && cudaEventRecord(bucket_start_.get(), stream_.get()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      spare_starts_.push_back(std::move(bucket_start_));
+    }
+  }
+  void TraceGpuTimes(Submitted& b) {
+    if (!timing_ || !b.start) return;
+    float busy = 0, wait = 0;
+    if (cudaEventElapsedTime(&busy, b.start.get(), b.done.get()) == cudaSuccess) {
+      TracePoint("daemon.gpu_bucket_us", static_cast<uint64_t>(std::max(0.0f, busy) * 1000));
+    }
+    if (last_done_ && cudaEventElapsedTime(&wait, last_done_.get(), b.start.get()) == cudaSuccess) {
+      TracePoint("daemon.gpu_wait_us", static_cast<uint64_t>(std::max(0.0f, wait) * 1000));
+    }
+    (void)cudaGetLastError();
+    // The bucket's end, kept to measure the next bucket's wait from (its event is not reused meanwhile).
+    std::swap(last_done_, b.done);
+  }
 
   // A spare arena (reset behind its last bucket's probe copy), or a new one, reset on the main
   // lane (the side lane waits for that: only until the converter has one arena per bucket in flight).
@@ -457,7 +500,7 @@ class GpuConverter final : public Converter, public DeviceOps {
     return CudaStatus(cudaEventRecord(done, ends_.get()), "marking the end of a bucket");
   }
   absl::StatusOr<CudaEvent> TakeEvent() {
-    if (spare_events_.empty()) return CudaEvent::Create(device_);
+    if (spare_events_.empty()) return CudaEvent::Create(device_, timing_);
     CudaEvent e = std::move(spare_events_.back());
     spare_events_.pop_back();
     return e;
@@ -690,6 +733,11 @@ class GpuConverter final : public Converter, public DeviceOps {
   std::deque<Submitted> submitted_;  // ended buckets not yet waited for, oldest first
   std::vector<std::unique_ptr<DeviceArena>> spare_arenas_;
   std::vector<CudaEvent> spare_events_;
+  const bool timing_ = TraceOn();
+  bool bucket_started_ = false;
+  CudaEvent bucket_start_;
+  CudaEvent last_done_;
+  std::vector<CudaEvent> spare_starts_;
 };
 
 }  // namespace

@@ -231,6 +231,33 @@ def test_a_pipelined_begins_first_buckets_go_before_its_answer(node_factory, tmp
     assert "event=session_begin" in node.log.read_text() and "manifest_by_key=true" in node.log.read_text()
 
 
+def test_announces_taken_while_the_engine_pauses_are_converted_into_it(node_factory, tmp_path):
+    # refitd hands a begin's session over (promise pipelining) before the engine has paused, so a
+    # pipelined begin's announces reach it while the engine takes 300 ms to pause (example_engine
+    # --pause-ms 300). Their buckets are received meanwhile and none is converted before the pause
+    # (Session::Options::await_placement): every byte is converted into the engine's memory, and
+    # each refit equals the offline conversion.
+    trace = tmp_path / "refit.trace"
+    node = node_factory(tmp=tmp_path / "slow", staging="direct", deadline_ms=20000, engine_args=["--pause-ms", "300"],
+                        env={"REFIT_TRACE_FILE": str(trace)})
+    p, lines = node.trainer("--refits", "3", "--in-place", env={**PIPELINED, "REFIT_TRACE_FILE": str(trace)})
+    assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:]
+    assert [l["outcome"] for l in lines] == ["committed"] * 3
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
+    refits = []
+    for line in trace.read_text().splitlines():
+        label = line.split()[2]
+        if label == "trainer.begin_sent":
+            refits.append([])
+        if refits:
+            refits[-1].append(label)
+    assert len(refits) == 3, trace.read_text()
+    for r in refits[1:]:  # the pipelined begins (the first one goes by its whole manifest)
+        assert r.index("daemon.announce_received") < r.index("daemon.engine_paused"), r
+        assert r.index("daemon.engine_paused") < r.index("daemon.bucket_issued"), r
+
+
 def test_a_refused_pipelined_begin_drops_the_bytes_sent_before_its_answer(node_factory, tmp_path):
     # The third begin is refused (failpoint begin_received=error@3) after the trainer, pushing in
     # place, may have sent its first runs for it: that refit fails with the begin's error and

@@ -45,6 +45,21 @@ def test_a_refit_begun_ahead_of_its_weights_lands(node_factory):
     assert node.stop()["mixed"] == 0
 
 
+def test_refits_land_with_busy_polling_loops(node_factory, monkeypatch):
+    # `busy_poll: on`: refitd's event loop spins from each begin to its commit's answer, and the
+    # engine agent's (REFIT_BUSY_POLL=1) while its engine is paused; each refit lands as without,
+    # and between refits both loops block again (refitd answers a status call while idle).
+    monkeypatch.setenv("REFIT_BUSY_POLL", "1")
+    node = node_factory(config="staging: direct\nbusy_poll: on\n")
+    assert "busy_poll=true" in node.daemon_log.read_text()
+    _, lines = node.trainer("--refits", "3", check_rc=0)
+    assert [l["outcome"] for l in lines] == ["committed"] * 3
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
+    assert [r["version"] for r in node.resumed()] == [1, 2, 3]
+    assert node.stop()["mixed"] == 0
+
+
 def test_missing_scale_is_refused_and_engine_untouched(node_factory):
     node = node_factory(spec=PREQUANTIZED_SPEC)
     node.trainer("--refits", "1", "--prequantized", check_rc=0)  # a good refit first

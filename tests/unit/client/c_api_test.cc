@@ -286,8 +286,9 @@ TEST(CApiTest, RefitThroughTheCAbiWritesTheEngineInPlace) {
 // refitd keeps the tensor lists of the last 8 manifests sent whole: a client that begins again with
 // the same list sends its key instead (session_begin logs manifest_by_key). When refitd no longer
 // keeps it, the begin by key is refused and the client sends the whole manifest, unseen by its
-// caller (a pipelined begin reports the refusal instead).
+// caller (a pipelined begin, the default, reports the refusal instead).
 TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt) {
+  ASSERT_EQ(setenv("REFIT_PIPELINED_BEGIN", "0", 1), 0);  // each begin waits for its answer
   Refitd daemon;
   Shm shm(512);
   Calls calls;
@@ -323,7 +324,7 @@ TEST(CApiTest, ARepeatedManifestGoesByKeyAndWholeAgainWhenRefitdNoLongerKeepsIt)
   EXPECT_EQ(refit(first, true, 4.0f), "committed");   // by key still
   eight_more(0);
   EXPECT_EQ(refit(first, true, 5.0f), "committed");   // the key is refused, the manifest goes whole
-  // A pipelined begin (REFIT_PIPELINED_BEGIN=1) does not wait for its answer: it commits by key
+  // A pipelined begin (the default) does not wait for its answer: it commits by key
   // as the others, and a refusal reaches its first push, here refitd no longer keeping the list,
   // with nothing changed; the next begin sends the manifest whole.
   ASSERT_EQ(setenv("REFIT_PIPELINED_BEGIN", "1", 1), 0);

@@ -55,6 +55,19 @@ TEST(ConfigTest, StagingDirectIsReadAndRefusesHeldVersions) {
               HasSubstr("staging: must be host, device or direct"));
 }
 
+TEST(ConfigTest, BusyPollIsAutoUnlessSetAndRefusesOtherValues) {
+  absl::StatusOr<Config> c = ParseConfig("", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->busy_poll, "auto");
+  for (const char* v : {"on", "off", "auto"}) {
+    c = ParseConfig(std::string("busy_poll: ") + v + "\n", "c.yaml");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->busy_poll, v);
+  }
+  EXPECT_THAT(ParseConfig("staging: host\nbusy_poll: spin\n", "c.yaml").status().message(),
+              HasSubstr("c.yaml:2: busy_poll: must be auto, on or off"));
+}
+
 TEST(ConfigTest, VerifyAfterCommitAndHoldAreRead) {
   absl::StatusOr<Config> c = ParseConfig("", "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
