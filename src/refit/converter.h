@@ -101,6 +101,12 @@ class Converter {
     return true;
   }
 
+  // A refit begins: a GPU converter enqueues a few bytes' work on its streams, so that a GPU idle
+  // since the last refit has woken (its first launch after idling starts late) by the time the
+  // first bucket arrives. Touches no converter state: callable from any thread, also while an
+  // ended session's threads still finish.
+  virtual void Warm() {}
+
   // The device side, for converters whose staging is on the GPU; nullptr otherwise.
   virtual DeviceOps* device_ops() { return nullptr; }
 };

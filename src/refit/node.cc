@@ -153,6 +153,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
                                                " is staged, waiting for the engine to wake"));
   }
   if (active_) return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(), " is active"));
+  if (engine_->converter) engine_->converter->Warm();  // while the manifest is planned (and the engine pauses)
   if (early_undoing_ > 0) {
     return absl::UnavailableError("busy: the engine is being resumed after a refused begin (staging: direct); begin again");
   }
@@ -339,6 +340,7 @@ std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   // to travel while the manifest is decoded and planned here.
   if (!engine_->storage->Audit().ok()) return nullptr;
   engine_->control->StartPause(p->pause_timeout_);
+  if (engine_->converter) engine_->converter->Warm();  // while the pause travels
   p->pause_sent_ = true;
   early_window_ = true;
   return p;

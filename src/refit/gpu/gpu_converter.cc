@@ -59,6 +59,9 @@ class GpuConverter final : public Converter, public DeviceOps {
       return st;
     }
     c->MarkFork();  // the side lane's first work waits for the arena's reset
+    absl::StatusOr<std::shared_ptr<uint8_t>> warm = c->memory_->Allocate(kWarmBytes);
+    if (!warm.ok()) return warm.status();
+    c->warm_ = std::move(*warm);
     return std::unique_ptr<Converter>(std::move(c));
   }
 
@@ -70,6 +73,16 @@ class GpuConverter final : public Converter, public DeviceOps {
   }
 
   storage::MemoryKind staging_kind() const override { return storage::MemoryKind::kDevice; }
+
+  void Warm() override {
+    cudaSetDevice(device_);
+    // A memset is a kernel: the GPU runs work, not only a stream event. Failures show at the
+    // next real launch.
+    if (cudaMemsetAsync(warm_.get(), 0, kWarmBytes, stream_.get()) != cudaSuccess ||
+        cudaMemsetAsync(warm_.get(), 0, kWarmBytes, side_.get()) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+  }
 
   absl::Status Convert(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                        std::span<const formats::MutableBytes> outs, const formats::QuantizeOptions& options) override {
@@ -706,8 +719,10 @@ class GpuConverter final : public Converter, public DeviceOps {
     return scratch_.get() + offset;
   }
 
+  static constexpr uint64_t kWarmBytes = 256;
   const int device_;
   const GpuConverterOptions options_;
+  std::shared_ptr<uint8_t> warm_;  // Warm's target
   CudaStream stream_;  // the main lane
   CudaStream side_;    // the side lane
   CudaStream ends_;    // each bucket's end: probe copy and reset after both lanes (EndBucket)

@@ -6,12 +6,14 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -229,6 +231,30 @@ TEST_F(GpuConverterTest, MoeBucketMatchesCpuReference) {
     EXPECT_EQ(stats_.batched_copies, kind == storage::MemoryKind::kDevice ? 4u : 0u);
     EXPECT_EQ(stats_.drains, 0u);
   }
+}
+
+// Warm (a refit begins) from another thread while a bucket converts, as refitd's event loop may
+// while an ended session's threads finish: the bucket's bytes are unchanged.
+TEST_F(GpuConverterTest, WarmFromAnotherThreadDuringABucketChangesNothing) {
+  std::mt19937_64 rng(FreshSeed());
+  std::unique_ptr<Converter> converter = Make({});
+  ASSERT_NE(converter, nullptr);
+  converter->Warm();  // before any bucket
+  Bucket bucket(MoeLayer(rng, 3), storage::MemoryKind::kDevice, {});
+  std::atomic<bool> stop{false};
+  int warmed = 0;
+  std::thread warmer([&] {
+    while (!stop.load()) {
+      converter->Warm();
+      ++warmed;
+    }
+  });
+  auto failed = bucket.Convert(*converter);
+  stop = true;
+  warmer.join();
+  EXPECT_THAT(failed, ::testing::IsEmpty());
+  EXPECT_GT(warmed, 0);
+  for (size_t i = 0; i < bucket.size(); ++i) bucket.ExpectMatchesCpu(i);
 }
 
 TEST_F(GpuConverterTest, BatchingOffGivesTheSameBytes) {
