@@ -433,12 +433,13 @@ bool EnvSwitch(const char* name, bool default_on) {
 bool SendsBeforeBegin() { return EnvSwitch("REFIT_SEND_BEFORE_BEGIN", true); }
 
 // A begin that does not wait for its answer (one daemon; on unless `REFIT_PIPELINED_BEGIN=0`):
-// when the manifest goes by key and the last begin of that key
-// was answered with this rank's own bucket numbers from 0, no wire plan, and the data plane this
-// client is connected to, the trainer chooses the session's id (Daemon.begin's sessionId) and
-// takes the session as promised (Cap'n Proto promise pipelining): its announces go out at once
-// and refitd takes them as soon as it has planned the session (the begin's pipeline). The answer is checked later (RefitSession::Impl::CheckBegun): a refusal
-// fails the session's first push or its commit with the begin's error. False: nothing was sent.
+// when the manifest goes by key and the last begin of that key was answered with this rank's own
+// bucket numbers from 0, no wire plan, and the data plane this client is connected to, the
+// trainer chooses the session's id (Daemon.begin's sessionId) and takes the session as promised
+// (Cap'n Proto promise pipelining): its announces go out at once and refitd takes them as soon as
+// it has planned the session (the begin's pipeline). The answer is checked later
+// (RefitSession::Impl::CheckBegun): a refusal fails the session's first push or its commit with
+// the begin's error. False: nothing was sent.
 bool PipelinedBegin(RefitSession::Impl& s, TrainerClient::Impl& c, DataPlane& data, const Manifest& manifest) {
   if (!EnvSwitch("REFIT_PIPELINED_BEGIN", true) || !c.answered.ok || c.manifest_key == 0 ||
       manifest.wire_format != c.answered.wire_format || data.sender == nullptr ||

@@ -3,7 +3,7 @@
 colocated user writes today, measured in one run.
 
   refitd    tools/bench/nccl_refit_bench.py's workload with --transport cuda_ipc: the example
-            trainer, refitd (`staging: device`, 2 ring slots) and an idle example engine (CUDA IPC
+            trainer, refitd (`staging: device`, --slots ring slots, 2) and an idle example engine (CUDA IPC
             registration) on GPU 0; Llama-3-8B shapes (16.06 GB BF16, 291 tensors) under the
             shipped spec deploy/models/llama3_fp8.yaml as one engine on one GPU (its
             tensor_parallel set to size 1: the engine holds the whole model), i.e. FP8 block-128
@@ -226,8 +226,9 @@ def main() -> int:
         out["spec"] = a.spec
 
     def refitd_run(in_place, staging="device", engine_args=(), trainer_args=()):
-        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, slots=a.slots, transport="cuda_ipc",
-                            in_place=in_place, staging=staging, engine_args=engine_args, trainer_args=trainer_args)
+        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, slots=a.slots,
+                            transport="cuda_ipc", in_place=in_place, staging=staging, engine_args=engine_args,
+                            trainer_args=trainer_args)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
                    # From the weights ready to the commit's answer (differs from wall_ms with

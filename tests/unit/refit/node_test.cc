@@ -1210,6 +1210,33 @@ TEST_F(DirectNodeTest, ConvertsIntoTheEngineAndTheCommitCopiesNothing) {
   EXPECT_EQ(EngineBytes(), q);
 }
 
+// A bucket announced before the engine has paused (the server hands the session to a pipelined
+// begin's announces while the engine pauses): received, but converted only once the pause
+// placed the session, and then into the engine's memory: nothing goes through staging.
+TEST_F(DirectNodeTest, ABucketAnnouncedBeforeThePauseIsConvertedIntoTheEngineAfterIt) {
+  ScriptedControl* control;
+  Register(&control);
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  ASSERT_TRUE(begun->pause_first);
+  const std::vector<uint8_t> p = Payload(3);
+  ASSERT_TRUE(node_->Announce(begun->session_id, Bucket(begun->session_id, p, kParams)).ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(converted_.load(), 0) << "converted before the engine paused";
+  EXPECT_THAT(control->calls, ::testing::IsEmpty());
+  absl::StatusOr<std::shared_ptr<DirectPause>> pause = node_->StartDirectPause(begun->session_id);
+  ASSERT_TRUE(pause.ok()) << pause.status();
+  Node::RunDirectPause(**pause);
+  ASSERT_TRUE(node_->FinishDirectPause(**pause).ok());
+  for (int i = 0; i < 5000 && converted_.load() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_GT(converted_.load(), 0) << "the bucket was not converted after the pause";
+  EXPECT_EQ(EngineBytes(), p);
+  const RefitReport& r = CommitNow(begun->session_id);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.bytes_in_place, kBytes * kParams);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+}
+
 // The early pause (the server's begin for a manifest like the last one placed): none before a
 // manifest placed anything, nor for another manifest key; adopted by the session, it is the
 // session's one pause; not taken (the begin refused), it is undone: the engine resumed at the
