@@ -348,6 +348,7 @@ class SessionImpl final : public proto::Session::Server {
  protected:
   kj::Promise<void> announce(AnnounceContext context) override {
     TracePoint("daemon.announce_received");
+    state_.Heat();
     if (detached_) return Answer(context, absl::FailedPreconditionError("this trainer rank has detached from the session"));
     absl::StatusOr<BucketHeader> header = wire::FromWire(context.getParams().getHeader());
     if (!header.ok()) {
@@ -387,6 +388,7 @@ class SessionImpl final : public proto::Session::Server {
   // Also waits while an early pause is undone (staging: direct, Node::StartEarlyPause).
   kj::Promise<void> commit(CommitContext context) override {
     TracePoint("daemon.commit_received");
+    state_.Heat();
     KJ_IF_MAYBE(paused, paused_) {
       auto settled = paused->addBranch();
       paused_ = nullptr;
@@ -1100,7 +1102,15 @@ kj::Promise<void> DaemonState::OnHeat() {
 }
 
 bool DaemonState::Hot() const {
-  return node.active_session_id() != 0 || node.committing() || absl::Now() - heated_at_ < absl::Milliseconds(5);
+  // A session whose trainer has gone quiet (it began ahead of a long step, or its buckets come
+  // slowly) stops the spin after kQuietAfter; its next call heats the loop again. A session staged
+  // for a sleeping engine waits for the wake without spinning.
+  constexpr absl::Duration kJustHeated = absl::Milliseconds(5);
+  constexpr absl::Duration kQuietAfter = absl::Seconds(1);
+  const absl::Duration since = absl::Now() - heated_at_;
+  if (since < kJustHeated) return true;
+  if (since > kQuietAfter) return false;
+  return node.committing() || (node.active_session_id() != 0 && node.awaiting_wake_session() == 0);
 }
 
 bool DaemonState::Drain(kj::WaitScope& wait_scope) {

@@ -61,9 +61,10 @@ class DaemonState {
   // timeouts) for a commit in its window to finish. False if one is still running.
   bool Drain(kj::WaitScope& wait_scope);
 
-  // Busy polling (main.cc): the event loop spins while a refit is in flight. Heat (a begin or a
-  // join arrived) fulfills OnHeat's promise and keeps the loop spinning for a while even before
-  // the session exists. Event loop only.
+  // Busy polling (main.cc): the event loop spins while a refit is in flight (Hot). Heat (a begin,
+  // an announce or a commit arrived) fulfills OnHeat's promise: the loop spins for 5 ms even
+  // before a session exists, and for a session or commit up to 1 s after the last heat. Event
+  // loop only.
   void Heat();
   kj::Promise<void> OnHeat();
   bool Hot() const;
