@@ -197,6 +197,19 @@ def test_stalled_trainer_is_aborted_at_the_session_deadline(node_factory):
 PIPELINED = {"REFIT_PIPELINED_BEGIN": "1", "REFIT_SEND_BEFORE_BEGIN": "1"}
 
 
+def trace_refits(trace):
+    """A REFIT_TRACE_FILE's labels ("pid us label [value]" lines), one list per refit: from each
+    trainer.begin_sent to the next."""
+    refits = []
+    for line in trace.read_text().splitlines():
+        label = line.split()[2]
+        if label == "trainer.begin_sent":
+            refits.append([])
+        if refits:
+            refits[-1].append(label)
+    return refits
+
+
 def test_a_pipelined_begins_first_buckets_go_before_its_answer(node_factory, tmp_path):
     # REFIT_PIPELINED_BEGIN=1 with REFIT_SEND_BEFORE_BEGIN=1: from a trainer's second refit on, it
     # takes the begin as promised and sends its first buckets' bytes before refitd answers. Here
@@ -217,13 +230,7 @@ def test_a_pipelined_begins_first_buckets_go_before_its_answer(node_factory, tmp
         assert all(l["engine_matches_expected"] for l in lines), lines
         # The trainer's trace ("pid us label [seq]"), one refit from each begin_sent: the first
         # begin waits for its answer; the later ones send a bucket before it.
-        refits = []
-        for line in trace.read_text().splitlines():
-            label = line.split()[2]
-            if label == "trainer.begin_sent":
-                refits.append([])
-            if refits:
-                refits[-1].append(label)
+        refits = trace_refits(trace)
         assert len(refits) == 3, trace.read_text()
         assert refits[0].index("trainer.begin_answered") < refits[0].index("trainer.bucket_sent"), refits[0]
         for r in refits[1:]:
@@ -245,13 +252,7 @@ def test_announces_taken_while_the_engine_pauses_are_converted_into_it(node_fact
     assert [l["outcome"] for l in lines] == ["committed"] * 3
     assert all(l["engine_matches_expected"] for l in lines), lines
     assert all(l["bytes_in_place"] == l["bytes_out"] > 0 for l in lines), lines
-    refits = []
-    for line in trace.read_text().splitlines():
-        label = line.split()[2]
-        if label == "trainer.begin_sent":
-            refits.append([])
-        if refits:
-            refits[-1].append(label)
+    refits = trace_refits(trace)
     assert len(refits) == 3, trace.read_text()
     for r in refits[1:]:  # the pipelined begins (the first one goes by its whole manifest)
         assert r.index("daemon.announce_received") < r.index("daemon.engine_paused"), r
