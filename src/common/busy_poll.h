@@ -15,10 +15,14 @@
 namespace refit {
 
 // Whether to busy poll under `setting`: "on", "off", or "auto": the environment's
-// REFIT_BUSY_POLL ("1" or "0") when set, else on when the machine has at least kBusyPollMinCpus
-// CPUs (a spinning loop would take a small machine's only cores from the work it waits for).
+// REFIT_BUSY_POLL ("1" or "0") when set, else on when this process may use at least
+// kBusyPollMinCpus CPUs (a spinning loop would take a small machine's only cores from the work
+// it waits for, and a container's CPU quota with them).
 inline constexpr unsigned kBusyPollMinCpus = 8;
 bool BusyPollWanted(std::string_view setting);
+// The CPUs this process may use: the machine's, at most its affinity mask's and its cgroup v2
+// CPU quota's (rounded up).
+unsigned AvailableCpus();
 
 // Runs the event loop until `done` resolves: spinning (kj::Promise::poll) while hot() is true;
 // otherwise blocking until `done` or the promise heat() returns resolves (fulfilled, on this

@@ -40,7 +40,7 @@ struct Config {
   std::string data_host = "127.0.0.1";
   int data_device = 0;  // the CUDA device of the bucket slots when payloads live on the GPU (the engine's GPU)
   std::string staging = "host";  // host | device | direct
-  // The event loop spins while a refit is in flight (main.cc): auto (on with 8 or more CPUs) | on | off.
+  // The event loop spins while a refit is in flight (main.cc): auto (common/busy_poll.h) | on | off.
   std::string busy_poll = "auto";
   SessionLimits limits;
   uint64_t max_message_words = 64ull << 20;  // Cap'n Proto traversal limit per message (words)

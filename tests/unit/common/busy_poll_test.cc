@@ -1,5 +1,8 @@
 #include "common/busy_poll.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
@@ -20,7 +23,30 @@ TEST(BusyPollTest, SettingsAndTheEnvironment) {
   EXPECT_FALSE(BusyPollWanted("auto"));
   EXPECT_TRUE(BusyPollWanted("on"));
   ASSERT_EQ(unsetenv("REFIT_BUSY_POLL"), 0);
-  EXPECT_EQ(BusyPollWanted("auto"), std::thread::hardware_concurrency() >= kBusyPollMinCpus);
+  EXPECT_EQ(BusyPollWanted("auto"), AvailableCpus() >= kBusyPollMinCpus);
+  EXPECT_GE(AvailableCpus(), 1u);
+  EXPECT_LE(AvailableCpus(), std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// A process bound to one CPU (as a container's cpuset binds it) does not busy poll by itself.
+TEST(BusyPollTest, AutoCountsTheAffinityMask) {
+  ASSERT_EQ(unsetenv("REFIT_BUSY_POLL"), 0);
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &before)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const unsigned cpus = AvailableCpus();
+  const bool wanted = BusyPollWanted("auto");
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+  EXPECT_EQ(cpus, 1u);
+  EXPECT_FALSE(wanted);
 }
 
 // Cold, the loop blocks until a heat (here a timer's) or the end; hot, it spins, running what
