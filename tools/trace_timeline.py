@@ -14,6 +14,14 @@ first and last), in order, then the pipeline's shape (median over the same refit
                        own time: what the GPU waited for between buckets)
   after_last_kernel    the last bucket converted to the trainer's commit answer
   bucket_issue         per bucket, received to issued (the host's launches; median over buckets)
+  gpu_idle             traced GPU converter only: the main stream's idle time between buckets
+                       (daemon.gpu_wait_us after the first bucket; 0: the host kept ahead)
+  first_work_delay     traced GPU converter only: the refit's first work enqueued
+                       (daemon.bucket_first_launch) to the GPU starting it (its bucket's end less
+                       daemon.gpu_bucket_us)
+
+--range A:B takes refits A..B-1 (0 = the first) instead of all but the first --skip: a file that
+holds several runs (colocated_refit_bench.py with --runs of two labels) is read one run at a time.
 
 With --refit N, that refit's steps one by one with the time since the step before. --json prints
 the medians as JSON ("steps_ms", "pipeline_ms").
@@ -82,6 +90,14 @@ def pipeline(refit):
              if label == "daemon.bucket_issued" and v in received]
     if issue:
         out["bucket_issue"] = statistics.median(issue)
+    waits = [v for _, _, label, v in refit if label == "daemon.gpu_wait_us" and v is not None]
+    if len(waits) > 1:
+        out["gpu_idle"] = sum(waits[1:]) / 1000.0
+    launch = next((us for us, _, label, _ in refit if label == "daemon.bucket_first_launch"), None)
+    busy = next((v for _, _, label, v in refit if label == "daemon.gpu_bucket_us" and v is not None), None)
+    converted = next((us for us, _, label, _ in refit if label == "daemon.bucket_converted"), None)
+    if launch is not None and busy is not None and converted is not None:
+        out["first_work_delay"] = (converted - busy - launch) / 1000.0
     return out
 
 
@@ -90,6 +106,7 @@ def main() -> int:
     ap.add_argument("trace")
     ap.add_argument("--refit", type=int, help="print this refit's steps (0 = the first)")
     ap.add_argument("--skip", type=int, default=2, help="refits left out of the medians (warm-up)")
+    ap.add_argument("--range", help="A:B: refits A..B-1 (0 = the first) instead of all but the first --skip")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     refits = split_refits(read(args.trace))
@@ -104,14 +121,22 @@ def main() -> int:
             print(f"{(us - t0) / 1000:9.3f} {(us - prev) / 1000:8.3f}  {pid:>7}  {label}{extra}")
             prev = us
         return 0
-    steady = refits[args.skip:] if len(refits) > args.skip else refits
+    if args.range:
+        a, _, b = args.range.partition(":")
+        steady = refits[int(a) if a else 0:int(b) if b else None]
+        if not steady:
+            print(f"{args.trace}: no refit in range {args.range} ({len(refits)} refits)", file=sys.stderr)
+            return 1
+    else:
+        steady = refits[args.skip:] if len(refits) > args.skip else refits
     per = [steps(r) for r in steady]
     names = sorted({k for p in per for k in p},
                    key=lambda k: (float("inf") if k.endswith(".count") else statistics.median(p[k] for p in per if k in p), k))
     medians = {k: statistics.median(p[k] for p in per if k in p) for k in names}
     shapes = [pipeline(r) for r in steady]
     shape = {k: statistics.median(p[k] for p in shapes if k in p)
-             for k in ("before_first_kernel", "conversion_span", "after_last_kernel", "bucket_issue")
+             for k in ("before_first_kernel", "conversion_span", "after_last_kernel", "bucket_issue", "gpu_idle",
+                       "first_work_delay")
              if any(k in p for p in shapes)}
     if args.json:
         print(json.dumps({"refits": len(per), "steps_ms": medians, "pipeline_ms": shape}, indent=1))

@@ -1,0 +1,63 @@
+"""tools/trace_timeline.py on traces written by hand: each step's time from the refit's begin, the
+pipeline's shape with the GPU converter's timing points, and --range over a file of two runs."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(os.environ.get("REFIT_SOURCE_DIR", Path(__file__).resolve().parents[3]))
+TOOL = SRC / "tools/trace_timeline.py"
+
+
+def refit(t0, scale=1.0):
+    """One refit of two buckets ("pid us label [value]" lines), its steps at t0 + scale * offset."""
+    steps = [(1, 0, "trainer.begin_sent"), (2, 300, "daemon.begin_received"),
+             (2, 1000, "daemon.bucket_received", 0), (2, 1040, "daemon.bucket_first_launch"),
+             (2, 1200, "daemon.bucket_issued", 0), (2, 1300, "daemon.bucket_received", 1),
+             (2, 1500, "daemon.bucket_issued", 1),
+             # bucket 0: the GPU worked 900 µs up to its end at 2000, so it started at 1100: 60 µs
+             # after its first work was enqueued; the wait before it counts from the refit before.
+             (2, 2000, "daemon.gpu_bucket_us", 900), (2, 2000, "daemon.gpu_wait_us", 5000000),
+             (2, 2000, "daemon.bucket_converted", 0),
+             (2, 2600, "daemon.gpu_bucket_us", 600), (2, 2600, "daemon.gpu_wait_us", 40),
+             (2, 2600, "daemon.bucket_converted", 1), (1, 3000, "trainer.commit_answered")]
+    lines = []
+    for pid, off, label, *value in steps:
+        lines.append(" ".join([str(pid), str(int(t0 + scale * off)), label] + [str(v) for v in value]))
+    return lines
+
+
+def run(path, *args):
+    out = subprocess.run([sys.executable, str(TOOL), str(path), "--json", *args], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+def test_steps_and_the_pipeline_with_gpu_timing(tmp_path):
+    trace = tmp_path / "refit.trace"
+    trace.write_text("\n".join(l for k in range(4) for l in refit(1_000_000 + k * 100_000)) + "\n")
+    t = run(trace)  # all but the first two
+    assert t["refits"] == 2
+    assert t["steps_ms"]["daemon.begin_received"] == 0.3
+    assert t["steps_ms"]["daemon.bucket_issued.first"] == 1.2 and t["steps_ms"]["daemon.bucket_issued.last"] == 1.5
+    p = t["pipeline_ms"]
+    assert p["before_first_kernel"] == 1.2
+    assert abs(p["conversion_span"] - 1.4) < 1e-9 and abs(p["after_last_kernel"] - 0.4) < 1e-9
+    assert abs(p["bucket_issue"] - 0.2) < 1e-9  # 0.2 and 0.2
+    assert abs(p["gpu_idle"] - 0.04) < 1e-9  # the first bucket's wait is left out
+    assert abs(p["first_work_delay"] - 0.06) < 1e-9
+
+
+def test_range_reads_one_run_of_a_file_of_two(tmp_path):
+    # Two runs in one file: three refits at the scale 1, then three twice as slow.
+    trace = tmp_path / "two.trace"
+    lines = [l for k in range(3) for l in refit(1_000_000 + k * 100_000)]
+    lines += [l for k in range(3) for l in refit(2_000_000 + k * 100_000, scale=2.0)]
+    trace.write_text("\n".join(lines) + "\n")
+    first, second = run(trace, "--range", "1:3"), run(trace, "--range", "4:6")
+    assert first["refits"] == second["refits"] == 2
+    assert first["steps_ms"]["trainer.commit_answered"] == 3.0
+    assert second["steps_ms"]["trainer.commit_answered"] == 6.0
+    err = subprocess.run([sys.executable, str(TOOL), str(trace), "--range", "7:9"], capture_output=True, text=True)
+    assert err.returncode == 1 and "no refit in range 7:9 (6 refits)" in err.stderr
