@@ -153,7 +153,6 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
                                                " is staged, waiting for the engine to wake"));
   }
   if (active_) return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(), " is active"));
-  if (engine_->converter) engine_->converter->Warm();  // while the manifest is planned (and the engine pauses)
   if (early_undoing_ > 0) {
     return absl::UnavailableError("busy: the engine is being resumed after a refused begin (staging: direct); begin again");
   }
@@ -328,6 +327,10 @@ void Node::NotePlacing(uint64_t manifest_key) {
   if (engine_) placing_ = std::make_tuple(manifest_key, engine_->id, engine_->generation);
 }
 
+void Node::WarmConverter() {
+  if (engine_ && engine_->converter) engine_->converter->Warm();
+}
+
 std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   if (!placing_ || active_ || early_undoing_ > 0 || early_window_ || version_commit_ != nullptr || !DirectPossible() ||
       *placing_ != std::make_tuple(manifest_key, engine_->id, engine_->generation) ||
@@ -340,7 +343,6 @@ std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   // to travel while the manifest is decoded and planned here.
   if (!engine_->storage->Audit().ok()) return nullptr;
   engine_->control->StartPause(p->pause_timeout_);
-  if (engine_->converter) engine_->converter->Warm();  // while the pause travels
   p->pause_sent_ = true;
   early_window_ = true;
   return p;

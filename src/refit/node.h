@@ -390,6 +390,9 @@ class Node {
   // holds, unless it was dirty), FinishUndoEarlyPause (loop). Begins are refused as busy while an
   // undo runs.
   std::shared_ptr<DirectPause> StartEarlyPause(uint64_t manifest_key);
+  // A begin arrived: the engine's converter wakes its GPU (Converter::Warm) while the begin is
+  // decoded and planned and the engine pauses. Loop thread.
+  void WarmConverter();
   // Loop thread: `then` runs once an early pause's request has an outcome (answered, failed or
   // timed out: EngineControl::WhenPauseAnswered).
   static void WhenEarlyPauseAnswered(DirectPause& pause, std::function<void()> then);

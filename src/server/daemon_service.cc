@@ -624,6 +624,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (absl::Status hit = REFIT_FAILPOINT(state_.failpoints.get(), failpoints::kBeginReceived); !hit.ok()) {
       return Answer(context, hit);
     }
+    state_.node.WarmConverter();
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
     // A begin by manifest key: the tensor list kept from an earlier begin (Daemon.begin).
