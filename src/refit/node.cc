@@ -306,7 +306,9 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   a.stage_only = manifest.stage_only;
   if (options_.hold > 0) a.own_pool = spare_pool_ != nullptr ? std::move(spare_pool_) : engine_->new_pool();
   StagingPool& pool = a.own_pool ? *a.own_pool : *engine_->pool;
+  TracePoint("daemon.session_starting");
   a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, pool, so);
+  TracePoint("daemon.session_started");
   a.begun = requested;
   a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
   a.plan_ms = Ms(absl::Now() - requested);
@@ -994,6 +996,7 @@ void Node::RunCommit(Commit& c) {
     if (!hit.ok()) copied = hit;
   }
   c.times_.commit_ms = Ms(absl::Now() - t0);
+  TracePoint("daemon.copied");
   if (!copied.ok()) {
     c.times_.pause_ms = Ms(absl::Now() - pause_start);
     c.engine_dirty_ = true;  // a partial copy: the engine must not serve until a full refit lands

@@ -4,48 +4,93 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <thread>
+#include <utility>
 
 #include "kj/debug.h"
 
 namespace refit::server {
-namespace {
 
-// Owns the worker thread and the eventfd; joins before closing.
-struct Worker {
-  int efd;
-  std::thread thread;
-  std::atomic<bool> done{false};
+// One call: its function, and the eventfd its thread writes when the function returned.
+struct BlockingThreads::Job {
+  std::function<void()> fn;
+  int efd = -1;
+  std::atomic<bool> returned{false};
+  absl::Mutex mu;
+  bool written ABSL_GUARDED_BY(mu) = false;  // the eventfd written: the thread is done with the job
+};
+
+// The loop's side of one call, owned by its promise. Its eventfd closes (with `stream`) only once
+// the thread wrote it.
+struct BlockingThreads::Waiter {
+  std::shared_ptr<Job> job;
   std::function<void()> cancel;
   kj::Own<kj::AsyncInputStream> stream;
   uint64_t buf = 0;
-  ~Worker() {
-    if (!done.load() && cancel) cancel();
-    if (thread.joinable()) thread.join();
-    stream = nullptr;
+  ~Waiter() {
+    if (!job->returned.load() && cancel) cancel();
+    absl::MutexLock lock(&job->mu);
+    job->mu.Await(absl::Condition(&job->written));
   }
 };
 
-}  // namespace
+BlockingThreads::~BlockingThreads() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    threads.swap(threads_);
+  }
+  for (std::thread& t : threads) t.join();
+}
 
-kj::Promise<void> RunBlocking(kj::LowLevelAsyncIoProvider& io, std::function<void()> fn,
-                              std::function<void()> cancel) {
+kj::Promise<void> BlockingThreads::Run(std::function<void()> fn, std::function<void()> cancel) {
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   KJ_SYSCALL(efd);
-  auto worker = kj::heap<Worker>();
-  worker->efd = efd;
-  worker->cancel = std::move(cancel);
-  Worker* w = worker.get();
-  worker->stream = io.wrapInputFd(efd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP);
-  worker->thread = std::thread([efd, w, fn = std::move(fn)]() {
-    fn();
-    w->done = true;
+  auto job = std::make_shared<Job>();
+  job->fn = std::move(fn);
+  job->efd = efd;
+  auto waiter = kj::heap<Waiter>();
+  waiter->job = job;
+  waiter->cancel = std::move(cancel);
+  waiter->stream = io_.wrapInputFd(efd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP);
+  {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(job));
+    // Every queued job needs a waiting thread of its own.
+    if (idle_ < queue_.size()) threads_.emplace_back([this] { Serve(); });
+  }
+  Waiter& ref = *waiter;
+  return ref.stream->tryRead(&ref.buf, sizeof(ref.buf), sizeof(ref.buf)).ignoreResult().attach(kj::mv(waiter));
+}
+
+size_t BlockingThreads::threads() const {
+  absl::MutexLock lock(&mu_);
+  return threads_.size();
+}
+
+void BlockingThreads::Serve() {
+  mu_.Lock();
+  while (true) {
+    ++idle_;
+    mu_.Await(absl::Condition(this, &BlockingThreads::Wanted));
+    --idle_;
+    if (queue_.empty()) break;  // stopping, with nothing left to run
+    std::shared_ptr<Job> job = std::move(queue_.front());
+    queue_.pop_front();
+    mu_.Unlock();
+    job->fn();
+    job->fn = nullptr;  // what it holds goes now, not with the next job
+    job->returned = true;
     uint64_t one = 1;
-    ssize_t n = write(efd, &one, sizeof(one));
+    ssize_t n = write(job->efd, &one, sizeof(one));
     (void)n;
-  });
-  auto& ref = *worker;
-  return ref.stream->tryRead(&ref.buf, sizeof(ref.buf), sizeof(ref.buf)).ignoreResult().attach(kj::mv(worker));
+    {
+      absl::MutexLock lock(&job->mu);
+      job->written = true;
+    }
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 }  // namespace refit::server

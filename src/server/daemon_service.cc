@@ -151,6 +151,7 @@ class RpcEngineControl final : public EngineControl {
   kj::Promise<void> SendPause(std::shared_ptr<std::vector<std::string>> stale) {
     TracePoint("daemon.pause_sent");
     return client_.pauseRequest().send().then([stale](capnp::Response<proto::EngineControl::PauseResults>&& r) {
+      TracePoint("daemon.pause_answered");
       for (auto name : r.getStale()) stale->push_back(wire::Str(name));
     });
   }
@@ -282,7 +283,7 @@ class RegistrationImpl final : public proto::Registration::Server {
 template <typename Context>
 kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context) {
   DaemonState* state = &state_ref;
-  auto done = RunBlocking(state->io, [commit] { Node::RunCommit(*commit); })
+  auto done = state->blocking.Run([commit] { Node::RunCommit(*commit); })
                   .then([state, commit]() -> kj::Promise<void> {
                     if (!commit->resume_pending()) return kj::READY_NOW;
                     // The engine's resume goes out from here, and its answer is taken here.
@@ -291,7 +292,7 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
                     if (Node::StartLoopResume(commit, [fulfiller] { (*fulfiller)->fulfill(); })) {
                       return kj::mv(resumed.promise);
                     }
-                    return RunBlocking(state->io, [commit] { Node::RunResume(*commit); });
+                    return state->blocking.Run([commit] { Node::RunResume(*commit); });
                   })
                   .then([state, commit] { state->node.FinishCommit(*commit); })
                   .fork();
@@ -624,7 +625,6 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (absl::Status hit = REFIT_FAILPOINT(state_.failpoints.get(), failpoints::kBeginReceived); !hit.ok()) {
       return Answer(context, hit);
     }
-    state_.node.WarmConverter();
     const absl::Time requested = absl::Now();  // total_ms counts the manifest's planning too
     DaemonState* state = &state_;
     // A begin by manifest key: the tensor list kept from an earlier begin (Daemon.begin).
@@ -669,7 +669,7 @@ class DaemonImpl final : public proto::Daemon::Server {
       if (early_ == nullptr) return;
       std::shared_ptr<DirectPause> early = std::move(early_);
       state_->node.EndEarlyWindow();
-      state_->tasks.add(UndoEarlyPause(state_, early, RunBlocking(state_->io, [early] { Node::RunDirectPause(*early); }),
+      state_->tasks.add(UndoEarlyPause(state_, early, state_->blocking.Run([early] { Node::RunDirectPause(*early); }),
                                        "its begin was dropped"));
     }
 
@@ -683,7 +683,7 @@ class DaemonImpl final : public proto::Daemon::Server {
   static kj::Promise<void> UndoEarlyPause(DaemonState* state, std::shared_ptr<DirectPause> early,
                                           kj::Promise<void> paused, std::string reason) {
     state->node.StartUndoEarlyPause();
-    return paused.then([state, early] { return RunBlocking(state->io, [early] { Node::RunUndoEarlyPause(*early); }); })
+    return paused.then([state, early] { return state->blocking.Run([early] { Node::RunUndoEarlyPause(*early); }); })
         .then([state, reason = std::move(reason)] {
           state->node.FinishUndoEarlyPause();
           LogEvent(LogLevel::kInfo, "early_pause_undone").Add("reason", reason);
@@ -699,7 +699,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     Node::WhenEarlyPauseAnswered(*early, [fulfiller] { (*fulfiller)->fulfill(); });
     auto settle = [state, early]() -> kj::Promise<void> {
       if (Node::TakeAnsweredEarlyPause(*early)) return kj::READY_NOW;
-      return RunBlocking(state->io, [early] { Node::RunDirectPause(*early); });
+      return state->blocking.Run([early] { Node::RunDirectPause(*early); });
     };
     auto on_error = [settle](kj::Exception&&) { return settle(); };
     return answered.promise.then(kj::mv(settle), kj::mv(on_error));
@@ -712,10 +712,13 @@ class DaemonImpl final : public proto::Daemon::Server {
                                 std::shared_ptr<DirectPause> early, ManifestTensors tensors,
                                 std::shared_ptr<const std::vector<TensorDesc>> kept) {
     if (early != nullptr) state->node.EndEarlyWindow();
+    // The GPU wakes while the begin is planned (after the early pause's request went out).
+    state->node.WarmConverter();
     const auto reader = context.getParams().getManifest();
     kj::Maybe<kj::ForkedPromise<void>> early_paused;
     if (early != nullptr) early_paused = SettleEarlyPause(state, early).fork();
     absl::StatusOr<Manifest> manifest = wire::FromWire(reader);
+    TracePoint("daemon.manifest_read");
     if (manifest.ok() && kept != nullptr) {
       manifest->tensors = *kept;
     } else if (manifest.ok() && tensors.keepable) {
@@ -799,7 +802,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     std::shared_ptr<DirectPause> p = *pause;
     auto status = std::make_shared<absl::Status>();
     const bool early_pause = adopted != nullptr;
-    kj::Promise<void> run = early_pause ? kj::mv(paused) : RunBlocking(state->io, [p] { Node::RunDirectPause(*p); });
+    kj::Promise<void> run = early_pause ? kj::mv(paused) : state->blocking.Run([p] { Node::RunDirectPause(*p); });
     auto done = run.then([state, p, status, id, early_pause] {
                       TracePoint("daemon.engine_paused");
                       *status = state->node.FinishDirectPause(*p);
@@ -814,6 +817,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     // (promise pipelining) are taken while the engine pauses; the session receives their
     // buckets and converts them once the engine has paused (Session::Options::await_placement).
     // A commit waits for the pause's outcome.
+    TracePoint("daemon.begun");
     session_ref.CommitAfter(done.addBranch());
     capnp::PipelineBuilder<proto::Daemon::BeginResults> pipeline;
     pipeline.setSession(kj::mv(session));
@@ -1086,6 +1090,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             h.on_log = LogReport;
             return h;
           }()),
+      blocking(io_in),
       tasks(error_handler_) {}
 
 DaemonState::~DaemonState() = default;

@@ -3,8 +3,8 @@
 // records, the session lifecycle and the commit protocol. This file only translates: wire types
 // in, typed statuses and reports out, promises around the core's blocking steps.
 //
-// Runs on one KJ event loop thread; the commit runs on a worker thread (RunBlocking) and reaches
-// the engine's pause/resume through the loop's executor.
+// Runs on one KJ event loop thread; the commit runs on a kept worker thread (BlockingThreads)
+// and reaches the engine's pause/resume through the loop's executor.
 #ifndef REFIT_SERVER_DAEMON_SERVICE_H_
 #define REFIT_SERVER_DAEMON_SERVICE_H_
 
@@ -17,6 +17,7 @@
 #include "proto/refit.capnp.h"
 #include "refit/bucket_ring.h"
 #include "refit/node.h"
+#include "server/blocking.h"
 #include "server/config.h"
 #include "spec/model_spec.h"
 #include "transport/transport.h"
@@ -78,6 +79,9 @@ class DaemonState {
   } error_handler_;
 
  public:
+  // The blocking steps' threads (the commit, a pause taken off the loop); joined after the tasks
+  // below are gone, before the node.
+  BlockingThreads blocking;
   kj::TaskSet tasks;  // declared last: its tasks refer to everything above
 };
 

@@ -61,3 +61,17 @@ def test_range_reads_one_run_of_a_file_of_two(tmp_path):
     assert second["steps_ms"]["trainer.commit_answered"] == 6.0
     err = subprocess.run([sys.executable, str(TOOL), str(trace), "--range", "7:9"], capture_output=True, text=True)
     assert err.returncode == 1 and "no refit in range 7:9 (6 refits)" in err.stderr
+
+
+def test_every_trace_label_in_the_sources_is_documented():
+    """Each TracePoint label of the trainer, refitd and the engine agent has a row in
+    docs/operations.md's table of steps, so a trace can be read from the docs alone."""
+    import re
+
+    labels = set()
+    for path in (SRC / "src").rglob("*.cc"):
+        labels.update(re.findall(r'TracePoint\("([a-z_]+\.[a-z_]+)"', path.read_text()))
+    assert len(labels) > 30, sorted(labels)
+    docs = (SRC / "docs/operations.md").read_text()
+    missing = sorted(l for l in labels if f"`{l}`" not in docs)
+    assert missing == [], f"trace labels without a row in docs/operations.md: {missing}"
