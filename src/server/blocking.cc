@@ -46,19 +46,28 @@ BlockingThreads::~BlockingThreads() {
 kj::Promise<void> BlockingThreads::Run(std::function<void()> fn, std::function<void()> cancel) {
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   KJ_SYSCALL(efd);
+  kj::Own<kj::AsyncInputStream> stream = io_.wrapInputFd(efd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP);
   auto job = std::make_shared<Job>();
   job->fn = std::move(fn);
   job->efd = efd;
-  auto waiter = kj::heap<Waiter>();
-  waiter->job = job;
-  waiter->cancel = std::move(cancel);
-  waiter->stream = io_.wrapInputFd(efd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP);
   {
     absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(job));
-    // Every queued job needs a waiting thread of its own.
-    if (idle_ < queue_.size()) threads_.emplace_back([this] { Serve(); });
+    queue_.push_back(job);
+    // Every queued job needs a waiting thread of its own. A thread that cannot start (std::thread
+    // throws) leaves nothing queued: the call fails as a whole, its eventfd closed with `stream`.
+    if (idle_ < queue_.size()) {
+      try {
+        threads_.emplace_back([this] { Serve(); });
+      } catch (...) {
+        queue_.pop_back();
+        throw;
+      }
+    }
   }
+  auto waiter = kj::heap<Waiter>();
+  waiter->job = std::move(job);
+  waiter->cancel = std::move(cancel);
+  waiter->stream = kj::mv(stream);
   Waiter& ref = *waiter;
   return ref.stream->tryRead(&ref.buf, sizeof(ref.buf), sizeof(ref.buf)).ignoreResult().attach(kj::mv(waiter));
 }

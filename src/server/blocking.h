@@ -3,7 +3,7 @@
 // loop when they return. The threads are kept because starting one per step, and joining it
 // when its promise resolves, put a thread's start and exit on the refit's path: the join of the
 // commit's thread came between the commit's last step and the engine's resume (docs/benchmarks.md
-// run 30).
+// runs 29-31).
 //
 // Threading: Run and the destructor on the event loop thread that owns `io`; each function runs
 // on one of the kept threads, never on the loop, and never calls into the loop itself.
