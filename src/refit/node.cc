@@ -301,6 +301,7 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   // Converts nothing before the engine paused (its begin may be answered early: the trainer's
   // announces then arrive while it pauses).
   so.await_placement = a.placement != nullptr;
+  so.threads = &session_threads_;
   a.wire = *wire;
   a.engine = engine_;
   a.stage_only = manifest.stage_only;

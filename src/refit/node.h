@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/failpoint.h"
+#include "common/kept_threads.h"
 #include "refit/bucket_ring.h"
 #include "refit/converter.h"
 #include "refit/engine_control.h"
@@ -541,6 +542,9 @@ class Node {
   static void FinishResume(Commit& c, const absl::Status& resumed);
 
   const NodeOptions options_;
+  // The sessions' receiver and converter loops, on threads kept across sessions: a session's
+  // begin starts no thread. Declared before the sessions below, so destroyed after them.
+  KeptThreads session_threads_;
   const std::unique_ptr<Clock> system_clock_;  // when options_.clock is null
   const Clock* const clock_;
   transport::Receiver& receiver_;

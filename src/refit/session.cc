@@ -34,8 +34,13 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
   }
   receiver_.Reset();
   ring_.Reset();
-  receiver_thread_ = std::thread([this] { ReceiveLoop(); });
-  converter_thread_ = std::thread([this] { ConvertLoop(); });
+  if (options_.threads != nullptr) {
+    receiver_run_ = options_.threads->Start([this] { ReceiveLoop(); });
+    converter_run_ = options_.threads->Start([this] { ConvertLoop(); });
+  } else {
+    receiver_thread_ = std::thread([this] { ReceiveLoop(); });
+    converter_thread_ = std::thread([this] { ConvertLoop(); });
+  }
 }
 
 Session::~Session() {
@@ -56,6 +61,8 @@ void Session::Stop() {
   ring_.Cancel();
   if (receiver_thread_.joinable()) receiver_thread_.join();
   if (converter_thread_.joinable()) converter_thread_.join();
+  receiver_run_.Wait();
+  converter_run_.Wait();
 }
 
 void Session::UsePlacement(std::shared_ptr<const Placement> placement) {

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/failpoint.h"
+#include "common/kept_threads.h"
 #include "refit/bucket_ring.h"
 #include "refit/converter.h"
 #include "refit/ledger.h"
@@ -61,6 +62,9 @@ class Session {
     // paused) or the session ends, so that buckets announced while the engine pauses are still
     // converted straight into its memory.
     bool await_placement = false;
+    // Where the session's two loops (receiver, converter) run: threads kept across sessions
+    // (Node's), or, when null, two threads of the session's own, started here and joined at its end.
+    KeptThreads* threads = nullptr;
   };
 
   // REQUIRES: planner, receiver, ring, converter and pool outlive the session; ring, converter
@@ -297,6 +301,8 @@ class Session {
 
   std::thread receiver_thread_;
   std::thread converter_thread_;
+  KeptThreads::Run receiver_run_;  // with Options::threads, instead of the two above
+  KeptThreads::Run converter_run_;
 };
 
 }  // namespace refit
