@@ -34,13 +34,10 @@ Session::Session(const Planner& planner, transport::Receiver& receiver, BucketRi
   }
   receiver_.Reset();
   ring_.Reset();
-  if (options_.threads != nullptr) {
-    receiver_run_ = options_.threads->Start([this] { ReceiveLoop(); });
-    converter_run_ = options_.threads->Start([this] { ConvertLoop(); });
-  } else {
-    receiver_thread_ = std::thread([this] { ReceiveLoop(); });
-    converter_thread_ = std::thread([this] { ConvertLoop(); });
-  }
+  KeptThreads* threads = options_.threads;
+  if (threads == nullptr) threads = (own_threads_ = std::make_unique<KeptThreads>()).get();
+  receiver_run_ = threads->Start([this] { ReceiveLoop(); });
+  converter_run_ = threads->Start([this] { ConvertLoop(); });
 }
 
 Session::~Session() {
@@ -59,8 +56,6 @@ void Session::Stop() {
   receiver_.EndSession(options_.id);
   receiver_.Cancel();
   ring_.Cancel();
-  if (receiver_thread_.joinable()) receiver_thread_.join();
-  if (converter_thread_.joinable()) converter_thread_.join();
   receiver_run_.Wait();
   converter_run_.Wait();
 }

@@ -17,7 +17,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -63,7 +62,7 @@ class Session {
     // converted straight into its memory.
     bool await_placement = false;
     // Where the session's two loops (receiver, converter) run: threads kept across sessions
-    // (Node's), or, when null, two threads of the session's own, started here and joined at its end.
+    // (Node's), or, when null, threads of the session's own, started here and joined at its end.
     KeptThreads* threads = nullptr;
   };
 
@@ -299,9 +298,8 @@ class Session {
   uint64_t held_bytes_ = 0;       // held member copies now
   std::atomic<uint64_t> peak_held_bytes_{0};  // the most held at once in this session (read by Report)
 
-  std::thread receiver_thread_;
-  std::thread converter_thread_;
-  KeptThreads::Run receiver_run_;  // with Options::threads, instead of the two above
+  std::unique_ptr<KeptThreads> own_threads_;  // without Options::threads
+  KeptThreads::Run receiver_run_;
   KeptThreads::Run converter_run_;
 };
 
