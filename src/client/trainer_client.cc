@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <random>
 #include <span>
 
@@ -17,6 +16,7 @@
 #include "capnp/rpc-twoparty.h"
 #include "client/amax_meter.h"
 #include "common/checksum.h"
+#include "common/kept_threads.h"
 #include "common/trace.h"
 #include "kj/async-io.h"
 #include "proto/refit.capnp.h"
@@ -112,6 +112,9 @@ struct DataPlane {
   // the first: a run is the trainer's own memory, not a bucket buffer waiting to be packed again,
   // so several can be on their way at once. Connected at the first run that needs each.
   std::unique_ptr<transport::Sender> extra[kRunLanes - 1];
+  // The background sends (RefitSession::Impl::in_flight) run on threads kept for the data plane's
+  // life: a refit of many buckets starts no thread per bucket.
+  KeptThreads send_threads;
 
   // Device buckets: packing is asynchronous, so a bucket is sent in the background while the
   // next one is packed into the other buffer. Host buckets are sent at once.
@@ -330,9 +333,20 @@ struct RefitSession::Impl {
   // Sends in the background (overlapped data planes), one per lane: lane 0 sends buckets (the
   // previous one while the next is packed) and runs; the other lanes, runs sent in place while
   // the daemon still reads the ones before (DataPlane::run_lanes()).
-  std::future<absl::Status> in_flight[kRunLanes];
+  struct InFlight {
+    KeptThreads::Run run;
+    std::shared_ptr<absl::Status> status;  // null: nothing in flight
+  };
+  InFlight in_flight[kRunLanes];
   int next_run_lane = 0;
-  absl::Status WaitLane(int lane) { return in_flight[lane].valid() ? in_flight[lane].get() : absl::OkStatus(); }
+  absl::Status WaitLane(int lane) {
+    InFlight& f = in_flight[lane];
+    if (f.status == nullptr) return absl::OkStatus();
+    f.run.Wait();
+    absl::Status st = std::move(*f.status);
+    f = InFlight();
+    return st;
+  }
   // Waits for every send in flight; the first error, if any.
   absl::Status WaitInFlight() {
     absl::Status st;
@@ -1200,11 +1214,12 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
     if (sent.ok()) {
       const uint64_t n = h.nbytes;
       DataPlane* plane = data;
-      in_flight[lane] = std::async(std::launch::async, [plane, lane, tags = std::move(tags), payload, n] {
+      auto status = std::make_shared<absl::Status>();
+      in_flight[lane].run = data->send_threads.Start([plane, lane, tags = std::move(tags), payload, n, status] {
         TracePoint("trainer.bucket_sent", tags[0] & 0xFFFFFFFFu);
-        absl::Status st = plane->Send(lane, tags, payload, n);
-        return st;
+        *status = plane->Send(lane, tags, payload, n);
       });
+      in_flight[lane].status = std::move(status);
       if (packed) data->current ^= 1;
     }
   } else {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
+#include "common/hot_wait.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
 #include "formats/format.h"
@@ -169,6 +170,7 @@ void Session::ReceiveLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !failure_.ok() || !announced_.empty(); };
+      SpinWhileRefitHot(mu_, absl::Condition(&ready), options_.deadline);
       if (!mu_.AwaitWithDeadline(absl::Condition(&ready), options_.deadline)) {
         FailLocked(absl::DeadlineExceededError("session deadline passed while waiting for buckets"));
         return;
@@ -240,6 +242,7 @@ void Session::ConvertLoop() {
         return stopping_ || !failure_.ok() || (!received_.empty() && !awaiting_placement_);
       };
       if (!flight) {
+        SpinWhileRefitHot(mu_, absl::Condition(&ready));
         mu_.Await(absl::Condition(&ready));
       } else {
         // Looks for the next bucket while the GPU works on this one.
@@ -957,6 +960,7 @@ bool Session::sealed() const {
 absl::Status Session::WaitIssued() const {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || issued_ == announced_count_; };
+  SpinWhileRefitHot(mu_, absl::Condition(&done));
   mu_.Await(absl::Condition(&done));
   return failure_;
 }
@@ -964,6 +968,7 @@ absl::Status Session::WaitIssued() const {
 absl::Status Session::Finish() {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !failure_.ok() || converted_ == announced_count_; };
+  SpinWhileRefitHot(mu_, absl::Condition(&done));
   mu_.Await(absl::Condition(&done));
   if (failure_.ok()) stopping_ = sealed_ = true;  // no more buckets; the deadline no longer applies
   return failure_;

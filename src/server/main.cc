@@ -34,6 +34,7 @@
 #include "server/admin/admin_server.h"
 #include "common/bounded_file.h"
 #include "common/busy_poll.h"
+#include "common/hot_wait.h"
 #include "common/failpoint.h"
 #include "common/tls_context.h"
 #include "common/version.h"
@@ -320,9 +321,18 @@ int main(int argc, char** argv) {
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   auto finished = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).fork();
   if (busy_poll) {
-    // While a refit is in flight the loop spins; otherwise it blocks until a begin heats it.
+    // While a refit is in flight the loop spins, and so do the threads its bytes cross
+    // (common/hot_wait.h); otherwise it blocks until a begin heats it.
     auto ended = finished.addBranch().ignoreResult().fork();
-    WaitBusyPolling(ended, io.waitScope, [&state] { return state.Hot(); }, [&state] { return state.OnHeat(); });
+    WaitBusyPolling(
+        ended, io.waitScope,
+        [&state] {
+          const bool hot = state.Hot();
+          SetRefitHot(hot);
+          return hot;
+        },
+        [&state] { return state.OnHeat(); });
+    SetRefitHot(false);
   }
   siginfo_t info = finished.addBranch().wait(io.waitScope);
   server::LogEvent(server::LogLevel::kInfo, "shutdown").Add("signal", info.si_signo);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/hot_wait.h"
 
 namespace refit::transport {
 namespace {
@@ -49,6 +50,7 @@ TagMatcher::Arrival TagMatcher::Arrive(Sender& sender, uint64_t tag, uint64_t by
       };
       auto matched = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queued() && FindPost(tag) != posted_.end(); };
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || matched() || fits(); };
+      SpinWhileRefitHot(mu_, absl::Condition(&ready), absl::Now() + absl::Milliseconds(20));
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(20));
       if (shutdown_) return a;  // kStop
       auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -127,6 +129,7 @@ absl::StatusOr<uint64_t> TagMatcher::Receive(
     // The tag's oldest message is held, or on its way into host memory: wait for it (with
     // abort_stalled, past the deadline its sender stalled mid-message and is aborted).
     Held* front = &it->second.front();
+    SpinWhileRefitHot(mu_, absl::Condition(&front->ready), deadline);
     if (!options_.abort_stalled) {
       mu_.Await(absl::Condition(&front->ready));
     } else if (!mu_.AwaitWithDeadline(absl::Condition(&front->ready), deadline)) {
@@ -160,6 +163,7 @@ absl::StatusOr<uint64_t> TagMatcher::Receive(
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return post.done || (!post.claimed && (cancelled_ || !failure_.ok() || shutdown_));
   };
+  SpinWhileRefitHot(mu_, absl::Condition(&ready), deadline);
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   if (!post.claimed) {
     posted_.remove(&post);
@@ -167,6 +171,7 @@ absl::StatusOr<uint64_t> TagMatcher::Receive(
     if (!failure_.ok()) return failure_;
     return NoMessage(tag);
   }
+  SpinWhileRefitHot(mu_, absl::Condition(&post.done), deadline);
   if (!options_.abort_stalled) {
     // The message is being copied into dst (a local copy: the bytes are all there).
     mu_.Await(absl::Condition(&post.done));

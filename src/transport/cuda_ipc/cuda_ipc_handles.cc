@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/cuda_status.h"
 #include "common/cuda_vmm.h"
+#include "common/hot_wait.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 
 namespace refit::transport::cuda_ipc {
@@ -140,7 +141,7 @@ absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline, co
       return absl::DeadlineExceededError("timed out on the CUDA IPC control socket");
     }
     pollfd pfd{fd, POLLIN, 0};
-    int rc = poll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(ms, 0, 100)));
+    int rc = HotPoll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(ms, 0, 100)));
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0) continue;
     ssize_t n = recv(fd, p, bytes, 0);
@@ -291,7 +292,7 @@ absl::Status RecvWithFds(int sock, void* data, uint64_t bytes, std::vector<Uniqu
     const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (ms <= 0) return absl::DeadlineExceededError("timed out on the CUDA IPC control socket");
     pollfd pfd{sock, POLLIN, 0};
-    const int rc = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 100)));
+    const int rc = HotPoll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 100)));
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0) continue;
     iovec iov{p, bytes};

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_status.h"
+#include "common/hot_wait.h"
 
 namespace refit::transport::nccl {
 
@@ -267,7 +268,7 @@ absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline) {
     int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (ms <= 0) return absl::DeadlineExceededError("timed out on the rendezvous socket");
     pollfd pfd{fd, POLLIN, 0};
-    int rc = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
+    int rc = HotPoll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0) continue;
     ssize_t n = recv(fd, p, bytes, 0);
@@ -291,7 +292,7 @@ absl::Status AwaitFrame(int fd, absl::string_view peer, const std::function<bool
   while (true) {
     if (stop()) return absl::CancelledError("stopping");
     pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
-    int rc = poll(&pfd, 1, 100);
+    int rc = HotPoll(&pfd, 1, 100);
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) continue;
     char* out = reinterpret_cast<char*>(&frame);

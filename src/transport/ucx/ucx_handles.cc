@@ -1,6 +1,7 @@
 #include "transport/ucx/ucx_handles.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <ucs/config/global_opts.h>
 
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/hot_wait.h"
 
 namespace refit::transport::ucx {
 
@@ -197,6 +199,10 @@ bool ProgressUntil(const UcpWorker& worker, absl::FunctionRef<bool()> done, absl
     if (done()) return true;
     absl::Time now = absl::Now();
     if (now >= deadline) return false;
+    if (RefitHot()) {
+      sched_yield();  // progress again rather than sleep (common/hot_wait.h)
+      continue;
+    }
     ucs_status_t armed = ucp_worker_arm(worker.get());
     if (armed == UCS_ERR_BUSY) continue;
     int64_t left_ms = deadline == absl::InfiniteFuture()
