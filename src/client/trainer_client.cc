@@ -339,6 +339,8 @@ struct RefitSession::Impl {
   };
   InFlight in_flight[kRunLanes];
   int next_run_lane = 0;
+  // A send still in flight reads the trainer's memory through the data plane: it ends first.
+  ~Impl() { (void)WaitInFlight(); }
   absl::Status WaitLane(int lane) {
     InFlight& f = in_flight[lane];
     if (f.status == nullptr) return absl::OkStatus();
