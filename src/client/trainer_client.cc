@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "capnp/rpc-twoparty.h"
 #include "client/amax_meter.h"
+#include "common/busy_poll.h"
 #include "common/checksum.h"
 #include "common/kept_threads.h"
 #include "common/trace.h"
@@ -76,6 +77,22 @@ std::shared_ptr<ThreadIo> AcquireThreadIo() {
     current = io;
   }
   return io;
+}
+
+// Busy polling on the trainer's side (common/busy_poll.h; REFIT_BUSY_POLL, else on with 8 or
+// more CPUs): a commit's wait for its last sends and its answer checks for them without sleeping,
+// for at most kCommitSpinBound, so that the answer is taken when it comes instead of a sleeping
+// thread's wake-up later (0.1-0.3 ms on a virtualized GPU host: docs/benchmarks.md run 32).
+constexpr absl::Duration kCommitSpinBound = absl::Seconds(2);
+bool CommitSpins() {
+  static const bool spins = BusyPollWanted("auto");
+  return spins;
+}
+// Spins until done() or `until`, whichever comes first.
+template <typename F>
+void SpinUntil(F&& done, absl::Time until) {
+  while (absl::Now() < until && !done()) {
+  }
 }
 
 // Runs sent in place (PushInPlace) that may be on their way at once. Three: while the daemon
@@ -148,10 +165,18 @@ struct DataPlane {
   // On lane 0 (sender or group) or a run lane (extra).
   absl::Status Send(int lane, std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
     if (group != nullptr) return group->Send(tags, payload, bytes);
-    return (lane == 0 ? sender : extra[lane - 1])->Send(tags[0], payload, bytes);
+    return LaneSender(lane).Send(tags[0], payload, bytes);
   }
+  // Starts a point-to-point send on the calling thread where the transport can (Sender::Post):
+  // true, and Finish(lane) ends it; false: Send it.
+  absl::StatusOr<bool> Post(int lane, std::span<const uint64_t> tags, const void* payload, uint64_t bytes) {
+    if (group != nullptr) return false;
+    return LaneSender(lane).Post(tags[0], payload, bytes);
+  }
+  absl::Status Finish(int lane) { return LaneSender(lane).Finish(); }
 
  private:
+  transport::Sender& LaneSender(int lane) { return lane == 0 ? *sender : *extra[lane - 1]; }
   absl::Status UseMemory(const transport::TransportDescriptor& t, int device);
   absl::Status ReserveBuckets(uint64_t bucket_bytes);
 };
@@ -348,6 +373,11 @@ struct RefitSession::Impl {
     absl::Status st = std::move(*f.status);
     f = InFlight();
     return st;
+  }
+  // Whether every send in flight has returned (WaitInFlight would not block).
+  bool SendsReturned() const {
+    return std::all_of(std::begin(in_flight), std::end(in_flight),
+                       [](const InFlight& f) { return f.status == nullptr || f.run.Returned(); });
   }
   // Waits for every send in flight; the first error, if any.
   absl::Status WaitInFlight() {
@@ -1213,14 +1243,34 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
     } else {
       sent = WaitInFlight();
     }
+    // The send starts here where the transport can (DataPlane::Post): refitd may read the bucket
+    // before the thread that waits for its release has woken.
+    const uint64_t n = h.nbytes;
+    bool posted = false;
     if (sent.ok()) {
-      const uint64_t n = h.nbytes;
+      absl::StatusOr<bool> p = data->Post(lane, tags, payload, n);
+      if (p.ok() && *p) TracePoint("trainer.bucket_sent", first_seq);
+      if (p.ok()) posted = *p;
+      sent = p.status();
+    }
+    if (sent.ok()) {
       DataPlane* plane = data;
       auto status = std::make_shared<absl::Status>();
-      in_flight[lane].run = data->send_threads.Start([plane, lane, tags = std::move(tags), payload, n, status] {
-        TracePoint("trainer.bucket_sent", tags[0] & 0xFFFFFFFFu);
-        *status = plane->Send(lane, tags, payload, n);
-      });
+      try {
+        in_flight[lane].run = data->send_threads.Start([plane, lane, posted, tags = std::move(tags), payload, n, status] {
+          if (posted) {
+            *status = plane->Finish(lane);
+            return;
+          }
+          TracePoint("trainer.bucket_sent", tags[0] & 0xFFFFFFFFu);
+          *status = plane->Send(lane, tags, payload, n);
+        });
+      } catch (...) {
+        // No thread to wait for the release: this one does, so that the sender's next message
+        // does not take this one's release for its own.
+        if (posted) (void)data->Finish(lane);
+        throw;
+      }
       in_flight[lane].status = std::move(status);
       if (packed) data->current ^= 1;
     }
@@ -1261,6 +1311,8 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   }
   impl_->wait().poll();  // writes the requests
   TracePoint("trainer.commit_sent");
+  const absl::Time spin_until = CommitSpins() ? absl::Now() + kCommitSpinBound : absl::InfinitePast();
+  SpinUntil([&] { return impl_->SendsReturned(); }, spin_until);
   absl::Status sent = impl_->WaitInFlight();
   // The last buckets' announces (own_seqs): one refitd refused ended the session.
   if (absl::Status announced = impl_->CheckAnnounced(); !announced.ok()) {
@@ -1279,6 +1331,7 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   for (size_t i = 0; i < impl_->members.size(); ++i) {
     absl::StatusOr<RefitReport> r = Call([&]() -> absl::StatusOr<RefitReport> {
       if (calls[i] != nullptr) {
+        SpinUntil([&] { return calls[i]->poll(impl_->wait()); }, spin_until);
         auto resp = calls[i]->wait(impl_->wait());
         TracePoint("trainer.commit_answered");
         if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;

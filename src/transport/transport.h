@@ -81,6 +81,19 @@ class Sender {
   // Blocks until `src` may be reused (the bytes are on the wire or delivered).
   // Errors: Unavailable when the peer is gone.
   virtual absl::Status Send(uint64_t tag, const void* src, uint64_t bytes) = 0;
+
+  // A send in two steps, for a caller that waits for its sends on another thread: Post starts the
+  // send on the calling thread, so that the receiver may read the message at once, not once the
+  // waiting thread woke (a sleeping thread's wake-up costs 0.1-0.3 ms on a virtualized GPU host:
+  // docs/benchmarks.md run 32). true: started, and Finish (on the same or another thread, before
+  // the next Post or Send) blocks until `src` may be reused, as Send would have; false: nothing
+  // started, the caller Sends as usual. The default starts nothing; a transport whose Send writes
+  // a descriptor and then only waits for the receiver (CUDA IPC) posts. Errors as Send.
+  virtual absl::StatusOr<bool> Post(uint64_t tag, const void* src, uint64_t bytes) {
+    (void)tag, (void)src, (void)bytes;
+    return false;
+  }
+  virtual absl::Status Finish() { return absl::FailedPreconditionError("no message posted"); }
 };
 
 // Sending end of a fan-out: the same payload to several receivers (one trainer rank feeding

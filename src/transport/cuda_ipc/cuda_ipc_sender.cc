@@ -186,10 +186,11 @@ absl::StatusOr<bool> CudaIpcSender::PlaceVmm(const void* src, uint64_t bytes, ui
   return true;
 }
 
-absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset) {
+absl::StatusOr<bool> CudaIpcSender::Place(const void* src, uint64_t bytes, bool may_bounce, uint64_t& buffer_id,
+                                            uint64_t& offset) {
   buffer_id = 0;
   offset = 0;
-  if (bytes == 0) return absl::OkStatus();
+  if (bytes == 0) return true;
   absl::StatusOr<cuda_ipc::Allocation> a = cuda_ipc::QueryAllocation(src);
   if (!a.ok()) return a.status();
   if (a->device && a->ipc_capable &&
@@ -199,7 +200,7 @@ absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buf
     if (exported) {
       buffer_id = a->buffer_id;
       offset = reinterpret_cast<uint64_t>(src) - a->base;
-      return absl::OkStatus();
+      return true;
     }
     unexportable_.push_back(a->buffer_id);
     if (unexportable_.size() > cuda_ipc::kMaxExports) unexportable_.pop_front();
@@ -207,8 +208,9 @@ absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buf
     // CUDA virtual memory (the legacy IPC handle does not cover it).
     absl::StatusOr<bool> placed = PlaceVmm(src, bytes, buffer_id, offset);
     if (!placed.ok()) return placed.status();
-    if (*placed) return absl::OkStatus();
+    if (*placed) return true;
   }
+  if (!may_bounce) return false;
   // Through the bounce buffer (grown as needed; the old one is forgotten first).
   if (bounce_.bytes() < bytes) {
     const uint64_t grown = std::max<uint64_t>({bytes, 2 * bounce_.bytes(), 1ull << 20});
@@ -239,25 +241,53 @@ absl::Status CudaIpcSender::Place(const void* src, uint64_t bytes, uint64_t& buf
   if (!exported) return absl::UnavailableError("cudaIpcGetMemHandle refused the bounce buffer");
   buffer_id = b->buffer_id;
   offset = reinterpret_cast<uint64_t>(bounce_.get()) - b->base;
-  return absl::OkStatus();
+  return true;
 }
 
-absl::Status CudaIpcSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
+absl::StatusOr<bool> CudaIpcSender::Start(uint64_t tag, const void* src, uint64_t bytes, bool may_bounce) {
   if (!failed_.ok()) return failed_;
-  cudaSetDevice(options_.device);
   absl::Status st = cuda_ipc::CheckOpen(fd_.get(), absl::StrCat("receiver ", endpoint_));
   Frame f;
   f.kind = Frame::kMessage;
   f.tag = tag;
   f.bytes = bytes;
-  if (st.ok()) st = Place(src, bytes, f.buffer_id, f.offset);
-  if (st.ok()) st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f));
-  // The buffer is the receiver's until it says its copy completed.
-  if (st.ok()) st = AwaitReply(Reply::kReleased, absl::InfiniteFuture());
-  if (!st.ok()) {
-    failed_ = absl::UnavailableError(absl::StrCat("CUDA IPC send to ", endpoint_, ": ", st.message()));
-    return failed_;
+  absl::StatusOr<bool> placed = false;
+  if (st.ok()) {
+    placed = Place(src, bytes, may_bounce, f.buffer_id, f.offset);
+    st = placed.status();
   }
+  if (st.ok() && *placed) st = cuda_ipc::WriteAll(fd_.get(), &f, sizeof(f));
+  if (!st.ok()) return Fail(st);
+  return *placed;
+}
+
+absl::Status CudaIpcSender::Fail(const absl::Status& st) {
+  failed_ = absl::UnavailableError(absl::StrCat("CUDA IPC send to ", endpoint_, ": ", st.message()));
+  return failed_;
+}
+
+absl::Status CudaIpcSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
+  cudaSetDevice(options_.device);
+  absl::StatusOr<bool> started = Start(tag, src, bytes, /*may_bounce=*/true);
+  if (!started.ok()) return started.status();
+  return Finish();
+}
+
+absl::StatusOr<bool> CudaIpcSender::Post(uint64_t tag, const void* src, uint64_t bytes) {
+  // On the caller's thread: its current device is set back as it was (a message that needs the
+  // bounce buffer, whose copy would block this thread, is left to Send).
+  int current = -1;
+  const bool switch_device = cudaGetDevice(&current) != cudaSuccess || current != options_.device;
+  if (switch_device) cudaSetDevice(options_.device);
+  absl::StatusOr<bool> started = Start(tag, src, bytes, /*may_bounce=*/false);
+  if (switch_device && current >= 0) cudaSetDevice(current);
+  return started;
+}
+
+absl::Status CudaIpcSender::Finish() {
+  if (!failed_.ok()) return failed_;
+  // The buffer is the receiver's until it says its copy completed.
+  if (absl::Status st = AwaitReply(Reply::kReleased, absl::InfiniteFuture()); !st.ok()) return Fail(st);
   return absl::OkStatus();
 }
 

@@ -47,6 +47,10 @@ class CudaIpcSender final : public Sender {
   ~CudaIpcSender() override;
 
   absl::Status Send(uint64_t tag, const void* src, uint64_t bytes) override;
+  // Post writes the message's frame at once (exporting its buffer first if needed) unless it needs
+  // the bounce buffer (false: Send it instead); Finish waits for the receiver's release.
+  absl::StatusOr<bool> Post(uint64_t tag, const void* src, uint64_t bytes) override;
+  absl::Status Finish() override;
   int device() const { return options_.device; }
   // Buffers exported so far (for tests: the bucket buffers, once each).
   uint64_t exports() const { return exports_; }
@@ -57,9 +61,14 @@ class CudaIpcSender final : public Sender {
 
  private:
   CudaIpcSender(CudaIpcOptions options, std::string endpoint, UniqueFd fd);
-  // The buffer id and offset of `src` in an exported buffer, exporting it (or copying `src` into
-  // the bounce buffer) first.
-  absl::Status Place(const void* src, uint64_t bytes, uint64_t& buffer_id, uint64_t& offset);
+  // The buffer id and offset of `src` in an exported buffer (true), exporting it or copying `src`
+  // into the bounce buffer first; false, and nothing done, when it needs the bounce buffer and
+  // !may_bounce.
+  absl::StatusOr<bool> Place(const void* src, uint64_t bytes, bool may_bounce, uint64_t& buffer_id, uint64_t& offset);
+  // Places the message and writes its frame (true), or does nothing when it needs the bounce
+  // buffer and !may_bounce (false). A failure fails the sender.
+  absl::StatusOr<bool> Start(uint64_t tag, const void* src, uint64_t bytes, bool may_bounce);
+  absl::Status Fail(const absl::Status& st);
   absl::Status ExportBuffer(uint64_t buffer_id, uint64_t base, uint64_t size, bool& exported);
   // Place for CUDA virtual memory: true when `src` lies in an exported run of pieces (exporting
   // it first); false when it cannot be exported (the caller bounces it).

@@ -2,8 +2,8 @@
 // exported once however many messages come from it, host sources share one bounce buffer, a Send
 // returns only once the receiver's copy out of the buffer has completed, ReceiveOrLend lends the
 // sender's bytes (nothing copied) and releases the sender only at GiveBack (also when its peer is
-// disconnected meanwhile), CUDA virtual memory goes as descriptors of its pieces and is lent
-// in place, and endpoint strings.
+// disconnected meanwhile), Post starts a send on the calling thread and Finish waits for it, CUDA
+// virtual memory goes as descriptors of its pieces and is lent in place, and endpoint strings.
 // GPU cases skip, saying why, without a CUDA device.
 #include <cuda_runtime_api.h>
 
@@ -166,6 +166,57 @@ TEST_F(CudaIpcTest, ReceiveOrLendLendsTheSendersBytesAndReleasesItOnlyAtGiveBack
   receiver_->GiveBack(got->loan);
   send.join();
   EXPECT_TRUE(sent);
+}
+
+// Post starts the send on the calling thread: the receiver takes the message before anything
+// waits for it, and Finish then returns once the copy completed. A host source, which needs the
+// bounce buffer, is not posted (nothing sent) and goes by Send; messages after a posted one are
+// matched with their own releases.
+TEST_F(CudaIpcTest, PostStartsTheSendOnTheCallingThreadAndFinishWaitsForTheRelease) {
+  constexpr uint64_t kBytes = 8 << 20;  // > eager_bytes
+  uint8_t* bucket = DeviceBuffer(kBytes, 0x66);
+  uint8_t* slot = DeviceBuffer(kBytes, 0);
+  for (uint64_t i = 0; i < 3; ++i) {
+    absl::StatusOr<bool> posted = sender_->Post(i, bucket, kBytes);
+    ASSERT_TRUE(posted.ok()) << posted.status();
+    ASSERT_TRUE(*posted) << "message " << i;
+    // Nothing else runs: the frame went out in Post.
+    auto got = receiver_->Receive(i, slot, kBytes, Soon());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, kBytes);
+    ASSERT_TRUE(sender_->Finish().ok());
+    std::vector<uint8_t> host(kBytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), slot, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(host[kBytes / 3], 0x66) << "message " << i;
+  }
+  EXPECT_EQ(sender_->exports(), 1u);
+
+  std::vector<uint8_t> data(1 << 16, 0x7B);
+  absl::StatusOr<bool> posted = sender_->Post(9, data.data(), data.size());
+  ASSERT_TRUE(posted.ok()) << posted.status();
+  EXPECT_FALSE(*posted) << "a host source was posted (its bounce copy would block the caller)";
+  std::thread send([&] { ASSERT_TRUE(sender_->Send(9, data.data(), data.size()).ok()); });
+  std::vector<uint8_t> out(data.size());
+  auto got = receiver_->Receive(9, out.data(), out.size(), Soon());
+  send.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(out, data);
+
+  // A posted message lent by the receiver: Finish waits for the give-back.
+  ASSERT_TRUE(sender_->Post(10, bucket, kBytes).value_or(false));
+  auto lent = receiver_->ReceiveOrLend(10, slot, kBytes, Soon());
+  ASSERT_TRUE(lent.ok()) << lent.status();
+  EXPECT_EQ(lent->data, bucket);
+  std::atomic<bool> finished{false};
+  std::thread finish([&] {
+    ASSERT_TRUE(sender_->Finish().ok());
+    finished = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(finished) << "Finish returned while the bytes were lent";
+  receiver_->GiveBack(lent->loan);
+  finish.join();
+  EXPECT_TRUE(finished);
 }
 
 // CUDA virtual memory in two pieces (as expandable segments grow): a message spanning both is
