@@ -25,8 +25,13 @@ struct EngineAgent::Impl {
   kj::Maybe<proto::Registration::Client> registration;  // while registered
   std::vector<InPlaceRecord> in_place;                  // parameters registered in place, for the audit
   bool passes_fds = false;                              // the connection is a Unix socket
-  kj::Own<kj::PromiseFulfiller<void>> on_pause;         // busy polling: the next pause wakes the loop
+  kj::Own<kj::PromiseFulfiller<void>> on_heat;          // busy polling: the next pause or wake heats the loop
   absl::Time paused_at;                                 // busy polling: the last pause
+  absl::Time expect_until = absl::InfinitePast();       // busy polling: woke; the refit's pause comes next
+  void Heat() {
+    if (on_heat.get() != nullptr) on_heat->fulfill();
+    on_heat = nullptr;
+  }
   kj::MutexGuarded<kj::Own<const kj::Executor>> executor;
   // Stop: fulfilled from any thread (the destructor) without waiting for the agent's loop, which
   // may be ending on its own (a waiting cross-thread call to a loop that ended can hang).
@@ -40,8 +45,11 @@ struct EngineAgent::Impl {
 
 namespace {
 
-// Busy polling (common/busy_poll.h): the agent's loop spins for at most this long per pause.
+// Busy polling (common/busy_poll.h): the agent's loop spins for at most this long per pause, and
+// after a wake with nothing staged (in a colocated loop the trainer's refit, and with it a pause,
+// follows the wake) until the next pause, for at most kBusyWakeBound.
 constexpr absl::Duration kBusyPauseBound = absl::Seconds(2);
+constexpr absl::Duration kBusyWakeBound = absl::Seconds(1);
 
 // A CUDA virtual-memory allocation's descriptor as a capability: Cap'n Proto attaches it to every
 // message that carries the capability (over a connection that passes descriptors).
@@ -322,8 +330,8 @@ void EngineAgent::Run(std::string address, Params initial) {
       req.setControl(
           kj::heap<ControlImpl>(callbacks_, version_, tag_.mu, tag_.value, paused_, dirty_, impl_->in_place, [this] {
             impl_->paused_at = absl::Now();
-            if (impl_->on_pause.get() != nullptr) impl_->on_pause->fulfill();
-            impl_->on_pause = nullptr;
+            impl_->expect_until = absl::InfinitePast();
+            impl_->Heat();
           }));
       req.setVersion(version_.load());
       req.setTag(wire::Text(tag()));
@@ -361,18 +369,22 @@ void EngineAgent::Run(std::string address, Params initial) {
       auto ended = stopped.addBranch().exclusiveJoin(rpc->onDisconnect()).fork();
       if (BusyPollWanted("auto")) {
         // While paused (refitd writes the weights; the resume is next) the loop spins, for at
-        // most kBusyPauseBound per pause (a pause that lasts, e.g. an engine left dirty, blocks).
+        // most kBusyPauseBound per pause (a pause that lasts, e.g. an engine left dirty, blocks),
+        // and after a wake until the pause (kBusyWakeBound).
         WaitBusyPolling(
             ended, io.waitScope,
-            [this] { return paused_.load() && absl::Now() - impl_->paused_at < kBusyPauseBound; },
+            [this] {
+              const absl::Time now = absl::Now();
+              return now < impl_->expect_until || (paused_.load() && now - impl_->paused_at < kBusyPauseBound);
+            },
             [this] {
               auto paf = kj::newPromiseAndFulfiller<void>();
-              impl_->on_pause = kj::mv(paf.fulfiller);
+              impl_->on_heat = kj::mv(paf.fulfiller);
               return kj::mv(paf.promise);
             });
       }
       ended.addBranch().wait(io.waitScope);
-      impl_->on_pause = nullptr;
+      impl_->on_heat = nullptr;
       impl_->registration = nullptr;
     })) {
       if (!reported) {
@@ -469,6 +481,10 @@ absl::StatusOr<bool> EngineAgent::WakeAny(std::optional<Params> params,
         absl::Status st = wire::FromWire(resp.getStatus());
         const bool ran = resp.getReport().getSessionId() != 0;  // a staged refit's commit ran
         if (st.ok() || ran) asleep_ = false;                    // mapped again, whatever the commit's outcome
+        if (st.ok() && !ran) {
+          impl_->expect_until = absl::Now() + kBusyWakeBound;  // (busy polling only: see Run)
+          impl_->Heat();
+        }
         if (!st.ok()) {
           return absl::Status(st.code(), absl::StrCat(ran ? "woke, but the refit staged while asleep did not commit: "
                                                           : "wake refused: ",

@@ -268,7 +268,11 @@ class RegistrationImpl final : public proto::Registration::Server {
     LogEvent(LogLevel::kInfo, "engine_awake")
         .Add("engine", engine_id)
         .Add("staged_session", *woken ? (*woken)->session_id() : 0);
-    if (*woken == nullptr) return Answer(context, absl::OkStatus());
+    if (*woken == nullptr) {
+      // In a colocated loop the trainer's refit follows the wake: the loop is hot for its begin.
+      state->Expect();
+      return Answer(context, absl::OkStatus());
+    }
     return RunCommitTask(*state, *woken, context).then([state, context]() mutable {
       context.getResults().setCommitted(state->node.last_report().outcome == Outcome::kCommitted);
     });
@@ -1097,6 +1101,13 @@ DaemonState::~DaemonState() = default;
 
 void DaemonState::Heat() {
   heated_at_ = absl::Now();
+  expect_until_ = absl::InfinitePast();  // the refit expected came (or another call did)
+  if (heat_.get() != nullptr) heat_->fulfill();
+  heat_ = nullptr;
+}
+
+void DaemonState::Expect() {
+  expect_until_ = absl::Now() + kExpectRefitFor;
   if (heat_.get() != nullptr) heat_->fulfill();
   heat_ = nullptr;
 }
@@ -1113,7 +1124,9 @@ bool DaemonState::Hot() const {
   // for a sleeping engine waits for the wake without spinning.
   constexpr absl::Duration kJustHeated = absl::Milliseconds(5);
   constexpr absl::Duration kQuietAfter = absl::Seconds(1);
-  const absl::Duration since = absl::Now() - heated_at_;
+  const absl::Time now = absl::Now();
+  if (now < expect_until_) return true;
+  const absl::Duration since = now - heated_at_;
   if (since < kJustHeated) return true;
   if (since > kQuietAfter) return false;
   return node.committing() || (node.active_session_id() != 0 && node.awaiting_wake_session() == 0);

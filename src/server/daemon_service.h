@@ -64,15 +64,19 @@ class DaemonState {
 
   // Busy polling (main.cc): the event loop spins while a refit is in flight (Hot). Heat (a begin,
   // an announce or a commit arrived) fulfills OnHeat's promise: the loop spins for 5 ms even
-  // before a session exists, and for a session or commit up to 1 s after the last heat. Event
-  // loop only.
+  // before a session exists, and for a session or commit up to 1 s after the last heat. Expect
+  // (an engine woke with nothing staged: its refit comes next in a colocated loop) makes it spin
+  // until the next heat, for at most kExpectRefitFor. Event loop only.
+  static constexpr absl::Duration kExpectRefitFor = absl::Seconds(1);
   void Heat();
+  void Expect();
   kj::Promise<void> OnHeat();
   bool Hot() const;
 
  private:
   kj::Own<kj::PromiseFulfiller<void>> heat_;
   absl::Time heated_at_ = absl::InfinitePast();
+  absl::Time expect_until_ = absl::InfinitePast();
 
   struct ErrorHandler : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&& e) override;

@@ -1,10 +1,13 @@
 """Sleep and wake against a real refitd, with shared-memory parameters: an engine that sleeps
 (refitd drops its mappings, status says asleep), a refit meanwhile staged and committed at the
 wake (at new addresses, then at the same ones), refits refused while asleep when refitd's
-engine.asleep_refits says so, and the registration audit refusing a stale registration (a replaced
-shm object, a parameter the engine reports moved) naming the parameters."""
+engine.asleep_refits says so, the registration audit refusing a stale registration (a replaced
+shm object, a parameter the engine reports moved) naming the parameters, and busy polling after a
+wake (refitd and the agent spin for the refit that follows, and stop at it)."""
 import json
+import os
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -171,4 +174,53 @@ def test_a_stale_registration_is_refused_naming_the_parameters(tmp_path):
         shared.close()
         if replaced is not None:
             replaced.close()
+        d.stop()
+
+
+def _cpu_seconds(pid=None):
+    """CPU time (user + system) of process `pid` (None: this one, every thread)."""
+    if pid is None:
+        return time.process_time()
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_over(d, seconds):
+    """(refitd's, this process's) CPU seconds over the next `seconds` of wall time."""
+    before = (_cpu_seconds(d.proc.pid), _cpu_seconds())
+    time.sleep(seconds)
+    return _cpu_seconds(d.proc.pid) - before[0], _cpu_seconds() - before[1]
+
+
+@needs_torch
+def test_a_wake_with_nothing_staged_keeps_refitd_and_the_agent_spinning_until_the_refit(tmp_path, monkeypatch):
+    # Busy polling on both sides: in a colocated loop the trainer's refit follows the engine's
+    # wake, so after a wake with nothing staged refitd's loop (busy_poll: on) and the engine
+    # agent's (REFIT_BUSY_POLL=1, read at registration) spin for the begin and the pause, at most
+    # 1 s (docs/operations.md "Busy polling"); the refit's begin and pause end it sooner.
+    import torch
+
+    monkeypatch.setenv("REFIT_BUSY_POLL", "1")
+    d = Daemon(tmp_path, "toy", config="busy_poll: on\n")
+    shared = refit.SharedParams.from_tensors(_zeros(torch), _name())
+    spun, quiet = 0.1, 0.05  # CPU seconds in 0.4 s: spinning (on a loaded machine too), idle
+    try:
+        with refit.EngineAgent(d.address, shared.params) as agent, refit.TrainerClient(d.address) as client:
+            agent.sleep()
+            asleep = _cpu_over(d, 0.4)
+            assert agent.wake() is False
+            woken = _cpu_over(d, 0.4)
+            time.sleep(0.7)  # past the second after the wake
+            later = _cpu_over(d, 0.4)
+            assert woken[0] > spun and woken[1] > spun, (asleep, woken, later)
+            assert max(asleep + later) < quiet, (asleep, woken, later)
+
+            agent.sleep()
+            assert agent.wake() is False
+            w = _weights(torch, 5)
+            assert client.refit("toy", w).outcome == "committed" and _equal(shared, w)
+            after_refit = _cpu_over(d, 0.4)
+            assert max(after_refit) < quiet, after_refit
+    finally:
+        shared.close()
         d.stop()
