@@ -19,6 +19,9 @@ first and last), in order, then the pipeline's shape (median over the same refit
   first_work_delay     traced GPU converter only: the refit's first work enqueued
                        (daemon.bucket_first_launch) to the GPU starting it (its bucket's end less
                        daemon.gpu_bucket_us)
+  commit_start_after_last_detach
+                       joined trainer ranks, a commit sent before the last one detached: that
+                       detach read to the commit started (refitd's wait for its joined ranks)
 
 --range A:B takes refits A..B-1 (0 = the first) instead of all but the first --skip: a file that
 holds several runs (colocated_refit_bench.py with --runs of two labels) is read one run at a time.
@@ -34,6 +37,9 @@ import sys
 
 BUCKET_STEPS = ("trainer.bucket_ready", "daemon.announce_received", "trainer.bucket_announced", "trainer.bucket_sent",
                 "daemon.run_arrived", "daemon.bucket_received", "daemon.bucket_issued", "daemon.bucket_converted")
+# Steps a refit passes more than once, each shown as .first/.last/.count: the per-bucket ones and
+# the joined trainer ranks' detaches (the last one starts a commit that waits for them).
+REPEATED_STEPS = BUCKET_STEPS + ("daemon.detach_received",)
 
 
 def read(path):
@@ -62,12 +68,12 @@ def split_refits(events):
 
 
 def steps(refit):
-    """{step: ms since the begin}: the first time of each step; per-bucket steps as .first/.last."""
+    """{step: ms since the begin}: the first time of each step; repeated steps as .first/.last."""
     t0 = refit[0][0]
     out = {}
     for us, _, label, _ in refit:
         ms = (us - t0) / 1000.0
-        if label in BUCKET_STEPS:
+        if label in REPEATED_STEPS:
             out.setdefault(label + ".first", ms)
             out[label + ".last"] = ms
             out[label + ".count"] = out.get(label + ".count", 0) + 1
@@ -79,10 +85,15 @@ def steps(refit):
 def pipeline(refit):
     """The pipeline's shape of one refit (ms), from its per-bucket steps; {} without buckets."""
     s = steps(refit)
+    out = {}
+    # Joined trainer ranks: a commit that came before the last detach starts at it.
+    detached = s.get("daemon.detach_received.last")
+    if detached is not None and "daemon.commit_started" in s and s.get("daemon.commit_received", detached) < detached:
+        out["commit_start_after_last_detach"] = s["daemon.commit_started"] - detached
     if "daemon.bucket_issued.first" not in s or "daemon.bucket_converted.last" not in s:
-        return {}
-    out = {"before_first_kernel": s["daemon.bucket_issued.first"],
-           "conversion_span": s["daemon.bucket_converted.last"] - s["daemon.bucket_issued.first"]}
+        return out
+    out.update({"before_first_kernel": s["daemon.bucket_issued.first"],
+                "conversion_span": s["daemon.bucket_converted.last"] - s["daemon.bucket_issued.first"]})
     if "trainer.commit_answered" in s:
         out["after_last_kernel"] = s["trainer.commit_answered"] - s["daemon.bucket_converted.last"]
     received = {v: us for us, _, label, v in refit if label == "daemon.bucket_received" and v is not None}
@@ -136,7 +147,7 @@ def main() -> int:
     shapes = [pipeline(r) for r in steady]
     shape = {k: statistics.median(p[k] for p in shapes if k in p)
              for k in ("before_first_kernel", "conversion_span", "after_last_kernel", "bucket_issue", "gpu_idle",
-                       "first_work_delay")
+                       "first_work_delay", "commit_start_after_last_detach")
              if any(k in p for p in shapes)}
     if args.json:
         print(json.dumps({"refits": len(per), "steps_ms": medians, "pipeline_ms": shape}, indent=1))

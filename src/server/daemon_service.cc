@@ -345,6 +345,7 @@ class SessionImpl final : public proto::Session::Server {
     if (detached_) return;
     state_.node.EndByTrainer(id_, EndCause::kDisconnected,
                              member_ ? "a joined trainer rank disconnected before detaching" : "trainer disconnected");
+    state_.Changed();
   }
 
   // staging: direct: a commit that arrives before the engine's pause settled waits for it.
@@ -368,6 +369,7 @@ class SessionImpl final : public proto::Session::Server {
   }
 
   kj::Promise<void> detach(DetachContext context) override {
+    TracePoint("daemon.detach_received");
     if (!member_) {
       return Answer(context, absl::FailedPreconditionError(
                                  "the rank that began the session commits or aborts it; detach is for joined ranks"));
@@ -378,6 +380,7 @@ class SessionImpl final : public proto::Session::Server {
     if (absl::Status st = state_.node.Detach(id_); !st.ok()) return Answer(context, st);
     detached_ = true;
     LogEvent(LogLevel::kInfo, "session_detach").Add("session", id_).Add("open_ranks", state_.node.open_members());
+    state_.Changed();  // a commit waiting for the joined ranks starts now
     return kj::READY_NOW;
   }
 
@@ -387,6 +390,7 @@ class SessionImpl final : public proto::Session::Server {
     }
     state_.node.EndByTrainer(id_, EndCause::kClientAbort,
                              absl::StrCat("trainer aborted: ", wire::Str(context.getParams().getReason())));
+    state_.Changed();
     return kj::READY_NOW;
   }
 
@@ -424,7 +428,11 @@ class SessionImpl final : public proto::Session::Server {
         (state->node.open_members() == 0 && !state->node.undoing_early_pause())) {
       return kj::READY_NOW;
     }
-    return state->timer.afterDelay(1 * kj::MILLISECONDS).then([state, id] { return WaitForMembers(state, id); });
+    // Checked again at each change (DaemonState::Changed: the last detach starts the commit at
+    // once), and every 5 ms for what ends a session without one.
+    return state->OnChange()
+        .exclusiveJoin(state->timer.afterDelay(5 * kj::MILLISECONDS))
+        .then([state, id] { return WaitForMembers(state, id); });
   }
 
   // A commit of a session that has already ended: Aborted (or DeadlineExceeded) naming why.
@@ -439,6 +447,7 @@ class SessionImpl final : public proto::Session::Server {
   }
 
   static kj::Promise<void> StartCommit(DaemonState* state, uint64_t id, CommitContext context) {
+    TracePoint("daemon.commit_started");
     if (absl::Status ended = EndedBeforeCommit(*state, id); !ended.ok()) return Answer(context, ended);
     return CommitSessionWhenFree(state, id, kj::mv(context));
   }
@@ -690,6 +699,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     return paused.then([state, early] { return state->blocking.Run([early] { Node::RunUndoEarlyPause(*early); }); })
         .then([state, reason = std::move(reason)] {
           state->node.FinishUndoEarlyPause();
+          state->Changed();
           LogEvent(LogLevel::kInfo, "early_pause_undone").Add("reason", reason);
         });
   }
@@ -1035,6 +1045,7 @@ class DaemonImpl final : public proto::Daemon::Server {
   kj::Promise<void> abortActive(AbortActiveContext context) override {
     std::string reason = absl::StrCat("operator abort: ", wire::Str(context.getParams().getReason()));
     context.getResults().setAborted(state_.node.AbortActive(reason));
+    state_.Changed();
     return kj::READY_NOW;
   }
 
@@ -1104,6 +1115,17 @@ void DaemonState::Heat() {
   expect_until_ = absl::InfinitePast();  // the refit expected came (or another call did)
   if (heat_.get() != nullptr) heat_->fulfill();
   heat_ = nullptr;
+}
+
+void DaemonState::Changed() {
+  for (auto& w : change_waiters_) w->fulfill();
+  change_waiters_.clear();
+}
+
+kj::Promise<void> DaemonState::OnChange() {
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  change_waiters_.push_back(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
 }
 
 void DaemonState::Expect() {

@@ -70,11 +70,18 @@ class DaemonState {
   static constexpr absl::Duration kExpectRefitFor = absl::Seconds(1);
   void Heat();
   void Expect();
+
+  // What a commit waiting for its session's joined ranks checks again (a rank detached, the
+  // session ended, an early pause's undo finished): Changed fulfills every promise OnChange gave
+  // out since. A waiter still checks on a timer too (a session a deadline ends). Event loop only.
+  void Changed();
+  kj::Promise<void> OnChange();
   kj::Promise<void> OnHeat();
   bool Hot() const;
 
  private:
   kj::Own<kj::PromiseFulfiller<void>> heat_;
+  std::vector<kj::Own<kj::PromiseFulfiller<void>>> change_waiters_;
   absl::Time heated_at_ = absl::InfinitePast();
   absl::Time expect_until_ = absl::InfinitePast();
 

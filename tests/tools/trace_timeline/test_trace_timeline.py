@@ -1,5 +1,6 @@
 """tools/trace_timeline.py on traces written by hand: each step's time from the refit's begin, the
-pipeline's shape with the GPU converter's timing points, and --range over a file of two runs."""
+pipeline's shape with the GPU converter's timing points, --range over a file of two runs, and a
+commit that waits for joined trainer ranks timed from the last detach."""
 import json
 import os
 import subprocess
@@ -61,6 +62,26 @@ def test_range_reads_one_run_of_a_file_of_two(tmp_path):
     assert second["steps_ms"]["trainer.commit_answered"] == 6.0
     err = subprocess.run([sys.executable, str(TOOL), str(trace), "--range", "7:9"], capture_output=True, text=True)
     assert err.returncode == 1 and "no refit in range 7:9 (6 refits)" in err.stderr
+
+
+def test_a_commit_waiting_for_joined_ranks_is_timed_from_the_last_detach(tmp_path):
+    # Two joined ranks detach at 2.0 and 2.5 ms; the commit came at 1.5 and started at 2.6: 0.1 ms
+    # after the last detach. A commit that came after every detach is not counted.
+    def session(t0, commit_at):
+        steps = [(1, 0, "trainer.begin_sent"), (2, 1500 if commit_at is None else commit_at, "daemon.commit_received"),
+                 (2, 2000, "daemon.detach_received"), (2, 2500, "daemon.detach_received"),
+                 (2, 2600 if commit_at is None else commit_at + 10, "daemon.commit_started"),
+                 (1, 4000, "trainer.commit_answered")]
+        return [f"{pid} {t0 + off} {label}" for pid, off, label in sorted(steps, key=lambda x: x[1])]
+
+    trace = tmp_path / "ranks.trace"
+    trace.write_text("\n".join(session(1_000_000, None) + session(1_100_000, None)) + "\n")
+    t = run(trace, "--skip", "0")
+    assert abs(t["pipeline_ms"]["commit_start_after_last_detach"] - 0.1) < 1e-9
+    assert t["steps_ms"]["daemon.detach_received.count"] == 2
+    late = tmp_path / "late.trace"
+    late.write_text("\n".join(session(1_000_000, 3000)) + "\n")
+    assert "commit_start_after_last_detach" not in run(late, "--skip", "0")["pipeline_ms"]
 
 
 def test_every_trace_label_in_the_sources_is_documented():
