@@ -1123,6 +1123,8 @@ void DaemonState::Changed() {
 }
 
 kj::Promise<void> DaemonState::OnChange() {
+  // Waiters that stopped waiting (a timer came first) go, so that a long wait holds one.
+  std::erase_if(change_waiters_, [](kj::Own<kj::PromiseFulfiller<void>>& w) { return !w->isWaiting(); });
   auto paf = kj::newPromiseAndFulfiller<void>();
   change_waiters_.push_back(kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);

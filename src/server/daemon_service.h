@@ -10,6 +10,7 @@
 
 #include <deque>
 #include <memory>
+#include <vector>
 
 #include "common/failpoint.h"
 #include "kj/async-io.h"
@@ -70,14 +71,14 @@ class DaemonState {
   static constexpr absl::Duration kExpectRefitFor = absl::Seconds(1);
   void Heat();
   void Expect();
+  kj::Promise<void> OnHeat();
+  bool Hot() const;
 
   // What a commit waiting for its session's joined ranks checks again (a rank detached, the
   // session ended, an early pause's undo finished): Changed fulfills every promise OnChange gave
   // out since. A waiter still checks on a timer too (a session a deadline ends). Event loop only.
   void Changed();
   kj::Promise<void> OnChange();
-  kj::Promise<void> OnHeat();
-  bool Hot() const;
 
  private:
   kj::Own<kj::PromiseFulfiller<void>> heat_;
