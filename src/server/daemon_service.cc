@@ -1131,9 +1131,8 @@ kj::Promise<void> DaemonState::OnChange() {
 }
 
 void DaemonState::Expect() {
+  Heat();
   expect_until_ = absl::Now() + kExpectRefitFor;
-  if (heat_.get() != nullptr) heat_->fulfill();
-  heat_ = nullptr;
 }
 
 kj::Promise<void> DaemonState::OnHeat() {
