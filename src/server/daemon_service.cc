@@ -257,9 +257,9 @@ class RegistrationImpl final : public proto::Registration::Server {
     if (state->node.committing()) {
       // A commit in flight (a refit validated against the sleeping engine, a kept version): the
       // wake waits for it, then maps and commits what it staged.
-      return state->timer.afterDelay(10 * kj::MILLISECONDS).then([state, engine_id, context]() mutable {
-        return Wake(state, engine_id, kj::mv(context));
-      });
+      return state->OnChange()
+          .exclusiveJoin(state->timer.afterDelay(10 * kj::MILLISECONDS))
+          .then([state, engine_id, context]() mutable { return Wake(state, engine_id, kj::mv(context)); });
     }
     absl::StatusOr<std::unique_ptr<storage::EngineStorage>> storage = OpenStorage(context.getParams().getParams());
     if (!storage.ok()) return Answer(context, storage.status());
@@ -298,7 +298,10 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
                     }
                     return state->blocking.Run([commit] { Node::RunResume(*commit); });
                   })
-                  .then([state, commit] { state->node.FinishCommit(*commit); })
+                  .then([state, commit] {
+                    state->node.FinishCommit(*commit);
+                    state->Changed();  // a wake or a session's commit waiting for this one goes on now
+                  })
                   .fork();
   state->tasks.add(done.addBranch());
   return done.addBranch().then([state, context]() mutable {
@@ -322,9 +325,9 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
 template <typename Context>
 kj::Promise<void> CommitSessionWhenFree(DaemonState* state, uint64_t id, Context context) {
   if (state->node.version_committing() && state->node.active_session_id() == id) {
-    return state->timer.afterDelay(10 * kj::MILLISECONDS).then([state, id, context]() mutable {
-      return CommitSessionWhenFree(state, id, kj::mv(context));
-    });
+    return state->OnChange()
+        .exclusiveJoin(state->timer.afterDelay(10 * kj::MILLISECONDS))
+        .then([state, id, context]() mutable { return CommitSessionWhenFree(state, id, kj::mv(context)); });
   }
   absl::StatusOr<std::shared_ptr<Commit>> started = state->node.StartCommit(id);
   if (!started.ok()) return Answer(context, started.status());

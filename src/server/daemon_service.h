@@ -74,9 +74,11 @@ class DaemonState {
   kj::Promise<void> OnHeat();
   bool Hot() const;
 
-  // What a commit waiting for its session's joined ranks checks again (a rank detached, the
-  // session ended, an early pause's undo finished): Changed fulfills every promise OnChange gave
-  // out since. A waiter still checks on a timer too (a session a deadline ends). Event loop only.
+  // What a call waiting on the node checks again (a rank detached, a session ended, an early
+  // pause's undo or a commit finished): Changed fulfills every promise OnChange gave out since.
+  // Waiters are a session's commit waiting for its joined ranks or for a kept version's commit,
+  // and a wake waiting for a commit. A waiter still checks on a timer too (a session a deadline
+  // ends). Event loop only.
   void Changed();
   kj::Promise<void> OnChange();
 
