@@ -10,7 +10,7 @@ colocated user writes today, measured in one run.
             projections into the engine layout SGLang and vLLM hold (fused qkv_proj and
             gate_up_proj), BF16 rest (--spec another file; --spec demo: the embedded demo spec,
             unfused); --refits refits, steady state = all but the first. Wall = the trainer's
-            Begin -> commit reply; pause = refitd's engine pause window. Eight runs (see `runs`):
+            Begin -> commit reply; pause = refitd's engine pause window. Ten runs (see `runs`):
             the trainer packing its weights into bucket buffers (Push) or pushing them from its
             one weight allocation, kept across refits as a trainer keeps its parameters
             (PushInPlace, example_trainer --in-place); `staging: device` or `staging: direct`
@@ -19,8 +19,10 @@ colocated user writes today, measured in one run.
             virtual memory registered in place (example_engine --vmm, as vLLM's sleep mode and
             SGLang's memory saver allocate them); the trainer's weights in one cudaMalloc (sent
             by CUDA IPC handle) or in CUDA virtual memory (example_trainer --vmm, as PyTorch's
-            expandable segments allocate them: sent as POSIX descriptors, read faster; the last
-            run maps it in 20 MiB pieces, as expandable segments grow).
+            expandable segments allocate them: sent as POSIX descriptors, read faster; a run maps
+            it in 20 MiB pieces, as expandable segments grow); the trainer beginning 5 ms before
+            its weights are ready (`_ahead`); the colocated loop, the engine asleep between
+            refits (`_wake`).
   bound     read the BF16 bytes once and write the engine's bytes once at the device's copy rate:
             (bytes_in + bytes_out) / (2 x copy rate), the copy rate measured here as one
             device-to-device copy of `--copy-gib` GiB (payload bytes per second: each is read once
@@ -33,6 +35,8 @@ colocated user writes today, measured in one run.
             scales (BF16 copy for the rest), synchronizes and drops the handles. Wall = trainer
             sync -> engine done (CLOCK_MONOTONIC across both processes); one warm-up, median of
             --refits.
+  wake      vmm_both_direct_wake runs the colocated loop: trainer step, engine wakes, refit, rollout,
+            engine sleeps (its weights' memory given back: freed_bytes_asleep, per sleep).
   copy      a plain device-to-device copy of bytes_out (the engine's bytes) in one cudaMemcpy,
             against refitd's pause (goal: pause <= copy + 1 ms).
 
@@ -265,13 +269,31 @@ def main() -> int:
             # As vmm_both_direct, the trainer beginning each refit 5 ms before its weights are
             # ready (while its optimizer step would run): refitd plans and pauses the engine
             # meanwhile; its ready_wall_ms counts from the weights ready.
-            ("vmm_both_direct_ahead", True, "direct", ("--vmm",), ("--vmm", "--begin-ahead-ms", "5"))]
+            ("vmm_both_direct_ahead", True, "direct", ("--vmm",), ("--vmm", "--begin-ahead-ms", "5")),
+            # As vmm_both_direct, in the colocated loop (example_engine and example_trainer
+            # --sleep-wake): after each refit's rollout the engine sleeps, giving its weights'
+            # memory back, while the trainer makes the next weights (its step, seconds); then the
+            # trainer wakes the engine and begins once it is awake.
+            ("vmm_both_direct_wake", True, "direct", ("--vmm", "--sleep-wake", "{loop}"),
+             ("--vmm", "--sleep-wake", "{loop}"))]
     if a.runs:
         runs = [x for x in runs if x[0] in a.runs.split(",")]
     results = {}
     r = None
     for label, in_place, staging, engine_args, trainer_args in runs:
+        loop = tmp / f"{label}.loop"  # the sleep/wake run's FIFOs
+        if "{loop}" in engine_args:
+            os.mkfifo(f"{loop}.ctl")
+            os.mkfifo(f"{loop}.ack")
+        engine_args = tuple(str(loop) if x == "{loop}" else x for x in engine_args)
+        trainer_args = tuple(str(loop) if x == "{loop}" else x for x in trainer_args)
         raw, results[label] = refitd_run(in_place, staging, engine_args, trainer_args)
+        if "--sleep-wake" in engine_args:
+            # The engine's memory given back at each sleep (its weights), from its log.
+            events = [json.loads(l) for l in (tmp / "llama8b.0.engine.log").read_text().splitlines() if l.startswith("{")]
+            asleep = [e for e in events if e.get("event") == "asleep"]
+            results[label]["sleeps"] = len(asleep)
+            results[label]["freed_bytes_asleep"] = [e["freed_bytes"] for e in asleep]
         r = r or raw
         out[label] = results[label]
         print(json.dumps({label: results[label]}), file=sys.stderr, flush=True)

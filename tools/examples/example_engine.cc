@@ -17,15 +17,25 @@
 // CUDA virtual memory (cuMemCreate with a POSIX descriptor handle, mapped with cuMemMap), as
 // vLLM's sleep mode and SGLang's memory saver do, and registers the parameters in place (the
 // agent exports the allocation's descriptor; refitd imports and maps it).
+// --sleep-wake PATH (with --gpu --vmm) is the engine side of the colocated loop, driven by a
+// trainer started with --sleep-wake PATH over two FIFOs the caller made, PATH.ctl (orders) and
+// PATH.ack (answers): at 's' the engine ends its rollout (serves one request of the version it
+// holds), sleeps (Sleep, then its weights' memory unmapped and given back, printing
+// {"event":"asleep","freed_bytes":B,...}) and answers 'a'; at 'w' it maps new memory at the same
+// addresses, wakes (Wake), prints {"event":"awake",...} and answers 'w'. Between a wake and the
+// next resume it serves nothing (its memory holds no weights).
 //   example_engine --checkpoint DIR --spec FILE [--address ...] [--shm NAME]
 // With --checkpoint the engine holds a model family's parameters in the spec's engine layout
 // (fused, stacked, sharded, laid out, derived), loaded from the converted checkpoint DIR; the
 // parameters refits never carry keep these loaded values.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +47,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/engine_agent.h"
 #include "common/checksum.h"
@@ -80,6 +91,7 @@ int main(int argc, char** argv) {
   bool idle = false;  // requests read nothing (benchmarks: the pause then measures refitd alone)
   int pause_ms = 0;   // --pause-ms: a pause that takes this long (draining requests, flushing a cache)
   bool reconnect = false;
+  std::string sleep_wake;  // --sleep-wake: sleep and wake at the trainer's orders (FIFOs)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
@@ -92,6 +104,8 @@ int main(int argc, char** argv) {
       shm_name = argv[++i];
     } else if (a == "--pause-ms" && i + 1 < argc) {
       pause_ms = std::atoi(argv[++i]);
+    } else if (a == "--sleep-wake" && i + 1 < argc) {
+      sleep_wake = argv[++i];
     } else if (a == "--idle") {
       idle = true;
     } else if (a == "--reconnect") {
@@ -104,6 +118,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "example_engine: unknown flag %s\n", argv[i]);
       return 2;
     }
+  }
+  if (!sleep_wake.empty() && (gpu < 0 || !vmm)) {
+    std::fprintf(stderr, "example_engine: --sleep-wake needs --gpu and --vmm (the memory a sleep gives back)\n");
+    return 2;
   }
   absl::StatusOr<spec::ModelSpec> spec =
       spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec) : spec::LoadModelSpecFile(spec_path);
@@ -155,6 +173,7 @@ int main(int argc, char** argv) {
 #if REFIT_HAVE_CUDA
   void* device_base = nullptr;
   std::array<uint8_t, 64> ipc_handle{};
+  refit::examples::VmmMemory vmm_memory;
 #endif
   if (gpu < 0) {
     absl::StatusOr<std::unique_ptr<storage::ShmRegion>> r = storage::ShmRegion::Create(shm_name, total);
@@ -168,8 +187,8 @@ int main(int argc, char** argv) {
 #if REFIT_HAVE_CUDA
     cudaIpcMemHandle_t h;
     std::string why;
-    if (vmm && (cudaSetDevice(gpu) != cudaSuccess || (device_base = refit::examples::AllocateVmm(gpu, total, why)) == nullptr ||
-                cudaMemset(device_base, 0, total) != cudaSuccess)) {
+    if (vmm && (cudaSetDevice(gpu) != cudaSuccess || !vmm_memory.Allocate(gpu, total, why) ||
+                (device_base = vmm_memory.data(), cudaMemset(device_base, 0, total) != cudaSuccess))) {
       std::fprintf(stderr, "example_engine: cannot allocate %llu bytes of CUDA virtual memory on GPU %d: %s\n",
                    static_cast<unsigned long long>(total), gpu, why.c_str());
       return 1;
@@ -264,11 +283,102 @@ int main(int argc, char** argv) {
               params.size(), static_cast<unsigned long long>(total), gpu < 0 ? shm_name.c_str() : "", gpu);
   std::fflush(stdout);
 
+  // --sleep-wake: after each resume, sleep (the weights' memory given back) and wake again.
+  int ctl_fd = -1, ack_fd = -1;  // --sleep-wake: the trainer's orders, our answers
+  if (!sleep_wake.empty()) {
+    // Opened read-write: neither open waits for the trainer.
+    ctl_fd = open((sleep_wake + ".ctl").c_str(), O_RDWR | O_CLOEXEC);
+    ack_fd = open((sleep_wake + ".ack").c_str(), O_RDWR | O_CLOEXEC);
+    if (ctl_fd < 0 || ack_fd < 0) {
+      std::fprintf(stderr, "example_engine: cannot open the FIFOs %s.ctl and %s.ack: %s\n", sleep_wake.c_str(),
+                   sleep_wake.c_str(), std::strerror(errno));
+      return 1;
+    }
+  }
+  auto current_version = [&] {
+    std::lock_guard<std::mutex> l(served.state_mu);
+    return served.version;
+  };
+  uint64_t served_version = 0;  // the version the last request saw
+  bool sleep_asked = false;     // an 's' came: the engine sleeps once a request saw the version it holds
+  bool woken = false;           // a wake came: the memory holds no weights until a resume
+  uint64_t woken_at = 0;        // the version held at that wake
+  [[maybe_unused]] auto sleep_and_wake = [&]() -> absl::Status {
+#if REFIT_HAVE_CUDA
+    // A resume runs inside refitd's commit, which ends just after it: a sleep refused as busy
+    // (Unavailable) is asked again.
+    absl::Status slept;
+    for (int tries = 0; tries < 30000; ++tries) {
+      if (!absl::IsUnavailable(slept = (*agent)->Sleep())) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (!slept.ok()) return slept;
+    size_t free_before = 0, free_after = 0, device_total = 0;
+    std::string why;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemGetInfo(&free_before, &device_total) != cudaSuccess ||
+        !vmm_memory.Unmap(why) || cudaMemGetInfo(&free_after, &device_total) != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("cannot give the weights' memory back: ", why));
+    }
+    std::printf("{\"event\":\"asleep\",\"version\":%llu,\"freed_bytes\":%lld,\"free_bytes\":%zu}\n",
+                static_cast<unsigned long long>(served_version),
+                static_cast<long long>(free_after) - static_cast<long long>(free_before), free_after);
+    std::fflush(stdout);
+    if (write(ack_fd, "a", 1) != 1) return absl::InternalError(absl::StrCat("cannot write to ", sleep_wake, ".ack"));
+    char order = 0;
+    for (;;) {  // asleep until the trainer's 'w' (or the engine is stopped)
+      pollfd p{ctl_fd, POLLIN, 0};
+      if (g_stop.load()) return absl::CancelledError("stopped while asleep");
+      if (poll(&p, 1, 100) == 1 && read(ctl_fd, &order, 1) == 1) {
+        if (order == 'w') break;
+        return absl::InvalidArgumentError(absl::StrCat("order '", std::string(1, order), "' while asleep (only 'w')"));
+      }
+    }
+    if (!vmm_memory.Map(why)) return absl::InternalError(absl::StrCat("cannot map the weights' memory again: ", why));
+    absl::StatusOr<bool> woke = (*agent)->Wake();
+    if (!woke.ok()) return woke.status();
+    std::printf("{\"event\":\"awake\",\"committed\":%s}\n", *woke ? "true" : "false");
+    std::fflush(stdout);
+    woken = true;
+    woken_at = current_version();
+    if (write(ack_fd, "w", 1) != 1) return absl::InternalError(absl::StrCat("cannot write to ", sleep_wake, ".ack"));
+    return absl::OkStatus();
+#else
+    return absl::UnimplementedError("built without CUDA");
+#endif
+  };
+
   // Serve until told to stop; each request sees one version, whole.
   std::map<uint64_t, uint64_t> seen;  // version -> checksum
   uint64_t requests = 0, mixed = 0;
   uint64_t registrations = 1;
   while (!g_stop.load() && (reconnect || (*agent)->connected())) {
+    if (ctl_fd >= 0 && !sleep_asked) {
+      pollfd p{ctl_fd, POLLIN, 0};
+      char order = 0;
+      if (poll(&p, 1, 0) == 1 && read(ctl_fd, &order, 1) == 1) {
+        if (order != 's') {
+          std::fprintf(stderr, "example_engine: order '%c' while awake (only 's')\n", order);
+          return 1;
+        }
+        sleep_asked = true;
+      }
+    }
+    // Asked to sleep, and the rollout of the version held is done: the engine sleeps.
+    if (sleep_asked && requests > 0 && served_version == current_version()) {
+      sleep_asked = false;
+      if (absl::Status s = sleep_and_wake(); !s.ok()) {
+        if (absl::IsCancelled(s)) break;
+        std::fprintf(stderr, "example_engine: sleep and wake after version %llu: %s\n",
+                     static_cast<unsigned long long>(served_version), std::string(s.message()).c_str());
+        return 1;
+      }
+      continue;
+    }
+    if (woken && current_version() == woken_at) {  // woken, the next refit not committed yet
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    woken = false;
     if ((*agent)->registrations() != registrations) {
       registrations = (*agent)->registrations();
       std::printf("{\"event\":\"reregistered\",\"version\":%llu,\"dirty\":%s}\n",
@@ -277,6 +387,7 @@ int main(int argc, char** argv) {
     }
     std::shared_lock<std::shared_timed_mutex> lock(served.mu, std::chrono::milliseconds(50));
     if (!lock.owns_lock()) continue;  // paused (or stuck paused after losing refitd: weights dirty)
+    served_version = served.version;
     if (idle) {
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

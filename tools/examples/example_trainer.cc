@@ -44,6 +44,11 @@
 // begins while its optimizer step still runs (refitd plans and, with `staging: direct`, pauses
 // the engine meanwhile); each line's ready_commit_ms is the time from then (the weights ready) to
 // the commit reply, push_commit_ms still from Begin.
+// --sleep-wake PATH drives the colocated loop with an engine started with --sleep-wake PATH (FIFOs
+// PATH.ctl and PATH.ack, made by the caller): before each refit after the first the trainer has
+// the engine end its rollout and sleep (it gives its weights' memory back), makes the refit's
+// weights (its step), then wakes the engine and begins once it is awake: trainer step, engine
+// wakes, refit, rollout, engine sleeps.
 // --slices N pushes every matrix as N slices (refitd assembles them); the fault drop-slice
 // leaves one slice out, which refitd must refuse naming the tensor and the missing rows.
 // Several --address flags (or --fanout with one) feed every daemon at once through one
@@ -56,11 +61,14 @@
 // ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
 // join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
 // and detach.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <thread>
 #include <cstring>
@@ -419,6 +427,7 @@ int main(int argc, char** argv) {
   bool verify = true;  // compute the expected conversion and compare the engine's bytes
   bool measure_amax = false;  // --measure-amax: announce each BF16 tensor's amax (single-pass NVFP4)
   int begin_ahead_ms = 0;     // --begin-ahead-ms: Begin this long before the weights are pushed
+  std::string sleep_wake;     // --sleep-wake: sleep the engine between refits, wake it before each (FIFOs)
   std::string dump_dir;
   demo::ModelShape shape;
   for (int i = 1; i < argc; ++i) {
@@ -474,6 +483,8 @@ int main(int argc, char** argv) {
       measure_amax = true;
     } else if (a == "--begin-ahead-ms" && i + 1 < argc) {
       begin_ahead_ms = std::atoi(argv[++i]);
+    } else if (a == "--sleep-wake" && i + 1 < argc) {
+      sleep_wake = argv[++i];
     } else if (a == "--in-place") {
       in_place = true;
     } else if (a == "--vmm") {
@@ -544,10 +555,31 @@ int main(int argc, char** argv) {
   absl::StatusOr<client::DaemonStatus> status = control->Status();
   if (!status.ok()) return Fail(status.status().message());
 
+  int ctl_fd = -1, ack_fd = -1;  // --sleep-wake: our orders to the engine, its answers
+  if (!sleep_wake.empty()) {
+    ctl_fd = open((sleep_wake + ".ctl").c_str(), O_RDWR | O_CLOEXEC);
+    ack_fd = open((sleep_wake + ".ack").c_str(), O_RDWR | O_CLOEXEC);
+    if (ctl_fd < 0 || ack_fd < 0) {
+      return Fail(absl::StrCat("cannot open the FIFOs ", sleep_wake, ".ctl and .ack: ", std::strerror(errno)));
+    }
+  }
+  // Sends `order` to the engine and waits for its answer `ack`.
+  auto order_engine = [&](char order, char ack) -> absl::Status {
+    char got = 0;
+    pollfd p{ack_fd, POLLIN, 0};
+    if (write(ctl_fd, &order, 1) != 1 || poll(&p, 1, 120000) != 1 || read(ack_fd, &got, 1) != 1 || got != ack) {
+      return absl::DeadlineExceededError(absl::StrCat("the engine did not answer '", std::string(1, order), "' with '",
+                                                      std::string(1, ack), "' within 120 s (", sleep_wake, ".ack)"));
+    }
+    return absl::OkStatus();
+  };
   int unexpected = 0;
   std::shared_ptr<void> device_copies;  // --gpu: the weights on the GPU, kept across refits
   [[maybe_unused]] uint64_t device_bytes = 0;
   for (int refit = 0; refit < refits; ++refit) {
+    if (ctl_fd >= 0 && refit > 0) {  // the rollout done, the engine sleeps through the step
+      if (absl::Status s = order_engine('s', 'a'); !s.ok()) return Fail(s.message());
+    }
     uint64_t weights_seed = seed * 1000003 + static_cast<uint64_t>(refit);
     // Expected engine bytes and what to send.
     std::map<std::string, uint64_t> expected;
@@ -676,6 +708,9 @@ int main(int argc, char** argv) {
       }
     }
 #endif
+    if (ctl_fd >= 0 && refit > 0) {  // the step done, the engine wakes; the refit begins once it is awake
+      if (absl::Status s = order_engine('w', 'w'); !s.ok()) return Fail(s.message());
+    }
     const absl::Time begun = absl::Now();
     // Several ranks: rank 0 begins the session and publishes its id in --session-file; the other
     // ranks join it, push their share and detach, each then touching <session-file>.done.<rank>.

@@ -7,6 +7,7 @@ killed mid-refit (packing or pushing in place), and one that stalls, end in an a
 session deadline with the engine's bytes unchanged, and the next refit lands.
 Skips, saying why, without a CUDA device or without a CUDA build."""
 import json
+import os
 import re
 import signal
 import subprocess
@@ -129,6 +130,41 @@ def test_trainer_weights_in_virtual_memory_go_as_descriptors(node_factory, tmp_p
     p, lines = node.trainer("--refits", "1", "--seed", "7", "--in-place", "--vmm")
     assert p.returncode == 0 and lines[0]["outcome"] == "committed" and lines[0]["engine_matches_expected"], \
         p.stdout + p.stderr + node.log.read_text()[-3000:]
+
+
+def test_the_colocated_loop_sleeps_the_engine_between_refits_and_wakes_it_for_each(node_factory, tmp_path):
+    # The colocated loop on one GPU, three times: trainer step, the engine wakes (new memory at the
+    # same addresses), refit over CUDA IPC straight into the engine's CUDA virtual memory (the
+    # shipped llama3 spec), rollout, the engine sleeps and gives its weights' memory back
+    # (example_engine and example_trainer --sleep-wake). Every refit's bytes equal the offline
+    # conversion; the memory each sleep gives back is the engine's weights.
+    text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
+    spec = tmp_path / "llama3_tp1.yaml"
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    loop = tmp_path / "loop"
+    os.mkfifo(f"{loop}.ctl")
+    os.mkfifo(f"{loop}.ack")
+    node = node_factory(spec=str(spec), staging="direct", engine_args=["--vmm", "--sleep-wake", str(loop)])
+    registered = next(json.loads(l) for l in node.engine_log.read_text().splitlines() if '"registered"' in l)
+    p, lines = node.trainer("--refits", "3", "--in-place", "--vmm", "--sleep-wake", str(loop))
+    assert p.returncode == 0, p.stdout + p.stderr + node.log.read_text()[-3000:] + node.engine_log.read_text()[-2000:]
+    assert [l["outcome"] for l in lines] == ["committed"] * 3
+    assert all(l["engine_matches_expected"] for l in lines), lines
+    events = [json.loads(l) for l in node.engine_log.read_text().splitlines() if l.startswith("{")]
+    asleep = [e for e in events if e["event"] == "asleep"]
+    awake = [e for e in events if e["event"] == "awake"]
+    # Asleep after refits 1 and 2 (version 1, 2), woken before refits 2 and 3 with nothing staged.
+    assert [e["version"] for e in asleep] == [1, 2], events
+    assert [e["committed"] for e in awake] == [False, False], events
+    # The weights' memory (rounded up to the allocation granularity) is what a sleep gives back.
+    assert all(registered["bytes"] <= e["freed_bytes"] <= registered["bytes"] + (64 << 20) for e in asleep), \
+        (registered, asleep)
+    # refitd saw two sleeps and two wakes, and the engine serves the last version.
+    log = node.log.read_text()
+    assert log.count("engine_asleep") == 2 and log.count("engine_awake") == 2, log[-3000:]
+    node.engine.send_signal(signal.SIGTERM)
+    node.engine.wait(timeout=30)
+    assert json.loads(node.engine_log.read_text().splitlines()[-1])["mixed"] == 0
 
 
 def test_trainer_killed_while_pushing_in_place_aborts_and_engine_is_unchanged(node_factory):
