@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
               params.size(), static_cast<unsigned long long>(total), gpu < 0 ? shm_name.c_str() : "", gpu);
   std::fflush(stdout);
 
-  // --sleep-wake: after each resume, sleep (the weights' memory given back) and wake again.
+  // --sleep-wake: sleep (the weights' memory given back) and wake at the trainer's orders.
   int ctl_fd = -1, ack_fd = -1;  // --sleep-wake: the trainer's orders, our answers
   if (!sleep_wake.empty()) {
     // Opened read-write: neither open waits for the trainer.
@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
     if (!woke.ok()) return woke.status();
     std::printf("{\"event\":\"awake\",\"committed\":%s}\n", *woke ? "true" : "false");
     std::fflush(stdout);
-    woken = true;
+    woken = !*woke;  // a refit staged while asleep was committed at the wake: its version is served
     woken_at = current_version();
     if (write(ack_fd, "w", 1) != 1) return absl::InternalError(absl::StrCat("cannot write to ", sleep_wake, ".ack"));
     return absl::OkStatus();
