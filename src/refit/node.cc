@@ -291,12 +291,18 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   Active a;
   if (direct) {
     EngineRecord::PlacementMemo& memo = engine_->placement_memo;
+    if (memo.placement != nullptr && memo.generation != engine_->generation && memo.plans == plans) {
+      // The engine slept and woke since (the same parameters, Wake checked them; new mappings):
+      // the same places at its new mappings.
+      memo.placement = RebasePlacement(*memo.placement, *engine_->storage);
+      memo.generation = engine_->generation;
+    }
     if (memo.placement == nullptr || memo.generation != engine_->generation || memo.plans != plans) {
       memo.placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
       memo.generation = engine_->generation;
       memo.plans = std::move(plans);
     }
-    if (!memo.placement->places.empty()) a.placement = memo.placement;
+    if (!memo.placement->empty()) a.placement = memo.placement;
   }
   // Converts nothing before the engine paused (its begin may be answered early: the trainer's
   // announces then arrive while it pauses).
@@ -327,7 +333,7 @@ bool Node::DirectPossible() const {
 }
 
 void Node::NotePlacing(uint64_t manifest_key) {
-  if (engine_) placing_ = std::make_tuple(manifest_key, engine_->id, engine_->generation);
+  if (engine_) placing_ = std::make_pair(manifest_key, engine_->id);
 }
 
 void Node::WarmConverter() {
@@ -336,7 +342,7 @@ void Node::WarmConverter() {
 
 std::shared_ptr<DirectPause> Node::StartEarlyPause(uint64_t manifest_key) {
   if (!placing_ || active_ || early_undoing_ > 0 || early_window_ || version_commit_ != nullptr || !DirectPossible() ||
-      *placing_ != std::make_tuple(manifest_key, engine_->id, engine_->generation) ||
+      *placing_ != std::make_pair(manifest_key, engine_->id) ||
       !engine_->control->Responsive()) {
     return nullptr;
   }

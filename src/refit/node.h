@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <random>
 #include <string>
 #include <string_view>
@@ -124,7 +125,9 @@ struct EngineRecord {
   // staging: direct: the last placement planned (Node::Begin) and what it was planned from: the
   // manifest's plans (the planner's shared plans, held here so that none is freed and its address
   // reused) and the storage generation. An RL loop's next begin, planned to the same plans in the
-  // same generation, takes it again rather than planning it anew.
+  // same generation, takes it again rather than planning it anew; in a later generation (the
+  // engine slept and woke with the same parameters), it takes the same places rebased to the new
+  // mappings (RebasePlacement).
   struct PlacementMemo {
     uint64_t generation = 0;
     std::vector<std::shared_ptr<const TensorPlan>> plans;
@@ -565,9 +568,10 @@ class Node {
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
   uint32_t early_undoing_ = 0;              // early pauses being undone (StartUndoEarlyPause)
   bool early_window_ = false;               // StartEarlyPause returned a pause; its Begin is to come
-  // NotePlacing's last manifest key, and the engine registration (id, storage generation) it
-  // placed into.
-  std::optional<std::tuple<uint64_t, uint64_t, uint64_t>> placing_;
+  // NotePlacing's last manifest key, and the engine registration (id) it placed into. Not the
+  // storage generation: a wake keeps the parameters (Wake checks them), so the manifest still
+  // places (RebasePlacement), and the loop's first begin after its wake pauses early too.
+  std::optional<std::pair<uint64_t, uint64_t>> placing_;
   // Whether a session could convert into the registered engine's memory (staging: direct).
   bool DirectPossible() const;
   // A pause of `engine` from its state now (no session yet).

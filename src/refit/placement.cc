@@ -19,7 +19,9 @@ std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const sto
     }
   }
   auto placement = std::make_shared<Placement>();
+  auto places = std::make_shared<Placement::Places>();
   const std::vector<storage::ParamInfo>& params = planner.params();
+  placement->bases.assign(params.size(), nullptr);
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSource& src = planner.source(i);
     if (src.kind != ParamSource::Kind::kBuilt || src.slots.empty()) continue;
@@ -28,7 +30,7 @@ std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const sto
     uint8_t* base = storage.MappedAddress(i);
     if (laid_out || base == nullptr) continue;
     const storage::ParamInfo& p = params[i];
-    std::vector<Placement::Place> places;
+    std::vector<Placement::Place> pieces;
     uint64_t offset = 0;
     bool whole = true;
     for (size_t s = 0; s < src.slots.size() && whole; ++s) {
@@ -38,14 +40,29 @@ std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const sto
               t->spec.dtype == p.dtype && t->spec.bytes <= p.nbytes - std::min(offset, p.nbytes) &&
               (src.slots.size() > 1 || t->spec.shape == p.shape);
       if (whole) {
-        places.push_back({base + offset, t->spec.bytes});
+        pieces.push_back({static_cast<uint32_t>(i), offset, t->spec.bytes});
         offset += t->spec.bytes;
       }
     }
     if (!whole || offset != p.nbytes) continue;
-    for (size_t s = 0; s < src.slots.size(); ++s) placement->places[src.slots[s]] = places[s];
+    for (size_t s = 0; s < src.slots.size(); ++s) (*places)[src.slots[s]] = pieces[s];
+    placement->bases[i] = base;
   }
+  placement->places = std::move(places);
   return placement;
+}
+
+std::shared_ptr<const Placement> RebasePlacement(const Placement& placement, const storage::EngineStorage& storage) {
+  if (storage.params().size() != placement.bases.size()) return nullptr;
+  auto rebased = std::make_shared<Placement>();
+  rebased->places = placement.places;
+  rebased->bases.assign(placement.bases.size(), nullptr);
+  for (size_t i = 0; i < placement.bases.size(); ++i) {
+    if (placement.bases[i] == nullptr) continue;
+    rebased->bases[i] = storage.MappedAddress(i);
+    if (rebased->bases[i] == nullptr) return nullptr;
+  }
+  return rebased;
 }
 
 }  // namespace refit

@@ -9,7 +9,7 @@
 // sizes sum to the parameter's). Not placed, and staged as before: parameters with layout steps,
 // derived and kept ones, keys the manifest does not name (or names with other sizes), keys that
 // fill more than one slot, and parameters the storage cannot map (MappedAddress null).
-// Thread-safe: pure function.
+// Thread-safe: pure functions.
 #ifndef REFIT_REFIT_PLACEMENT_H_
 #define REFIT_REFIT_PLACEMENT_H_
 
@@ -26,6 +26,12 @@ namespace refit {
 // not copies) stage, in `storage`.
 std::shared_ptr<const Placement> PlanPlacement(const Planner& planner, const storage::EngineStorage& storage,
                                                const std::vector<std::shared_ptr<const TensorPlan>>& plans);
+
+// `placement`'s places at `storage`'s mappings: for the same engine's storage registered again
+// with the same parameters (a wake), at the same or new addresses. Sharing the places, it costs
+// one address per parameter, not a planning. nullptr if `storage` has another parameter count or
+// maps no address for a placed parameter (plan anew then).
+std::shared_ptr<const Placement> RebasePlacement(const Placement& placement, const storage::EngineStorage& storage);
 
 }  // namespace refit
 

@@ -33,11 +33,12 @@ absl::StatusOr<uint8_t*> Staging::Allocate(const std::string& key, DType dtype, 
   auto [it, inserted] = staged_.try_emplace(key);
   if (!inserted) return absl::AlreadyExistsError(absl::StrCat("'", key, "' staged twice"));
   if (placement_ != nullptr) {
-    auto place = placement_->places.find(key);
-    if (place != placement_->places.end() && place->second.bytes == nbytes) {
-      it->second = StagedTensor{dtype, shape, nbytes, place->second.address, nullptr, true};
+    const Placement::Place* place = placement_->Find(key);
+    if (place != nullptr && place->bytes == nbytes) {
+      uint8_t* address = placement_->Address(*place);
+      it->second = StagedTensor{dtype, shape, nbytes, address, nullptr, true};
       in_place_bytes_ += nbytes;
-      return place->second.address;
+      return address;
     }
   }
   if (nbytes > limit_ - bytes_) {

@@ -55,13 +55,33 @@ struct StagedTensor {
 // staging: direct: where each staging key's bytes go in the engine's own memory (mapped by
 // refitd, of the pool's memory kind), so that the converter writes them there and the commit
 // copies nothing for them. Only keys whose place is known before anything arrives are here: a
-// whole parameter, or one piece of a fused or stacked one at its offset (see PlanDirect).
+// whole parameter, or one piece of a fused or stacked one at its offset (see PlanPlacement).
+// Places are kept as (parameter, offset) under the bases of refitd's mappings now, so that an
+// engine woken with the same parameters at new mappings takes the same places at its new bases
+// (RebasePlacement) rather than having them planned again.
 struct Placement {
   struct Place {
-    uint8_t* address;
+    uint32_t param;   // the engine parameter's index
+    uint64_t offset;  // in it
     uint64_t bytes;
   };
-  absl::flat_hash_map<std::string, Place> places;
+  using Places = absl::flat_hash_map<std::string, Place>;
+  std::shared_ptr<const Places> places = std::make_shared<const Places>();
+  std::vector<uint8_t*> bases;  // by parameter index: where refitd maps it (null where nothing is placed)
+
+  // `key`'s place, or nullptr if it is not placed.
+  const Place* Find(const std::string& key) const {
+    auto it = places->find(key);
+    return it == places->end() ? nullptr : &it->second;
+  }
+  uint8_t* Address(const Place& place) const { return bases[place.param] + place.offset; }
+  // Where `key` goes, or nullptr if it is not placed.
+  uint8_t* AddressOf(const std::string& key) const {
+    const Place* place = Find(key);
+    return place == nullptr ? nullptr : Address(*place);
+  }
+  size_t size() const { return places->size(); }
+  bool empty() const { return places->empty(); }
 };
 
 class Staging {

@@ -1297,6 +1297,53 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   ASSERT_TRUE(session.ok()) << session.status();
 }
 
+// The colocated loop: the engine sleeps after its rollout and wakes (new mappings, the same
+// parameters) right before the next refit's begin. That begin still pauses early (not asleep; the
+// manifest is the one placed before), and its session places the same keys (the places shared,
+// not planned again) at the new mappings.
+TEST_F(DirectNodeTest, AfterAWakeTheSameManifestPausesEarlyAndPlacesAtTheNewMappings) {
+  ScriptedControl* control;
+  const uint64_t engine = Register(&control);
+  constexpr uint64_t kKey = 42;
+  absl::StatusOr<uint64_t> session = BeginDirect(ManifestOf(kParams));
+  ASSERT_TRUE(session.ok()) << session.status();
+  node_->NotePlacing(kKey);
+  SendBucket(*session, Payload(3), kParams);
+  ASSERT_EQ(CommitNow(*session).outcome, Outcome::kCommitted);
+  std::shared_ptr<const Placement> before = node_->engine()->placement_memo.placement;
+  ASSERT_NE(before, nullptr);
+
+  ASSERT_TRUE(node_->Sleep(engine).ok());
+  EXPECT_EQ(node_->StartEarlyPause(kKey), nullptr) << "asleep";
+  const std::string moved = region_name_ + "-moved";
+  std::unique_ptr<storage::ShmRegion> region2 = *storage::ShmRegion::Create(moved, kBytes * kParams);
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(engine, ShmStorageIn(moved));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+
+  std::shared_ptr<DirectPause> early = node_->StartEarlyPause(kKey);
+  ASSERT_NE(early, nullptr) << "the same manifest into the same registration, woken";
+  Node::RunDirectPause(*early);
+  node_->EndEarlyWindow();
+  absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  ASSERT_TRUE(begun->pause_first);
+  std::shared_ptr<const Placement> after = node_->engine()->placement_memo.placement;
+  ASSERT_NE(after, nullptr);
+  EXPECT_NE(after, before);
+  EXPECT_EQ(after->places, before->places) << "rebased, not planned again";
+  EXPECT_EQ(after->size(), static_cast<size_t>(kParams));
+  absl::StatusOr<std::shared_ptr<DirectPause>> adopted = node_->StartDirectPause(begun->session_id, early);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  ASSERT_TRUE(node_->FinishDirectPause(**adopted).ok());
+  SendBucket(begun->session_id, Payload(4), kParams);
+  const RefitReport& r = CommitNow(begun->session_id);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.bytes_in_place, kBytes * kParams);
+  EXPECT_EQ(std::vector<uint8_t>(region2->data(), region2->data() + region2->size()), Payload(4));
+  EXPECT_EQ(EngineBytes(), Payload(3)) << "the old mappings untouched";
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1", "pause", "resume:2"));
+}
+
 // An RL loop's begins plan the same tensors into the same registration: the placement planned for
 // the first is taken again (not planned anew); other plans, or a registration woken at new
 // addresses, get their own, and each refit lands where the engine's parameters are now.
@@ -1314,7 +1361,7 @@ TEST_F(DirectNodeTest, TheLastPlacementIsTakenAgainForTheSamePlansInTheSameRegis
   };
   std::shared_ptr<const Placement> first = refit(ManifestOf(kParams), 3);
   ASSERT_NE(first, nullptr);
-  EXPECT_EQ(first->places.size(), static_cast<size_t>(kParams));
+  EXPECT_EQ(first->size(), static_cast<size_t>(kParams));
   EXPECT_EQ(refit(ManifestOf(kParams), 4), first) << "the same plans, the same registration";
   EXPECT_EQ(EngineBytes(), Payload(4));
 
@@ -1322,12 +1369,12 @@ TEST_F(DirectNodeTest, TheLastPlacementIsTakenAgainForTheSamePlansInTheSameRegis
   std::shared_ptr<const Placement> partial = refit(ManifestOf(1, /*partial=*/true), 5);
   ASSERT_NE(partial, nullptr);
   EXPECT_NE(partial, first);
-  EXPECT_EQ(partial->places.size(), 1u);
+  EXPECT_EQ(partial->size(), 1u);
   std::vector<uint8_t> expected = Payload(4);
   std::copy_n(Payload(5).begin(), kBytes, expected.begin());
   EXPECT_EQ(EngineBytes(), expected);
 
-  // Asleep and woken at new addresses (another region): the same plans are placed anew, there.
+  // Asleep and woken at new addresses (another region): the same places, at the new addresses.
   std::shared_ptr<const Placement> before = refit(ManifestOf(kParams), 6);
   ASSERT_TRUE(node_->Sleep(engine).ok());
   const std::string moved = region_name_ + "-moved";
@@ -1337,6 +1384,8 @@ TEST_F(DirectNodeTest, TheLastPlacementIsTakenAgainForTheSamePlansInTheSameRegis
   std::shared_ptr<const Placement> after = refit(ManifestOf(kParams), 7);
   ASSERT_NE(after, nullptr);
   EXPECT_NE(after, before);
+  EXPECT_EQ(after->places, before->places);
+  EXPECT_NE(after->bases, before->bases);
   EXPECT_EQ(std::vector<uint8_t>(region2->data(), region2->data() + region2->size()), Payload(7));
   EXPECT_EQ(EngineBytes(), Payload(6)) << "the old addresses untouched";
 }

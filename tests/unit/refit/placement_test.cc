@@ -59,17 +59,19 @@ class PlacementTest : public ::testing::Test {
 TEST_F(PlacementTest, FusedPiecesAtTheirOffsetsLaidOutAndDerivedStaged) {
   std::shared_ptr<const Placement> p = PlanPlacement(
       *planner_, *storage_, Plans({{"l.gate_proj.weight", {64, 64}}, {"l.up_proj.weight", {32, 64}}, {"l.norm.weight", {64}}}));
-  ASSERT_EQ(p->places.size(), 3u);
-  const auto& gate = p->places.at("l.gate_proj.weight");
-  const auto& up = p->places.at("l.up_proj.weight");
-  EXPECT_EQ(gate.address, Address("l.gate_up_proj.weight"));
-  EXPECT_EQ(gate.bytes, 64u * 64u);
-  EXPECT_EQ(up.address, Address("l.gate_up_proj.weight") + 64 * 64);  // after gate, as the committer writes it
-  EXPECT_EQ(up.bytes, 32u * 64u);
-  EXPECT_EQ(p->places.at("l.norm.weight").address, Address("l.norm.weight"));
+  ASSERT_EQ(p->size(), 3u);
+  const Placement::Place* gate = p->Find("l.gate_proj.weight");
+  const Placement::Place* up = p->Find("l.up_proj.weight");
+  ASSERT_NE(gate, nullptr);
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(p->Address(*gate), Address("l.gate_up_proj.weight"));
+  EXPECT_EQ(gate->bytes, 64u * 64u);
+  EXPECT_EQ(p->Address(*up), Address("l.gate_up_proj.weight") + 64 * 64);  // after gate, as the committer writes it
+  EXPECT_EQ(up->bytes, 32u * 64u);
+  EXPECT_EQ(p->AddressOf("l.norm.weight"), Address("l.norm.weight"));
   // The scales have a layout step (swizzle): staged, built at commit.
-  EXPECT_EQ(p->places.count("l.gate_proj.weight_scale_inv"), 0u);
-  EXPECT_EQ(p->places.count("l.up_proj.weight_scale_inv"), 0u);
+  EXPECT_EQ(p->Find("l.gate_proj.weight_scale_inv"), nullptr);
+  EXPECT_EQ(p->Find("l.up_proj.weight_scale_inv"), nullptr);
 }
 
 TEST_F(PlacementTest, AFusedParameterMissingAMemberIsNotPlaced) {
@@ -77,9 +79,37 @@ TEST_F(PlacementTest, AFusedParameterMissingAMemberIsNotPlaced) {
   // parameter is placed; the norm still is.
   std::shared_ptr<const Placement> p =
       PlanPlacement(*planner_, *storage_, Plans({{"l.gate_proj.weight", {64, 64}}, {"l.norm.weight", {64}}}));
-  EXPECT_EQ(p->places.count("l.gate_proj.weight"), 0u);
-  EXPECT_EQ(p->places.count("l.norm.weight"), 1u);
-  EXPECT_TRUE(PlanPlacement(*planner_, *storage_, {})->places.empty());
+  EXPECT_EQ(p->Find("l.gate_proj.weight"), nullptr);
+  EXPECT_NE(p->Find("l.norm.weight"), nullptr);
+  EXPECT_TRUE(PlanPlacement(*planner_, *storage_, {})->empty());
+}
+
+// A wake: the same parameters mapped again (here: a second mapping of the same region, at other
+// addresses). The same places, sharing the plan, at the new mapping's addresses; a storage with
+// another parameter list is not rebased.
+TEST_F(PlacementTest, RebasedPlacesAreTheSamePlacesAtTheNewMappings) {
+  std::shared_ptr<const Placement> p = PlanPlacement(
+      *planner_, *storage_, Plans({{"l.gate_proj.weight", {64, 64}}, {"l.up_proj.weight", {32, 64}}, {"l.norm.weight", {64}}}));
+  std::vector<storage::ShmParam> shm;
+  uint64_t off = 0;
+  for (const storage::ParamInfo& param : params_) {
+    shm.push_back({param, name_, off});
+    off += (param.nbytes + 63) / 64 * 64;
+  }
+  std::unique_ptr<storage::ShmEngineStorage> again = *storage::ShmEngineStorage::Open(shm);
+  const size_t fused = planner_->IndexOf("l.gate_up_proj.weight");
+  ASSERT_NE(again->MappedAddress(fused), storage_->MappedAddress(fused));
+  std::shared_ptr<const Placement> rebased = RebasePlacement(*p, *again);
+  ASSERT_NE(rebased, nullptr);
+  EXPECT_EQ(rebased->places, p->places);
+  EXPECT_EQ(rebased->AddressOf("l.gate_proj.weight"), again->MappedAddress(fused));
+  EXPECT_EQ(rebased->AddressOf("l.up_proj.weight"), again->MappedAddress(fused) + 64 * 64);
+  EXPECT_EQ(rebased->AddressOf("l.norm.weight"), again->MappedAddress(planner_->IndexOf("l.norm.weight")));
+  EXPECT_EQ(p->AddressOf("l.norm.weight"), Address("l.norm.weight")) << "the original unchanged";
+
+  shm.pop_back();
+  std::unique_ptr<storage::ShmEngineStorage> fewer = *storage::ShmEngineStorage::Open(shm);
+  EXPECT_EQ(RebasePlacement(*p, *fewer), nullptr);
 }
 
 TEST_F(PlacementTest, StagingAllocatesPlacedKeysInTheEngineAndTheRestInThePool) {
