@@ -13,9 +13,13 @@
 // leaves its mappings alive until that commit has finished with them. A commit in flight is an
 // outcome for the engine that left (never a write through an unmapped address).
 //
-// Threading: every method runs on one thread (the server's event loop), except RunCommit, which
-// runs on a worker thread for the commit StartCommit handed out and touches only that Commit, its
-// session and its engine record (planner, storage and control; never the node).
+// The pieces the node drives live apart: a commit's phases in Commit (commit.h), every pause of
+// the engine in EnginePause (engine_pause.h), the versions kept in staging in VersionStore
+// (version_store.h). Node keeps the registry of engines and ranks and the sessions' lifecycle.
+//
+// Threading: every method runs on one thread (the server's event loop). A Commit's Run and a
+// DirectPause's Run run on a worker thread and touch only that object, its session and its
+// engine record (planner, storage and control; never the node).
 #ifndef REFIT_REFIT_NODE_H_
 #define REFIT_REFIT_NODE_H_
 
@@ -38,6 +42,9 @@
 #include "common/failpoint.h"
 #include "common/kept_threads.h"
 #include "refit/bucket_ring.h"
+#include "refit/commit.h"
+#include "refit/engine_pause.h"
+#include "refit/engine_record.h"
 #include "refit/converter.h"
 #include "refit/engine_control.h"
 #include "refit/placement.h"
@@ -48,101 +55,11 @@
 #include "refit/staged_version.h"
 #include "refit/staging.h"
 #include "refit/types.h"
+#include "refit/version_store.h"
 #include "storage/engine_storage.h"
 #include "transport/transport.h"
 
 namespace refit {
-
-// Where a registering engine rank sits in the node's engine (proto registerEngine's tpRank...).
-struct RankPlacement {
-  int tp_rank = 0;
-  int tp_size = 0;  // 0: not given (a single engine, as registered before engine ranks)
-  int ep_rank = 0;
-  int ep_size = 0;  // 0: not given (no expert parallelism)
-  int device = -1;  // the CUDA device of its parameters; -1: not given (host engines)
-  std::string model;  // the model it serves; "": not given
-};
-
-// One registered rank of an engine of several ranks (spec tensor_parallel.size > 1 without a
-// rank). Shared by the node, the group engine built over it and a commit in flight.
-struct RankRecord {
-  uint64_t id = 0;  // its registration
-  RankPlacement placement;
-  std::shared_ptr<storage::EngineStorage> storage;
-  std::shared_ptr<EngineControl> control;
-  uint64_t bytes = 0;
-  // Loop thread only.
-  uint64_t version = 0;
-  std::string tag;
-  bool dirty = false;
-  bool gone = false;
-};
-
-// What a registering engine brings: its mapped storage, the planner over its parameters, the
-// staging memory and converter that fit it, its pause/resume control, and what it holds now.
-struct EngineSetup {
-  std::unique_ptr<Planner> planner;
-  std::unique_ptr<storage::EngineStorage> storage;
-  std::unique_ptr<StagingPool> pool;
-  // A new, empty pool of the same memory kind: with hold > 0 every session stages into its own
-  // pool, which a held or retained version keeps. Required when NodeOptions::hold > 0.
-  std::function<std::unique_ptr<StagingPool>()> new_pool;
-  std::unique_ptr<Converter> converter;
-  std::unique_ptr<EngineControl> control;
-  uint64_t version = 0;  // the version the engine serves (0: fresh)
-  std::string tag;       // the trainer's tag of that version ("" when none)
-  bool dirty = false;    // it lost refitd inside a commit window: its weights may be mixed
-  // Where it sits (engine ranks). With NodeOptions::spec declaring ranks, only storage, control,
-  // version, tag, dirty and placement are given: the node builds the rest once every rank is in.
-  RankPlacement placement;
-};
-
-// A registered engine. Shared by the node, the session that uses it and a commit in flight.
-struct EngineRecord {
-  uint64_t id = 0;
-  std::unique_ptr<Planner> planner;
-  std::unique_ptr<storage::EngineStorage> storage;
-  std::unique_ptr<StagingPool> pool;
-  std::function<std::unique_ptr<StagingPool>()> new_pool;
-  std::unique_ptr<Converter> converter;
-  std::unique_ptr<EngineControl> control;
-  uint64_t bytes = 0;
-  // Loop thread only.
-  uint64_t version = 0;
-  std::string tag;     // the trainer's tag of `version`
-  bool dirty = false;  // a commit failed mid-copy: only a full refit may land
-  bool gone = false;   // unregistered (disconnected); a commit in flight still holds the record
-  // An engine of several ranks: its ranks, in rank order (empty for a single engine), and their
-  // pause/resume (which knows the ranks that failed).
-  std::vector<std::shared_ptr<RankRecord>> ranks;
-  const RankGroupControl* group_control = nullptr;
-  // Sleep and wake (Node::Sleep, Node::Wake): asleep, the storage is a ReleasedEngineStorage (the
-  // parameter list without mappings). `generation` counts registrations of storage: 1 at
-  // register, +1 at each sleep and each wake; a commit writes only into the generation it started
-  // with.
-  bool asleep = false;
-  uint64_t generation = 1;
-  // staging: direct: the last placement planned (Node::Begin) and what it was planned from: the
-  // manifest's plans (the planner's shared plans, held here so that none is freed and its address
-  // reused) and the storage generation. An RL loop's next begin, planned to the same plans in the
-  // same generation, takes it again rather than planning it anew; in a later generation (the
-  // engine slept and woke with the same parameters), it takes the same places rebased to the new
-  // mappings (RebasePlacement).
-  struct PlacementMemo {
-    uint64_t generation = 0;
-    std::vector<std::shared_ptr<const TensorPlan>> plans;
-    std::shared_ptr<const Placement> placement;
-  };
-  PlacementMemo placement_memo;
-  // The last manifest's tensor list this engine's planner accepted, by its key (Node::Begin's
-  // `tensors_key`), with its plans: an RL loop's next begin with the same list takes them rather
-  // than checking and planning each tensor again.
-  struct BeginMemo {
-    uint64_t tensors_key = 0;
-    std::vector<std::shared_ptr<const TensorPlan>> plans;
-  };
-  BeginMemo begin_memo;
-};
 
 // What status shows of each declared engine rank.
 struct RankStatus {
@@ -202,8 +119,8 @@ struct NodeOptions {
   bool direct = false;
   // A commit's last step, the engine's resume, is sent by the thread that starts and finishes
   // commits (the server's event loop, where the engine's capability lives) rather than from the
-  // worker thread: RunCommit returns with resume_pending() and the caller sends it
-  // (StartLoopResume), saving the worker's wake-up and its hop back. Off: RunCommit resumes.
+  // worker thread: Commit::Run returns with resume_pending() and the caller sends it
+  // (Commit::StartLoopResume), saving the worker's wake-up and its hop back. Off: Run resumes.
   bool resume_on_loop = false;
   const FailpointSet* failpoints = nullptr;  // test builds only
   // What session deadlines are computed and checked against; the system clock when null.
@@ -216,85 +133,14 @@ struct NodeOptions {
   std::function<absl::Status(EngineSetup&)> make_staging;
 };
 
-// The reason of a refit validated while the engine sleeps (outcome staged): it commits at the wake.
-inline constexpr char kStagedForWake[] =
-    "the engine is asleep: the refit is validated and staged, and commits when the engine wakes";
-
 struct BeginResult {
   uint64_t session_id = 0;
   uint32_t deadline_ms = 0;
   // Wire format checkpoint: the tensors the trainer converts (empty plan otherwise).
   std::shared_ptr<const WireTable> wire;
-  // staging: direct: the engine must be paused (StartDirectPause, RunDirectPause,
+  // staging: direct: the engine must be paused (StartDirectPause, DirectPause::Run,
   // FinishDirectPause) before the trainer is answered.
   bool pause_first = false;
-};
-
-// staging: direct: the pause that opens a session's window, before its trainer is answered.
-// Handed out by StartDirectPause, run by RunDirectPause on a worker thread (Pause blocks),
-// finished by FinishDirectPause on the loop thread.
-class DirectPause {
- private:
-  friend class Node;
-  uint64_t session_id_ = 0;
-  std::shared_ptr<EngineRecord> engine_;
-  absl::Duration pause_timeout_, resume_timeout_;
-  uint64_t from_version_ = 0;
-  std::string from_tag_;
-  bool dirty_at_start_ = false;
-  uint64_t generation_ = 0;
-  bool pause_sent_ = false;  // an early pause: its request went out already (EngineControl::StartPause)
-  // Set by RunDirectPause.
-  absl::Status status_;        // OK: the engine is paused and its registration current
-  bool refused_ = false;       // stale registration: refused, the engine resumed (or never paused)
-  absl::Time paused_at_;
-};
-
-// One commit: handed out by StartCommit, run by RunCommit on a worker thread, ended by
-// FinishCommit on the loop thread.
-class Commit {
- public:
-  uint64_t session_id() const { return session_id_; }
-  // NodeOptions::resume_on_loop: RunCommit returned with the engine's memory written and its
-  // resume still to send (Node::StartLoopResume, or Node::RunResume on a worker thread).
-  bool resume_pending() const { return resume_pending_; }
-
- private:
-  friend class Node;
-  uint64_t session_id_ = 0;
-  Session* session_ = nullptr;
-  std::shared_ptr<EngineRecord> engine_;
-  const FailpointSet* failpoints_ = nullptr;
-  const NodeHooks* hooks_ = nullptr;
-  absl::Duration pause_timeout_, resume_timeout_;
-  uint64_t from_version_ = 0;
-  std::string from_tag_, to_tag_;
-  bool dirty_at_start_ = false;
-  bool verify_ = false;
-  uint64_t generation_ = 0;    // the engine's storage generation the commit writes into
-  bool asleep_ = false;        // the engine slept when the commit started: validate, then wait for wake
-  bool refuse_asleep_ = false; // ... or refuse (engine.asleep_refits: refuse)
-  bool woken_ = false;         // the commit of a refit staged while the engine slept: from prepare on
-  bool direct_ = false;        // staging: direct: the engine is paused since direct_since_ (no pause here)
-  absl::Time direct_since_;
-  bool resume_on_loop_ = false;  // NodeOptions::resume_on_loop
-  bool resume_pending_ = false;  // RunCommit left the resume (of to_version) to its caller
-  absl::Time pause_start_;       // the window's start (pause_ms)
-
-  // Set by RunCommit.
-  Outcome outcome_ = Outcome::kFailed;
-  EndCause cause_ = EndCause::kInternal;
-  std::string reason_;
-  bool engine_dirty_ = false;      // the copy started and did not finish: the engine stays paused
-  bool engine_version_set_ = false;  // the engine holds to_version's bytes
-  bool verify_mismatch_ = false;     // verify_after_commit found engine bytes unlike the staged ones
-  bool stage_only_ = false;          // a stage-only session: validate, then hold
-  bool keep_ = false;                // hold > 0 and a full refit: its staging is kept after the session
-  uint64_t staged_checksum_ = 0;     // stage-only: the version's checksum
-  // A commit of a version kept in staging (commit by tag, rollback): no session.
-  std::shared_ptr<StagedVersion> held_;
-  bool rollback_ = false;
-  PhaseTimes times_;
 };
 
 class Node {
@@ -365,63 +211,48 @@ class Node {
   // Shutting down: ends a session that is not committing. Returns true while a commit runs.
   bool Shutdown();
 
-  // The commit of the active session: StartCommit (loop) → RunCommit (worker) → FinishCommit
-  // (loop). A session has at most one commit.
+  // The commit of the active session: StartCommit (loop) → Commit::Run (worker) → FinishCommit
+  // (loop); with NodeOptions::resume_on_loop, Commit::StartLoopResume (loop) or RunResume (worker)
+  // between the last two. A session has at most one commit.
   absl::StatusOr<std::shared_ptr<Commit>> StartCommit(uint64_t session_id);
+  // Ends the session with the commit's outcome; returns the report (also last_report()).
+  const RefitReport& FinishCommit(Commit& commit);
+
   // staging: direct (BeginResult::pause_first): the pause of session `session_id`'s engine,
-  // StartDirectPause (loop) → RunDirectPause (worker: refitd's audit of its mappings, the pause
+  // StartDirectPause (loop) → DirectPause::Run (worker: refitd's audit of its mappings, the pause
   // and the engine's own audit) → FinishDirectPause (loop): OK once the engine is paused and the
   // session converts in place; otherwise the session has ended (the engine untouched) and the
   // status says why (the begin's answer).
-  // `early`: the pause StartEarlyPause began for this begin request (RunDirectPause already
-  // started on it), adopted by the session instead of a new one.
+  // `early`: the pause StartEarlyPause began for this begin request, adopted by the session
+  // instead of a new one.
   absl::StatusOr<std::shared_ptr<DirectPause>> StartDirectPause(uint64_t session_id,
                                                                 std::shared_ptr<DirectPause> early = nullptr);
-  static void RunDirectPause(DirectPause& pause);
-  absl::Status FinishDirectPause(DirectPause& pause);
-  // staging: direct: the engine's pause begun as a begin request arrives, before its manifest is
-  // decoded and planned, which it then overlaps (a Llama-8B manifest: ~0.9 ms of decode and
+  absl::Status FinishDirectPause(const std::shared_ptr<DirectPause>& pause);
+  // staging: direct: the engine's pause requested as a begin request arrives, before its manifest
+  // is decoded and planned, which it then overlaps (a Llama-8B manifest: ~0.9 ms of decode and
   // planning against a ~0.7 ms pause). Only for a manifest like the last one that converted in
   // place into this engine registration (`manifest_key`: a hash of what placement depends on,
   // NotePlacing), as in an RL loop's steady state: the first refit, and any other manifest, pause
   // after planning as before. nullptr otherwise, or when no session could convert in place now (a
   // session or a kept version's commit active, the engine asleep or unresponsive). The caller
-  // waits for its answer (WhenEarlyPauseAnswered) and takes it on the loop (TakeAnsweredEarlyPause)
-  // or, when that refuses, runs RunDirectPause on it; then either Begin's session adopts it
-  // (StartDirectPause) or, when
-  // the begin failed or placed nothing, it is undone before the begin is answered:
-  // StartUndoEarlyPause (loop), RunUndoEarlyPause (worker: the engine resumed at the version it
-  // holds, unless it was dirty), FinishUndoEarlyPause (loop). Begins are refused as busy while an
-  // undo runs.
+  // waits for its answer (EnginePause::WhenAnswered) and takes it on the loop
+  // (DirectPause::TakeAnswered) or, when that refuses, runs DirectPause::Run on a worker; then
+  // either Begin's session adopts it (StartDirectPause) or, when the begin failed or placed
+  // nothing, it is undone before the begin is answered: StartUndoEarlyPause (loop),
+  // EnginePause::Undo (worker: the engine resumed at the version it holds, unless it was dirty),
+  // FinishUndoEarlyPause (loop). Begins are refused as busy while an undo runs.
   std::shared_ptr<DirectPause> StartEarlyPause(uint64_t manifest_key);
   // A begin arrived: the engine's converter wakes its GPU (Converter::Warm) while the begin is
   // decoded and planned and the engine pauses. Loop thread.
   void WarmConverter();
-  // Loop thread: `then` runs once an early pause's request has an outcome (answered, failed or
-  // timed out: EngineControl::WhenPauseAnswered).
-  static void WhenEarlyPauseAnswered(DirectPause& pause, std::function<void()> then);
-  // Loop thread, after WhenEarlyPauseAnswered's `then`: settles the early pause as RunDirectPause
-  // would, without blocking, when the engine paused in time with nothing stale (true); false
-  // otherwise, and RunDirectPause (worker) settles it.
-  static bool TakeAnsweredEarlyPause(DirectPause& pause);
   // Begin's session converts in place (BeginResult::pause_first) for a manifest of `manifest_key`.
   void NotePlacing(uint64_t manifest_key);
   // From StartEarlyPause (a pause was returned) to EndEarlyWindow, which the caller calls right
   // before its Begin: other begins are refused as busy and start no early pause.
   void EndEarlyWindow() { early_window_ = false; }
   void StartUndoEarlyPause() { ++early_undoing_; }
-  static void RunUndoEarlyPause(DirectPause& pause);
   void FinishUndoEarlyPause() { --early_undoing_; }
   bool undoing_early_pause() const { return early_undoing_ > 0; }
-  static void RunCommit(Commit& commit);
-  // After a RunCommit that left the resume pending (Commit::resume_pending): on the loop thread,
-  // sends the resume through the engine's EngineControl::StartResume and runs `done` there once
-  // the commit has its outcome (then FinishCommit); false, sending nothing, when the control
-  // cannot resume from this thread: RunResume (worker thread, blocking) then.
-  static bool StartLoopResume(const std::shared_ptr<Commit>& commit, std::function<void()> done);
-  static void RunResume(Commit& commit);
-  // Ends the session with the commit's outcome; returns the report (also last_report()).
-  const RefitReport& FinishCommit(Commit& commit);
 
   // hold > 0: the commit of the held version `tag` (NotFound naming the held tags otherwise), or
   // of the previous committed version (rollback; FailedPrecondition when none is staged). Run
@@ -430,8 +261,8 @@ class Node {
   absl::StatusOr<std::shared_ptr<Commit>> StartVersionCommit(const std::string& tag);
   absl::StatusOr<std::shared_ptr<Commit>> StartRollback();
   // Held, current and previous versions in staging, held first, then current, then previous.
-  std::vector<VersionInfo> Versions() const;
-  uint64_t versions_bytes() const;
+  std::vector<VersionInfo> Versions() const { return versions_.List(); }
+  uint64_t versions_bytes() const { return versions_.bytes(); }
   // A commit by tag or rollback is in flight (a session's commit waits for it).
   bool version_committing() const { return version_commit_ != nullptr; }
 
@@ -500,10 +331,10 @@ class Node {
     // Validated while the engine slept: waits for Wake, which commits it from the prepare step.
     bool awaiting_wake = false;
     // staging: direct: where the session's tensors go in the engine (empty: nothing to place, a
-    // staged session), and whether the engine is paused for it (since when).
+    // staged session), and the pause the engine is paused by for it (null until then, and once the
+    // commit settled it).
     std::shared_ptr<const Placement> placement;
-    bool direct_paused = false;
-    absl::Time direct_since;
+    std::shared_ptr<DirectPause> direct_pause;
     PhaseTimes staged_times;
     uint64_t staged_checksum = 0;
   };
@@ -517,17 +348,16 @@ class Node {
   uint64_t NewSessionId();
   // `proposed` (a trainer's choice) when it is no recent session's, else an error; 0: NewSessionId.
   absl::StatusOr<uint64_t> TakeSessionId(uint64_t proposed);
-  // Keeps the active session's staging as a version in `state` (End, before the session goes).
-  void KeepActive(StagedVersion::State state, uint64_t checksum);
-  // A version of `state`, or null.
-  std::shared_ptr<StagedVersion> Find(StagedVersion::State state) const;
-  void Drop(const std::shared_ptr<StagedVersion>& v);
+  // The active session's staging as a version in `state` (End, before the session goes).
+  std::shared_ptr<StagedVersion> TakeActiveStaging(StagedVersion::State state, uint64_t checksum);
   // A commit of a kept version, checked and set up; `rollback` for the report's reason.
   absl::StatusOr<std::shared_ptr<Commit>> StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback);
   const RefitReport& FinishVersionCommit(Commit& commit);
   // The commit's outcome applied to its engine record (and each of its ranks): dirty, version,
   // tag, verify mismatches. FinishCommit and FinishVersionCommit both start with it.
-  void ApplyCommitOutcome(Commit& commit);
+  void ApplyCommitOutcome(const Commit& commit);
+  // A refit validated while the engine sleeps: its session waits for the wake (FinishCommit).
+  const RefitReport& AwaitWake(const CommitResult& result);
   // Engine ranks (node_ranks.cc).
   absl::StatusOr<uint64_t> RegisterRank(EngineSetup setup);
   absl::Status CheckRank(const EngineSetup& setup) const;
@@ -535,14 +365,10 @@ class Node {
   absl::Status BuildGroup();
   // "no engine is registered" naming the ranks missing, for Begin and Ready.
   std::string MissingRanks() const;
+  // What every commit of the registered engine shares (timeouts, hooks, failpoints, verify).
+  CommitSetup CommitBase(std::shared_ptr<EngineRecord> engine) const;
   // A commit of the active session (StartCommit, Wake).
-  std::shared_ptr<Commit> NewSessionCommit();
-  // Before the pause: the registration the commit writes into is the one it started with and
-  // refitd's own mappings are not stale (EngineStorage::Audit); the engine's own audit comes with
-  // its pause (EngineControl::PausedStale). Runs on the commit's worker thread.
-  static absl::Status AuditRegistration(const Commit& c);
-  // The commit's outcome once the engine answered its resume (or did not).
-  static void FinishResume(Commit& c, const absl::Status& resumed);
+  CommitSetup SessionCommitSetup() const;
 
   const NodeOptions options_;
   // The sessions' receiver and converter loops, on threads kept across sessions: a session's
@@ -564,7 +390,7 @@ class Node {
   std::vector<std::shared_ptr<RankRecord>> ranks_;  // by rank; null while not registered
   std::vector<bool> left_dirty_;                    // by rank: left while a commit failed on it
   uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
-  std::vector<std::shared_ptr<StagedVersion>> versions_;
+  VersionStore versions_;
   std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
   uint32_t early_undoing_ = 0;              // early pauses being undone (StartUndoEarlyPause)
   bool early_window_ = false;               // StartEarlyPause returned a pause; its Begin is to come
@@ -576,9 +402,6 @@ class Node {
   bool DirectPossible() const;
   // A pause of `engine` from its state now (no session yet).
   std::shared_ptr<DirectPause> NewDirectPause(std::shared_ptr<EngineRecord> engine) const;
-  // The pool of the last dropped version, its buffers reused by the next session (same keys and
-  // sizes: no allocation). At most one; freed with the engine.
-  std::unique_ptr<StagingPool> spare_pool_;
   std::deque<uint64_t> recent_session_ids_;  // the last kRecentSessionIds, oldest first
   static constexpr size_t kRecentSessionIds = 64;
   std::random_device entropy_;

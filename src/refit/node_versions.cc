@@ -1,25 +1,12 @@
-// Node's versions kept in staging (hold: K, docs/versions.md): keeping a session's staging as a
-// version, dropping and listing versions, and the commits of kept versions (by tag, rollback).
-// Loop thread only, like the rest of Node.
-#include <algorithm>
-
+// Node's side of the versions kept in staging (hold: K, docs/versions.md): a session's staging
+// kept as a version, and the commits of kept versions (by tag, rollback). What is kept, and what
+// gives way, is VersionStore's. Loop thread only, like the rest of Node.
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "refit/manifest_check.h"
 #include "refit/node.h"
 
 namespace refit {
 
-const char* StagedVersionStateName(StagedVersion::State state) {
-  switch (state) {
-    case StagedVersion::State::kHeld: return "held";
-    case StagedVersion::State::kCurrent: return "current";
-    case StagedVersion::State::kPrevious: return "previous";
-  }
-  return "held";
-}
-
-void Node::KeepActive(StagedVersion::State state, uint64_t checksum) {
+std::shared_ptr<StagedVersion> Node::TakeActiveStaging(StagedVersion::State state, uint64_t checksum) {
   auto v = std::make_shared<StagedVersion>();
   v->state = state;
   v->tag = active_->tag;
@@ -31,66 +18,19 @@ void Node::KeepActive(StagedVersion::State state, uint64_t checksum) {
   v->pool = std::move(active_->own_pool);
   v->bytes = v->staging->bytes();
   active_->staging_taken = true;
-  versions_.push_back(std::move(v));
-}
-
-std::shared_ptr<StagedVersion> Node::Find(StagedVersion::State state) const {
-  for (const auto& v : versions_) {
-    if (v->state == state) return v;
-  }
-  return nullptr;
-}
-
-void Node::Drop(const std::shared_ptr<StagedVersion>& v) {
-  versions_.erase(std::remove(versions_.begin(), versions_.end(), v), versions_.end());
-  if (v.use_count() == 1 && v->pool != nullptr) {
-    // Only the caller holds it now (no commit in flight uses it): its buffers serve the next
-    // session instead of being freed and allocated again.
-    v->staging.reset();
-    spare_pool_ = std::move(v->pool);
-  }
-  NotifySession();
-}
-
-uint64_t Node::versions_bytes() const {
-  uint64_t bytes = 0;
-  for (const auto& v : versions_) bytes += v->bytes;
-  return bytes;
-}
-
-std::vector<VersionInfo> Node::Versions() const {
-  std::vector<VersionInfo> out;
-  for (StagedVersion::State state :
-       {StagedVersion::State::kHeld, StagedVersion::State::kCurrent, StagedVersion::State::kPrevious}) {
-    for (const auto& v : versions_) {
-      if (v->state != state) continue;
-      out.push_back({v->tag, StagedVersionStateName(v->state), v->version, v->bytes, v->checksum, v->session_id});
-    }
-  }
-  return out;
+  return v;
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::StartVersionCommit(const std::string& tag) {
-  if (options_.hold == 0) return absl::FailedPreconditionError("this daemon holds no versions (config hold: 0)");
-  std::vector<std::string> held;
-  for (const auto& v : versions_) {
-    if (v->state != StagedVersion::State::kHeld) continue;
-    if (v->tag == tag) return StartKeptCommit(v, false);
-    held.push_back(v->tag);
-  }
-  return absl::NotFoundError(absl::StrCat("no held version is tagged '", PrintableName(tag), "' (held: ",
-                                          held.empty() ? "none" : absl::StrJoin(held, ", "), ")"));
+  absl::StatusOr<std::shared_ptr<StagedVersion>> held = versions_.Held(tag);
+  if (!held.ok()) return held.status();
+  return StartKeptCommit(*std::move(held), false);
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::StartRollback() {
-  if (options_.hold == 0) return absl::FailedPreconditionError("this daemon holds no versions (config hold: 0)");
-  std::shared_ptr<StagedVersion> previous = Find(StagedVersion::State::kPrevious);
-  if (previous == nullptr) {
-    return absl::FailedPreconditionError(
-        "nothing to roll back to: the version committed before the current one is not staged (none was, or "
-        "staging needed its memory)");
-  }
-  return StartKeptCommit(previous, true);
+  absl::StatusOr<std::shared_ptr<StagedVersion>> previous = versions_.Previous();
+  if (!previous.ok()) return previous.status();
+  return StartKeptCommit(*std::move(previous), true);
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback) {
@@ -104,59 +44,44 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<St
   if (engine_->asleep) {
     return absl::FailedPreconditionError("the engine is asleep: commit a kept version after it wakes");
   }
-  auto commit = std::make_shared<Commit>();
-  commit->generation_ = engine_->generation;
-  commit->session_id_ = v->session_id;
-  commit->engine_ = engine_;
-  commit->failpoints_ = options_.failpoints;
-  commit->hooks_ = &hooks_;
-  commit->pause_timeout_ = options_.pause_timeout;
-  commit->resume_timeout_ = options_.resume_timeout;
-  commit->resume_on_loop_ = options_.resume_on_loop;
-  commit->from_version_ = engine_->version;
-  commit->from_tag_ = engine_->tag;
-  commit->to_tag_ = v->tag;
-  commit->dirty_at_start_ = engine_->dirty;
-  commit->verify_ = options_.verify_after_commit;
-  commit->held_ = std::move(v);
-  commit->rollback_ = rollback;
-  commit->staged_checksum_ = commit->held_->checksum;
-  version_commit_ = commit;
-  return commit;
+  CommitSetup setup = CommitBase(engine_);
+  setup.session_id = v->session_id;
+  setup.to_tag = v->tag;
+  setup.staged_checksum = v->checksum;
+  setup.held = std::move(v);
+  setup.rollback = rollback;
+  version_commit_ = std::make_shared<Commit>(std::move(setup));
+  return version_commit_;
 }
 
 const RefitReport& Node::FinishVersionCommit(Commit& c) {
   ApplyCommitOutcome(c);
-  const EngineRecord& engine = *c.engine_;
+  const CommitSetup& setup = c.setup();
+  const CommitResult& result = c.result();
+  const StagedVersion& held = *setup.held;
+  const EngineRecord& engine = *setup.engine;
   RefitReport r;
-  r.session_id = c.held_->session_id;
-  r.tag = c.held_->tag;
-  r.outcome = c.outcome_;
-  r.cause = c.outcome_ == Outcome::kCommitted ? EndCause::kNone : c.cause_;
-  r.reason = c.reason_;
-  if (c.outcome_ == Outcome::kCommitted) {
-    r.reason = c.rollback_ ? absl::StrCat("rolled back to the version tagged '", c.held_->tag, "'")
-                           : absl::StrCat("committed the held version '", c.held_->tag, "'");
+  r.session_id = held.session_id;
+  r.tag = held.tag;
+  r.outcome = result.outcome;
+  r.cause = result.outcome == Outcome::kCommitted ? EndCause::kNone : result.cause;
+  r.reason = result.reason;
+  if (result.outcome == Outcome::kCommitted) {
+    r.reason = setup.rollback ? absl::StrCat("rolled back to the version tagged '", held.tag, "'")
+                              : absl::StrCat("committed the held version '", held.tag, "'");
   }
-  r.version = c.outcome_ == Outcome::kCommitted ? engine.version : 0;
-  r.bytes_out = c.held_->bytes;
-  r.tensors = c.held_->tensors;
-  r.times = c.times_;
-  r.times.total_ms = c.times_.prepare_ms + c.times_.pause_ms + c.times_.verify_ms;
-  switch (c.outcome_) {
+  r.version = result.outcome == Outcome::kCommitted ? engine.version : 0;
+  r.bytes_out = held.bytes;
+  r.tensors = held.tensors;
+  r.times = result.times;
+  r.times.total_ms = result.times.prepare_ms + result.times.pause_ms + result.times.verify_ms;
+  switch (result.outcome) {
     case Outcome::kCommitted: ++committed_; break;
     case Outcome::kRefused: ++refused_; break;
     default: ++aborted_; break;
   }
-  if (c.outcome_ == Outcome::kCommitted && engine_.get() == &engine) {
-    // The engine serves this version now: it is the current one, the one it replaced the previous.
-    std::shared_ptr<StagedVersion> old_current = Find(StagedVersion::State::kCurrent);
-    std::shared_ptr<StagedVersion> old_previous = Find(StagedVersion::State::kPrevious);
-    if (old_previous != nullptr && old_previous != c.held_) Drop(old_previous);
-    if (old_current != nullptr) old_current->state = StagedVersion::State::kPrevious;
-    c.held_->state = StagedVersion::State::kCurrent;
-    c.held_->version = r.version;
-  }
+  // The engine serves this version now: it is the current one, the one it replaced the previous.
+  if (result.outcome == Outcome::kCommitted && engine_.get() == &engine) versions_.KeptCommitted(setup.held, r.version);
   version_commit_.reset();
   last_report_ = r;
   if (hooks_.on_log) hooks_.on_log(r);

@@ -287,16 +287,16 @@ class RegistrationImpl final : public proto::Registration::Server {
 template <typename Context>
 kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context) {
   DaemonState* state = &state_ref;
-  auto done = state->blocking.Run([commit] { Node::RunCommit(*commit); })
+  auto done = state->blocking.Run([commit] { commit->Run(); })
                   .then([state, commit]() -> kj::Promise<void> {
                     if (!commit->resume_pending()) return kj::READY_NOW;
                     // The engine's resume goes out from here, and its answer is taken here.
                     auto resumed = kj::newPromiseAndFulfiller<void>();
                     auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<void>>>(kj::mv(resumed.fulfiller));
-                    if (Node::StartLoopResume(commit, [fulfiller] { (*fulfiller)->fulfill(); })) {
+                    if (Commit::StartLoopResume(commit, [fulfiller] { (*fulfiller)->fulfill(); })) {
                       return kj::mv(resumed.promise);
                     }
-                    return state->blocking.Run([commit] { Node::RunResume(*commit); });
+                    return state->blocking.Run([commit] { commit->RunResume(); });
                   })
                   .then([state, commit] {
                     state->node.FinishCommit(*commit);
@@ -685,7 +685,7 @@ class DaemonImpl final : public proto::Daemon::Server {
       if (early_ == nullptr) return;
       std::shared_ptr<DirectPause> early = std::move(early_);
       state_->node.EndEarlyWindow();
-      state_->tasks.add(UndoEarlyPause(state_, early, state_->blocking.Run([early] { Node::RunDirectPause(*early); }),
+      state_->tasks.add(UndoEarlyPause(state_, early, state_->blocking.Run([early] { early->Run(); }),
                                        "its begin was dropped"));
     }
 
@@ -694,12 +694,13 @@ class DaemonImpl final : public proto::Daemon::Server {
     std::shared_ptr<DirectPause> early_;
   };
 
-  // An early pause not taken: once its RunDirectPause (`paused`) returned, the engine is resumed
-  // unless it was dirty (Node::StartUndoEarlyPause ... FinishUndoEarlyPause; begins are busy meanwhile).
+  // An early pause not taken: once its DirectPause::Run (`paused`) returned, the engine is resumed
+  // unless it was dirty (Node::StartUndoEarlyPause, EnginePause::Undo, Node::FinishUndoEarlyPause;
+  // begins are busy meanwhile).
   static kj::Promise<void> UndoEarlyPause(DaemonState* state, std::shared_ptr<DirectPause> early,
                                           kj::Promise<void> paused, std::string reason) {
     state->node.StartUndoEarlyPause();
-    return paused.then([state, early] { return state->blocking.Run([early] { Node::RunUndoEarlyPause(*early); }); })
+    return paused.then([state, early] { return state->blocking.Run([early] { early->pause().Undo(); }); })
         .then([state, reason = std::move(reason)] {
           state->node.FinishUndoEarlyPause();
           state->Changed();
@@ -708,22 +709,22 @@ class DaemonImpl final : public proto::Daemon::Server {
   }
 
   // An early pause's outcome: taken on this thread once the engine answered, when it paused in
-  // time with nothing stale (no worker thread, no hop back); otherwise by RunDirectPause on a
+  // time with nothing stale (no worker thread, no hop back); otherwise by DirectPause::Run on a
   // worker thread, which takes the same answer.
   static kj::Promise<void> SettleEarlyPause(DaemonState* state, std::shared_ptr<DirectPause> early) {
     auto answered = kj::newPromiseAndFulfiller<void>();
     auto fulfiller = std::make_shared<kj::Own<kj::PromiseFulfiller<void>>>(kj::mv(answered.fulfiller));
-    Node::WhenEarlyPauseAnswered(*early, [fulfiller] { (*fulfiller)->fulfill(); });
+    early->pause().WhenAnswered([fulfiller] { (*fulfiller)->fulfill(); });
     auto settle = [state, early]() -> kj::Promise<void> {
-      if (Node::TakeAnsweredEarlyPause(*early)) return kj::READY_NOW;
-      return state->blocking.Run([early] { Node::RunDirectPause(*early); });
+      if (early->TakeAnswered()) return kj::READY_NOW;
+      return state->blocking.Run([early] { early->Run(); });
     };
     auto on_error = [settle](kj::Exception&&) { return settle(); };
     return answered.promise.then(kj::mv(settle), kj::mv(on_error));
   }
 
   // The begin's decode and planning (Node::Begin), then the rest (Begun); `early`: its early
-  // pause (RunDirectPause not started yet), or nullptr. `kept`: the tensor list of a begin by
+  // pause (DirectPause::Run not started yet), or nullptr. `kept`: the tensor list of a begin by
   // manifest key; else the manifest's own, kept for later begins when `tensors` says so.
   static kj::Promise<void> Plan(DaemonState* state, BeginContext context, absl::Time requested, uint64_t key,
                                 std::shared_ptr<DirectPause> early, ManifestTensors tensors,
@@ -772,7 +773,7 @@ class DaemonImpl final : public proto::Daemon::Server {
   }
 
   // The rest of a begin that Node::Begin accepted. `early`/`paused`: the early pause and its
-  // RunDirectPause (staging: direct), or nullptr.
+  // DirectPause::Run (staging: direct), or nullptr.
   static kj::Promise<void> Begun(DaemonState* state, BeginContext context, const Manifest& m,
                                  const BeginResult& begun_result, std::shared_ptr<DirectPause> early,
                                  kj::Promise<void> paused) {
@@ -811,7 +812,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     absl::StatusOr<std::shared_ptr<DirectPause>> pause = state->node.StartDirectPause(id, std::move(early));
     if (!pause.ok()) {
       if (adopted != nullptr) {
-        // The early pause is settled all the same (its RunDirectPause must finish first).
+        // The early pause is settled all the same (its DirectPause::Run must finish first).
         state->tasks.add(UndoEarlyPause(state, adopted, kj::mv(paused), std::string(pause.status().message())));
       }
       return Answer(context, pause.status());
@@ -819,10 +820,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     std::shared_ptr<DirectPause> p = *pause;
     auto status = std::make_shared<absl::Status>();
     const bool early_pause = adopted != nullptr;
-    kj::Promise<void> run = early_pause ? kj::mv(paused) : state->blocking.Run([p] { Node::RunDirectPause(*p); });
+    kj::Promise<void> run = early_pause ? kj::mv(paused) : state->blocking.Run([p] { p->Run(); });
     auto done = run.then([state, p, status, id, early_pause] {
                       TracePoint("daemon.engine_paused");
-                      *status = state->node.FinishDirectPause(*p);
+                      *status = state->node.FinishDirectPause(p);
                       LogEvent(status->ok() ? LogLevel::kInfo : LogLevel::kWarn, "engine_paused_for_direct")
                           .Add("session", id)
                           .Add("early", early_pause)

@@ -146,7 +146,7 @@ class NodeRanksTest : public ::testing::Test {
     EXPECT_TRUE(node_->Announce(begun->session_id, h).ok());
     absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(begun->session_id);
     EXPECT_TRUE(c.ok()) << c.status();
-    Node::RunCommit(**c);
+    (*c)->Run();
     return node_->FinishCommit(**c);
   }
   // The sent bytes of tensor `index` of the last refit.

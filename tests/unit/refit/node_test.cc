@@ -219,7 +219,7 @@ class NodeTest : public ::testing::Test {
   const RefitReport& CommitNow(uint64_t session) {
     absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(session);
     EXPECT_TRUE(c.ok()) << c.status();
-    Node::RunCommit(**c);
+    (*c)->Run();
     return node_->FinishCommit(**c);
   }
 
@@ -252,7 +252,7 @@ class NodeTest : public ::testing::Test {
     absl::StatusOr<std::shared_ptr<Commit>> c = tag.empty() ? node_->StartRollback() : node_->StartVersionCommit(tag);
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return node_->last_report();
-    Node::RunCommit(**c);
+    (*c)->Run();
     return node_->FinishCommit(**c);
   }
   std::vector<std::string> VersionList() const {
@@ -658,7 +658,7 @@ TEST_F(NodeTest, ANewRefitIsReceivedWhileAHeldVersionCommits) {
   ASSERT_NE(session, 0u);
   // ... but its commit is refused until the held one is done.
   EXPECT_EQ(node_->StartCommit(session).status().code(), absl::StatusCode::kUnavailable);
-  Node::RunCommit(**held);
+  (*held)->Run();
   EXPECT_EQ(node_->FinishCommit(**held).outcome, Outcome::kCommitted);
   EXPECT_EQ(EngineBytes(), a);
   EXPECT_TRUE(node_->session_active());
@@ -738,7 +738,7 @@ TEST_F(NodeTest, EngineLeavingDuringTheCommitIsAnOutcomeAndANewEngineMayRegister
   const uint64_t session = Send(Payload(7), kParams);
   absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(session);
   ASSERT_TRUE(c.ok());
-  std::thread worker([&] { Node::RunCommit(**c); });
+  std::thread worker([&] { (*c)->Run(); });
   // Inside the window the engine's registration goes away, and another engine registers.
   while (!control->pause_called) absl::SleepFor(absl::Milliseconds(1));
   node_->UnregisterEngine(id);
@@ -838,7 +838,7 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
     const uint64_t id = Send(Payload(seed), kParams, false, absl::StrCat("step-", static_cast<int>(seed)));
     absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(id);
     EXPECT_TRUE(c.ok()) << c.status();
-    Node::RunCommit(**c);
+    (*c)->Run();
     EXPECT_TRUE((*c)->resume_pending());
     EXPECT_EQ(EngineBytes(), Payload(seed));  // written in the window, before the resume
     return *c;
@@ -846,7 +846,7 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
   std::shared_ptr<Commit> c = commit_until_resume(1);
   control->resumes_on_loop = true;
   bool done = false;
-  ASSERT_TRUE(Node::StartLoopResume(c, [&] { done = true; }));
+  ASSERT_TRUE(Commit::StartLoopResume(c, [&] { done = true; }));
   EXPECT_FALSE(done);
   EXPECT_EQ(control->calls.back(), "resume:1:loop");
   EXPECT_EQ(control->tags.back(), "step-1");
@@ -858,7 +858,7 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
   EXPECT_EQ(node_->version(), 1u);
   // Unanswered in time: the commit fails naming the resume; the engine holds the new version.
   c = commit_until_resume(2);
-  ASSERT_TRUE(Node::StartLoopResume(c, [] {}));
+  ASSERT_TRUE(Commit::StartLoopResume(c, [] {}));
   control->AnswerResume(absl::DeadlineExceededError("no answer"));
   const RefitReport& late = node_->FinishCommit(*c);
   EXPECT_EQ(late.outcome, Outcome::kFailed);
@@ -867,9 +867,9 @@ TEST_F(NodeTest, TheResumeOnTheLoopFinishesTheCommitWhenTheEngineAnswers) {
   control->resumes_on_loop = false;
   c = commit_until_resume(3);
   const size_t calls = control->calls.size();
-  EXPECT_FALSE(Node::StartLoopResume(c, [] { ADD_FAILURE() << "not to be called"; }));
+  EXPECT_FALSE(Commit::StartLoopResume(c, [] { ADD_FAILURE() << "not to be called"; }));
   EXPECT_EQ(control->calls.size(), calls);
-  Node::RunResume(*c);
+  c->RunResume();
   EXPECT_EQ(control->calls.back(), "resume:3");
   EXPECT_EQ(node_->FinishCommit(*c).outcome, Outcome::kCommitted);
   EXPECT_EQ(node_->version(), 3u);
@@ -1059,7 +1059,7 @@ TEST_F(NodeTest, RefitWhileAsleepIsStagedAndCommitsAtTheWakeAtNewAddresses) {
   ASSERT_TRUE(woken.ok()) << woken.status();
   ASSERT_NE(*woken, nullptr);
   EXPECT_FALSE(node_->asleep());
-  Node::RunCommit(**woken);
+  (*woken)->Run();
   const RefitReport& r = node_->FinishCommit(**woken);
   EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
   EXPECT_EQ(r.session_id, id);
@@ -1080,7 +1080,7 @@ TEST_F(NodeTest, WakeAtTheSameAddressesCommitsTheStagedRefit) {
   EXPECT_EQ(CommitNow(Send(payload, kParams)).outcome, Outcome::kStaged);
   absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(engine, ShmStorageIn(region_name_));
   ASSERT_TRUE(woken.ok() && *woken != nullptr) << woken.status();
-  Node::RunCommit(**woken);
+  (*woken)->Run();
   EXPECT_EQ(node_->FinishCommit(**woken).outcome, Outcome::kCommitted);
   EXPECT_EQ(EngineBytes(), payload);
   // Sleep and wake with nothing staged: no commit.
@@ -1169,8 +1169,8 @@ class DirectNodeTest : public NodeTest {
     EXPECT_TRUE(begun->pause_first);
     absl::StatusOr<std::shared_ptr<DirectPause>> pause = node_->StartDirectPause(begun->session_id);
     if (!pause.ok()) return pause.status();
-    Node::RunDirectPause(**pause);
-    if (absl::Status st = node_->FinishDirectPause(**pause); !st.ok()) return st;
+    (*pause)->Run();
+    if (absl::Status st = node_->FinishDirectPause(*pause); !st.ok()) return st;
     return begun->session_id;
   }
   // Sends `tensors` of `payload` in one bucket and waits until it is converted.
@@ -1226,8 +1226,8 @@ TEST_F(DirectNodeTest, ABucketAnnouncedBeforeThePauseIsConvertedIntoTheEngineAft
   EXPECT_THAT(control->calls, ::testing::IsEmpty());
   absl::StatusOr<std::shared_ptr<DirectPause>> pause = node_->StartDirectPause(begun->session_id);
   ASSERT_TRUE(pause.ok()) << pause.status();
-  Node::RunDirectPause(**pause);
-  ASSERT_TRUE(node_->FinishDirectPause(**pause).ok());
+  (*pause)->Run();
+  ASSERT_TRUE(node_->FinishDirectPause(*pause).ok());
   for (int i = 0; i < 5000 && converted_.load() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_GT(converted_.load(), 0) << "the bucket was not converted after the pause";
   EXPECT_EQ(EngineBytes(), p);
@@ -1260,7 +1260,7 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   EXPECT_EQ(node_->StartEarlyPause(kKey), nullptr) << "one early pause at a time";
   EXPECT_EQ(node_->Begin(ManifestOf(kParams), absl::Now()).status().code(), absl::StatusCode::kUnavailable)
       << "another begin while this one's planning is to come";
-  Node::RunDirectPause(*early);
+  early->Run();
   node_->EndEarlyWindow();
   absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
   ASSERT_TRUE(begun.ok()) << begun.status();
@@ -1269,7 +1269,7 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   absl::StatusOr<std::shared_ptr<DirectPause>> adopted = node_->StartDirectPause(begun->session_id, early);
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   EXPECT_EQ(*adopted, early);
-  ASSERT_TRUE(node_->FinishDirectPause(**adopted).ok());
+  ASSERT_TRUE(node_->FinishDirectPause(*adopted).ok());
   const std::vector<uint8_t> p = Payload(4);
   SendBucket(begun->session_id, p, kParams);
   EXPECT_EQ(CommitNow(begun->session_id).version, 2u);
@@ -1279,7 +1279,7 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   // Not taken: the begin is refused (another model); the engine resumes untouched at version 2.
   early = node_->StartEarlyPause(kKey);
   ASSERT_NE(early, nullptr);
-  Node::RunDirectPause(*early);
+  early->Run();
   node_->EndEarlyWindow();
   Manifest other = ManifestOf(kParams);
   other.model = "another";
@@ -1288,7 +1288,7 @@ TEST_F(DirectNodeTest, AnEarlyPauseIsAdoptedOrUndone) {
   absl::StatusOr<BeginResult> meanwhile = node_->Begin(ManifestOf(kParams), absl::Now());
   EXPECT_EQ(meanwhile.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(meanwhile.status().message(), HasSubstr("being resumed after a refused begin"));
-  Node::RunUndoEarlyPause(*early);
+  early->pause().Undo();
   node_->FinishUndoEarlyPause();
   EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1", "pause", "resume:2", "pause", "resume:2"));
   EXPECT_EQ(EngineBytes(), p);
@@ -1322,7 +1322,7 @@ TEST_F(DirectNodeTest, AfterAWakeTheSameManifestPausesEarlyAndPlacesAtTheNewMapp
 
   std::shared_ptr<DirectPause> early = node_->StartEarlyPause(kKey);
   ASSERT_NE(early, nullptr) << "the same manifest into the same registration, woken";
-  Node::RunDirectPause(*early);
+  early->Run();
   node_->EndEarlyWindow();
   absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
   ASSERT_TRUE(begun.ok()) << begun.status();
@@ -1334,7 +1334,7 @@ TEST_F(DirectNodeTest, AfterAWakeTheSameManifestPausesEarlyAndPlacesAtTheNewMapp
   EXPECT_EQ(after->size(), static_cast<size_t>(kParams));
   absl::StatusOr<std::shared_ptr<DirectPause>> adopted = node_->StartDirectPause(begun->session_id, early);
   ASSERT_TRUE(adopted.ok()) << adopted.status();
-  ASSERT_TRUE(node_->FinishDirectPause(**adopted).ok());
+  ASSERT_TRUE(node_->FinishDirectPause(*adopted).ok());
   SendBucket(begun->session_id, Payload(4), kParams);
   const RefitReport& r = CommitNow(begun->session_id);
   EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
