@@ -176,8 +176,9 @@ class TrainerClient:
                 tag=None, stage_only: bool = False, wire_format: str = "bf16") -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
         names, dtypes and shapes only; a value may also be a (dtype, shape) pair, the dtype a torch
-        dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitUnavailable while
-        another session is open.
+        dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitBusy while
+        another session is open, RefitUnavailable without an engine, RefitEngineDirty for a partial
+        refit of a dirty engine.
 
         In a multi-rank refit the manifest lists every tensor of the refit, whole (the full
         shape of sliced tensors), whichever rank pushes it.

@@ -708,6 +708,36 @@ TEST(CApiTest, AFailedCommitFillsItsReportAndTellsTheDirtyEngine) {
   refit_engine_stop(engine);
 }
 
+// A commit that fails before refitd reports (refitd is gone) still fills the report: outcome
+// "none", no cause, the failure's message as reason.
+TEST(CApiTest, ACommitWithoutRefitdsAnswerFillsAReportOfNoOutcome) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w(32, 1.0f);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2)});
+  ASSERT_NE(s, nullptr);
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128);
+  ASSERT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();  // packed, not sent yet
+  ASSERT_EQ(kill(daemon.pid(), SIGKILL), 0);
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  const int code = refit_session_commit(s, &report);
+  EXPECT_NE(code, REFIT_OK);
+  EXPECT_STREQ(refit_last_cause(), "");
+  EXPECT_STREQ(report.outcome, "none");
+  EXPECT_STREQ(report.cause, "none");
+  EXPECT_EQ(std::string(report.reason), LastError());
+  EXPECT_FALSE(LastError().empty());
+  refit_session_close(s);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
 TEST(CApiTest, BadInputIsRefusedNamingTheField) {
   Refitd daemon;
   Shm shm(512);
