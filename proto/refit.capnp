@@ -32,6 +32,10 @@ enum StatusCode {
 struct Status {
   code @0 :StatusCode;
   message @1 :Text;
+  cause @2 :EndCause;       # why, where refitd knows more than the code says (none otherwise, and from
+                            # daemons older than the field): busy or engineDirty for a refused begin,
+                            # the report's cause for a commit that did not land (engineDirty when it
+                            # left the engine dirty)
 }
 
 # How a session ended, and why (the metric label refit_sessions_total{reason}).
@@ -55,6 +59,9 @@ enum EndCause {
   engineError @7;
   internal @8;
   verifyMismatch @9;       # verify-after-commit read engine bytes that differ from the staged ones
+  # Causes of refusals (Status.cause), never of a session's end:
+  busy @10;                # another session or commit holds refitd: begin again once it ended
+  engineDirty @11;         # the engine's weights may be mixed after a failed commit: only a full refit lands
 }
 
 struct TensorDesc {

@@ -97,7 +97,7 @@ Outcome OutcomeFromWire(proto::Outcome o) {
 
 EndCause CauseFromWire(proto::EndCause c) {
   auto v = static_cast<uint16_t>(c);
-  return v <= static_cast<uint16_t>(EndCause::kVerifyMismatch) ? static_cast<EndCause>(v) : EndCause::kInternal;
+  return v <= static_cast<uint16_t>(EndCause::kEngineDirty) ? static_cast<EndCause>(v) : EndCause::kInternal;
 }
 
 absl::Status FromWire(proto::Status::Reader r) {
@@ -107,7 +107,10 @@ absl::Status FromWire(proto::Status::Reader r) {
   absl::StatusCode c = code <= static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)
                            ? static_cast<absl::StatusCode>(code)
                            : absl::StatusCode::kUnknown;
-  return absl::Status(c, Str(r.getMessage()));
+  // A cause this build does not know (a newer daemon) says nothing more than the code.
+  const auto cause = static_cast<uint16_t>(r.getCause());
+  return WithCause(absl::Status(c, Str(r.getMessage())),
+                   cause <= static_cast<uint16_t>(EndCause::kEngineDirty) ? static_cast<EndCause>(cause) : EndCause::kNone);
 }
 
 void ToWire(const absl::Status& status, proto::Status::Builder b) {
@@ -116,6 +119,7 @@ void ToWire(const absl::Status& status, proto::Status::Builder b) {
   b.setCode(static_cast<proto::StatusCode>(code));
   const std::string message(status.message());
   b.setMessage(Text(message));
+  b.setCause(static_cast<proto::EndCause>(static_cast<uint16_t>(CauseOf(status))));
 }
 
 RefitReport FromWire(proto::RefitReport::Reader r) {

@@ -11,8 +11,9 @@ says how the library is found).
 """
 from .cuda import CudaParam, CudaParams, CudaPtrParam, InPlaceParams
 from .engine import EngineAgent, GatedEngine, InPlaceEngine, ModuleEngine
-from .errors import (RefitAborted, RefitError, RefitInvalidArgument, RefitRefused, RefitUnavailable,
-                     RefitUnimplemented, WeightsDirty)
+from .errors import (RefitAborted, RefitBusy, RefitDataLoss, RefitDeadlineExceeded, RefitEngineDirty, RefitError,
+                     RefitInternal, RefitInvalidArgument, RefitNotFound, RefitOverloaded, RefitRefused,
+                     RefitUnavailable, RefitUnimplemented, RefitVerifyMismatch, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
 from .trainer import DaemonStatus, RefitReport, RefitSession, StagedVersion, TrainerClient, checksum
 from . import distributed, megatron
@@ -23,5 +24,7 @@ __all__ = [
     "EngineAgent", "GatedEngine", "InPlaceEngine", "ModuleEngine", "CudaParam", "CudaParams", "CudaPtrParam",
     "InPlaceParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
     "RefitReport", "DaemonStatus", "StagedVersion", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
-    "RefitUnavailable", "RefitAborted", "RefitUnimplemented", "WeightsDirty", "distributed", "megatron",
+    "RefitUnavailable", "RefitBusy", "RefitEngineDirty", "RefitAborted", "RefitDeadlineExceeded", "RefitOverloaded",
+    "RefitDataLoss", "RefitVerifyMismatch", "RefitNotFound", "RefitInternal", "RefitUnimplemented", "WeightsDirty",
+    "distributed", "megatron",
 ]

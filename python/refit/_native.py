@@ -20,11 +20,11 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 11  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 12  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
                  # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups; 9: in-place
                  # parameters in CUDA virtual memory; 10: refit_session_push_in_place; 11: the report's
-                 # bytes_in_place and bytes_pushed_in_place)
+                 # bytes_in_place and bytes_pushed_in_place; 12: refit_last_cause, a failed commit's report)
 
 OK = 0
 MEMORY_HOST = 0
@@ -128,6 +128,7 @@ _P = ctypes.c_void_p
 _SIGNATURES = {
     "refit_abi_version": (ctypes.c_uint32, []),
     "refit_last_error": (ctypes.c_char_p, []),
+    "refit_last_cause": (ctypes.c_char_p, []),
     "refit_code_name": (ctypes.c_char_p, [ctypes.c_int]),
     "refit_dense_bytes": (ctypes.c_int, [ctypes.c_char_p, c_int64_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]),
     "refit_checksum64": (ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]),
@@ -225,13 +226,15 @@ def lib():
         return _lib
 
 
-def check(code: int, what: str) -> None:
-    """Raises the RefitError subclass for a failed call, with the library's message."""
+def check(code: int, what: str, report=None) -> None:
+    """Raises the RefitError subclass for a failed call, with the library's message and refitd's
+    cause; `report`: the RefitReport of the refit the call ended, if any."""
     if code == OK:
         return
     message = lib().refit_last_error().decode("utf-8", "replace")
+    cause = lib().refit_last_cause().decode("utf-8", "replace")
     name = lib().refit_code_name(code).decode()
-    raise error_for_code(code, name, f"{what}: {message}" if message else what)
+    raise error_for_code(code, name, f"{what}: {message}" if message else what, cause or None, report)
 
 
 def shape_array(shape) -> ctypes.Array:

@@ -98,16 +98,16 @@ def _portable(rank: int, e: BaseException, stage: int = 0) -> tuple:
     """An exception as plain data that every rank can rebuild; `stage` orders failures (a failed
     push, 0, is the cause of the commit failure, 1, it leads to)."""
     if isinstance(e, RefitError):
-        return (stage, rank, "refit", str(e), e.code, e.code_name)
-    return (stage, rank, type(e).__name__, str(e), None, None)
+        return (stage, rank, "refit", str(e), e.code, e.code_name, e.cause, e.report)
+    return (stage, rank, type(e).__name__, str(e), None, None, None, None)
 
 
 def _rebuild(failure: tuple, own_rank: int, own: Optional[BaseException]) -> BaseException:
-    _, rank, kind, message, code, code_name = failure
+    _, rank, kind, message, code, code_name, cause, report = failure
     if rank == own_rank and own is not None:
         return own
     if kind == "refit":
-        return error_for_code(code, code_name, f"rank {rank}: {message}")
+        return error_for_code(code, code_name, f"rank {rank}: {message}", cause, report)
     if kind == "ValueError":
         return ValueError(f"rank {rank}: {message}")
     return RuntimeError(f"rank {rank} failed: {kind}: {message}")

@@ -76,6 +76,12 @@ def _report(out) -> "RefitReport":
         _text(out.tag), _text(out.cause), out.bytes_in_place, out.bytes_pushed_in_place)
 
 
+def _ended(out) -> Optional["RefitReport"]:
+    """The report a commit call wrote, whatever its code; None when refitd sent none (the C ABI
+    writes outcome "none" then, or nothing when the call's arguments were refused)."""
+    return _report(out) if _text(out.outcome) not in ("", "none") else None
+
+
 @dataclass
 class DaemonStatus:
     model: str
@@ -170,8 +176,9 @@ class TrainerClient:
                 tag=None, stage_only: bool = False, wire_format: str = "bf16") -> "RefitSession":
         """Begins a session whose manifest lists `tensors` (name -> tensor, or (name, tensor) pairs:
         names, dtypes and shapes only; a value may also be a (dtype, shape) pair, the dtype a torch
-        dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitUnavailable while
-        another session is open.
+        dtype or its safetensors spelling "BF16", "F32", ...). Raises RefitBusy while
+        another session is open, RefitUnavailable without an engine, RefitEngineDirty for a partial
+        refit of a dirty engine.
 
         In a multi-rank refit the manifest lists every tensor of the refit, whole (the full
         shape of sliced tensors), whichever rank pushes it.
@@ -243,17 +250,19 @@ class TrainerClient:
 
     def commit_version(self, tag) -> RefitReport:
         """Commits the held version `tag` (a stage_only refit; refitd config hold: K) into the
-        engine. RefitError NOT_FOUND names the held tags when none has this one."""
+        engine. RefitNotFound names the held tags when none has this one; a commit that failed
+        raises with its `report`, as RefitSession.commit does."""
         out = _native.new(_native.Report)
-        _native.check(self._lib.refit_client_commit_version(self._live(), str(tag).encode(), ctypes.byref(out)),
-                      f"commit the held version '{tag}'")
+        code = self._lib.refit_client_commit_version(self._live(), str(tag).encode(), ctypes.byref(out))
+        _native.check(code, f"commit the held version '{tag}'", _ended(out))
         return _report(out)
 
     def rollback(self) -> RefitReport:
         """Commits again the version committed before the current one (RefitRefused when refitd no
         longer keeps it)."""
         out = _native.new(_native.Report)
-        _native.check(self._lib.refit_client_rollback(self._live(), ctypes.byref(out)), "roll back")
+        code = self._lib.refit_client_rollback(self._live(), ctypes.byref(out))
+        _native.check(code, "roll back", _ended(out))
         return _report(out)
 
     def versions(self) -> list:
@@ -301,7 +310,7 @@ class RefitSession:
         self._id: Optional[int] = None
         self._ids: Optional[list] = None
         self.bucket_bytes = self._lib.refit_session_bucket_bytes(handle)
-        self.report: Optional[RefitReport] = None
+        self.report: Optional[RefitReport] = None  # how the session ended, once commit() returned or raised
         self._ended = False
         self._stage_cuda_on_host = False
         self._in_flight: list = []  # CUDA tensors pushed, kept until their bucket is sent
@@ -459,16 +468,19 @@ class RefitSession:
 
     def commit(self) -> RefitReport:
         """Asks refitd to validate and swap. RefitRefused names every offending tensor; the engine
-        keeps its previous version then."""
+        keeps its previous version then. A refit that did not commit raises the RefitError of its
+        cause (refit.errors; docs/python.md) with its `report` (outcome, cause, reason, times), also
+        kept as this session's `report`; None when refitd sent none (the commit failed before
+        refitd answered it)."""
         out = _native.new(_native.Report)
         self._ended = not self.joined  # a joined rank's commit is refused and leaves it open
         try:
-            _native.check(self._lib.refit_session_commit(self._live(), ctypes.byref(out)),
-                          f"commit session {self.id}")
+            code = self._lib.refit_session_commit(self._live(), ctypes.byref(out))
         finally:
             self._in_flight.clear()
             self._in_place.clear()
-        self.report = _report(out)
+        self.report = _ended(out)
+        _native.check(code, f"commit session {self.id}", self.report)
         return self.report
 
     def detach(self) -> None:

@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -67,13 +68,17 @@ struct refit_engine {
 namespace {
 
 thread_local std::string g_last_error;
+thread_local std::string g_last_cause;  // refit_last_cause: "" when refitd gave none
 
 int Fail(const absl::Status& st) {
   g_last_error = std::string(st.message());
+  const refit::EndCause cause = refit::CauseOf(st);
+  g_last_cause = cause == refit::EndCause::kNone ? "" : refit::EndCauseName(cause);
   return st.ok() ? REFIT_INTERNAL : static_cast<int>(st.code());
 }
 int Fail(int code, const std::string& message) {
   g_last_error = message;
+  g_last_cause.clear();
   return code;
 }
 
@@ -177,6 +182,28 @@ void FillReport(const refit::RefitReport& r, refit_session* s, refit_report* out
   out->verify_ms = r.times.verify_ms;
   out->bytes_in_place = r.bytes_in_place;
   out->bytes_pushed_in_place = s->impl != nullptr ? s->impl->pushed_in_place_bytes() : 0;
+}
+
+// What a commit writes to its caller's report: refitd's report of how the refit ended, or, when
+// the commit failed before refitd sent one, a report of outcome "none" whose cause is the
+// failure's (refit_last_cause) and whose reason is its message. `storage` owns the strings.
+absl::Status WriteCommitReport(const absl::StatusOr<refit::RefitReport>& committed,
+                               const std::optional<refit::RefitReport>& ended, refit_session* storage,
+                               refit_report* out) {
+  if (out == nullptr) return committed.status();
+  refit::RefitReport r;
+  if (committed.ok()) {
+    r = *committed;
+  } else if (ended.has_value()) {
+    r = *ended;
+  } else {
+    r.cause = refit::CauseOf(committed.status());
+    r.reason = std::string(committed.status().message());
+  }
+  refit_report v{};
+  FillReport(r, storage, &v);
+  if (absl::Status written = WriteStruct(v, "report", out); !written.ok()) return written;
+  return committed.status();
 }
 
 // A new session handle owning `impl`, registered with its client.
@@ -292,6 +319,8 @@ extern "C" {
 uint32_t refit_abi_version(void) { return REFIT_ABI_VERSION; }
 
 const char* refit_last_error(void) { return g_last_error.c_str(); }
+
+const char* refit_last_cause(void) { return g_last_cause.c_str(); }
 
 const char* refit_code_name(int code) {
   switch (code) {
@@ -481,12 +510,8 @@ int KeptCommit(const char* fn, refit_client* client, refit_report* out,
                                                      ", below the smallest supported size ", kV1Size<refit_report>));
     }
     absl::StatusOr<refit::RefitReport> report = commit(*client->control());
-    if (!report.ok()) return report.status();
-    if (out == nullptr) return absl::OkStatus();
     if (client->report_storage == nullptr) client->report_storage = std::make_unique<refit_session>();
-    refit_report v{};
-    FillReport(*report, client->report_storage.get(), &v);
-    return WriteStruct(v, "report", out);
+    return WriteCommitReport(report, client->control()->last_commit_report(), client->report_storage.get(), out);
   });
 }
 
@@ -694,11 +719,7 @@ int refit_session_commit(refit_session* session, refit_report* out) {
     }
     session->ended = true;
     absl::StatusOr<refit::RefitReport> report = session->impl->Commit();
-    if (!report.ok()) return report.status();
-    if (out == nullptr) return absl::OkStatus();
-    refit_report v{};
-    FillReport(*report, session, &v);
-    return WriteStruct(v, "report", out);
+    return WriteCommitReport(report, session->impl->report(), session, out);
   });
 }
 

@@ -15,7 +15,8 @@
  *
  * Errors. Functions return 0 (REFIT_OK) or a code below (the canonical status codes); the
  * message of the last failure on the calling thread is refit_last_error() (thread-local, valid
- * until the next failing call on that thread). Exceptions never cross the ABI.
+ * until the next failing call on that thread), and refitd's cause of it, where it gave one,
+ * refit_last_cause() (ABI 12). Exceptions never cross the ABI.
  *
  * Multi-rank sessions (ABI 3). Several trainer processes (tensor-, pipeline-, expert-parallel
  * ranks) push one refit together:
@@ -53,7 +54,7 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 11 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
+#define REFIT_ABI_VERSION 12 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
                                  refit_session_detach, refit_session_ids, slices in refit_tensor), version
                                  tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
                                  refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
@@ -71,7 +72,8 @@ extern "C" {
                                  9: REFIT_STORAGE_CUDA_PTR parameters in CUDA virtual memory (no struct
                                  change: exported as POSIX file descriptors over a unix: address);
                                  10: refit_session_push_in_place;
-                                 11: refit_report.bytes_in_place/bytes_pushed_in_place */
+                                 11: refit_report.bytes_in_place/bytes_pushed_in_place;
+                                 12: refit_last_cause, and a commit's report filled when it fails */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -88,7 +90,7 @@ extern "C" {
 #define REFIT_OUT_OF_RANGE 11
 #define REFIT_UNIMPLEMENTED 12 /* e.g. CUDA memory where this build has no GPU path */
 #define REFIT_INTERNAL 13
-#define REFIT_UNAVAILABLE 14 /* refitd unreachable, disconnected or busy: retry later */
+#define REFIT_UNAVAILABLE 14 /* refitd unreachable, disconnected or busy: retry later (refit_last_cause tells) */
 #define REFIT_DATA_LOSS 15
 #define REFIT_UNAUTHENTICATED 16
 
@@ -120,6 +122,14 @@ typedef struct refit_engine refit_engine;
 REFIT_API uint32_t refit_abi_version(void);
 /* Message of the last failed call on this thread ("" if none). */
 REFIT_API const char* refit_last_error(void);
+/* ABI 12. refitd's cause of the last failed call on this thread, where the code alone does not say
+ * how to handle it (thread-local, as refit_last_error; "" when refitd gave none): one of
+ * refit_report.cause's names. Among them: "busy" (REFIT_UNAVAILABLE: another session or commit
+ * holds refitd; begin again once it ended), "engine_error" (REFIT_UNAVAILABLE: no engine, or one
+ * not answering), "engine_dirty" (a commit failed and left the engine's weights mixed, or a partial
+ * refit was refused for such an engine: only a full refit lands), "verify_mismatch",
+ * "deadline_exceeded", "overloaded", "incomplete", "invalid_input". */
+REFIT_API const char* refit_last_cause(void);
 /* "OK", "INVALID_ARGUMENT", ... ("UNKNOWN" for codes it does not know). */
 REFIT_API const char* refit_code_name(int code);
 /* Bytes of a dense tensor of `dtype` (safetensors spelling: "BF16", "F32", "F8_E4M3", ...). */
@@ -199,7 +209,7 @@ typedef struct refit_report {
   uint32_t struct_size;
   uint64_t session_id;
   uint64_t version;     /* the engine's version after a committed refit */
-  const char* outcome;  /* "committed" | "refused" | "aborted" | "failed" */
+  const char* outcome;  /* "committed" | "staged" | "refused" | "aborted" | "failed"; "none": no report came */
   const char* reason;
   uint64_t bytes_in;
   uint64_t bytes_out;
@@ -213,7 +223,8 @@ typedef struct refit_report {
   const uint64_t* format_bytes;
   /* ABI 3. */
   const char* tag;    /* the manifest's tag ("" when none) */
-  const char* cause;  /* "none", "client_abort", ..., "engine_error", "verify_mismatch" (the metric's reason) */
+  const char* cause;  /* "none", "client_abort", ..., "engine_error", "verify_mismatch" (the metric's reason);
+                         a commit that failed before refitd reported: refit_last_cause() ("none" if "") */
   double verify_ms;   /* engine.verify_after_commit: checksumming staged and engine bytes */
   /* ABI 11. */
   uint64_t bytes_in_place;        /* output bytes refitd converted straight into the engine (staging: direct) */
@@ -282,7 +293,8 @@ typedef struct refit_staged_version {
 /* ABI 3. Commits the held version `tag` (a stage-only refit) into the engine, or (rollback) the
  * version committed before the current one. REFIT_NOT_FOUND naming the held tags for an unknown
  * tag; REFIT_FAILED_PRECONDITION when nothing can be rolled back to. `out` (may be NULL) gets the
- * report; its strings are owned by the client until its next commit_version or rollback call. */
+ * report; its strings are owned by the client until its next commit_version or rollback call.
+ * ABI 12: filled whatever the code, as refit_session_commit's. */
 REFIT_API int refit_client_commit_version(refit_client* client, const char* tag, refit_report* out);
 REFIT_API int refit_client_rollback(refit_client* client, refit_report* out);
 /* ABI 3. Lists the kept versions (held first, then current, then previous) and refitd's hold
@@ -290,7 +302,9 @@ REFIT_API int refit_client_rollback(refit_client* client, refit_report* out);
 REFIT_API int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold);
 REFIT_API int refit_client_version_at(refit_client* client, uint64_t index, refit_staged_version* out);
 
-/* Opens a session (one per refitd at a time; REFIT_UNAVAILABLE "busy" otherwise). */
+/* Opens a session (one per refitd at a time; REFIT_UNAVAILABLE with refit_last_cause() "busy"
+ * otherwise; "engine_error" without an engine; a partial refit of a dirty engine:
+ * REFIT_FAILED_PRECONDITION, "engine_dirty"). */
 REFIT_API int refit_session_begin(refit_client* client, const refit_manifest* manifest, refit_session** out);
 REFIT_API uint64_t refit_session_id(const refit_session* session);
 REFIT_API uint64_t refit_session_bucket_bytes(const refit_session* session);
@@ -313,7 +327,13 @@ REFIT_API int refit_session_measure_amax(refit_session* session, int on);
  * to NVFP4. */
 REFIT_API int refit_session_amax_group(refit_session* session, const char* name, const char** out);
 /* Flushes and asks refitd to validate and swap. A refused refit returns REFIT_FAILED_PRECONDITION
- * with refitd's message. `out` may be NULL. The session has ended afterwards, whatever the code. */
+ * with refitd's message. `out` may be NULL. The session has ended afterwards, whatever the code.
+ * ABI 12: `out` is filled whatever the code (past the arguments' checks): with refitd's report of
+ * how the session ended (outcome "refused", "aborted", "failed" along with the code: its cause,
+ * reason and times), or, when the commit failed before refitd reported (a send or the connection
+ * failed), with outcome "none", the failure's cause (refit_last_cause) and message as reason.
+ * refit_last_cause() may say more than the report's cause: "engine_dirty" for a failed commit
+ * that left the engine dirty (whose report says "engine_error"). */
 REFIT_API int refit_session_commit(refit_session* session, refit_report* out);
 REFIT_API int refit_session_abort(refit_session* session, const char* reason);
 /* ABI 3. Joins the active session begun by another trainer rank (see "Multi-rank sessions"):

@@ -63,6 +63,25 @@ auto Call(F&& f) -> typename Flat<decltype(f())>::type {
   return out;
 }
 
+// `st` with `prefix` before its message (naming a daemon of a fan-out), its code and cause kept.
+absl::Status Prefixed(const absl::Status& st, const std::string& prefix) {
+  if (prefix.empty()) return st;
+  return WithCause(absl::Status(st.code(), absl::StrCat(prefix, st.message())), CauseOf(st));
+}
+
+// A commit's answer (Session.commit, Daemon.commitVersion, Daemon.rollback): its status, or the
+// report of the refit it committed. The report of how it ended, whatever the outcome, goes to
+// `*kept` when refitd sent one (it sends none for a commit it refused to start).
+template <typename Results>
+absl::StatusOr<RefitReport> CommitAnswer(Results& resp, std::optional<RefitReport>* kept) {
+  if (resp.hasReport()) {
+    RefitReport report = wire::FromWire(resp.getReport());
+    if (report.outcome != Outcome::kNone) *kept = report;
+  }
+  if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
+  return wire::FromWire(resp.getReport());
+}
+
 // KJ allows one event loop per thread: every client object made on a thread shares that thread's,
 // which lives while any of them does.
 struct ThreadIo {
@@ -289,6 +308,7 @@ struct TrainerClient::Impl {
     WireFormat wire_format = WireFormat::kBf16;  // the begin's (its plan depends on it)
   } answered;
   std::mt19937_64 session_ids{std::random_device{}()};
+  std::optional<RefitReport> last_commit_report;  // of the last CommitVersion or Rollback
 };
 
 namespace {
@@ -328,6 +348,9 @@ struct RefitSession::Impl {
     uint32_t next_seq = 0;
   };
   std::vector<Member> members;
+  // How the session ended on each member, as its commit's answer reported it (none before, or
+  // when no report came).
+  std::vector<std::optional<RefitReport>> reports;
   // Announces answered later (own_seqs): checked at the next bucket and before commit or detach.
   struct PendingAnnounce {
     size_t member;
@@ -587,7 +610,7 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
         }
         KJ_FAIL_REQUIRE("begin request could not be sent");
       });
-      if (!ok.ok() && failed.ok()) failed = absl::Status(ok.status().code(), absl::StrCat(s->Who(i), ok.status().message()));
+      if (!ok.ok() && failed.ok()) failed = Prefixed(ok.status(), s->Who(i));
     }
   } else {
     for (size_t i = 0; i < clients.size(); ++i) {
@@ -605,7 +628,7 @@ absl::StatusOr<std::unique_ptr<RefitSession::Impl>> OpenSession(const std::vecto
         if (absl::Status st = UseWirePlan(*s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
         return true;
       });
-      if (!ok.ok() && failed.ok()) failed = absl::Status(ok.status().code(), absl::StrCat(s->Who(i), ok.status().message()));
+      if (!ok.ok() && failed.ok()) failed = Prefixed(ok.status(), s->Who(i));
     }
   }
   if (failed.ok()) {
@@ -758,22 +781,24 @@ absl::StatusOr<std::pair<uint64_t, std::vector<ParamChecksum>>> TrainerClient::C
 }
 
 absl::StatusOr<RefitReport> TrainerClient::CommitVersion(const std::string& tag) {
+  impl_->last_commit_report.reset();
   return Call([&]() -> absl::StatusOr<RefitReport> {
     auto req = impl_->daemon.commitVersionRequest();
     req.setTag(wire::Text(tag));
     auto resp = req.send().wait(impl_->io.waitScope);
-    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
-    return wire::FromWire(resp.getReport());
+    return CommitAnswer(resp, &impl_->last_commit_report);
   });
 }
 
 absl::StatusOr<RefitReport> TrainerClient::Rollback() {
+  impl_->last_commit_report.reset();
   return Call([&]() -> absl::StatusOr<RefitReport> {
     auto resp = impl_->daemon.rollbackRequest().send().wait(impl_->io.waitScope);
-    if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
-    return wire::FromWire(resp.getReport());
+    return CommitAnswer(resp, &impl_->last_commit_report);
   });
 }
+
+std::optional<RefitReport> TrainerClient::last_commit_report() const { return impl_->last_commit_report; }
 
 absl::StatusOr<VersionsList> TrainerClient::Versions() {
   return Call([&]() -> absl::StatusOr<VersionsList> {
@@ -1147,7 +1172,7 @@ absl::Status RefitSession::Impl::CheckAnnounced(bool block) {
       return true;
     });
     if (!ok.ok() && failed.ok()) {
-      failed = absl::Status(ok.status().code(), absl::StrCat(Who(p.member), ok.status().message()));
+      failed = Prefixed(ok.status(), Who(p.member));
     }
   }
   pending_announces.erase(pending_announces.begin(), pending_announces.begin() + checked);
@@ -1214,7 +1239,7 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
         KJ_FAIL_REQUIRE("announce request could not be sent");
       });
       if (!seq.ok()) {
-        if (announced.ok()) announced = absl::Status(seq.status().code(), absl::StrCat(Who(i), seq.status().message()));
+        if (announced.ok()) announced = Prefixed(seq.status(), Who(i));
         continue;
       }
       if (i == 0) first_seq = *seq;
@@ -1289,6 +1314,7 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
 }
 
 absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
+  impl_->reports.assign(impl_->members.size(), std::nullopt);
   absl::Status st = Flush();
   if (!st.ok()) {
     (void)impl_->WaitInFlight();
@@ -1334,8 +1360,7 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
         SpinUntil([&] { return calls[i]->poll(impl_->wait()); }, spin_until);
         auto resp = calls[i]->wait(impl_->wait());
         TracePoint("trainer.commit_answered");
-        if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
-        return wire::FromWire(resp.getReport());
+        return CommitAnswer(resp, &impl_->reports[i]);
       }
       KJ_FAIL_REQUIRE("commit request could not be sent");
     });
@@ -1355,7 +1380,7 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
     if (impl_->members.size() == 1) return failed;
     std::string all;
     for (const std::string& o : outcomes) absl::StrAppend(&all, all.empty() ? "" : "; ", o);
-    return absl::Status(failed.code(), absl::StrCat("fan-out commit incomplete: ", all));
+    return WithCause(absl::Status(failed.code(), absl::StrCat("fan-out commit incomplete: ", all)), CauseOf(failed));
   }
   return reports;
 }
@@ -1364,6 +1389,18 @@ absl::StatusOr<RefitReport> RefitSession::Commit() {
   absl::StatusOr<std::vector<RefitReport>> all = CommitAll();
   if (!all.ok()) return all.status();
   return all->front();
+}
+
+std::optional<RefitReport> RefitSession::report() const {
+  for (const std::optional<RefitReport>& r : impl_->reports) {
+    if (r.has_value() && r->outcome != Outcome::kCommitted && r->outcome != Outcome::kStaged) return r;
+  }
+  return impl_->reports.empty() ? std::nullopt : impl_->reports.front();
+}
+
+std::vector<std::optional<RefitReport>> RefitSession::reports() const {
+  if (impl_->reports.empty()) return std::vector<std::optional<RefitReport>>(impl_->members.size());
+  return impl_->reports;
 }
 
 absl::Status RefitSession::Detach() {
@@ -1378,7 +1415,7 @@ absl::Status RefitSession::Detach() {
       if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
       return true;
     });
-    if (!ok.ok() && st.ok()) st = absl::Status(ok.status().code(), absl::StrCat(impl_->Who(i), ok.status().message()));
+    if (!ok.ok() && st.ok()) st = Prefixed(ok.status(), impl_->Who(i));
   }
   return st;
 }
@@ -1398,7 +1435,7 @@ absl::Status RefitSession::Abort(const std::string& reason) {
       if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
       return true;
     });
-    if (!ok.ok() && st.ok()) st = absl::Status(ok.status().code(), absl::StrCat(impl_->Who(i), ok.status().message()));
+    if (!ok.ok() && st.ok()) st = Prefixed(ok.status(), impl_->Who(i));
   }
   return st;
 }

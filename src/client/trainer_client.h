@@ -5,6 +5,7 @@
 //   auto session = (*client)->Begin(manifest);
 //   for (auto& t : tensors) session->Push(t);
 //   absl::StatusOr<RefitReport> report = session->Commit();
+//   if (!report.ok()) Handle(refit::CauseOf(report.status()), session->report());  // how it ended
 //
 // The data plane is the one refitd offers: UCX (host buckets) or NCCL (buckets packed on the
 // caller's current CUDA device, which must differ from refitd's). FanoutClient feeds several
@@ -118,6 +119,11 @@ class TrainerClient {
   static absl::StatusOr<std::unique_ptr<TrainerClient>> Connect(const std::string& address);
   ~TrainerClient();
 
+  // Refusals carry refitd's cause (refit::CauseOf) where the code alone does not say how to
+  // handle them: Unavailable with kBusy (another session or commit holds refitd: begin again once
+  // it ended) or kEngineError (no engine, or one not answering); FailedPrecondition with
+  // kEngineDirty (a partial refit of a dirty engine: only a full refit lands). After a pipelined
+  // begin, the refusal comes from the session's first call that needs the answer.
   absl::StatusOr<std::unique_ptr<RefitSession>> Begin(const Manifest& manifest);
   // Joins the active session `session_id`, begun by another trainer rank (a pipeline stage, an
   // expert- or tensor-parallel rank): Push its own tensors (or slices), then Detach(). The rank
@@ -131,6 +137,10 @@ class TrainerClient {
   absl::StatusOr<RefitReport> CommitVersion(const std::string& tag);
   // Commits again the version committed before the current one, when it is still staged.
   absl::StatusOr<RefitReport> Rollback();
+  // The report of the last CommitVersion or Rollback, whatever its outcome (a commit that failed
+  // included: its status says that it failed, this how); nullopt when refitd sent none (it
+  // refused to start the commit, or the call failed before refitd answered).
+  std::optional<RefitReport> last_commit_report() const;
   absl::StatusOr<VersionsList> Versions();
 
   struct Impl;
@@ -158,6 +168,11 @@ class FanoutClient {
   size_t size() const;
   // The client of daemon `i` (status, checksums, operator calls).
   TrainerClient& daemon(size_t i);
+  // Refusals carry refitd's cause (refit::CauseOf) where the code alone does not say how to
+  // handle them: Unavailable with kBusy (another session or commit holds refitd: begin again once
+  // it ended) or kEngineError (no engine, or one not answering); FailedPrecondition with
+  // kEngineDirty (a partial refit of a dirty engine: only a full refit lands). After a pipelined
+  // begin, the refusal comes from the session's first call that needs the answer.
   absl::StatusOr<std::unique_ptr<RefitSession>> Begin(const Manifest& manifest);
   // Joins the active session of every daemon (session_ids[i] on daemon i), begun by another
   // fan-out rank; Push, then Detach (see TrainerClient::Join).
@@ -228,11 +243,22 @@ class RefitSession {
   // formats; the cost is one read of each tensor on the trainer. Off by default.
   void MeasureAmax(bool on);
   // Flushes, then asks refitd to validate and swap. Refused refits return FailedPrecondition
-  // with refitd's message naming every offending tensor.
+  // with refitd's message naming every offending tensor. A failed commit's status carries
+  // refitd's cause where it gave one (refit::CauseOf: kEngineDirty when the failure left the
+  // engine dirty, so that only a full refit lands; kDeadlineExceeded, kOverloaded, ...), and how
+  // the session ended is report().
   absl::StatusOr<RefitReport> Commit();
   // Commit of a fan-out session: one report per daemon, in FanoutClient order. Fails when any
   // daemon did not commit, naming it (the others' outcomes are in the message).
   absl::StatusOr<std::vector<RefitReport>> CommitAll();
+  // How the session ended, as refitd reported it in its answer to Commit (or CommitAll), whatever
+  // the outcome: refused, aborted (a deadline, a peer gone) and failed refits included. nullopt
+  // before the commit, and when no report came (the commit failed before refitd answered it: a
+  // send or the connection failed). Fan-out: the first daemon's that neither committed nor
+  // staged, else the first daemon's.
+  std::optional<RefitReport> report() const;
+  // One per daemon, in FanoutClient order (one entry unless fan-out); nullopt where none came.
+  std::vector<std::optional<RefitReport>> reports() const;
   // The session id on each daemon (one entry unless fan-out).
   std::vector<uint64_t> ids() const;
   absl::Status Abort(const std::string& reason);

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "absl/strings/cord.h"
+#include "absl/types/optional.h"
 #include "absl/strings/str_cat.h"
 
 namespace refit {
@@ -32,8 +34,36 @@ const char* EndCauseName(EndCause cause) {
     case EndCause::kEngineError: return "engine_error";
     case EndCause::kInternal: return "internal";
     case EndCause::kVerifyMismatch: return "verify_mismatch";
+    case EndCause::kBusy: return "busy";
+    case EndCause::kEngineDirty: return "engine_dirty";
   }
   return "internal";
+}
+
+namespace {
+// The payload's type URL; its value is the cause's name (EndCauseName), so that a status printed
+// anywhere shows it.
+constexpr char kCauseUrl[] = "type.refit.dev/refit.EndCause";
+constexpr EndCause kLastCause = EndCause::kEngineDirty;
+}  // namespace
+
+absl::Status WithCause(absl::Status status, EndCause cause) {
+  if (status.ok()) return status;
+  if (cause == EndCause::kNone) {
+    status.ErasePayload(kCauseUrl);
+  } else {
+    status.SetPayload(kCauseUrl, absl::Cord(EndCauseName(cause)));
+  }
+  return status;
+}
+
+EndCause CauseOf(const absl::Status& status) {
+  absl::optional<absl::Cord> payload = status.GetPayload(kCauseUrl);
+  if (!payload.has_value()) return EndCause::kNone;
+  for (int c = 1; c <= static_cast<int>(kLastCause); ++c) {
+    if (*payload == EndCauseName(static_cast<EndCause>(c))) return static_cast<EndCause>(c);
+  }
+  return EndCause::kNone;
 }
 
 EndCause CauseOfSessionFailure(const absl::Status& failure) {
@@ -65,10 +95,13 @@ absl::Status ReportStatus(const RefitReport& report) {
     case EndCause::kEngineError: code = absl::StatusCode::kUnavailable; break;
     case EndCause::kInternal: code = absl::StatusCode::kInternal; break;
     case EndCause::kVerifyMismatch: code = absl::StatusCode::kDataLoss; break;
+    case EndCause::kBusy: code = absl::StatusCode::kUnavailable; break;
+    case EndCause::kEngineDirty: code = absl::StatusCode::kUnavailable; break;
     case EndCause::kNone: code = absl::StatusCode::kAborted; break;
   }
   if (report.outcome == Outcome::kRefused) code = absl::StatusCode::kFailedPrecondition;
-  return absl::Status(code, report.reason.empty() ? std::string(OutcomeName(report.outcome)) : report.reason);
+  return WithCause(absl::Status(code, report.reason.empty() ? std::string(OutcomeName(report.outcome)) : report.reason),
+                   report.cause);
 }
 
 absl::Status CheckTag(std::string_view tag) {

@@ -134,12 +134,23 @@ enum class EndCause {
   kEngineError,       // the engine left, failed or timed out in pause, copy or resume
   kInternal,          // a bug or an unexpected device error
   kVerifyMismatch,    // verify_after_commit: the engine's bytes after the copy differ from the staged ones
+  // Causes of refusals a trainer acts on, carried by the status (WithCause) rather than ending a
+  // session: they never label a session's end.
+  kBusy,              // another session or commit holds refitd: begin again once it ended
+  kEngineDirty,       // the engine's weights may be mixed (a commit failed in its window): only a full refit lands
 };
 
 const char* OutcomeName(Outcome outcome);    // "none", "committed", "refused", "aborted", "failed"
 const char* EndCauseName(EndCause cause);    // "none", "client_abort", ... (the metric's label values)
 // The cause of a failure a session reported on its own threads, from its status code.
 EndCause CauseOfSessionFailure(const absl::Status& failure);
+
+// A failure's cause travels with its status, so that a trainer tells apart failures of one code
+// that it handles differently (busy or engine gone, both Unavailable; a dirty engine): `status`
+// with `cause` attached (as an absl payload; kNone removes it). An OK status stays OK.
+absl::Status WithCause(absl::Status status, EndCause cause);
+// The cause attached by WithCause; kNone when there is none.
+EndCause CauseOf(const absl::Status& status);
 
 struct RefitReport {
   uint64_t session_id = 0;
@@ -165,6 +176,7 @@ struct RefitReport {
 // The status a trainer gets for a session that ended with `report`: OK when committed; a refused
 // refit is FailedPrecondition; otherwise the code follows the cause (invalid input
 // InvalidArgument, engine or peer gone Unavailable, staging ResourceExhausted, abort Aborted...).
+// The report's cause is attached (WithCause).
 absl::Status ReportStatus(const RefitReport& report);
 
 // Limits on what a session may ask for; all from the daemon config, checked before allocation.

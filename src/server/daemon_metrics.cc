@@ -29,6 +29,9 @@ metrics::SessionFailureReason ReasonOf(const RefitReport& r) {
     case EndCause::kEngineError: return R::kEngineError;
     case EndCause::kInternal: return R::kInternal;
     case EndCause::kVerifyMismatch: return R::kVerifyMismatch;
+    // Refusal causes (Status.cause) end no session; counted as the engine's or staging's should one.
+    case EndCause::kBusy: return R::kOverloaded;
+    case EndCause::kEngineDirty: return R::kEngineError;
   }
   return R::kInternal;
 }

@@ -15,6 +15,7 @@
 #include "server/blocking.h"
 #include "server/engine_params.h"
 #include "server/log.h"
+#include "server/status_causes.h"
 #include "storage/shm_storage.h"
 #include "transport/builtin_transports.h"
 #if REFIT_HAVE_CUDA
@@ -308,7 +309,7 @@ kj::Promise<void> RunCommitTask(DaemonState& state_ref, std::shared_ptr<Commit> 
     TracePoint("daemon.commit_answered");
     const RefitReport& report = state->node.last_report();
     wire::ToWire(report, context.getResults().initReport());
-    absl::Status status = ReportStatus(report);
+    absl::Status status = CommitAnswer(report, state->node);
     if (status.ok() && report.outcome == Outcome::kCommitted) {
       // The engine serves the new version; the trainer has not been answered yet.
       status = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kAfterCommit);
@@ -438,20 +439,26 @@ class SessionImpl final : public proto::Session::Server {
         .then([state, id] { return WaitForMembers(state, id); });
   }
 
-  // A commit of a session that has already ended: Aborted (or DeadlineExceeded) naming why.
+  // A commit of a session that has already ended: Aborted (or DeadlineExceeded; a session that
+  // failed, as ReportStatus: ResourceExhausted for staging) naming why, with its cause.
   static absl::Status EndedBeforeCommit(const DaemonState& state, uint64_t id) {
     const RefitReport& last = state.node.last_report();
-    if (state.node.active_session_id() == id || last.session_id != id || last.outcome != Outcome::kAborted) {
+    const bool failed = last.outcome == Outcome::kFailed;
+    if (state.node.active_session_id() == id || last.session_id != id || (last.outcome != Outcome::kAborted && !failed)) {
       return absl::OkStatus();
     }
-    std::string msg = absl::StrCat("session ", id, " was aborted before its commit: ", last.reason);
-    if (last.cause == EndCause::kDeadlineExceeded) return absl::DeadlineExceededError(msg);
-    return absl::AbortedError(msg);
+    std::string msg = absl::StrCat("session ", id, failed ? " failed" : " was aborted", " before its commit: ", last.reason);
+    if (failed) return WithCause(absl::Status(ReportStatus(last).code(), msg), last.cause);
+    if (last.cause == EndCause::kDeadlineExceeded) return WithCause(absl::DeadlineExceededError(msg), last.cause);
+    return WithCause(absl::AbortedError(msg), last.cause);
   }
 
   static kj::Promise<void> StartCommit(DaemonState* state, uint64_t id, CommitContext context) {
     TracePoint("daemon.commit_started");
-    if (absl::Status ended = EndedBeforeCommit(*state, id); !ended.ok()) return Answer(context, ended);
+    if (absl::Status ended = EndedBeforeCommit(*state, id); !ended.ok()) {
+      wire::ToWire(state->node.last_report(), context.getResults().initReport());  // how it ended
+      return Answer(context, ended);
+    }
     return CommitSessionWhenFree(state, id, kj::mv(context));
   }
 
@@ -749,6 +756,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     absl::StatusOr<BeginResult> begun =
         manifest.ok() ? state->node.Begin(*manifest, requested, tensors_key, context.getParams().getSessionId())
                       : absl::StatusOr<BeginResult>(manifest.status());
+    if (manifest.ok() && !begun.ok()) begun = BeginRefusal(begun.status(), state->node, *manifest);
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
       // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
       // answered after it, a staged session's commit waits for it (commit).

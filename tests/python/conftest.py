@@ -50,9 +50,10 @@ def events(log: Path):
 
 
 class Daemon:
-    """refitd serving `model` (every tensor `format: auto`) on a Unix socket in `tmp`."""
+    """refitd serving `model` (every tensor `format: auto`) on a Unix socket in `tmp`, with
+    `failpoints` armed (REFIT_FAILPOINTS: "name=action[@N];...", src/common/failpoint.h)."""
 
-    def __init__(self, tmp: Path, model: str, config: str = ""):
+    def __init__(self, tmp: Path, model: str, config: str = "", failpoints: str = ""):
         self.tmp = tmp
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
@@ -61,8 +62,12 @@ class Daemon:
         cfg = tmp / "refitd.yaml"
         cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_spec: {spec}\n" + config)
         self.log = tmp / "refitd.log"
+        env = dict(os.environ)
+        env.pop("REFIT_FAILPOINTS", None)
+        if failpoints:
+            env["REFIT_FAILPOINTS"] = failpoints
         self.proc = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env=env)
         wait_for(lambda: self.sock.exists() or self.proc.poll() is not None, what="refitd socket")
         assert self.proc.poll() is None, self.log.read_text()
 
@@ -113,17 +118,17 @@ class Engine:
 
 @pytest.fixture
 def node(tmp_path):
-    """make(model, subdir=None, config="", **engine_kwargs) -> (Daemon, Engine); both are stopped
-    after the test; `config` is appended to refitd's. Several nodes in one test each need their own
-    `subdir`."""
+    """make(model, subdir=None, config="", failpoints="", **engine_kwargs) -> (Daemon, Engine); both
+    are stopped after the test; `config` is appended to refitd's, `failpoints` armed in it. Several
+    nodes in one test each need their own `subdir`."""
     made = []
 
-    def make(model, subdir=None, config="", **kwargs):
+    def make(model, subdir=None, config="", failpoints="", **kwargs):
         where = tmp_path
         if subdir is not None:
             where = tmp_path / subdir
             where.mkdir()
-        d = Daemon(where, model, config)
+        d = Daemon(where, model, config, failpoints)
         made.append(d)
         e = Engine(where, d.address, model, **kwargs)
         made.append(e)

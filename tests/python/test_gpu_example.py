@@ -167,6 +167,9 @@ def test_cuda_params_register_through_cuda_ipc_fields():
         def refit_last_error(self):
             return b"spy"
 
+        def refit_last_cause(self):
+            return b""
+
         def refit_code_name(self, code):
             return b"INVALID_ARGUMENT"
 

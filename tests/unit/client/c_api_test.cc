@@ -579,7 +579,15 @@ TEST(CApiTest, RefusedCommitLeavesTheEngineAndNamesTheTensor) {
   report.struct_size = sizeof(report);
   EXPECT_EQ(refit_session_commit(s, &report), REFIT_FAILED_PRECONDITION);
   EXPECT_THAT(LastError(), HasSubstr("'b'"));
+  EXPECT_STREQ(refit_last_cause(), "incomplete");
+  // The report of the refused refit is filled too.
+  EXPECT_EQ(report.session_id, refit_session_id(s));
+  EXPECT_STREQ(report.outcome, "refused");
+  EXPECT_STREQ(report.cause, "incomplete");
+  EXPECT_THAT(report.reason, HasSubstr("'b'"));
+  EXPECT_EQ(report.tensors, 1u);
   EXPECT_EQ(refit_session_push(s, &tw), REFIT_FAILED_PRECONDITION);  // the session has ended
+  EXPECT_STREQ(refit_last_cause(), "");  // refused here, not by refitd
   EXPECT_EQ(calls.pauses.load(), 0);
   EXPECT_EQ(refit_engine_version(engine), 0u);
   for (int i = 0; i < 128; ++i) ASSERT_EQ(shm.data()[i], 0) << i;
@@ -601,9 +609,10 @@ TEST(CApiTest, RefusalsCarryTheirCodes) {
   m.tensors = &w;
   m.num_tensors = 1;
   refit_session* s = nullptr;
-  // No engine registered: unavailable.
+  // No engine registered: unavailable, the engine's cause.
   EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_UNAVAILABLE) << LastError();
   EXPECT_THAT(LastError(), HasSubstr("no engine"));
+  EXPECT_STREQ(refit_last_cause(), "engine_error");
 
   Shm shm(512);
   Calls calls;
@@ -612,6 +621,7 @@ TEST(CApiTest, RefusalsCarryTheirCodes) {
   m.model = "other";
   EXPECT_EQ(refit_session_begin(c, &m, &s), REFIT_INVALID_ARGUMENT) << LastError();
   EXPECT_THAT(LastError(), HasSubstr("'other'"));
+  EXPECT_STREQ(refit_last_cause(), "");  // the code says it all
   m.model = "toy";
   // Too many tensors: invalid.
   std::vector<refit_tensor_desc> many = {Desc("w", kWShape, 2), Desc("b", kBShape, 1), Desc("x", kBShape, 1)};
@@ -640,9 +650,90 @@ TEST(CApiTest, RefusalsCarryTheirCodes) {
   refit_session* s2 = nullptr;
   EXPECT_EQ(refit_session_begin(c2, &m, &s2), REFIT_UNAVAILABLE) << LastError();
   EXPECT_THAT(LastError(), HasSubstr("busy"));
+  EXPECT_STREQ(refit_last_cause(), "busy");  // not the missing engine's cause: begin again soon
   EXPECT_EQ(calls.pauses.load(), 0);
   refit_session_close(s);
   refit_client_close(c2);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+// A commit that fails inside the engine's window (the mid_commit failpoint) leaves the engine
+// dirty: the code is REFIT_UNAVAILABLE, refit_last_cause() says "engine_dirty" (not "retry
+// later": only a full refit lands), and the report says how the session ended. A partial begin is
+// then refused with the same cause; a full refit lands.
+TEST(CApiTest, AFailedCommitFillsItsReportAndTellsTheDirtyEngine) {
+  ASSERT_EQ(setenv("REFIT_FAILPOINTS", "mid_commit=error@1", 1), 0);
+  Refitd daemon;
+  ASSERT_EQ(unsetenv("REFIT_FAILPOINTS"), 0);
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w(32, 1.0f), b(8, -1.0f);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)});
+  ASSERT_NE(s, nullptr);
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, b.data(), 32);
+  ASSERT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();
+  ASSERT_EQ(refit_session_push(s, &tb), REFIT_OK) << LastError();
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  EXPECT_EQ(refit_session_commit(s, &report), REFIT_UNAVAILABLE);
+  EXPECT_THAT(LastError(), HasSubstr("dirty"));
+  EXPECT_STREQ(refit_last_cause(), "engine_dirty");
+  EXPECT_EQ(report.session_id, refit_session_id(s));
+  EXPECT_STREQ(report.outcome, "failed");
+  EXPECT_STREQ(report.cause, "engine_error");
+  EXPECT_THAT(report.reason, HasSubstr("dirty"));
+  EXPECT_EQ(report.bytes_in, 160u);
+  EXPECT_EQ(report.tensors, 2u);
+  EXPECT_EQ(report.version, 0u);
+  refit_session_close(s);
+
+  const refit_tensor_desc w_desc = Desc("w", kWShape, 2);
+  refit_manifest m{};
+  m.struct_size = sizeof(m);
+  m.model = "toy";
+  m.tensors = &w_desc;
+  m.num_tensors = 1;
+  m.partial = 1;
+  refit_session* partial = nullptr;
+  EXPECT_EQ(refit_session_begin(c, &m, &partial), REFIT_FAILED_PRECONDITION);
+  EXPECT_STREQ(refit_last_cause(), "engine_dirty");
+  EXPECT_EQ(RefitWB(c, {Desc("w", kWShape, 2), Desc("b", kBShape, 1)}, w, b, 2.0f), "committed");
+  EXPECT_EQ(refit_engine_version(engine), 1u);
+  refit_client_close(c);
+  refit_engine_stop(engine);
+}
+
+// A commit that fails before refitd reports (refitd is gone) still fills the report: outcome
+// "none", no cause, the failure's message as reason.
+TEST(CApiTest, ACommitWithoutRefitdsAnswerFillsAReportOfNoOutcome) {
+  Refitd daemon;
+  Shm shm(512);
+  Calls calls;
+  refit_engine* engine = StartEngine(daemon.address(), shm, &calls);
+  ASSERT_NE(engine, nullptr);
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect(daemon.address().c_str(), &c), REFIT_OK) << LastError();
+  std::vector<float> w(32, 1.0f);
+  refit_session* s = Begin(c, {Desc("w", kWShape, 2)});
+  ASSERT_NE(s, nullptr);
+  refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128);
+  ASSERT_EQ(refit_session_push(s, &tw), REFIT_OK) << LastError();  // packed, not sent yet
+  ASSERT_EQ(kill(daemon.pid(), SIGKILL), 0);
+  refit_report report{};
+  report.struct_size = sizeof(report);
+  const int code = refit_session_commit(s, &report);
+  EXPECT_NE(code, REFIT_OK);
+  EXPECT_STREQ(refit_last_cause(), "");
+  EXPECT_STREQ(report.outcome, "none");
+  EXPECT_STREQ(report.cause, "none");
+  EXPECT_EQ(std::string(report.reason), LastError());
+  EXPECT_FALSE(LastError().empty());
+  refit_session_close(s);
   refit_client_close(c);
   refit_engine_stop(engine);
 }
