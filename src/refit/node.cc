@@ -120,6 +120,59 @@ const std::string& Node::tag() const {
 absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time requested, uint64_t tensors_key,
                                         uint64_t session_id) {
   ReleaseEnded();
+  if (absl::Status may = MayBegin(manifest); !may.ok()) return may;
+  // staging: direct, for an awake engine whose storage refitd maps in the staging pool's memory:
+  // the manifest's plans say where each tensor goes in the engine (PlanPlacement).
+  const bool direct = !manifest.stage_only && DirectPossible();
+  absl::StatusOr<std::vector<std::shared_ptr<const TensorPlan>>> plans = PlanManifest(manifest, tensors_key, direct);
+  if (!plans.ok()) return plans.status();
+  if (manifest.stage_only) {
+    if (absl::Status held = versions_.CheckStageOnly(manifest.tag, manifest.partial); !held.ok()) return held;
+  }
+  const SessionLimits& limits = options_.limits;
+  SessionLimits session_limits = limits;
+  if (options_.hold > 0) {
+    // Room for one more version of this engine.
+    absl::StatusOr<uint64_t> room = versions_.MakeRoom(engine_->bytes, limits.staging_bytes);
+    NotifySession();
+    if (!room.ok()) return room.status();
+    session_limits.staging_bytes = *room;
+  }
+  const uint32_t deadline_ms =
+      manifest.deadline_ms != 0 ? std::min(manifest.deadline_ms, limits.deadline_ms) : limits.deadline_ms;
+  absl::StatusOr<uint64_t> id = TakeSessionId(session_id);
+  if (!id.ok()) return id.status();
+  absl::StatusOr<std::shared_ptr<const WireTable>> wire = WireTable::Create(*engine_->planner, manifest);
+  if (!wire.ok()) return wire.status();
+  Active a;
+  if (direct) a.placement = PlaceDirect(*std::move(plans));
+  Session::Options so = SessionOptions(manifest, *id, deadline_ms, session_limits);
+  so.wire = *wire;
+  // Converts nothing before the engine paused (its begin may be answered early: the trainer's
+  // announces then arrive while it pauses).
+  so.await_placement = a.placement != nullptr;
+  a.wire = *wire;
+  a.engine = engine_;
+  a.stage_only = manifest.stage_only;
+  if (options_.hold > 0) {
+    a.own_pool = versions_.TakeSparePool();
+    if (a.own_pool == nullptr) a.own_pool = engine_->new_pool();
+  }
+  StagingPool& pool = a.own_pool ? *a.own_pool : *engine_->pool;
+  TracePoint("daemon.session_starting");
+  a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, pool, so);
+  TracePoint("daemon.session_started");
+  a.begun = requested;
+  a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
+  a.plan_ms = Ms(absl::Now() - requested);
+  a.tag = manifest.tag;
+  const bool pause_first = a.placement != nullptr;
+  active_ = std::move(a);
+  NotifySession();
+  return BeginResult{so.id, deadline_ms, so.wire, pause_first};
+}
+
+absl::Status Node::MayBegin(const Manifest& manifest) const {
   // Engine ranks: refused before anything is received or written unless every rank is in.
   if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered");
   if (active_ && active_->awaiting_wake) {
@@ -154,24 +207,25 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
   if (absl::Status tag = CheckTag(manifest.tag); !tag.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("manifest tag '", PrintableName(manifest.tag), "': ", tag.message()));
   }
-  const SessionLimits& limits = options_.limits;
-  // staging: direct, for an awake engine whose storage refitd maps in the staging pool's memory:
-  // the manifest's plans say where each tensor goes in the engine (PlanPlacement).
-  const bool direct = !manifest.stage_only && DirectPossible();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const TensorPlan>>> Node::PlanManifest(const Manifest& manifest,
+                                                                                  uint64_t tensors_key, bool direct) {
   std::vector<std::shared_ptr<const TensorPlan>> plans;
   // The tensor list this planner accepted last (the same key): its checks passed and its plans
   // are known.
   EngineRecord::BeginMemo& memo = engine_->begin_memo;
   const bool known = tensors_key != 0 && memo.tensors_key == tensors_key;
-  if (known && direct) plans = memo.plans;
+  if (known) return direct ? memo.plans : plans;
   // Count and names first: nothing below plans, logs or echoes a name this refuses.
-  if (absl::Status checked = known ? absl::OkStatus() : CheckManifest(manifest, limits); !checked.ok()) return checked;
+  if (absl::Status checked = CheckManifest(manifest, options_.limits); !checked.ok()) return checked;
   // Fail fast on what the manifest already gets wrong; commit re-checks what actually arrives.
   std::vector<std::string> problems;
   size_t count = 0;
   const std::optional<spec::MegatronSource>& source = engine_->planner->spec().source;
   const bool keep_plans = direct || tensors_key != 0;
-  for (const TensorDesc& entry : known ? std::span<const TensorDesc>() : std::span<const TensorDesc>(manifest.tensors)) {
+  for (const TensorDesc& entry : manifest.tensors) {
     // A Megatron-core name (spec `source`) stands for the checkpoint tensors it holds parts of.
     std::vector<TensorDesc> tensors{entry};
     if (source) {
@@ -196,78 +250,44 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
     return absl::FailedPreconditionError(absl::StrCat("manifest refused (", count, " problem", count == 1 ? "" : "s",
                                                    "): ", absl::StrJoin(problems, "; ")));
   }
-  if (!known && tensors_key != 0) memo = {tensors_key, plans};
+  if (tensors_key != 0) memo = {tensors_key, plans};
   if (!direct) plans.clear();
-  if (manifest.stage_only) {
-    if (absl::Status held = versions_.CheckStageOnly(manifest.tag, manifest.partial); !held.ok()) return held;
+  return plans;
+}
+
+std::shared_ptr<const Placement> Node::PlaceDirect(std::vector<std::shared_ptr<const TensorPlan>> plans) {
+  EngineRecord::PlacementMemo& memo = engine_->placement_memo;
+  if (memo.placement != nullptr && memo.generation != engine_->generation && memo.plans == plans) {
+    // The engine slept and woke since (the same parameters, Wake checked them; new mappings):
+    // the same places at its new mappings.
+    memo.placement = RebasePlacement(*memo.placement, *engine_->storage);
+    memo.generation = engine_->generation;
   }
-  SessionLimits session_limits = limits;
-  if (options_.hold > 0) {
-    // Room for one more version of this engine.
-    absl::StatusOr<uint64_t> room = versions_.MakeRoom(engine_->bytes, limits.staging_bytes);
-    NotifySession();
-    if (!room.ok()) return room.status();
-    session_limits.staging_bytes = *room;
+  if (memo.placement == nullptr || memo.generation != engine_->generation || memo.plans != plans) {
+    memo.placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
+    memo.generation = engine_->generation;
+    memo.plans = std::move(plans);
   }
-  const uint32_t deadline_ms =
-      manifest.deadline_ms != 0 ? std::min(manifest.deadline_ms, limits.deadline_ms) : limits.deadline_ms;
+  return memo.placement->empty() ? nullptr : memo.placement;
+}
+
+Session::Options Node::SessionOptions(const Manifest& manifest, uint64_t id, uint32_t deadline_ms,
+                                      const SessionLimits& limits) {
   Session::Options so;
-  absl::StatusOr<uint64_t> id = TakeSessionId(session_id);
-  if (!id.ok()) return id.status();
-  so.id = *id;
+  so.id = id;
   so.partial = manifest.partial;
   // The session's blocking waits (buckets, receives) run on the real clock; the node ends the
   // session at its deadline by its own clock (Poll).
   so.deadline = absl::Now() + absl::Milliseconds(deadline_ms);
-  so.limits = session_limits;
+  so.limits = limits;
   so.failpoints = options_.failpoints;
   for (const TensorDesc& t : manifest.tensors) {
     if (t.amax && !t.slice.present()) so.supplied_amax.emplace_back(t.name, *t.amax);
   }
   so.on_received = hooks_.on_received;
   so.on_converted = hooks_.on_converted;
-  absl::StatusOr<std::shared_ptr<const WireTable>> wire = WireTable::Create(*engine_->planner, manifest);
-  if (!wire.ok()) return wire.status();
-  so.wire = *wire;
-  Active a;
-  if (direct) {
-    EngineRecord::PlacementMemo& memo = engine_->placement_memo;
-    if (memo.placement != nullptr && memo.generation != engine_->generation && memo.plans == plans) {
-      // The engine slept and woke since (the same parameters, Wake checked them; new mappings):
-      // the same places at its new mappings.
-      memo.placement = RebasePlacement(*memo.placement, *engine_->storage);
-      memo.generation = engine_->generation;
-    }
-    if (memo.placement == nullptr || memo.generation != engine_->generation || memo.plans != plans) {
-      memo.placement = PlanPlacement(*engine_->planner, *engine_->storage, plans);
-      memo.generation = engine_->generation;
-      memo.plans = std::move(plans);
-    }
-    if (!memo.placement->empty()) a.placement = memo.placement;
-  }
-  // Converts nothing before the engine paused (its begin may be answered early: the trainer's
-  // announces then arrive while it pauses).
-  so.await_placement = a.placement != nullptr;
   so.threads = &session_threads_;
-  a.wire = *wire;
-  a.engine = engine_;
-  a.stage_only = manifest.stage_only;
-  if (options_.hold > 0) {
-    a.own_pool = versions_.TakeSparePool();
-    if (a.own_pool == nullptr) a.own_pool = engine_->new_pool();
-  }
-  StagingPool& pool = a.own_pool ? *a.own_pool : *engine_->pool;
-  TracePoint("daemon.session_starting");
-  a.session = std::make_unique<Session>(*engine_->planner, receiver_, ring_, *engine_->converter, pool, so);
-  TracePoint("daemon.session_started");
-  a.begun = requested;
-  a.deadline = clock_->Now() + absl::Milliseconds(deadline_ms);
-  a.plan_ms = Ms(absl::Now() - requested);
-  a.tag = manifest.tag;
-  const bool pause_first = a.placement != nullptr;
-  active_ = std::move(a);
-  NotifySession();
-  return BeginResult{so.id, deadline_ms, so.wire, pause_first};
+  return so;
 }
 
 bool Node::DirectPossible() const {

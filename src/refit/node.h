@@ -338,6 +338,15 @@ class Node {
     PhaseTimes staged_times;
     uint64_t staged_checksum = 0;
   };
+  // Begin's steps: whether a begin of `manifest` may start now (every refusal before planning);
+  // its tensors checked and planned (the plans kept only for `direct`: placement); where they go
+  // in the engine (staging: direct; null when nothing places); the session's options.
+  absl::Status MayBegin(const Manifest& manifest) const;
+  absl::StatusOr<std::vector<std::shared_ptr<const TensorPlan>>> PlanManifest(const Manifest& manifest,
+                                                                              uint64_t tensors_key, bool direct);
+  std::shared_ptr<const Placement> PlaceDirect(std::vector<std::shared_ptr<const TensorPlan>> plans);
+  Session::Options SessionOptions(const Manifest& manifest, uint64_t id, uint32_t deadline_ms,
+                                  const SessionLimits& limits);
   absl::Status CheckActive(uint64_t session_id) const;
   // Ends the active session: aborts it if still running, counts, reports, resets.
   void End(Outcome outcome, EndCause cause, std::string reason, const PhaseTimes* times = nullptr,

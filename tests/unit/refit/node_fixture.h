@@ -124,7 +124,7 @@ class LateFailingConverter final : public Converter {
   absl::Duration delay_;
 };
 
-std::vector<uint8_t> Payload(uint8_t seed) {
+[[maybe_unused]] std::vector<uint8_t> Payload(uint8_t seed) {
   std::vector<uint8_t> p(kBytes * kParams);
   for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed + i * 7);
   return p;
@@ -271,7 +271,7 @@ class NodeTest : public ::testing::Test {
 
 
 // Storage for w.0, w.1 in shm region `name` (as Register maps the test's region).
-std::unique_ptr<storage::EngineStorage> ShmStorageIn(const std::string& name) {
+[[maybe_unused]] std::unique_ptr<storage::EngineStorage> ShmStorageIn(const std::string& name) {
   std::vector<storage::ShmParam> shm;
   for (int i = 0; i < kParams; ++i) shm.push_back({{absl::StrCat("w.", i), DType::kBF16, {kElems}, kBytes}, name, i * kBytes});
   absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s = storage::ShmEngineStorage::Open(shm);
