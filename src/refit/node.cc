@@ -173,21 +173,26 @@ absl::StatusOr<BeginResult> Node::Begin(const Manifest& manifest, absl::Time req
 }
 
 absl::Status Node::MayBegin(const Manifest& manifest) const {
+  // Each refusal carries the cause a trainer acts on (WithCause): busy (begin again soon), the
+  // engine missing or not answering, the engine dirty (only a full refit lands).
+  auto busy = [](std::string why) { return WithCause(absl::UnavailableError("busy: " + why), EndCause::kBusy); };
   // Engine ranks: refused before anything is received or written unless every rank is in.
-  if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered");
+  if (!engine_) {
+    return WithCause(absl::UnavailableError(ranked_ ? MissingRanks() : "no engine is registered"), EndCause::kEngineError);
+  }
   if (active_ && active_->awaiting_wake) {
-    return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(),
-                                               " is staged, waiting for the engine to wake"));
+    return busy(absl::StrCat("session ", active_->session->id(), " is staged, waiting for the engine to wake"));
   }
-  if (active_) return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(), " is active"));
+  if (active_) return busy(absl::StrCat("session ", active_->session->id(), " is active"));
   if (early_undoing_ > 0) {
-    return absl::UnavailableError("busy: the engine is being resumed after a refused begin (staging: direct); begin again");
+    return busy("the engine is being resumed after a refused begin (staging: direct); begin again");
   }
-  if (early_window_) return absl::UnavailableError("busy: another begin is being planned");
+  if (early_window_) return busy("another begin is being planned");
   if (!engine_->control->Responsive()) {
-    return absl::UnavailableError(absl::StrCat("engine ", engine_->id,
-                                               " did not answer a pause or resume in time; refits are refused until "
-                                               "it answers or registers again"));
+    return WithCause(absl::UnavailableError(absl::StrCat("engine ", engine_->id,
+                                                         " did not answer a pause or resume in time; refits are "
+                                                         "refused until it answers or registers again")),
+                     EndCause::kEngineError);
   }
   if (engine_->asleep && options_.refuse_while_asleep) {
     return absl::FailedPreconditionError(
@@ -200,9 +205,9 @@ absl::Status Node::MayBegin(const Manifest& manifest) const {
                      options_.model, "'"));
   }
   if (engine_->dirty && manifest.partial) {
-    return absl::FailedPreconditionError(
-        "partial refit refused: the engine's weights are dirty after an interrupted commit; a full refit must land "
-        "first");
+    return WithCause(absl::FailedPreconditionError("partial refit refused: the engine's weights are dirty after an "
+                                                   "interrupted commit; a full refit must land first"),
+                     EndCause::kEngineDirty);
   }
   if (absl::Status tag = CheckTag(manifest.tag); !tag.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("manifest tag '", PrintableName(manifest.tag), "': ", tag.message()));
@@ -580,10 +585,11 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartCommit(uint64_t session_id) {
   absl::Status active = CheckActive(session_id);
   if (!active.ok()) return active;
   if (active_->committing) return absl::FailedPreconditionError("commit already in progress");
-  if (active_->engine->gone) return absl::UnavailableError("the engine unregistered");
+  if (active_->engine->gone) return WithCause(absl::UnavailableError("the engine unregistered"), EndCause::kEngineError);
   if (version_commit_ != nullptr && !active_->stage_only) {
-    return absl::UnavailableError(absl::StrCat("busy: the kept version '", version_commit_->setup().held->tag,
-                                               "' is being committed; commit again when it is done"));
+    return WithCause(absl::UnavailableError(absl::StrCat("busy: the kept version '", version_commit_->setup().held->tag,
+                                                         "' is being committed; commit again when it is done")),
+                     EndCause::kBusy);
   }
   if (!active_->engine->control->Responsive()) {
     return absl::UnavailableError("the engine did not answer a pause or resume in time");
@@ -628,7 +634,9 @@ absl::Status Node::Sleep(uint64_t engine_id) {
     return absl::FailedPreconditionError("this registration is not the registered engine");
   }
   if (engine_->asleep) return absl::OkStatus();
-  if (committing()) return absl::UnavailableError("busy: a commit is in flight; sleep once it has ended");
+  if (committing()) {
+    return WithCause(absl::UnavailableError("busy: a commit is in flight; sleep once it has ended"), EndCause::kBusy);
+  }
   if (active_ && active_->placement != nullptr) {
     return absl::UnavailableError(absl::StrCat("busy: session ", active_->session->id(),
                                                " converts into the engine's memory (staging: direct); sleep once it "
@@ -654,7 +662,9 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::Wake(uint64_t engine_id, std::uniq
     return absl::FailedPreconditionError("this registration is not the registered engine");
   }
   if (!engine_->asleep) return absl::FailedPreconditionError("the engine is not asleep");
-  if (committing()) return absl::UnavailableError("busy: a commit is in flight; wake once it has ended");
+  if (committing()) {
+    return WithCause(absl::UnavailableError("busy: a commit is in flight; wake once it has ended"), EndCause::kBusy);
+  }
   const std::vector<storage::ParamInfo>& had = engine_->storage->params();
   const std::vector<storage::ParamInfo>& has = storage->params();
   if (had.size() != has.size()) {

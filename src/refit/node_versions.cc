@@ -34,12 +34,13 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartRollback() {
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback) {
-  if (!engine_ || engine_->gone) return absl::UnavailableError("no engine is registered");
+  if (!engine_ || engine_->gone) return WithCause(absl::UnavailableError("no engine is registered"), EndCause::kEngineError);
   if (version_commit_ != nullptr || (active_ && active_->committing)) {
-    return absl::UnavailableError("busy: another commit is in progress");
+    return WithCause(absl::UnavailableError("busy: another commit is in progress"), EndCause::kBusy);
   }
   if (!engine_->control->Responsive()) {
-    return absl::UnavailableError("the engine did not answer a pause or resume in time");
+    return WithCause(absl::UnavailableError("the engine did not answer a pause or resume in time"),
+                     EndCause::kEngineError);
   }
   if (engine_->asleep) {
     return absl::FailedPreconditionError("the engine is asleep: commit a kept version after it wakes");

@@ -756,7 +756,6 @@ class DaemonImpl final : public proto::Daemon::Server {
     absl::StatusOr<BeginResult> begun =
         manifest.ok() ? state->node.Begin(*manifest, requested, tensors_key, context.getParams().getSessionId())
                       : absl::StatusOr<BeginResult>(manifest.status());
-    if (manifest.ok() && !begun.ok()) begun = BeginRefusal(begun.status(), state->node, *manifest);
     if (early != nullptr && (!begun.ok() || !begun->pause_first)) {
       // Not taken: the engine resumes (unless it was dirty), a daemon task; a refused begin is
       // answered after it, a staged session's commit waits for it (commit).

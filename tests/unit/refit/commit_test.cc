@@ -4,7 +4,7 @@
 #include "node_fixture.h"
 
 namespace refit {
-namespace {
+namespace node_test {
 
 TEST_F(NodeTest, CommitPausesCopiesResumesAndAdvancesTheVersion) {
   ScriptedControl* control;
@@ -328,5 +328,5 @@ TEST_F(NodeTest, TheEnginesAuditNamesStaleParametersAndTheRefitIsRefused) {
 }
 
 
-}  // namespace
+}  // namespace node_test
 }  // namespace refit

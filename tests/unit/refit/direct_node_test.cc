@@ -4,7 +4,7 @@
 #include "node_fixture.h"
 
 namespace refit {
-namespace {
+namespace node_test {
 
 // The engine pauses when the session begins; every tensor is converted straight into its memory,
 // so the commit copies nothing and resumes it: one pause, one resume, the new bytes.
@@ -305,5 +305,5 @@ TEST_F(DirectNodeTest, NothingToPlaceMeansNoPauseAtBegin) {
 }
 
 
-}  // namespace
+}  // namespace node_test
 }  // namespace refit

@@ -6,7 +6,7 @@
 #include "node_fixture.h"
 
 namespace refit {
-namespace {
+namespace node_test {
 
 class EnginePauseTest : public ::testing::Test {
  protected:
@@ -168,5 +168,5 @@ TEST_F(EnginePauseTest, ADirectPauseSaysWhyTheBeginFails) {
   EXPECT_THAT(control_->calls, ::testing::IsEmpty());
 }
 
-}  // namespace
+}  // namespace node_test
 }  // namespace refit

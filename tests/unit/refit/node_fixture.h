@@ -1,7 +1,8 @@
 // The fixture of the node's in-process tests (node_test.cc, commit_test.cc, node_versions_test.cc,
 // direct_node_test.cc): real shared-memory engine storage, the real session threads and CPU
 // converter, an in-process data plane and an engine control that answers (or fails, or never
-// answers) as each test needs. Included by each of those files alone (anonymous namespace).
+// answers) as each test needs. Its classes live in refit::node_test, the namespace of those files'
+// tests, so that one program may hold several of them (refit_node_hot_test).
 #ifndef REFIT_TESTS_UNIT_REFIT_NODE_FIXTURE_H_
 #define REFIT_TESTS_UNIT_REFIT_NODE_FIXTURE_H_
 
@@ -29,7 +30,7 @@
 
 
 namespace refit {
-namespace {
+namespace node_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -124,7 +125,7 @@ class LateFailingConverter final : public Converter {
   absl::Duration delay_;
 };
 
-[[maybe_unused]] std::vector<uint8_t> Payload(uint8_t seed) {
+inline std::vector<uint8_t> Payload(uint8_t seed) {
   std::vector<uint8_t> p(kBytes * kParams);
   for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed + i * 7);
   return p;
@@ -271,7 +272,7 @@ class NodeTest : public ::testing::Test {
 
 
 // Storage for w.0, w.1 in shm region `name` (as Register maps the test's region).
-[[maybe_unused]] std::unique_ptr<storage::EngineStorage> ShmStorageIn(const std::string& name) {
+inline std::unique_ptr<storage::EngineStorage> ShmStorageIn(const std::string& name) {
   std::vector<storage::ShmParam> shm;
   for (int i = 0; i < kParams; ++i) shm.push_back({{absl::StrCat("w.", i), DType::kBF16, {kElems}, kBytes}, name, i * kBytes});
   absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s = storage::ShmEngineStorage::Open(shm);
@@ -308,7 +309,7 @@ class DirectNodeTest : public NodeTest {
 };
 
 
-}  // namespace
+}  // namespace node_test
 }  // namespace refit
 
 #endif  // REFIT_TESTS_UNIT_REFIT_NODE_FIXTURE_H_

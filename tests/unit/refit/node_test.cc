@@ -3,7 +3,7 @@
 #include "node_fixture.h"
 
 namespace refit {
-namespace {
+namespace node_test {
 
 TEST_F(NodeTest, AnInvalidTagIsRefusedAtBeginNamingIt) {
   Register();
@@ -70,8 +70,12 @@ TEST_F(NodeTest, ASecondEngineIsRefusedWhileOneIsRegistered) {
   EXPECT_THAT(second.status().message(), HasSubstr("already registered"));
 }
 
+// Codes, and the causes a trainer acts on: no engine and busy are both Unavailable, told apart by
+// their causes; a partial refit of a dirty engine is the dirty engine's refusal.
 TEST_F(NodeTest, BeginRefusalsCarryTheirCodes) {
-  EXPECT_EQ(node_->Begin(ManifestOf(kParams), absl::Now()).status().code(), absl::StatusCode::kUnavailable);
+  absl::Status none = node_->Begin(ManifestOf(kParams), absl::Now()).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(CauseOf(none), EndCause::kEngineError);
   Register();
   Manifest wrong = ManifestOf(kParams);
   wrong.model = "other";
@@ -87,6 +91,16 @@ TEST_F(NodeTest, BeginRefusalsCarryTheirCodes) {
   st = node_->Begin(ManifestOf(kParams), absl::Now()).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(st.message(), HasSubstr("busy"));
+  EXPECT_EQ(CauseOf(st), EndCause::kBusy);
+  EXPECT_EQ(CauseOf(node_->Begin(wrong, absl::Now()).status()), EndCause::kBusy) << "busy before the model is checked";
+}
+
+TEST_F(NodeTest, APartialRefitOfADirtyEngineIsRefusedAsTheDirtyEngines) {
+  Register(nullptr, /*version=*/3, /*dirty=*/true);
+  absl::Status st = node_->Begin(ManifestOf(1, /*partial=*/true), absl::Now()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CauseOf(st), EndCause::kEngineDirty);
+  EXPECT_TRUE(node_->Begin(ManifestOf(kParams), absl::Now()).ok()) << "a full refit is taken";
 }
 
 // A tensor list's key stands for the list (the daemon's manifest key: a hash of every field): a
@@ -353,5 +367,5 @@ TEST_F(NodeTest, RefitsWhileAsleepAreRefusedWhenConfigured) {
 }
 
 
-}  // namespace
+}  // namespace node_test
 }  // namespace refit

@@ -4,7 +4,7 @@
 #include "node_fixture.h"
 
 namespace refit {
-namespace {
+namespace node_test {
 
 TEST_F(NodeTest, HeldVersionsAreCommittedOutOfOrder) {
   hold_ = 3;
@@ -219,5 +219,5 @@ TEST_F(NodeTest, AHeldVersionWhoseCommitFailedVerifyStaysHeldAndCommitsLater) {
 #endif
 
 
-}  // namespace
+}  // namespace node_test
 }  // namespace refit
