@@ -103,8 +103,8 @@ extern "C" {
 
 /* How an engine parameter's storage is shared with refitd. */
 #define REFIT_STORAGE_SHM 0      /* POSIX shm object `shm_name`, at `offset` */
-#define REFIT_STORAGE_CUDA_IPC 1 /* cudaIpcMemHandle_t bytes + offset on `cuda_device` (reserved) */
-#define REFIT_STORAGE_CUDA_PTR 2 /* ABI 4: in place, the device pointer `cuda_ptr` (e.g. a tensor's data_ptr):
+#define REFIT_STORAGE_CUDA_IPC 1 /* cudaIpcMemHandle_t bytes (`cuda_ipc_handle`) + offset on `cuda_device` */
+#define REFIT_STORAGE_CUDA_PTR 2 /* ABI 7: in place, the device pointer `cuda_ptr` (e.g. a tensor's data_ptr):
                                     grouped by CUDA allocation, one IPC handle per allocation base;
                                     ABI 9: in CUDA virtual memory (cuMemCreate + cuMemMap), one POSIX
                                     file descriptor per mapped piece, passed only over a unix:
@@ -250,7 +250,7 @@ typedef struct refit_daemon_status {
   uint32_t engine_dirty;        /* the engine's weights may be mixed; only a full refit clears it */
   uint32_t verify_after_commit; /* engine.verify_after_commit is on */
   uint64_t verify_mismatches;   /* commits it failed */
-  /* ABI 4. */
+  /* ABI 7. */
   uint32_t engine_asleep;  /* the engine released its weights (refit_engine_sleep) */
   uint64_t awaiting_wake;  /* the session whose validated refit commits when the engine wakes; 0: none */
 } refit_daemon_status;
@@ -367,7 +367,7 @@ typedef struct refit_engine_param {
   uint64_t offset;      /* byte offset inside the shm object or the CUDA allocation */
   uint8_t cuda_ipc_handle[64];
   int32_t cuda_device;
-  /* ABI 4. */
+  /* ABI 7. */
   const void* cuda_ptr; /* REFIT_STORAGE_CUDA_PTR: the parameter's first byte in device memory */
 } refit_engine_param;
 
@@ -377,7 +377,7 @@ typedef void (*refit_pause_fn)(void* user);
 typedef void (*refit_resume_fn)(void* user, uint64_t version);
 /* ABI 3: resume with the trainer's tag of `version` ("" when none; valid during the call). */
 typedef void (*refit_resume_tag_fn)(void* user, uint64_t version, const char* tag);
-/* ABI 4: the registration audit, before every commit: writes the names of registered parameters
+/* ABI 7: the registration audit, before every commit: writes the names of registered parameters
  * that are no longer where the engine registered them into `out` ('\n'-separated, NUL-terminated,
  * at most `capacity` bytes) and returns how many there are (0: none stale). */
 typedef uint64_t (*refit_audit_fn)(void* user, char* out, uint64_t capacity);
@@ -418,11 +418,11 @@ REFIT_API int32_t refit_engine_paused(const refit_engine* engine);
  * versions and must not be served until a later resume. */
 REFIT_API int32_t refit_engine_dirty(const refit_engine* engine);
 REFIT_API int32_t refit_engine_connected(const refit_engine* engine);
-/* ABI 4. Sleep: the engine is about to release its weights; returns once refitd dropped its
+/* ABI 7. Sleep: the engine is about to release its weights; returns once refitd dropped its
  * mappings (REFIT_UNAVAILABLE while a commit is in flight: retry). A refit meanwhile is staged (or
  * refused: refitd's engine.asleep_refits). Not from a callback. */
 REFIT_API int refit_engine_sleep(refit_engine* engine);
-/* ABI 4. Wake: the weights are mapped again, the same parameters (names, dtypes, shapes, order) at
+/* ABI 7. Wake: the weights are mapped again, the same parameters (names, dtypes, shapes, order) at
  * the same or new addresses: `params` (NULL and 0: the ones registered last). refitd maps them and
  * commits a refit staged meanwhile (pause/resume are called) before this returns; `committed`
  * (may be NULL) says whether one was. An error when the wake or that commit failed. Not from a
@@ -430,7 +430,7 @@ REFIT_API int refit_engine_sleep(refit_engine* engine);
 REFIT_API int refit_engine_wake(refit_engine* engine, const refit_engine_param* params, uint64_t num_params,
                                 int32_t* committed);
 REFIT_API int32_t refit_engine_asleep(const refit_engine* engine);
-/* ABI 4. Distinct CUDA allocations the in-place (REFIT_STORAGE_CUDA_PTR) parameters lie in. */
+/* ABI 7. Distinct CUDA allocations the in-place (REFIT_STORAGE_CUDA_PTR) parameters lie in. */
 REFIT_API uint64_t refit_engine_allocations(const refit_engine* engine);
 /* Disconnects, waits for the agent thread (and any callback in progress), frees the handle. */
 REFIT_API void refit_engine_stop(refit_engine* engine);

@@ -77,8 +77,9 @@ struct RefitMetrics {
 
   // The families, owned by the registry. Labelled ones take Labels({...}) in the order given.
   CounterFamily* sessions_total = nullptr;        // {outcome, reason}
-  CounterFamily* received_bytes_total = nullptr;  // {transport}: "ucx", "nccl", "ipc"
-  CounterFamily* converted_bytes_total = nullptr;  // {format}: output format name, e.g. "nvfp4"
+  CounterFamily* received_bytes_total = nullptr;  // {transport}: data_plane.transport: "ucx", "nccl", "cuda_ipc"
+  // {format}: output format name, e.g. "nvfp4"; "passthrough" for tensors staged as they came
+  CounterFamily* converted_bytes_total = nullptr;
   HistogramFamily* phase_duration_seconds = nullptr;  // {phase}
   Histogram* commit_pause_seconds = nullptr;
   Gauge* committed_version = nullptr;

@@ -1,12 +1,16 @@
 // Session: one refit, from begin to commit or abort. Receives announced buckets on the data
-// plane into a ring of slots (receiver thread) and converts them into staging (converter
-// thread), so receiving bucket k+1 overlaps converting bucket k, and a GPU converter's kernels
-// for bucket k+1 queue behind bucket k's (one bucket in flight; Converter::EndBucket).
-// Commit-time validation is the Ledger's; the engine swap is the Committer's. A session never
-// touches engine storage.
+// plane into a ring of slots (receiver loop) and converts them into staging (converter loop),
+// so receiving bucket k+1 overlaps converting bucket k, and a GPU converter's kernels for bucket
+// k+1 queue behind bucket k's (one bucket in flight; Converter::EndBucket).
+// Commit-time validation is the Ledger's; the engine swap is a Commit's (commit.h, through the
+// Committer). A session never maps, pauses or resumes the engine, and writes into its memory only
+// with staging: direct, once the node has paused it: tensors of the Placement given to
+// UsePlacement are converted straight into the engine's parameters; everything else is staged.
 //
 // Threading: Announce/Finish/Abort may be called from any thread (the RPC loop); Abort wakes
-// every blocked call. The destructor aborts and joins the threads.
+// every blocked call. The two loops run on threads kept across sessions (Options::threads) or,
+// without them, on threads of the session's own. The destructor stops the session (Stop: aborted
+// unless it failed already, both loops ended).
 #ifndef REFIT_REFIT_SESSION_H_
 #define REFIT_REFIT_SESSION_H_
 

@@ -1,10 +1,25 @@
 // The refitd control-plane service: the Cap'n Proto `Daemon`, `Session` and `Registration`
 // capabilities, adapted onto the refit core's Node (src/refit/node.h), which owns the engine
-// records, the session lifecycle and the commit protocol. This file only translates: wire types
-// in, typed statuses and reports out, promises around the core's blocking steps.
+// records, the session lifecycle and the commit protocol. Besides translating (wire types in,
+// typed statuses with their causes and reports out, promises around the core's blocking steps),
+// daemon_service.cc decides what the core leaves to the server:
+//   - a registration's engine storage (POSIX shm, or CUDA IPC handles and CUDA virtual-memory
+//     descriptors) and its staging and converter by the config's `staging:` (MakeStaging: host
+//     staging and the CPU converter, or device staging and the GPU converter; host only for an
+//     engine of several ranks);
+//   - the engine's pause and resume over the control plane (RpcEngineControl: each call raced
+//     against its timeout, a late call kept until the engine answers it);
+//   - the last kKeptManifests tensor lists, so that a begin may name its manifest by key;
+//   - staging: direct's early pause (for a manifest like the last one placed: sent as the begin
+//     arrives, before its manifest is decoded), taken on the loop when answered in time, or
+//     undone when the begin does not adopt it;
+//   - each commit as a daemon task on a kept worker thread (BlockingThreads), its resume sent and
+//     answered on the loop; a commit waiting for joined ranks, a kept version's commit or an early
+//     pause's undo, and a wake waiting for a commit, woken by Changed;
+//   - when the event loop busy polls (Heat, Expect, Hot; main.cc spins while Hot).
 //
-// Runs on one KJ event loop thread; the commit runs on a kept worker thread (BlockingThreads)
-// and reaches the engine's pause/resume through the loop's executor.
+// Runs on one KJ event loop thread; blocking steps (a commit, a pause taken off the loop) run on
+// kept worker threads and reach the engine's pause/resume through the loop's executor.
 #ifndef REFIT_SERVER_DAEMON_SERVICE_H_
 #define REFIT_SERVER_DAEMON_SERVICE_H_
 
