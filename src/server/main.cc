@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "absl/debugging/failure_signal_handler.h"
@@ -123,12 +124,28 @@ int main(int argc, char** argv) {
   }
   server::SetLogFormat(log_format);
 
-  absl::StatusOr<spec::ModelSpec> spec = config->model_spec.empty()
-                                             ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>")
-                                             : spec::LoadModelSpecFile(config->model_spec);
+  // The model's config.json: the sizes the spec leaves to the model (docs/config.md).
+  if (!command_line.model_config.empty()) {
+    config->model_config = command_line.model_config;
+  } else if (!config->model_config.empty() && !config_path.empty() &&
+             std::filesystem::path(config->model_config).is_relative()) {
+    config->model_config = (std::filesystem::path(config_path).parent_path() / config->model_config).string();
+  }
+  std::optional<spec::ModelConfig> model_config;
+  if (!config->model_config.empty()) {
+    absl::StatusOr<spec::ModelConfig> c = spec::LoadModelConfigFile(config->model_config);
+    if (!c.ok()) return Fail(absl::StrCat("model_config: ", c.status().message()));
+    model_config = std::move(*c);
+  }
+  const spec::LoadOptions spec_options{.model_config = model_config ? &*model_config : nullptr};
+  absl::StatusOr<spec::ModelSpec> spec =
+      config->model_spec.empty()
+          ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>", "", spec_options)
+          : spec::LoadModelSpecFile(config->model_spec, spec_options);
   if (!spec.ok()) return Fail(spec.status().message());
   if (print_config) {
     std::printf("listen: %s\nmodel: %s\nrules: %zu\n", config->listen.c_str(), spec->model.c_str(), spec->rules.size());
+    if (!spec->model_config.empty()) std::printf("model_config: %s\n", spec->model_config.c_str());
     return 0;
   }
 
