@@ -26,6 +26,7 @@
 #include "absl/debugging/failure_signal_handler.h"
 #include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "capnp/rpc-twoparty.h"
 #include "kj/async-io.h"
 #include "kj/async-unix.h"
@@ -143,6 +144,13 @@ int main(int argc, char** argv) {
           ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>", "", spec_options)
           : spec::LoadModelSpecFile(config->model_spec, spec_options);
   if (!spec.ok()) return Fail(spec.status().message());
+  if (!spec->unresolved.empty() && !print_config) {
+    // Sizes only Megatron-core pushes need: refitd serves checkpoint names without them.
+    server::LogEvent(server::LogLevel::kWarn, "model_sizes_unresolved")
+        .Add("sizes", absl::StrJoin(spec->unresolved, ", "))
+        .Add("reason", "the spec leaves them to the model's config.json and no model_config was given; "
+                       "Megatron-core pushes that need them are refused");
+  }
   if (print_config) {
     std::printf("listen: %s\nmodel: %s\nrules: %zu\n", config->listen.c_str(), spec->model.c_str(), spec->rules.size());
     if (!spec->model_config.empty()) std::printf("model_config: %s\n", spec->model_config.c_str());

@@ -173,15 +173,21 @@ class Reader {
 class Sizes {
  public:
   using Lookup = absl::StatusOr<std::optional<ConfigSize>> (*)(const ModelConfig&);
+  // When a size neither the spec nor a model config gives is an error.
+  enum class Need : uint8_t {
+    kOptional,  // never: 0 means "not given" (vocab_size: no padding)
+    kLater,     // when a tensor needs it (a Megatron-core push: linear_qkv's heads); listed as unresolved
+    kAtLoad,    // at load (a stack's count: the planner's slots): listed, and the spec refused
+  };
 
   Sizes(const Reader& r, const LoadOptions& options, ModelSpec& spec) : r_(r), options_(options), spec_(spec) {}
 
   // `parent[key]` when the spec states it (it must agree with the model config's, when one is
   // given and has the size), else the model config's (`keys` names where it looks, for errors);
-  // 0 when neither has it. A `needed` size neither has is an error, or, without a model config,
-  // is listed as unresolved.
+  // 0 when neither has it. With a model config, a size it lacks that is needed (not kOptional)
+  // is an error; without one, it is listed as unresolved.
   absl::StatusOr<int64_t> Get(const YAML::Node& parent, const char* key, const std::string& where, Lookup lookup,
-                              std::string_view keys, bool needed) const {
+                              std::string_view keys, Need need) {
     const ModelConfig* config = options_.model_config;
     if (const YAML::Node n = parent[key]) {
       REFIT_ASSIGN_OR_RETURN(int64_t v, r_.Int(n, where, 1));
@@ -200,20 +206,28 @@ class Sizes {
       absl::StatusOr<std::optional<ConfigSize>> c = lookup(*config);
       if (!c.ok()) return r_.Error(parent, where, c.status().message());
       if (*c) return (*c)->value;
-      if (needed) {
+      if (need != Need::kOptional) {
         return r_.Error(parent, where,
-                        absl::StrCat("not given, and the model config '", config->source(), "' has no ", std::string(keys)));
+                        absl::StrCat("not given, and the model config '", config->source(), "' has no ",
+                                     std::string(keys)));
       }
       return 0;
     }
-    if (needed) spec_.unresolved.push_back(absl::StrCat(where, " (line ", parent.Mark().line + 1, ")"));
+    if (need == Need::kOptional) return 0;
+    std::string entry = absl::StrCat(where, " (line ", parent.Mark().line + 1, ")");
+    if (need == Need::kAtLoad) refused_.push_back(entry);
+    spec_.unresolved.push_back(std::move(entry));
     return 0;
   }
+
+  // The sizes the spec cannot load without (no model config was given).
+  const std::vector<std::string>& refused() const { return refused_; }
 
  private:
   const Reader& r_;
   const LoadOptions& options_;
   ModelSpec& spec_;
+  std::vector<std::string> refused_;
 };
 
 absl::StatusOr<std::optional<ConfigSize>> ExpertsOf(const ModelConfig& c) { return c.Experts(); }
@@ -426,7 +440,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   ModelSpec spec;
   spec.path = std::string(path);
   if (options.model_config != nullptr) spec.model_config = options.model_config->source();
-  const Sizes sizes(r, options, spec);
+  Sizes sizes(r, options, spec);
   REFIT_RETURN_IF_ERROR(r.CheckKeys(
       root, "spec", {"model", "checkpoint", "tensor_parallel", "expert_parallel", "source", "defaults", "rules", "groups",
              "derived"}));
@@ -513,18 +527,20 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         {"head_dim", &m.head_dim, HeadDimOf, "head_dim (nor hidden_size and num_attention_heads)"}};
     for (const auto& [key, field, lookup, keys] : heads) {
       if (!gqa && !src[key]) continue;
-      REFIT_ASSIGN_OR_RETURN(*field, sizes.Get(src, key, absl::StrCat("source.", key), lookup, keys, gqa));
+      REFIT_ASSIGN_OR_RETURN(*field, sizes.Get(src, key, absl::StrCat("source.", key), lookup, keys,
+                                               gqa ? Sizes::Need::kLater : Sizes::Need::kOptional));
     }
     if (m.attention == MegatronSource::Attention::kMla || src["q_lora_rank"]) {
-      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank,
-                             sizes.Get(src, "q_lora_rank", "source.q_lora_rank", QLoraRankOf, "q_lora_rank", false));
+      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, sizes.Get(src, "q_lora_rank", "source.q_lora_rank", QLoraRankOf,
+                                                      "q_lora_rank", Sizes::Need::kOptional));
     }
     const bool oss = m.experts == MegatronSource::Experts::kGptOss;
     if (oss || src["num_experts"]) {
-      REFIT_ASSIGN_OR_RETURN(m.num_experts,
-                             sizes.Get(src, "num_experts", "source.num_experts", ExpertsOf, kExpertKeys, oss));
+      REFIT_ASSIGN_OR_RETURN(m.num_experts, sizes.Get(src, "num_experts", "source.num_experts", ExpertsOf, kExpertKeys,
+                                                      oss ? Sizes::Need::kLater : Sizes::Need::kOptional));
     }
-    REFIT_ASSIGN_OR_RETURN(m.vocab_size, sizes.Get(src, "vocab_size", "source.vocab_size", VocabOf, "vocab_size", false));
+    REFIT_ASSIGN_OR_RETURN(m.vocab_size, sizes.Get(src, "vocab_size", "source.vocab_size", VocabOf, "vocab_size",
+                                                   Sizes::Need::kOptional));
     const std::tuple<const char*, int64_t*, Sizes::Lookup> linear[] = {
         {"linear_num_key_heads", &m.linear_num_key_heads, LinearKeyHeadsOf},
         {"linear_key_head_dim", &m.linear_key_head_dim, LinearKeyHeadDimOf},
@@ -537,7 +553,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         }
         continue;
       }
-      REFIT_ASSIGN_OR_RETURN(*field, sizes.Get(src, key, absl::StrCat("source.", key), lookup, key, false));
+      REFIT_ASSIGN_OR_RETURN(*field, sizes.Get(src, key, absl::StrCat("source.", key), lookup, key, Sizes::Need::kLater));
     }
     if (m.linear_num_key_heads > 0 && m.linear_num_value_heads % m.linear_num_key_heads != 0) {
       return r.Error(src["linear_num_value_heads"] ? src["linear_num_value_heads"] : src, "source.linear_num_value_heads",
@@ -622,7 +638,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         if (!s["capture"]) return r.Error(s, where + ".stack", "needs 'capture' (and 'count', or a model config)");
         Stack stack;
         REFIT_ASSIGN_OR_RETURN(stack.capture, r.String(s["capture"], where + ".stack.capture"));
-        REFIT_ASSIGN_OR_RETURN(stack.count, sizes.Get(s, "count", where + ".stack.count", ExpertsOf, kExpertKeys, true));
+        REFIT_ASSIGN_OR_RETURN(stack.count, sizes.Get(s, "count", where + ".stack.count", ExpertsOf, kExpertKeys,
+                                                      Sizes::Need::kAtLoad));
         if (spec.ep_size > 1 && stack.count > 0 && stack.count % spec.ep_size != 0) {
           return r.Error(s["count"] ? s["count"] : s, where + ".stack.count",
                          absl::StrCat(stack.count, " experts do not split into expert_parallel.size ", spec.ep_size,
@@ -734,10 +751,10 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       spec.derived.push_back(std::move(d));
     }
   }
-  if (!spec.unresolved.empty() && !options.allow_unresolved) {
+  if (!sizes.refused().empty() && !options.allow_unresolved) {
     return absl::InvalidArgumentError(absl::StrCat(
-        spec.path, ": ", absl::StrJoin(spec.unresolved, ", "),
-        spec.unresolved.size() == 1 ? " comes" : " come",
+        spec.path, ": ", absl::StrJoin(sizes.refused(), ", "),
+        sizes.refused().size() == 1 ? " comes" : " come",
         " from the model, and no model config was given: give the model's config.json (refitd: model_config "
         "or --model-config; refitctl: --model-config, or a checkpoint directory holding config.json), or state "
         "the size in the spec"));

@@ -156,8 +156,9 @@ struct ModelSpec {
   int ep_rank = 0;
   std::optional<MegatronSource> source;  // absent: the trainer pushes checkpoint names
   // The model config the sizes were read from ("" when none was given), and the sizes the spec
-  // leaves to a model config that was not given ("rules[3].stack.count (line 34)"); non-empty
-  // only when loaded with LoadOptions::allow_unresolved (`refitctl spec lint` without one).
+  // leaves to a model config that was not given ("source.head_dim (line 21)"), 0 here: a Megatron
+  // source's heads are refused when a push needs them (megatron_source.h); a stack's count refuses
+  // the load, unless LoadOptions::allow_unresolved.
   std::string model_config;
   std::vector<std::string> unresolved;
 
@@ -193,8 +194,8 @@ struct LoadOptions {
   // The model's config.json: the sizes the spec omits are read from it, and the sizes it states
   // are checked against it. Not owned; only read during the load.
   const ModelConfig* model_config = nullptr;
-  // Without a model config, a spec that omits a size it needs is refused naming every such size
-  // and how to give the config; with this set it loads with those sizes 0, listed in
+  // Without a model config, a spec that omits a stacked rule's count is refused naming every
+  // such count and how to give the config; with this set it loads with those counts 0, listed in
   // ModelSpec::unresolved (for checks of the spec's text alone).
   bool allow_unresolved = false;
 };
