@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -172,7 +173,7 @@ class Reader {
 // Sizes a spec may leave to the model (docs/config.md, "Sizes come from the model").
 class Sizes {
  public:
-  using Lookup = absl::StatusOr<std::optional<ConfigSize>> (*)(const ModelConfig&);
+  using Lookup = std::function<absl::StatusOr<std::optional<ConfigSize>>(const ModelConfig&)>;
   // When a size neither the spec nor a model config gives is an error.
   enum class Need : uint8_t {
     kOptional,  // never: 0 means "not given" (vocab_size: no padding)
@@ -186,8 +187,8 @@ class Sizes {
   // given and has the size), else the model config's (`keys` names where it looks, for errors);
   // 0 when neither has it. With a model config, a size it lacks that is needed (not kOptional)
   // is an error; without one, it is listed as unresolved.
-  absl::StatusOr<int64_t> Get(const YAML::Node& parent, const char* key, const std::string& where, Lookup lookup,
-                              std::string_view keys, Need need) {
+  absl::StatusOr<int64_t> Get(const YAML::Node& parent, const char* key, const std::string& where,
+                              const Lookup& lookup, std::string_view keys, Need need) {
     const ModelConfig* config = options_.model_config;
     if (const YAML::Node n = parent[key]) {
       REFIT_ASSIGN_OR_RETURN(int64_t v, r_.Int(n, where, 1));
@@ -233,20 +234,9 @@ class Sizes {
 absl::StatusOr<std::optional<ConfigSize>> ExpertsOf(const ModelConfig& c) { return c.Experts(); }
 absl::StatusOr<std::optional<ConfigSize>> QueryGroupsOf(const ModelConfig& c) { return c.QueryGroups(); }
 absl::StatusOr<std::optional<ConfigSize>> HeadDimOf(const ModelConfig& c) { return c.HeadDim(); }
-absl::StatusOr<std::optional<ConfigSize>> HeadsOf(const ModelConfig& c) { return c.First({"num_attention_heads"}); }
-absl::StatusOr<std::optional<ConfigSize>> QLoraRankOf(const ModelConfig& c) { return c.First({"q_lora_rank"}); }
-absl::StatusOr<std::optional<ConfigSize>> VocabOf(const ModelConfig& c) { return c.First({"vocab_size"}); }
-absl::StatusOr<std::optional<ConfigSize>> LinearKeyHeadsOf(const ModelConfig& c) {
-  return c.First({"linear_num_key_heads"});
-}
-absl::StatusOr<std::optional<ConfigSize>> LinearKeyHeadDimOf(const ModelConfig& c) {
-  return c.First({"linear_key_head_dim"});
-}
-absl::StatusOr<std::optional<ConfigSize>> LinearValueHeadsOf(const ModelConfig& c) {
-  return c.First({"linear_num_value_heads"});
-}
-absl::StatusOr<std::optional<ConfigSize>> LinearValueHeadDimOf(const ModelConfig& c) {
-  return c.First({"linear_value_head_dim"});
+// The config's value of `key`.
+Sizes::Lookup Key(const char* key) {
+  return [key](const ModelConfig& c) { return c.First({key}); };
 }
 
 constexpr std::string_view kExpertKeys = "num_experts, n_routed_experts or num_local_experts";
@@ -522,7 +512,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     // Grouped-query attention's linear_qkv needs its heads; MLA has no linear_qkv.
     const bool gqa = m.attention != MegatronSource::Attention::kMla;
     const std::tuple<const char*, int64_t*, Sizes::Lookup, const char*> heads[] = {
-        {"num_attention_heads", &m.num_attention_heads, HeadsOf, "num_attention_heads"},
+        {"num_attention_heads", &m.num_attention_heads, Key("num_attention_heads"), "num_attention_heads"},
         {"num_query_groups", &m.num_query_groups, QueryGroupsOf, "num_key_value_heads"},
         {"head_dim", &m.head_dim, HeadDimOf, "head_dim (nor hidden_size and num_attention_heads)"}};
     for (const auto& [key, field, lookup, keys] : heads) {
@@ -531,7 +521,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
                                                gqa ? Sizes::Need::kLater : Sizes::Need::kOptional));
     }
     if (m.attention == MegatronSource::Attention::kMla || src["q_lora_rank"]) {
-      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, sizes.Get(src, "q_lora_rank", "source.q_lora_rank", QLoraRankOf,
+      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, sizes.Get(src, "q_lora_rank", "source.q_lora_rank", Key("q_lora_rank"),
                                                       "q_lora_rank", Sizes::Need::kOptional));
     }
     const bool oss = m.experts == MegatronSource::Experts::kGptOss;
@@ -539,21 +529,21 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       REFIT_ASSIGN_OR_RETURN(m.num_experts, sizes.Get(src, "num_experts", "source.num_experts", ExpertsOf, kExpertKeys,
                                                       oss ? Sizes::Need::kLater : Sizes::Need::kOptional));
     }
-    REFIT_ASSIGN_OR_RETURN(m.vocab_size, sizes.Get(src, "vocab_size", "source.vocab_size", VocabOf, "vocab_size",
+    REFIT_ASSIGN_OR_RETURN(m.vocab_size, sizes.Get(src, "vocab_size", "source.vocab_size", Key("vocab_size"), "vocab_size",
                                                    Sizes::Need::kOptional));
-    const std::tuple<const char*, int64_t*, Sizes::Lookup> linear[] = {
-        {"linear_num_key_heads", &m.linear_num_key_heads, LinearKeyHeadsOf},
-        {"linear_key_head_dim", &m.linear_key_head_dim, LinearKeyHeadDimOf},
-        {"linear_num_value_heads", &m.linear_num_value_heads, LinearValueHeadsOf},
-        {"linear_value_head_dim", &m.linear_value_head_dim, LinearValueHeadDimOf}};
-    for (const auto& [key, field, lookup] : linear) {
+    const std::pair<const char*, int64_t*> linear[] = {{"linear_num_key_heads", &m.linear_num_key_heads},
+                                                       {"linear_key_head_dim", &m.linear_key_head_dim},
+                                                       {"linear_num_value_heads", &m.linear_num_value_heads},
+                                                       {"linear_value_head_dim", &m.linear_value_head_dim}};
+    for (const auto& [key, field] : linear) {
       if (m.attention != MegatronSource::Attention::kGated) {
         if (src[key]) {
           return r.Error(src[key], absl::StrCat("source.", key), "needs 'attention: gated' (gated delta-net layers)");
         }
         continue;
       }
-      REFIT_ASSIGN_OR_RETURN(*field, sizes.Get(src, key, absl::StrCat("source.", key), lookup, key, Sizes::Need::kLater));
+      REFIT_ASSIGN_OR_RETURN(*field,
+                             sizes.Get(src, key, absl::StrCat("source.", key), Key(key), key, Sizes::Need::kLater));
     }
     if (m.linear_num_key_heads > 0 && m.linear_num_value_heads % m.linear_num_key_heads != 0) {
       return r.Error(src["linear_num_value_heads"] ? src["linear_num_value_heads"] : src, "source.linear_num_value_heads",
