@@ -13,13 +13,14 @@ from conftest import REFITCTL, SRC, make_real_checkpoint
 
 MODELS = SRC / "deploy/models"
 
-# shipped spec -> (family of make_checkpoints.py, the real model's tensors: HF's count where known)
+# shipped spec -> (family of make_checkpoints.py, tensors of the real model's trainer checkpoint as
+# make_checkpoints.py lays it out; Meta-Llama-3-8B's 291 are its Hugging Face checkpoint's)
 SPECS = {
-    "llama3_fp8.yaml": ("llama3", 291),              # Meta-Llama-3-8B
-    "qwen3_moe_nvfp4.yaml": ("qwen3_moe", 18867),    # Qwen3-30B-A3B
+    "llama3_fp8.yaml": ("llama3", 291),                    # Meta-Llama-3-8B
+    "qwen3_moe_nvfp4.yaml": ("qwen3_moe", 18867),          # Qwen3-30B-A3B: 48 layers x 128 experts
     "deepseek_v3_fp8_ue8m0.yaml": ("deepseek_v3", 46183),  # DeepSeek-V3, with its MTP layer 61
-    "gpt_oss_mxfp4.yaml": ("gpt_oss", 411),          # gpt-oss-20b, BF16 experts
-    "qwen35_mxfp8.yaml": ("qwen35", 866),            # Qwen3.5-27B text model and MTP layer
+    "gpt_oss_mxfp4.yaml": ("gpt_oss", 411),                # gpt-oss-20b, BF16 experts
+    "qwen35_mxfp8.yaml": ("qwen35", 866),                  # Qwen3.5-27B text model and MTP layer
 }
 
 
