@@ -15,6 +15,10 @@
 namespace refit {
 namespace {
 
+// What a refusal for a size the spec left to the model says (spec/model_config.h).
+constexpr char kFromModelConfig[] =
+    " (the model's config.json gives it: set refitd's model_config, or state it in the spec's source)";
+
 enum class Kind : uint8_t {
   kRename, kQkv, kFc1, kVocab, kQkvDown, kOssFc1, kOssFc1Bias, kOssFc2, kOssFc2Bias, kGdnInProj, kGdnConv
 };
@@ -151,6 +155,10 @@ absl::StatusOr<std::optional<Mapped>> ParseLayer(const spec::MegatronSource& m, 
   int64_t expert = 0;
   if (!absl::ConsumePrefix(&e, "mlp.experts.") || !ParseExpert(e, fc, param, expert)) return unknown();
   if (oss) {
+    if (m.num_experts == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name),
+                                                     "': gpt-oss experts need source.num_experts", kFromModelConfig));
+    }
     if (expert >= m.num_experts) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", std::string(name), "': expert ", expert,
                                                      " of source.num_experts ", m.num_experts));
@@ -316,8 +324,9 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> GdnPieces(const spec::Me
   };
   if (m.linear_num_key_heads <= 0 || m.linear_key_head_dim <= 0 || m.linear_num_value_heads <= 0 ||
       m.linear_value_head_dim <= 0) {
-    return bad("a gated delta-net in_proj / conv1d needs source.linear_num_key_heads, linear_key_head_dim, "
-               "linear_num_value_heads and linear_value_head_dim");
+    return bad(absl::StrCat("a gated delta-net in_proj / conv1d needs source.linear_num_key_heads, linear_key_head_dim, "
+                            "linear_num_value_heads and linear_value_head_dim",
+                            kFromModelConfig));
   }
   const uint64_t nk = static_cast<uint64_t>(m.linear_num_key_heads), dk = static_cast<uint64_t>(m.linear_key_head_dim);
   const uint64_t nv = static_cast<uint64_t>(m.linear_num_value_heads),
@@ -421,7 +430,8 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::
     if (q == 0 || q >= r.full) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", in.name, "': a fused linear_qkv_down_proj of ", r.full,
-          " rows needs source.q_lora_rank (the q_a_proj rows at its front) below that"));
+          " rows needs source.q_lora_rank (the q_a_proj rows at its front) below that",
+          q == 0 ? kFromModelConfig : ""));
     }
     const std::pair<const char*, std::pair<uint64_t, uint64_t>> parts[] = {{"q_a_proj.weight", {0, q}},
                                                                            {"kv_a_proj_with_mqa.weight", {q, r.full}}};
@@ -444,7 +454,8 @@ absl::StatusOr<std::optional<std::vector<SourcePiece>>> MapMegatron(const spec::
   if (mp.kind == Kind::kQkv) {
     if (m.num_query_groups <= 0 || m.head_dim <= 0 || m.num_attention_heads <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", in.name, "': linear_qkv needs source.num_attention_heads, num_query_groups and head_dim"));
+          "tensor '", in.name, "': linear_qkv needs source.num_attention_heads, num_query_groups and head_dim",
+          kFromModelConfig));
     }
     const uint64_t hd = static_cast<uint64_t>(m.head_dim), groups = static_cast<uint64_t>(m.num_query_groups);
     const uint64_t qpg = static_cast<uint64_t>(m.num_attention_heads) / groups, heads = qpg * groups;

@@ -44,10 +44,6 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
     if (p.kind != ConvertKind::kQuantize || !formats::Info(p.format).quantized) continue;
     absl::StatusOr<std::vector<formats::OutputSpec>> outs = formats::PlanOutputs(p.format, t.dtype, p.input_shape);
     if (!outs.ok()) return outs.status();
-    if (outs->size() != p.targets.size()) {
-      return absl::InternalError(absl::StrCat("tensor '", t.name, "': ", outs->size(), " outputs but ",
-                                              p.targets.size(), " targets"));
-    }
     WireEntry e;
     e.input = t;
     e.plan = *plan;
@@ -60,10 +56,6 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
     w.amax_group = p.amax_group;  // fused NVFP4 members: the trainer reduces their amax
     for (size_t j = 0; j < outs->size(); ++j) {
       const formats::OutputSpec& o = (*outs)[j];
-      const Target& target = p.targets[j];
-      if (target.spec.suffix != o.suffix || target.full_shape != o.shape || target.spec.dtype != o.dtype) {
-        return absl::InternalError(absl::StrCat("tensor '", t.name, "': output '", o.suffix, "' and its target disagree"));
-      }
       auto copy = std::make_shared<TensorPlan>();
       copy->rule = p.rule;
       copy->kind = ConvertKind::kCopy;
@@ -71,7 +63,20 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
       copy->shard_dim = p.shard_dim;
       copy->shard_parts = p.shard_parts;
       copy->shard_index = p.shard_index;
-      copy->targets = {target};
+      // The output's targets: one, or over several engine ranks each rank's (its part, or the
+      // one they share), in rank order. The copy has that one output.
+      for (const Target& target : p.targets) {
+        if (target.output != j) continue;
+        if (target.spec.suffix != o.suffix || target.full_shape != o.shape || target.spec.dtype != o.dtype) {
+          return absl::InternalError(
+              absl::StrCat("tensor '", t.name, "': output '", o.suffix, "' and its target disagree"));
+        }
+        copy->targets.push_back(target);
+        copy->targets.back().output = 0;
+      }
+      if (copy->targets.empty()) {
+        return absl::InternalError(absl::StrCat("tensor '", t.name, "': output '", o.suffix, "' has no target"));
+      }
       e.copies.push_back(std::move(copy));
       const formats::OutputShape shape = j < roles.size() ? roles[j].shape : formats::OutputShape::kInput;
       e.is_scale.push_back(shape == formats::OutputShape::kPerBlock || shape == formats::OutputShape::kScalar);

@@ -28,7 +28,8 @@ struct WireEntry {
   // NVFP4: the output holding the global scale (weight_scale_2, F32 scalar), else -1. Members of
   // a fused group (plan->amax_group) must all send the same one; so must every rank of a slice.
   int global_scale = -1;
-  // Per output: the copy of its bytes into the plan's target of the same index.
+  // Per output: the copy of its bytes into the plan's targets of that output (one per engine rank
+  // that holds its own part of it).
   std::vector<std::shared_ptr<const TensorPlan>> copies;
 };
 

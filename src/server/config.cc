@@ -112,7 +112,8 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   UseDefaultTransport(c, transports);
   if (root.IsNull()) return c;
   REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
-                                  {"listen", "socket_mode", "socket_group", "model_spec", "data_plane", "staging",
+                                  {"listen", "socket_mode", "socket_group", "model_spec", "model_config", "data_plane",
+                                   "staging",
                                    "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold",
                                    "busy_poll"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
@@ -160,6 +161,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     if (c.resume_timeout_ms < 1) return Err(e, path, "engine.resume_timeout_ms", "must be at least 1");
   }
   REFIT_RETURN_IF_ERROR(Get(root, "model_spec", path, "", c.model_spec));
+  REFIT_RETURN_IF_ERROR(Get(root, "model_config", path, "", c.model_config));
   REFIT_RETURN_IF_ERROR(Get(root, "hold", path, "", c.hold));
   if (c.hold > 64) return Err(root["hold"], path, "hold", "must be at most 64");
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));

@@ -33,6 +33,9 @@ struct Config {
   std::string tls_client_ca;
   std::string model_spec;       // path to the model spec YAML
   std::string model_spec_inline;  // or the spec itself (the embedded demo config uses this)
+  // The served model's config.json: the sizes the spec leaves to the model (expert counts,
+  // heads, vocabulary) are read from it at start (spec/model_config.h). "": none.
+  std::string model_config;
   // Data plane: one transport of the registry the config was parsed against (docs/transports.md).
   std::string transport;  // data_plane.transport; the registry's default when not set
   // The transport's own data_plane keys (its descriptor's config_keys), every one present.

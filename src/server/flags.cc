@@ -17,6 +17,9 @@ ABSL_FLAG(std::string, config, "",
 ABSL_FLAG(std::string, listen, "", "control-plane address, unix:PATH or HOST:PORT; overrides the config's `listen`");
 ABSL_FLAG(std::string, model_spec, "",
           "model spec file (deploy/models/); overrides the config's `model_spec`");
+ABSL_FLAG(std::string, model_config, "",
+          "the served model's config.json, where the spec's expert counts, heads and vocabulary come from; "
+          "overrides the config's `model_config`");
 ABSL_FLAG(std::string, admin_listen, "",
           "admin HTTP address (/metrics, /healthz, /readyz, /version); overrides the config's `admin.listen`");
 ABSL_FLAG(bool, print_config, false, "load the configuration and model spec, print a summary and exit");
@@ -24,7 +27,8 @@ ABSL_FLAG(bool, print_config, false, "load the configuration and model spec, pri
 namespace refit::server {
 namespace {
 
-constexpr std::array<std::string_view, 5> kFlags = {"config", "listen", "model_spec", "admin_listen", "print_config"};
+constexpr std::array<std::string_view, 6> kFlags = {"config",       "listen",      "model_spec", "model_config",
+                                                    "admin_listen", "print_config"};
 
 std::string Usage() {
   return absl::StrCat("usage: refitd ", cli::FlagsSynopsis(kFlags), "\n");
@@ -76,6 +80,7 @@ CommandLine ParseCommandLine(int argc, char** argv) {
   out.config_path = absl::GetFlag(FLAGS_config);
   out.listen = absl::GetFlag(FLAGS_listen);
   out.model_spec = absl::GetFlag(FLAGS_model_spec);
+  out.model_config = absl::GetFlag(FLAGS_model_config);
   out.admin_listen = absl::GetFlag(FLAGS_admin_listen);
   out.print_config = absl::GetFlag(FLAGS_print_config);
   return out;

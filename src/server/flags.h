@@ -15,6 +15,7 @@ struct CommandLine {
   std::string config_path;   // --config; empty: the embedded default configuration
   std::string listen;        // --listen; empty: the config's `listen`
   std::string model_spec;    // --model-spec; empty: the config's `model_spec`
+  std::string model_config;  // --model-config; empty: the config's `model_config`
   std::string admin_listen;  // --admin-listen; empty: the config's `admin.listen`
   bool print_config = false;
   // Set when main() should return it at once: 0 after --help or --version (printed to stdout),

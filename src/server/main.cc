@@ -20,11 +20,13 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "absl/debugging/failure_signal_handler.h"
 #include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "capnp/rpc-twoparty.h"
 #include "kj/async-io.h"
 #include "kj/async-unix.h"
@@ -123,12 +125,35 @@ int main(int argc, char** argv) {
   }
   server::SetLogFormat(log_format);
 
-  absl::StatusOr<spec::ModelSpec> spec = config->model_spec.empty()
-                                             ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>")
-                                             : spec::LoadModelSpecFile(config->model_spec);
+  // The model's config.json: the sizes the spec leaves to the model (docs/config.md).
+  if (!command_line.model_config.empty()) {
+    config->model_config = command_line.model_config;
+  } else if (!config->model_config.empty() && !config_path.empty() &&
+             std::filesystem::path(config->model_config).is_relative()) {
+    config->model_config = (std::filesystem::path(config_path).parent_path() / config->model_config).string();
+  }
+  std::optional<spec::ModelConfig> model_config;
+  if (!config->model_config.empty()) {
+    absl::StatusOr<spec::ModelConfig> c = spec::LoadModelConfigFile(config->model_config);
+    if (!c.ok()) return Fail(absl::StrCat("model_config: ", c.status().message()));
+    model_config = std::move(*c);
+  }
+  const spec::LoadOptions spec_options{.model_config = model_config ? &*model_config : nullptr};
+  absl::StatusOr<spec::ModelSpec> spec =
+      config->model_spec.empty()
+          ? spec::ParseModelSpec(config->model_spec_inline, "<embedded demo spec>", "", spec_options)
+          : spec::LoadModelSpecFile(config->model_spec, spec_options);
   if (!spec.ok()) return Fail(spec.status().message());
+  if (!spec->unresolved.empty() && !print_config) {
+    // Sizes only Megatron-core pushes need: refitd serves checkpoint names without them.
+    server::LogEvent(server::LogLevel::kWarn, "model_sizes_unresolved")
+        .Add("sizes", absl::StrJoin(spec->unresolved, ", "))
+        .Add("reason", "the spec leaves them to the model's config.json and no model_config was given; "
+                       "Megatron-core pushes that need them are refused");
+  }
   if (print_config) {
     std::printf("listen: %s\nmodel: %s\nrules: %zu\n", config->listen.c_str(), spec->model.c_str(), spec->rules.size());
+    if (!spec->model_config.empty()) std::printf("model_config: %s\n", spec->model_config.c_str());
     return 0;
   }
 

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -167,6 +169,77 @@ class Reader {
  private:
   std::string path_;
 };
+
+// Sizes a spec may leave to the model (docs/config.md, "Sizes come from the model").
+class Sizes {
+ public:
+  using Lookup = std::function<absl::StatusOr<std::optional<ConfigSize>>(const ModelConfig&)>;
+  // When a size neither the spec nor a model config gives is an error.
+  enum class Need : uint8_t {
+    kOptional,  // never: 0 means "not given" (vocab_size: no padding)
+    kLater,     // when a tensor needs it (a Megatron-core push: linear_qkv's heads); listed as unresolved
+    kAtLoad,    // at load (a stack's count: the planner's slots): listed, and the spec refused
+  };
+
+  Sizes(const Reader& r, const LoadOptions& options, ModelSpec& spec) : r_(r), options_(options), spec_(spec) {}
+
+  // `parent[key]` when the spec states it (it must agree with the model config's, when one is
+  // given and has the size), else the model config's (`keys` names where it looks, for errors);
+  // 0 when neither has it. With a model config, a size it lacks that is needed (not kOptional)
+  // is an error; without one, it is listed as unresolved.
+  absl::StatusOr<int64_t> Get(const YAML::Node& parent, const char* key, const std::string& where,
+                              const Lookup& lookup, std::string_view keys, Need need) {
+    const ModelConfig* config = options_.model_config;
+    if (const YAML::Node n = parent[key]) {
+      REFIT_ASSIGN_OR_RETURN(int64_t v, r_.Int(n, where, 1));
+      if (config != nullptr) {
+        absl::StatusOr<std::optional<ConfigSize>> c = lookup(*config);
+        if (!c.ok()) return r_.Error(n, where, c.status().message());
+        if (*c && (*c)->value != v) {
+          return r_.Error(n, where,
+                          absl::StrCat(v, ", but the model config '", config->source(), "' gives ", (*c)->from, " ",
+                                       (*c)->value, " (leave it out of the spec to take the model's)"));
+        }
+      }
+      return v;
+    }
+    if (config != nullptr) {
+      absl::StatusOr<std::optional<ConfigSize>> c = lookup(*config);
+      if (!c.ok()) return r_.Error(parent, where, c.status().message());
+      if (*c) return (*c)->value;
+      if (need != Need::kOptional) {
+        return r_.Error(parent, where,
+                        absl::StrCat("not given, and the model config '", config->source(), "' has no ",
+                                     std::string(keys)));
+      }
+      return 0;
+    }
+    if (need == Need::kOptional) return 0;
+    std::string entry = absl::StrCat(where, " (line ", parent.Mark().line + 1, ")");
+    if (need == Need::kAtLoad) refused_.push_back(entry);
+    spec_.unresolved.push_back(std::move(entry));
+    return 0;
+  }
+
+  // The sizes the spec cannot load without (no model config was given).
+  const std::vector<std::string>& refused() const { return refused_; }
+
+ private:
+  const Reader& r_;
+  const LoadOptions& options_;
+  ModelSpec& spec_;
+  std::vector<std::string> refused_;
+};
+
+absl::StatusOr<std::optional<ConfigSize>> ExpertsOf(const ModelConfig& c) { return c.Experts(); }
+absl::StatusOr<std::optional<ConfigSize>> QueryGroupsOf(const ModelConfig& c) { return c.QueryGroups(); }
+absl::StatusOr<std::optional<ConfigSize>> HeadDimOf(const ModelConfig& c) { return c.HeadDim(); }
+// The config's value of `key`.
+Sizes::Lookup Key(const char* key) {
+  return [key](const ModelConfig& c) { return c.First({key}); };
+}
+
+constexpr std::string_view kExpertKeys = "num_experts, n_routed_experts or num_local_experts";
 
 bool Contains(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
@@ -345,7 +418,8 @@ std::vector<const Rule*> ModelSpec::TargetCandidates(std::string_view base) cons
   return out;
 }
 
-absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path, std::string_view base_dir) {
+absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path, std::string_view base_dir,
+                                         const LoadOptions& options) {
   Reader r{std::string(path)};
   YAML::Node root;
   try {
@@ -355,6 +429,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   ModelSpec spec;
   spec.path = std::string(path);
+  if (options.model_config != nullptr) spec.model_config = options.model_config->source();
+  Sizes sizes(r, options, spec);
   REFIT_RETURN_IF_ERROR(r.CheckKeys(
       root, "spec", {"model", "checkpoint", "tensor_parallel", "expert_parallel", "source", "defaults", "rules", "groups",
              "derived"}));
@@ -435,45 +511,46 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     }
     // Grouped-query attention's linear_qkv needs its heads; MLA has no linear_qkv.
     const bool gqa = m.attention != MegatronSource::Attention::kMla;
-    const std::pair<const char*, int64_t*> heads[] = {{"num_attention_heads", &m.num_attention_heads},
-                                                      {"num_query_groups", &m.num_query_groups},
-                                                      {"head_dim", &m.head_dim}};
-    for (const auto& [key, field] : heads) {
-      if (!src[key]) {
-        if (gqa) return r.Error(src, "source", absl::StrCat("layout megatron needs '", key, "'"));
-        continue;
-      }
-      REFIT_ASSIGN_OR_RETURN(*field, r.Int(src[key], absl::StrCat("source.", key), 1));
+    const std::tuple<const char*, int64_t*, Sizes::Lookup, const char*> heads[] = {
+        {"num_attention_heads", &m.num_attention_heads, Key("num_attention_heads"), "num_attention_heads"},
+        {"num_query_groups", &m.num_query_groups, QueryGroupsOf, "num_key_value_heads"},
+        {"head_dim", &m.head_dim, HeadDimOf, "head_dim (nor hidden_size and num_attention_heads)"}};
+    for (const auto& [key, field, lookup, keys] : heads) {
+      if (!gqa && !src[key]) continue;
+      REFIT_ASSIGN_OR_RETURN(*field, sizes.Get(src, key, absl::StrCat("source.", key), lookup, keys,
+                                               gqa ? Sizes::Need::kLater : Sizes::Need::kOptional));
     }
-    if (src["q_lora_rank"]) {
-      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, r.Int(src["q_lora_rank"], "source.q_lora_rank", 1));
+    if (m.attention == MegatronSource::Attention::kMla || src["q_lora_rank"]) {
+      REFIT_ASSIGN_OR_RETURN(m.q_lora_rank, sizes.Get(src, "q_lora_rank", "source.q_lora_rank", Key("q_lora_rank"),
+                                                      "q_lora_rank", Sizes::Need::kOptional));
     }
-    if (src["num_experts"]) {
-      REFIT_ASSIGN_OR_RETURN(m.num_experts, r.Int(src["num_experts"], "source.num_experts", 1));
+    const bool oss = m.experts == MegatronSource::Experts::kGptOss;
+    if (oss || src["num_experts"]) {
+      REFIT_ASSIGN_OR_RETURN(m.num_experts, sizes.Get(src, "num_experts", "source.num_experts", ExpertsOf, kExpertKeys,
+                                                      oss ? Sizes::Need::kLater : Sizes::Need::kOptional));
     }
-    if (m.experts == MegatronSource::Experts::kGptOss && m.num_experts == 0) {
-      return r.Error(src, "source", "experts gpt_oss needs 'num_experts' (the stacked experts' count)");
-    }
-    if (src["vocab_size"]) {
-      REFIT_ASSIGN_OR_RETURN(m.vocab_size, r.Int(src["vocab_size"], "source.vocab_size", 1));
-    }
+    REFIT_ASSIGN_OR_RETURN(m.vocab_size, sizes.Get(src, "vocab_size", "source.vocab_size", Key("vocab_size"), "vocab_size",
+                                                   Sizes::Need::kOptional));
     const std::pair<const char*, int64_t*> linear[] = {{"linear_num_key_heads", &m.linear_num_key_heads},
                                                        {"linear_key_head_dim", &m.linear_key_head_dim},
                                                        {"linear_num_value_heads", &m.linear_num_value_heads},
                                                        {"linear_value_head_dim", &m.linear_value_head_dim}};
     for (const auto& [key, field] : linear) {
-      if (!src[key]) continue;
       if (m.attention != MegatronSource::Attention::kGated) {
-        return r.Error(src[key], absl::StrCat("source.", key), "needs 'attention: gated' (gated delta-net layers)");
+        if (src[key]) {
+          return r.Error(src[key], absl::StrCat("source.", key), "needs 'attention: gated' (gated delta-net layers)");
+        }
+        continue;
       }
-      REFIT_ASSIGN_OR_RETURN(*field, r.Int(src[key], absl::StrCat("source.", key), 1));
+      REFIT_ASSIGN_OR_RETURN(*field,
+                             sizes.Get(src, key, absl::StrCat("source.", key), Key(key), key, Sizes::Need::kLater));
     }
     if (m.linear_num_key_heads > 0 && m.linear_num_value_heads % m.linear_num_key_heads != 0) {
-      return r.Error(src["linear_num_value_heads"], "source.linear_num_value_heads",
+      return r.Error(src["linear_num_value_heads"] ? src["linear_num_value_heads"] : src, "source.linear_num_value_heads",
                      absl::StrCat("must be a multiple of linear_num_key_heads ", m.linear_num_key_heads));
     }
     if (m.num_query_groups > 0 && m.num_attention_heads % m.num_query_groups != 0) {
-      return r.Error(src["num_query_groups"], "source.num_query_groups",
+      return r.Error(src["num_query_groups"] ? src["num_query_groups"] : src, "source.num_query_groups",
                      absl::StrCat("must divide num_attention_heads ", m.num_attention_heads));
     }
     spec.source = m;
@@ -548,12 +625,13 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       }
       if (const YAML::Node s = n["stack"]) {
         REFIT_RETURN_IF_ERROR(r.CheckKeys(s, where + ".stack", {"capture", "count"}));
-        if (!s["capture"] || !s["count"]) return r.Error(s, where + ".stack", "needs 'capture' and 'count'");
+        if (!s["capture"]) return r.Error(s, where + ".stack", "needs 'capture' (and 'count', or a model config)");
         Stack stack;
         REFIT_ASSIGN_OR_RETURN(stack.capture, r.String(s["capture"], where + ".stack.capture"));
-        REFIT_ASSIGN_OR_RETURN(stack.count, r.Int(s["count"], where + ".stack.count", 1));
-        if (spec.ep_size > 1 && stack.count % spec.ep_size != 0) {
-          return r.Error(s["count"], where + ".stack.count",
+        REFIT_ASSIGN_OR_RETURN(stack.count, sizes.Get(s, "count", where + ".stack.count", ExpertsOf, kExpertKeys,
+                                                      Sizes::Need::kAtLoad));
+        if (spec.ep_size > 1 && stack.count > 0 && stack.count % spec.ep_size != 0) {
+          return r.Error(s["count"] ? s["count"] : s, where + ".stack.count",
                          absl::StrCat(stack.count, " experts do not split into expert_parallel.size ", spec.ep_size,
                                       " equal parts"));
         }
@@ -663,6 +741,14 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
       spec.derived.push_back(std::move(d));
     }
   }
+  if (!sizes.refused().empty() && !options.allow_unresolved) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.path, ": ", absl::StrJoin(sizes.refused(), ", "),
+        sizes.refused().size() == 1 ? " comes" : " come",
+        " from the model, and no model config was given: give the model's config.json (refitd: model_config "
+        "or --model-config; refitctl: --model-config, or a checkpoint directory holding config.json), or state "
+        "the size in the spec"));
+  }
   // MIXED_PRECISION layers must agree with explicit rule formats.
   if (spec.checkpoint) {
     for (const auto& [module, format] : spec.checkpoint->layers) {
@@ -694,9 +780,9 @@ absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank) {
   return out;
 }
 
-absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
+absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path, const LoadOptions& options) {
   REFIT_ASSIGN_OR_RETURN(std::string text, ReadBoundedFile(path, kMaxModelSpecFileBytes, "model spec"));
-  return ParseModelSpec(text, path, std::filesystem::path(path).parent_path().string());
+  return ParseModelSpec(text, path, std::filesystem::path(path).parent_path().string(), options);
 }
 
 }  // namespace refit::spec

@@ -4,6 +4,10 @@
 // steps, which tensors refits never carry, and which parameters are derived at every commit.
 // Loaded once from YAML at daemon start, validated (errors name file, line and key), immutable
 // afterwards (thread-safe to read). docs/config.md is the reference for the YAML schema.
+//
+// Sizes (a stacked rule's expert count, a Megatron source's heads, head dim, vocabulary...) come
+// from the model: a spec may leave them out, and they are read from the model's config.json
+// (spec/model_config.h) at load. A size the spec does state must agree with the config's.
 #ifndef REFIT_SPEC_MODEL_SPEC_H_
 #define REFIT_SPEC_MODEL_SPEC_H_
 
@@ -15,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/format.h"
+#include "spec/model_config.h"
 #include "spec/name_pattern.h"
 #include "spec/pattern_index.h"
 #include "spec/quant_config.h"
@@ -35,7 +40,8 @@ struct Fuse {
   std::vector<std::string> order;
 };
 
-// A new leading dimension of `count` entries indexed by the integer value of `capture`.
+// A new leading dimension of `count` entries indexed by the integer value of `capture`. `count`
+// omitted in the spec: the model config's expert count.
 struct Stack {
   std::string capture;
   int64_t count = 0;
@@ -105,7 +111,8 @@ struct Derived {
 
 // `source: {layout: megatron, ...}`: the trainer pushes its Megatron-core model chunk's
 // `named_parameters()` (TP shards as slices, global layer and expert numbers); refitd maps each
-// to the checkpoint tensors (refit/megatron_source.h, docs/config.md "source").
+// to the checkpoint tensors (refit/megatron_source.h, docs/config.md "source"). Sizes the spec
+// omits come from the model config (num_key_value_heads for num_query_groups, ...).
 struct MegatronSource {
   // kGated: Qwen3-Next / Qwen3.5 (attention_output_gate: linear_qkv holds an output gate per
   // query head; gated delta-net layers; MTP and shared_expert names of that family).
@@ -148,6 +155,12 @@ struct ModelSpec {
   int ep_size = 1;
   int ep_rank = 0;
   std::optional<MegatronSource> source;  // absent: the trainer pushes checkpoint names
+  // The model config the sizes were read from ("" when none was given), and the sizes the spec
+  // leaves to a model config that was not given ("source.head_dim (line 21)"), 0 here: a Megatron
+  // source's heads are refused when a push needs them (megatron_source.h); a stack's count refuses
+  // the load, unless LoadOptions::allow_unresolved.
+  std::string model_config;
+  std::vector<std::string> unresolved;
 
   // Over rules[i].match, rules[i].target (or .match when it has none) and derived[i].target,
   // built by ParseModelSpec; a spec assembled by hand without them is searched rule by rule.
@@ -177,10 +190,20 @@ inline constexpr int64_t kMaxEngineRanks = 64;  // tensor_parallel.size
 // outside tensor_parallel.size.
 absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank);
 
-absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
+struct LoadOptions {
+  // The model's config.json: the sizes the spec omits are read from it, and the sizes it states
+  // are checked against it. Not owned; only read during the load.
+  const ModelConfig* model_config = nullptr;
+  // Without a model config, a spec that omits a stacked rule's count is refused naming every
+  // such count and how to give the config; with this set it loads with those counts 0, listed in
+  // ModelSpec::unresolved (for checks of the spec's text alone).
+  bool allow_unresolved = false;
+};
+
+absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path, const LoadOptions& options = {});
 // `base_dir` resolves a relative checkpoint.quant_config path ("" = the current directory).
 absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view path = "<string>",
-                                         std::string_view base_dir = "");
+                                         std::string_view base_dir = "", const LoadOptions& options = {});
 
 }  // namespace refit::spec
 

@@ -68,9 +68,11 @@ def test_config_example_lists_every_key():
     allowed["data_plane"] = {"transport", "host", "device", "ucx_tls"}
     assert set(allowed) == {"config", "data_plane", "limits", "admin", "access", "tls", "engine", "log"}, allowed
     cfg = yaml.safe_load(CONFIG.read_text())
-    # tls stays commented out (it applies to a TCP listen address, the unit uses a Unix socket).
+    # tls stays commented out (it applies to a TCP listen address, the unit uses a Unix socket);
+    # so does model_config (the demo spec takes no size from a model's config.json).
     # log_level is the older spelling of log.level, still read; the example shows log: instead.
-    assert set(cfg) | {"tls", "log_level"} == allowed["config"]
+    assert set(cfg) | {"tls", "log_level", "model_config"} == allowed["config"]
+    assert "# model_config: " in CONFIG.read_text()
     for key in allowed["tls"]:
         assert f"#   {key}:" in CONFIG.read_text(), f"tls.{key} is shown (commented out)"
     for section in ("data_plane", "limits", "admin", "engine", "log"):

@@ -4,6 +4,7 @@ engine process (engine_main.py, refit.ModuleEngine); the trainer is the test pro
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,54 @@ def wait_for(pred, timeout=30.0, what="condition"):
 
 def events(log: Path):
     return [json.loads(l) for l in log.read_text().splitlines() if l.startswith("{")]
+
+
+def spec_tp_size(spec) -> int:
+    """A spec's tensor_parallel.size (1 without one)."""
+    m = re.search(r"^tensor_parallel:\s*\{size:\s*(\d+)\s*\}", Path(spec).read_text(), re.M)
+    return int(m.group(1)) if m else 1
+
+
+class ExampleEngines:
+    """tools/examples/example_engine holding checkpoint `ckpt` in `spec`'s engine layout (its sizes
+    from ckpt's config.json), one process per engine rank of the spec's tensor_parallel.size, each
+    registering its rank; POSIX shm each."""
+
+    def __init__(self, tmp: Path, address: str, spec, ckpt: Path, name: str = "engine"):
+        self.procs, self.shms, self.logs = [], [], []
+        ranks = spec_tp_size(spec)
+        for r in range(ranks):
+            shm = f"/refit-{name}-{uuid.uuid4().hex[:12]}"
+            log = tmp / (f"{name}{r}.log" if ranks > 1 else f"{name}.log")
+            args = [str(BIN / "tools/examples/example_engine"), "--address", address, "--shm", shm, "--spec", str(spec),
+                    "--checkpoint", str(ckpt)]
+            if ranks > 1:
+                args += ["--tp-rank", str(r)]
+            proc = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+            self.procs.append(proc)
+            self.shms.append(shm)
+            self.logs.append(log)
+            wait_for(lambda: "registered" in log.read_text() or proc.poll() is not None, what="engine registration")
+            assert proc.poll() is None, log.read_text()
+
+    def digest(self) -> str:
+        """Every rank's bytes, read from shared memory directly (not through refitd)."""
+        h = hashlib.sha256()
+        for shm in self.shms:
+            h.update(Path("/dev/shm" + shm).read_bytes())
+        return h.hexdigest()
+
+    def stop(self, kill=False):
+        for p in self.procs:
+            if p.poll() is None:
+                if kill:
+                    p.kill()
+                    p.wait()
+                else:
+                    p.send_signal(signal.SIGTERM)
+                    p.wait(timeout=20)
+        for shm in self.shms:
+            Path("/dev/shm" + shm).unlink(missing_ok=True)
 
 
 class Daemon:

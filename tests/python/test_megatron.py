@@ -7,7 +7,9 @@ and Megatron-Bridge's conventions, not from refitd's mapping), push its named_pa
 they are. After each of three refits the engine's bytes (as refitd reads them) equal
 `refitctl convert --engine-layout` of that HF checkpoint; a missing TP shard, pipeline stage or
 expert-parallel rank is refused naming the tensor and the missing rows / layers / experts, and
-a rank killed mid-refit aborts it; the engine keeps its bytes in both cases."""
+a rank killed mid-refit aborts it; the engine keeps its bytes in both cases. The specs are the
+shipped ones, their sizes read from each checkpoint's config.json; the Llama-3 spec's engine runs
+as its two engine ranks."""
 import ctypes
 import importlib.util
 import json
@@ -22,12 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, HERE, PYTHON_PKG, SRC_DIR, needs_torch, wait_for
+from conftest import BIN, HERE, PYTHON_PKG, SRC_DIR, ExampleEngines, needs_torch, spec_tp_size, wait_for
 
 pytestmark = needs_torch
 
 REFITCTL = BIN / "tools/refitctl"
-ENGINE = BIN / "tools/examples/example_engine"
 MODELS = SRC_DIR / "deploy/models"
 SPECS = SRC_DIR / "tests/integration/specs"
 
@@ -40,6 +41,8 @@ DEEPSEEK_V3 = {"family": "deepseek_v3", "layers": 2, "experts": 4, "dense_layers
 GPT_OSS = {"family": "gpt_oss", "layers": 2, "heads": 4, "groups": 2, "head_dim": 64, "experts": 4}
 # make_checkpoints.py's qwen35 (layer 0 gated delta-net, layer 1 gated full attention, dense MLPs,
 # one MTP layer) with its 2 x 128-dim query heads read as 4 of 64 in 2 groups (qwen35_checkpoint).
+# The sizes those two checkpoints override besides their family's small ones (make_checkpoints.py).
+GQA_4_2_64 = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
 QWEN35 = {"family": "qwen35", "layers": 2, "heads": 4, "groups": 2, "head_dim": 64,
           "linear": {"num_key_heads": 2, "key_head_dim": 64, "num_value_heads": 4, "value_head_dim": 64},
           "drop": "decoder.layers.0.self_attention.in_proj.weight", "drop_pp": 0}
@@ -69,104 +72,61 @@ def family_checkpoint(family):
 
 def qwen3_moe_checkpoint(out: Path, seed: int) -> Path:
     """The qwen3_moe family with 4 heads in 2 query groups (head_dim 64): Megatron-core needs
-    num_query_groups divisible by tp."""
-    mc = _builder()
-    b = mc.Builder(f"qwen3_moe_gqa:{seed}")
-    h, hd, heads, groups, experts, inter, vocab = 256, 64, 4, 2, 4, 128, 256
-    b.bf16("model.embed_tokens.weight", [vocab, h])
-    for l in range(2):
-        p = f"model.layers.{l}."
-        b.norm(p + "input_layernorm.weight", [h])
-        b.bf16(p + "self_attn.q_proj.weight", [heads * hd, h])
-        b.bf16(p + "self_attn.k_proj.weight", [groups * hd, h])
-        b.bf16(p + "self_attn.v_proj.weight", [groups * hd, h])
-        b.bf16(p + "self_attn.o_proj.weight", [h, heads * hd])
-        b.norm(p + "self_attn.q_norm.weight", [hd])
-        b.norm(p + "self_attn.k_norm.weight", [hd])
-        b.norm(p + "post_attention_layernorm.weight", [h])
-        b.bf16(p + "mlp.gate.weight", [experts, h])
-        for e in range(experts):
-            ep = p + f"mlp.experts.{e}."
-            b.bf16(ep + "gate_proj.weight", [inter, h])
-            b.bf16(ep + "up_proj.weight", [inter, h])
-            b.bf16(ep + "down_proj.weight", [h, inter])
-            for m in ("gate", "up", "down"):
-                b.f32(ep + f"{m}_proj.input_scale", [])
-    b.norm("model.norm.weight", [h])
-    b.bf16("lm_head.weight", [vocab, h])
-    out.mkdir(parents=True, exist_ok=True)
-    mc.st_io.write(str(out / "model.safetensors"), b.tensors, {"format": "pt"})
-    (out / "config.json").write_text(json.dumps({"model_family": "qwen3_moe", "seed": seed}))
-    return out
+    num_query_groups divisible by tp. Its config.json says so; the spec reads it from there."""
+    return Path(_builder().make("qwen3_moe", str(out), seed, GQA_4_2_64))
 
 
 def qwen35_checkpoint(out: Path, seed: int) -> Path:
-    """make_checkpoints.py's qwen35 with q_norm / k_norm of head_dim 64: the same q/k/v/o shapes
-    read as 4 heads in 2 query groups (Megatron-core needs num_query_groups divisible by tp)."""
-    mc = _builder()
-    b = mc.Builder(f"qwen35:{seed}")
-    mc.qwen35(b)
-    for p in ("model.layers.1.", "mtp.layers.0."):
-        for n in ("q_norm", "k_norm"):
-            b.bf16(p + f"self_attn.{n}.weight", [64])
-    out.mkdir(parents=True, exist_ok=True)
-    mc.st_io.write(str(out / "model.safetensors"), b.tensors, {"format": "pt"})
-    (out / "config.json").write_text(json.dumps({"model_family": "qwen35", "seed": seed}))
-    return out
-
-
-def family_spec(tmp: Path, name: str) -> Path:
-    text = (MODELS / name).read_text()
-    if name.startswith("qwen3_moe") or name.startswith("qwen35"):
-        old = "num_attention_heads: 2, num_query_groups: 1, head_dim: 128"
-        assert old in text
-        text = text.replace(old, "num_attention_heads: 4, num_query_groups: 2, head_dim: 64")
-    spec = tmp / name
-    spec.write_text(text)
-    return spec
+    """The qwen35 family with 4 query heads in 2 groups of head_dim 64 (q/k/v/o of the same shapes
+    as its 2 x 128; Megatron-core needs num_query_groups divisible by tp)."""
+    return Path(_builder().make("qwen35", str(out), seed, GQA_4_2_64))
 
 
 def engine_layout_checksums(spec: Path, ckpt: Path, out: Path) -> dict:
-    """{engine parameter: refitd checksum} of `refitctl convert --engine-layout`'s output."""
+    """{engine parameter: refitd checksum} of `refitctl convert --engine-layout`'s output; for a
+    spec of several engine ranks, every rank's ("rank<R>/<name>", as refitd names them)."""
     import refit._native as native
 
-    p = subprocess.run([str(REFITCTL), "convert", "--engine-layout", "--spec", str(spec), str(ckpt), str(out)],
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    raw = (out / "engine.safetensors").read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    buf = ctypes.create_string_buffer(raw[8 + n:], len(raw) - 8 - n)
-    lib = native.lib()
+    ranks = spec_tp_size(spec)
     sums = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = meta["data_offsets"]
-        sums[name] = lib.refit_checksum64(ctypes.addressof(buf) + lo, hi - lo, 0)
+    for r in range(ranks):
+        rank_out = out / f"rank{r}" if ranks > 1 else out
+        args = [str(REFITCTL), "convert", "--engine-layout", "--spec", str(spec), str(ckpt), str(rank_out)]
+        if ranks > 1:
+            args[2:2] = ["--tp-rank", str(r)]
+        p = subprocess.run(args, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        raw = (rank_out / "engine.safetensors").read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        buf = ctypes.create_string_buffer(raw[8 + n:], len(raw) - 8 - n)
+        lib = native.lib()
+        prefix = f"rank{r}/" if ranks > 1 else ""
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            lo, hi = meta["data_offsets"]
+            sums[prefix + name] = lib.refit_checksum64(ctypes.addressof(buf) + lo, hi - lo, 0)
     return sums
 
 
 class Node:
+    """refitd with a shipped spec, its sizes from `ckpt`'s config.json, and the example engine
+    (one process per engine rank of the spec) holding `ckpt` in that spec's layout."""
+
     def __init__(self, tmp: Path, spec: Path, ckpt: Path):
         self.tmp = tmp
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
-        cfg.write_text(f"listen: {self.address}\n")
+        cfg.write_text(f"listen: {self.address}\nmodel_config: {ckpt / 'config.json'}\n")
         self.log = tmp / "refitd.log"
+        self.engines = None
         self.daemon = subprocess.Popen([str(BIN / "src/server/refitd"), "--config", str(cfg), "--model-spec", str(spec)],
                                        stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
         assert self.daemon.poll() is None, self.log.read_text()
-        self.engine_log = tmp / "engine.log"
-        self.shm = f"/refit-mg-{uuid.uuid4().hex[:12]}"
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm, "--spec", str(spec),
-                                        "--checkpoint", str(ckpt)],
-                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
-                 what="engine registration")
-        assert self.engine.poll() is None, self.engine_log.read_text()
+        self.engines = ExampleEngines(tmp, self.address, spec, ckpt, name="mg")
 
     def checksums(self):
         import refit
@@ -175,11 +135,11 @@ class Node:
             return c.checksums()
 
     def close(self):
-        for p in (self.engine, self.daemon):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        Path("/dev/shm" + self.shm).unlink(missing_ok=True)
+        if self.engines is not None:
+            self.engines.stop(kill=True)
+        if self.daemon.poll() is None:
+            self.daemon.kill()
+            self.daemon.wait()
 
 
 @pytest.fixture
@@ -269,7 +229,7 @@ FAMILIES = {
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_megatron_ranks_refit_equals_offline_conversion(family, node, tmp_path):
     spec_name, model, arch, make, ep = FAMILIES[family]
-    spec = family_spec(tmp_path, spec_name)
+    spec = MODELS / spec_name
     ckpts = [make(tmp_path / f"ckpt{s}", s) for s in range(4)]
     expected = [engine_layout_checksums(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
     n = node(spec, ckpts[0])
@@ -307,7 +267,7 @@ MISSING = {
 @pytest.mark.parametrize("family,mode", sorted(MISSING))
 def test_a_missing_shard_stage_or_expert_rank_is_refused_naming_it(family, mode, node, tmp_path):
     spec_name, model, arch, make, ep = FAMILIES[family]
-    spec = family_spec(tmp_path, spec_name)
+    spec = MODELS / spec_name
     ckpts = [make(tmp_path / f"ckpt{s}", s) for s in range(2)]
     n = node(spec, ckpts[0])
     before = n.checksums()
@@ -324,7 +284,7 @@ def test_qwen35_megatron_ranks_refit_and_a_missing_shard(node, tmp_path):
     """Qwen3.5 (gated delta-net, gated attention, MTP): tp=2 x pp=2 ranks, three refits equal to
     the offline conversion, then tp rank 1 of stage 0 without its in_proj shard: refused naming
     the checkpoint tensors and rows, the engine unchanged."""
-    spec = family_spec(tmp_path, "qwen35_mxfp8.yaml")
+    spec = MODELS / "qwen35_mxfp8.yaml"
     ckpts = [qwen35_checkpoint(tmp_path / f"ckpt{s}", s) for s in range(4)]
     expected = [engine_layout_checksums(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
     n = node(spec, ckpts[0])
@@ -354,7 +314,7 @@ def test_qwen35_megatron_ranks_refit_and_a_missing_shard(node, tmp_path):
 
 
 def test_a_rank_killed_mid_refit_aborts_it(node, tmp_path):
-    spec = family_spec(tmp_path, "llama3_fp8.yaml")
+    spec = MODELS / "llama3_fp8.yaml"
     ckpts = [llama_checkpoint(tmp_path / f"ckpt{s}", s) for s in range(2)]
     n = node(spec, ckpts[0])
     before = n.checksums()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_torch
-from test_megatron import Node, assert_engine_equals, engine_layout_checksums, family_checkpoint, family_spec, \
+from test_megatron import MODELS, Node, assert_engine_equals, engine_layout_checksums, family_checkpoint, \
     llama_checkpoint
 
 pytestmark = needs_torch
@@ -198,7 +198,7 @@ def write_checkpoint(tensors: dict, out: Path, family: str, like: Path) -> Path:
     tensors = {n: t.to(dtypes[header[n]["dtype"]]).contiguous() for n, t in tensors.items()}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps({"model_family": family}))
+    (out / "config.json").write_text((like / "config.json").read_text())  # the same model: its sizes
     return out
 
 
@@ -230,7 +230,7 @@ def test_megatron_core_llama_pushes_named_parameters(megatron_tp1, llama, tmp_pa
     model, hf = llama
     ckpt0 = llama_checkpoint(tmp_path / "ckpt0", 0)
     ref = write_checkpoint(hf, tmp_path / "reference", "llama3", like=ckpt0)
-    spec = family_spec(tmp_path, "llama3_fp8.yaml")
+    spec = MODELS / "llama3_fp8.yaml"
     expected = engine_layout_checksums(spec, ref, tmp_path / "conv")
     node = Node(_dir(tmp_path, "node"), spec, ckpt0)
     try:
@@ -277,7 +277,7 @@ def test_megatron_core_deepseek_v3_pushes_named_parameters(megatron_tp1, tmp_pat
     hf = to_hf(model)
     ckpt0 = family_checkpoint("deepseek_v3")(tmp_path / "ckpt0", 0)
     ref = write_checkpoint(hf, tmp_path / "reference", "deepseek_v3", like=ckpt0)
-    spec = family_spec(tmp_path, "deepseek_v3_fp8_ue8m0.yaml")
+    spec = MODELS / "deepseek_v3_fp8_ue8m0.yaml"
     expected = engine_layout_checksums(spec, ref, tmp_path / "conv")
     node = Node(_dir(tmp_path, "node"), spec, ckpt0)
     try:

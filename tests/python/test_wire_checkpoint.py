@@ -1,26 +1,23 @@
 """Wire format checkpoint from Python (refit.trainer): the library converts the tensors refitd's
 wire plan lists before sending them (whole, or as shards split on block boundaries), and the
-engine (the example engine holding the Llama-3 FP8 spec's engine layout) ends up with exactly
-the bytes a BF16-wire refit gives. Qwen3-MoE NVFP4 (fused gate/up groups) from two trainer
+engine (the example engine holding the Llama-3 FP8 spec's engine layout, as its two engine
+ranks) ends up with exactly the bytes a BF16-wire refit gives. Qwen3-MoE NVFP4 (fused gate/up groups) from two trainer
 ranks (a gloo group, wire_rank.py), each pushing half of every matrix: refit.distributed reduces
 the NVFP4 global amax over the group, and the engine again holds the BF16-wire refit's bytes."""
-import hashlib
 import json
 import os
 import signal
 import struct
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, HERE, PYTHON_PKG, SRC_DIR, needs_torch, wait_for
+from conftest import BIN, HERE, PYTHON_PKG, SRC_DIR, ExampleEngines, needs_torch, wait_for
 
 SPEC = SRC_DIR / "deploy/models/llama3_fp8.yaml"
 MAKE = SRC_DIR / "tests/integration/specs/make_checkpoints.py"
-ENGINE = BIN / "tools/examples/example_engine"
 REFITD = BIN / "src/server/refitd"
 
 
@@ -53,23 +50,16 @@ def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
         ckpts.append(d)
     sock = tmp_path / "refitd.sock"
     address = f"unix:{sock}"
-    (tmp_path / "refitd.yaml").write_text(f"listen: {address}\nlog_level: debug\n")
-    shm = f"/refit-pywire-{uuid.uuid4().hex[:12]}"
-    procs = []
+    (tmp_path / "refitd.yaml").write_text(
+        f"listen: {address}\nlog_level: debug\nmodel_config: {ckpts[0] / 'config.json'}\n")
+    procs, engines = [], None
     try:
         procs.append(subprocess.Popen([str(REFITD), "--config", str(tmp_path / "refitd.yaml"), "--model-spec",
                                        str(SPEC)], stdout=open(tmp_path / "refitd.log", "w"),
                                       stderr=subprocess.STDOUT))
         wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
-        log = tmp_path / "engine.log"
-        procs.append(subprocess.Popen([str(ENGINE), "--address", address, "--shm", shm, "--spec", str(SPEC),
-                                       "--checkpoint", str(ckpts[0])], stdout=open(log, "w"),
-                                      stderr=subprocess.STDOUT))
-        wait_for(lambda: "registered" in log.read_text() or procs[1].poll() is not None, what="engine registration")
-        assert procs[1].poll() is None, log.read_text()
-
-        def digest():
-            return hashlib.sha256(Path("/dev/shm" + shm).read_bytes()).hexdigest()
+        engines = ExampleEngines(tmp_path, address, SPEC, ckpts[0])  # both engine ranks of the TP=2 spec
+        digest = engines.digest
 
         weights = [_load(c / "model.safetensors") for c in ckpts]
         with TrainerClient(address) as client:
@@ -97,11 +87,12 @@ def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
             with pytest.raises(ValueError):
                 client.session(model, weights[1], wire_format="fp8")
     finally:
+        if engines is not None:
+            engines.stop()
         for p in reversed(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=20)
-        Path("/dev/shm" + shm).unlink(missing_ok=True)
 
 
 @needs_torch
@@ -116,23 +107,16 @@ def test_nvfp4_slices_from_two_ranks_equal_bf16_wire(tmp_path):
         ckpts.append(d)
     sock = tmp_path / "refitd.sock"
     address = f"unix:{sock}"
-    (tmp_path / "refitd.yaml").write_text(f"listen: {address}\nlog_level: debug\n")
-    shm = f"/refit-pynvfp4-{uuid.uuid4().hex[:12]}"
-    procs = []
+    (tmp_path / "refitd.yaml").write_text(
+        f"listen: {address}\nlog_level: debug\nmodel_config: {ckpts[0] / 'config.json'}\n")
+    procs, engines = [], None
     try:
         procs.append(subprocess.Popen([str(REFITD), "--config", str(tmp_path / "refitd.yaml"), "--model-spec",
                                        str(spec)], stdout=open(tmp_path / "refitd.log", "w"),
                                       stderr=subprocess.STDOUT))
         wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
-        log = tmp_path / "engine.log"
-        procs.append(subprocess.Popen([str(ENGINE), "--address", address, "--shm", shm, "--spec", str(spec),
-                                       "--checkpoint", str(ckpts[0])], stdout=open(log, "w"),
-                                      stderr=subprocess.STDOUT))
-        wait_for(lambda: "registered" in log.read_text() or procs[1].poll() is not None, what="engine registration")
-        assert procs[1].poll() is None, log.read_text()
-
-        def digest():
-            return hashlib.sha256(Path("/dev/shm" + shm).read_bytes()).hexdigest()
+        engines = ExampleEngines(tmp_path, address, spec, ckpts[0], name="pynvfp4")
+        digest = engines.digest
 
         # The calibrated input_scale tensors are the engine's own: refits never carry them.
         weights = [{n: t for n, t in _load(c / "model.safetensors").items() if not n.endswith(".input_scale")}
@@ -169,8 +153,9 @@ def test_nvfp4_slices_from_two_ranks_equal_bf16_wire(tmp_path):
         assert digest() == want
         assert results[0]["report"]["bytes_in"] < bf16.bytes_in, (results, bf16.bytes_in)
     finally:
+        if engines is not None:
+            engines.stop()
         for p in reversed(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=20)
-        Path("/dev/shm" + shm).unlink(missing_ok=True)

@@ -222,7 +222,7 @@ def main() -> int:
         # One engine on one GPU holds the whole model: the shipped spec with tensor_parallel size 1.
         import re
 
-        text = re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", Path(a.spec).read_text(),
+        text = re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", Path(a.spec).read_text(),
                       flags=re.M)
         spec_path = tmp / "spec.yaml"
         spec_path.write_text(text)

@@ -56,7 +56,7 @@ def main() -> int:
         shapes, spec_flag, spec_line = SHAPES, [], ""
         if args.spec:
             spec = tmp / "spec.yaml"
-            spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}",
+            spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}",
                                    Path(args.spec).read_text(), flags=re.M))
             shapes, spec_flag, spec_line = SPEC_SHAPES, ["--spec", str(spec)], f"model_spec: {spec}\n"
         config.write_text(f"listen: {address}\n" + spec_line + args.config.replace("\\n", "\n") + "\n")

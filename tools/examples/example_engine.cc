@@ -24,10 +24,13 @@
 // {"event":"asleep","freed_bytes":B,...}) and answers 'a'; at 'w' it maps new memory at the same
 // addresses, wakes (Wake), prints {"event":"awake",...} and answers 'w'. Between a wake and the
 // next resume it serves nothing (its memory holds no weights).
-//   example_engine --checkpoint DIR --spec FILE [--address ...] [--shm NAME]
+//   example_engine --checkpoint DIR --spec FILE [--model-config FILE] [--tp-rank R] [--address ...] [--shm NAME]
 // With --checkpoint the engine holds a model family's parameters in the spec's engine layout
 // (fused, stacked, sharded, laid out, derived), loaded from the converted checkpoint DIR; the
-// parameters refits never carry keep these loaded values.
+// parameters refits never carry keep these loaded values. The spec's sizes come from
+// --model-config, else DIR/config.json when there is one. --tp-rank R: the engine is rank R of
+// an engine of the spec's tensor_parallel.size ranks (a spec without a rank): it holds that
+// rank's part and registers its place (one process per rank, as TP workers are).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -41,8 +44,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -84,7 +89,9 @@ struct Served {
 
 int main(int argc, char** argv) {
   using namespace refit;
-  std::string address = refit::kDefaultControlAddress, spec_path, checkpoint_path, shm_name = absl::StrCat("/refit-engine-", getpid());
+  std::string address = refit::kDefaultControlAddress, spec_path, checkpoint_path, model_config_path,
+              shm_name = absl::StrCat("/refit-engine-", getpid());
+  int tp_rank = -1;  // --tp-rank: one rank of an engine of several
   demo::ModelShape shape;
   int gpu = -1;
   [[maybe_unused]] bool vmm = false;  // --vmm: the GPU memory is CUDA virtual memory, registered in place
@@ -100,6 +107,10 @@ int main(int argc, char** argv) {
       spec_path = argv[++i];
     } else if (a == "--checkpoint" && i + 1 < argc) {
       checkpoint_path = argv[++i];
+    } else if (a == "--model-config" && i + 1 < argc) {
+      model_config_path = argv[++i];
+    } else if (a == "--tp-rank" && i + 1 < argc) {
+      tp_rank = std::atoi(argv[++i]);
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
     } else if (a == "--pause-ms" && i + 1 < argc) {
@@ -123,8 +134,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "example_engine: --sleep-wake needs --gpu and --vmm (the memory a sleep gives back)\n");
     return 2;
   }
+  if (model_config_path.empty() && !checkpoint_path.empty() &&
+      std::filesystem::exists(std::filesystem::path(checkpoint_path) / "config.json")) {
+    model_config_path = (std::filesystem::path(checkpoint_path) / "config.json").string();
+  }
+  std::optional<spec::ModelConfig> model_config;
+  if (!model_config_path.empty()) {
+    absl::StatusOr<spec::ModelConfig> c = spec::LoadModelConfigFile(model_config_path);
+    if (!c.ok()) {
+      std::fprintf(stderr, "example_engine: %s\n", std::string(c.status().message()).c_str());
+      return 1;
+    }
+    model_config = std::move(*c);
+  }
   absl::StatusOr<spec::ModelSpec> spec =
-      spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec) : spec::LoadModelSpecFile(spec_path);
+      spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec)
+                        : spec::LoadModelSpecFile(spec_path, {.model_config = model_config ? &*model_config : nullptr});
+  client::EngineRank rank;
+  if (spec.ok() && tp_rank >= 0) {
+    rank.tp_rank = tp_rank;
+    rank.tp_size = spec->tp_size;
+    rank.ep_size = spec->ep_size > 1 ? spec->ep_size : 0;
+    rank.ep_rank = spec->ep_size > 1 ? tp_rank : 0;
+    spec = spec::ForRank(*spec, tp_rank);
+  }
   if (!spec.ok()) {
     std::fprintf(stderr, "example_engine: %s\n", std::string(spec.status().message()).c_str());
     return 1;
@@ -259,7 +292,7 @@ int main(int argc, char** argv) {
   signal(SIGINT, OnSignal);
   absl::StatusOr<std::unique_ptr<client::EngineAgent>> agent = absl::UnknownError("not started");
   if (gpu < 0) {
-    agent = client::EngineAgent::Start(address, params, callbacks, 0, reconnect);
+    agent = client::EngineAgent::Start(address, params, callbacks, 0, reconnect, "", rank);
   } else {
 #if REFIT_HAVE_CUDA
     if (vmm) {
@@ -267,11 +300,11 @@ int main(int argc, char** argv) {
       for (const client::ShmParam& p : params) {
         in_place.push_back({p.name, p.dtype, p.shape, static_cast<uint8_t*>(device_base) + p.offset});
       }
-      agent = client::EngineAgent::Start(address, std::move(in_place), callbacks, 0, reconnect);
+      agent = client::EngineAgent::Start(address, std::move(in_place), callbacks, 0, reconnect, "", rank);
     } else {
       std::vector<client::CudaParam> cuda;
       for (const client::ShmParam& p : params) cuda.push_back({p.name, p.dtype, p.shape, ipc_handle, p.offset, gpu, nullptr});
-      agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0, reconnect);
+      agent = client::EngineAgent::Start(address, std::move(cuda), callbacks, 0, reconnect, "", rank);
     }
 #endif
   }

@@ -6,13 +6,15 @@
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm [--vmm-piece-mib N]]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
-//   example_trainer --checkpoint DIR --spec FILE [--expected CONVERTED_DIR] [--only PATTERN]...
+//   example_trainer --checkpoint DIR --spec FILE [--model-config FILE] [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
 //                   [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
 // with --only just those matching, as a partial refit; --drop leaves tensors out). The engine
 // must then hold the engine layout of CONVERTED_DIR (`refitctl convert` of the same
-// checkpoint) for every parameter the refit touched, and its old bytes for every other.
+// checkpoint) for every parameter the refit touched, and its old bytes for every other; an
+// engine of several ranks (a spec with tensor_parallel.size and no rank) each rank's part. The
+// spec's sizes come from --model-config, else DIR/config.json when there is one.
 // --wire checkpoint: the session's wire format; the client converts what refitd's wire plan lists
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
@@ -72,7 +74,9 @@
 #include <cstdio>
 #include <thread>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <optional>
 #include <vector>
 #include <map>
 #include <string>
@@ -372,11 +376,18 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
       const auto* b = static_cast<const uint8_t*>(t.data);
       converted.push_back({t.name, t.dtype, t.shape, std::vector<uint8_t>(b, b + *DenseBytes(t.dtype, t.shape))});
     }
-    absl::StatusOr<std::vector<ConvertedTensor>> layout = EngineLayout(spec, sent_infos, ByName(converted));
-    if (!layout.ok()) return Fail(layout.status().message());
+    // An engine of several ranks: refitd names each rank's parameters "rank<R>/<name>".
+    const bool ranked = spec.tp_size > 1 && !spec.tp_rank_given;
     std::map<std::string, uint64_t> want, old;
-    for (const ConvertedTensor& t : *layout) {
-      if (spec.NeverRuleFor(t.name) == nullptr) want[t.name] = Checksum64(t.bytes.data(), t.bytes.size());
+    for (int r = 0; r < (ranked ? spec.tp_size : 1); ++r) {
+      absl::StatusOr<spec::ModelSpec> rank_spec = ranked ? spec::ForRank(spec, r) : spec;
+      if (!rank_spec.ok()) return Fail(rank_spec.status().message());
+      absl::StatusOr<std::vector<ConvertedTensor>> layout = EngineLayout(*rank_spec, sent_infos, ByName(converted));
+      if (!layout.ok()) return Fail(layout.status().message());
+      const std::string prefix = ranked ? absl::StrCat("rank", r, "/") : "";
+      for (const ConvertedTensor& t : *layout) {
+        if (spec.NeverRuleFor(t.name) == nullptr) want[prefix + t.name] = Checksum64(t.bytes.data(), t.bytes.size());
+      }
     }
     for (const client::ParamChecksum& p : before->second) old[p.name] = p.checksum;
     absl::StatusOr<std::pair<uint64_t, std::vector<client::ParamChecksum>>> after = (*client)->Checksums();
@@ -407,7 +418,8 @@ int RunCheckpoint(const std::string& address, const spec::ModelSpec& spec, const
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string address = refit::kDefaultControlAddress, spec_path, fault = "none", checkpoint, expected_dir;
+  std::string address = refit::kDefaultControlAddress, spec_path, fault = "none", checkpoint, expected_dir,
+              model_config_path;
   std::vector<std::string> only, drop, addresses;
   bool fanout = false;
   int refits = 3;
@@ -463,6 +475,8 @@ int main(int argc, char** argv) {
       checkpoint = argv[++i];
     } else if (a == "--expected" && i + 1 < argc) {
       expected_dir = argv[++i];
+    } else if (a == "--model-config" && i + 1 < argc) {
+      model_config_path = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       only.push_back(argv[++i]);
     } else if (a == "--drop" && i + 1 < argc) {
@@ -496,8 +510,19 @@ int main(int argc, char** argv) {
     }
   }
   // The conversion the engine's bytes must equal (the demo spec's formats).
+  if (model_config_path.empty() && !checkpoint.empty() &&
+      std::filesystem::exists(std::filesystem::path(checkpoint) / "config.json")) {
+    model_config_path = (std::filesystem::path(checkpoint) / "config.json").string();
+  }
+  std::optional<spec::ModelConfig> model_config;
+  if (!model_config_path.empty()) {
+    absl::StatusOr<spec::ModelConfig> c = spec::LoadModelConfigFile(model_config_path);
+    if (!c.ok()) return Fail(c.status().message());
+    model_config = std::move(*c);
+  }
   absl::StatusOr<spec::ModelSpec> spec =
-      spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec) : spec::LoadModelSpecFile(spec_path);
+      spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec)
+                        : spec::LoadModelSpecFile(spec_path, {.model_config = model_config ? &*model_config : nullptr});
   if (!spec.ok()) return Fail(spec.status().message());
   if (!dump_dir.empty()) {
     // Writes the first refit's weights (model.safetensors, BF16 HF names) and their offline

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,10 @@ int RunConvert(std::span<const std::string> paths) {
   if (absl::GetFlag(FLAGS_threads) < 0) return Usage("--threads must be 0 (one per core) or more");
   absl::StatusOr<uint64_t> max_shard = ParseByteSize(absl::GetFlag(FLAGS_max_shard_size));
   if (!max_shard.ok()) return Usage(absl::StrCat("--max-shard-size: ", max_shard.status().message()));
-  absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(spec_path);
+  absl::StatusOr<std::optional<spec::ModelConfig>> config = ModelConfigFor(paths[0]);
+  if (!config.ok()) return Fail(config.status().message());
+  absl::StatusOr<spec::ModelSpec> spec =
+      spec::LoadModelSpecFile(spec_path, {.model_config = *config ? &**config : nullptr});
   if (!spec.ok()) return Fail(spec.status().message());
   absl::StatusOr<std::unique_ptr<Checkpoint>> in = Checkpoint::Open(paths[0]);
   if (!in.ok()) return Fail(in.status().message());

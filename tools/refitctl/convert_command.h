@@ -12,12 +12,13 @@ namespace refit::refitctl {
 
 int RunConvert(std::span<const std::string> args);
 
-inline constexpr std::string_view kConvertFlags[] = {"spec", "threads", "max_shard_size", "progress", "json",
-                                                     "engine_layout", "tp_rank"};
+inline constexpr std::string_view kConvertFlags[] = {"spec", "model_config", "threads", "max_shard_size", "progress",
+                                                     "json", "engine_layout", "tp_rank"};
 
 inline constexpr Command kConvertCommand = {
     "convert", "IN OUT_DIR", 2, 2, kConvertFlags,
-    "converts checkpoint IN (a directory of .safetensors or one file) as --spec says into OUT_DIR, "
+    "converts checkpoint IN (a directory of .safetensors or one file) as --spec says into OUT_DIR (the "
+    "spec's sizes from --model-config, else IN's config.json), "
     "tensor by tensor on --threads workers with bounded memory: model.safetensors (HF names plus "
     "scales), or shards of --max-shard-size with model.safetensors.index.json, and the quantization "
     "metadata (config.json, hf_quant_config.json); progress on a terminal, JSON progress lines with "

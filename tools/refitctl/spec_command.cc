@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "client/trainer_client.h"
 #include "nlohmann/json.hpp"
 #include "refit/checkpoint_io.h"
+#include "refit/resolve.h"
 #include "refitctl/common_flags.h"
 #include "spec/model_spec.h"
 
@@ -113,6 +115,9 @@ absl::StatusOr<std::vector<Family>> Families(const std::vector<std::string>& nam
 }
 
 std::string Quoted(const std::string& s) { return nlohmann::json(s).dump(); }
+
+// Tensors that do not fit listed by `spec lint` (the rest are counted).
+constexpr size_t kMaxProblemsListed = 20;
 
 }  // namespace
 
@@ -220,15 +225,32 @@ int RunSpecLint(std::span<const std::string> args) {
     }
     return kExitFailure;
   };
-  absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(args[0]);
-  if (!spec.ok()) return fail(spec.status().message());
   const std::string checkpoint_path = absl::GetFlag(FLAGS_checkpoint);
+  absl::StatusOr<std::optional<spec::ModelConfig>> config = ModelConfigFor(checkpoint_path);
+  if (!config.ok()) return fail(config.status().message());
+  spec::LoadOptions options;
+  options.model_config = *config ? &**config : nullptr;
+  // The spec's text alone may leave sizes to a model config; matching a checkpoint needs them.
+  options.allow_unresolved = checkpoint_path.empty();
+  absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(args[0], options);
+  if (!spec.ok()) return fail(spec.status().message());
   if (checkpoint_path.empty()) {
     if (json_output) {
-      std::cout << nlohmann::json{{"ok", true}, {"model", spec->model}, {"rules", spec->rules.size()}}.dump() << "\n";
+      std::cout << nlohmann::json{{"ok", true},
+                                  {"model", spec->model},
+                                  {"rules", spec->rules.size()},
+                                  {"model_config", spec->model_config},
+                                  {"sizes_from_the_model_config", spec->unresolved}}
+                       .dump()
+                << "\n";
     } else {
       std::cout << args[0] << ": model " << spec->model << ", " << spec->rules.size() << " rules, "
                 << spec->groups.size() << " groups: loads\n";
+      if (!spec->unresolved.empty()) {
+        std::cout << "  sizes from the model's config.json (check them with --model-config, or --checkpoint with a "
+                     "config.json): "
+                  << absl::StrJoin(spec->unresolved, ", ") << "\n";
+      }
     }
     return kExitOk;
   }
@@ -236,37 +258,63 @@ int RunSpecLint(std::span<const std::string> args) {
   if (!checkpoint.ok()) return fail(checkpoint.status().message());
   std::map<const spec::Rule*, size_t> hits;
   for (const spec::Rule& r : spec->rules) hits[&r] = 0;
-  std::vector<std::string> unmatched, conflicts;
+  std::vector<std::string> unmatched, conflicts, problems;
+  size_t problem_count = 0;
   for (const InputTensor& t : (*checkpoint)->tensors()) {
     if (const spec::Rule* never = spec->NeverRuleFor(t.name); never != nullptr) ++hits[never];
     absl::StatusOr<const spec::Rule*> rule = spec->RuleFor(t.name);
     if (!rule.ok()) {
       conflicts.push_back(std::string(rule.status().message()));
-    } else if (*rule == &spec->defaults) {
+      continue;
+    }
+    if (*rule == &spec->defaults) {
       if (spec->NeverRuleFor(t.name) == nullptr) unmatched.push_back(t.name);
     } else {
       ++hits[*rule];
     }
+    if ((*rule)->never) continue;
+    // The tensor as refitd would plan it, at its real shape: expert index within the stack,
+    // fused members on block boundaries, tensor-parallel splits, quantizable shapes.
+    absl::StatusOr<Resolution> resolved = Resolve(*spec, t.name, t.dtype, t.shape);
+    if (!resolved.ok()) {
+      ++problem_count;
+      if (problems.size() < kMaxProblemsListed) problems.push_back(std::string(resolved.status().message()));
+    }
   }
-  std::vector<std::string> unused;
+  // A `refit: never` rule names tensors the engine keeps; a trainer checkpoint need not hold them.
+  std::vector<std::string> unused, unused_never;
   for (const spec::Rule& r : spec->rules) {
-    if (hits[&r] == 0) unused.push_back(absl::StrCat("line ", r.line, ": ", r.Describe()));
+    if (hits[&r] != 0) continue;
+    (r.never ? unused_never : unused).push_back(absl::StrCat("line ", r.line, ": ", r.Describe()));
   }
-  const bool ok = unused.empty() && conflicts.empty();
+  const bool ok = unused.empty() && conflicts.empty() && problem_count == 0;
   if (json_output) {
     std::cout << nlohmann::json{{"ok", ok},
                                 {"model", spec->model},
+                                {"model_config", spec->model_config},
                                 {"tensors", (*checkpoint)->tensors().size()},
                                 {"rules_matching_nothing", unused},
+                                {"never_rules_matching_nothing", unused_never},
                                 {"conflicts", conflicts},
+                                {"problems", problems},
+                                {"problem_count", problem_count},
                                 {"tensors_taking_defaults", unmatched}}
                      .dump()
               << "\n";
   } else {
     std::cout << args[0] << ": " << (*checkpoint)->tensors().size() << " tensors of " << checkpoint_path << ", "
-              << spec->rules.size() << " rules\n";
+              << spec->rules.size() << " rules";
+    if (!spec->model_config.empty()) std::cout << ", sizes from " << spec->model_config;
+    std::cout << "\n";
     for (const std::string& u : unused) std::cout << "  rule matches no tensor: " << u << "\n";
+    for (const std::string& u : unused_never) {
+      std::cout << "  refit: never rule matches no tensor (fine: the engine keeps these): " << u << "\n";
+    }
     for (const std::string& c : conflicts) std::cout << "  conflict: " << c << "\n";
+    for (const std::string& p : problems) std::cout << "  does not fit: " << p << "\n";
+    if (problem_count > problems.size()) {
+      std::cout << "  ... and " << problem_count - problems.size() << " more tensors that do not fit\n";
+    }
     for (const std::string& n : unmatched) std::cout << "  no rule, takes the defaults: " << n << "\n";
     std::cout << (ok ? "ok" : "the spec does not fit the checkpoint") << "\n";
   }

@@ -57,7 +57,7 @@ def test_shipped_llama3_spec_fused_engine_layout_matches_offline_conversion(node
     # gate_up_proj, which the commit writes piece by piece from staging; packed and in place.
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
     spec = tmp_path / "llama3_tp1.yaml"
-    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", text, flags=re.M))
     node = node_factory(spec=str(spec))
     for flags in ([], ["--in-place"]):
         p, lines = node.trainer("--refits", "2", *flags)
@@ -78,7 +78,7 @@ def test_staging_direct_converts_into_the_engine_packed_and_in_place(node_factor
     # registered in place (example_engine --vmm).
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
     spec = tmp_path / "llama3_tp1.yaml"
-    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", text, flags=re.M))
     node = node_factory(spec=str(spec), staging="direct", deadline_ms=20000,
                         engine_args=["--vmm"] if engine_memory == "vmm" else [])
     for flags in ([], ["--in-place"]):
@@ -112,7 +112,7 @@ def test_trainer_weights_in_virtual_memory_go_as_descriptors(node_factory, tmp_p
     # aborts (refitd drops the imported memory) and the next refit lands.
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
     spec = tmp_path / "llama3_tp1.yaml"
-    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", text, flags=re.M))
     node = node_factory(spec=str(spec), staging=staging, deadline_ms=20000, engine_args=["--vmm"])
     # One allocation, then pieces of 2 MiB (as expandable segments map memory): tensors and runs
     # cross pieces.
@@ -140,7 +140,7 @@ def test_the_colocated_loop_sleeps_the_engine_between_refits_and_wakes_it_for_ea
     # conversion; the memory each sleep gives back is the engine's weights.
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
     spec = tmp_path / "llama3_tp1.yaml"
-    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", text, flags=re.M))
     loop = tmp_path / "loop"
     os.mkfifo(f"{loop}.ctl")
     os.mkfifo(f"{loop}.ack")
@@ -254,7 +254,7 @@ def test_a_pipelined_begins_first_buckets_go_before_its_answer(node_factory, tmp
     # engine once it paused. Packed and pushed in place, every refit equals the offline conversion.
     text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
     spec = tmp_path / "llama3_tp1.yaml"
-    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1, rank: 0}", text, flags=re.M))
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", text, flags=re.M))
     node = node_factory(tmp=tmp_path / "late", spec=str(spec), staging="direct", deadline_ms=20000,
                         env={"REFIT_FAILPOINTS": "begin_received=delay:300"})
     trace = tmp_path / "trainer.trace"

@@ -1,9 +1,11 @@
-"""Model-family refits with real processes: refitd with a deploy/models spec, the example engine
-holding that family's engine layout (POSIX shm), the example trainer pushing a tiny synthetic
-checkpoint, and `refitctl convert` as the offline reference."""
+"""Model-family refits with real processes: refitd with a deploy/models spec (its sizes from the
+checkpoint's config.json), the example engine holding that family's engine layout (POSIX shm;
+one process per engine rank), the example trainer pushing a tiny synthetic checkpoint, and
+`refitctl convert` as the offline reference."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +34,14 @@ def wait_for(pred, timeout=30.0, what="condition"):
 
 
 def make_checkpoint(family: str, out: Path, seed: int) -> Path:
+    """The family's small checkpoint, with its config.json (the real model's, sizes overridden)."""
     subprocess.run([sys.executable, str(MAKE), family, str(out), "--seed", str(seed)], check=True)
+    return out
+
+
+def make_real_checkpoint(family: str, out: Path) -> Path:
+    """The real model's shapes and config.json, headers only (sparse files)."""
+    subprocess.run([sys.executable, str(MAKE), family, str(out), "--real"], check=True)
     return out
 
 
@@ -45,31 +54,49 @@ def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False) -> Path
     return out
 
 
+def tp_size(spec) -> int:
+    """The spec's tensor_parallel.size (1 without one)."""
+    m = re.search(r"^tensor_parallel:\s*\{size:\s*(\d+)\s*\}", Path(spec).read_text(), re.M)
+    return int(m.group(1)) if m else 1
+
+
 class FamilyNode:
-    """refitd with a family spec plus an engine that loaded `checkpoint` in that spec's layout."""
+    """refitd with a family spec, its sizes from `checkpoint`'s config.json, plus an engine that
+    loaded `checkpoint` in that spec's layout: one example engine per engine rank of the spec's
+    tensor_parallel.size, each registering its rank (POSIX shm each)."""
 
     def __init__(self, tmp: Path, spec: str, checkpoint: Path):
         self.tmp, self.spec = tmp, spec
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
-        cfg.write_text(f"listen: {self.address}\nlog_level: debug\n")
+        cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_config: {checkpoint / 'config.json'}\n")
         self.daemon_log = tmp / "refitd.log"
         self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg), "--model-spec", spec],
                                        stdout=open(self.daemon_log, "w"), stderr=subprocess.STDOUT)
         wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
         assert self.daemon.poll() is None, self.daemon_log.read_text()
-        self.engine_log = tmp / "engine.log"
-        self.shm = f"/refit-spec-{uuid.uuid4().hex[:12]}"
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm,
-                                        "--spec", spec, "--checkpoint", str(checkpoint)],
-                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
-                 what="engine registration")
-        assert self.engine.poll() is None, self.engine_log.read_text()
+        self.ranks = tp_size(spec)
+        self.engines, self.engine_logs, self.shms = [], [], []
+        for r in range(self.ranks):
+            log = tmp / (f"engine{r}.log" if self.ranks > 1 else "engine.log")
+            shm = f"/refit-spec-{uuid.uuid4().hex[:12]}"
+            args = [str(ENGINE), "--address", self.address, "--shm", shm, "--spec", spec, "--checkpoint", str(checkpoint)]
+            if self.ranks > 1:
+                args += ["--tp-rank", str(r)]
+            engine = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+            wait_for(lambda: "registered" in log.read_text() or engine.poll() is not None, what="engine registration")
+            assert engine.poll() is None, log.read_text()
+            self.engines.append(engine)
+            self.engine_logs.append(log)
+            self.shms.append(shm)
+        self.engine, self.engine_log, self.shm = self.engines[0], self.engine_logs[0], self.shms[0]
 
     def shm_digest(self) -> str:
-        return hashlib.sha256(Path("/dev/shm" + self.shm).read_bytes()).hexdigest()
+        h = hashlib.sha256()
+        for shm in self.shms:
+            h.update(Path("/dev/shm" + shm).read_bytes())
+        return h.hexdigest()
 
     def trainer(self, checkpoint: Path, *args, timeout=120):
         p = subprocess.run([str(TRAINER), "--address", self.address, "--spec", self.spec,
@@ -79,10 +106,11 @@ class FamilyNode:
         return p, lines
 
     def resumed(self):
+        """Rank 0's resumes (the ranks resume together)."""
         return [json.loads(l) for l in self.engine_log.read_text().splitlines() if '"resumed"' in l]
 
     def stop(self):
-        for proc in (self.engine, self.daemon):
+        for proc in (*self.engines, self.daemon):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=20)
@@ -101,8 +129,9 @@ def family_node(tmp_path):
 
     yield make
     for n in nodes:
-        for p in (n.engine, n.daemon):
+        for p in (*n.engines, n.daemon):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        Path("/dev/shm" + n.shm).unlink(missing_ok=True)
+        for shm in n.shms:
+            Path("/dev/shm" + shm).unlink(missing_ok=True)

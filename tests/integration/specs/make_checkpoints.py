@@ -1,31 +1,81 @@
 #!/usr/bin/env python3
-"""Tiny synthetic trainer checkpoints for the model families of deploy/models/.
+"""Synthetic trainer checkpoints for the model families of deploy/models/, laid out from a model's
+config.json.
 
-Each checkpoint has the real family's tensor names, dtypes and structure (fused candidates,
-experts, MLA projections, BMM-style experts, Gemma norms, an MTP layer) at reduced sizes, with
-deterministic pseudo-random BF16 values for a seed. Standard library only.
+Each family's checkpoint has the real model's tensor names, dtypes and structure (fused
+candidates, experts, MLA projections, BMM-style experts, Gemma norms, an MTP layer), every shape
+computed from the config. The config is the real model's (tests/models/<model>/config.json) with
+the family's sizes overridden to small ones (SMALL below; --set overrides more), and is written
+next to the weights as config.json: the spec's sizes come from it, as from a real checkpoint's.
+Weights are deterministic pseudo-random BF16 values for a seed. Standard library only.
 
-    make_checkpoints.py FAMILY OUT_DIR [--seed N]     (FAMILY: llama3, qwen3_moe, deepseek_v3,
-                                                       gpt_oss, qwen35, or all)
+    make_checkpoints.py FAMILY OUT_DIR [--seed N] [--set KEY=JSON]...   (FAMILY: llama3, qwen3_moe,
+                                                                        deepseek_v3, gpt_oss, qwen35,
+                                                                        or all)
+    make_checkpoints.py FAMILY OUT_DIR --real
+
+--real lays the checkpoint out from the real model's config, unchanged, in shards of at most 5 GB
+with model.safetensors.index.json as Hugging Face writes them, but writes only the headers: each
+file is extended to its full size as a hole (sparse), so a DeepSeek-V3-sized checkpoint takes a
+few megabytes of disk. Its tensors read as zeros; tools that read headers only (`refitctl spec
+lint`) see the real model.
 """
 import argparse
+import copy
 import json
 import os
 import random
 import struct
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "golden"))
 import st_io  # noqa: E402
+
+MODELS = os.path.join(HERE, "..", "..", "models")
+
+# family -> (the real model it is laid out from, the sizes its small test checkpoint overrides)
+FAMILIES = {
+    "llama3": ("Meta-Llama-3-8B", {
+        "hidden_size": 512, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256}),
+    "qwen3_moe": ("Qwen3-30B-A3B", {
+        "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 128, "num_experts": 4, "moe_intermediate_size": 128, "vocab_size": 256}),
+    # q_lora_rank 2048: a fused q_a + kv_a of 2624 rows, whose block scales line up like the real 2112.
+    "deepseek_v3": ("DeepSeek-V3", {
+        "hidden_size": 256, "num_hidden_layers": 2, "first_k_dense_replace": 1, "num_nextn_predict_layers": 0,
+        "q_lora_rank": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "v_head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256,
+        "moe_intermediate_size": 128, "n_routed_experts": 4, "n_shared_experts": 1, "vocab_size": 256}),
+    "gpt_oss": ("gpt-oss-20b", {
+        "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_local_experts": 4, "intermediate_size": 256, "vocab_size": 256,
+        "layer_types": ["sliding_attention", "full_attention"]}),
+    # Layer 0 gated delta-net, layer 1 gated full attention, one MTP layer (in text_config).
+    "qwen35": ("Qwen3.5-27B", {
+        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 128, "linear_num_key_heads": 2, "linear_key_head_dim": 64,
+        "linear_num_value_heads": 4, "linear_value_head_dim": 64, "full_attention_interval": 2,
+        "layer_types": ["linear_attention", "full_attention"], "mtp_num_hidden_layers": 1, "vocab_size": 256}),
+}
+
+SHARD_BYTES = 5 * 10**9  # Hugging Face's default max_shard_size
 
 
 class Builder:
-    def __init__(self, seed):
+    """Tensors by name; with shapes_only, their dtypes and shapes without bytes."""
+
+    def __init__(self, seed, shapes_only=False):
         self.rng = random.Random(seed)
+        self.shapes_only = shapes_only
         self.tensors = {}
 
     def bf16(self, name, shape, scale_exp=0x3C, center_one=False):
         """BF16 values of magnitude ~2^(2*scale_exp - 127 - 14 .. -7); norms centred on 1 if asked."""
+        if self.shapes_only:
+            self.tensors[name] = ("BF16", list(shape), None)
+            return
         n = st_io.numel(shape)
         data = bytearray(self.rng.randbytes(2 * n))
         hi = data[1::2]
@@ -41,6 +91,9 @@ class Builder:
         self.tensors[name] = ("BF16", list(shape), bytes(data))
 
     def f32(self, name, shape, lo=0.5, hi=2.0):
+        if self.shapes_only:
+            self.tensors[name] = ("F32", list(shape), None)
+            return
         n = st_io.numel(shape)
         vals = [self.rng.uniform(lo, hi) for _ in range(n)]
         self.tensors[name] = ("F32", list(shape), struct.pack(f"<{n}f", *vals))
@@ -49,10 +102,21 @@ class Builder:
         self.bf16(name, shape, center_one=True)
 
 
-def llama3(b):
-    h, q, kv, inter, vocab = 512, 512, 256, 768, 256
+def text(config):
+    """The language model's sizes: text_config of a multimodal config, else the config itself."""
+    return config.get("text_config", config)
+
+
+def head_dim(c):
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
+def llama3(b, config, real):
+    c = text(config)
+    h, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * head_dim(c), c["num_key_value_heads"] * head_dim(c)
     b.bf16("model.embed_tokens.weight", [vocab, h])
-    for l in range(2):
+    for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
         b.norm(p + "input_layernorm.weight", [h])
         b.bf16(p + "self_attn.q_proj.weight", [q, h])
@@ -67,10 +131,15 @@ def llama3(b):
     b.bf16("lm_head.weight", [vocab, h])
 
 
-def qwen3_moe(b):
-    h, q, kv, hd, experts, inter, vocab = 256, 256, 128, 128, 4, 128, 256
+def qwen3_moe(b, config, real):
+    """The small checkpoint also carries ModelOpt's calibrated input scales (refits never carry
+    them: the engine keeps its own); a trainer's real checkpoint has none."""
+    c = text(config)
+    h, hd, experts, inter, vocab = (c["hidden_size"], head_dim(c), c["num_experts"], c["moe_intermediate_size"],
+                                    c["vocab_size"])
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
     b.bf16("model.embed_tokens.weight", [vocab, h])
-    for l in range(2):
+    for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
         b.norm(p + "input_layernorm.weight", [h])
         b.bf16(p + "self_attn.q_proj.weight", [q, h])
@@ -86,18 +155,30 @@ def qwen3_moe(b):
             b.bf16(ep + "gate_proj.weight", [inter, h])
             b.bf16(ep + "up_proj.weight", [inter, h])
             b.bf16(ep + "down_proj.weight", [h, inter])
-            for m in ("gate", "up", "down"):  # calibrated activation scales: the engine keeps them
-                b.f32(ep + f"{m}_proj.input_scale", [])
+            if not real:
+                for m in ("gate", "up", "down"):
+                    b.f32(ep + f"{m}_proj.input_scale", [])
     b.norm("model.norm.weight", [h])
     b.bf16("lm_head.weight", [vocab, h])
 
 
-def deepseek_v3(b):
-    h, q_lora, kv_lora, rope, heads, nope, v, inter, moe_inter, experts, vocab = \
-        256, 2048, 512, 64, 2, 128, 128, 256, 128, 4, 256
+def deepseek_v3(b, config, real):
+    c = text(config)
+    h, q_lora, kv_lora, rope, heads = (c["hidden_size"], c["q_lora_rank"], c["kv_lora_rank"], c["qk_rope_head_dim"],
+                                       c["num_attention_heads"])
+    nope, v, inter, moe_inter = c["qk_nope_head_dim"], c["v_head_dim"], c["intermediate_size"], c["moe_intermediate_size"]
+    experts, shared, vocab = c["n_routed_experts"], c["n_shared_experts"], c["vocab_size"]
+    layers, mtp = c["num_hidden_layers"], c.get("num_nextn_predict_layers", 0)
     b.bf16("model.embed_tokens.weight", [vocab, h])
-    for l in range(2):
+    for l in range(layers + mtp):
         p = f"model.layers.{l}."
+        if l >= layers:  # a multi-token-prediction layer, numbered after the last one
+            b.bf16(p + "embed_tokens.weight", [vocab, h])
+            b.norm(p + "enorm.weight", [h])
+            b.norm(p + "hnorm.weight", [h])
+            b.bf16(p + "eh_proj.weight", [h, 2 * h])
+            b.norm(p + "shared_head.norm.weight", [h])
+            b.bf16(p + "shared_head.head.weight", [vocab, h])
         b.norm(p + "input_layernorm.weight", [h])
         b.bf16(p + "self_attn.q_a_proj.weight", [q_lora, h])
         b.norm(p + "self_attn.q_a_layernorm.weight", [q_lora])
@@ -107,7 +188,7 @@ def deepseek_v3(b):
         b.bf16(p + "self_attn.kv_b_proj.weight", [heads * (nope + v), kv_lora])
         b.bf16(p + "self_attn.o_proj.weight", [h, heads * v])
         b.norm(p + "post_attention_layernorm.weight", [h])
-        if l == 0:
+        if l < c["first_k_dense_replace"]:
             b.bf16(p + "mlp.gate_proj.weight", [inter, h])
             b.bf16(p + "mlp.up_proj.weight", [inter, h])
             b.bf16(p + "mlp.down_proj.weight", [h, inter])
@@ -119,17 +200,19 @@ def deepseek_v3(b):
             b.bf16(ep + "gate_proj.weight", [moe_inter, h])
             b.bf16(ep + "up_proj.weight", [moe_inter, h])
             b.bf16(ep + "down_proj.weight", [h, moe_inter])
-        b.bf16(p + "mlp.shared_experts.gate_proj.weight", [moe_inter, h])
-        b.bf16(p + "mlp.shared_experts.up_proj.weight", [moe_inter, h])
-        b.bf16(p + "mlp.shared_experts.down_proj.weight", [h, moe_inter])
+        b.bf16(p + "mlp.shared_experts.gate_proj.weight", [shared * moe_inter, h])
+        b.bf16(p + "mlp.shared_experts.up_proj.weight", [shared * moe_inter, h])
+        b.bf16(p + "mlp.shared_experts.down_proj.weight", [h, shared * moe_inter])
     b.norm("model.norm.weight", [h])
     b.bf16("lm_head.weight", [vocab, h])
 
 
-def gpt_oss(b):
-    h, heads, kv_heads, hd, experts, inter, vocab = 256, 4, 2, 64, 4, 256, 256
+def gpt_oss(b, config, real):
+    c = text(config)
+    h, heads, kv_heads, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
+    experts, inter, vocab = c["num_local_experts"], c["intermediate_size"], c["vocab_size"]
     b.bf16("model.embed_tokens.weight", [vocab, h])
-    for l in range(2):
+    for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
         b.norm(p + "input_layernorm.weight", [h])
         b.bf16(p + "self_attn.q_proj.weight", [heads * hd, h])
@@ -153,8 +236,17 @@ def gpt_oss(b):
     b.bf16("lm_head.weight", [vocab, h])
 
 
-def qwen35(b):
-    h, inter, vocab, heads, hd, kv = 256, 512, 256, 2, 128, 128
+def qwen35(b, config, real):
+    """Gated delta-net layers' input projection: the small checkpoint holds it fused as
+    in_proj_qkvz / in_proj_ba (the Qwen3-Next layout refitd's Megatron-core mapping targets), the
+    real one split as Qwen3.5 was released (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a)."""
+    c = text(config)
+    h, inter, vocab, heads, hd = c["hidden_size"], c["intermediate_size"], c["vocab_size"], \
+        c["num_attention_heads"], head_dim(c)
+    kv = c["num_key_value_heads"] * hd
+    kh, kd, vh, vd = (c["linear_num_key_heads"], c["linear_key_head_dim"], c["linear_num_value_heads"],
+                      c["linear_value_head_dim"])
+    conv = c.get("linear_conv_kernel_dim", 4)
 
     def gemma_norm(name, shape):  # zero-centred: the engine adds 1
         b.bf16(name, shape, scale_exp=0x3C)
@@ -167,51 +259,115 @@ def qwen35(b):
         gemma_norm(p + "self_attn.q_norm.weight", [hd])
         gemma_norm(p + "self_attn.k_norm.weight", [hd])
 
+    def linear_attention(p):
+        if real:
+            b.bf16(p + "linear_attn.in_proj_qkv.weight", [2 * kh * kd + vh * vd, h])
+            b.bf16(p + "linear_attn.in_proj_z.weight", [vh * vd, h])
+            b.bf16(p + "linear_attn.in_proj_b.weight", [vh, h])
+            b.bf16(p + "linear_attn.in_proj_a.weight", [vh, h])
+        else:
+            b.bf16(p + "linear_attn.in_proj_qkvz.weight", [2 * kh * kd + 2 * vh * vd, h])
+            b.bf16(p + "linear_attn.in_proj_ba.weight", [2 * vh, h])
+        b.bf16(p + "linear_attn.conv1d.weight", [2 * kh * kd + vh * vd, 1, conv])
+        b.f32(p + "linear_attn.A_log", [vh], -1.0, 1.0)
+        b.bf16(p + "linear_attn.dt_bias", [vh])
+        b.norm(p + "linear_attn.norm.weight", [vd])
+        b.bf16(p + "linear_attn.out_proj.weight", [h, vh * vd])
+
     def mlp(p):
         b.bf16(p + "mlp.gate_proj.weight", [inter, h])
         b.bf16(p + "mlp.up_proj.weight", [inter, h])
         b.bf16(p + "mlp.down_proj.weight", [h, inter])
 
     b.bf16("model.embed_tokens.weight", [vocab, h])
-    for l in range(2):
+    for l, kind in enumerate(c["layer_types"][:c["num_hidden_layers"]]):
         p = f"model.layers.{l}."
         gemma_norm(p + "input_layernorm.weight", [h])
-        if l == 0:  # gated delta-net linear attention
-            b.bf16(p + "linear_attn.in_proj_qkvz.weight", [768, h])
-            b.bf16(p + "linear_attn.in_proj_ba.weight", [8, h])
-            b.bf16(p + "linear_attn.conv1d.weight", [512, 1, 4])
-            b.f32(p + "linear_attn.A_log", [4], -1.0, 1.0)
-            b.bf16(p + "linear_attn.dt_bias", [4])
-            b.norm(p + "linear_attn.norm.weight", [64])
-            b.bf16(p + "linear_attn.out_proj.weight", [h, 256])
+        if kind == "linear_attention":
+            linear_attention(p)
         else:
             full_attention(p)
         gemma_norm(p + "post_attention_layernorm.weight", [h])
         mlp(p)
     gemma_norm("model.norm.weight", [h])
     b.bf16("lm_head.weight", [vocab, h])
-    # Multi-token-prediction draft layer.
+    # Multi-token-prediction draft layers.
     b.bf16("mtp.fc.weight", [h, 2 * h])
     gemma_norm("mtp.pre_fc_norm_embedding.weight", [h])
     gemma_norm("mtp.pre_fc_norm_hidden.weight", [h])
-    gemma_norm("mtp.layers.0.input_layernorm.weight", [h])
-    full_attention("mtp.layers.0.")
-    gemma_norm("mtp.layers.0.post_attention_layernorm.weight", [h])
-    mlp("mtp.layers.0.")
+    for l in range(c.get("mtp_num_hidden_layers", 1)):
+        p = f"mtp.layers.{l}."
+        gemma_norm(p + "input_layernorm.weight", [h])
+        full_attention(p)
+        gemma_norm(p + "post_attention_layernorm.weight", [h])
+        mlp(p)
     gemma_norm("mtp.norm.weight", [h])
 
 
-FAMILIES = {"llama3": llama3, "qwen3_moe": qwen3_moe, "deepseek_v3": deepseek_v3, "gpt_oss": gpt_oss,
+BUILDERS = {"llama3": llama3, "qwen3_moe": qwen3_moe, "deepseek_v3": deepseek_v3, "gpt_oss": gpt_oss,
             "qwen35": qwen35}
 
 
-def make(family, out_dir, seed):
-    b = Builder(f"{family}:{seed}")
-    FAMILIES[family](b)
+def real_config(family):
+    with open(os.path.join(MODELS, FAMILIES[family][0], "config.json")) as f:
+        return json.load(f)
+
+
+def family_config(family, overrides=None, real=False):
+    """The config a family's checkpoint is laid out from: the real model's, with the family's
+    small sizes (unless real) and `overrides` set where the model's sizes live (text_config for
+    a multimodal config)."""
+    config = copy.deepcopy(real_config(family))
+    sizes = text(config)
+    if not real:
+        sizes.update(FAMILIES[family][1])
+    sizes.update(overrides or {})
+    return config
+
+
+def write_sparse(out_dir, tensors):
+    """Headers only, each file extended to its full size as a hole; shards of at most
+    SHARD_BYTES in the builder's (module) order, with model.safetensors.index.json."""
+    shards, current, size = [], [], 0
+    for name, (dtype, shape, _) in tensors.items():
+        n = st_io.numel(shape) * st_io.DTYPE_SIZES[dtype]
+        if current and size + n > SHARD_BYTES:
+            shards.append(current)
+            current, size = [], 0
+        current.append((name, dtype, shape, n))
+        size += n
+    shards.append(current)
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, dtype, shape, n in sorted(shard):
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+            offset += n
+            weight_map[name] = file
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * ((8 - len(blob) % 8) % 8)
+        with open(os.path.join(out_dir, file), "wb") as f:
+            f.write(struct.pack("<Q", len(blob)) + blob)
+            f.truncate(8 + len(blob) + offset)
+        total += offset
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+
+
+def make(family, out_dir, seed=0, overrides=None, real=False):
+    config = family_config(family, overrides, real)
+    b = Builder(f"{family}:{seed}", shapes_only=real)
+    BUILDERS[family](b, config, real)
     os.makedirs(out_dir, exist_ok=True)
-    st_io.write(os.path.join(out_dir, "model.safetensors"), b.tensors, {"format": "pt"})
+    if real:
+        write_sparse(out_dir, b.tensors)
+    else:
+        st_io.write(os.path.join(out_dir, "model.safetensors"), b.tensors, {"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump({"model_family": family, "seed": seed, "torch_dtype": "bfloat16"}, f, indent=2)
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    return out_dir
 
 
 def main():
@@ -219,10 +375,19 @@ def main():
     ap.add_argument("family", choices=[*FAMILIES, "all"])
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="a config size to override besides the family's small ones (e.g. num_experts=8)")
+    ap.add_argument("--real", action="store_true",
+                    help="the real model's sizes, headers only (sparse files, sharded as Hugging Face does)")
     args = ap.parse_args()
+    overrides = {}
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        overrides[key] = json.loads(value)
     families = list(FAMILIES) if args.family == "all" else [args.family]
     for fam in families:
-        make(fam, os.path.join(args.out_dir, fam) if args.family == "all" else args.out_dir, args.seed)
+        make(fam, os.path.join(args.out_dir, fam) if args.family == "all" else args.out_dir, args.seed, overrides,
+             args.real)
 
 
 if __name__ == "__main__":

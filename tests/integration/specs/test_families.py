@@ -1,8 +1,10 @@
-"""Every example spec of deploy/models/ end to end (issue: model specs for real families):
-three consecutive refits and one partial refit through the real host path leave the engine
-holding exactly the engine layout of `refitctl convert`'s output for the same checkpoint —
-fused, stacked, sharded and laid-out parameters, derived Gemma norms, kept input scales — and a
-stranded fused member or a missing expert is refused before any engine byte is written."""
+"""Every example spec of deploy/models/ end to end (issue: model specs for real families), as
+shipped, its sizes from the small checkpoint's config.json: three consecutive refits and one
+partial refit through the real host path leave the engine (both engine ranks of the tensor-parallel
+Llama-3 spec) holding exactly the engine layout of `refitctl convert`'s output for the same
+checkpoint — fused, stacked, sharded and laid-out parameters, derived Gemma norms, kept input
+scales — and a stranded fused member or a missing expert is refused before any engine byte is
+written."""
 import subprocess
 
 import pytest
@@ -18,8 +20,9 @@ FAMILIES = {
         ["model.layers.0.{n:input_layernorm,post_attention_layernorm}.weight",
          "model.layers.1.self_attn.{p:q,k,v}_proj.weight"],
         "model.layers.0.mlp.up_proj.weight",
-        "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
-        "'model.layers.0.mlp.up_proj.weight'",
+        # tensor_parallel.size 2: two engine ranks, each missing its part
+        "incomplete: engine parameter 'rank0/model.layers.0.mlp.gate_up_proj.weight' lacks "
+        "'rank0/model.layers.0.mlp.up_proj.weight'",
     ),
     "qwen3_moe": (
         "qwen3_moe_nvfp4.yaml",

@@ -98,7 +98,11 @@ TEST_P(EngineParamInfosFamilies, EqualEngineLayoutsParameters) {
   const std::string cmd = absl::StrCat("python3 '", source, "/tests/integration/specs/make_checkpoints.py' ", family,
                                        " '", dir, "' --seed 1 > /dev/null");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(source + "/deploy/models/" + spec_file);
+  // The family's small checkpoint comes with its config.json: the spec's sizes are read from it.
+  absl::StatusOr<spec::ModelConfig> config = spec::LoadModelConfigFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<spec::ModelSpec> spec =
+      spec::LoadModelSpecFile(source + "/deploy/models/" + spec_file, {.model_config = &*config});
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir + "/model.safetensors");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();

@@ -1,7 +1,9 @@
 #include "spec/model_spec.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -13,15 +15,223 @@ using ::testing::HasSubstr;
 
 absl::Status Load(const std::string& yaml) { return ParseModelSpec(yaml, "spec.yaml").status(); }
 
-TEST(ModelSpecTest, EveryExampleSpecLoads) {
+// Each shipped spec and the model it names (tests/models/README.md); the demo spec names none.
+const std::map<std::string, std::string> kSpecModels = {
+    {"llama3_fp8.yaml", "Meta-Llama-3-8B"},         {"qwen3_moe_nvfp4.yaml", "Qwen3-30B-A3B"},
+    {"deepseek_v3_fp8_ue8m0.yaml", "DeepSeek-V3"}, {"gpt_oss_mxfp4.yaml", "gpt-oss-20b"},
+    {"qwen35_mxfp8.yaml", "Qwen3.5-27B"},          {"demo-llama.yaml", ""}};
+
+absl::StatusOr<ModelSpec> LoadShipped(const std::string& file) {
+  const std::string path = std::string(REFIT_MODELS_DIR) + "/" + file;
+  const std::string model = kSpecModels.at(file);
+  if (model.empty()) return LoadModelSpecFile(path);
+  absl::StatusOr<ModelConfig> config =
+      LoadModelConfigFile(std::string(REFIT_MODEL_CONFIGS_DIR) + "/" + model + "/config.json");
+  if (!config.ok()) return config.status();
+  return LoadModelSpecFile(path, {.model_config = &*config});
+}
+
+TEST(ModelSpecTest, EveryShippedSpecLoadsWithItsModelsConfig) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(REFIT_MODELS_DIR)) {
     if (e.path().extension() != ".yaml") continue;
-    auto spec = LoadModelSpecFile(e.path().string());
+    const std::string file = e.path().filename().string();
+    ASSERT_TRUE(kSpecModels.count(file)) << file << ": name the model it fits in kSpecModels";
+    absl::StatusOr<ModelSpec> spec = LoadShipped(file);
     EXPECT_TRUE(spec.ok()) << e.path() << ": " << spec.status();
+    // No shipped spec fixes an engine rank: each engine rank registers its own.
+    if (spec.ok()) {
+      EXPECT_FALSE(spec->tp_rank_given) << file;
+    }
     ++n;
   }
   EXPECT_EQ(n, 6);  // five model families and the demo model
+}
+
+// Shipped specs state no size: every expert count and Megatron-source size is the model's.
+TEST(ModelSpecTest, ShippedSpecsTakeTheirSizesFromTheModel) {
+  for (const auto& [file, model] : kSpecModels) {
+    absl::StatusOr<ModelSpec> bare =
+        LoadModelSpecFile(std::string(REFIT_MODELS_DIR) + "/" + file, {.allow_unresolved = true});
+    ASSERT_TRUE(bare.ok()) << file << ": " << bare.status();
+    for (const Rule& r : bare->rules) {
+      if (r.stack) {
+        EXPECT_EQ(r.stack->count, 0) << file << ": " << r.Describe() << " states its expert count";
+      }
+    }
+    if (bare->source) {
+      const MegatronSource& m = *bare->source;
+      for (int64_t v : {m.num_attention_heads, m.num_query_groups, m.head_dim, m.q_lora_rank, m.num_experts,
+                        m.vocab_size, m.linear_num_key_heads, m.linear_key_head_dim, m.linear_num_value_heads,
+                        m.linear_value_head_dim}) {
+        EXPECT_EQ(v, 0) << file << ": source states a size";
+      }
+    }
+    // Without the model's config the daemon refuses a spec with stacks, naming every count it
+    // lacks; the others load, their Megatron source sizes listed (refused when a push needs them).
+    absl::StatusOr<ModelSpec> without = LoadModelSpecFile(std::string(REFIT_MODELS_DIR) + "/" + file);
+    const bool stacks =
+        std::any_of(bare->rules.begin(), bare->rules.end(), [](const Rule& r) { return r.stack.has_value(); });
+    if (stacks) {
+      EXPECT_THAT(without.status().message(), HasSubstr("stack.count (line")) << file;
+      EXPECT_THAT(without.status().message(), HasSubstr("no model config was given")) << file;
+    } else {
+      EXPECT_TRUE(without.ok()) << file << ": " << without.status();
+    }
+    if (bare->source) {
+      EXPECT_FALSE(bare->unresolved.empty()) << file;
+    }
+  }
+}
+
+TEST(ModelSpecTest, ShippedSpecsResolveTheRealModelsSizes) {
+  absl::StatusOr<ModelSpec> qwen3 = LoadShipped("qwen3_moe_nvfp4.yaml");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  for (const Rule& r : qwen3->rules) {
+    if (r.stack) {
+      EXPECT_EQ(r.stack->count, 128) << r.Describe();
+    }
+  }
+  EXPECT_EQ(qwen3->source->num_attention_heads, 32);
+  EXPECT_EQ(qwen3->source->num_query_groups, 4);
+  EXPECT_EQ(qwen3->source->head_dim, 128);
+  EXPECT_EQ(qwen3->source->vocab_size, 151936);
+  absl::StatusOr<ModelSpec> llama = LoadShipped("llama3_fp8.yaml");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->source->num_query_groups, 8);
+  EXPECT_EQ(llama->source->head_dim, 128);  // hidden_size / num_attention_heads
+  EXPECT_EQ(llama->source->vocab_size, 128256);
+  absl::StatusOr<ModelSpec> deepseek = LoadShipped("deepseek_v3_fp8_ue8m0.yaml");
+  ASSERT_TRUE(deepseek.ok()) << deepseek.status();
+  for (const Rule& r : deepseek->rules) {
+    if (r.stack) {
+      EXPECT_EQ(r.stack->count, 256) << r.Describe();
+    }
+  }
+  EXPECT_EQ(deepseek->source->q_lora_rank, 1536);
+  EXPECT_EQ(deepseek->source->vocab_size, 129280);
+  absl::StatusOr<ModelSpec> oss = LoadShipped("gpt_oss_mxfp4.yaml");
+  ASSERT_TRUE(oss.ok()) << oss.status();
+  EXPECT_EQ(oss->source->num_experts, 32);
+  EXPECT_EQ(oss->source->num_attention_heads, 64);
+  EXPECT_EQ(oss->source->num_query_groups, 8);
+  EXPECT_EQ(oss->source->vocab_size, 201088);
+  absl::StatusOr<ModelSpec> qwen35 = LoadShipped("qwen35_mxfp8.yaml");  // sizes under text_config
+  ASSERT_TRUE(qwen35.ok()) << qwen35.status();
+  EXPECT_EQ(qwen35->source->num_attention_heads, 24);
+  EXPECT_EQ(qwen35->source->head_dim, 256);
+  EXPECT_EQ(qwen35->source->linear_num_value_heads, 48);
+  EXPECT_EQ(qwen35->source->vocab_size, 248320);
+}
+
+ModelConfig Config(const std::string& json) { return *ModelConfig::Parse(json, "c.json"); }
+
+constexpr char kStacked[] = R"(model: m
+rules:
+  - match: "l.{L}.experts.{E}.w"
+    target: "l.{L}.experts.w"
+    stack: {capture: E}
+)";
+
+TEST(ModelSpecSizesTest, AnOmittedExpertCountIsTheModelConfigs) {
+  const ModelConfig c = Config(R"({"n_routed_experts": 256})");
+  absl::StatusOr<ModelSpec> spec = ParseModelSpec(kStacked, "s.yaml", "", {.model_config = &c});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->rules[0].stack->count, 256);
+  EXPECT_EQ(spec->model_config, "c.json");
+  // Without a model config: refused naming the size, its line and how to give the config.
+  absl::Status refused = ParseModelSpec(kStacked, "s.yaml").status();
+  EXPECT_THAT(refused.message(), HasSubstr("s.yaml: rules[0].stack.count (line 5) comes from the model, and no model "
+                                           "config was given"));
+  EXPECT_THAT(refused.message(), HasSubstr("--model-config"));
+  // Checking the spec's text alone: loads, the size listed and 0.
+  absl::StatusOr<ModelSpec> text = ParseModelSpec(kStacked, "s.yaml", "", {.allow_unresolved = true});
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->rules[0].stack->count, 0);
+  EXPECT_EQ(text->unresolved, (std::vector<std::string>{"rules[0].stack.count (line 5)"}));
+  // A config of a dense model has no expert count.
+  const ModelConfig dense = Config(R"({"hidden_size": 4096})");
+  EXPECT_THAT(ParseModelSpec(kStacked, "s.yaml", "", {.model_config = &dense}).status().message(),
+              HasSubstr("s.yaml:5: rules[0].stack.count: not given, and the model config 'c.json' has no num_experts, "
+                        "n_routed_experts or num_local_experts"));
+}
+
+TEST(ModelSpecSizesTest, AStatedSizeMustAgreeWithTheModelConfig) {
+  constexpr char kFour[] = R"(model: m
+rules:
+  - match: "l.{L}.experts.{E}.w"
+    target: "l.{L}.experts.w"
+    stack: {capture: E, count: 4}
+)";
+  // The refusal a test-sized spec meets at a real model: at load, naming both numbers.
+  const ModelConfig real = Config(R"({"num_experts": 128})");
+  EXPECT_THAT(ParseModelSpec(kFour, "s.yaml", "", {.model_config = &real}).status().message(),
+              HasSubstr("s.yaml:5: rules[0].stack.count: 4, but the model config 'c.json' gives num_experts 128"));
+  const ModelConfig small = Config(R"({"num_experts": 4})");
+  EXPECT_TRUE(ParseModelSpec(kFour, "s.yaml", "", {.model_config = &small}).ok());
+  EXPECT_TRUE(ParseModelSpec(kFour, "s.yaml").ok());  // no config: the spec's own
+  constexpr char kSource[] = "model: m\nsource: {layout: megatron, num_attention_heads: 2, num_query_groups: 1, "
+                             "head_dim: 128}\n";
+  const ModelConfig qwen3 = Config(R"({"num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128})");
+  EXPECT_THAT(ParseModelSpec(kSource, "s.yaml", "", {.model_config = &qwen3}).status().message(),
+              HasSubstr("source.num_attention_heads: 2, but the model config 'c.json' gives num_attention_heads 32"));
+}
+
+TEST(ModelSpecSizesTest, MegatronSourceSizesComeFromTheModelConfig) {
+  const ModelConfig llama = Config(R"({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+                                       "vocab_size": 128256})");
+  absl::StatusOr<ModelSpec> spec =
+      ParseModelSpec("model: m\nsource: {layout: megatron}\n", "s.yaml", "", {.model_config = &llama});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->source->num_attention_heads, 32);
+  EXPECT_EQ(spec->source->num_query_groups, 8);
+  EXPECT_EQ(spec->source->head_dim, 128);
+  EXPECT_EQ(spec->source->vocab_size, 128256);
+  EXPECT_EQ(spec->source->q_lora_rank, 0);  // read for MLA only
+  // Heads the config cannot explain are refused as stated ones are.
+  const ModelConfig odd = Config(R"({"num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 64})");
+  EXPECT_THAT(ParseModelSpec("model: m\nsource: {layout: megatron}\n", "s.yaml", "", {.model_config = &odd})
+                  .status()
+                  .message(),
+              HasSubstr("source.num_query_groups: must divide num_attention_heads 32"));
+  // Without a config the spec loads (a trainer pushing checkpoint names needs no heads); the sizes
+  // linear_qkv needs are listed, and a push of it is refused naming them (megatron_source_test).
+  absl::StatusOr<ModelSpec> bare = ParseModelSpec("model: m\nsource: {layout: megatron}\n", "s.yaml");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_EQ(bare->source->num_attention_heads, 0);
+  EXPECT_EQ(bare->unresolved, (std::vector<std::string>{"source.num_attention_heads (line 2)",
+                                                        "source.num_query_groups (line 2)", "source.head_dim (line 2)"}));
+  // MLA: no linear_qkv; q_lora_rank (null in DeepSeek-V2-Lite's config: not given) from the config.
+  const ModelConfig v3 = Config(R"({"q_lora_rank": 1536, "n_routed_experts": 256, "vocab_size": 129280})");
+  spec = ParseModelSpec("model: m\nsource: {layout: megatron, attention: mla}\n", "s.yaml", "", {.model_config = &v3});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->source->q_lora_rank, 1536);
+  const ModelConfig lite = Config(R"({"q_lora_rank": null, "vocab_size": 102400})");
+  spec = ParseModelSpec("model: m\nsource: {layout: megatron, attention: mla}\n", "s.yaml", "", {.model_config = &lite});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->source->q_lora_rank, 0);
+  // gpt-oss: the stacked experts' count is num_local_experts.
+  const ModelConfig oss = Config(R"({"num_local_experts": 32, "num_attention_heads": 64, "num_key_value_heads": 8,
+                                     "head_dim": 64})");
+  spec = ParseModelSpec("model: m\nsource: {layout: megatron, experts: gpt_oss}\n", "s.yaml", "", {.model_config = &oss});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->source->num_experts, 32);
+}
+
+TEST(ModelSpecSizesTest, ExpertParallelSplitIsCheckedOnTheModelsCount) {
+  constexpr char kEp[] = R"(model: m
+tensor_parallel: {size: 4}
+expert_parallel: {size: 4}
+rules:
+  - match: "l.{L}.experts.{E}.w"
+    target: "l.{L}.experts.w"
+    stack: {capture: E}
+)";
+  const ModelConfig six = Config(R"({"num_experts": 6})");
+  EXPECT_THAT(ParseModelSpec(kEp, "s.yaml", "", {.model_config = &six}).status().message(),
+              HasSubstr("6 experts do not split into expert_parallel.size 4"));
+  const ModelConfig eight = Config(R"({"num_experts": 8})");
+  EXPECT_TRUE(ParseModelSpec(kEp, "s.yaml", "", {.model_config = &eight}).ok());
 }
 
 TEST(ModelSpecTest, FusionStackShardAndLayoutAreRead) {

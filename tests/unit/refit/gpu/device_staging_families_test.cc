@@ -13,6 +13,7 @@
 #include "../../cuda_device.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <cstdlib>
@@ -75,7 +76,13 @@ class DeviceStagingFamilies : public ::testing::TestWithParam<Family> {
 
 TEST_P(DeviceStagingFamilies, EngineBytesEqualTheOfflineEngineLayout) {
   const Family& f = GetParam();
-  absl::StatusOr<spec::ModelSpec> spec = spec::LoadModelSpecFile(SourceDir() + "/deploy/models/" + f.spec);
+  // The shipped spec, its sizes from the family's small checkpoint's config.json.
+  const std::string ckpt0 = Checkpoint(f.name, 0);
+  absl::StatusOr<spec::ModelConfig> config =
+      spec::LoadModelConfigFile((std::filesystem::path(ckpt0).parent_path() / "config.json").string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<spec::ModelSpec> spec =
+      spec::LoadModelSpecFile(SourceDir() + "/deploy/models/" + f.spec, {.model_config = &*config});
   ASSERT_TRUE(spec.ok()) << spec.status();
 
   absl::StatusOr<std::unique_ptr<storage::Memory>> device = storage::NewDeviceMemory(0);
@@ -409,14 +416,15 @@ TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
     Generated (*make)(int);
     int layers;
   };
+  // The shipped specs as they are, their sizes from the real models' config.json (tests/models/).
   for (const Case& c : {Case{"qwen3_moe_nvfp4 (Qwen3-30B-A3B layer, 128 experts)", "qwen3_moe_nvfp4.yaml", Qwen3MoeLayers, 1},
                         Case{"llama3_fp8 TP=2 (Llama-3-8B layers)", "llama3_fp8.yaml", Llama3Layers, 2}}) {
-    std::ifstream in(SourceDir() + "/deploy/models/" + c.spec);
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string yaml = text.str();
-    for (size_t at; (at = yaml.find("count: 4}")) != std::string::npos;) yaml.replace(at, 9, "count: 128}");
-    absl::StatusOr<spec::ModelSpec> spec = spec::ParseModelSpec(yaml, c.spec);
+    const std::string model = c.spec == "qwen3_moe_nvfp4.yaml" ? "Qwen3-30B-A3B" : "Meta-Llama-3-8B";
+    absl::StatusOr<spec::ModelConfig> config =
+        spec::LoadModelConfigFile(SourceDir() + "/tests/models/" + model + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<spec::ModelSpec> spec =
+        spec::LoadModelSpecFile(SourceDir() + "/deploy/models/" + c.spec, {.model_config = &*config});
     ASSERT_TRUE(spec.ok()) << spec.status();
     Generated g = c.make(c.layers);
     uint64_t bytes = 0;
