@@ -15,6 +15,8 @@
 #include "transport/ucx/ucx_handles.h"
 #include "transport/ucx/ucx_receiver.h"
 #include "transport/ucx/ucx_sender.h"
+#include "../transport_test_support.h"
+#include "../ucx_leak_watch.h"
 
 extern char** environ;
 
@@ -28,7 +30,9 @@ using ::testing::Not;
 
 class UcxTransportTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { (void)ucx::SetUcxLogLevel("error"); }
+  static void SetUpTestSuite() { testing::WatchUcxLeaks(); }
+  // Each test's receivers and senders are gone by now: nothing of theirs may be left in use.
+  void TearDown() override { EXPECT_THAT(testing::TakeUcxLeakReports(), ::testing::IsEmpty()); }
 };
 
 TEST_F(UcxTransportTest, EndpointRoundTrips) {
@@ -119,7 +123,7 @@ TEST_F(UcxTransportTest, SharedMemoryMovesDataOverSharedMemory) {
 TEST_F(UcxTransportTest, DeadPeerIsNamedInTheError) {
   absl::StatusOr<std::unique_ptr<UcxReceiver>> receiver = UcxReceiver::Listen({});
   ASSERT_TRUE(receiver.ok()) << receiver.status();
-  std::vector<std::string> args = {REFIT_TRANSPORT_TEST_SENDER, "ucx_tcp", (*receiver)->Endpoint(),
+  std::vector<std::string> args = {testing::TestSenderPath(), "ucx_tcp", (*receiver)->Endpoint(),
                                    "5", "1048576", "0"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
