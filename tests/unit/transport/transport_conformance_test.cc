@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -24,6 +25,7 @@
 #include "transport/transport.h"
 #include "transport_test_support.h"
 #include "ucx_leak_watch.h"
+#include "ucx_runtime.h"
 
 extern char** environ;
 
@@ -56,9 +58,13 @@ class SendThread {
 
 class TransportConformanceTest : public ::testing::TestWithParam<TransportConfig> {
  protected:
-  static void SetUpTestSuite() { QuietTransportLogs(); }
+  static void SetUpTestSuite() {
+    QuietTransportLogs();
+    std::printf("UCX %s from %s\n", UcxRuntimeVersion().c_str(), UcxRuntimeLibrary().c_str());
+  }
 
   void SetUp() override {
+    if (std::string why = UcxRuntimeMismatch(); !why.empty()) GTEST_FAIL() << why;
     if (GetParam().unavailable) {
       if (std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << GetParam().name << ": " << why;
     }
