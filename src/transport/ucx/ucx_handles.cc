@@ -142,6 +142,20 @@ absl::StatusOr<UcpWorker> UcpWorker::Create(ucp_context_h context, ucs_thread_mo
     return UcsError(st, "ucp_worker_create");
   }
   UcpWorker worker(raw);
+  // A UCX configured without --enable-mt grants a lower mode than asked for and only says so at
+  // diagnostic log level; the receiver's worker, used by two threads, would then race inside UCX
+  // (an assertion-enabled UCX aborts in its tcp transport).
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+  if (ucs_status_t st = ucp_worker_query(raw, &attr); st != UCS_OK) {
+    return UcsError(st, "ucp_worker_query");
+  }
+  if (attr.thread_mode < mode) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "UCX ", ucp_get_version_string(),
+        " grants no multi-threaded worker: it was built without thread support (configure "
+        "--enable-mt)"));
+  }
   if (ucs_status_t st = ucp_worker_get_efd(raw, &worker.efd_); st != UCS_OK) {
     return UcsError(st, "ucp_worker_get_efd");
   }
