@@ -78,6 +78,12 @@ absl::StatusOr<UcpConfig> UcpConfig::FromOptions(const UcxOptions& options) {
     st = set("KEEPALIVE_INTERVAL",
              absl::StrCat(absl::ToInt64Milliseconds(options.keepalive_interval), "ms"));
   }
+  // Indirect request IDs let UCP track every request that waits for its peer (a rendezvous send
+  // waiting for the receiver to fetch the data) on its endpoint, and complete those in error when
+  // the endpoint fails. UCX turns them on only with peer error handling ("auto"); without it
+  // (kConnectionManager) such a send to a receiver that died stays in flight for good, keeping its
+  // buffer registered until ucp_cleanup, which UCX 1.16+ asserts on.
+  if (st.ok()) st = set("PROTO_INDIRECT_ID", "on");
   for (const auto& [name, value] : options.extra_config) {
     if (!st.ok()) break;
     st = set(name, value);
@@ -136,6 +142,20 @@ absl::StatusOr<UcpWorker> UcpWorker::Create(ucp_context_h context, ucs_thread_mo
     return UcsError(st, "ucp_worker_create");
   }
   UcpWorker worker(raw);
+  // A UCX configured without --enable-mt grants a lower mode than asked for and only says so at
+  // diagnostic log level; the receiver's worker, used by two threads, would then race inside UCX
+  // (an assertion-enabled UCX aborts in its tcp transport).
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+  if (ucs_status_t st = ucp_worker_query(raw, &attr); st != UCS_OK) {
+    return UcsError(st, "ucp_worker_query");
+  }
+  if (attr.thread_mode < mode) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "UCX ", ucp_get_version_string(),
+        " grants no multi-threaded worker: it was built without thread support (configure "
+        "--enable-mt)"));
+  }
   if (ucs_status_t st = ucp_worker_get_efd(raw, &worker.efd_); st != UCS_OK) {
     return UcsError(st, "ucp_worker_get_efd");
   }
@@ -147,10 +167,19 @@ UcpListener::~UcpListener() {
 }
 
 UcpRequest::~UcpRequest() {
-  if (h_) ucp_request_free(h_);
+  if (h_ == nullptr) return;
+  if (Check() == UCS_INPROGRESS) {
+    ucp_request_cancel(worker_->get(), h_);
+    ProgressUntil(
+        *worker_, [this] { return Check() != UCS_INPROGRESS; },
+        absl::Now() + kRequestDrainTimeout);
+  }
+  // Past the timeout UCX frees the request itself if it ever completes; until then it keeps what
+  // the request uses, and reports it when the worker and context are destroyed.
+  ucp_request_free(h_);
 }
 
-Started StartFromPtr(ucs_status_ptr_t ptr) {
+Started StartFromPtr(ucs_status_ptr_t ptr, const UcpWorker& worker) {
   Started started;
   if (ptr == nullptr) return started;
   if (UCS_PTR_IS_ERR(ptr)) {
@@ -158,7 +187,7 @@ Started StartFromPtr(ucs_status_ptr_t ptr) {
     return started;
   }
   started.status = UCS_INPROGRESS;
-  started.request = UcpRequest(ptr);
+  started.request = UcpRequest(ptr, worker);
   return started;
 }
 
@@ -166,16 +195,19 @@ Started UcpEndpoint::BeginClose(uint32_t flags) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = flags;
-  return StartFromPtr(ucp_ep_close_nbx(release(), &param));
+  return StartFromPtr(ucp_ep_close_nbx(release(), &param), *worker_);
+}
+
+Started UcpEndpoint::BeginClose() { return BeginClose(0); }
+
+Started UcpEndpoint::BeginForcedClose() {
+  return BeginClose(err_mode_ == UCP_ERR_HANDLING_MODE_PEER ? UCP_EP_CLOSE_FLAG_FORCE : 0);
 }
 
 UcpEndpoint::~UcpEndpoint() {
   if (!h_) return;
-  // A forced close needs no answer from the peer; it finishes after a few local progress calls.
-  Started close = BeginClose(UCP_EP_CLOSE_FLAG_FORCE);
-  while (close.in_flight() && close.request.Check() == UCS_INPROGRESS) {
-    ucp_worker_progress(worker_);
-  }
+  // Destroying the close request progresses the worker until the close is done (UcpRequest).
+  Started close = BeginForcedClose();
 }
 
 absl::Status SetUcxLogLevel(std::string_view level) {

@@ -89,16 +89,47 @@ class UcpListener : public MoveOnlyHandle<ucp_listener_h> {
   ~UcpListener();
 };
 
-// ucp_request_free. Holds a request returned by a *_nbx call (never NULL or an error pointer).
-class UcpRequest : public MoveOnlyHandle<void*> {
+// ucp_request_free, once the request completed. Holds a request returned by a *_nbx call (never
+// NULL or an error pointer) and the worker that progresses it.
+//
+// ucp_request_free on a request still in flight only marks it: UCX goes on using what the request
+// holds (the caller's buffer, its registration in the context's registration cache, a slot of the
+// worker's request pool) until it completes, and one that never completes is still referenced when
+// the worker and context are destroyed (UCX 1.16+ then asserts in ucp_cleanup: `region->refcount
+// == 0`). So destroying an in-flight request first finishes it: ucp_request_cancel (a tag receive
+// completes as cancelled; UCX ignores it for other requests) and progress until UCX completes it,
+// for at most kRequestDrainTimeout. A send or close completes only once its endpoint is closed, so
+// owners close the endpoint before they drop its requests.
+//
+// REQUIRES (destroying an in-flight request): the calling thread may progress the worker and no
+// other thread progresses it meanwhile (UCX 1.13's cancel races with a completion running in
+// another thread).
+class UcpRequest {
  public:
-  using MoveOnlyHandle::MoveOnlyHandle;
-  UcpRequest(UcpRequest&&) = default;
-  UcpRequest& operator=(UcpRequest&&) = default;
+  UcpRequest() = default;
+  UcpRequest(void* request, const UcpWorker& worker) : h_(request), worker_(&worker) {}
+  UcpRequest(UcpRequest&& o) noexcept
+      : h_(std::exchange(o.h_, nullptr)), worker_(std::exchange(o.worker_, nullptr)) {}
+  UcpRequest& operator=(UcpRequest&& o) noexcept {
+    std::swap(h_, o.h_);
+    std::swap(worker_, o.worker_);
+    return *this;
+  }
+  UcpRequest(const UcpRequest&) = delete;
+  UcpRequest& operator=(const UcpRequest&) = delete;
   ~UcpRequest();
+  void* get() const { return h_; }
+  explicit operator bool() const { return h_ != nullptr; }
   // UCS_INPROGRESS until the operation completed; then its final status.
   ucs_status_t Check() const { return ucp_request_check_status(h_); }
+
+ private:
+  void* h_ = nullptr;
+  const UcpWorker* worker_ = nullptr;
 };
+
+// How long destroying an in-flight UcpRequest, or a still open UcpEndpoint, waits for UCX.
+inline constexpr absl::Duration kRequestDrainTimeout = absl::Seconds(5);
 
 // The result of starting a non-blocking operation: done at once (status set, no request), failed
 // at once, or in flight (request set).
@@ -107,28 +138,47 @@ struct Started {
   UcpRequest request;
   bool in_flight() const { return static_cast<bool>(request); }
 };
-Started StartFromPtr(ucs_status_ptr_t ptr);
+Started StartFromPtr(ucs_status_ptr_t ptr, const UcpWorker& worker);
 
-// Closes the endpoint: ucp_ep_close_nbx in force mode, progressing the worker until it is done.
-// An orderly (flushing) close is started explicitly with BeginClose.
+// Closes the endpoint as BeginForcedClose does, progressing the worker until the close is done
+// (at most kRequestDrainTimeout). Closing completes every request still in flight on the endpoint
+// (in error), which is what lets their owners free them (UcpRequest).
+//
+// REQUIRES (destroying an open endpoint): as for destroying an in-flight UcpRequest.
 class UcpEndpoint : public MoveOnlyHandle<ucp_ep_h> {
  public:
   UcpEndpoint() = default;
-  UcpEndpoint(ucp_ep_h ep, ucp_worker_h worker) : MoveOnlyHandle(ep), worker_(worker) {}
+  UcpEndpoint(ucp_ep_h ep, const UcpWorker& worker, ucp_err_handling_mode_t err_mode)
+      : MoveOnlyHandle(ep), worker_(&worker), err_mode_(err_mode) {}
   UcpEndpoint(UcpEndpoint&& o) noexcept
-      : MoveOnlyHandle(std::move(o)), worker_(std::exchange(o.worker_, nullptr)) {}
+      : MoveOnlyHandle(std::move(o)),
+        worker_(std::exchange(o.worker_, nullptr)),
+        err_mode_(o.err_mode_) {}
   UcpEndpoint& operator=(UcpEndpoint&& o) noexcept {
     MoveOnlyHandle::operator=(std::move(o));
     std::swap(worker_, o.worker_);
+    std::swap(err_mode_, o.err_mode_);
     return *this;
   }
   ~UcpEndpoint();
-  // Starts closing (flags: 0 = flush first, UCP_EP_CLOSE_FLAG_FORCE = drop). The handle is empty
-  // afterwards; the returned request tracks the close.
-  Started BeginClose(uint32_t flags);
+  // Starts an orderly close: flush, then disconnect. The handle is empty afterwards; the returned
+  // request tracks the close.
+  Started BeginClose();
+  // Starts dropping the connection: UCP_EP_CLOSE_FLAG_FORCE, which completes the endpoint's
+  // pending requests at once, needs no answer from the peer, and is what UCX requires after an
+  // endpoint error. UCX refuses it (UCS_ERR_INVALID_PARAM) for an endpoint without peer error
+  // handling; there the close is orderly, which on a failed endpoint finishes without the peer.
+  Started BeginForcedClose();
+  // Leaves the endpoint to ucp_worker_destroy, which destroys the endpoints still open without
+  // waiting for their peers. Only for an endpoint without peer error handling whose peer may not
+  // answer an orderly close: UCX has no other close for it that needs no answer.
+  void LeaveToWorker() { release(); }
 
  private:
-  ucp_worker_h worker_ = nullptr;
+  Started BeginClose(uint32_t flags);
+
+  const UcpWorker* worker_ = nullptr;
+  ucp_err_handling_mode_t err_mode_ = UCP_ERR_HANDLING_MODE_NONE;
 };
 
 // Sets UCX's log level for the whole process ("fatal", "error", "warn", "info", ...). UCX

@@ -54,6 +54,11 @@ struct UcxOptions {
   // then for the endpoint to flush. Past it the endpoint is closed forcibly.
   absl::Duration close_timeout = absl::Seconds(5);
 
+  // Receiver: how long an interrupted Receive (deadline, Cancel, peer failure) waits for UCX to
+  // give the caller's buffer back once the receive had matched a message. Past it the Receive
+  // returns Unavailable and the receiver keeps the request until UCX completes it.
+  absl::Duration buffer_release_timeout = absl::Seconds(10);
+
   // Sender: the name the receiver uses for this peer in errors and logs. Empty means
   // "<hostname>:<pid>".
   std::string peer_name;

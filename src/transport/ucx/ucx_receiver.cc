@@ -12,15 +12,13 @@ namespace refit::transport {
 using ucx::Started;
 using ucx::UcsError;
 
-namespace {
-// How long an interrupted Receive waits for UCX to give the caller's buffer back.
-constexpr absl::Duration kBufferReleaseTimeout = absl::Seconds(10);
-}  // namespace
-
 struct UcxReceiver::Peer {
   UcxReceiver* owner = nullptr;
   std::string address;  // the sender's socket address, known from the connection request
   std::string name;     // announced in its hello; empty before that
+  // Acknowledgements still in flight. Declared before `ep`, so that they are freed after the
+  // endpoint's close, which completes them.
+  std::vector<ucx::UcpRequest> acks;
   ucx::UcpEndpoint ep;
   bool hello_ack_due = false;
   bool goodbye_ack_due = false;
@@ -33,7 +31,8 @@ struct UcxReceiver::Peer {
   }
 };
 
-// Lives on the receiving thread's stack for one Receive; completed under mu_.
+// One Receive's request state, completed under mu_ by OnReceiveDone. Shared with orphans_ when
+// the Receive returns before UCX completed its request.
 struct UcxReceiver::PendingReceive {
   absl::Mutex* mu;
   bool done = false;
@@ -107,16 +106,40 @@ UcxReceiver::~UcxReceiver() {
     ucp_worker_signal(worker_.get());
     progress_thread_.join();
   }
-  // Drop every connection; peers that are still sending see their endpoint fail.
+  // From here on this thread alone progresses the worker. Drop every connection (peers that are
+  // still sending see their endpoint fail); the closes complete every request on the endpoints.
   for (auto& [ep, peer] : peers_) {
-    if (peer->ep) peer->close = peer->ep.BeginClose(UCP_EP_CLOSE_FLAG_FORCE);
-  }
-  for (auto& [ep, peer] : peers_) {
-    while (peer->close.in_flight() && peer->close.request.Check() == UCS_INPROGRESS) {
-      ucp_worker_progress(worker_.get());
+    if (!peer->ep) continue;
+    if (options_.error_mode == UcxErrorMode::kConnectionManager && !peer->ep_failed) {
+      // Without peer error handling the only close is orderly, and it completes once the peer
+      // answered, which a sender between two sends (its worker idle) does not: it would hold this
+      // destructor for the whole timeout. The receiver sends nothing but acknowledgements, so
+      // such an endpoint is left to ucp_worker_destroy, as a process exit would leave it.
+      peer->ep.LeaveToWorker();
+      continue;
     }
+    peer->close = peer->ep.BeginForcedClose();
   }
+  ucx::ProgressUntil(
+      worker_,
+      [this] {
+        for (const auto& [ep, peer] : peers_) {
+          if (peer->close.in_flight() && peer->close.request.Check() == UCS_INPROGRESS) {
+            return false;
+          }
+        }
+        return true;
+      },
+      absl::Now() + ucx::kRequestDrainTimeout);
   peers_.clear();
+  // Receives that returned before UCX gave their buffer back: cancelled and completed now, before
+  // the worker and the context go (UcpRequest).
+  std::vector<Orphan> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    orphans.swap(orphans_);
+  }
+  orphans.clear();
 }
 
 std::string UcxReceiver::Endpoint() const { return endpoint_; }
@@ -128,7 +151,25 @@ void UcxReceiver::ProgressLoop() {
         absl::InfiniteFuture());
     ServiceCancels();
     ServicePeers();
+    ReapOrphans();
   }
+}
+
+void UcxReceiver::ReapOrphans() {
+  std::vector<Orphan> done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (orphans_.empty()) return;
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+      if (it->pending->done) {
+        done.push_back(std::move(*it));
+        it = orphans_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Freed outside mu_: they completed, so freeing them calls nothing back.
 }
 
 void UcxReceiver::ServiceCancels() {
@@ -166,7 +207,7 @@ bool UcxReceiver::HasPeerWork() const {
 bool UcxReceiver::ServicePeers() {
   bool worked = false;
   if (drop_peers_.exchange(false)) {
-    // Closed in force mode below, like a failed endpoint; the sender's pending Send fails.
+    // Closed below like a failed endpoint; the sender's pending Send fails.
     for (auto& [ep, peer] : peers_) {
       if (peer->ep) peer->ep_failed = true;
     }
@@ -180,13 +221,16 @@ bool UcxReceiver::ServicePeers() {
         *due = false;
         worked = true;
         ucp_request_param_t param{};
-        // The request, if any, is released at once; UCX completes the send on its own.
-        ucx::StartFromPtr(ucp_am_send_nbx(peer.ep.get(), id, nullptr, 0, nullptr, 0, &param));
+        Started ack =
+            ucx::StartFromPtr(ucp_am_send_nbx(peer.ep.get(), id, nullptr, 0, nullptr, 0, &param), worker_);
+        if (ack.in_flight()) peer.acks.push_back(std::move(ack.request));
       }
     }
+    std::erase_if(peer.acks, [](const ucx::UcpRequest& ack) { return ack.Check() != UCS_INPROGRESS; });
     if (peer.ep && peer.ep_failed) {
-      // UCX requires an endpoint that reported an error to be closed in force mode.
-      peer.close = peer.ep.BeginClose(UCP_EP_CLOSE_FLAG_FORCE);
+      // UCX requires an endpoint that reported an error to be closed (in force mode where the
+      // endpoint has peer error handling).
+      peer.close = peer.ep.BeginForcedClose();
       worked = true;
     }
     if (!peer.ep && (!peer.close.in_flight() || peer.close.request.Check() != UCS_INPROGRESS)) {
@@ -229,7 +273,7 @@ void UcxReceiver::OnConnRequest(ucp_conn_request_h request, void* arg) {
     // UCX rejected the request itself; the sender sees its connection fail.
     return;
   }
-  peer->ep = ucx::UcpEndpoint(ep, self->worker_.get());
+  peer->ep = ucx::UcpEndpoint(ep, self->worker_, params.err_mode);
   self->peers_[ep] = std::move(peer);
 }
 
@@ -289,16 +333,19 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
         absl::StrCat("UCX receive of tag ", tag, ": null buffer with capacity ", capacity));
   }
   char empty_buffer = 0;
-  PendingReceive pending{&mu_};
+  auto shared_pending = std::make_shared<PendingReceive>(&mu_);
+  PendingReceive& pending = *shared_pending;
   ucp_request_param_t param{};
   // Always a request and a callback, also for a message that already arrived: UCX 1.13 does not
   // report the length of an immediately completed receive through recv_info.
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.recv = &UcxReceiver::OnReceiveDone;
-  param.user_data = &pending;
-  Started started = ucx::StartFromPtr(ucp_tag_recv_nbx(
-      worker_.get(), dst != nullptr ? dst : &empty_buffer, capacity, tag, ~ucp_tag_t{0}, &param));
+  param.user_data = shared_pending.get();
+  Started started = ucx::StartFromPtr(
+      ucp_tag_recv_nbx(worker_.get(), dst != nullptr ? dst : &empty_buffer, capacity, tag,
+                       ~ucp_tag_t{0}, &param),
+      worker_);
 
   enum class Interrupt { kNone, kDeadline, kCancel, kFailure };
   Interrupt interrupt = Interrupt::kNone;
@@ -340,17 +387,19 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
       }
       ucp_worker_signal(worker_.get());
       bool released = mu_.LockWhenWithDeadline(absl::Condition(&Wait::Done, &wait),
-                                               absl::Now() + kBufferReleaseTimeout);
+                                               absl::Now() + options_.buffer_release_timeout);
       mu_.Unlock();
       if (!released) {
-        // Matched to a message whose sender is gone and never completed (possible without peer
-        // error handling). Freeing the request stops UCX from calling back into this frame.
+        // Matched to a message whose sender is gone and that UCX never completed. The request is
+        // not freed here, which would leave UCX holding it (and dst) past the worker; the
+        // progress thread frees it once it completes, the destructor cancels and completes it at
+        // the latest (UcpRequest).
         std::string message = absl::StrCat("UCX receive of tag ", tag, " on ", endpoint_,
                                            ": a matched message never completed");
         absl::MutexLock lock(&mu_);
         if (failure_.empty()) failure_ = message;
-        // The progress thread must not touch this frame's entry after we return.
         std::erase_if(cancels_, [&](const auto& c) { return c.second == &pending; });
+        orphans_.push_back(Orphan{std::move(shared_pending), std::move(started.request)});
         return absl::UnavailableError(interrupt == Interrupt::kFailure ? failure : message);
       }
     }

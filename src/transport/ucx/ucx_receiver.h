@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -41,7 +42,8 @@ class UcxReceiver final : public Receiver {
   // FailedPrecondition (UCX could not bring up the transports or bind).
   static absl::StatusOr<std::unique_ptr<UcxReceiver>> Listen(const UcxOptions& options);
 
-  // Stops the progress thread, drops all peer connections, then frees listener, worker, context.
+  // Stops the progress thread, drops all peer connections (which completes every request on
+  // them), completes receives that returned before UCX did, then frees listener, worker, context.
   // REQUIRES: no Receive in progress.
   ~UcxReceiver() override;
 
@@ -64,6 +66,8 @@ class UcxReceiver final : public Receiver {
   // whose close finished. Returns whether it did anything.
   bool ServicePeers();
   bool HasPeerWork() const;
+  // Progress thread: frees the orphaned receives that completed meanwhile.
+  void ReapOrphans();
   Peer* FindPeer(ucp_ep_h ep);
 
   static void OnConnRequest(ucp_conn_request_h request, void* self);
@@ -95,6 +99,13 @@ class UcxReceiver final : public Receiver {
   std::vector<std::pair<void*, PendingReceive*>> cancels_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancel_pending_{false};
   std::atomic<bool> drop_peers_{false};  // DisconnectPeers: close every peer endpoint
+  // A receive whose Receive returned (Unavailable) before UCX completed its request: kept until
+  // it completes, because freeing an in-flight request leaves UCX holding it past the worker.
+  struct Orphan {
+    std::shared_ptr<PendingReceive> pending;  // written by the completion callback
+    ucx::UcpRequest request;                  // destroyed first: completes, then frees
+  };
+  std::vector<Orphan> orphans_ ABSL_GUARDED_BY(mu_);
   void ServiceCancels();
   // Non-empty once a peer failed: the Unavailable message.
   std::string failure_ ABSL_GUARDED_BY(mu_);

@@ -79,13 +79,14 @@ absl::Status UcxSender::Start() {
   if (ucs_status_t st = ucp_ep_create(worker_.get(), &params, &ep); st != UCS_OK) {
     return UcsError(st, absl::StrCat("UCX connect to ", endpoint_));
   }
-  ep_ = ucx::UcpEndpoint(ep, worker_.get());
+  ep_ = ucx::UcpEndpoint(ep, worker_, params.err_mode);
 
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
   hello_ = ucx::StartFromPtr(
-      ucp_am_send_nbx(ep_.get(), ucx::kAmHello, name_.data(), name_.size(), nullptr, 0, &param));
+      ucp_am_send_nbx(ep_.get(), ucx::kAmHello, name_.data(), name_.size(), nullptr, 0, &param),
+      worker_);
   if (hello_.status != UCS_OK && !hello_.in_flight()) {
     return UcsError(hello_.status, absl::StrCat("UCX connect to ", endpoint_));
   }
@@ -101,29 +102,41 @@ absl::Status UcxSender::Start() {
 }
 
 UcxSender::~UcxSender() {
-  if (!ep_ || Failed()) return;  // members close the endpoint forcibly
+  // A receiver that never acknowledged the hello does not know this sender; nothing to tell it.
+  if (ep_ && hello_acked_ && !Failed()) CloseInOrder();
+  // Whatever is still open is dropped. Closing completes the endpoint's requests, so the hello's
+  // is done before the worker and context go.
+  CloseEndpoint();
+  hello_ = {};
+}
+
+void UcxSender::CloseInOrder() {
   absl::Time deadline = absl::Now() + options_.close_timeout;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
   Started goodbye = ucx::StartFromPtr(
-      ucp_am_send_nbx(ep_.get(), ucx::kAmGoodbye, nullptr, 0, nullptr, 0, &param));
+      ucp_am_send_nbx(ep_.get(), ucx::kAmGoodbye, nullptr, 0, nullptr, 0, &param), worker_);
   if (goodbye.status != UCS_OK && !goodbye.in_flight()) return;
   if (!ucx::ProgressUntil(worker_, [this] { return goodbye_acked_ || Failed(); }, deadline) ||
       Failed()) {
+    // Not acknowledged: drop the connection before the goodbye request is freed, which completes
+    // it.
+    CloseEndpoint();
     return;
   }
-  // The receiver knows we are leaving; close in order (flush, then disconnect).
-  Started close = ep_.BeginClose(0);
+  // The receiver knows we are leaving; close in order (flush, then disconnect). A close still
+  // running at the deadline is waited for a little longer when its request is destroyed.
+  Started close = ep_.BeginClose();
   if (close.in_flight()) {
     ucx::ProgressUntil(
         worker_, [&] { return close.request.Check() != UCS_INPROGRESS; }, deadline);
   }
 }
 
-void UcxSender::CloseFailedEndpoint() {
+void UcxSender::CloseEndpoint() {
   if (!ep_) return;
-  Started close = ep_.BeginClose(UCP_EP_CLOSE_FLAG_FORCE);
+  Started close = ep_.BeginForcedClose();
   if (close.in_flight()) {
     ucx::ProgressUntil(
         worker_, [&] { return close.request.Check() != UCS_INPROGRESS; },
@@ -156,22 +169,26 @@ absl::Status UcxSender::Send(uint64_t tag, const void* src, uint64_t bytes) {
   static const char kEmpty = 0;
   ucp_request_param_t param{};
   Started send = ucx::StartFromPtr(
-      ucp_tag_send_nbx(ep_.get(), src != nullptr ? src : &kEmpty, bytes, tag, &param));
+      ucp_tag_send_nbx(ep_.get(), src != nullptr ? src : &kEmpty, bytes, tag, &param), worker_);
   ucs_status_t status = send.status;
   if (send.in_flight()) {
     ucx::ProgressUntil(
         worker_, [&] { return send.request.Check() != UCS_INPROGRESS || Failed(); },
         absl::InfiniteFuture());
-    if (send.request.Check() == UCS_INPROGRESS) {
-      // Closing the endpoint, which UCX requires after an error anyway, purges its requests in
-      // kPeer mode. Without peer error handling (kConnectionManager) UCX 1.13 leaves a
-      // rendezvous send pending forever; its lanes are gone, so UCX no longer touches `src`, and
-      // the request is released when it is freed below.
-      CloseFailedEndpoint();
-      ucx::ProgressUntil(
-          worker_, [&] { return send.request.Check() != UCS_INPROGRESS; }, absl::Now());
-    }
     status = send.request.Check();
+  }
+  if (Failed()) {
+    // UCX requires closing an endpoint that failed, and closing completes a send still in flight
+    // on it (in kPeer mode the forced close purges it; in kConnectionManager mode UCX completed
+    // it when it reported the failure, see PROTO_INDIRECT_ID in ucx_handles.cc). Only then may
+    // the request be freed without UCX keeping `src` registered past the context.
+    CloseEndpoint();
+    if (send.in_flight() && status == UCS_INPROGRESS) {
+      ucx::ProgressUntil(
+          worker_, [&] { return send.request.Check() != UCS_INPROGRESS; },
+          absl::Now() + options_.close_timeout);
+      status = send.request.Check();
+    }
   }
   if (status == UCS_OK) return absl::OkStatus();
   if (Failed()) return PeerGone("send");

@@ -42,8 +42,12 @@ class UcxSender final : public Sender {
   UcxSender(std::string_view endpoint, const UcxOptions& options);
   absl::Status Start();
   absl::Status PeerGone(std::string_view during) const;
-  // After an endpoint error: closes the endpoint forcibly, which completes its pending requests.
-  void CloseFailedEndpoint();
+  // Goodbye, its acknowledgement, then an orderly close, all within options_.close_timeout;
+  // drops the connection where that fails.
+  void CloseInOrder();
+  // Drops the connection if still open (UcpEndpoint::BeginForcedClose), which completes every
+  // request still in flight on it, and waits up to options_.close_timeout for the close.
+  void CloseEndpoint();
   bool Failed() const { return ep_status_ != UCS_OK; }
 
   static void OnError(void* self, ucp_ep_h ep, ucs_status_t status);
@@ -56,7 +60,8 @@ class UcxSender final : public Sender {
   bool hello_acked_ = false;
   bool goodbye_acked_ = false;
   ucs_status_t ep_status_ = UCS_OK;  // first error reported for the endpoint
-  // Declared in creation order; destroyed in reverse.
+  // Declared in creation order; destroyed in reverse, after the destructor closed the endpoint
+  // (which completes hello_'s request).
   ucx::UcpContext context_;
   ucx::UcpWorker worker_;
   ucx::UcpEndpoint ep_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@
 #include "transport/builtin_transports.h"
 #include "transport/transport.h"
 #include "transport_test_support.h"
+#include "ucx_leak_watch.h"
+#include "ucx_runtime.h"
 
 extern char** environ;
 
@@ -55,15 +58,26 @@ class SendThread {
 
 class TransportConformanceTest : public ::testing::TestWithParam<TransportConfig> {
  protected:
-  static void SetUpTestSuite() { QuietTransportLogs(); }
+  static void SetUpTestSuite() {
+    QuietTransportLogs();
+    std::printf("UCX %s from %s\n", UcxRuntimeVersion().c_str(), UcxRuntimeLibrary().c_str());
+  }
 
   void SetUp() override {
+    if (std::string why = UcxRuntimeMismatch(); !why.empty()) GTEST_FAIL() << why;
     if (GetParam().unavailable) {
       if (std::string why = GetParam().unavailable(); !why.empty()) GTEST_SKIP() << GetParam().name << ": " << why;
     }
     absl::StatusOr<std::unique_ptr<Receiver>> receiver = GetParam().listen();
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = *std::move(receiver);
+  }
+
+  // Every test ends with its receiver and senders gone, so UCX has destroyed their workers and
+  // contexts: anything of them still in use by then was leaked (ucx_leak_watch.h).
+  void TearDown() override {
+    receiver_.reset();
+    EXPECT_THAT(TakeUcxLeakReports(), ::testing::IsEmpty());
   }
 
   std::unique_ptr<Sender> Connect() {
@@ -340,10 +354,11 @@ TEST_P(TransportConformanceTest, SendFailsOnceTheReceiverIsGone) {
 // message i carrying Pattern(seed = i). Returns its pid, or 0 if it could not be started.
 pid_t SpawnSender(const std::string& config, const std::string& endpoint, uint64_t tag, uint64_t bytes,
                   uint64_t count) {
-  // REFIT_TRANSPORT_TEST_SENDER in the environment overrides the build path (relocated binaries).
-  const char* sender_path = std::getenv("REFIT_TRANSPORT_TEST_SENDER");
-  std::vector<std::string> args = {sender_path != nullptr ? sender_path : REFIT_TRANSPORT_TEST_SENDER, config,
-                                   endpoint, std::to_string(tag), std::to_string(bytes), std::to_string(count)};
+  std::string sender_path = TestSenderPath();
+  EXPECT_FALSE(sender_path.empty()) << "transport_test_sender not found beside the test binary";
+  if (sender_path.empty()) return 0;
+  std::vector<std::string> args = {sender_path, config, endpoint, std::to_string(tag),
+                                   std::to_string(bytes), std::to_string(count)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -399,6 +414,70 @@ TEST_P(TransportConformanceTest, PeerDeathIsReportedNotWaitedOn) {
   ExpectMessage(78, 4096, 0, 4096);
   ASSERT_EQ(waitpid(next, &wstatus, 0), next);
   EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "sender exit status " << wstatus;
+}
+
+// A sender killed while a large (rendezvous) message is on its way: the kill lands before,
+// during or after that message's transfer, and each must end the same way: the Receive waiting
+// for it returns (the whole message, or Unavailable), the receiver fails until Reset, and nothing
+// of the dead message stays in use in the transport (TearDown).
+TEST_P(TransportConformanceTest, PeerDiesMidLargeMessage) {
+  constexpr uint64_t kTag = 79;
+  constexpr uint64_t kBytes = 16 * kMiB;
+  pid_t child = SpawnSender(GetParam().name, receiver_->Endpoint(), kTag, kBytes, 0);
+  ASSERT_NE(child, 0);
+  std::vector<uint8_t> buffer(kBytes);
+  absl::StatusOr<uint64_t> got = receiver_->Receive(kTag, buffer.data(), kBytes, Soon());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(FirstPatternMismatch(0, buffer.data(), kBytes), -1);
+
+  // The sender sends back to back, so the next message is on its way by now or soon; the kill
+  // races with the Receive that takes it.
+  absl::Notification receiving;
+  std::thread killer([&] {
+    receiving.WaitForNotification();
+    kill(child, SIGKILL);
+  });
+  receiving.Notify();
+  absl::Time start = absl::Now();
+  absl::Status failure;
+  for (uint64_t seed = 1; seed < 100 && failure.ok(); ++seed) {
+    got = receiver_->Receive(kTag, buffer.data(), kBytes, start + absl::Seconds(60));
+    if (!got.ok()) {
+      failure = got.status();
+      break;
+    }
+    ASSERT_EQ(*got, kBytes);
+    ASSERT_EQ(FirstPatternMismatch(seed, buffer.data(), kBytes), -1) << "message " << seed;
+  }
+  killer.join();
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable) << failure;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  receiver_->Reset();
+}
+
+// The receiver goes away while a large Send waits for it: the Send fails with Unavailable instead
+// of waiting for good, and the sender, destroyed afterwards, leaves nothing of the failed message
+// in use (TearDown).
+TEST_P(TransportConformanceTest, SendInFlightFailsWhenTheReceiverGoes) {
+  std::unique_ptr<Sender> sender = Connect();
+  ASSERT_NE(sender, nullptr);
+  std::vector<uint8_t> data = Pattern(1, 16 * kMiB);
+  absl::Notification sending;
+  SendThread send([&] {
+    sending.Notify();
+    return sender->Send(1, data.data(), data.size());
+  });
+  // No Receive is posted, so the Send cannot finish; it is in flight once it started, or fails at
+  // once if the receiver was gone before it started. Either way it must fail.
+  sending.WaitForNotification();
+  absl::Time start = absl::Now();
+  receiver_.reset();
+  absl::Status st = send.Join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  sender.reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,

@@ -1,7 +1,8 @@
-// Sender process for the conformance suite's peer-death test:
-//   transport_test_sender <config> <endpoint> <tag> <bytes> <count>
+// Sender process for the peer-death tests:
+//   transport_test_sender <config> <endpoint> <tag> <bytes> <count> [report]
 // connects with the named transport configuration and sends `count` messages (0 = until killed)
-// of `bytes` bytes on `tag`; message i carries Pattern(seed = i).
+// of `bytes` bytes on `tag`; message i carries Pattern(seed = i). With `report` it writes
+// "sent <i>" to stdout after each message, so a test knows where in the stream it stopped it.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,10 +13,11 @@
 
 int main(int argc, char** argv) {
   using namespace refit::transport::testing;
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s <config> <endpoint> <tag> <bytes> <count>\n", argv[0]);
+  if (argc != 6 && !(argc == 7 && std::string(argv[6]) == "report")) {
+    std::fprintf(stderr, "usage: %s <config> <endpoint> <tag> <bytes> <count> [report]\n", argv[0]);
     return 2;
   }
+  const bool report = argc == 7;
   std::optional<TransportConfig> config = FindTransportConfig(argv[1]);
   if (!config) {
     std::fprintf(stderr, "unknown transport configuration %s\n", argv[1]);
@@ -36,6 +38,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "send %llu: %s\n", static_cast<unsigned long long>(i),
                    st.ToString().c_str());
       return 1;
+    }
+    if (report) {
+      std::printf("sent %llu\n", static_cast<unsigned long long>(i));
+      std::fflush(stdout);
     }
   }
   return 0;

@@ -1,11 +1,17 @@
 #include "transport_test_support.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "transport/builtin_transports.h"
 #include "transport/ucx/ucx_handles.h"
 #include "transport/ucx/ucx_receiver.h"
 #include "transport/ucx/ucx_sender.h"
+#include "ucx_leak_watch.h"
 #if REFIT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -90,7 +96,7 @@ TransportConfig RegisteredConfig(const TransportDescriptor& d) {
 
 }  // namespace
 
-void QuietTransportLogs() { (void)ucx::SetUcxLogLevel("error"); }
+void QuietTransportLogs() { WatchUcxLeaks(); }
 
 std::vector<TransportConfig> AllTransportConfigs() {
   std::vector<TransportConfig> out;
@@ -106,6 +112,20 @@ std::optional<TransportConfig> FindTransportConfig(std::string_view name) {
     if (c.name == name) return std::move(c);
   }
   return std::nullopt;
+}
+
+std::string TestSenderPath() {
+  if (const char* path = std::getenv("REFIT_TRANSPORT_TEST_SENDER"); path != nullptr && *path != '\0') {
+    return path;
+  }
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  for (const std::filesystem::path& dir : {self.parent_path(), self.parent_path().parent_path()}) {
+    std::filesystem::path candidate = dir / "transport_test_sender";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
 }
 
 void FillPattern(uint64_t seed, uint8_t* dst, uint64_t bytes) {

@@ -38,10 +38,17 @@ inline void PrintTo(const TransportConfig& config, std::ostream* os) { *os << co
 std::vector<TransportConfig> AllTransportConfigs();
 
 // Keeps transport libraries to errors only (e.g. UCX warns about messages still queued when a
-// receiver that saw a peer die is destroyed).
+// receiver that saw a peer die is destroyed), except UCX's leak reports (ucx_leak_watch.h).
 void QuietTransportLogs();
 // nullopt when no configuration has that name.
 std::optional<TransportConfig> FindTransportConfig(std::string_view name);
+
+// The transport_test_sender program, for tests that run a sender in a process of its own:
+// $REFIT_TRANSPORT_TEST_SENDER if set, else the build puts it beside the test binaries of this
+// folder, so it is looked up next to the running binary (/proc/self/exe) and one folder up. No
+// build path is compiled in: the binaries may run from another tree than they were built in (a
+// build copied to a GPU machine). Empty when not found.
+std::string TestSenderPath();
 
 // Deterministic bytes derived from (seed, offset); different seeds give different contents.
 void FillPattern(uint64_t seed, uint8_t* dst, uint64_t bytes);
