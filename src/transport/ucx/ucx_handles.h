@@ -95,8 +95,8 @@ class UcpListener : public MoveOnlyHandle<ucp_listener_h> {
 // ucp_request_free on a request still in flight only marks it: UCX goes on using what the request
 // holds (the caller's buffer, its registration in the context's registration cache, a slot of the
 // worker's request pool) until it completes, and one that never completes is still referenced when
-// the worker and context are destroyed (UCX 1.16+ then asserts in ucp_cleanup: `region->refcount
-// == 0`). So destroying an in-flight request first finishes it: ucp_request_cancel (a tag receive
+// the worker and context are destroyed (a UCX 1.16+ built with assertions then aborts in
+// ucp_cleanup: `region->refcount == 0`). So destroying an in-flight request first finishes it: ucp_request_cancel (a tag receive
 // completes as cancelled; UCX ignores it for other requests) and progress until UCX completes it,
 // for at most kRequestDrainTimeout. A send or close completes only once its endpoint is closed, so
 // owners close the endpoint before they drop its requests.
