@@ -117,7 +117,7 @@ def main():
     for p in problems:
         print(p)
     if problems:
-        print(f"{len(problems)} list(s) out of step with the format table; docs/extending.md, 'Add a format'")
+        print(f"{len(problems)} problem(s): lists out of step with the format table (docs/extending.md, 'Add a format')")
         return 1
     print(f"every list names the table's {len(every)} formats ({len(quantized)} quantized)")
     return 0

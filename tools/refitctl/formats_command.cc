@@ -1,10 +1,10 @@
 #include "refitctl/formats_command.h"
 
+#include <algorithm>
 #include <iostream>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
 #include "formats/format_info.h"
 #include "nlohmann/json.hpp"
 #include "refitctl/common_flags.h"
@@ -34,16 +34,18 @@ int RunFormats(std::span<const std::string> args) {
     return kExitOk;
   }
   for (const formats::FormatInfo& row : formats::AllFormats()) {
-    std::string line = absl::StrCat(row.name, std::string(row.name.size() < 20 ? 20 - row.name.size() : 1, ' '));
+    std::string line(row.name);
+    line.resize(std::max<size_t>(line.size() + 1, 20), ' ');
     if (row.quantized) {
-      absl::StrAppend(&line, "quantized  block ", row.block.rows, "x", row.block.cols,
-                      row.global_amax != formats::GlobalAmax::kNone ? ", global amax" : "", "  ");
+      line += "quantized  block " + std::to_string(row.block.rows) + "x" + std::to_string(row.block.cols);
+      if (row.global_amax != formats::GlobalAmax::kNone) line += ", global amax";
+      line += "  ";
     } else {
-      absl::StrAppend(&line, "cast  ");
+      line += "cast  ";
     }
     for (size_t i = 0; i < row.Outputs().size(); ++i) {
       const formats::OutputRole& o = row.Outputs()[i];
-      absl::StrAppend(&line, i ? ", " : "", SuffixShown(o.suffix), " ", DTypeName(o.dtype));
+      line += (i ? ", " : "") + SuffixShown(o.suffix) + " " + DTypeName(o.dtype);
     }
     std::cout << line << "\n";
   }

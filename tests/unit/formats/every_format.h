@@ -6,6 +6,7 @@
 #ifndef REFIT_TESTS_UNIT_FORMATS_EVERY_FORMAT_H_
 #define REFIT_TESTS_UNIT_FORMATS_EVERY_FORMAT_H_
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,12 @@
 #include "formats/format_info.h"
 #include "gtest/gtest.h"
 
-namespace refit::formats::testing {
+namespace refit::formats {
+
+// gtest prints a Format parameter by its name ("GetParam() = nvfp4_te").
+inline void PrintTo(Format f, std::ostream* os) { *os << Info(f).name; }
+
+namespace testing {
 
 inline bool AnyFormat(const FormatInfo&) { return true; }
 inline bool IsQuantized(const FormatInfo& row) { return row.quantized; }
@@ -34,6 +40,7 @@ inline std::string FormatParamName(const ::testing::TestParamInfo<Format>& info)
   return std::string(Info(info.param).name);
 }
 
-}  // namespace refit::formats::testing
+}  // namespace testing
+}  // namespace refit::formats
 
 #endif  // REFIT_TESTS_UNIT_FORMATS_EVERY_FORMAT_H_
