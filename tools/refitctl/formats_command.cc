@@ -36,13 +36,13 @@ int RunFormats(std::span<const std::string> args) {
   for (const formats::FormatInfo& row : formats::AllFormats()) {
     std::string line(row.name);
     line.resize(std::max<size_t>(line.size() + 1, 20), ' ');
+    std::string kind = "cast";
     if (row.quantized) {
-      line += "quantized  block " + std::to_string(row.block.rows) + "x" + std::to_string(row.block.cols);
-      if (row.global_amax != formats::GlobalAmax::kNone) line += ", global amax";
-      line += "  ";
-    } else {
-      line += "cast  ";
+      kind = "quantized, block " + std::to_string(row.block.rows) + "x" + std::to_string(row.block.cols);
+      if (row.global_amax != formats::GlobalAmax::kNone) kind += ", global amax";
     }
+    kind.resize(std::max<size_t>(kind.size() + 1, 42), ' ');
+    line += kind;
     for (size_t i = 0; i < row.Outputs().size(); ++i) {
       const formats::OutputRole& o = row.Outputs()[i];
       line += (i ? ", " : "") + SuffixShown(o.suffix) + " " + DTypeName(o.dtype);
