@@ -108,7 +108,7 @@ struct WirePlan {
 struct WireTensor {
   tensor @0 :UInt32;        # index into the manifest's tensors (the beginning rank's manifest)
   name @1 :Text;            # the trainer tensor's name
-  format @2 :Text;          # fp8_block128, fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4
+  format @2 :Text;          # a quantized format's name, as `refitctl formats` lists it
   transpose @3 :Bool;       # swap the last two dimensions before quantizing
   outputs @4 :List(WireOutput);  # in formats::PlanOutputs order; send each as `name + suffix`,
                                  # all of a tensor's outputs in one bucket

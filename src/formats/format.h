@@ -35,7 +35,7 @@ enum class Format : uint8_t {
 // Keep in step with the last enumerator: format_table.cc checks one row per enumerator.
 inline constexpr size_t kFormatCount = static_cast<size_t>(Format::kMxfp4) + 1;
 
-// "bf16", "fp16", "fp32", "fp8_block128", "fp8_block128_ue8m0", "mxfp8", "nvfp4", "nvfp4_te", "mxfp4".
+// The row's name (format_info.h): "bf16", "fp8_block128", "nvfp4", ... (`refitctl formats`).
 const char* FormatName(Format f);
 absl::StatusOr<Format> ParseFormat(std::string_view name);
 // True for formats that need a per-tensor (or per-fused-group) global amax before encoding.

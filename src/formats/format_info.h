@@ -7,7 +7,8 @@
 //
 // Adding a format: its file pair, an enumerator in format.h, a row in format_table.cc (and a row
 // in kernels/quantize_table.cc). Rows are in enum order; format_table.cc checks that at compile
-// time.
+// time. The format suites iterate this table; docs/extending.md lists the tests that name a
+// format some hand-kept list (golden data, docs) lacks.
 // Thread-safe: the table is immutable.
 #ifndef REFIT_FORMATS_FORMAT_INFO_H_
 #define REFIT_FORMATS_FORMAT_INFO_H_

@@ -10,6 +10,7 @@
 #include "common/command_line.h"
 #include "refitctl/command.h"
 #include "refitctl/convert_command.h"
+#include "refitctl/formats_command.h"
 #include "refitctl/ops_commands.h"
 #include "refitctl/quantize_command.h"
 #include "refitctl/spec_command.h"
@@ -18,10 +19,10 @@
 namespace refit::refitctl {
 namespace {
 
-constexpr std::array<Command, 13> kCommands = {
+constexpr std::array<Command, 14> kCommands = {
     kStatusCommand,   kRefitCommand,    kCommitCommand,  kRollbackCommand, kVersionsCommand,
-    kAbortCommand,    kVerifyCommand,   kQuantizeCommand, kConvertCommand, kSpecLintCommand,
-    kSpecInitCommand, kVersionCommand,  kHelpCommand,
+    kAbortCommand,    kVerifyCommand,   kQuantizeCommand, kFormatsCommand, kConvertCommand,
+    kSpecLintCommand, kSpecInitCommand, kVersionCommand,  kHelpCommand,
 };
 
 int PrintUsage(std::ostream& out, int code) {

@@ -8,8 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "formats/quantize_file.h"
 
-ABSL_FLAG(std::string, format, "", "the output format (required): bf16, fp16, fp32, fp8_block128, "
-          "fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4");
+ABSL_FLAG(std::string, format, "", "the output format (required): a name `refitctl formats` lists");
 ABSL_FLAG(std::string, fp32_input, "exact", "FP32 input tensors: exact, or round_to_bf16 first");
 ABSL_FLAG(std::string, nonfinite, "reject", "NaN/Inf in an input: reject (fail, naming the tensor) or propagate");
 

@@ -12,8 +12,7 @@ inline constexpr std::string_view kQuantizeFlags[] = {"format", "fp32_input", "n
 
 inline constexpr Command kQuantizeCommand = {
     "quantize", "IN.safetensors OUT.safetensors", 2, 2, kQuantizeFlags,
-    "quantize every eligible tensor of IN into --format (bf16, fp16, fp32, fp8_block128, "
-    "fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4); copy the rest",
+    "quantize every eligible tensor of IN into --format (one of `refitctl formats`); copy the rest",
     RunQuantize,
 };
 

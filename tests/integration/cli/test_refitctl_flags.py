@@ -5,8 +5,8 @@ import struct
 
 from conftest import REFITCTL, REFITD, SRC, run
 
-COMMANDS = ["status", "refit", "commit", "rollback", "versions", "abort", "verify", "quantize", "convert", "spec lint",
-            "spec init", "version"]
+COMMANDS = ["status", "refit", "commit", "rollback", "versions", "abort", "verify", "quantize", "formats", "convert",
+            "spec lint", "spec init", "version"]
 
 
 def test_help_lists_every_command():
@@ -15,6 +15,22 @@ def test_help_lists_every_command():
         assert p.returncode == 0, p.stderr
         for c in COMMANDS:
             assert f"  {c}\n" in p.stdout, c
+
+
+def test_formats_lists_the_format_table():
+    p = run(REFITCTL, "formats", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    names = [r["name"] for r in rows]
+    assert len(set(names)) == len(names)
+    assert {"bf16", "fp16", "fp32", "fp8_block128", "nvfp4", "mxfp4"} <= set(names)
+    nvfp4 = rows[names.index("nvfp4")]
+    assert nvfp4["quantized"] and nvfp4["global_amax"] and nvfp4["block"] == [1, 16]
+    assert [o["suffix"] for o in nvfp4["outputs"]] == ["", "_scale", "_scale_2"]
+    assert not rows[names.index("bf16")]["quantized"]
+    text = run(REFITCTL, "formats")
+    assert text.returncode == 0, text.stderr
+    assert [line.split()[0] for line in text.stdout.splitlines()] == names
 
 
 def test_no_command_is_a_usage_error():

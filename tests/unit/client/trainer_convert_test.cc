@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "formats/format_info.h"
 #include "refit/convert.h"
 #if REFIT_CLIENT_KERNELS
 #include <cuda_runtime_api.h>
@@ -76,6 +77,17 @@ const Case kCases[] = {
     {formats::Format::kNvfp4Te, {32, 64}, true},
     {formats::Format::kMxfp4, {64, 128}, false},
 };
+
+// kCases names formats by hand (each needs a shape it takes); every quantized row of the format
+// table must have one, so that a new format is converted on the trainer's side too.
+TEST(TrainerConvertTest, CasesCoverEveryQuantizedFormat) {
+  for (const formats::FormatInfo& row : formats::AllFormats()) {
+    if (!row.quantized) continue;
+    bool found = false;
+    for (const Case& c : kCases) found = found || c.format == row.format;
+    EXPECT_TRUE(found) << "trainer_convert_test.cc kCases has no case for format " << row.name;
+  }
+}
 
 TEST(TrainerConvertTest, HostConversionIsRefitdsConversion) {
   for (const Case& c : kCases) {

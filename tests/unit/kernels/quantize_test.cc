@@ -1,6 +1,8 @@
 // GPU quantizers (kernels/quantize.h) against the CPU reference quantizers (formats/format.h),
 // byte for byte: fresh random data, edge-value tensors, ragged shapes, both input dtypes, both
-// input policies, both NVFP4 amax paths, and the non-finite policies.
+// input policies, both amax paths of the formats with a global amax, and the non-finite policies.
+// Each suite runs over the format table's rows of its kind (tests/unit/formats/every_format.h):
+// a row added to the table is tested here without a list to edit.
 #include "kernels/quantize.h"
 
 #include <cmath>
@@ -14,6 +16,8 @@
 
 #include "formats/bits.h"
 #include "formats/format.h"
+#include "formats/format_info.h"
+#include "tests/unit/formats/every_format.h"
 #include "tests/unit/kernels/device_test_util.h"
 #include "tests/unit/kernels/test_values.h"
 
@@ -21,15 +25,13 @@ namespace refit::kernels {
 namespace {
 
 using formats::Format;
+using formats::testing::FormatParamName;
+using formats::testing::FormatsWhere;
 using testing::DeviceBuffer;
 using testing::EdgeValues;
 using testing::Encode;
 using testing::RandomValues;
 namespace bits = formats::bits;
-
-constexpr Format kAllQuantFormats[] = {Format::kFp8Block128, Format::kFp8Block128Ue8m0, Format::kMxfp8,
-                                       Format::kNvfp4,       Format::kNvfp4Te,          Format::kMxfp4};
-constexpr Format kCasts[] = {Format::kBf16, Format::kFp16, Format::kFp32};
 
 uint64_t FreshSeed() {
   static const uint64_t base = std::random_device{}();
@@ -145,41 +147,44 @@ class KernelsQuantizeTest : public ::testing::Test {
   void SetUp() override { REFIT_SKIP_WITHOUT_GPU(); }
 };
 
-TEST_F(KernelsQuantizeTest, RandomBf16AndF32MatchReference) {
-  for (Format f : kAllQuantFormats) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      for (const Shape& shape : {Shape{256, 4096}, Shape{2624, 512}, Shape{3, 130, 256}}) {
-        const uint64_t seed = FreshSeed();
-        std::mt19937_64 rng(seed);
-        const int64_t n = *NumElements(shape);
-        Compare(f, dtype, shape, RandomValues(n, rng, 0.02f), "normal(0.02)", seed);
-      }
-    }
-  }
-}
+// Per-format suites, one per kind of row; each is instantiated over the table below.
+class EveryFormatKernelTest : public KernelsQuantizeTest, public ::testing::WithParamInterface<Format> {};
+class QuantizedFormatKernelTest : public KernelsQuantizeTest, public ::testing::WithParamInterface<Format> {};
+class GlobalAmaxKernelTest : public KernelsQuantizeTest, public ::testing::WithParamInterface<Format> {};
+class CastKernelTest : public KernelsQuantizeTest, public ::testing::WithParamInterface<Format> {};
 
-TEST_F(KernelsQuantizeTest, EdgeValuesMatchReference) {
-  for (Format f : kAllQuantFormats) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      for (int rep = 0; rep < 3; ++rep) {
-        const uint64_t seed = FreshSeed();
-        std::mt19937_64 rng(seed);
-        const Shape shape{384, 1024};
-        Compare(f, dtype, shape, EdgeValues(*NumElements(shape), rng), "edge", seed);
-      }
-    }
-  }
-}
-
-TEST_F(KernelsQuantizeTest, Nvfp4DeviceAmaxPathMatchesReference) {
-  for (Format f : {Format::kNvfp4, Format::kNvfp4Te}) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
+TEST_P(QuantizedFormatKernelTest, RandomBf16AndF32MatchReference) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const Shape& shape : {Shape{256, 4096}, Shape{2624, 512}, Shape{3, 130, 256}}) {
       const uint64_t seed = FreshSeed();
       std::mt19937_64 rng(seed);
-      Compare(f, dtype, {1024, 2048}, RandomValues(1024 * 2048, rng, 0.05f), "normal(0.05)", seed, {},
-              AmaxPath::kDevice);
-      Compare(f, dtype, {256, 512}, EdgeValues(256 * 512, rng), "edge", seed, {}, AmaxPath::kDevice);
+      const int64_t n = *NumElements(shape);
+      Compare(f, dtype, shape, RandomValues(n, rng, 0.02f), "normal(0.02)", seed);
     }
+  }
+}
+
+TEST_P(QuantizedFormatKernelTest, EdgeValuesMatchReference) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const uint64_t seed = FreshSeed();
+      std::mt19937_64 rng(seed);
+      const Shape shape{384, 1024};
+      Compare(f, dtype, shape, EdgeValues(*NumElements(shape), rng), "edge", seed);
+    }
+  }
+}
+
+TEST_P(GlobalAmaxKernelTest, DeviceAmaxPathMatchesReference) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    const uint64_t seed = FreshSeed();
+    std::mt19937_64 rng(seed);
+    Compare(f, dtype, {1024, 2048}, RandomValues(1024 * 2048, rng, 0.05f), "normal(0.05)", seed, {},
+            AmaxPath::kDevice);
+    Compare(f, dtype, {256, 512}, EdgeValues(256 * 512, rng), "edge", seed, {}, AmaxPath::kDevice);
   }
 }
 
@@ -221,18 +226,17 @@ TEST_F(KernelsQuantizeTest, GroupAmaxIsMaxOverMembers) {
   EXPECT_EQ(gpu, std::max(ca, cb));
 }
 
-TEST_F(KernelsQuantizeTest, RaggedShapesAndMisalignedBuffers) {
-  for (Format f : kAllQuantFormats) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      for (const Shape& shape : {Shape{2624, 7168}, Shape{300, 200}, Shape{129, 100}, Shape{1, 32}, Shape{130, 96},
-                                 Shape{0, 64}}) {
-        if (f != Format::kFp8Block128 && shape[0] == 2624) continue;
-        const uint64_t seed = FreshSeed();
-        std::mt19937_64 rng(seed);
-        const int64_t n = *NumElements(shape);
-        Compare(f, dtype, shape, RandomValues(n, rng, 1.0f), "normal(1)", seed);
-        if (n > 0) Compare(f, dtype, shape, RandomValues(n, rng, 1.0f), "normal(1)", seed, {}, AmaxPath::kHost, 2);
-      }
+TEST_P(QuantizedFormatKernelTest, RaggedShapesAndMisalignedBuffers) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const Shape& shape : {Shape{2624, 7168}, Shape{300, 200}, Shape{129, 100}, Shape{1, 32}, Shape{130, 96},
+                               Shape{0, 64}}) {
+      if (f != Format::kFp8Block128 && shape[0] == 2624) continue;
+      const uint64_t seed = FreshSeed();
+      std::mt19937_64 rng(seed);
+      const int64_t n = *NumElements(shape);
+      Compare(f, dtype, shape, RandomValues(n, rng, 1.0f), "normal(1)", seed);
+      if (n > 0) Compare(f, dtype, shape, RandomValues(n, rng, 1.0f), "normal(1)", seed, {}, AmaxPath::kHost, 2);
     }
   }
 }
@@ -246,94 +250,96 @@ TEST_F(KernelsQuantizeTest, Fp8Block128ScaleShapeFor2624Rows) {
   EXPECT_EQ((*bytes)[1], (*plan)[1].bytes);
 }
 
-TEST_F(KernelsQuantizeTest, OutputBytesMatchPlanOutputs) {
-  for (Format f : {Format::kBf16, Format::kFp16, Format::kFp32, Format::kFp8Block128, Format::kFp8Block128Ue8m0,
-                   Format::kMxfp8, Format::kNvfp4, Format::kNvfp4Te, Format::kMxfp4}) {
-    for (const Shape& shape : {Shape{64, 64}, Shape{3, 5, 96}, Shape{7, 100}}) {
-      auto plan = formats::PlanOutputs(f, DType::kBF16, shape);
-      auto bytes = OutputBytes(f, DType::kBF16, shape);
-      ASSERT_EQ(plan.ok(), bytes.ok()) << formats::FormatName(f) << ShapeString(shape);
-      if (!plan.ok()) continue;
-      ASSERT_EQ(plan->size(), bytes->size());
-      for (size_t i = 0; i < plan->size(); ++i) EXPECT_EQ((*plan)[i].bytes, (*bytes)[i]);
-    }
+TEST_P(EveryFormatKernelTest, OutputBytesMatchPlanOutputs) {
+  const Format f = GetParam();
+  for (const Shape& shape : {Shape{64, 64}, Shape{3, 5, 96}, Shape{7, 100}}) {
+    auto plan = formats::PlanOutputs(f, DType::kBF16, shape);
+    auto bytes = OutputBytes(f, DType::kBF16, shape);
+    ASSERT_EQ(plan.ok(), bytes.ok()) << formats::FormatName(f) << ShapeString(shape);
+    if (!plan.ok()) continue;
+    ASSERT_EQ(plan->size(), bytes->size());
+    for (size_t i = 0; i < plan->size(); ++i) EXPECT_EQ((*plan)[i].bytes, (*bytes)[i]);
   }
 }
 
-TEST_F(KernelsQuantizeTest, CastsMatchReference) {
-  for (Format f : kCasts) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      for (auto policy : {formats::Fp32InputPolicy::kExact, formats::Fp32InputPolicy::kRoundToBf16}) {
-        for (const Shape& shape : {Shape{1024, 1024}, Shape{7, 13}}) {
-          const uint64_t seed = FreshSeed();
-          std::mt19937_64 rng(seed);
-          std::vector<float> v = EdgeValues(*NumElements(shape), rng);
-          for (size_t i = 0; i < v.size(); i += 97) v[i] = 70000.0f + static_cast<float>(i);  // fp16 overflow
-          Compare(f, dtype, shape, v, "edge", seed, {policy, formats::NonfinitePolicy::kReject});
-        }
+TEST_P(CastKernelTest, CastsMatchReference) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (auto policy : {formats::Fp32InputPolicy::kExact, formats::Fp32InputPolicy::kRoundToBf16}) {
+      for (const Shape& shape : {Shape{1024, 1024}, Shape{7, 13}}) {
+        const uint64_t seed = FreshSeed();
+        std::mt19937_64 rng(seed);
+        std::vector<float> v = EdgeValues(*NumElements(shape), rng);
+        for (size_t i = 0; i < v.size(); i += 97) v[i] = 70000.0f + static_cast<float>(i);  // fp16 overflow
+        Compare(f, dtype, shape, v, "edge", seed, {policy, formats::NonfinitePolicy::kReject});
       }
     }
   }
 }
 
-TEST_F(KernelsQuantizeTest, Fp32InputRoundToBf16Policy) {
-  for (Format f : kAllQuantFormats) {
-    const uint64_t seed = FreshSeed();
-    std::mt19937_64 rng(seed);
-    Compare(f, DType::kF32, {256, 1024}, RandomValues(256 * 1024, rng, 0.3f), "normal(0.3)", seed,
-            {formats::Fp32InputPolicy::kRoundToBf16, formats::NonfinitePolicy::kReject});
-  }
+TEST_P(QuantizedFormatKernelTest, Fp32InputRoundToBf16Policy) {
+  const Format f = GetParam();
+  const uint64_t seed = FreshSeed();
+  std::mt19937_64 rng(seed);
+  Compare(f, DType::kF32, {256, 1024}, RandomValues(256 * 1024, rng, 0.3f), "normal(0.3)", seed,
+          {formats::Fp32InputPolicy::kRoundToBf16, formats::NonfinitePolicy::kReject});
 }
 
-TEST_F(KernelsQuantizeTest, Bf16AndItsF32UpcastGiveIdenticalBytes) {
-  for (Format f : kAllQuantFormats) {
+TEST_P(QuantizedFormatKernelTest, Bf16AndItsF32UpcastGiveIdenticalBytes) {
+  const Format f = GetParam();
+  std::mt19937_64 rng(FreshSeed());
+  std::vector<float> v = RandomValues(128 * 512, rng, 0.1f);
+  for (float& x : v) x = bits::RoundToBf16(x);
+  auto a = RunGpu(f, DType::kBF16, {128, 512}, Encode(v, DType::kBF16), {}, std::nullopt, AmaxPath::kDevice);
+  auto b = RunGpu(f, DType::kF32, {128, 512}, Encode(v, DType::kF32), {}, std::nullopt, AmaxPath::kDevice);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ExpectSameBytes(*a, *b, std::string(formats::FormatName(f)) + " bf16 vs f32");
+}
+
+TEST_P(EveryFormatKernelTest, RejectNamesTheFirstNonfiniteIndex) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
     std::mt19937_64 rng(FreshSeed());
-    std::vector<float> v = RandomValues(128 * 512, rng, 0.1f);
-    for (float& x : v) x = bits::RoundToBf16(x);
-    auto a = RunGpu(f, DType::kBF16, {128, 512}, Encode(v, DType::kBF16), {}, std::nullopt, AmaxPath::kDevice);
-    auto b = RunGpu(f, DType::kF32, {128, 512}, Encode(v, DType::kF32), {}, std::nullopt, AmaxPath::kDevice);
-    ASSERT_TRUE(a.ok() && b.ok());
-    ExpectSameBytes(*a, *b, std::string(formats::FormatName(f)) + " bf16 vs f32");
-  }
-}
-
-TEST_F(KernelsQuantizeTest, RejectNamesTheFirstNonfiniteIndex) {
-  for (Format f : {Format::kFp8Block128, Format::kMxfp8, Format::kNvfp4, Format::kMxfp4, Format::kBf16}) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      std::mt19937_64 rng(FreshSeed());
-      std::vector<float> v = RandomValues(256 * 256, rng, 1.0f);
-      v[40000] = std::numeric_limits<float>::infinity();
-      v[12345] = std::numeric_limits<float>::quiet_NaN();
-      const auto in = Encode(v, dtype);
-      auto gpu = RunGpu(f, dtype, {256, 256}, in, {}, 1.0f, AmaxPath::kHost);
-      ASSERT_FALSE(gpu.ok()) << formats::FormatName(f);
-      EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(std::string(gpu.status().message()).find("index 12345"), std::string::npos) << gpu.status();
-      EXPECT_NE(std::string(gpu.status().message()).find("w"), std::string::npos);
-    }
+    std::vector<float> v = RandomValues(256 * 256, rng, 1.0f);
+    v[40000] = std::numeric_limits<float>::infinity();
+    v[12345] = std::numeric_limits<float>::quiet_NaN();
+    const auto in = Encode(v, dtype);
+    auto gpu = RunGpu(f, dtype, {256, 256}, in, {}, 1.0f, AmaxPath::kHost);
+    ASSERT_FALSE(gpu.ok()) << formats::FormatName(f);
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(gpu.status().message()).find("index 12345"), std::string::npos) << gpu.status();
+    EXPECT_NE(std::string(gpu.status().message()).find("w"), std::string::npos);
   }
 }
 
 // Under nonfinite=propagate, NaN inputs follow the producer's arithmetic on both sides. (Inf
 // inputs are left out: Inf * 0 yields the x86 default NaN, whose sign bit differs from CUDA's
 // canonical NaN, so those output codes differ in sign; see docs/kernels.md.)
-TEST_F(KernelsQuantizeTest, PropagateMatchesReferenceOnNan) {
-  for (Format f : {Format::kFp8Block128, Format::kMxfp8, Format::kNvfp4, Format::kNvfp4Te, Format::kMxfp4}) {
-    for (DType dtype : {DType::kBF16, DType::kF32}) {
-      std::mt19937_64 rng(FreshSeed());
-      std::vector<float> v = RandomValues(128 * 256, rng, 1.0f);
-      v[100] = std::numeric_limits<float>::quiet_NaN();
-      v[5000] = std::numeric_limits<float>::quiet_NaN();
-      const formats::QuantizeOptions opt{formats::Fp32InputPolicy::kExact, formats::NonfinitePolicy::kPropagate};
-      const auto in = Encode(v, dtype);
-      const std::optional<float> amax = formats::NeedsGlobalAmax(f) ? std::optional<float>(100.0f) : std::nullopt;
-      auto cpu = RunCpu(f, dtype, {128, 256}, in, opt, amax);
-      auto gpu = RunGpu(f, dtype, {128, 256}, in, opt, amax, AmaxPath::kHost);
-      ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
-      ExpectSameBytes(*cpu, *gpu, std::string(formats::FormatName(f)) + " propagate");
-    }
+TEST_P(QuantizedFormatKernelTest, PropagateMatchesReferenceOnNan) {
+  const Format f = GetParam();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    std::mt19937_64 rng(FreshSeed());
+    std::vector<float> v = RandomValues(128 * 256, rng, 1.0f);
+    v[100] = std::numeric_limits<float>::quiet_NaN();
+    v[5000] = std::numeric_limits<float>::quiet_NaN();
+    const formats::QuantizeOptions opt{formats::Fp32InputPolicy::kExact, formats::NonfinitePolicy::kPropagate};
+    const auto in = Encode(v, dtype);
+    const std::optional<float> amax = formats::NeedsGlobalAmax(f) ? std::optional<float>(100.0f) : std::nullopt;
+    auto cpu = RunCpu(f, dtype, {128, 256}, in, opt, amax);
+    auto gpu = RunGpu(f, dtype, {128, 256}, in, opt, amax, AmaxPath::kHost);
+    ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << gpu.status();
+    ExpectSameBytes(*cpu, *gpu, std::string(formats::FormatName(f)) + " propagate");
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Table, EveryFormatKernelTest, ::testing::ValuesIn(FormatsWhere(formats::testing::AnyFormat)),
+                         FormatParamName);
+INSTANTIATE_TEST_SUITE_P(Table, QuantizedFormatKernelTest,
+                         ::testing::ValuesIn(FormatsWhere(formats::testing::IsQuantized)), FormatParamName);
+INSTANTIATE_TEST_SUITE_P(Table, GlobalAmaxKernelTest, ::testing::ValuesIn(FormatsWhere(formats::testing::HasGlobalAmax)),
+                         FormatParamName);
+INSTANTIATE_TEST_SUITE_P(Table, CastKernelTest, ::testing::ValuesIn(FormatsWhere(formats::testing::IsCast)),
+                         FormatParamName);
 
 TEST_F(KernelsQuantizeTest, Nvfp4GoldenBlock) {
   // FORMATS.md §12.2: A = 2688, s2 = 1; scales 0x38, 0x7E; ModelOpt sign rule for -0.

@@ -3,7 +3,10 @@
 // table's CheckpointNames.
 #include "refit/checkpoint_io.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "formats/format_info.h"
 #include "gtest/gtest.h"
@@ -46,8 +49,16 @@ TEST(QuantMetadataTest, FamilyFormsInConfigJson) {
   const json mxfp8 = {{"quant_method", "mxfp8"},      {"fmt", "e4m3"},        {"activation_scheme", "dynamic"},
                       {"weight_block_size", {1, 32}}, {"scale_fmt", "ue8m0"}, {"modules_to_not_convert", kExclude}};
   const json mxfp4 = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", kExclude}};
-  for (const auto& [name, want] : std::vector<std::pair<std::string, json>>{
-           {"fp8_block128", fp8}, {"fp8_block128_ue8m0", ue8m0}, {"mxfp8", mxfp8}, {"mxfp4", mxfp4}}) {
+  const std::map<std::string, json> family_forms = {
+      {"fp8_block128", fp8}, {"fp8_block128_ue8m0", ue8m0}, {"mxfp8", mxfp8}, {"mxfp4", mxfp4}};
+  // Every quantized row with a family form (a quant_method) has its expected form here.
+  for (const formats::FormatInfo& row : formats::AllFormats()) {
+    if (!row.quantized) continue;
+    EXPECT_EQ(family_forms.contains(std::string(row.name)), !row.checkpoint.quant_method.empty())
+        << "FamilyFormsInConfigJson: format " << row.name << (row.checkpoint.quant_method.empty() ? " is" : " is not")
+        << " listed, and its row has " << (row.checkpoint.quant_method.empty() ? "no" : "a") << " quant_method";
+  }
+  for (const auto& [name, want] : family_forms) {
     const auto files = MetadataFor(name);
     EXPECT_EQ(files.size(), 1u) << name;
     EXPECT_EQ(QuantizationConfig(files), want) << name;
@@ -55,7 +66,14 @@ TEST(QuantMetadataTest, FamilyFormsInConfigJson) {
 }
 
 TEST(QuantMetadataTest, Nvfp4InTheModelOptForm) {
-  for (const char* name : {"nvfp4", "nvfp4_te"}) {
+  const std::vector<std::string> modelopt_only = {"nvfp4", "nvfp4_te"};
+  // Every quantized row written in the ModelOpt form only (no quant_method) is listed here.
+  for (const formats::FormatInfo& row : formats::AllFormats()) {
+    if (!row.quantized || !row.checkpoint.quant_method.empty()) continue;
+    EXPECT_NE(std::find(modelopt_only.begin(), modelopt_only.end(), row.name), modelopt_only.end())
+        << "Nvfp4InTheModelOptForm: no expected ModelOpt metadata for format " << row.name;
+  }
+  for (const std::string& name : modelopt_only) {
     const auto files = MetadataFor(name);
     ASSERT_EQ(files.size(), 2u) << name;
     const json hf = json::parse(files.at("hf_quant_config.json"));
