@@ -3,10 +3,7 @@ real refitd started from the deploy configuration (paths moved into a temp dir).
 import os
 import re
 import shutil
-import signal
-import subprocess
-import time
-import uuid
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,12 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-SRC = Path(os.environ.get("REFIT_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+import refit_harness as h  # noqa: E402
+
+SRC = h.SRC
 DEPLOY = SRC / "deploy"
-BUILD = Path(os.environ.get("REFIT_BINARY_DIR", SRC / "build"))
-REFITD = Path(os.environ.get("REFITD", BUILD / "src/server/refitd"))
-ENGINE = BUILD / "tools/examples/example_engine"
-TRAINER = BUILD / "tools/examples/example_trainer"
+BUILD = h.BIN
+REFITD = Path(os.environ.get("REFITD", h.REFITD))
+ENGINE = h.ENGINE
+TRAINER = h.TRAINER
 
 
 def need_tool(name: str) -> str:
@@ -86,19 +86,15 @@ class LiveRefitd:
         self.tmp = tmp
         self.address = yaml.safe_load(config.read_text())["listen"]
         self.engine = None
-        self.shm = f"/refit-deploy-test-{uuid.uuid4().hex[:12]}"
+        self.shm = h.new_shm("deploy-test")
         self.log_path = tmp / "refitd.log"
-        self.proc = subprocess.Popen([str(need_refitd()), "--config", str(config)],
-                                     stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        self.admin_port = None
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            m = re.search(r"event=listening .*admin_port=(\d+)", self.log_path.read_text())
-            if m:
-                self.admin_port = int(m.group(1))
-                break
-            time.sleep(0.02)
-        assert self.admin_port, f"refitd did not start:\n{self.log_path.read_text()}"
+        self.proc = h.start([need_refitd(), "--config", config], self.log_path, lambda: self._admin_port() is not None,
+                            "refitd listening")
+        self.admin_port = self._admin_port()
+
+    def _admin_port(self) -> int | None:
+        m = re.search(r"event=listening .*admin_port=(\d+)", self.log_path.read_text())
+        return int(m.group(1)) if m else None
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -108,35 +104,18 @@ class LiveRefitd:
             return e.code, e.read().decode().strip()
 
     def start_engine(self):
-        log = self.tmp / "engine.log"
-        self.engine = subprocess.Popen([str(need_binary(ENGINE)), "--address", self.address, "--shm", self.shm],
-                                       stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self.engine.poll() is None and "registered" not in log.read_text():
-            time.sleep(0.02)
-        assert self.engine.poll() is None and "registered" in log.read_text(), log.read_text()
+        need_binary(ENGINE)
+        self.engine = h.start_engine(self.address, self.tmp / "engine.log", "--shm", self.shm)
 
     def refit(self):
-        p = subprocess.run([str(need_binary(TRAINER)), "--address", self.address, "--refits", "1"],
-                           capture_output=True, text=True, timeout=60)
+        need_binary(TRAINER)
+        p, _ = h.run_trainer(self.address, "--refits", "1", timeout=60)
         assert p.returncode == 0, p.stdout + p.stderr
 
     def stop(self) -> int:
-        if self.engine and self.engine.poll() is None:
-            self.engine.send_signal(signal.SIGTERM)
-            try:
-                self.engine.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.engine.kill()
-                self.engine.wait()
-        Path("/dev/shm" + self.shm).unlink(missing_ok=True)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        h.stop(self.engine, kill_on_timeout=True)
+        h.unlink_shm(self.shm)
+        h.stop(self.proc, kill_on_timeout=True)
         return self.proc.returncode
 
 

@@ -1,12 +1,11 @@
-"""Paths of the built binaries and a helper that runs one."""
+"""Paths of the built binaries (tests/harness/refit_harness.py) and a helper that runs one."""
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-BIN = Path(os.environ.get("REFIT_BINARY_DIR", "build"))
-SRC = Path(os.environ.get("REFIT_SOURCE_DIR", Path(__file__).resolve().parents[3]))
-REFITD = BIN / "src/server/refitd"
-REFITCTL = BIN / "tools/refitctl"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "harness"))
+from refit_harness import BIN, REFITCTL, REFITD, SRC  # noqa: E402,F401
 
 
 def run(binary: Path, *args, env=None) -> subprocess.CompletedProcess:

@@ -1,40 +1,26 @@
 """Fault scenarios with real processes: refitd (restartable, with failpoints), an example engine
 that survives refitd (--reconnect) and example trainers. The engine's bytes are read straight
 from its shared memory, never through refitd."""
-import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
-import time
+import sys
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
-BIN = Path(os.environ.get("REFIT_BINARY_DIR", "build"))
-SRC = Path(os.environ.get("REFIT_SOURCE_DIR", "."))
-REFITD = BIN / "src/server/refitd"
-ENGINE = BIN / "tools/examples/example_engine"
-TRAINER = BIN / "tools/examples/example_trainer"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "harness"))
+import refit_harness as h  # noqa: E402
+from refit_harness import BIN, ENGINE, REFITD, SRC, TRAINER, wait_for  # noqa: E402,F401
 
 
 def sanitized_build():
     """Whether BIN is the sanitizer stage's build (ASAN+UBSAN)."""
     cache = BIN / "CMakeCache.txt"
     return cache.exists() and re.search(r"^REFIT_SANITIZE:\w+=.*undefined", cache.read_text(), re.M) is not None
-
-
-def wait_for(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def committed_ok(lines, version):
@@ -91,11 +77,7 @@ class FaultNode:
         if failpoints:
             env["REFIT_FAILPOINTS"] = failpoints
         self.sock.unlink(missing_ok=True)
-        self.daemon = subprocess.Popen([str(REFITD), "--config", str(self.config)], env=env,
-                                       stdout=open(self.daemon_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: "event=listening" in self.daemon_log.read_text() or self.daemon.poll() is not None,
-                 what="refitd listening")
-        assert self.daemon.poll() is None, self.daemon_log.read_text()
+        self.daemon = h.start_refitd(self.config, self.daemon_log, env=env)
 
     def log(self) -> str:
         return self.daemon_log.read_text()
@@ -116,14 +98,10 @@ class FaultNode:
     def start_engine(self):
         self.engines += 1
         self.engine_log = self.tmp / f"engine.{self.engines}.log"
-        self.shm = f"/refit-fault-{uuid.uuid4().hex[:12]}"
+        self.shm = h.new_shm("fault")
         self.shms.append(self.shm)
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm, "--reconnect",
-                                        *self.engine_args],
-                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT, env=self.env)
-        wait_for(lambda: '"registered"' in self.engine_log.read_text() or self.engine.poll() is not None,
-                 what="engine registration")
-        assert self.engine.poll() is None, self.engine_log.read_text()
+        self.engine = h.start_engine(self.address, self.engine_log, "--shm", self.shm, "--reconnect",
+                                     *self.engine_args, env=self.env, marker='"registered"')
         self.wait_registered()
 
     def wait_registered(self):
@@ -139,31 +117,24 @@ class FaultNode:
         return [e["tag"] for e in self.events("resumed")]
 
     def shm_digest(self) -> str:
-        return hashlib.sha256(Path("/dev/shm" + self.shm).read_bytes()).hexdigest()
+        return h.shm_digest(self.shm)
 
     # --- trainers ---
     def trainer(self, *args, timeout=120, env=None, **kwargs):
-        p = subprocess.run([str(TRAINER), "--address", self.address, *args], capture_output=True, text=True,
-                           timeout=timeout, env=env if env is not None else self.env, **kwargs)
-        lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
-        return p, lines
+        return h.run_trainer(self.address, *args, timeout=timeout, env=env if env is not None else self.env, **kwargs)
 
     def trainer_async(self, *args):
-        return subprocess.Popen([str(TRAINER), "--address", self.address, *args], stdout=subprocess.PIPE,
+        return subprocess.Popen([str(TRAINER), "--address", self.address, *map(str, args)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=self.env)
 
     def stop(self):
         """Stops the engine, then refitd; returns the engine's exit report."""
         report = None
-        if self.engine.poll() is None:
-            self.engine.send_signal(signal.SIGTERM)
-            self.engine.wait(timeout=30)
+        h.stop(self.engine, timeout=30)
         for l in self.engine_log.read_text().splitlines():
             if '"exit"' in l:
                 report = json.loads(l)
-        if self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            self.daemon.wait(timeout=30)
+        h.stop(self.daemon, timeout=30)
         return report
 
 
@@ -180,9 +151,6 @@ def fault_node(tmp_path):
 
     yield make
     for n in nodes:
-        for p in (n.engine, n.daemon):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
-        for shm in n.shms:
-            Path("/dev/shm" + shm).unlink(missing_ok=True)
+        h.kill(n.engine)
+        h.kill(n.daemon)
+        h.unlink_shm(*n.shms)

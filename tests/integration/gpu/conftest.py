@@ -1,24 +1,23 @@
-"""What the GPU integration tests share: the binaries and wait_for of the host-path tests
-(tests/integration/host_path/conftest.py), the GPU count, whether the build has CUDA or NCCL, and
+"""What the GPU integration tests share: the binaries (tests/harness/refit_harness.py) and the
+host-path tests' 20 s wait_for, the GPU count, whether the build has CUDA or NCCL, and
 the fixtures that skip, printing why, on a machine without them (`-rs` in CMakeLists.txt shows the
 reasons)."""
-import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("host_path_conftest",
-                                               Path(__file__).resolve().parents[1] / "host_path" / "conftest.py")
-_host = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_host)
-BIN, ENGINE, REFITD, TRAINER, wait_for = _host.BIN, _host.ENGINE, _host.REFITD, _host.TRAINER, _host.wait_for
-SRC = _host.SRC
-REFITCTL = BIN / "tools/refitctl"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "harness"))
+import refit_harness as h  # noqa: E402
+from refit_harness import BIN, ENGINE, REFITCTL, REFITD, SRC, TRAINER  # noqa: E402,F401
+
+
+def wait_for(pred, timeout=20.0, what="condition"):
+    h.wait_for(pred, timeout, what)
 
 
 def gpu_count():
@@ -88,24 +87,16 @@ class GpuNode:
                        f"data_plane:\n  transport: {transport}\n  device: {device}\n{extra}"
                        f"limits:\n  session_deadline_ms: {deadline_ms}\n  bucket_bytes: 1048576\n")
         self.log = tmp / "refitd.log"
-        self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
-                                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.engine = None
-        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
-        assert self.daemon.poll() is None, self.log.read_text()
+        self.daemon = h.start_refitd(cfg, self.log, env={**os.environ, **(env or {})}, ready=self.sock.exists,
+                                     timeout=20)
         self.engine_log = tmp / "engine.log"
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--gpu", str(device),
-                                        *engine_args, *self.spec_flags],
-                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
-                 what="registration")
-        assert self.engine.poll() is None, self.engine_log.read_text() + self.log.read_text()
+        self.engine = h.start_engine(self.address, self.engine_log, "--gpu", device, *engine_args, *self.spec_flags,
+                                     timeout=20, logs=(self.log,))
 
     def trainer(self, *args, timeout=180, env=None):
-        p = subprocess.run([str(TRAINER), "--address", self.address, "--gpu", str(self.trainer_gpu),
-                            *self.spec_flags, *args],
-                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-        return p, [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        return h.run_trainer(self.address, "--gpu", self.trainer_gpu, *self.spec_flags, *args, timeout=timeout,
+                             env={**os.environ, **(env or {})})
 
     def engine_matches(self, seed):
         d = self.tmp / f"expected-{seed}"
@@ -117,13 +108,7 @@ class GpuNode:
 
     def close(self):
         for proc in (self.engine, self.daemon):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            h.stop(proc, kill_on_timeout=True)
 
 
 def node_fixture(tmp_path, **defaults):

@@ -1,29 +1,17 @@
 """Real processes on loopback: refitd, the example engine (POSIX shm) and the example trainer."""
-import hashlib
 import json
-import os
-import signal
-import subprocess
-import time
-import uuid
+import sys
 from pathlib import Path
 
 import pytest
 
-BIN = Path(os.environ.get("REFIT_BINARY_DIR", "build"))
-SRC = Path(os.environ.get("REFIT_SOURCE_DIR", "."))
-REFITD = BIN / "src/server/refitd"
-ENGINE = BIN / "tools/examples/example_engine"
-TRAINER = BIN / "tools/examples/example_trainer"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "harness"))
+import refit_harness as h  # noqa: E402
+from refit_harness import BIN, ENGINE, REFITD, SRC, TRAINER  # noqa: E402,F401
 
 
 def wait_for(pred, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    h.wait_for(pred, timeout, what)
 
 
 class Node:
@@ -35,29 +23,19 @@ class Node:
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
         cfg.write_text(f"listen: {self.address}\nlog_level: debug\n" + config)
-        args = [str(REFITD), "--config", str(cfg)]
-        if spec:
-            args += ["--model-spec", spec]
         self.daemon_log = tmp / "refitd.log"
-        self.daemon = subprocess.Popen(args, stdout=open(self.daemon_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
-        assert self.daemon.poll() is None, self.daemon_log.read_text()
+        self.daemon = h.start_refitd(cfg, self.daemon_log, *(["--model-spec", spec] if spec else []),
+                                     ready=self.sock.exists, timeout=20)
         self.engine_log = tmp / "engine.log"
-        self.shm = f"/refit-test-{uuid.uuid4().hex[:12]}"
-        self.engine = subprocess.Popen([str(ENGINE), "--address", self.address, "--shm", self.shm],
-                                       stdout=open(self.engine_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: "registered" in self.engine_log.read_text() or self.engine.poll() is not None,
-                 what="engine registration")
-        assert self.engine.poll() is None, self.engine_log.read_text()
+        self.shm = h.new_shm("test")
+        self.engine = h.start_engine(self.address, self.engine_log, "--shm", self.shm, timeout=20)
 
     def shm_digest(self) -> str:
         """The engine's bytes, read straight from its shared memory (not through refitd)."""
-        return hashlib.sha256(Path("/dev/shm" + self.shm).read_bytes()).hexdigest()
+        return h.shm_digest(self.shm)
 
     def trainer(self, *args, timeout=60, check_rc=None):
-        p = subprocess.run([str(TRAINER), "--address", self.address, *args], capture_output=True, text=True,
-                           timeout=timeout)
-        lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        p, lines = h.run_trainer(self.address, *args, timeout=timeout)
         if check_rc is not None:
             assert p.returncode == check_rc, p.stdout + p.stderr
         return p, lines
@@ -68,15 +46,11 @@ class Node:
     def stop(self):
         """Stops engine then daemon; returns the engine's exit report."""
         exit_report = None
-        if self.engine.poll() is None:
-            self.engine.send_signal(signal.SIGTERM)
-            self.engine.wait(timeout=20)
+        h.stop(self.engine)
         for l in self.engine_log.read_text().splitlines():
             if '"exit"' in l:
                 exit_report = json.loads(l)
-        if self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            self.daemon.wait(timeout=20)
+        h.stop(self.daemon)
         return exit_report
 
 
@@ -93,8 +67,6 @@ def node_factory(tmp_path):
 
     yield make
     for n in nodes:
-        for p in (n.engine, n.daemon):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        Path("/dev/shm" + n.shm).unlink(missing_ok=True)
+        h.kill(n.engine)
+        h.kill(n.daemon)
+        h.unlink_shm(n.shm)

@@ -2,35 +2,18 @@
 checkpoint's config.json), the example engine holding that family's engine layout (POSIX shm;
 one process per engine rank), the example trainer pushing a tiny synthetic checkpoint, and
 `refitctl convert` as the offline reference."""
-import hashlib
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-BIN = Path(os.environ.get("REFIT_BINARY_DIR", "build"))
-SRC = Path(os.environ.get("REFIT_SOURCE_DIR", Path(__file__).resolve().parents[3]))
-REFITD = BIN / "src/server/refitd"
-ENGINE = BIN / "tools/examples/example_engine"
-TRAINER = BIN / "tools/examples/example_trainer"
-REFITCTL = BIN / "tools/refitctl"  # the refitctl binary
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "harness"))
+import refit_harness as h  # noqa: E402
+from refit_harness import BIN, ENGINE, REFITCTL, REFITD, SRC, TRAINER, wait_for  # noqa: E402,F401
+
 MAKE = Path(__file__).resolve().parent / "make_checkpoints.py"
-
-
-def wait_for(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def make_checkpoint(family: str, out: Path, seed: int) -> Path:
@@ -54,10 +37,7 @@ def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False) -> Path
     return out
 
 
-def tp_size(spec) -> int:
-    """The spec's tensor_parallel.size (1 without one)."""
-    m = re.search(r"^tensor_parallel:\s*\{size:\s*(\d+)\s*\}", Path(spec).read_text(), re.M)
-    return int(m.group(1)) if m else 1
+tp_size = h.spec_tp_size
 
 
 class FamilyNode:
@@ -72,38 +52,17 @@ class FamilyNode:
         cfg = tmp / "refitd.yaml"
         cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_config: {checkpoint / 'config.json'}\n")
         self.daemon_log = tmp / "refitd.log"
-        self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg), "--model-spec", spec],
-                                       stdout=open(self.daemon_log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
-        assert self.daemon.poll() is None, self.daemon_log.read_text()
+        self.daemon = h.start_refitd(cfg, self.daemon_log, "--model-spec", spec, ready=self.sock.exists)
         self.ranks = tp_size(spec)
-        self.engines, self.engine_logs, self.shms = [], [], []
-        for r in range(self.ranks):
-            log = tmp / (f"engine{r}.log" if self.ranks > 1 else "engine.log")
-            shm = f"/refit-spec-{uuid.uuid4().hex[:12]}"
-            args = [str(ENGINE), "--address", self.address, "--shm", shm, "--spec", spec, "--checkpoint", str(checkpoint)]
-            if self.ranks > 1:
-                args += ["--tp-rank", str(r)]
-            engine = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-            wait_for(lambda: "registered" in log.read_text() or engine.poll() is not None, what="engine registration")
-            assert engine.poll() is None, log.read_text()
-            self.engines.append(engine)
-            self.engine_logs.append(log)
-            self.shms.append(shm)
+        self.engines, self.shms, self.engine_logs = h.start_rank_engines(tmp, self.address, spec, checkpoint,
+                                                                         shm_kind="spec")
         self.engine, self.engine_log, self.shm = self.engines[0], self.engine_logs[0], self.shms[0]
 
     def shm_digest(self) -> str:
-        h = hashlib.sha256()
-        for shm in self.shms:
-            h.update(Path("/dev/shm" + shm).read_bytes())
-        return h.hexdigest()
+        return h.shm_digest(*self.shms)
 
     def trainer(self, checkpoint: Path, *args, timeout=120):
-        p = subprocess.run([str(TRAINER), "--address", self.address, "--spec", self.spec,
-                            "--checkpoint", str(checkpoint), *args],
-                           capture_output=True, text=True, timeout=timeout)
-        lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
-        return p, lines
+        return h.run_trainer(self.address, "--spec", self.spec, "--checkpoint", checkpoint, *args, timeout=timeout)
 
     def resumed(self):
         """Rank 0's resumes (the ranks resume together)."""
@@ -111,9 +70,7 @@ class FamilyNode:
 
     def stop(self):
         for proc in (*self.engines, self.daemon):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=20)
+            h.stop(proc)
 
 
 @pytest.fixture
@@ -130,8 +87,5 @@ def family_node(tmp_path):
     yield make
     for n in nodes:
         for p in (*n.engines, n.daemon):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for shm in n.shms:
-            Path("/dev/shm" + shm).unlink(missing_ok=True)
+            h.kill(p)
+        h.unlink_shm(*n.shms)
