@@ -1,8 +1,10 @@
-"""The NCCL data plane end to end on two GPUs: the example trainer on GPU 0 pushes device tensors
-over NCCL to refitd, whose bucket ring, GPU converter, staging and engine (CUDA IPC) are on GPU 1.
-Three refits compared byte for byte with the offline conversion; a trainer killed mid-refit, and
-one that stalls, end in an abort within the session deadline with the engine's bytes unchanged,
-and the next refit lands. Skips, saying why, without two CUDA devices or without NCCL."""
+"""The NCCL data plane end to end: the example trainer on GPU 0 pushes device tensors over NCCL to
+refitd, whose bucket ring, GPU converter, staging and engine (CUDA IPC) are on GPU 1; with one GPU
+both share it, each process with its own NCCL_HOSTID (NCCL's socket transport over loopback:
+correctness only, conftest.nccl_placement). Three refits compared byte for byte with the offline
+conversion; a trainer killed mid-refit, and one that stalls, end in an abort within the session
+deadline with the engine's bytes unchanged, and the next refit lands. Skips, saying why, without a
+CUDA device or without NCCL."""
 import json
 import os
 import signal
@@ -17,8 +19,8 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 
 @pytest.fixture
-def node_factory(tmp_path, require_two_gpus):
-    yield from node_fixture(tmp_path, transport="nccl", device=1, trainer_gpu=0)
+def node_factory(tmp_path, nccl_placement):
+    yield from node_fixture(tmp_path, transport="nccl", **nccl_placement)
 
 
 def test_three_nccl_refits_match_offline_conversion(node_factory):
