@@ -106,6 +106,11 @@ UcxReceiver::~UcxReceiver() {
     ucp_worker_signal(worker_.get());
     progress_thread_.join();
   }
+  // No connection is accepted any more: the listener goes first, before the closes and receives
+  // below progress the worker (for up to kRequestDrainTimeout). A trainer whose connection was
+  // dropped reconnects at once, and a connection request arriving while the listener is torn
+  // down at the end crashed refitd inside UCX's connection manager (ucp_cm_server_conn_request_cb).
+  listener_ = ucx::UcpListener();
   // From here on this thread alone progresses the worker. Drop every connection (peers that are
   // still sending see their endpoint fail); the closes complete every request on the endpoints.
   for (auto& [ep, peer] : peers_) {
