@@ -1,7 +1,6 @@
 """Fault scenarios (docs/reliability.md). Each states its expected outcome and asserts the
 engine's bytes (sha256 of its shm, read directly) and version afterwards. The engine counts
 requests that saw a mix of versions; every scenario ends with that count at 0."""
-import os
 import signal
 import subprocess
 import time
@@ -146,10 +145,6 @@ def test_engine_dies_and_reregisters(fault_node):
     finish(node, [1])
 
 
-@pytest.mark.skipif(os.environ.get("REFIT_EXPECT_UCX_VERSION", "").startswith("1.16."),
-                    reason="UCX 1.16 can crash in its connection manager (ucp_cm_server_conn_request_cb) when refitd "
-                           "stops while a trainer connects (seen once under load; not on 1.13 or 1.22): "
-                           "docs/transports.md, UCX versions")
 def test_sigterm_while_receiving(fault_node):
     # Expected: refitd aborts the session and exits 0; the engine keeps version 0, clean.
     node = fault_node(config=SMALL_BUCKETS, failpoints="after_receive=delay:500")
