@@ -338,7 +338,7 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
         absl::StrCat("UCX receive of tag ", tag, ": null buffer with capacity ", capacity));
   }
   char empty_buffer = 0;
-  auto shared_pending = std::make_shared<PendingReceive>(&mu_);
+  auto shared_pending = std::make_shared<PendingReceive>(PendingReceive{.mu = &mu_});
   PendingReceive& pending = *shared_pending;
   ucp_request_param_t param{};
   // Always a request and a callback, also for a message that already arrived: UCX 1.13 does not
