@@ -40,8 +40,10 @@ class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
   // Converts `desc` per the whole plan: transposed when plan.transpose, quantized into whole
-  // outputs, then this rank's part of each written to `outs` (plan.targets order, this rank's
-  // bytes). `amax`: where the NVFP4 global amax comes from (above). Errors surface here or at
+  // outputs, then each target's part written to `outs` (one per plan.targets entry, that target's
+  // bytes: its rank's shard slice, or the whole output). Over engine ranks a target whose part
+  // another target already stages (one key for every rank) has a null `data` and is skipped.
+  // `amax`: where the NVFP4 global amax comes from (above). Errors surface here or at
   // Converter::Sync, as for Convert (a supplied amax below the tensor's max|x| at Sync).
   virtual absl::Status ConvertPlanned(const TensorPlan& plan, const TensorDesc& desc, const uint8_t* src,
                                       storage::MemoryKind src_kind, std::span<const formats::MutableBytes> outs,

@@ -296,7 +296,7 @@ Session::Options Node::SessionOptions(const Manifest& manifest, uint64_t id, uin
 }
 
 bool Node::DirectPossible() const {
-  return options_.direct && engine_ && !engine_->asleep && engine_->ranks.empty() &&
+  return options_.direct && engine_ && !engine_->asleep &&
          engine_->storage->on_device() == (engine_->pool->kind() == storage::MemoryKind::kDevice) &&
          !engine_->storage->params().empty() && engine_->storage->MappedAddress(0) != nullptr;
 }

@@ -81,11 +81,6 @@ absl::StatusOr<uint64_t> Node::RegisterRank(EngineSetup setup) {
   for (size_t o = 0; o < ranks_.size(); ++o) {
     const std::shared_ptr<RankRecord>& other = ranks_[o];
     if (o == r || other == nullptr) continue;
-    if (p.device >= 0 && setup.storage->on_device() && other->storage->on_device() &&
-        other->placement.device == p.device) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device: engine rank ", o, " registered device ", p.device, " already"));
-    }
     // Every rank of one spec holds parts of equal size: what differs from another rank is wrong.
     const std::vector<storage::ParamInfo>& theirs = other->storage->params();
     std::set<std::string> mine;

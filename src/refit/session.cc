@@ -360,10 +360,18 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
   }
   if (ranks) {
     // Several engine ranks: the tensor is converted whole once, then each rank's part (or the
-    // one part they share) is staged.
+    // one part they share) is staged: on the GPU by the device ops, else on the host.
+    if (DeviceOps* ops = device_ops(); ops != nullptr) {
+      absl::InlinedVector<formats::MutableBytes, 8> per_target(plan.targets.size(), formats::MutableBytes{nullptr, 0});
+      for (size_t i = 0, d = 0; i < plan.targets.size() && d < distinct.size(); ++i) {
+        if (&plan.targets[i] == distinct[d]) per_target[i] = outs[d++];
+      }
+      return ops->ConvertPlanned(plan, desc, src, src_kind, per_target, planner_.spec().options,
+                                 PlannedAmax{device_amax, device_amax == nullptr ? global_amax : std::nullopt, claim});
+    }
     if (src_kind != storage::MemoryKind::kHost || staging_->kind() != storage::MemoryKind::kHost) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "tensor '", desc.name, "': an engine of several ranks is refit through host staging and a host data plane"));
+          "tensor '", desc.name, "': an engine of several ranks staged on the GPU needs a converter with device ops"));
     }
     std::vector<std::vector<uint8_t>> full;
     std::vector<formats::MutableBytes> full_outs;

@@ -1098,13 +1098,7 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.failpoints = failpoints.get();
             o.spec = &spec;
             const Config* cfg = &config;
-            o.make_staging = [cfg](EngineSetup& setup) {
-              if (cfg->staging == "device" || cfg->staging == "direct") {
-                return absl::InvalidArgumentError(absl::StrCat(
-                    "staging: ", cfg->staging, " is not supported for an engine of several ranks yet; use staging: host"));
-              }
-              return MakeStaging(*cfg, setup);
-            };
+            o.make_staging = [cfg](EngineSetup& setup) { return MakeStaging(*cfg, setup); };
             return o;
           }(),
           *receiver, *ring,

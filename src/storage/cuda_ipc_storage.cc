@@ -5,10 +5,12 @@
 
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
 #include "storage/memory.h"
 #include "storage/vmm_import.h"
 
@@ -146,25 +148,67 @@ absl::StatusOr<uint64_t> CudaIpcEngineStorage::Checksum(size_t index) const {
   return DeviceChecksum64(device_, addrs_[index], infos_[index].nbytes, StreamOf(stream_));
 }
 
+namespace {
+
+// The CUDA device of device memory `p`, or -1.
+int DeviceOf(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice ? a.device : -1;
+}
+
+// Whether kernels on the current device `device` can read memory of `other` (peer access, enabled
+// here once per process and device pair).
+bool CanRead(int device, int other) {
+  if (other < 0 || other == device) return true;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, device, other) != cudaSuccess || can == 0) return false;
+  cudaError_t e = cudaDeviceEnablePeerAccess(other, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+  return e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+}
+
+}  // namespace
+
 absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<DeviceWrite>& writes) {
   cudaSetDevice(device_);  // callers run on arbitrary threads; the table and kernel live on our device
   std::vector<kernels::CopyRegion> regions;
+  unbatched_.clear();
+  batch_.reset();
+  prepared_ = false;
+  // Staging on another GPU (an engine rank whose parts were staged where the converter runs): the
+  // batch kernel reads it over peer access; without peer access each write is its own copy.
+  absl::flat_hash_map<int, bool> readable;
   for (const DeviceWrite& w : writes) {
     if (absl::Status st = CheckDeviceWrite(infos_, w); !st.ok()) return st;
+    const int from = DeviceOf(w.src);
+    auto [it, fresh] = readable.try_emplace(from, false);
+    if (fresh) it->second = CanRead(device_, from);
+    if (!it->second) {
+      unbatched_.push_back(w);
+      continue;
+    }
     regions.push_back({addrs_[w.index] + w.offset, w.src, w.bytes});
   }
+  prepared_ = regions.empty();
+  if (regions.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<kernels::BatchCopy>> batch =
       kernels::BatchCopy::Create(regions.data(), regions.size(), StreamOf(stream_));
   if (!batch.ok()) return batch.status();
   batch_ = std::move(*batch);
+  prepared_ = true;
   return absl::OkStatus();
 }
 
 absl::Status CudaIpcEngineStorage::WritePreparedDevice() {
-  if (batch_ == nullptr) return absl::FailedPreconditionError("no prepared device writes");
+  if (!prepared_) return absl::FailedPreconditionError("no prepared device writes");
   cudaSetDevice(device_);
-  absl::Status st = batch_->Launch(StreamOf(stream_));
-  return st;
+  if (batch_ != nullptr) REFIT_RETURN_IF_ERROR(batch_->Launch(StreamOf(stream_)));
+  for (const DeviceWrite& w : unbatched_) REFIT_RETURN_IF_ERROR(WriteFromDevice(w));
+  return absl::OkStatus();
 }
 
 absl::Status CudaIpcEngineStorage::Audit() const {

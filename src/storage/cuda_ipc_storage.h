@@ -67,6 +67,10 @@ class CudaIpcEngineStorage : public EngineStorage {
   std::vector<void*> mapping_of_;  // per parameter
   std::unique_ptr<CudaStream> stream_;
   std::unique_ptr<kernels::BatchCopy> batch_;
+  // Prepared writes from another GPU that this one cannot read (no peer access): copied one by
+  // one, which the driver routes through the host.
+  std::vector<DeviceWrite> unbatched_;
+  bool prepared_ = false;
   int device_ = 0;
 };
 

@@ -86,4 +86,20 @@ absl::Status RankGroupStorage::Flush() {
   return absl::OkStatus();
 }
 
+absl::Status RankGroupStorage::Audit() const {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (absl::Status st = ranks_[r].storage->Audit(); !st.ok()) return Named(r, st);
+  }
+  return absl::OkStatus();
+}
+
+uint8_t* RankGroupStorage::MappedAddress(size_t index) const {
+  if (index >= where_.size()) return nullptr;
+  auto [r, i] = where_[index];
+  const EngineStorage& rank = *ranks_[r].storage;
+  if (rank.on_device() != ranks_[0].storage->on_device() || rank.device() != ranks_[0].storage->device())
+    return nullptr;
+  return rank.MappedAddress(i);
+}
+
 }  // namespace refit::storage

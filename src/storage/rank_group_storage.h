@@ -4,6 +4,9 @@
 // ranks' storages are shared with their registrations, so a rank that leaves mid-commit keeps its
 // mapping alive until the commit is done with it.
 //
+// Ranks may share a GPU (each with its own registration and memory) or each have their own; the
+// group's device() is rank 0's.
+//
 // Threading: as EngineStorage (one commit at a time). Batched device writes are prepared and
 // issued per rank, each rank's batch on its own thread.
 #ifndef REFIT_STORAGE_RANK_GROUP_STORAGE_H_
@@ -36,6 +39,12 @@ class RankGroupStorage final : public EngineStorage {
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::StatusOr<uint64_t> Checksum(size_t index) const override;
   absl::Status Flush() override;
+  // Each rank's own audit, the first stale rank's refusal naming it.
+  absl::Status Audit() const override;
+  // A rank's mapping when that rank's parameters are on device() (the GPU the staging and the
+  // converter use: written in place with staging: direct); null for ranks on other GPUs, whose
+  // parts are staged on device() and copied to their GPU in the commit.
+  uint8_t* MappedAddress(size_t index) const override;
 
   size_t rank_of(size_t index) const { return where_[index].first; }
   const std::string& label(size_t rank) const { return ranks_[rank].label; }

@@ -127,7 +127,8 @@ class RankNode:
     """refitd serving `spec` + one rank_engine_main.py process per engine rank."""
 
     def __init__(self, tmp: Path, spec: str, make_tensors, ranks: int, ep_size=0, failpoints="", serve=False,
-                 gpus=False):
+                 gpus=None, staging="host"):
+        """gpus: each rank's CUDA device (its parameters by CUDA IPC), or None (POSIX shm)."""
         import torch
         from safetensors.torch import save_file
 
@@ -145,7 +146,7 @@ class RankNode:
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
         cfg = tmp / "refitd.yaml"
-        cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_spec: {self.spec}\n"
+        cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_spec: {self.spec}\nstaging: {staging}\n"
                        "engine:\n  pause_timeout_ms: 5000\n  resume_timeout_ms: 5000\n")
         env = dict(os.environ)
         if failpoints:
@@ -184,10 +185,10 @@ class RankNode:
                 "--params", str(params), "--shm", self.shms[r], "--layout", str(self.tmp / f"layout.{r}.json")]
         if self.serve:
             args += ["--barrier", self.barrier, "--steps", str(self.tmp / f"steps.{r}.{self.starts}.log")]
-        if self.gpus:
+        if self.gpus is not None:
             snaps = self.tmp / f"snapshots.{r}"
             snaps.mkdir(exist_ok=True)
-            args += ["--device", str(r), "--snapshots", str(snaps)]
+            args += ["--device", str(self.gpus[r]), "--snapshots", str(snaps)]
         p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
         p.log = log
         self.procs[r] = p
@@ -201,11 +202,26 @@ class RankNode:
         return {n: raw[o:o + b] for n, (o, b) in layout.items()}
 
     def assert_ranks_hold(self, k):
+        if self.gpus is not None:
+            return self.assert_gpu_ranks_hold(k)
         for r in range(self.ranks):
             held = self.rank_bytes(r)
             want = self.expected[k, r]
             assert held.keys() == want.keys()
             bad = [n for n in want if held[n] != want[n][2]]
+            assert not bad, f"rank {r} differs from refitctl convert --tp-rank {r} of checkpoint {k}: {bad[:5]}"
+
+    def assert_gpu_ranks_hold(self, k):
+        """Each rank's snapshot of version k (taken by the rank as it resumed) equals its offline part."""
+        import torch
+
+        for r in range(self.ranks):
+            snap = self.tmp / f"snapshots.{r}" / f"v{k}.pt"
+            wait_for(snap.exists, what=f"rank {r} snapshot of version {k}")
+            held = torch.load(snap)
+            want = self.expected[k, r]
+            assert held.keys() == want.keys()
+            bad = [n for n in want if bytes(held[n].numpy().tobytes()) != want[n][2]]
             assert not bad, f"rank {r} differs from refitctl convert --tp-rank {r} of checkpoint {k}: {bad[:5]}"
 
     def refit(self, k):
@@ -326,21 +342,45 @@ def cuda_devices():
 
 
 @needs_torch
+@pytest.mark.skipif(cuda_devices() < 1, reason="needs a CUDA GPU (found none): engine ranks with parameters by CUDA "
+                    "IPC, staged and converted on the GPU")
+@pytest.mark.parametrize("staging", ["device", "direct"])
+@pytest.mark.parametrize("spec,tensors,ranks,ep", [(LLAMA_TP4, llama_tensors, 4, 0), (MOE_TP2_EP2, moe_tensors, 2, 2)],
+                         ids=["llama-tp4", "qwen3moe-tp2-ep2"])
+def test_engine_ranks_sharing_one_gpu_refit_on_the_gpu_path(rank_node, staging, spec, tensors, ranks, ep):
+    # Every rank on GPU 0, each with its own process, registration and memory: each tensor is
+    # received once, converted on the GPU, and each rank's part staged (device) or written in place
+    # (direct); every rank holds its offline part after each of three refits.
+    n = rank_node(spec, tensors, ranks, ep_size=ep, gpus=[0] * ranks, staging=staging)
+    for r in range(ranks):
+        n.start_rank(r)
+    for k in (1, 2, 3):
+        rc, out = n.refit(k)
+        assert rc == 0, out
+        assert out["version"] == k
+        if staging == "direct":
+            # Each rank's own shards go straight into its memory; parts every rank shares are
+            # staged once and copied to each in the commit.
+            assert 0 < out["bytes_in_place"] < out["bytes_out"], out
+        else:
+            assert out["bytes_in_place"] == 0, out
+        n.assert_ranks_hold(k)
+    rc, status = n.ctl("status")
+    assert all(k["registered"] and k["version"] == 3 and not k["dirty"] for k in status["ranks"]), status
+
+
+@needs_torch
 @pytest.mark.skipif(cuda_devices() < 2, reason=f"needs 2 CUDA GPUs (found {cuda_devices()}): a TP=2 engine with "
                     "one rank per GPU, parameters by CUDA IPC")
-def test_tp2_engine_on_two_gpus_three_refits_equal_offline(rank_node):
-    import torch
-
-    n = rank_node(LLAMA_TP4.replace("size: 4", "size: 2"), llama_tensors, 2, gpus=True)
+@pytest.mark.parametrize("staging", ["host", "device", "direct"])
+def test_tp2_engine_on_two_gpus_three_refits_equal_offline(rank_node, staging):
+    # Device staging and the converter on rank 0's GPU; rank 1's parts are copied to its GPU in
+    # the commit (peer access where the GPUs have it).
+    n = rank_node(LLAMA_TP4.replace("size: 4", "size: 2"), llama_tensors, 2, gpus=[0, 1], staging=staging)
     n.start_rank(0)
     n.start_rank(1)
     for k in (1, 2, 3):
         rc, out = n.refit(k)
         assert rc == 0, out
         print(f"refit {k}: pause {out['pause_ms']:.2f} ms, commit {out['commit_ms']:.2f} ms")
-        for r in range(2):
-            snap = n.tmp / f"snapshots.{r}" / f"v{k}.pt"
-            wait_for(snap.exists, what=f"rank {r} snapshot of version {k}")
-            held = torch.load(snap)
-            for name, (_, _, want) in n.expected[k, r].items():
-                assert bytes(held[name].numpy().tobytes()) == want, f"rank {r} '{name}' differs from offline"
+        n.assert_ranks_hold(k)

@@ -49,14 +49,27 @@ int Error(absl::string_view msg, int code = kExitFailure) {
 json ReportJson(const RefitReport& r) {
   json bytes_by_format = json::object();
   for (const auto& [k, v] : r.bytes_out_by_format) bytes_by_format[k] = v;
-  return json{{"session", r.session_id},   {"version", r.version},     {"outcome", OutcomeName(r.outcome)}, {"cause", EndCauseName(r.cause)},
-              {"reason", r.reason},        {"bytes_in", r.bytes_in},   {"bytes_out", r.bytes_out},
-              {"buckets", r.buckets},      {"tensors", r.tensors},     {"receive_ms", r.times.receive_ms},
-              {"convert_ms", r.times.convert_ms}, {"validate_ms", r.times.validate_ms},
-              {"commit_ms", r.times.commit_ms},   {"pause_ms", r.times.pause_ms},
-              {"total_ms", r.times.total_ms},     {"plan_ms", r.times.plan_ms},
-              {"finish_ms", r.times.finish_ms},   {"prepare_ms", r.times.prepare_ms},
-              {"verify_ms", r.times.verify_ms},   {"tag", r.tag}};
+  return json{{"session", r.session_id},
+              {"version", r.version},
+              {"outcome", OutcomeName(r.outcome)},
+              {"cause", EndCauseName(r.cause)},
+              {"reason", r.reason},
+              {"bytes_in", r.bytes_in},
+              {"bytes_out", r.bytes_out},
+              {"buckets", r.buckets},
+              {"tensors", r.tensors},
+              {"receive_ms", r.times.receive_ms},
+              {"convert_ms", r.times.convert_ms},
+              {"validate_ms", r.times.validate_ms},
+              {"commit_ms", r.times.commit_ms},
+              {"pause_ms", r.times.pause_ms},
+              {"total_ms", r.times.total_ms},
+              {"plan_ms", r.times.plan_ms},
+              {"finish_ms", r.times.finish_ms},
+              {"prepare_ms", r.times.prepare_ms},
+              {"verify_ms", r.times.verify_ms},
+              {"tag", r.tag},
+              {"bytes_in_place", r.bytes_in_place}};
 }
 
 std::string ReportLine(const RefitReport& r) {

@@ -170,21 +170,34 @@ class GpuConverter final : public Converter, public DeviceOps {
       std::swap(in.shape[r - 1], in.shape[r - 2]);
       in.data = *t;
     }
-    // Whole outputs: straight into staging unless this rank keeps a part of a sharded output.
+    // Whole outputs: straight into a target's staging when that target is its output's only taker
+    // and holds all of it; else into scratch, from which each target takes its part (this rank's
+    // shard slice; over engine ranks, every rank's) or a copy. A target with no bytes to write
+    // (`outs[i].data` null: over engine ranks, a part another target already stages) takes nothing.
     const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
-    std::vector<formats::MutableBytes> whole(outs.begin(), outs.end());
-    std::vector<bool> slice(outs.size(), false);
-    if (sharded) {
-      for (size_t i = 0; i < outs.size(); ++i) {
-        const Target& t = plan.targets[i];
-        if (t.full_shape.empty()) continue;  // 0-d: replicated, as ShardPart copies it
-        absl::StatusOr<uint64_t> n = DenseBytes(t.spec.dtype, t.full_shape);
-        if (!n.ok()) return n.status();
-        absl::StatusOr<uint8_t*> buf = Scratch(*n);
-        if (!buf.ok()) return buf.status();
-        whole[i] = {*buf, *n};
-        slice[i] = true;
-      }
+    size_t n_outputs = 0;
+    for (const Target& t : plan.targets) n_outputs = std::max(n_outputs, t.output + 1);
+    std::vector<int> takers(n_outputs, 0);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (outs[i].data != nullptr) ++takers[plan.targets[i].output];
+    }
+    auto is_part = [&](const Target& t) { return sharded && !t.full_shape.empty(); };  // 0-d: replicated
+    std::vector<formats::MutableBytes> whole(n_outputs);
+    std::vector<bool> in_place(outs.size(), false);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Target& t = plan.targets[i];
+      if (outs[i].data == nullptr || is_part(t) || takers[t.output] != 1) continue;
+      whole[t.output] = outs[i];
+      in_place[i] = true;
+    }
+    for (size_t i = 0; i < plan.targets.size(); ++i) {
+      const Target& t = plan.targets[i];
+      if (whole[t.output].data != nullptr) continue;
+      absl::StatusOr<uint64_t> n = DenseBytes(t.spec.dtype, t.full_shape);
+      if (!n.ok()) return n.status();
+      absl::StatusOr<uint8_t*> buf = Scratch(*n);
+      if (!buf.ok()) return buf.status();
+      whole[t.output] = {*buf, *n};
     }
     if (plan.kind == ConvertKind::kCopy) {
       if (whole.size() != 1 || whole[0].bytes != desc.nbytes) {
@@ -215,9 +228,19 @@ class GpuConverter final : public Converter, public DeviceOps {
       if (reject || check) pending_.push_back({desc.name, slot->index, amax.claim});
     }
     for (size_t i = 0; i < outs.size(); ++i) {
-      if (!slice[i]) continue;
-      // Part `index` of `parts` along the shard dim: `outer` rows of `chunk` bytes, `n * inner` apart.
+      if (outs[i].data == nullptr || in_place[i]) continue;
       const Target& t = plan.targets[i];
+      const formats::MutableBytes& from = whole[t.output];
+      if (!is_part(t)) {
+        if (from.bytes != outs[i].bytes) {
+          return absl::InternalError(absl::StrCat("tensor '", desc.name, "': whole output of ", from.bytes,
+                                                  " bytes for a staged copy of ", outs[i].bytes));
+        }
+        cudaError_t e = cudaMemcpyAsync(outs[i].data, from.data, from.bytes, cudaMemcpyDeviceToDevice, lane);
+        if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("staging '", desc.name, "' for ", t.key));
+        continue;
+      }
+      // Part `t.shard_index` of `parts` along the shard dim: `outer` rows of `chunk` bytes, `n * inner` apart.
       const Shape& f = t.full_shape;
       const size_t d = static_cast<size_t>(*plan.shard_dim);
       uint64_t outer = 1, inner = DTypeSize(t.spec.dtype);
@@ -229,9 +252,10 @@ class GpuConverter final : public Converter, public DeviceOps {
                                                 " bytes for a staged part of ", outs[i].bytes));
       }
       if (chunk == 0 || outer == 0) continue;
-      cudaError_t e = cudaMemcpy2DAsync(outs[i].data, chunk, static_cast<const uint8_t*>(whole[i].data) + static_cast<uint64_t>(plan.shard_index) * chunk,
-                                        n * inner, chunk, outer, cudaMemcpyDeviceToDevice, lane);
-      if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("slicing '", desc.name, "' for this rank"));
+      cudaError_t e = cudaMemcpy2DAsync(
+          outs[i].data, chunk, static_cast<const uint8_t*>(from.data) + static_cast<uint64_t>(t.shard_index) * chunk,
+          n * inner, chunk, outer, cudaMemcpyDeviceToDevice, lane);
+      if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("slicing '", desc.name, "' for ", t.key));
     }
     Count(&GpuConverterStats::tensors);
     Count(&GpuConverterStats::planned);

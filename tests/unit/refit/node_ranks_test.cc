@@ -2,15 +2,16 @@
 // each rank a real shared-memory engine storage with a scripted pause/resume. Registration
 // refusals name the field; a refit waits for every rank; one refit writes every rank its part;
 // a rank a commit fails on is dirty until it registers again and a full refit lands.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/checksum.h"
 #include "refit/cpu_converter.h"
 #include "refit/node.h"
 #include "spec/model_spec.h"
@@ -67,7 +68,7 @@ std::vector<uint8_t> Pattern(const Shape& shape, uint8_t seed) {
 
 class NodeRanksTest : public ::testing::Test {
  protected:
-  void Start(const std::string& yaml, std::vector<Param> params) {
+  void Start(const std::string& yaml, std::vector<Param> params, bool direct = false) {
     spec_ = *spec::ParseModelSpec(yaml);
     params_ = std::move(params);
     ring_ = *BucketRing::Create(2, 1 << 16, *ring_memory_);
@@ -76,6 +77,7 @@ class NodeRanksTest : public ::testing::Test {
     options.pause_timeout = absl::Milliseconds(200);
     options.resume_timeout = absl::Milliseconds(200);
     options.spec = &spec_;
+    options.direct = direct;
     options.make_staging = [](EngineSetup& setup) {
       setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
       setup.new_pool = [] { return std::make_unique<StagingPool>(storage::NewHostMemory()); };
@@ -89,6 +91,7 @@ class NodeRanksTest : public ::testing::Test {
   EngineSetup Setup(int rank, RankPlacement placement, std::vector<Param> params = {}) {
     if (params.empty()) params = params_;
     std::string name = absl::StrCat("/refit-ranks-test-", getpid(), "-", counter_++);
+    names_[rank] = name;
     uint64_t total = 0;
     for (const Param& p : params) total += Bytes(p.shape);
     regions_[rank] = *storage::ShmRegion::Create(name, total);
@@ -140,6 +143,14 @@ class NodeRanksTest : public ::testing::Test {
     absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
     EXPECT_TRUE(begun.ok()) << begun.status();
     if (!begun.ok()) return node_->last_report();
+    if (begun->pause_first) {
+      // staging: direct: every rank pauses before anything converts into its memory.
+      absl::StatusOr<std::shared_ptr<DirectPause>> pause = node_->StartDirectPause(begun->session_id);
+      EXPECT_TRUE(pause.ok()) << pause.status();
+      if (!pause.ok()) return node_->last_report();
+      (*pause)->Run();
+      EXPECT_TRUE(node_->FinishDirectPause(*pause).ok());
+    }
     h.nbytes = sent_.size();
     h.checksum = Checksum64(sent_.data(), sent_.size());
     receiver_.Put(Session::Tag(begun->session_id, 0), &sent_);
@@ -165,6 +176,7 @@ class NodeRanksTest : public ::testing::Test {
   std::unique_ptr<BucketRing> ring_;
   transport::MemoryReceiver receiver_;
   std::map<int, std::unique_ptr<storage::ShmRegion>> regions_;
+  std::map<int, std::string> names_;
   std::map<int, Control*> controls_;
   std::vector<uint8_t> sent_;
   std::unique_ptr<Node> node_;
@@ -243,6 +255,48 @@ TEST_F(NodeRanksTest, OneRefitWritesEveryRankItsPartAndAllSwitchTogether) {
   EXPECT_THAT(controls_[0]->Calls(), ElementsAre("pause", "resume:1", "pause", "resume:2", "pause", "resume:3"));
   EXPECT_THAT(controls_[1]->Calls(), ElementsAre("pause", "resume:1", "pause", "resume:2", "pause", "resume:3"));
   for (const RankStatus& s : node_->Ranks()) EXPECT_EQ(s.version, 3u);
+}
+
+// staging: direct over engine ranks: each rank's own shard is converted straight into its memory
+// while every rank is paused; the part both share is staged once and copied to each in the commit.
+TEST_F(NodeRanksTest, DirectStagingConvertsEachRanksShardIntoItsOwnMemory) {
+  Start(kTp2, {{"col", {8, 16}}, {"norm", {16}}}, /*direct=*/true);
+  Register(0);
+  Register(1);
+  for (uint8_t seed : {1, 2}) {
+    const RefitReport& r = Refit({{"col", {16, 16}}, {"norm", {16}}}, seed);
+    ASSERT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+    EXPECT_EQ(r.version, seed);
+    EXPECT_EQ(r.bytes_in_place, 512u) << "each rank's 256 bytes of col in place; norm staged";
+    EXPECT_EQ(Engine(0, 0, 256), Sent(0, 256));
+    EXPECT_EQ(Engine(1, 0, 256), Sent(256, 256));
+    EXPECT_EQ(Engine(0, 256, 32), Sent(512, 32));
+    EXPECT_EQ(Engine(1, 256, 32), Sent(512, 32));
+  }
+  EXPECT_THAT(controls_[0]->Calls(), ElementsAre("pause", "resume:1", "pause", "resume:2"));
+  EXPECT_THAT(controls_[1]->Calls(), ElementsAre("pause", "resume:1", "pause", "resume:2"));
+}
+
+// The registration audit runs on every rank: a rank whose shm object was replaced behind its
+// name refuses the refit naming the rank, and no rank pauses or takes a byte.
+TEST_F(NodeRanksTest, AStaleRankRefusesTheRefitNamingItAndNoRankIsTouched) {
+  Start(kTp2, {{"col", {8, 16}}, {"norm", {16}}});
+  Register(0);
+  Register(1);
+  ASSERT_EQ(Refit({{"col", {16, 16}}, {"norm", {16}}}, 1).outcome, Outcome::kCommitted);
+  const std::vector<uint8_t> held0 = Engine(0, 0, 288), held1 = Engine(1, 0, 288);
+  ASSERT_EQ(shm_unlink(names_[1].c_str()), 0);
+  absl::StatusOr<std::unique_ptr<storage::ShmRegion>> replaced = storage::ShmRegion::Create(names_[1], 288);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  const RefitReport& r = Refit({{"col", {16, 16}}, {"norm", {16}}}, 2);
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("rank1"));
+  EXPECT_THAT(r.reason, HasSubstr("stale registration"));
+  EXPECT_EQ(Engine(0, 0, 288), held0);
+  EXPECT_EQ(Engine(1, 0, 288), held1);
+  EXPECT_THAT(controls_[0]->Calls(), ElementsAre("pause", "resume:1"));
+  EXPECT_THAT(controls_[1]->Calls(), ElementsAre("pause", "resume:1"));
+  shm_unlink(names_[1].c_str());
 }
 
 TEST_F(NodeRanksTest, ARankTheCommitFailsOnIsDirtyUntilItRegistersAgainAndAFullRefitLands) {
