@@ -87,17 +87,18 @@ def start_engine(address: str, log: Path, *args, env=None, marker="registered", 
                  "engine registration", env=env, timeout=timeout, logs=logs)
 
 
-def start_rank_engines(tmp: Path, address: str, spec, checkpoint: Path, name="engine", shm_kind="engine"):
+def start_rank_engines(tmp: Path, address: str, spec, checkpoint: Path, name="engine", shm_kind="engine", extra=()):
     """The example engine holding `checkpoint` in `spec`'s engine layout, one process per engine rank
-    of the spec's tensor_parallel.size, each registering its rank; POSIX shm each. Returns
-    (processes, shm names, logs), rank order; none left running when one fails to start."""
+    of the spec's tensor_parallel.size, each registering its rank; POSIX shm each, or `extra`
+    (e.g. ["--gpu", 0]: CUDA memory) added to every rank's arguments. Returns (processes, shm
+    names, logs), rank order; none left running when one fails to start."""
     procs, shms, logs = [], [], []
     ranks = spec_tp_size(spec)
     try:
         for r in range(ranks):
             shm = new_shm(shm_kind)
             log = tmp / (f"{name}{r}.log" if ranks > 1 else f"{name}.log")
-            args = ["--shm", shm, "--spec", spec, "--checkpoint", checkpoint]
+            args = ["--shm", shm, "--spec", spec, "--checkpoint", checkpoint, *extra]
             if ranks > 1:
                 args += ["--tp-rank", r]
             shms.append(shm)
