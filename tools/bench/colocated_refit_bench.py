@@ -200,6 +200,9 @@ def main() -> int:
     ap.add_argument("--runs", default="", help="comma-separated run labels to do (default: all)")
     ap.add_argument("--spec", default=str(HERE.parent.parent / "deploy/models/llama3_fp8.yaml"),
                     help="model spec (its tensor_parallel is set to size 1); 'demo' for the embedded demo spec")
+    ap.add_argument("--engine-tps", default="1",
+                    help="comma-separated engine tensor-parallel sizes: each run is repeated for an engine of that "
+                         "many rank processes, all on GPU 0 (labels _tpN for N > 1; e.g. 1,4)")
     ap.add_argument("--out", default="")
     ap.add_argument("--baseline-engine", help=argparse.SUPPRESS)
     ap.add_argument("--rx", type=int, help=argparse.SUPPRESS)
@@ -217,22 +220,27 @@ def main() -> int:
         if a.out:
             Path(a.out).write_text(json.dumps(out, indent=1))
 
-    spec = ""
+    tps = [int(x) for x in a.engine_tps.split(",")]
+    specs = {tp: "" for tp in tps}
     if a.spec != "demo":
-        # One engine on one GPU holds the whole model: the shipped spec with tensor_parallel size 1.
+        # The shipped spec with the engine's tensor_parallel size: 1, one engine process holding the
+        # whole model; N, N engine rank processes sharing GPU 0, each holding its part.
         import re
 
-        text = re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 1}", Path(a.spec).read_text(),
-                      flags=re.M)
-        spec_path = tmp / "spec.yaml"
-        spec_path.write_text(text)
-        spec = str(spec_path)
+        for tp in tps:
+            text = re.sub(r"^tensor_parallel:.*$", f"tensor_parallel: {{size: {tp}}}", Path(a.spec).read_text(),
+                          flags=re.M)
+            spec_path = tmp / f"spec.tp{tp}.yaml"
+            spec_path.write_text(text)
+            specs[tp] = str(spec_path)
         out["spec"] = a.spec
+    elif tps != [1]:
+        raise SystemExit("--engine-tps needs a spec (not demo)")
 
-    def refitd_run(in_place, staging="device", engine_args=(), trainer_args=()):
-        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, spec, a.refits, a.bucket_bytes, tmp, slots=a.slots,
+    def refitd_run(in_place, staging="device", engine_args=(), trainer_args=(), tp=1):
+        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, specs[tp], a.refits, a.bucket_bytes, tmp, slots=a.slots,
                             transport="cuda_ipc", in_place=in_place, staging=staging, engine_args=engine_args,
-                            trainer_args=trainer_args)
+                            trainer_args=trainer_args, engine_ranks=tp)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
                    # From the weights ready to the commit's answer (differs from wall_ms with
@@ -278,16 +286,19 @@ def main() -> int:
              ("--vmm", "--sleep-wake", "{loop}"))]
     if a.runs:
         runs = [x for x in runs if x[0] in a.runs.split(",")]
+    runs = [(label if tp == 1 else f"{label}_tp{tp}", in_place, staging, engine_args, trainer_args, tp)
+            for tp in tps for label, in_place, staging, engine_args, trainer_args in runs]
     results = {}
     r = None
-    for label, in_place, staging, engine_args, trainer_args in runs:
+    for label, in_place, staging, engine_args, trainer_args, tp in runs:
         loop = tmp / f"{label}.loop"  # the sleep/wake run's FIFOs
         if "{loop}" in engine_args:
             os.mkfifo(f"{loop}.ctl")
             os.mkfifo(f"{loop}.ack")
         engine_args = tuple(str(loop) if x == "{loop}" else x for x in engine_args)
         trainer_args = tuple(str(loop) if x == "{loop}" else x for x in trainer_args)
-        raw, results[label] = refitd_run(in_place, staging, engine_args, trainer_args)
+        raw, results[label] = refitd_run(in_place, staging, engine_args, trainer_args, tp)
+        results[label]["engine_tp"] = tp
         if "--sleep-wake" in engine_args:
             # The engine's memory given back at each sleep (its weights), from its log.
             events = [json.loads(l) for l in (tmp / "llama8b.0.engine.log").read_text().splitlines() if l.startswith("{")]
@@ -312,6 +323,10 @@ def main() -> int:
     out["pause_vs_copy"] = {label: {"pause_ms": x["pause_ms"], "copy_ms": copy["engine_bytes_copy_ms"],
                                     "pause_minus_copy_ms": x["pause_ms"] - copy["engine_bytes_copy_ms"]}
                             for label, x in results.items()}
+    # An engine of N ranks against the one-process engine of the same bytes, run for run.
+    out["tp_over_tp1"] = {label: x["wall_ms"] / results[label.rsplit("_tp", 1)[0]]["wall_ms"]
+                          for label, x in results.items()
+                          if x["engine_tp"] > 1 and label.rsplit("_tp", 1)[0] in results}
     save()
     if a.baseline:
         b = baseline(a.baseline, a.refits)

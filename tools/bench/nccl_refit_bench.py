@@ -44,8 +44,10 @@ def moe_shape(layers):
 
 
 def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transport="nccl", staging="device",
-               engine_args=()):
-    """refitd + an idle example engine on GPU k; returns (address, [processes], log)."""
+               engine_args=(), engine_ranks=1):
+    """refitd + an idle example engine on GPU k (`engine_ranks` > 1: that many engine rank
+    processes, all on GPU k, `spec` stating tensor_parallel size engine_ranks); returns
+    (address, [processes], log)."""
     sock = tmp / f"{name}.{k}.sock"
     cfg = tmp / f"{name}.{k}.yaml"
     text = (f"listen: unix:{sock}\nstaging: {staging}\nadmin: {{listen: ''}}\n"
@@ -65,20 +67,23 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
     if procs[0].poll() is not None:
         raise RuntimeError(f"refitd exited: {log.read_text()[-2000:]}")
     spec_flag = ["--spec", spec] if spec else []
-    procs.append(subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
-                                   "--gpu", str(k), "--idle", *engine_args, *spec_flag, *shape],
-                                  stdout=open(elog, "w"), stderr=subprocess.STDOUT))
-    for _ in range(6000):
-        if "registered" in elog.read_text() or procs[1].poll() is not None:
-            break
-        time.sleep(0.05)
-    if procs[1].poll() is not None:
-        raise RuntimeError(f"engine exited: {elog.read_text()[-2000:]}")
+    for r in range(engine_ranks):
+        rlog = elog if r == 0 else tmp / f"{name}.{k}.engine{r}.log"
+        rank = ["--tp-rank", str(r)] if engine_ranks > 1 else []
+        procs.append(subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
+                                       "--gpu", str(k), "--idle", *rank, *engine_args, *spec_flag, *shape],
+                                      stdout=open(rlog, "w"), stderr=subprocess.STDOUT))
+        for _ in range(6000):
+            if "registered" in rlog.read_text() or procs[-1].poll() is not None:
+                break
+            time.sleep(0.05)
+        if procs[-1].poll() is not None:
+            raise RuntimeError(f"engine rank {r} exited: {rlog.read_text()[-2000:]}")
     return f"unix:{sock}", procs, log
 
 
 def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2,
-                 transport="nccl", in_place=False, staging="device", engine_args=(), trainer_args=()):
+                 transport="nccl", in_place=False, staging="device", engine_args=(), trainer_args=(), engine_ranks=1):
     """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
     (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon).
     `in_place`: the trainer pushes by RefitSession::PushInPlace (example_trainer --in-place);
@@ -90,7 +95,7 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
         first = 0 if transport == "cuda_ipc" else 1  # colocated: refitd and engine on the trainer's GPU
         for k in range(first, first + daemons):
             address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots, transport, staging,
-                                          engine_args)
+                                          engine_args, engine_ranks)
             addresses.append(address)
             procs += ps
             logs.append(log)

@@ -1,7 +1,8 @@
 """Engine ranks on the GPU path under the shipped specs: refitd with deploy/models llama3_fp8 (TP=2
 as shipped, and TP=4) and qwen3_moe_nvfp4 (TP=2 x EP=2), its sizes from a small checkpoint's
 config.json (sizes whose shards fall on whole blocks), one example engine process per rank, every
-rank on GPU 0 with its own CUDA memory (CUDA IPC), `staging: device` and `staging: direct`. The
+rank on GPU 0 with its own CUDA memory (CUDA IPC), `staging: device` and `staging: direct` (and the
+same ranks in POSIX shm with `staging: host`, which runs without a GPU). The
 example trainer pushes three fresh checkpoints; after each refit every rank's bytes, read back
 through refitd rank by rank, equal `refitctl convert`'s. A second GPU is not needed: the ranks
 share one, as the daemon allows. Skips without a CUDA device."""
@@ -43,17 +44,16 @@ def spec_for(tmp: Path, spec_file: str, tp: int, ep: int) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    n, why = gpu_count()
-    if n == 0:
-        pytest.skip(f"no CUDA device: {why}")
-    return 0
-
-
-@pytest.mark.parametrize("staging", ["device", "direct"])
+@pytest.mark.parametrize("staging", ["host", "device", "direct"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(gpu, case, staging, tmp_path):
+def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(case, staging, tmp_path):
+    # staging: host runs the same ranks in POSIX shm (the CPU path, no GPU needed).
+    gpu = None
+    if staging != "host":
+        n, why = gpu_count()
+        if n == 0:
+            pytest.skip(f"no CUDA device: {why}")
+        gpu = 0
     spec_file, family, overrides, tp, ep = CASES[case]
     spec = spec_for(tmp_path, spec_file, tp, ep)
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
@@ -71,12 +71,12 @@ def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(gpu, case, staging,
     address = f"unix:{sock}"
     cfg = tmp_path / "refitd.yaml"
     cfg.write_text(f"listen: {address}\nlog_level: debug\nmodel_config: {ckpts[0] / 'config.json'}\n"
-                   f"staging: {staging}\ndata_plane: {{device: {gpu}}}\n")
+                   f"staging: {staging}\n" + (f"data_plane: {{device: {gpu}}}\n" if gpu is not None else ""))
     log = tmp_path / "refitd.log"
     daemon = h.start_refitd(cfg, log, "--model-spec", str(spec), ready=sock.exists)
     engines, shms = [], []
     try:
-        engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0], extra=["--gpu", gpu])
+        engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0], extra=["--gpu", gpu] if gpu is not None else [])
         assert len(engines) == tp
         for i in (1, 2, 3):
             p, lines = h.run_trainer(address, "--spec", str(spec), "--checkpoint", ckpts[i], "--expected", conv[i],
