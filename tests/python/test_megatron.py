@@ -247,6 +247,31 @@ def test_megatron_ranks_refit_equals_offline_conversion(family, node, tmp_path):
     assert sum(len(p) for p in pushed) > len(set().union(*pushed))  # TP slices share names
 
 
+def test_megatron_tp2_trainer_reshards_into_a_tp4_engine(node, tmp_path):
+    """Megatron-core trainer ranks at TP=2 x PP=2, each pushing its own shards, into an engine of
+    four ranks (the shipped llama3_fp8 spec at tensor_parallel size 4; 4 key/value heads and an
+    intermediate size of 1024, so every engine rank's rows are whole 128-blocks): after each of
+    three refits every engine rank holds `refitctl convert --engine-layout --tp-rank R`."""
+    import re
+
+    spec = tmp_path / "llama3_fp8_tp4.yaml"
+    spec.write_text(re.sub(r"^tensor_parallel:.*$", "tensor_parallel: {size: 4}",
+                           (MODELS / "llama3_fp8.yaml").read_text(), flags=re.M))
+    sizes = {"num_key_value_heads": 4, "intermediate_size": 1024}
+    ckpts = [Path(_builder().make("llama3", str(tmp_path / f"ckpt{s}"), s, sizes)) for s in range(4)]
+    expected = [engine_layout_checksums(spec, c, tmp_path / f"conv{i}") for i, c in enumerate(ckpts)]
+    assert len({n.split("/", 1)[0] for n in expected[0]}) == 4
+    n = node(spec, ckpts[0])
+    arch = {"layers": 2, "heads": 4, "groups": 4, "head_dim": 128}
+    with Ranks(tmp_path, n, "llama3-fp8", arch, ckpts[1:], tp=2, pp=2) as ranks:
+        for i in range(3):
+            reports = [r.get("report") for r in ranks.step(i)]
+            assert all(r is not None for r in reports), reports
+            assert reports[0]["outcome"] == "committed" and reports[0]["version"] == i + 1, reports
+            assert_engine_equals(n, expected[i + 1], i + 1)
+            ranks.go(i)
+
+
 MISSING = {
     # family, mode -> fragments the refusal must contain
     ("llama3", "missing-tp"): ["model.layers.1.self_attn.q_proj.weight",
