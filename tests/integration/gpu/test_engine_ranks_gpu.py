@@ -7,6 +7,7 @@ example trainer pushes three fresh checkpoints; after each refit every rank's by
 through refitd rank by rank, equal `refitctl convert`'s. A second GPU is not needed: the ranks
 share one, as the daemon allows. Skips without a CUDA device."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,21 @@ def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(case, staging, tmp_
         if n == 0:
             pytest.skip(f"no CUDA device: {why}")
         gpu = 0
+    refit_three(tmp_path, case, staging, gpu)
+
+
+@pytest.mark.parametrize("staging", ["device", "direct"])
+def test_engine_ranks_refit_over_nccl(nccl_placement, staging, tmp_path):
+    """The trainer pushes GPU tensors over NCCL into a TP=4 engine (with one GPU: trainer, refitd and
+    every engine rank on GPU 0, refitd and the trainer each with its own NCCL_HOSTID; socket times,
+    correctness only)."""
+    refit_three(tmp_path, "llama3-tp4", staging, nccl_placement["device"], transport="nccl",
+                trainer_gpu=nccl_placement["trainer_gpu"], daemon_env=nccl_placement["env"])
+
+
+def refit_three(tmp_path, case, staging, gpu, transport="", trainer_gpu=None, daemon_env=None):
+    """Three refits of `case` into its engine ranks (on GPU `gpu`, or in shm when None), each equal to
+    refitctl convert rank by rank."""
     spec_file, family, overrides, tp, ep = CASES[case]
     spec = spec_for(tmp_path, spec_file, tp, ep)
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
@@ -70,17 +86,23 @@ def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(case, staging, tmp_
     sock = tmp_path / "refitd.sock"
     address = f"unix:{sock}"
     cfg = tmp_path / "refitd.yaml"
+    plane = ""
+    if gpu is not None:
+        plane = f"data_plane: {{device: {gpu}" + (f", transport: {transport}" if transport else "") + "}\n"
     cfg.write_text(f"listen: {address}\nlog_level: debug\nmodel_config: {ckpts[0] / 'config.json'}\n"
-                   f"staging: {staging}\n" + (f"data_plane: {{device: {gpu}}}\n" if gpu is not None else ""))
+                   f"staging: {staging}\n{plane}")
     log = tmp_path / "refitd.log"
-    daemon = h.start_refitd(cfg, log, "--model-spec", str(spec), ready=sock.exists)
+    env = dict(os.environ, **daemon_env) if daemon_env else None
+    daemon = h.start_refitd(cfg, log, "--model-spec", str(spec), ready=sock.exists, env=env)
     engines, shms = [], []
     try:
-        engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0], extra=["--gpu", gpu] if gpu is not None else [])
+        engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0],
+                                                extra=["--gpu", gpu] if gpu is not None else [])
         assert len(engines) == tp
+        pushed = ["--gpu", trainer_gpu] if trainer_gpu is not None else []
         for i in (1, 2, 3):
             p, lines = h.run_trainer(address, "--spec", str(spec), "--checkpoint", ckpts[i], "--expected", conv[i],
-                                     timeout=180)
+                                     *pushed, timeout=180)
             assert p.returncode == 0, p.stdout + p.stderr + log.read_text()[-3000:]
             r = lines[0]
             assert r["outcome"] == "committed" and r["engine_matches_expected"], r
@@ -88,6 +110,8 @@ def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(case, staging, tmp_
                 assert 0 < r["bytes_in_place"] <= r["bytes_out"], r
             else:
                 assert r["bytes_in_place"] == 0, r
+        if transport:
+            assert f"data={transport}:" in log.read_text()
         status = json.loads(subprocess.run([str(h.REFITCTL), "status", "--address", address, "--json"],
                                            capture_output=True, text=True).stdout.splitlines()[-1])
         assert [k["version"] for k in status["ranks"]] == [3] * tp, status
