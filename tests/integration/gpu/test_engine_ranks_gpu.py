@@ -45,17 +45,20 @@ def spec_for(tmp: Path, spec_file: str, tp: int, ep: int) -> Path:
     return out
 
 
-@pytest.mark.parametrize("staging", ["host", "device", "direct"])
+@pytest.mark.parametrize("staging", ["host", "device", "direct", "device-vmm"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(case, staging, tmp_path):
-    # staging: host runs the same ranks in POSIX shm (the CPU path, no GPU needed).
+    # staging: host runs the same ranks in POSIX shm (the CPU path, no GPU needed); device-vmm is
+    # staging: device with every rank's weights in CUDA virtual memory (registered by descriptors).
     gpu = None
     if staging != "host":
         n, why = gpu_count()
         if n == 0:
             pytest.skip(f"no CUDA device: {why}")
         gpu = 0
-    refit_three(tmp_path, case, staging, gpu)
+    if staging == "device-vmm" and case != "llama3-tp4":
+        pytest.skip("one case is enough for the registration kind")
+    refit_three(tmp_path, case, staging.removesuffix("-vmm"), gpu, engine_args=["--vmm"] if "vmm" in staging else [])
 
 
 @pytest.mark.parametrize("staging", ["device", "direct"])
@@ -67,7 +70,7 @@ def test_engine_ranks_refit_over_nccl(nccl_placement, staging, tmp_path):
                 trainer_gpu=nccl_placement["trainer_gpu"], daemon_env=nccl_placement["env"])
 
 
-def refit_three(tmp_path, case, staging, gpu, transport="", trainer_gpu=None, daemon_env=None):
+def refit_three(tmp_path, case, staging, gpu, transport="", trainer_gpu=None, daemon_env=None, engine_args=()):
     """Three refits of `case` into its engine ranks (on GPU `gpu`, or in shm when None), each equal to
     refitctl convert rank by rank."""
     spec_file, family, overrides, tp, ep = CASES[case]
@@ -97,7 +100,7 @@ def refit_three(tmp_path, case, staging, gpu, transport="", trainer_gpu=None, da
     engines, shms = [], []
     try:
         engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0],
-                                                extra=["--gpu", gpu] if gpu is not None else [])
+                                                extra=(["--gpu", gpu] if gpu is not None else []) + list(engine_args))
         assert len(engines) == tp
         pushed = ["--gpu", trainer_gpu] if trainer_gpu is not None else []
         for i in (1, 2, 3):
