@@ -328,6 +328,55 @@ DeviceOps* Session::device_ops() const {
   return staging_->kind() == storage::MemoryKind::kDevice ? converter_.device_ops() : nullptr;
 }
 
+void Session::CountFormatBytes(const TensorPlan& plan, uint64_t bytes) {
+  const bool copy = plan.kind == ConvertKind::kCopy;
+  auto same = [&](const FormatBytes& f) { return f.copy == copy && (copy || f.format == plan.format); };
+  auto it = std::find_if(bucket_out_by_format_.begin(), bucket_out_by_format_.end(), same);
+  if (it == bucket_out_by_format_.end()) {
+    bucket_out_by_format_.push_back({copy, plan.format, bytes});
+  } else {
+    it->bytes += bytes;
+  }
+}
+
+absl::Status Session::StageOnRanks(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                                   const TensorPlan& plan, std::optional<float> global_amax, const float* device_amax,
+                                   std::optional<float> claim, std::span<const Target* const> distinct,
+                                   std::span<const formats::MutableBytes> outs) {
+  const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
+  // Several engine ranks: the tensor is converted whole once, then each rank's part (or the
+  // one part they share) is staged: on the GPU by the device ops, else on the host.
+  if (DeviceOps* ops = device_ops(); ops != nullptr) {
+    absl::InlinedVector<formats::MutableBytes, 8> per_target(plan.targets.size(), formats::MutableBytes{nullptr, 0});
+    for (size_t i = 0, d = 0; i < plan.targets.size() && d < distinct.size(); ++i) {
+      if (&plan.targets[i] == distinct[d]) per_target[i] = outs[d++];
+    }
+    return ops->ConvertPlanned(plan, desc, src, src_kind, per_target, planner_.spec().options,
+                               PlannedAmax{device_amax, device_amax == nullptr ? global_amax : std::nullopt, claim});
+  }
+  if (src_kind != storage::MemoryKind::kHost || staging_->kind() != storage::MemoryKind::kHost) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", desc.name, "': an engine of several ranks staged on the GPU needs a converter with device ops"));
+  }
+  std::vector<std::vector<uint8_t>> full;
+  std::vector<formats::MutableBytes> full_outs;
+  for (const Target& t : plan.targets) {
+    if (t.output < full.size()) continue;
+    REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(t.spec.dtype, t.full_shape));
+    full.emplace_back(n);
+    full_outs.push_back({full.back().data(), n});
+  }
+  const ConvertStep step{plan.kind, plan.format, plan.transpose};
+  REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
+                                    global_amax, full_outs, desc.name, claim));
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    const Target& t = *distinct[i];
+    ShardPart(full[t.output].data(), t.spec.dtype, t.full_shape, sharded ? plan.shard_dim : std::nullopt,
+              sharded ? plan.shard_parts : 1, sharded ? t.shard_index : 0, static_cast<uint8_t*>(outs[i].data));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                             const TensorPlan& plan, std::optional<float> global_amax, uint64_t& out_bytes,
                             const float* device_amax, std::optional<float> claim) {
@@ -348,49 +397,8 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
     out_bytes += t.spec.bytes;
     tensor_bytes += t.spec.bytes;
   }
-  {
-    const bool copy = plan.kind == ConvertKind::kCopy;
-    auto same = [&](const FormatBytes& f) { return f.copy == copy && (copy || f.format == plan.format); };
-    auto it = std::find_if(bucket_out_by_format_.begin(), bucket_out_by_format_.end(), same);
-    if (it == bucket_out_by_format_.end()) {
-      bucket_out_by_format_.push_back({copy, plan.format, tensor_bytes});
-    } else {
-      it->bytes += tensor_bytes;
-    }
-  }
-  if (ranks) {
-    // Several engine ranks: the tensor is converted whole once, then each rank's part (or the
-    // one part they share) is staged: on the GPU by the device ops, else on the host.
-    if (DeviceOps* ops = device_ops(); ops != nullptr) {
-      absl::InlinedVector<formats::MutableBytes, 8> per_target(plan.targets.size(), formats::MutableBytes{nullptr, 0});
-      for (size_t i = 0, d = 0; i < plan.targets.size() && d < distinct.size(); ++i) {
-        if (&plan.targets[i] == distinct[d]) per_target[i] = outs[d++];
-      }
-      return ops->ConvertPlanned(plan, desc, src, src_kind, per_target, planner_.spec().options,
-                                 PlannedAmax{device_amax, device_amax == nullptr ? global_amax : std::nullopt, claim});
-    }
-    if (src_kind != storage::MemoryKind::kHost || staging_->kind() != storage::MemoryKind::kHost) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tensor '", desc.name, "': an engine of several ranks staged on the GPU needs a converter with device ops"));
-    }
-    std::vector<std::vector<uint8_t>> full;
-    std::vector<formats::MutableBytes> full_outs;
-    for (const Target& t : plan.targets) {
-      if (t.output < full.size()) continue;
-      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(t.spec.dtype, t.full_shape));
-      full.emplace_back(n);
-      full_outs.push_back({full.back().data(), n});
-    }
-    const ConvertStep step{plan.kind, plan.format, plan.transpose};
-    REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
-                                      global_amax, full_outs, desc.name, claim));
-    for (size_t i = 0; i < distinct.size(); ++i) {
-      const Target& t = *distinct[i];
-      ShardPart(full[t.output].data(), t.spec.dtype, t.full_shape, sharded ? plan.shard_dim : std::nullopt,
-                sharded ? plan.shard_parts : 1, sharded ? t.shard_index : 0, staged[i]);
-    }
-    return absl::OkStatus();
-  }
+  CountFormatBytes(plan, tensor_bytes);
+  if (ranks) return StageOnRanks(desc, src, src_kind, plan, global_amax, device_amax, claim, distinct, outs);
   if (!sharded && !plan.transpose && !global_amax && device_amax == nullptr) {
     // The common case: the converter (CPU, or GPU kernels) writes straight into staging.
     return converter_.Convert(plan, desc, src, src_kind, outs, planner_.spec().options);
@@ -625,200 +633,87 @@ void Session::RetireGroups(std::vector<DeviceGroup>& groups) {
   groups.clear();
 }
 
-void Session::Convert(Converting& c) {
-  const BucketHeader& header = c.item.header;
-  const uint8_t* data = c.item.data;
+// One bucket's conversion, its state across the bucket's tensors (Convert and its steps).
+struct Session::BucketWork {
+  BucketWork(Converting& converting, const uint8_t* bytes) : c(converting), data(bytes) {}
+  Converting& c;
+  const uint8_t* data;  // the bucket's bytes (its slot or loan)
   uint64_t out_bytes = 0;
-  bucket_out_by_format_.clear();
-  bucket_report_.clear();
-  // Per-format bytes are counted as tensors are staged (also when the bucket then fails), and
-  // reported to on_converted once the lock is released (the caller, ConvertLoop).
-  auto add_format_bytes = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const FormatBytes& f : bucket_out_by_format_) {
-      const std::string name = f.copy ? "passthrough" : std::string(formats::FormatName(f.format));
-      bytes_out_by_format_[name] += f.bytes;
-      if (options_.on_converted) bucket_report_[name] += f.bytes;
-    }
-    bucket_out_by_format_.clear();
-  };
-  // A failure that ends the session: once nothing of the bucket is read any more, what it staged is
-  // counted and the session fails with `status`.
-  auto fail_bucket = [&](absl::Status status) {
-    converter_.Sync();
-    RetireGroups(retiring_);
-    absl::MutexLock lock(&mu_);
-    add_format_bytes();
-    FailLocked(std::move(status));
-  };
-  // A SliceAssembler result: staging exhausted fails the bucket (true: stop converting it); another
-  // error fails the tensor `name` in the ledger (the caller skips it, as it does a tensor whose
-  // slices are still incomplete).
-  auto slice_failed = [&](const absl::StatusOr<std::optional<SliceAssembler::Whole>>& added,
-                          const std::string& name) {
-    if (added.ok()) return false;
-    if (added.status().code() == absl::StatusCode::kResourceExhausted) {
-      fail_bucket(added.status());
-      return true;
-    }
-    ledger_.Fail(name, added.status());
-    return false;
-  };
-  std::vector<std::shared_ptr<uint8_t>>& assembled = c.assembled;  // whole tensors from slices, until converted
-  const std::optional<spec::MegatronSource>& source = planner_.spec().source;
-  std::vector<SourcePiece> pieces;
   // Wire format checkpoint: converted tensors' outputs in this bucket, staged after the loop.
-  const WireTable* wire = options_.wire != nullptr && !options_.wire->entries().empty() ? options_.wire.get() : nullptr;
+  const WireTable* wire = nullptr;
   std::vector<std::pair<const WireEntry*, std::vector<WirePart>>> converted;
   absl::flat_hash_map<const WireEntry*, size_t> converted_index;
   // Tensors whose outputs arrive as slices here: their NVFP4 global scale (a scalar) comes whole
   // from every rank alongside its slices.
   absl::flat_hash_set<const WireEntry*> sliced_here;
-  if (wire != nullptr) {
+  std::vector<SourcePiece> pieces;
+  bool failed = false;  // the session failed: nothing more of the bucket is converted
+};
+
+void Session::AddFormatBytesLocked() {
+  for (const FormatBytes& f : bucket_out_by_format_) {
+    const std::string name = f.copy ? "passthrough" : std::string(formats::FormatName(f.format));
+    bytes_out_by_format_[name] += f.bytes;
+    if (options_.on_converted) bucket_report_[name] += f.bytes;
+  }
+  bucket_out_by_format_.clear();
+}
+
+void Session::FailBucket(BucketWork& w, absl::Status status) {
+  // Once nothing of the bucket is read any more, what it staged is counted and the session fails.
+  converter_.Sync();
+  RetireGroups(retiring_);
+  absl::MutexLock lock(&mu_);
+  AddFormatBytesLocked();
+  FailLocked(std::move(status));
+  w.failed = true;
+}
+
+bool Session::SliceFailed(BucketWork& w, const absl::StatusOr<std::optional<SliceAssembler::Whole>>& added,
+                          const std::string& name) {
+  if (added.ok()) return false;
+  if (added.status().code() == absl::StatusCode::kResourceExhausted) {
+    FailBucket(w, added.status());
+    return true;
+  }
+  ledger_.Fail(name, added.status());
+  return false;
+}
+
+void Session::Convert(Converting& c) {
+  const BucketHeader& header = c.item.header;
+  BucketWork w(c, c.item.data);
+  // Per-format bytes are counted as tensors are staged (also when the bucket then fails), and
+  // reported to on_converted once the lock is released (the caller, ConvertLoop).
+  bucket_out_by_format_.clear();
+  bucket_report_.clear();
+  if (options_.wire != nullptr && !options_.wire->entries().empty()) w.wire = options_.wire.get();
+  if (w.wire != nullptr) {
     for (const TensorDesc& pushed : header.tensors) {
       size_t out = 0;
-      const WireEntry* e = pushed.slice.present() ? wire->FindOutput(pushed.name, &out) : nullptr;
-      if (e != nullptr) sliced_here.insert(e);
+      const WireEntry* e = pushed.slice.present() ? w.wire->FindOutput(pushed.name, &out) : nullptr;
+      if (e != nullptr) w.sliced_here.insert(e);
     }
   }
   for (const TensorDesc& pushed : header.tensors) {
-    if (wire != nullptr) {
-      size_t out = 0;
-      if (const WireEntry* e = wire->FindOutput(pushed.name, &out)) {
-        const bool slice_scale =
-            !pushed.slice.present() && static_cast<int>(out) == e->global_scale && sliced_here.contains(e);
-        if (pushed.slice.present() || slice_scale) {
-          // A slice of an output (a block-aligned slice converted on its own): assembled first;
-          // the tensor stages once every output is whole.
-          absl::Status st = CheckWireOutput(*e, out, pushed);
-          absl::StatusOr<std::optional<SliceAssembler::Whole>> added =
-              !st.ok() ? absl::StatusOr<std::optional<SliceAssembler::Whole>>(st)
-              : slice_scale ? SliceScale(*e, pushed, data + pushed.offset)
-                            : slices_.Add(pushed, data + pushed.offset);
-          if (slice_failed(added, e->input.name)) return;
-          if (!added.ok() || !added->has_value()) continue;
-          WireAssembly& a = wire_assembly_[e];
-          if (a.data.empty()) {
-            a.descs.resize(e->outputs.size());
-            a.data.resize(e->outputs.size());
-          }
-          a.descs[out] = std::move((*added)->desc);
-          a.data[out] = std::move((*added)->data);
-          if (++a.whole < e->outputs.size()) continue;
-          std::vector<WirePart> parts;
-          for (size_t i = 0; i < a.descs.size(); ++i) parts.push_back({&a.descs[i], a.data[i].get()});
-          absl::Status staged = StageConverted(*e, parts, out_bytes);
-          if (staged.code() == absl::StatusCode::kResourceExhausted) {
-            fail_bucket(staged);
-            return;
-          }
-          // The assembled outputs stay until the bucket's conversions are done with them.
-          for (std::shared_ptr<uint8_t>& d : a.data) assembled.push_back(std::move(d));
-          wire_assembly_.erase(e);
-          continue;
-        }
-        auto [it, fresh] = converted_index.try_emplace(e, converted.size());
-        if (fresh) converted.push_back({e, std::vector<WirePart>(e->outputs.size())});
-        WirePart& part = converted[it->second].second[out];
-        if (part.desc != nullptr) {
-          ledger_.Fail(e->input.name, absl::InvalidArgumentError(absl::StrCat(
-                                          "tensor '", e->input.name, "': wire format checkpoint: '", pushed.name,
-                                          "' arrived twice in bucket ", header.seq)));
-        }
-        part = {&pushed, data + pushed.offset};
-        continue;
-      }
-      if (const WireEntry* e = wire->FindTensor(pushed.name)) {
-        // Sent as declared although the plan has the trainer convert it (e.g. BF16 for mxfp4).
-        ledger_.Fail(e->input.name,
-                     absl::InvalidArgumentError(absl::StrCat(
-                         "tensor '", e->input.name, "': wire format checkpoint: arrived as ",
-                         DTypeName(pushed.dtype), ShapeString(pushed.shape), "; the session's plan has the trainer "
-                         "convert it to ", formats::FormatName(e->plan->format), " and send its outputs")));
-        continue;
-      }
+    if (w.wire != nullptr && ConvertWireTensor(w, pushed, header.seq)) {
+      if (w.failed) return;
+      continue;
     }
-    // A Megatron-core tensor (spec `source`) is the checkpoint tensors' pieces it holds.
-    pieces.clear();
-    std::optional<std::vector<SourcePiece>> mapped;
-    if (source) {
-      absl::StatusOr<std::optional<std::vector<SourcePiece>>> m = MapMegatron(*source, pushed);
-      if (!m.ok()) {
-        ledger_.Fail(pushed.name, m.status());
-        continue;
-      }
-      mapped = std::move(*m);
-    }
-    if (mapped) {
-      pieces = std::move(*mapped);
-      absl::MutexLock lock(&mu_);
-      for (const SourcePiece& p : pieces) {
-        if (p.desc.slice.present()) source_of_.emplace(p.desc.name, pushed.name);
-      }
-    } else {
-      pieces.push_back(SourcePiece{pushed, 0});
-    }
-    for (SourcePiece& piece : pieces) {
-      // A piece of a Megatron-core tensor: the pushed tensor's amax bounds each piece's.
-      if (!piece.desc.amax) piece.desc.amax = pushed.amax;
-      const TensorDesc& arrived = piece.desc;
-      const TensorDesc* slice_or_whole = &arrived;
-      const uint8_t* src = data + pushed.offset + piece.src_offset;
-      if (piece.reorder != Reorder::kNone) {
-        // A rearranged piece (gpt-oss experts into the stacked checkpoint tensor): host bytes.
-        if (ring_.kind() != storage::MemoryKind::kHost) {
-          ledger_.Fail(arrived.name, absl::FailedPreconditionError(absl::StrCat(
-                                         "tensor '", pushed.name, "': its checkpoint layout '", arrived.name,
-                                         "' is a rearrangement of it, done in host staging only")));
-          continue;
-        }
-        std::shared_ptr<uint8_t> buf(new uint8_t[std::max<uint64_t>(arrived.nbytes, 1)], std::default_delete<uint8_t[]>());
-        ReorderPiece(piece, src, buf.get());
-        assembled.push_back(std::move(buf));
-        src = assembled.back().get();
-      }
-      TensorDesc whole;
-      if (arrived.slice.present()) {
-        // A slice: assembled first; the tensor converts once its slices tile it.
-        absl::StatusOr<std::optional<SliceAssembler::Whole>> added = slices_.Add(arrived, src);
-        if (slice_failed(added, arrived.name)) return;
-        if (!added.ok() || !added->has_value()) continue;
-        whole = std::move((*added)->desc);
-        assembled.push_back(std::move((*added)->data));
-        src = assembled.back().get();
-        slice_or_whole = &whole;
-      }
-      const TensorDesc& desc = *slice_or_whole;
-      absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(desc);
-      if (!plan.ok()) continue;  // recorded by the ledger; refused at commit
-      absl::Status status;
-      if (std::optional<std::pair<float, float>> supplied = SuppliedAmax(desc, **plan)) {
-        // Single pass: encoded against the supplied amax, checked against the tensor's max|x|.
-        status = Stage(desc, src, ring_.kind(), **plan, supplied->first, out_bytes, nullptr, supplied->second);
-      } else if ((*plan)->amax_group.empty()) {
-        status = Stage(desc, src, ring_.kind(), **plan, std::nullopt, out_bytes);
-      } else {
-        status = Defer(desc, src, ring_.kind(), *plan, out_bytes);
-      }
-      if (status.code() == absl::StatusCode::kResourceExhausted) {
-        std::string msg(status.message());
-        fail_bucket(absl::ResourceExhaustedError(
-            msg.find(desc.name) == std::string::npos ? absl::StrCat("tensor '", desc.name, "': ", msg) : msg));
-        return;
-      }
-      if (!status.ok()) ledger_.Fail(desc.name, status);
-    }
+    ConvertPushed(w, pushed);
+    if (w.failed) return;
   }
-  for (const auto& [entry, parts] : converted) {
-    absl::Status status = StageConverted(*entry, parts, out_bytes);
+  for (const auto& [entry, parts] : w.converted) {
+    absl::Status status = StageConverted(*entry, parts, w.out_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
-      fail_bucket(status);
+      FailBucket(w, status);
       return;
     }
   }
   // Fused members whose group is still incomplete leave the slot before it is released.
   absl::Status held = HoldPendingMembers();
   if (!held.ok()) {
-    fail_bucket(held);
+    FailBucket(w, held);
     return;
   }
   // The slot is released once the bucket is complete (Complete): the conversions reading it and
@@ -827,10 +722,154 @@ void Session::Convert(Converting& c) {
   c.retiring = std::move(retiring_);
   retiring_.clear();
   absl::MutexLock lock(&mu_);
-  add_format_bytes();
+  AddFormatBytesLocked();
   c.report = std::move(bucket_report_);
   bucket_report_.clear();
-  bytes_out_ += out_bytes;
+  bytes_out_ += w.out_bytes;
+}
+
+bool Session::ConvertWireTensor(BucketWork& w, const TensorDesc& pushed, uint32_t seq) {
+  const WireTable& wire = *w.wire;
+  size_t out = 0;
+  if (const WireEntry* e = wire.FindOutput(pushed.name, &out)) {
+    const bool slice_scale =
+        !pushed.slice.present() && static_cast<int>(out) == e->global_scale && w.sliced_here.contains(e);
+    if (pushed.slice.present() || slice_scale) {
+      AssembleWireSlice(w, *e, out, pushed, slice_scale);
+      return true;
+    }
+    auto [it, fresh] = w.converted_index.try_emplace(e, w.converted.size());
+    if (fresh) w.converted.push_back({e, std::vector<WirePart>(e->outputs.size())});
+    WirePart& part = w.converted[it->second].second[out];
+    if (part.desc != nullptr) {
+      ledger_.Fail(e->input.name,
+                   absl::InvalidArgumentError(absl::StrCat("tensor '", e->input.name, "': wire format checkpoint: '",
+                                                           pushed.name, "' arrived twice in bucket ", seq)));
+    }
+    part = {&pushed, w.data + pushed.offset};
+    return true;
+  }
+  if (const WireEntry* e = wire.FindTensor(pushed.name)) {
+    // Sent as declared although the plan has the trainer convert it (e.g. BF16 for mxfp4).
+    ledger_.Fail(e->input.name,
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "tensor '", e->input.name, "': wire format checkpoint: arrived as ", DTypeName(pushed.dtype),
+                     ShapeString(pushed.shape), "; the session's plan has the trainer convert it to ",
+                     formats::FormatName(e->plan->format), " and send its outputs")));
+    return true;
+  }
+  return false;
+}
+
+void Session::AssembleWireSlice(BucketWork& w, const WireEntry& e, size_t out, const TensorDesc& pushed,
+                                bool slice_scale) {
+  // A slice of an output (a block-aligned slice converted on its own): assembled first; the
+  // tensor stages once every output is whole.
+  absl::Status st = CheckWireOutput(e, out, pushed);
+  absl::StatusOr<std::optional<SliceAssembler::Whole>> added =
+      !st.ok()      ? absl::StatusOr<std::optional<SliceAssembler::Whole>>(st)
+      : slice_scale ? SliceScale(e, pushed, w.data + pushed.offset)
+                    : slices_.Add(pushed, w.data + pushed.offset);
+  if (SliceFailed(w, added, e.input.name)) return;
+  if (!added.ok() || !added->has_value()) return;
+  WireAssembly& a = wire_assembly_[&e];
+  if (a.data.empty()) {
+    a.descs.resize(e.outputs.size());
+    a.data.resize(e.outputs.size());
+  }
+  a.descs[out] = std::move((*added)->desc);
+  a.data[out] = std::move((*added)->data);
+  if (++a.whole < e.outputs.size()) return;
+  std::vector<WirePart> parts;
+  for (size_t i = 0; i < a.descs.size(); ++i) parts.push_back({&a.descs[i], a.data[i].get()});
+  absl::Status staged = StageConverted(e, parts, w.out_bytes);
+  if (staged.code() == absl::StatusCode::kResourceExhausted) {
+    FailBucket(w, staged);
+    return;
+  }
+  // The assembled outputs stay until the bucket's conversions are done with them.
+  for (std::shared_ptr<uint8_t>& d : a.data) w.c.assembled.push_back(std::move(d));
+  wire_assembly_.erase(&e);
+}
+
+void Session::ConvertPushed(BucketWork& w, const TensorDesc& pushed) {
+  // A Megatron-core tensor (spec `source`) is the checkpoint tensors' pieces it holds.
+  std::vector<SourcePiece>& pieces = w.pieces;
+  pieces.clear();
+  std::optional<std::vector<SourcePiece>> mapped;
+  if (const std::optional<spec::MegatronSource>& source = planner_.spec().source) {
+    absl::StatusOr<std::optional<std::vector<SourcePiece>>> m = MapMegatron(*source, pushed);
+    if (!m.ok()) {
+      ledger_.Fail(pushed.name, m.status());
+      return;
+    }
+    mapped = std::move(*m);
+  }
+  if (mapped) {
+    pieces = std::move(*mapped);
+    absl::MutexLock lock(&mu_);
+    for (const SourcePiece& p : pieces) {
+      if (p.desc.slice.present()) source_of_.emplace(p.desc.name, pushed.name);
+    }
+  } else {
+    pieces.push_back(SourcePiece{pushed, 0});
+  }
+  std::vector<std::shared_ptr<uint8_t>>& assembled = w.c.assembled;  // until converted
+  for (SourcePiece& piece : pieces) {
+    // A piece of a Megatron-core tensor: the pushed tensor's amax bounds each piece's.
+    if (!piece.desc.amax) piece.desc.amax = pushed.amax;
+    const TensorDesc& arrived = piece.desc;
+    const uint8_t* src = w.data + pushed.offset + piece.src_offset;
+    if (piece.reorder != Reorder::kNone) {
+      // A rearranged piece (gpt-oss experts into the stacked checkpoint tensor): host bytes.
+      if (ring_.kind() != storage::MemoryKind::kHost) {
+        ledger_.Fail(arrived.name, absl::FailedPreconditionError(
+                                       absl::StrCat("tensor '", pushed.name, "': its checkpoint layout '", arrived.name,
+                                                    "' is a rearrangement of it, done in host staging only")));
+        continue;
+      }
+      std::shared_ptr<uint8_t> buf(new uint8_t[std::max<uint64_t>(arrived.nbytes, 1)],
+                                   std::default_delete<uint8_t[]>());
+      ReorderPiece(piece, src, buf.get());
+      assembled.push_back(std::move(buf));
+      src = assembled.back().get();
+    }
+    if (!arrived.slice.present()) {
+      StageArrived(w, arrived, src);
+      if (w.failed) return;
+      continue;
+    }
+    // A slice: assembled first; the tensor converts once its slices tile it.
+    absl::StatusOr<std::optional<SliceAssembler::Whole>> added = slices_.Add(arrived, src);
+    if (SliceFailed(w, added, arrived.name)) return;
+    if (!added.ok() || !added->has_value()) continue;
+    const TensorDesc whole = std::move((*added)->desc);
+    assembled.push_back(std::move((*added)->data));
+    StageArrived(w, whole, assembled.back().get());
+    if (w.failed) return;
+  }
+}
+
+void Session::StageArrived(BucketWork& w, const TensorDesc& desc, const uint8_t* src) {
+  absl::StatusOr<std::shared_ptr<const TensorPlan>> plan = ledger_.Arrive(desc);
+  if (!plan.ok()) return;  // recorded by the ledger; refused at commit
+  absl::Status status;
+  if (std::optional<std::pair<float, float>> supplied = SuppliedAmax(desc, **plan)) {
+    // Single pass: encoded against the supplied amax, checked against the tensor's max|x|.
+    status = Stage(desc, src, ring_.kind(), **plan, supplied->first, w.out_bytes, nullptr, supplied->second);
+  } else if ((*plan)->amax_group.empty()) {
+    status = Stage(desc, src, ring_.kind(), **plan, std::nullopt, w.out_bytes);
+  } else {
+    status = Defer(desc, src, ring_.kind(), *plan, w.out_bytes);
+  }
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    std::string msg(status.message());
+    FailBucket(w, absl::ResourceExhaustedError(msg.find(desc.name) == std::string::npos
+                                                   ? absl::StrCat("tensor '", desc.name, "': ", msg)
+                                                   : msg));
+    return;
+  }
+  if (!status.ok()) ledger_.Fail(desc.name, status);
 }
 
 absl::Status Session::StageConverted(const WireEntry& entry, const std::vector<WirePart>& parts, uint64_t& out_bytes) {

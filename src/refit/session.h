@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -143,6 +144,32 @@ class Session {
   // Issues the conversions of the bucket in `c.item`, ending with EndBucket. On a failure that
   // ends the session, returns after Converter::Sync (nothing of the bucket is read any more).
   void Convert(Converting& c);
+  // Convert's steps, over the bucket's state (BucketWork, session.cc). Each sets its `failed`
+  // when the session failed (FailBucket), after which nothing more of the bucket is converted.
+  struct BucketWork;
+  // Wire format checkpoint: `pushed` as an output of a tensor the trainer converted (kept for the
+  // bucket's end, or assembled from slices), or a tensor sent unconverted that the plan has the
+  // trainer convert (refused, named). False when `pushed` is neither: an input tensor.
+  bool ConvertWireTensor(BucketWork& w, const TensorDesc& pushed, uint32_t seq);
+  // A slice of output `out` of `e` (or its NVFP4 global scale sent with slices): assembled; the
+  // tensor is staged once every output is whole.
+  void AssembleWireSlice(BucketWork& w, const WireEntry& e, size_t out, const TensorDesc& pushed, bool slice_scale);
+  // An input tensor: its pieces (the checkpoint tensors a Megatron-core tensor holds, or itself),
+  // each assembled from slices when sliced, then staged.
+  void ConvertPushed(BucketWork& w, const TensorDesc& pushed);
+  // A whole input tensor: planned by the ledger, converted and staged (or held for its fused
+  // group). ResourceExhausted fails the session; other errors are the tensor's.
+  void StageArrived(BucketWork& w, const TensorDesc& desc, const uint8_t* src);
+  // A failure that ends the session, once nothing of the bucket is read any more (Sync): what it
+  // staged is counted and the session fails with `status`.
+  void FailBucket(BucketWork& w, absl::Status status);
+  // A SliceAssembler result: staging exhausted fails the bucket (true: stop converting it); another
+  // error fails the tensor `name` in the ledger (the caller skips it, as it does a tensor whose
+  // slices are still incomplete).
+  bool SliceFailed(BucketWork& w, const absl::StatusOr<std::optional<SliceAssembler::Whole>>& added,
+                   const std::string& name);
+  // The bucket's bytes per format into the session's counts (and on_converted's report).
+  void AddFormatBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for `c`'s conversions, records its failed tensors, releases its slot and counts it.
   // False when the session failed (the after-convert failpoint).
   bool Complete(Converting& c);
@@ -180,6 +207,15 @@ class Session {
   absl::Status Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
                      std::optional<float> global_amax, uint64_t& out_bytes, const float* device_amax = nullptr,
                      std::optional<float> claim = std::nullopt);
+  // Stage over several engine ranks: the tensor converted whole once, then each distinct part
+  // (`distinct[i]` into `outs[i]`: a rank's shard, or the one part every rank shares) staged, on
+  // the GPU by the device ops or else on the host.
+  absl::Status StageOnRanks(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                            const TensorPlan& plan, std::optional<float> global_amax, const float* device_amax,
+                            std::optional<float> claim, std::span<const Target* const> distinct,
+                            std::span<const formats::MutableBytes> outs);
+  // `bytes` staged in `plan`'s format (or as copies) in the bucket being converted.
+  void CountFormatBytes(const TensorPlan& plan, uint64_t bytes);
   // Single-pass NVFP4 (trainer-supplied amax): {amax to encode against, the tensor's own claim}
   // when the tensor and, for a fused member, every member of its group have a supplied amax
   // (manifest, announcements, or arrivals so far); the group's amax is then the max of its
