@@ -86,4 +86,11 @@ absl::Status RankGroupStorage::Flush() {
   return absl::OkStatus();
 }
 
+absl::Status RankGroupStorage::Audit() const {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (absl::Status st = ranks_[r].storage->Audit(); !st.ok()) return Named(r, st);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace refit::storage

@@ -36,6 +36,8 @@ class RankGroupStorage final : public EngineStorage {
   absl::Status ReadToHost(size_t index, void* dst) const override;
   absl::StatusOr<uint64_t> Checksum(size_t index) const override;
   absl::Status Flush() override;
+  // Every rank's audit; the first stale rank's refusal, naming the rank.
+  absl::Status Audit() const override;
 
   size_t rank_of(size_t index) const { return where_[index].first; }
   const std::string& label(size_t rank) const { return ranks_[rank].label; }
