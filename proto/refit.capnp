@@ -260,12 +260,14 @@ interface Registration {
   # The engine releases its weights: refitd drops its mappings of them (the parameter list stays
   # registered) and reports the engine asleep. Refused (unavailable) while a commit is in flight.
   # A refit while the engine sleeps is validated and staged (outcome staged), or refused when the
-  # daemon's engine.asleep_refits is refuse.
+  # daemon's engine.asleep_refits is refuse. An engine rank's registration sleeps that rank; the
+  # engine is asleep while any of its ranks sleeps.
 
   wake @2 (params :List(EngineParam)) -> (status :Status, committed :Bool, report :RefitReport);
   # The engine mapped its weights again: the same parameters (names, dtypes, shapes, in order) at
   # the same or new addresses. refitd maps them and, when a refit was staged while the engine
-  # slept, commits it (pause, copy, resume) before answering: `committed` and its `report`.
+  # slept, commits it (pause, copy, resume) before answering: `committed` and its `report`. For
+  # engine ranks, the wake of the last rank asleep commits it, on every rank.
 }
 
 struct DaemonStatus {
@@ -309,6 +311,7 @@ struct EngineRankStatus {
   responsive @8 :Bool;
   params @9 :UInt32;
   bytes @10 :UInt64;
+  asleep @11 :Bool;                  # released its weights (its Registration.sleep) until its wake
 }
 
 interface Daemon {

@@ -755,6 +755,7 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
       info.responsive = k.getResponsive();
       info.params = k.getParams();
       info.bytes = k.getBytes();
+      info.asleep = k.getAsleep();
       s.ranks.push_back(std::move(info));
     }
     s.last_report = wire::FromWire(r.getLastReport());

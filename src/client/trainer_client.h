@@ -66,6 +66,7 @@ struct EngineRankInfo {
   bool responsive = true;
   uint32_t params = 0;
   uint64_t bytes = 0;
+  bool asleep = false;  // released its weights (sleep) until its wake
 };
 
 struct DaemonStatus {

@@ -38,6 +38,8 @@ struct RankPlacement {
 struct RankRecord {
   uint64_t id = 0;  // its registration
   RankPlacement placement;
+  // Replaced (loop thread, no commit in flight) when the rank sleeps (a ReleasedEngineStorage)
+  // and wakes; the group engine's storage holds its own reference to each rank's.
   std::shared_ptr<storage::EngineStorage> storage;
   std::shared_ptr<EngineControl> control;
   uint64_t bytes = 0;
@@ -46,6 +48,7 @@ struct RankRecord {
   std::string tag;
   bool dirty = false;
   bool gone = false;
+  bool asleep = false;  // released its weights (Node::Sleep of its registration) until its wake
 };
 
 // What a registering engine brings: its mapped storage, the planner over its parameters, the
@@ -87,9 +90,10 @@ struct EngineRecord {
   std::vector<std::shared_ptr<RankRecord>> ranks;
   const RankGroupControl* group_control = nullptr;
   // Sleep and wake (Node::Sleep, Node::Wake): asleep, the storage is a ReleasedEngineStorage (the
-  // parameter list without mappings). `generation` counts registrations of storage: 1 at
-  // register, +1 at each sleep and each wake; a commit writes only into the generation it started
-  // with.
+  // parameter list without mappings); an engine of several ranks is asleep while any rank sleeps
+  // (its storage then holds that rank's ReleasedEngineStorage). `generation` counts registrations
+  // of storage: 1 at register, +1 at each sleep and each wake (of any rank); a commit writes only
+  // into the generation it started with.
   bool asleep = false;
   uint64_t generation = 1;
   // staging: direct: the last placement planned (Node::Begin) and what it was planned from: the

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 #include "common/trace.h"
 #include "refit/commit_verify.h"
 #include "refit/committer.h"
@@ -627,13 +628,23 @@ CommitSetup Node::SessionCommitSetup() const {
 
 absl::Status Node::Sleep(uint64_t engine_id) {
   ReleaseEnded();
-  if (ranked_) {
-    return absl::UnimplementedError("sleep: an engine of several ranks cannot sleep yet (each rank's weights stay mapped)");
-  }
+  if (ranked_) return SleepRank(engine_id);
   if (!engine_ || engine_->id != engine_id || engine_->gone) {
     return absl::FailedPreconditionError("this registration is not the registered engine");
   }
   if (engine_->asleep) return absl::OkStatus();
+  REFIT_RETURN_IF_ERROR(MaySleep());
+  // Drops every mapping (shm regions unmapped, CUDA IPC handles closed) with the storage.
+  const storage::EngineStorage& had = *engine_->storage;
+  engine_->storage = std::make_unique<storage::ReleasedEngineStorage>(had.params(), had.on_device(), had.device());
+  engine_->asleep = true;
+  ++engine_->generation;
+  if (hooks_.on_engine) hooks_.on_engine(true);
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+  return absl::OkStatus();
+}
+
+absl::Status Node::MaySleep() const {
   if (committing()) {
     return WithCause(absl::UnavailableError("busy: a commit is in flight; sleep once it has ended"), EndCause::kBusy);
   }
@@ -642,22 +653,12 @@ absl::Status Node::Sleep(uint64_t engine_id) {
                                                " converts into the engine's memory (staging: direct); sleep once it "
                                                "has ended"));
   }
-  // Drops every mapping (shm regions unmapped, CUDA IPC handles closed) with the storage.
-  const bool on_device = engine_->storage->on_device();
-  const int device = engine_->storage->device();
-  std::vector<storage::ParamInfo> params = engine_->storage->params();
-  engine_->storage = std::make_unique<storage::ReleasedEngineStorage>(std::move(params), on_device, device);
-  engine_->asleep = true;
-  ++engine_->generation;
-  if (hooks_.on_engine) hooks_.on_engine(true);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Commit>> Node::Wake(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage) {
   ReleaseEnded();
-  if (ranked_) {
-    return absl::UnimplementedError("wake: an engine of several ranks cannot sleep yet (each rank's weights stay mapped)");
-  }
+  if (ranked_) return WakeRank(engine_id, std::move(storage));
   if (!engine_ || engine_->id != engine_id || engine_->gone) {
     return absl::FailedPreconditionError("this registration is not the registered engine");
   }
@@ -665,35 +666,46 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::Wake(uint64_t engine_id, std::uniq
   if (committing()) {
     return WithCause(absl::UnavailableError("busy: a commit is in flight; wake once it has ended"), EndCause::kBusy);
   }
-  const std::vector<storage::ParamInfo>& had = engine_->storage->params();
-  const std::vector<storage::ParamInfo>& has = storage->params();
+  REFIT_RETURN_IF_ERROR(CheckWoken("the engine", *engine_->storage, *storage));
+  engine_->storage = std::move(storage);
+  engine_->asleep = false;
+  ++engine_->generation;
+  if (hooks_.on_engine) hooks_.on_engine(true);
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+  return WokenCommit();
+}
+
+absl::Status Node::CheckWoken(const std::string& who, const storage::EngineStorage& slept,
+                              const storage::EngineStorage& woken) {
+  const std::vector<storage::ParamInfo>& had = slept.params();
+  const std::vector<storage::ParamInfo>& has = woken.params();
   if (had.size() != has.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("wake: the engine registered ", has.size(),
-                                                   " parameters; it slept with ", had.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("wake: ", who, " registered ", has.size(), " parameters; it slept with ", had.size()));
   }
   for (size_t i = 0; i < had.size(); ++i) {
     if (had[i].name != has[i].name || had[i].dtype != has[i].dtype || had[i].shape != has[i].shape ||
         had[i].nbytes != has[i].nbytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "wake: parameter ", i, " is '", PrintableName(has[i].name), "' ", DTypeName(has[i].dtype),
-          ShapeString(has[i].shape), "; the engine slept with '", had[i].name, "' ", DTypeName(had[i].dtype),
+          ShapeString(has[i].shape), "; ", who, " slept with '", had[i].name, "' ", DTypeName(had[i].dtype),
           ShapeString(had[i].shape), " (a wake registers the same parameters, at the same or new addresses)"));
     }
   }
-  if (storage->on_device() != engine_->storage->on_device() || storage->device() != engine_->storage->device()) {
-    return absl::InvalidArgumentError(absl::StrCat("wake: the parameters are on ",
-                                                   storage->on_device() ? "GPU " : "the host", storage->on_device()
-                                                       ? std::to_string(storage->device()) : std::string(),
-                                                   "; the engine slept with them on ",
-                                                   engine_->storage->on_device() ? "GPU " : "the host",
-                                                   engine_->storage->on_device()
-                                                       ? std::to_string(engine_->storage->device()) : std::string()));
+  if (woken.on_device() != slept.on_device() || woken.device() != slept.device()) {
+    auto where = [](const storage::EngineStorage& s) {
+      return s.on_device() ? absl::StrCat("GPU ", s.device()) : std::string("the host");
+    };
+    return absl::InvalidArgumentError(
+        absl::StrCat("wake: the parameters are on ", where(woken), "; ", who, " slept with them on ", where(slept)));
   }
-  engine_->storage = std::move(storage);
-  engine_->asleep = false;
-  ++engine_->generation;
-  if (hooks_.on_engine) hooks_.on_engine(true);
-  if (!active_ || !active_->awaiting_wake || active_->engine.get() != engine_.get()) return nullptr;
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Commit> Node::WokenCommit() {
+  if (!engine_ || engine_->asleep || !active_ || !active_->awaiting_wake || active_->engine.get() != engine_.get()) {
+    return nullptr;
+  }
   active_->awaiting_wake = false;
   active_->committing = true;
   CommitSetup setup = SessionCommitSetup();

@@ -70,6 +70,7 @@ struct RankStatus {
   std::string tag;
   bool dirty = false;         // registered dirty, or its last commit failed on it
   bool left_dirty = false;    // not registered: it left while a commit failed on it
+  bool asleep = false;        // released its weights (Node::Sleep through its registration)
   bool responsive = true;
   uint32_t params = 0;
   uint64_t bytes = 0;
@@ -168,6 +169,9 @@ class Node {
 
   // The spec declares engine ranks (NodeOptions::spec).
   bool ranked() const { return ranked_; }
+  // The tensor-parallel rank of engine rank registration `engine_id`; -1 when it is none (a
+  // single engine, or a rank that left).
+  int TpRankOf(uint64_t engine_id) const;
   // Every declared rank (ranked()), in rank order; a single engine is one rank (its spec's
   // tensor_parallel.rank, 0 without one).
   std::vector<RankStatus> Ranks() const;
@@ -271,10 +275,16 @@ class Node {
   // flight. A session may run on while the engine sleeps: its commit validates and then waits for
   // the wake (outcome staged), or, with refuse_while_asleep, is refused; sessions are refused at
   // begin then.
+  //
+  // Engine ranks: `engine_id` is a rank's registration, and each rank sleeps and wakes on its own
+  // (SleepRank, WakeRank); the engine is asleep while any rank sleeps. A rank may sleep before
+  // every rank is in: the engine built later is then asleep.
   absl::Status Sleep(uint64_t engine_id);
-  // The engine woke and mapped its parameters again at `storage` (the same list of names, dtypes
-  // and shapes, at the same or new addresses; InvalidArgument naming the first that differs).
-  // Returns the commit of the refit staged while it slept, run like a session's, or null.
+  // The engine (or rank) woke and mapped its parameters again at `storage` (the same list of
+  // names, dtypes and shapes, at the same or new addresses; InvalidArgument naming the first that
+  // differs). FailedPrecondition when it is not asleep. Returns the commit of the refit staged
+  // while it slept, run like a session's, or null; for engine ranks only the wake of the last
+  // rank asleep returns it, so the refit commits on every rank at once.
   absl::StatusOr<std::shared_ptr<Commit>> Wake(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage);
   bool asleep() const { return engine_ && engine_->asleep; }
   // The session whose validated refit waits for the engine to wake; 0 when none.
@@ -367,11 +377,28 @@ class Node {
   void ApplyCommitOutcome(const Commit& commit);
   // A refit validated while the engine sleeps: its session waits for the wake (FinishCommit).
   const RefitReport& AwaitWake(const CommitResult& result);
+  // Whether the engine may sleep now: busy while a commit is in flight or a session converts into
+  // its memory (staging: direct).
+  absl::Status MaySleep() const;
+  // A wake's `woken` storage against what `who` ("the engine", "engine rank 1") slept with: the
+  // same parameters, in order, on the same device; InvalidArgument naming the first difference.
+  static absl::Status CheckWoken(const std::string& who, const storage::EngineStorage& slept,
+                                 const storage::EngineStorage& woken);
+  // The engine is awake: the commit of the session whose refit waits for the wake, or null.
+  std::shared_ptr<Commit> WokenCommit();
   // Engine ranks (node_ranks.cc).
   absl::StatusOr<uint64_t> RegisterRank(EngineSetup setup);
   absl::Status CheckRank(const EngineSetup& setup) const;
   // Every declared rank is in: the engine over them.
   absl::Status BuildGroup();
+  // Sleep and wake of one rank (Sleep, Wake).
+  absl::Status SleepRank(uint64_t engine_id);
+  absl::StatusOr<std::shared_ptr<Commit>> WakeRank(uint64_t engine_id, std::unique_ptr<storage::EngineStorage> storage);
+  // The registered rank of registration `engine_id`, or null.
+  RankRecord* FindRank(uint64_t engine_id) const;
+  // A rank slept or woke: the engine's storage over the ranks' storages now, asleep while any
+  // rank sleeps, a new generation. Nothing without an engine (not every rank is in).
+  void RanksStorageChanged();
   // "no engine is registered" naming the ranks missing, for Begin and Ready.
   std::string MissingRanks() const;
   // What every commit of the registered engine shares (timeouts, hooks, failpoints, verify).

@@ -2,7 +2,9 @@
 // a rank; docs/architecture.md "Engine ranks"). Each rank registers on its own; once every
 // declared rank is in, the node's one engine record is built over them — a planner over every
 // rank's parameters, their storages as one, their pause/resume as one — so sessions, the ledger
-// and the commit run exactly as for a single engine. Loop thread only, like the rest of Node.
+// and the commit run exactly as for a single engine. Each rank sleeps and wakes through its own
+// registration; the engine is asleep while any rank sleeps, and a refit staged meanwhile commits
+// at the last rank's wake. Loop thread only, like the rest of Node.
 #include <algorithm>
 #include <set>
 
@@ -19,6 +21,13 @@ namespace {
 std::string Label(int tp_rank) { return absl::StrCat("rank", tp_rank); }
 
 std::string Describe(const storage::ParamInfo& p) { return absl::StrCat(DTypeName(p.dtype), ShapeString(p.shape)); }
+
+// The engine's storage over its ranks' storages now, in rank order.
+std::unique_ptr<storage::RankGroupStorage> GroupStorage(const std::vector<std::shared_ptr<RankRecord>>& ranks) {
+  std::vector<storage::RankGroupStorage::Rank> storages;
+  for (size_t r = 0; r < ranks.size(); ++r) storages.push_back({Label(static_cast<int>(r)), ranks[r]->storage});
+  return std::make_unique<storage::RankGroupStorage>(std::move(storages));
+}
 
 }  // namespace
 
@@ -138,26 +147,27 @@ absl::StatusOr<uint64_t> Node::RegisterRank(EngineSetup setup) {
 
 absl::Status Node::BuildGroup() {
   std::vector<RankParams> planned;
-  std::vector<storage::RankGroupStorage::Rank> storages;
   std::vector<RankGroupControl::Rank> controls;
   uint64_t version = ranks_[0]->version;
   std::string tag = ranks_[0]->tag;
   bool dirty = false;
+  bool asleep = false;
   for (size_t r = 0; r < ranks_.size(); ++r) {
     const RankRecord& rank = *ranks_[r];
     planned.push_back({rank_specs_[r], Label(static_cast<int>(r)), rank.storage->params()});
-    storages.push_back({Label(static_cast<int>(r)), rank.storage});
     controls.push_back({Label(static_cast<int>(r)), rank.control});
     // Ranks that hold different versions (one restarted) are one mixed engine: dirty until a full
     // refit lands.
     dirty = dirty || rank.dirty || rank.version != version || rank.tag != tag;
     version = std::max(version, rank.version);
+    // A rank that slept before every rank was in (or while another rank was away) still sleeps.
+    asleep = asleep || rank.asleep;
   }
   absl::StatusOr<Planner> planner = Planner::CreateRanks(*options_.spec, std::move(planned));
   if (!planner.ok()) return planner.status();
   EngineSetup setup;
   setup.planner = std::make_unique<Planner>(std::move(*planner));
-  setup.storage = std::make_unique<storage::RankGroupStorage>(std::move(storages));
+  setup.storage = GroupStorage(ranks_);
   if (!options_.make_staging) return absl::InternalError("engine ranks need NodeOptions::make_staging");
   REFIT_RETURN_IF_ERROR(options_.make_staging(setup));
   if (options_.hold > 0 && !setup.new_pool) {
@@ -177,10 +187,65 @@ absl::Status Node::BuildGroup() {
   record->version = version;
   record->tag = tag;
   record->dirty = dirty;
+  record->asleep = asleep;
   record->ranks = ranks_;
   engine_ = std::move(record);
   if (hooks_.on_engine) hooks_.on_engine(true);
   return absl::OkStatus();
+}
+
+RankRecord* Node::FindRank(uint64_t engine_id) const {
+  for (const std::shared_ptr<RankRecord>& rank : ranks_) {
+    if (rank != nullptr && rank->id == engine_id && !rank->gone) return rank.get();
+  }
+  return nullptr;
+}
+
+int Node::TpRankOf(uint64_t engine_id) const {
+  const RankRecord* rank = ranked_ ? FindRank(engine_id) : nullptr;
+  return rank != nullptr ? rank->placement.tp_rank : -1;
+}
+
+absl::Status Node::SleepRank(uint64_t engine_id) {
+  RankRecord* rank = FindRank(engine_id);
+  if (rank == nullptr) return absl::FailedPreconditionError("this registration is not a registered engine rank");
+  if (rank->asleep) return absl::OkStatus();
+  REFIT_RETURN_IF_ERROR(MaySleep());
+  // Drops this rank's mappings: the group's storage is rebuilt below, and with the rank's old
+  // storage its last reference goes (no commit is in flight to hold it).
+  const storage::EngineStorage& had = *rank->storage;
+  rank->storage = std::make_shared<storage::ReleasedEngineStorage>(had.params(), had.on_device(), had.device());
+  rank->asleep = true;
+  RanksStorageChanged();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Commit>> Node::WakeRank(uint64_t engine_id,
+                                                       std::unique_ptr<storage::EngineStorage> storage) {
+  RankRecord* rank = FindRank(engine_id);
+  if (rank == nullptr) return absl::FailedPreconditionError("this registration is not a registered engine rank");
+  const std::string who = absl::StrCat("engine rank ", rank->placement.tp_rank);
+  if (!rank->asleep) return absl::FailedPreconditionError(absl::StrCat(who, " is not asleep"));
+  if (committing()) {
+    return WithCause(absl::UnavailableError("busy: a commit is in flight; wake once it has ended"), EndCause::kBusy);
+  }
+  REFIT_RETURN_IF_ERROR(CheckWoken(who, *rank->storage, *storage));
+  rank->storage = std::move(storage);
+  rank->asleep = false;
+  RanksStorageChanged();
+  // The last rank asleep woke: a refit staged meanwhile commits now, on every rank.
+  return WokenCommit();
+}
+
+void Node::RanksStorageChanged() {
+  if (engine_ != nullptr) {
+    engine_->storage = GroupStorage(engine_->ranks);
+    engine_->asleep = std::any_of(engine_->ranks.begin(), engine_->ranks.end(),
+                                  [](const std::shared_ptr<RankRecord>& r) { return r->asleep; });
+    ++engine_->generation;
+    if (hooks_.on_engine) hooks_.on_engine(true);
+  }
+  if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
 }
 
 std::string Node::MissingRanks() const {
@@ -211,6 +276,7 @@ std::vector<RankStatus> Node::Ranks() const {
       s.version = e->version;
       s.tag = e->tag;
       s.dirty = e->dirty;
+      s.asleep = e->asleep;
       s.responsive = e->control->Responsive();
       s.params = static_cast<uint32_t>(e->storage->params().size());
       s.bytes = e->bytes;
@@ -228,6 +294,7 @@ std::vector<RankStatus> Node::Ranks() const {
       s.version = rank->version;
       s.tag = rank->tag;
       s.dirty = rank->dirty;
+      s.asleep = rank->asleep;
       s.responsive = rank->control->Responsive();
       s.params = static_cast<uint32_t>(rank->storage->params().size());
       s.bytes = rank->bytes;

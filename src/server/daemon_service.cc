@@ -247,7 +247,10 @@ class RegistrationImpl final : public proto::Registration::Server {
 
   kj::Promise<void> sleep(SleepContext context) override {
     absl::Status slept = state_.node.Sleep(engine_id_);
-    if (slept.ok()) LogEvent(LogLevel::kInfo, "engine_asleep").Add("engine", engine_id_);
+    if (slept.ok()) {
+      LogEvent e(LogLevel::kInfo, "engine_asleep");
+      AddRank(e, state_.node, engine_id_);
+    }
     return Answer(context, slept);
   }
 
@@ -266,9 +269,11 @@ class RegistrationImpl final : public proto::Registration::Server {
     if (!storage.ok()) return Answer(context, storage.status());
     absl::StatusOr<std::shared_ptr<Commit>> woken = state->node.Wake(engine_id, std::move(*storage));
     if (!woken.ok()) return Answer(context, woken.status());
-    LogEvent(LogLevel::kInfo, "engine_awake")
-        .Add("engine", engine_id)
-        .Add("staged_session", *woken ? (*woken)->session_id() : 0);
+    {
+      LogEvent e(LogLevel::kInfo, "engine_awake");
+      AddRank(e, state->node, engine_id);
+      e.Add("staged_session", *woken ? (*woken)->session_id() : 0);
+    }
     if (*woken == nullptr) {
       // In a colocated loop the trainer's refit follows the wake: the loop is hot for its begin.
       state->Expect();
@@ -277,6 +282,15 @@ class RegistrationImpl final : public proto::Registration::Server {
     return RunCommitTask(*state, *woken, context).then([state, context]() mutable {
       context.getResults().setCommitted(state->node.last_report().outcome == Outcome::kCommitted);
     });
+  }
+
+  // The registration's engine, and for an engine rank which rank and whether the engine (every
+  // rank) is still asleep.
+  static void AddRank(LogEvent& e, const Node& node, uint64_t engine_id) {
+    e.Add("engine", engine_id);
+    if (const int tp_rank = node.TpRankOf(engine_id); tp_rank >= 0) {
+      e.Add("tp_rank", tp_rank).Add("engine_asleep", node.asleep());
+    }
   }
 
   DaemonState& state_;
@@ -988,6 +1002,7 @@ class DaemonImpl final : public proto::Daemon::Server {
         b.setResponsive(r.responsive);
         b.setParams(r.params);
         b.setBytes(r.bytes);
+        b.setAsleep(r.asleep);
       }
     }
     s.setActiveSession(node.active_session_id());

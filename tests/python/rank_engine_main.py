@@ -12,12 +12,18 @@ there); otherwise every rank runs the round's step with the weights it holds and
 "<step> <version>". Steps are numbered by the rounds that ran one, so step n is the same forward
 step on every rank, and a step that mixed versions shows as two versions for one n.
 
-Events (JSON lines on stdout): registered, paused, resumed {version}.
+Sleep and wake on command (shared memory only): SIGUSR1 sleeps (the agent's sleep, then the rank
+keeps a private copy of its weights and releases its shm object, as an engine that offloads its
+weights does), SIGUSR2 wakes (the weights copied into a new shm object, <shm>-w<n>, and the agent's
+wake with its parameters: new addresses).
+
+Events (JSON lines on stdout): registered, paused, resumed {version}, asleep, awake {shm, committed}.
 """
 import argparse
 import json
 import mmap
 import os
+import queue
 import signal
 import struct
 import sys
@@ -79,6 +85,33 @@ def serve(gate: Gate, rank: int, size: int, barrier: str, steps_log: str, stop: 
         step += 1
 
 
+def write_layout(region, path):
+    with open(path, "w") as f:
+        json.dump({p.name: [p.offset, p.nbytes] for p in region.params}, f)
+
+
+def sleep_and_wake(agent, held, commands, args, dtypes):
+    """Runs the sleep and wake commands the signal handlers queue (None: stop). `held["region"]`
+    is the rank's shm object while it is awake."""
+    wakes = 0
+    saved = None
+    while (command := commands.get()) is not None:
+        if command == "sleep" and held["region"] is not None:
+            agent.sleep()  # refitd dropped its mapping of this rank's weights
+            saved = {n: t.clone() for n, t in held["region"].tensors.items()}
+            held["region"].close()
+            held["region"] = None
+            emit(event="asleep")
+        elif command == "wake" and held["region"] is None:
+            wakes += 1
+            shm = f"{args.shm}-w{wakes}"
+            region = refit.SharedParams.from_tensors(saved, shm, dtypes)
+            write_layout(region, args.layout)
+            held["region"] = region
+            committed = agent.wake(region.params)  # a refit staged meanwhile commits first
+            emit(event="awake", shm=shm, committed=committed)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--address", required=True)
@@ -104,8 +137,7 @@ def main():
         region = refit.CudaParams.from_tensors(tensors, f"cuda:{args.device}", dtypes)
     else:
         region = refit.SharedParams.from_tensors(tensors, args.shm, dtypes)
-        with open(args.layout, "w") as f:
-            json.dump({p.name: [p.offset, p.nbytes] for p in region.params}, f)
+        write_layout(region, args.layout)
     gate = Gate(bool(args.barrier))
     if args.snapshots:
         resume = gate.resume
@@ -121,14 +153,23 @@ def main():
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ep = args.ep_size > 1
+    commands = queue.SimpleQueue()
+    if args.device < 0:
+        signal.signal(signal.SIGUSR1, lambda *_: commands.put("sleep"))
+        signal.signal(signal.SIGUSR2, lambda *_: commands.put("wake"))
     agent = refit.EngineAgent(args.address, region.params, on_pause=gate.pause, on_resume=gate.resume,
                               tp_rank=args.tp_rank, tp_size=args.tp_size, ep_rank=args.tp_rank if ep else 0,
                               ep_size=args.ep_size, device=args.device, model=args.model)
+    sleeper = threading.Thread(target=sleep_and_wake, args=(agent, {"region": region}, commands, args, dtypes),
+                               daemon=True)
+    sleeper.start()
     emit(event="registered")
     if args.barrier:
         serve(gate, args.tp_rank, args.tp_size, args.barrier, args.steps, stop)
     else:
         stop.wait()
+    commands.put(None)
+    sleeper.join()
     agent.stop()
     emit(event="exit")
 

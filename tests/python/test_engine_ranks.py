@@ -2,7 +2,8 @@
 (rank_engine_main.py, one POSIX shm object each) registering with it, the trainer `refitctl refit`.
 Each rank's bytes after every refit equal `refitctl convert --engine-layout --tp-rank R`; a rank
 missing at begin, and a rank killed inside the commit window, are refused naming the rank; during
-continuous serving no lockstep forward step mixes versions across ranks."""
+continuous serving no lockstep forward step mixes versions across ranks; a refit while the ranks
+sleep is staged and lands on every rank, with one version, at the last rank's wake."""
 import json
 import os
 import signal
@@ -196,15 +197,37 @@ class RankNode:
                  what=f"rank {r} registration")
         assert p.poll() is None, log.read_text()
 
+    def _await_event(self, r, event, count):
+        log = self.procs[r].log
+        wait_for(lambda: sum(e["event"] == event for e in events(log)) >= count or self.procs[r].poll() is not None,
+                 what=f"rank {r} {event}")
+        assert self.procs[r].poll() is None, log.read_text()
+        return [e for e in events(log) if e["event"] == event][count - 1]
+
+    def sleep_rank(self, r):
+        """Rank r sleeps (rank_engine_main.py: SIGUSR1) and releases its shm object."""
+        count = sum(e["event"] == "asleep" for e in events(self.procs[r].log)) + 1
+        self.procs[r].send_signal(signal.SIGUSR1)
+        self._await_event(r, "asleep", count)
+
+    def wake_rank(self, r):
+        """Rank r wakes at a new shm object (SIGUSR2); returns whether its wake committed a refit."""
+        count = sum(e["event"] == "awake" for e in events(self.procs[r].log)) + 1
+        self.procs[r].send_signal(signal.SIGUSR2)
+        e = self._await_event(r, "awake", count)
+        Path("/dev/shm" + self.shms[r]).unlink(missing_ok=True)
+        self.shms[r] = e["shm"]
+        return e["committed"]
+
     def rank_bytes(self, r):
         layout = json.loads((self.tmp / f"layout.{r}.json").read_text())
         raw = Path("/dev/shm" + self.shms[r]).read_bytes()
         return {n: raw[o:o + b] for n, (o, b) in layout.items()}
 
-    def assert_ranks_hold(self, k):
+    def assert_ranks_hold(self, k, ranks=None):
         if self.gpus is not None:
             return self.assert_gpu_ranks_hold(k)
-        for r in range(self.ranks):
+        for r in range(self.ranks) if ranks is None else ranks:
             held = self.rank_bytes(r)
             want = self.expected[k, r]
             assert held.keys() == want.keys()
@@ -330,6 +353,41 @@ def test_no_lockstep_step_mixes_versions_across_ranks(rank_node):
     mixed = [s for s in common if logs[0][s] != logs[1][s]]
     assert not mixed, f"{len(mixed)} steps mixed versions across ranks, e.g. step {mixed[0]}"
     assert len({logs[0][s] for s in common}) >= 3  # the steps did see the refits land
+
+
+@needs_torch
+def test_a_refit_while_every_rank_sleeps_lands_on_every_rank_at_the_last_wake(rank_node):
+    n = rank_node(MOE_TP2_EP2, moe_tensors, 2, ep_size=2)
+    n.start_rank(0)
+    n.start_rank(1)
+    rc, out = n.refit(1)
+    assert rc == 0 and out["version"] == 1, out
+    n.sleep_rank(0)
+    n.sleep_rank(1)
+    rc, status = n.ctl("status")
+    assert status["engine_asleep"] and [k["asleep"] for k in status["ranks"]] == [True, True], status
+    # Received, converted and validated now; committed at the wake.
+    rc, out = n.refit(2)
+    assert rc == 0 and out["outcome"] == "staged", out
+    staged = out["session"]
+    assert n.wake_rank(0) is False  # rank 1 still sleeps: so does the engine
+    rc, status = n.ctl("status")
+    assert status["engine_asleep"] and [k["asleep"] for k in status["ranks"]] == [False, True], status
+    assert status["awaiting_wake"] == staged and status["version"] == 1, status
+    n.assert_ranks_hold(1, ranks=[0])  # woken at a new shm object with the weights it slept with
+    assert n.wake_rank(1) is True  # the last wake commits the staged refit on every rank
+    n.assert_ranks_hold(2)
+    rc, status = n.ctl("status")
+    assert not status["engine_asleep"] and status["awaiting_wake"] == 0 and status["version"] == 2, status
+    assert [(k["version"], k["asleep"], k["dirty"]) for k in status["ranks"]] == [(2, False, False)] * 2, status
+    assert status["last_refit"]["session"] == staged and status["last_refit"]["outcome"] == "committed", status
+    # A sleep and a wake with nothing staged: the rank keeps its weights, the next refit lands.
+    n.sleep_rank(1)
+    assert n.wake_rank(1) is False
+    n.assert_ranks_hold(2)
+    rc, out = n.refit(3)
+    assert rc == 0 and out["version"] == 3, out
+    n.assert_ranks_hold(3)
 
 
 def cuda_devices():

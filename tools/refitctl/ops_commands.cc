@@ -115,16 +115,26 @@ int RunStatus(std::span<const std::string> args) {
   json ranks = json::array();
   std::string rank_lines;
   for (const client::EngineRankInfo& k : s->ranks) {
-    ranks.push_back(json{{"tp_rank", k.tp_rank}, {"registered", k.registered}, {"ep_rank", k.ep_rank},
-                         {"device", k.device}, {"version", k.version}, {"tag", k.tag}, {"dirty", k.dirty},
-                         {"left_dirty", k.left_dirty}, {"responsive", k.responsive}, {"params", k.params},
-                         {"bytes", k.bytes}});
-    absl::StrAppend(&rank_lines, "  rank ", k.tp_rank, ":  ",
-                    k.registered ? absl::StrCat("version ", k.version, ", ", k.params, " parameters, ", k.bytes,
-                                                " bytes", k.device >= 0 ? absl::StrCat(", GPU ", k.device) : "",
-                                                k.dirty ? ", DIRTY" : "", k.responsive ? "" : ", UNRESPONSIVE")
-                                 : absl::StrCat("MISSING (not registered", k.left_dirty ? "; left dirty during a failed commit" : "", ")"),
-                    "\n");
+    ranks.push_back(json{{"tp_rank", k.tp_rank},
+                         {"registered", k.registered},
+                         {"ep_rank", k.ep_rank},
+                         {"device", k.device},
+                         {"version", k.version},
+                         {"tag", k.tag},
+                         {"dirty", k.dirty},
+                         {"left_dirty", k.left_dirty},
+                         {"responsive", k.responsive},
+                         {"params", k.params},
+                         {"bytes", k.bytes},
+                         {"asleep", k.asleep}});
+    absl::StrAppend(
+        &rank_lines, "  rank ", k.tp_rank, ":  ",
+        k.registered
+            ? absl::StrCat("version ", k.version, ", ", k.params, " parameters, ", k.bytes, " bytes",
+                           k.device >= 0 ? absl::StrCat(", GPU ", k.device) : "", k.dirty ? ", DIRTY" : "",
+                           k.asleep ? ", ASLEEP" : "", k.responsive ? "" : ", UNRESPONSIVE")
+            : absl::StrCat("MISSING (not registered", k.left_dirty ? "; left dirty during a failed commit" : "", ")"),
+        "\n");
   }
   if (json_output) {
     std::cout << json{{"ok", true},

@@ -1,17 +1,17 @@
 // Engine ranks in-process: a node whose spec declares tensor_parallel.size 2 without a rank,
 // each rank a real shared-memory engine storage with a scripted pause/resume. Registration
 // refusals name the field; a refit waits for every rank; one refit writes every rank its part;
-// a rank a commit fails on is dirty until it registers again and a full refit lands.
-#include <sys/mman.h>
+// a rank a commit fails on is dirty until it registers again and a full refit lands; each rank
+// sleeps and wakes on its own, and a refit staged while any sleeps commits at the last wake.
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/checksum.h"
 #include "refit/cpu_converter.h"
 #include "refit/node.h"
 #include "spec/model_spec.h"
@@ -77,6 +77,7 @@ class NodeRanksTest : public ::testing::Test {
     options.pause_timeout = absl::Milliseconds(200);
     options.resume_timeout = absl::Milliseconds(200);
     options.spec = &spec_;
+    options.refuse_while_asleep = refuse_asleep_;
     options.direct = direct;
     options.make_staging = [](EngineSetup& setup) {
       setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
@@ -89,26 +90,35 @@ class NodeRanksTest : public ::testing::Test {
 
   // Engine rank `rank`'s storage: a fresh shm region holding params_ (0xAB everywhere).
   EngineSetup Setup(int rank, RankPlacement placement, std::vector<Param> params = {}) {
-    if (params.empty()) params = params_;
-    std::string name = absl::StrCat("/refit-ranks-test-", getpid(), "-", counter_++);
-    names_[rank] = name;
-    uint64_t total = 0;
-    for (const Param& p : params) total += Bytes(p.shape);
-    regions_[rank] = *storage::ShmRegion::Create(name, total);
-    std::memset(regions_[rank]->data(), 0xAB, total);
-    std::vector<storage::ShmParam> shm;
-    uint64_t off = 0;
-    for (const Param& p : params) {
-      shm.push_back({{p.name, DType::kBF16, p.shape, Bytes(p.shape)}, name, off});
-      off += Bytes(p.shape);
-    }
     EngineSetup setup;
-    setup.storage = *storage::ShmEngineStorage::Open(shm);
+    setup.storage = Map(rank, std::move(params));
     auto control = std::make_unique<Control>();
     controls_[rank] = control.get();
     setup.control = std::move(control);
     setup.placement = placement;
     return setup;
+  }
+  // Rank `rank`'s parameters (params_ when empty) in a fresh shm region (0xAB everywhere), as a
+  // registration or a wake at new addresses brings them.
+  std::unique_ptr<storage::EngineStorage> Map(int rank, std::vector<Param> params = {}) {
+    if (params.empty()) params = params_;
+    names_[rank] = absl::StrCat("/refit-ranks-test-", getpid(), "-", counter_++);
+    uint64_t total = 0;
+    for (const Param& p : params) total += Bytes(p.shape);
+    regions_[rank] = *storage::ShmRegion::Create(names_[rank], total);
+    std::memset(regions_[rank]->data(), 0xAB, total);
+    return MapAgain(rank, std::move(params));
+  }
+  // The same region again (a wake at the same addresses).
+  std::unique_ptr<storage::EngineStorage> MapAgain(int rank, std::vector<Param> params = {}) {
+    if (params.empty()) params = params_;
+    std::vector<storage::ShmParam> shm;
+    uint64_t off = 0;
+    for (const Param& p : params) {
+      shm.push_back({{p.name, DType::kBF16, p.shape, Bytes(p.shape)}, names_[rank], off});
+      off += Bytes(p.shape);
+    }
+    return *storage::ShmEngineStorage::Open(shm);
   }
   static RankPlacement Place(int rank, int size = 2, int ep_rank = 0, int ep_size = 0) {
     RankPlacement p;
@@ -129,6 +139,11 @@ class NodeRanksTest : public ::testing::Test {
   // One refit of `tensors` (name, full shape, seed) in one bucket, committed on this thread.
   const RefitReport& Refit(const std::vector<std::pair<std::string, Shape>>& tensors, uint8_t seed,
                            bool partial = false) {
+    const uint64_t id = Send(tensors, seed, partial);
+    return id == 0 ? node_->last_report() : CommitNow(id);
+  }
+  // Its session begun and its bucket sent (0 when begin failed).
+  uint64_t Send(const std::vector<std::pair<std::string, Shape>>& tensors, uint8_t seed, bool partial = false) {
     Manifest m;
     m.model = "m";
     m.partial = partial;
@@ -142,12 +157,12 @@ class NodeRanksTest : public ::testing::Test {
     }
     absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
     EXPECT_TRUE(begun.ok()) << begun.status();
-    if (!begun.ok()) return node_->last_report();
+    if (!begun.ok()) return 0;
     if (begun->pause_first) {
       // staging: direct: every rank pauses before anything converts into its memory.
       absl::StatusOr<std::shared_ptr<DirectPause>> pause = node_->StartDirectPause(begun->session_id);
       EXPECT_TRUE(pause.ok()) << pause.status();
-      if (!pause.ok()) return node_->last_report();
+      if (!pause.ok()) return 0;
       (*pause)->Run();
       EXPECT_TRUE(node_->FinishDirectPause(*pause).ok());
     }
@@ -155,10 +170,17 @@ class NodeRanksTest : public ::testing::Test {
     h.checksum = Checksum64(sent_.data(), sent_.size());
     receiver_.Put(Session::Tag(begun->session_id, 0), &sent_);
     EXPECT_TRUE(node_->Announce(begun->session_id, h).ok());
-    absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(begun->session_id);
+    return begun->session_id;
+  }
+  const RefitReport& CommitNow(uint64_t session_id) {
+    absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(session_id);
     EXPECT_TRUE(c.ok()) << c.status();
-    (*c)->Run();
-    return node_->FinishCommit(**c);
+    if (!c.ok()) return node_->last_report();
+    return Run(*c);
+  }
+  const RefitReport& Run(const std::shared_ptr<Commit>& c) {
+    c->Run();
+    return node_->FinishCommit(*c);
   }
   // The sent bytes of tensor `index` of the last refit.
   std::vector<uint8_t> Sent(size_t offset, uint64_t bytes) const {
@@ -175,8 +197,9 @@ class NodeRanksTest : public ::testing::Test {
   std::unique_ptr<storage::Memory> ring_memory_ = storage::NewHostMemory();
   std::unique_ptr<BucketRing> ring_;
   transport::MemoryReceiver receiver_;
-  std::map<int, std::unique_ptr<storage::ShmRegion>> regions_;
+  bool refuse_asleep_ = false;
   std::map<int, std::string> names_;
+  std::map<int, std::unique_ptr<storage::ShmRegion>> regions_;
   std::map<int, Control*> controls_;
   std::vector<uint8_t> sent_;
   std::unique_ptr<Node> node_;
@@ -277,28 +300,6 @@ TEST_F(NodeRanksTest, DirectStagingConvertsEachRanksShardIntoItsOwnMemory) {
   EXPECT_THAT(controls_[1]->Calls(), ElementsAre("pause", "resume:1", "pause", "resume:2"));
 }
 
-// The registration audit runs on every rank: a rank whose shm object was replaced behind its
-// name refuses the refit naming the rank, and no rank pauses or takes a byte.
-TEST_F(NodeRanksTest, AStaleRankRefusesTheRefitNamingItAndNoRankIsTouched) {
-  Start(kTp2, {{"col", {8, 16}}, {"norm", {16}}});
-  Register(0);
-  Register(1);
-  ASSERT_EQ(Refit({{"col", {16, 16}}, {"norm", {16}}}, 1).outcome, Outcome::kCommitted);
-  const std::vector<uint8_t> held0 = Engine(0, 0, 288), held1 = Engine(1, 0, 288);
-  ASSERT_EQ(shm_unlink(names_[1].c_str()), 0);
-  absl::StatusOr<std::unique_ptr<storage::ShmRegion>> replaced = storage::ShmRegion::Create(names_[1], 288);
-  ASSERT_TRUE(replaced.ok()) << replaced.status();
-  const RefitReport& r = Refit({{"col", {16, 16}}, {"norm", {16}}}, 2);
-  EXPECT_EQ(r.outcome, Outcome::kRefused);
-  EXPECT_THAT(r.reason, HasSubstr("rank1"));
-  EXPECT_THAT(r.reason, HasSubstr("stale registration"));
-  EXPECT_EQ(Engine(0, 0, 288), held0);
-  EXPECT_EQ(Engine(1, 0, 288), held1);
-  EXPECT_THAT(controls_[0]->Calls(), ElementsAre("pause", "resume:1"));
-  EXPECT_THAT(controls_[1]->Calls(), ElementsAre("pause", "resume:1"));
-  shm_unlink(names_[1].c_str());
-}
-
 TEST_F(NodeRanksTest, ARankTheCommitFailsOnIsDirtyUntilItRegistersAgainAndAFullRefitLands) {
   Start(kTp2 + std::string("defaults: {partial: true}\n"), {{"col", {8, 16}}, {"norm", {16}}});
   Register(0);
@@ -361,6 +362,216 @@ rules:
   EXPECT_EQ(Engine(1, 0, 128), Sent(128, 128));  // experts 2, 3
   EXPECT_EQ(Engine(0, 128, 64), Sent(256, 64));  // attn rows 0-3
   EXPECT_EQ(Engine(1, 128, 64), Sent(320, 64));  // attn rows 4-7
+}
+
+// kTp2's refit: col {16, 16} (rank r holds rows [8r, 8r + 8)) and norm {16} (every rank whole).
+const std::vector<std::pair<std::string, Shape>> kTp2Refit = {{"col", {16, 16}}, {"norm", {16}}};
+
+class NodeRanksSleepTest : public NodeRanksTest {
+ protected:
+  void SetUp() override { Start(kTp2, {{"col", {8, 16}}, {"norm", {16}}}); }
+  // Every rank holds its part of the last refit sent.
+  void ExpectRanksHoldTheLastRefit() {
+    EXPECT_EQ(Engine(0, 0, 256), Sent(0, 256));
+    EXPECT_EQ(Engine(1, 0, 256), Sent(256, 256));
+    EXPECT_EQ(Engine(0, 256, 32), Sent(512, 32));
+    EXPECT_EQ(Engine(1, 256, 32), Sent(512, 32));
+  }
+  std::vector<bool> Asleep() const {
+    std::vector<bool> out;
+    for (const RankStatus& s : node_->Ranks()) out.push_back(s.asleep);
+    return out;
+  }
+};
+
+TEST_F(NodeRanksSleepTest, ARefitWhileTheRanksSleepIsStagedAndCommitsOnEveryRankAtTheLastWake) {
+  const uint64_t rank0 = Register(0);
+  const uint64_t rank1 = Register(1);
+  ASSERT_EQ(Refit(kTp2Refit, 1).outcome, Outcome::kCommitted);
+  const std::vector<uint8_t> first = sent_;
+  ASSERT_TRUE(node_->Sleep(rank0).ok());
+  EXPECT_TRUE(node_->asleep());  // one rank asleep: the engine is
+  EXPECT_THAT(Asleep(), ElementsAre(true, false));
+  ASSERT_TRUE(node_->Sleep(rank1).ok());
+  EXPECT_TRUE(node_->Sleep(rank1).ok());  // asleep already
+  EXPECT_THAT(Asleep(), ElementsAre(true, true));
+  EXPECT_EQ(node_->engine()->generation, 3u);
+  EXPECT_THAT(std::string(node_->Checksums().status().message()), HasSubstr("asleep"));
+
+  const RefitReport& staged = Refit(kTp2Refit, 2);
+  EXPECT_EQ(staged.outcome, Outcome::kStaged) << staged.reason;
+  EXPECT_EQ(staged.reason, kStagedForWake);
+  const uint64_t session = staged.session_id;
+  EXPECT_EQ(node_->awaiting_wake_session(), session);
+  const std::vector<uint8_t> second = sent_;
+  sent_ = first;
+  ExpectRanksHoldTheLastRefit();  // nothing paused, nothing written
+  EXPECT_THAT(controls_[0]->Calls(), ElementsAre("pause", "resume:1"));
+
+  // Rank 0 wakes at new addresses: the engine still sleeps (rank 1 does), nothing commits.
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(rank0, Map(0));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(*woken, nullptr);
+  EXPECT_TRUE(node_->asleep());
+  EXPECT_THAT(Asleep(), ElementsAre(false, true));
+  EXPECT_EQ(node_->awaiting_wake_session(), session);
+  EXPECT_THAT(controls_[0]->Calls(), ElementsAre("pause", "resume:1"));
+  absl::StatusOr<std::shared_ptr<Commit>> again = node_->Wake(rank0, MapAgain(0));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("engine rank 0 is not asleep"));
+
+  // Rank 1, the last asleep, wakes at the same addresses: the staged refit commits on both.
+  woken = node_->Wake(rank1, MapAgain(1));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  ASSERT_NE(*woken, nullptr);
+  EXPECT_FALSE(node_->asleep());
+  const RefitReport& r = Run(*woken);
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(r.session_id, session);
+  EXPECT_EQ(r.version, 2u);
+  sent_ = second;
+  ExpectRanksHoldTheLastRefit();
+  for (int rank : {0, 1}) EXPECT_THAT(controls_[rank]->Calls(), ElementsAre("pause", "resume:1", "pause", "resume:2"));
+  for (const RankStatus& s : node_->Ranks()) {
+    EXPECT_EQ(s.version, 2u);
+    EXPECT_FALSE(s.asleep);
+  }
+  EXPECT_EQ(node_->awaiting_wake_session(), 0u);
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_EQ(node_->engine()->generation, 5u);
+}
+
+TEST_F(NodeRanksSleepTest, ARankSleepsAndWakesOnlyWhileNoCommitIsInFlight) {
+  const uint64_t rank0 = Register(0);
+  const uint64_t rank1 = Register(1);
+  absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartCommit(Send(kTp2Refit, 1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::Status busy = node_->Sleep(rank1);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(busy.message(), HasSubstr("busy: a commit is in flight"));
+  EXPECT_THAT(Asleep(), ElementsAre(false, false));
+  ASSERT_EQ(Run(*c).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
+
+  // Rank 0 asleep: a commit validates, and meanwhile rank 0's wake is busy too.
+  ASSERT_TRUE(node_->Sleep(rank0).ok());
+  c = node_->StartCommit(Send(kTp2Refit, 2));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(rank0, MapAgain(0));
+  EXPECT_EQ(woken.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(woken.status().message(), HasSubstr("busy: a commit is in flight"));
+  ASSERT_EQ(Run(*c).outcome, Outcome::kStaged);
+  woken = node_->Wake(rank0, MapAgain(0));
+  ASSERT_TRUE(woken.ok() && *woken != nullptr) << woken.status();
+  EXPECT_EQ(Run(*woken).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
+}
+
+TEST_F(NodeRanksSleepTest, AWakeWithOtherParametersIsRefusedNamingTheRank) {
+  const uint64_t rank0 = Register(0);
+  const uint64_t rank1 = Register(1);
+  EXPECT_EQ(node_->Sleep(rank1 + 100).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(node_->Sleep(rank1).ok());
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(rank1, Map(1, {{"col", {8, 16}}, {"other", {16}}}));
+  EXPECT_EQ(woken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(woken.status().message(), HasSubstr("wake: parameter 1 is 'other' BF16[16]; engine rank 1 slept with "
+                                                  "'norm' BF16[16]"));
+  woken = node_->Wake(rank1, Map(1, {{"col", {8, 16}}}));
+  EXPECT_THAT(woken.status().message(), HasSubstr("wake: engine rank 1 registered 1 parameters; it slept with 2"));
+  EXPECT_THAT(Asleep(), ElementsAre(false, true));
+  EXPECT_TRUE(node_->asleep());
+  woken = node_->Wake(rank0, MapAgain(0));
+  EXPECT_THAT(woken.status().message(), HasSubstr("engine rank 0 is not asleep"));
+  woken = node_->Wake(rank1, Map(1));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_FALSE(node_->asleep());
+  ASSERT_EQ(Refit(kTp2Refit, 3).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
+}
+
+TEST_F(NodeRanksSleepTest, RefitsWhileARankSleepsAreRefusedWhenConfigured) {
+  refuse_asleep_ = true;
+  SetUp();
+  Register(0);
+  const uint64_t rank1 = Register(1);
+  // Begun awake, rank 1 falling asleep before the commit: refused, no rank touched.
+  const uint64_t id = Send(kTp2Refit, 1);
+  ASSERT_TRUE(node_->Sleep(rank1).ok());
+  const RefitReport& r = CommitNow(id);
+  EXPECT_EQ(r.outcome, Outcome::kRefused);
+  EXPECT_THAT(r.reason, HasSubstr("asleep_refits: refuse"));
+  EXPECT_EQ(Engine(0, 0, 256), std::vector<uint8_t>(256, 0xAB));
+  Manifest m;
+  m.model = "m";
+  m.tensors.push_back({"norm", DType::kBF16, {16}, 0, 32});
+  absl::StatusOr<BeginResult> begun = node_->Begin(m, absl::Now());
+  EXPECT_EQ(begun.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(begun.status().message(), HasSubstr("asleep"));
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(rank1, MapAgain(1));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(*woken, nullptr);
+  ASSERT_EQ(Refit(kTp2Refit, 2).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
+}
+
+TEST_F(NodeRanksSleepTest, ARankThatSleepsBeforeEveryRankIsInLeavesTheEngineAsleep) {
+  const uint64_t rank0 = Register(0);
+  ASSERT_TRUE(node_->Sleep(rank0).ok());
+  EXPECT_EQ(node_->engine(), nullptr);
+  EXPECT_THAT(Asleep(), ElementsAre(true, false));
+  Register(1);
+  ASSERT_NE(node_->engine(), nullptr);
+  EXPECT_TRUE(node_->asleep());
+  const RefitReport& staged = Refit(kTp2Refit, 1);
+  EXPECT_EQ(staged.outcome, Outcome::kStaged) << staged.reason;
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(rank0, MapAgain(0));
+  ASSERT_TRUE(woken.ok() && *woken != nullptr) << woken.status();
+  EXPECT_EQ(Run(*woken).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
+}
+
+TEST_F(NodeRanksSleepTest, ARankThatLeavesAsleepEndsTheStagedRefitLikeARankThatLeaves) {
+  const uint64_t rank0 = Register(0);
+  const uint64_t rank1 = Register(1);
+  ASSERT_TRUE(node_->Sleep(rank0).ok());
+  ASSERT_TRUE(node_->Sleep(rank1).ok());
+  ASSERT_EQ(Refit(kTp2Refit, 1).outcome, Outcome::kStaged);
+  ASSERT_TRUE(node_->UnregisterEngine(rank1));
+  EXPECT_EQ(node_->engine(), nullptr);
+  EXPECT_FALSE(node_->session_active());
+  EXPECT_EQ(node_->last_report().outcome, Outcome::kAborted);
+  EXPECT_THAT(node_->last_report().reason, HasSubstr("engine unregistered"));
+  EXPECT_FALSE(node_->Ranks()[1].registered);
+  EXPECT_THAT(Asleep(), ElementsAre(true, false));
+  EXPECT_EQ(node_->Wake(rank1, MapAgain(1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  // It registers again (awake): rank 0 still sleeps, and so does the engine until it wakes.
+  Register(1);
+  EXPECT_TRUE(node_->asleep());
+  absl::StatusOr<std::shared_ptr<Commit>> woken = node_->Wake(rank0, MapAgain(0));
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(*woken, nullptr);
+  EXPECT_FALSE(node_->asleep());
+  ASSERT_EQ(Refit(kTp2Refit, 2).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
+}
+
+TEST_F(NodeRanksSleepTest, ARankWhoseShmObjectWasReplacedIsRefusedNamingItUntilItSleepsAndWakes) {
+  Register(0);
+  const uint64_t rank1 = Register(1);
+  ASSERT_EQ(Refit(kTp2Refit, 1).outcome, Outcome::kCommitted);
+  // Rank 1 replaces its shm object under the same name without registering again.
+  const uint64_t bytes = regions_[1]->size();
+  regions_[1].reset();
+  regions_[1] = *storage::ShmRegion::Create(names_[1], bytes);
+  const RefitReport& refused = Refit(kTp2Refit, 2);
+  EXPECT_EQ(refused.outcome, Outcome::kRefused);
+  EXPECT_THAT(refused.reason, HasSubstr("rank1: stale registration"));
+  EXPECT_EQ(Engine(1, 0, 256), std::vector<uint8_t>(256, 0));
+  // A sleep and a wake register it again.
+  ASSERT_TRUE(node_->Sleep(rank1).ok());
+  ASSERT_TRUE(node_->Wake(rank1, MapAgain(1)).ok());
+  ASSERT_EQ(Refit(kTp2Refit, 3).outcome, Outcome::kCommitted);
+  ExpectRanksHoldTheLastRefit();
 }
 
 TEST(ModelSpecRanks, RankIsOptionalAndExpertParallelIsChecked) {
