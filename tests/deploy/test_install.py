@@ -52,7 +52,7 @@ def test_install_puts_every_piece_in_place(prefix):
     assert not list((prefix / "share/refitd/python").rglob("__pycache__"))
     models = {p.name for p in (prefix / "share/refitd/models").glob("*.yaml")}
     assert models == {p.name for p in (DEPLOY / "models").glob("*.yaml")}
-    assert (prefix / "share/refitd/deploy/kubernetes/deployment.yaml").is_file()
+    assert (prefix / "share/refitd/deploy/kubernetes/host-path/deployment.yaml").is_file()
     assert (prefix / "share/doc/refitd/operations.md").is_file()
     assert (prefix / "etc/refitd/refitd.yaml").is_file()
     assert (prefix / "etc/refitd/models/demo-llama.yaml").is_file()
@@ -230,7 +230,7 @@ def test_dockerfile_stages_build_a_release_package_and_install_it():
 
 def test_image_name_matches_the_manifests_and_readme():
     images = set()
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+    for path in sorted((DEPLOY / "kubernetes/host-path").glob("*.yaml")):
         images |= set(re.findall(r"image: (\S*refitd\S*)", path.read_text()))
     assert images == {image_name()}, images
     build_line = f"docker build -f deploy/container/Dockerfile -t {image_name()} ."
@@ -239,7 +239,7 @@ def test_image_name_matches_the_manifests_and_readme():
 
 
 def test_manifest_command_is_the_packaged_binary():
-    deployment = yaml.safe_load((DEPLOY / "kubernetes/deployment.yaml").read_text())
+    deployment = yaml.safe_load((DEPLOY / "kubernetes/host-path/deployment.yaml").read_text())
     refitd = next(c for c in deployment["spec"]["template"]["spec"]["initContainers"] if c["name"] == "refitd")
     assert refitd["command"][0] == "/usr/bin/refitd"  # CPACK_PACKAGING_INSTALL_PREFIX /usr
     entry = [rest for op, rest in dockerfile_instructions() if op == "ENTRYPOINT"]

@@ -1,4 +1,4 @@
-"""deploy/kubernetes: every manifest validates against the Kubernetes schemas (strict: unknown
+"""deploy/kubernetes/host-path: every manifest validates against the Kubernetes schemas (strict: unknown
 fields are errors) of a pinned Kubernetes version, offline, with kubernetes-validate; the pieces
 agree with each other (ports, probes, socket and shared-memory mounts, user, memory); and refitd
 accepts the ConfigMap's configuration and model spec."""
@@ -15,7 +15,7 @@ import yaml
 from conftest import DEPLOY, deploy_config_for_test, need_refitd
 
 KUBERNETES_VERSION = "1.31.0"
-MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+MANIFESTS = sorted((DEPLOY / "kubernetes/host-path").glob("*.yaml"))
 
 
 def documents():

@@ -56,7 +56,7 @@ def test_targets_match_the_deployments():
     for target in jobs["refitd"]["static_configs"][0]["targets"]:
         assert target.endswith(":" + systemd_port), target
     [dns] = jobs["refitd-kubernetes"]["dns_sd_configs"]
-    service = next(d for d in yaml.safe_load_all((DEPLOY / "kubernetes/service.yaml").read_text()) if d)
+    service = next(d for d in yaml.safe_load_all((DEPLOY / "kubernetes/host-path/service.yaml").read_text()) if d)
     assert service["spec"]["clusterIP"] == "None", "DNS lists the Pods only for a headless Service"
     assert dns["type"] == "A" and dns["port"] == service["spec"]["ports"][0]["port"]
     assert all(n.startswith(service["metadata"]["name"] + ".") for n in dns["names"])
