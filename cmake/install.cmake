@@ -4,6 +4,7 @@
 #
 #   bin/refitd, bin/refitctl
 #   lib/<multiarch>/librefit_client.so            the C ABI, for bindings and C programs
+#   lib/<multiarch>/refitd/libcudart.so.*, libnccl.so.*   CUDA builds: the runtime they were built with
 #   include/refit/c_api.h
 #   share/refitd/python/                          the `refit` package: pip install from there
 #   share/refitd/models/*.yaml                    every model spec in deploy/models
@@ -18,6 +19,38 @@ set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
 
 install(TARGETS refitd refitctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS refit_client_c LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+
+# A CUDA build carries the CUDA runtime and NCCL it was built with (NVIDIA redistributes both:
+# the CUDA runtime under the CUDA EULA's redistributable files, NCCL under its BSD license) in a
+# private directory, lib/<multiarch>/refitd/, found by the installed binaries' RUNPATH: a GPU node
+# then needs only the NVIDIA driver (libcuda.so.1), not a CUDA toolkit (docs/operations.md
+# "Install"). -DREFIT_BUNDLE_CUDA_RUNTIME=OFF leaves them out for a system that provides both.
+option(REFIT_BUNDLE_CUDA_RUNTIME "Install the CUDA runtime and NCCL beside refitd (CUDA builds)" ON)
+if(REFIT_CUDA AND REFIT_BUNDLE_CUDA_RUNTIME)
+  set(refit_private_libdir ${CMAKE_INSTALL_LIBDIR}/refitd)
+  set(refit_bundled)
+  get_target_property(refit_cudart CUDA::cudart IMPORTED_LOCATION)
+  if(NOT refit_cudart)
+    find_library(refit_cudart cudart HINTS ${CUDAToolkit_LIBRARY_DIR} NO_CACHE)
+  endif()
+  list(APPEND refit_bundled ${refit_cudart})
+  if(REFIT_NCCL_LIBRARY)
+    list(APPEND refit_bundled ${REFIT_NCCL_LIBRARY})
+  endif()
+  foreach(lib IN LISTS refit_bundled)
+    # Installed under the name the binaries ask for (their DT_NEEDED soname).
+    file(REAL_PATH ${lib} real)
+    execute_process(COMMAND readelf -d ${real} OUTPUT_VARIABLE dynamic)
+    string(REGEX MATCH "\\(SONAME\\)[^[]*\\[([^]]+)\\]" _ "${dynamic}")
+    if(NOT CMAKE_MATCH_1)
+      message(FATAL_ERROR "refitd: no SONAME in ${real}, cannot bundle it")
+    endif()
+    install(FILES ${real} DESTINATION ${refit_private_libdir} RENAME ${CMAKE_MATCH_1})
+  endforeach()
+  file(RELATIVE_PATH refit_bin_to_private /${CMAKE_INSTALL_BINDIR} /${refit_private_libdir})
+  set_target_properties(refitd refitctl PROPERTIES INSTALL_RPATH "$ORIGIN/${refit_bin_to_private}")
+  set_target_properties(refit_client_c PROPERTIES INSTALL_RPATH "$ORIGIN/refitd")
+endif()
 install(FILES src/client/c_api.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/refit)
 install(DIRECTORY python/ DESTINATION ${CMAKE_INSTALL_DATADIR}/refitd/python
   PATTERN __pycache__ EXCLUDE PATTERN "*.pyc" EXCLUDE PATTERN "*.egg-info" EXCLUDE PATTERN build EXCLUDE
@@ -55,8 +88,9 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 # DESTDIR staging, so that the files under /etc land in the package and nowhere else.
 set(CPACK_SET_DESTDIR ON)
 set(CPACK_INSTALL_PREFIX /usr)
-# Debian 12's runtime libraries of what refitd links (tests/deploy/test_package.py checks this
-# list against ldd of the built binaries). CUDA stays optional: a CUDA build needs the driver.
+# Debian 12's runtime libraries of what refitd links (tests/deploy/test_install.py checks this
+# list against ldd of the built binaries). A CUDA build carries its CUDA runtime and NCCL (above)
+# and needs the driver.
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
   "libc6, libstdc++6, libgcc-s1, libcapnp-0.9.2, libabsl20220623, libyaml-cpp0.7, libucx0, libssl3, adduser")
 if(REFIT_CUDA)

@@ -194,6 +194,41 @@ def test_package_depends_on_every_shared_library_it_links(deb):
     assert not missing, f"Depends ({sorted(depends)}) lacks: {missing}"
 
 
+def cuda_build() -> bool:
+    """Whether the build tree's refitd was built with CUDA (its --version says)."""
+    p = subprocess.run([str(BUILD / "src/server/refitd"), "--version"], capture_output=True, text=True, timeout=30)
+    return "cuda: yes" in p.stdout + p.stderr
+
+
+def test_cuda_package_carries_its_runtime_and_needs_only_the_driver(deb, tmp_path):
+    """A CUDA build's package holds the CUDA runtime and NCCL it was built with in
+    /usr/lib[/<multiarch>]/refitd/, and the packaged binaries find them there by their RUNPATH
+    before any other copy on the machine: unpacked into a scratch root, every CUDA library of
+    refitd, refitctl and librefit_client.so resolves inside that root, except the driver."""
+    if not cuda_build():
+        pytest.skip("this build tree has no CUDA: its package carries no CUDA runtime")
+    path, _ = deb
+    root = tmp_path / "root"
+    subprocess.run([need_tool("dpkg-deb"), "-x", str(path), str(root)], check=True)
+    private = [p for p in root.glob("usr/lib/**/refitd") if p.is_dir() and list(p.glob("lib*.so*"))]
+    assert len(private) == 1, list(root.rglob("refitd"))
+    bundled = {p.name for p in private[0].iterdir()}
+    assert any(n.startswith("libcudart.so.") for n in bundled), bundled
+    if "REFIT_NCCL_LIBRARY:FILEPATH=/" in (BUILD / "CMakeCache.txt").read_text():
+        assert any(n.startswith("libnccl.so.") for n in bundled), bundled
+    client = next(root.glob("usr/lib/**/librefit_client.so"))
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    for binary in [root / "usr/bin/refitd", root / "usr/bin/refitctl", client]:
+        ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True, env=env).stdout
+        resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", ldd, re.M))
+        for soname, where in resolved.items():
+            if soname.startswith(("libcudart", "libnccl")):
+                assert Path(where).resolve().parent == private[0].resolve(), f"{binary.name}: {soname} => {where}"
+    p = subprocess.run([str(root / "usr/bin/refitd"), "--version"], capture_output=True, text=True, env=env,
+                       timeout=30)
+    assert p.returncode == 0 and "refitd" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
 def dockerfile_instructions():
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
     for line in text.splitlines():
