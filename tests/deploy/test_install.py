@@ -230,12 +230,41 @@ def test_cuda_package_carries_its_runtime_and_needs_only_the_driver(deb, tmp_pat
 
 
 def dockerfile_instructions():
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    yield from instructions(DOCKERFILE)
+
+
+CUDA_DOCKERFILE = DEPLOY / "container/Dockerfile.cuda"
+
+
+def instructions(path: Path):
+    text = re.sub(r"\\\n", " ", path.read_text())
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             op, _, rest = line.partition(" ")
             yield op.upper(), rest.strip()
+
+
+def test_cuda_dockerfile_builds_a_cuda_package_on_debian_12_and_installs_it_alone():
+    """The GPU image: the same sources copied as the host image, a CUDA build with NCCL packed
+    with its runtime, and a runtime stage that is Debian 12 plus that package (the driver comes
+    from the node), named as the GPU manifests name it."""
+    ops = list(instructions(CUDA_DOCKERFILE))
+    assert [r for o, r in ops if o == "FROM"] == ["debian:12 AS build", "debian:12"]
+    assert [r for o, r in ops if o == "COPY"] == [r for o, r in dockerfile_instructions() if o == "COPY"]
+    runs = " ".join(r for o, r in ops if o == "RUN")
+    for flag in ["-DREFIT_TESTING=OFF", "-DREFIT_CUDA=ON", "-DREFIT_BUNDLE_CUDA_RUNTIME=ON", "cpack -G DEB"]:
+        assert flag in runs, flag
+    assert "libnccl-dev" in runs and "cuda-nvcc-" in runs
+    runtime = runs[runs.rindex("apt-get update"):]
+    assert "apt-get install -y --no-install-recommends /tmp/refitd_*.deb" in runtime
+    assert "cuda" not in runtime.replace("/tmp/refitd_*.deb", "")  # nothing of CUDA but the package's
+    images = set()
+    for layout in ["colocated", "disaggregated", "node-tp8"]:
+        for path in sorted((DEPLOY / "kubernetes" / layout).glob("*.yaml")):
+            images |= set(re.findall(r"image: (\S*refitd\S*)", path.read_text()))
+    assert images == {image_name() + "-cuda"}, images
+    assert f"docker build -f deploy/container/Dockerfile.cuda -t {image_name()}-cuda ." in CUDA_DOCKERFILE.read_text()
 
 
 def test_dockerfile_copies_only_what_exists():
