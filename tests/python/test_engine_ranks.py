@@ -235,12 +235,15 @@ class RankNode:
             assert not bad, f"rank {r} differs from refitctl convert --tp-rank {r} of checkpoint {k}: {bad[:5]}"
 
     def assert_gpu_ranks_hold(self, k):
-        """Each rank's snapshot of version k (taken by the rank as it resumed) equals its offline part."""
+        """Each rank's snapshot of the version it serves now (taken by the rank as it resumed with it)
+        equals its offline part of checkpoint k."""
         import torch
 
+        _, status = self.ctl("status")
         for r in range(self.ranks):
-            snap = self.tmp / f"snapshots.{r}" / f"v{k}.pt"
-            wait_for(snap.exists, what=f"rank {r} snapshot of version {k}")
+            version = status["ranks"][r]["version"]
+            snap = self.tmp / f"snapshots.{r}" / f"v{version}.pt"
+            wait_for(snap.exists, what=f"rank {r} snapshot of version {version}")
             held = torch.load(snap)
             want = self.expected[k, r]
             assert held.keys() == want.keys()
@@ -297,9 +300,14 @@ def test_three_refits_write_every_rank_its_offline_part(rank_node, spec, tensors
 
 
 @needs_torch
-def test_a_rank_killed_mid_commit_is_dirty_until_it_registers_again(rank_node):
+@pytest.mark.parametrize("where", ["shm", "gpu"])
+def test_a_rank_killed_mid_commit_is_dirty_until_it_registers_again(rank_node, where):
     # The second refit's commit stalls inside the window (every rank paused): rank 1 is killed there.
-    n = rank_node(MOE_TP2_EP2, moe_tensors, 2, ep_size=2, failpoints="mid_commit=delay:1500@2")
+    # gpu: both ranks' weights on GPU 0 (CUDA IPC), staging: device.
+    if where == "gpu" and cuda_devices() < 1:
+        pytest.skip("needs a CUDA GPU (found none): the ranks' weights by CUDA IPC")
+    gpu = dict(gpus=[0, 0], staging="device") if where == "gpu" else {}
+    n = rank_node(MOE_TP2_EP2, moe_tensors, 2, ep_size=2, failpoints="mid_commit=delay:1500@2", **gpu)
     n.start_rank(0)
     n.start_rank(1)
     rc, out = n.refit(1)
