@@ -12,10 +12,10 @@ there); otherwise every rank runs the round's step with the weights it holds and
 "<step> <version>". Steps are numbered by the rounds that ran one, so step n is the same forward
 step on every rank, and a step that mixed versions shows as two versions for one n.
 
-Sleep and wake on command (shared memory only): SIGUSR1 sleeps (the agent's sleep, then the rank
-keeps a private copy of its weights and releases its shm object, as an engine that offloads its
-weights does), SIGUSR2 wakes (the weights copied into a new shm object, <shm>-w<n>, and the agent's
-wake with its parameters: new addresses).
+Sleep and wake on command: SIGUSR1 sleeps (the agent's sleep, then the rank
+keeps a private copy of its weights and releases its shm object, or its CUDA allocation with
+--device, as an engine that offloads its weights does), SIGUSR2 wakes (the weights copied into a
+new shm object, <shm>-w<n>, or a new CUDA allocation, and the agent's wake with its parameters).
 
 Events (JSON lines on stdout): registered, paused, resumed {version}, asleep, awake {shm, committed}.
 """
@@ -99,14 +99,19 @@ def sleep_and_wake(agent, held, commands, args, dtypes):
         if command == "sleep" and held["region"] is not None:
             agent.sleep()  # refitd dropped its mapping of this rank's weights
             saved = {n: t.clone() for n, t in held["region"].tensors.items()}
-            held["region"].close()
-            held["region"] = None
+            if args.device < 0:
+                held["region"].close()
+            held["region"] = None  # a CUDA allocation goes back to the caching allocator
             emit(event="asleep")
         elif command == "wake" and held["region"] is None:
             wakes += 1
-            shm = f"{args.shm}-w{wakes}"
-            region = refit.SharedParams.from_tensors(saved, shm, dtypes)
-            write_layout(region, args.layout)
+            if args.device >= 0:
+                shm = ""
+                region = refit.CudaParams.from_tensors(saved, f"cuda:{args.device}", dtypes)
+            else:
+                shm = f"{args.shm}-w{wakes}"
+                region = refit.SharedParams.from_tensors(saved, shm, dtypes)
+                write_layout(region, args.layout)
             held["region"] = region
             committed = agent.wake(region.params)  # a refit staged meanwhile commits first
             emit(event="awake", shm=shm, committed=committed)
@@ -139,12 +144,14 @@ def main():
         region = refit.SharedParams.from_tensors(tensors, args.shm, dtypes)
         write_layout(region, args.layout)
     gate = Gate(bool(args.barrier))
+    held = {"region": region}  # the rank's weights while it is awake (a wake brings new ones)
     if args.snapshots:
         resume = gate.resume
 
         def snapshot_then_resume(version):
             path = os.path.join(args.snapshots, f"v{version}.pt")
-            torch.save({n: t.cpu().contiguous().view(torch.uint8).reshape(-1) for n, t in region.tensors.items()},
+            tensors = held["region"].tensors
+            torch.save({n: t.cpu().contiguous().view(torch.uint8).reshape(-1) for n, t in tensors.items()},
                        path + ".tmp")
             os.replace(path + ".tmp", path)
             resume(version)
@@ -154,13 +161,13 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ep = args.ep_size > 1
     commands = queue.SimpleQueue()
-    if args.device < 0:
-        signal.signal(signal.SIGUSR1, lambda *_: commands.put("sleep"))
-        signal.signal(signal.SIGUSR2, lambda *_: commands.put("wake"))
+    signal.signal(signal.SIGUSR1, lambda *_: commands.put("sleep"))
+    signal.signal(signal.SIGUSR2, lambda *_: commands.put("wake"))
     agent = refit.EngineAgent(args.address, region.params, on_pause=gate.pause, on_resume=gate.resume,
                               tp_rank=args.tp_rank, tp_size=args.tp_size, ep_rank=args.tp_rank if ep else 0,
                               ep_size=args.ep_size, device=args.device, model=args.model)
-    sleeper = threading.Thread(target=sleep_and_wake, args=(agent, {"region": region}, commands, args, dtypes),
+    del region  # held["region"] from here on
+    sleeper = threading.Thread(target=sleep_and_wake, args=(agent, held, commands, args, dtypes),
                                daemon=True)
     sleeper.start()
     emit(event="registered")

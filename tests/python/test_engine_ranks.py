@@ -215,8 +215,9 @@ class RankNode:
         count = sum(e["event"] == "awake" for e in events(self.procs[r].log)) + 1
         self.procs[r].send_signal(signal.SIGUSR2)
         e = self._await_event(r, "awake", count)
-        Path("/dev/shm" + self.shms[r]).unlink(missing_ok=True)
-        self.shms[r] = e["shm"]
+        if e["shm"]:  # "" with GPU ranks: a new CUDA allocation
+            Path("/dev/shm" + self.shms[r]).unlink(missing_ok=True)
+            self.shms[r] = e["shm"]
         return e["committed"]
 
     def rank_bytes(self, r):
@@ -364,8 +365,13 @@ def test_no_lockstep_step_mixes_versions_across_ranks(rank_node):
 
 
 @needs_torch
-def test_a_refit_while_every_rank_sleeps_lands_on_every_rank_at_the_last_wake(rank_node):
-    n = rank_node(MOE_TP2_EP2, moe_tensors, 2, ep_size=2)
+@pytest.mark.parametrize("where", ["shm", "gpu"])
+def test_a_refit_while_every_rank_sleeps_lands_on_every_rank_at_the_last_wake(rank_node, where):
+    # gpu: both ranks' weights on GPU 0 (CUDA IPC), staging: device; a wake brings a new allocation.
+    if where == "gpu" and cuda_devices() < 1:
+        pytest.skip("needs a CUDA GPU (found none): the ranks' weights by CUDA IPC")
+    gpu = dict(gpus=[0, 0], staging="device") if where == "gpu" else {}
+    n = rank_node(MOE_TP2_EP2, moe_tensors, 2, ep_size=2, **gpu)
     n.start_rank(0)
     n.start_rank(1)
     rc, out = n.refit(1)
@@ -382,7 +388,8 @@ def test_a_refit_while_every_rank_sleeps_lands_on_every_rank_at_the_last_wake(ra
     rc, status = n.ctl("status")
     assert status["engine_asleep"] and [k["asleep"] for k in status["ranks"]] == [False, True], status
     assert status["awaiting_wake"] == staged and status["version"] == 1, status
-    n.assert_ranks_hold(1, ranks=[0])  # woken at a new shm object with the weights it slept with
+    if where == "shm":
+        n.assert_ranks_hold(1, ranks=[0])  # woken at a new shm object with the weights it slept with
     assert n.wake_rank(1) is True  # the last wake commits the staged refit on every rank
     n.assert_ranks_hold(2)
     rc, status = n.ctl("status")
