@@ -328,6 +328,70 @@ DeviceOps* Session::device_ops() const {
   return staging_->kind() == storage::MemoryKind::kDevice ? converter_.device_ops() : nullptr;
 }
 
+namespace {
+
+// Where output `o`'s parts among `distinct` lie when the output is split by rows over the engine
+// ranks: every part present (one per shard index), and nothing before the shard dim, so that
+// part k is bytes [k * part, (k + 1) * part) of the whole output. Their indices into `distinct`
+// in shard order; empty otherwise.
+absl::InlinedVector<size_t, 8> RowParts(const TensorPlan& plan, std::span<const Target* const> distinct, size_t o) {
+  absl::InlinedVector<size_t, 8> order;
+  if (!plan.shard_dim.has_value() || plan.shard_parts <= 1) return {};
+  const size_t d = static_cast<size_t>(*plan.shard_dim);
+  order.assign(static_cast<size_t>(plan.shard_parts), distinct.size());
+  size_t found = 0;
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    const Target& t = *distinct[i];
+    if (t.output != o) continue;
+    if (t.full_shape.size() <= d || t.shard_index < 0 || t.shard_index >= plan.shard_parts) return {};
+    for (size_t k = 0; k < d; ++k) {
+      if (t.full_shape[k] != 1) return {};
+    }
+    size_t& slot = order[static_cast<size_t>(t.shard_index)];
+    if (slot != distinct.size()) return {};
+    slot = i;
+    ++found;
+  }
+  if (found != order.size()) return {};
+  return order;
+}
+
+// Whether the parts `order` (RowParts) lie back to back in `outs`, `whole` bytes in all.
+bool InOneRun(const absl::InlinedVector<size_t, 8>& order, std::span<const formats::MutableBytes> outs,
+              uint64_t whole) {
+  if (order.empty()) return false;
+  const uint8_t* next = static_cast<const uint8_t*>(outs[order.front()].data);
+  if (next == nullptr) return false;
+  const uint8_t* const start = next;
+  for (size_t i : order) {
+    if (outs[i].data != next) return false;
+    next += outs[i].bytes;
+  }
+  return next == start + whole;
+}
+
+}  // namespace
+
+absl::Status Session::AllocateRuns(const TensorPlan& plan, std::span<const Target* const> distinct,
+                                   std::span<formats::MutableBytes> outs) {
+  size_t n_outputs = 0;
+  for (const Target* t : distinct) n_outputs = std::max(n_outputs, t->output + 1);
+  for (size_t o = 0; o < n_outputs; ++o) {
+    const absl::InlinedVector<size_t, 8> order = RowParts(plan, distinct, o);
+    if (order.empty()) continue;
+    absl::InlinedVector<Staging::RunPart, 8> parts;
+    for (size_t i : order) {
+      const Target& t = *distinct[i];
+      parts.push_back({&t.key, t.spec.dtype, &t.spec.shape, t.spec.bytes});
+    }
+    absl::StatusOr<std::vector<uint8_t*>> run = staging_->AllocateRun(parts);
+    if (run.status().code() == absl::StatusCode::kFailedPrecondition) continue;  // placed: one by one
+    if (!run.ok()) return run.status();
+    for (size_t k = 0; k < order.size(); ++k) outs[order[k]] = {(*run)[k], parts[k].nbytes};
+  }
+  return absl::OkStatus();
+}
+
 void Session::CountFormatBytes(const TensorPlan& plan, uint64_t bytes) {
   const bool copy = plan.kind == ConvertKind::kCopy;
   auto same = [&](const FormatBytes& f) { return f.copy == copy && (copy || f.format == plan.format); };
@@ -358,18 +422,29 @@ absl::Status Session::StageOnRanks(const TensorDesc& desc, const uint8_t* src, s
     return absl::FailedPreconditionError(absl::StrCat(
         "tensor '", desc.name, "': an engine of several ranks staged on the GPU needs a converter with device ops"));
   }
+  // Whole outputs: straight into staging when the output's parts were staged as one run in row
+  // order (AllocateRuns), else into host buffers sliced from below.
   std::vector<std::vector<uint8_t>> full;
   std::vector<formats::MutableBytes> full_outs;
+  std::vector<bool> in_run(distinct.size(), false);
   for (const Target& t : plan.targets) {
     if (t.output < full.size()) continue;
     REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(t.spec.dtype, t.full_shape));
-    full.emplace_back(n);
+    full.emplace_back();
+    const absl::InlinedVector<size_t, 8> order = RowParts(plan, distinct, t.output);
+    if (InOneRun(order, outs, n)) {
+      full_outs.push_back({outs[order.front()].data, n});
+      for (size_t i : order) in_run[i] = true;
+      continue;
+    }
+    full.back().resize(n);
     full_outs.push_back({full.back().data(), n});
   }
   const ConvertStep step{plan.kind, plan.format, plan.transpose};
   REFIT_RETURN_IF_ERROR(ConvertFull(step, formats::ConstTensor{desc.dtype, desc.shape, src}, planner_.spec().options,
                                     global_amax, full_outs, desc.name, claim));
   for (size_t i = 0; i < distinct.size(); ++i) {
+    if (in_run[i]) continue;
     const Target& t = *distinct[i];
     ShardPart(full[t.output].data(), t.spec.dtype, t.full_shape, sharded ? plan.shard_dim : std::nullopt,
               sharded ? plan.shard_parts : 1, sharded ? t.shard_index : 0, static_cast<uint8_t*>(outs[i].data));
@@ -391,9 +466,22 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
       continue;  // a part every rank shares: staged once
     }
     distinct.push_back(&t);
-    REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
-    staged.push_back(buf);
-    outs.push_back({buf, t.spec.bytes});
+  }
+  if (ranks) {
+    outs.assign(distinct.size(), formats::MutableBytes{nullptr, 0});
+    REFIT_RETURN_IF_ERROR(AllocateRuns(plan, distinct, outs));
+  }
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    const Target& t = *distinct[i];
+    if (!ranks || outs[i].data == nullptr) {
+      REFIT_ASSIGN_OR_RETURN(uint8_t * buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
+      if (ranks) {
+        outs[i] = {buf, t.spec.bytes};
+      } else {
+        outs.push_back({buf, t.spec.bytes});
+      }
+    }
+    staged.push_back(static_cast<uint8_t*>(outs[i].data));
     out_bytes += t.spec.bytes;
     tensor_bytes += t.spec.bytes;
   }

@@ -214,6 +214,11 @@ class Session {
                             const TensorPlan& plan, std::optional<float> global_amax, const float* device_amax,
                             std::optional<float> claim, std::span<const Target* const> distinct,
                             std::span<const formats::MutableBytes> outs);
+  // Over engine ranks: each output of `plan` split by rows whose every part is in `distinct` gets
+  // its parts staged back to back in shard order (Staging::AllocateRun), their buffers into `outs`
+  // (parallel to `distinct`), so the whole output converts in place; the rest stay null.
+  absl::Status AllocateRuns(const TensorPlan& plan, std::span<const Target* const> distinct,
+                            std::span<formats::MutableBytes> outs);
   // `bytes` staged in `plan`'s format (or as copies) in the bucket being converted.
   void CountFormatBytes(const TensorPlan& plan, uint64_t bytes);
   // Single-pass NVFP4 (trainer-supplied amax): {amax to encode against, the tensor's own claim}

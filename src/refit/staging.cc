@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace refit {
 
@@ -54,6 +55,35 @@ absl::StatusOr<uint8_t*> Staging::Allocate(const std::string& key, DType dtype, 
   it->second = StagedTensor{dtype, shape, nbytes, *buf, nullptr};
   bytes_ += nbytes;
   return *buf;
+}
+
+absl::StatusOr<std::vector<uint8_t*>> Staging::AllocateRun(std::span<const RunPart> parts) {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const RunPart& p : parts) {
+    if (staged_.contains(*p.key)) return absl::AlreadyExistsError(absl::StrCat("'", *p.key, "' staged twice"));
+    if (placement_ != nullptr && placement_->Find(*p.key) != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("'", *p.key, "' has a place in the engine"));
+    }
+    total += p.nbytes;
+  }
+  if (parts.empty()) return std::vector<uint8_t*>{};
+  if (total > limit_ - bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("staging limit of ", limit_, " bytes reached (", bytes_, " in use, ", total, " more requested)"));
+  }
+  // The pool keeps the run under a key no tensor has (names are printable), so the next refit of
+  // the same tensor takes the same buffer.
+  REFIT_ASSIGN_OR_RETURN(uint8_t * base, pool_.Get(absl::StrCat("\x01run\x01", *parts[0].key), total));
+  std::vector<uint8_t*> out;
+  uint64_t offset = 0;
+  for (const RunPart& p : parts) {
+    out.push_back(base + offset);
+    staged_.try_emplace(*p.key, StagedTensor{p.dtype, *p.shape, p.nbytes, base + offset, nullptr});
+    offset += p.nbytes;
+  }
+  bytes_ += total;
+  return out;
 }
 
 absl::Status Staging::Reserve(uint64_t nbytes, const std::string& what) {

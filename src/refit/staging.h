@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,17 @@ class Staging {
   // a placement that has `key` at exactly `nbytes`, its place in the engine's memory (not counted
   // against the limit).
   absl::StatusOr<uint8_t*> Allocate(const std::string& key, DType dtype, const Shape& shape, uint64_t nbytes);
+  // Buffers for `parts` back to back in one allocation, in order (an output split by rows over
+  // engine ranks: the whole output is then written in place, no slicing). Errors as Allocate;
+  // FailedPrecondition (nothing allocated) when a placement has any of the keys: the caller then
+  // allocates them one by one.
+  struct RunPart {
+    const std::string* key;
+    DType dtype;
+    const Shape* shape;
+    uint64_t nbytes;
+  };
+  absl::StatusOr<std::vector<uint8_t*>> AllocateRun(std::span<const RunPart> parts);
   // From now on, keys of `placement` are allocated where it says (staging: direct, once the
   // engine is paused). REQUIRES: `placement`'s addresses stay mapped while this staging lives.
   void Place(std::shared_ptr<const Placement> placement);

@@ -130,5 +130,44 @@ TEST_F(PlacementTest, StagingAllocatesPlacedKeysInTheEngineAndTheRestInThePool) 
   EXPECT_EQ(staging.bytes(), 64u * 64u);  // only what the pool holds counts against the limit
 }
 
+// An output split by rows over engine ranks is staged as one run: its parts back to back in one
+// pool buffer (the same buffer again next refit), counted against the limit, refused as a whole
+// past it or when any part has a place in the engine (then staged one by one), and never twice.
+TEST_F(PlacementTest, ARunStagesPartsBackToBackInOneBuffer) {
+  StagingPool pool(storage::NewHostMemory());
+  const std::string k0 = "rank0/w", k1 = "rank1/w", k2 = "rank2/w";
+  const Shape shape = {4, 8};
+  const Staging::RunPart parts[] = {
+      {&k0, DType::kBF16, &shape, 64}, {&k1, DType::kBF16, &shape, 64}, {&k2, DType::kBF16, &shape, 64}};
+  uint8_t* first = nullptr;
+  for (int refit = 0; refit < 2; ++refit) {
+    Staging staging(1 << 20, pool);
+    absl::StatusOr<std::vector<uint8_t*>> run = staging.AllocateRun(parts);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->size(), 3u);
+    EXPECT_EQ((*run)[1], (*run)[0] + 64);
+    EXPECT_EQ((*run)[2], (*run)[0] + 128);
+    if (refit == 0) first = (*run)[0];
+    EXPECT_EQ((*run)[0], first) << "the pool keeps the run's buffer for the next refit";
+    EXPECT_EQ(staging.Get(k1)->data, (*run)[1]);
+    EXPECT_EQ(staging.Get(k1)->shape, shape);
+    EXPECT_EQ(staging.bytes(), 192u);
+    EXPECT_EQ(staging.AllocateRun(parts).status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(staging.Allocate(k2, DType::kBF16, shape, 64).status().code(), absl::StatusCode::kAlreadyExists);
+  }
+  Staging small(128, pool);
+  EXPECT_EQ(small.AllocateRun(parts).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(small.Get(k0), nullptr) << "nothing of a refused run is staged";
+
+  std::shared_ptr<const Placement> p = PlanPlacement(*planner_, *storage_, Plans({{"l.norm.weight", {64}}}));
+  Staging placed(1 << 20, pool);
+  placed.Place(p);
+  const std::string norm = "l.norm.weight";
+  const Shape norm_shape = {64};
+  const Staging::RunPart with_placed[] = {{&k0, DType::kBF16, &shape, 64}, {&norm, DType::kBF16, &norm_shape, 128}};
+  EXPECT_EQ(placed.AllocateRun(with_placed).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(placed.Get(k0), nullptr);
+}
+
 }  // namespace
 }  // namespace refit
