@@ -190,6 +190,41 @@ class GpuConverter final : public Converter, public DeviceOps {
       whole[t.output] = outs[i];
       in_place[i] = true;
     }
+    // Over engine ranks, an output split by rows whose parts were staged back to back in shard
+    // order (Staging::AllocateRun) is written whole in place: no scratch, no slicing.
+    if (sharded) {
+      const size_t d = static_cast<size_t>(*plan.shard_dim);
+      for (size_t o = 0; o < n_outputs; ++o) {
+        if (whole[o].data != nullptr) continue;
+        std::vector<size_t> order(static_cast<size_t>(plan.shard_parts), outs.size());
+        size_t found = 0;
+        bool rows = true;
+        uint64_t full = 0;
+        for (size_t i = 0; i < outs.size() && rows; ++i) {
+          const Target& t = plan.targets[i];
+          if (t.output != o || outs[i].data == nullptr) continue;
+          rows = is_part(t) && t.full_shape.size() > d && t.shard_index >= 0 && t.shard_index < plan.shard_parts &&
+                 order[static_cast<size_t>(t.shard_index)] == outs.size();
+          for (size_t k = 0; k < d && rows; ++k) rows = t.full_shape[k] == 1;
+          if (!rows) break;
+          order[static_cast<size_t>(t.shard_index)] = i;
+          ++found;
+          absl::StatusOr<uint64_t> n = DenseBytes(t.spec.dtype, t.full_shape);
+          if (!n.ok()) return n.status();
+          full = *n;
+        }
+        if (!rows || found != order.size()) continue;
+        uint8_t* const start = static_cast<uint8_t*>(outs[order.front()].data);
+        uint8_t* next = start;
+        for (size_t i : order) {
+          rows = rows && outs[i].data == next;
+          next += outs[i].bytes;
+        }
+        if (!rows || next != start + full) continue;
+        whole[o] = {start, full};
+        for (size_t i : order) in_place[i] = true;
+      }
+    }
     for (size_t i = 0; i < plan.targets.size(); ++i) {
       const Target& t = plan.targets[i];
       if (whole[t.output].data != nullptr) continue;
