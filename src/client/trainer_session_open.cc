@@ -104,6 +104,21 @@ bool PipelinedBegin(RefitSession::Impl& s, TrainerClient::Impl& c, DataPlane& da
   return true;
 }
 
+// Daemon i's part of the session from its begin or join answer (both carry the same fields):
+// the session capability, its id, how buckets are numbered, the data endpoint (endpoints[i]),
+// bucket size (bucket_bytes[i]) and the wire plan.
+template <typename Answer>
+absl::Status TakeMember(RefitSession::Impl& s, size_t i, uint64_t id, const Answer& resp,
+                        std::vector<std::string>& endpoints, std::vector<uint64_t>& bucket_bytes) {
+  s.members[i].session = resp.getSession();
+  s.members[i].id = id;
+  s.members[i].own_seqs = resp.getOwnSeqs();
+  s.members[i].next_seq = resp.getSeqBase();
+  bucket_bytes[i] = resp.getBucketBytes();
+  endpoints[i] = resp.getDataEndpoint().cStr();
+  return UseWirePlan(s, i, resp.hasWirePlan(), resp.getWirePlan());
+}
+
 // Sends the begin of `manifest` to every daemon (the requests go out together) and takes each
 // answer: daemon i's session, its data endpoint (endpoints[i]) and bucket size (bucket_bytes[i]).
 // The first error, naming its daemon.
@@ -150,13 +165,9 @@ absl::Status BeginOnAll(RefitSession::Impl& s, const std::vector<TrainerClient::
         clients[i]->answered = {clients.size() == 1 && clients[i]->manifest_key != 0 && resp.getOwnSeqs() &&
                                     resp.getSeqBase() == 0 && resp.getWirePlan().getTensors().size() == 0,
                                 resp.getDataEndpoint().cStr(), resp.getBucketBytes(), manifest.wire_format};
-        s.members[i].session = resp.getSession();
-        s.members[i].id = resp.getSessionId();
-        s.members[i].own_seqs = resp.getOwnSeqs();
-        s.members[i].next_seq = resp.getSeqBase();
-        bucket_bytes[i] = resp.getBucketBytes();
-        endpoints[i] = resp.getDataEndpoint().cStr();
-        if (absl::Status st = UseWirePlan(s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
+        if (absl::Status st = TakeMember(s, i, resp.getSessionId(), resp, endpoints, bucket_bytes); !st.ok()) {
+          return st;
+        }
         return true;
       }
       kj::throwFatalException(KJ_EXCEPTION(FAILED, "begin request could not be sent"));
@@ -178,13 +189,7 @@ absl::Status JoinOnAll(RefitSession::Impl& s, const std::vector<TrainerClient::I
       req.setSessionId(ids[i]);
       auto resp = req.send().wait(wait);
       if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
-      s.members[i].session = resp.getSession();
-      s.members[i].id = ids[i];
-      s.members[i].own_seqs = resp.getOwnSeqs();
-      s.members[i].next_seq = resp.getSeqBase();
-      bucket_bytes[i] = resp.getBucketBytes();
-      endpoints[i] = resp.getDataEndpoint().cStr();
-      if (absl::Status st = UseWirePlan(s, i, resp.hasWirePlan(), resp.getWirePlan()); !st.ok()) return st;
+      if (absl::Status st = TakeMember(s, i, ids[i], resp, endpoints, bucket_bytes); !st.ok()) return st;
       return true;
     });
     if (!ok.ok() && failed.ok()) failed = Prefixed(ok.status(), s.Who(i));
