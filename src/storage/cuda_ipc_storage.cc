@@ -5,7 +5,6 @@
 
 #include <cstring>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
@@ -180,14 +179,13 @@ absl::Status CudaIpcEngineStorage::PrepareDeviceWrites(const std::vector<DeviceW
   batch_.reset();
   prepared_ = false;
   // Staging on another GPU (an engine rank whose parts were staged where the converter runs): the
-  // batch kernel reads it over peer access; without peer access each write is its own copy.
-  absl::flat_hash_map<int, bool> readable;
+  // batch kernel reads it over peer access; without peer access each write is its own copy. One
+  // commit's writes all come from one staging pool, on one GPU: asked once, not per write (a MoE
+  // commit has tens of thousands).
+  const bool readable = writes.empty() || CanRead(device_, DeviceOf(writes.front().src));
   for (const DeviceWrite& w : writes) {
     if (absl::Status st = CheckDeviceWrite(infos_, w); !st.ok()) return st;
-    const int from = DeviceOf(w.src);
-    auto [it, fresh] = readable.try_emplace(from, false);
-    if (fresh) it->second = CanRead(device_, from);
-    if (!it->second) {
+    if (!readable) {
       unbatched_.push_back(w);
       continue;
     }
