@@ -19,7 +19,8 @@ from pathlib import Path
 
 SRC = Path(os.environ.get("REFIT_SOURCE_DIR", Path(__file__).resolve().parents[2]))
 BIN = Path(os.environ.get("REFIT_BINARY_DIR", SRC / "build"))
-REFITD = BIN / "src/server/refitd"
+# REFIT_REFITD runs the tests against another refitd, e.g. one installed from the package.
+REFITD = Path(os.environ.get("REFIT_REFITD", BIN / "src/server/refitd"))
 ENGINE = BIN / "tools/examples/example_engine"
 TRAINER = BIN / "tools/examples/example_trainer"
 REFITCTL = BIN / "tools/refitctl"
