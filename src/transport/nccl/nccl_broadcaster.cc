@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     nccl::Hello hello;
     hello.magic = nccl::Hello::kGroupMagic;
     hello.name_bytes = static_cast<uint32_t>(name.size());
+    hello.nccl_version = nccl::LoadedNcclVersion();
     nccl::GroupJoin join;
     join.nranks = nranks;
     join.rank = static_cast<int32_t>(i) + 1;
@@ -49,6 +50,11 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     absl::Status st = nccl::WriteAll(sock, &hello, sizeof(hello));
     if (st.ok()) st = nccl::WriteAll(sock, name.data(), name.size());
     if (st.ok()) st = nccl::WriteAll(sock, &join, sizeof(join));
+    if (st.ok()) {
+      st = nccl::AwaitNcclVersion(sock, absl::StrCat("refitd at ", endpoints[i]),
+                                   absl::Now() + options.connect_timeout);
+      if (absl::IsFailedPrecondition(st)) return st;
+    }
     if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL fan-out rendezvous with ", endpoints[i], ": ", st.message()));
   }
   NcclBroadcaster* self = b.get();

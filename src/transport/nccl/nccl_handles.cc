@@ -1,6 +1,7 @@
 #include "transport/nccl/nccl_handles.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -88,6 +89,46 @@ absl::StatusOr<const void*> OnDevice(const void* payload, uint64_t bytes, Device
     return st;
   }
   return static_cast<const void*>(*copy);
+}
+
+int32_t LoadedNcclVersion() {
+  int version = 0;
+  ncclGetVersion(&version);
+  return version;
+}
+
+std::string NcclVersionText(int32_t code) {
+  // NCCL_VERSION(X, Y, Z) is X * 10000 + Y * 100 + Z from 2.9 on; X * 1000 + Y * 100 + Z before.
+  if (code >= 20900) return absl::StrCat(code / 10000, ".", code / 100 % 100, ".", code % 100);
+  return absl::StrCat(code / 1000, ".", code / 100 % 10, ".", code % 100);
+}
+
+std::string LoadedNcclLibrary() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) == 0 || info.dli_fname == nullptr) return "unknown";
+  return info.dli_fname;
+}
+
+absl::Status SameNcclVersion(int32_t mine, int32_t theirs, absl::string_view peer) {
+  if (mine == theirs) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "NCCL version mismatch with ", peer, ": this process runs NCCL ", NcclVersionText(mine), " (",
+      LoadedNcclLibrary(), "), the peer runs NCCL ", NcclVersionText(theirs),
+      "; NCCL connects only processes of the same version: give refitd the trainer's libnccl.so.2 "
+      "(LD_LIBRARY_PATH ahead of the copy the package carries, docs/operations.md \"NCCL version\") or build "
+      "the trainer against refitd's"));
+}
+
+absl::Status AnswerNcclVersion(int fd, int32_t sender_version) {
+  const int32_t mine = LoadedNcclVersion();
+  if (absl::Status st = WriteAll(fd, &mine, sizeof(mine)); !st.ok()) return st;
+  return SameNcclVersion(mine, sender_version, "the sender");
+}
+
+absl::Status AwaitNcclVersion(int fd, absl::string_view peer, absl::Time deadline) {
+  int32_t theirs = 0;
+  if (absl::Status st = ReadAll(fd, &theirs, sizeof(theirs), deadline); !st.ok()) return st;
+  return SameNcclVersion(LoadedNcclVersion(), theirs, peer);
 }
 
 std::string SenderName(const std::string& configured) {

@@ -132,6 +132,19 @@ absl::Status CheckIdle(int fd, absl::string_view peer);
 // DataLoss for bytes that are not a frame.
 absl::Status AwaitFrame(int fd, absl::string_view peer, const std::function<bool()>& stop, Frame& frame);
 
+// The NCCL this process loaded: ncclGetVersion's code, that code as text ("2.28.9"), and the file
+// the library was loaded from (what LD_LIBRARY_PATH or RUNPATH picked).
+int32_t LoadedNcclVersion();
+std::string NcclVersionText(int32_t code);
+std::string LoadedNcclLibrary();
+// The version step of the rendezvous (nccl_wire.h). The receiver answers its version after the
+// hello and refuses (FailedPrecondition) a sender of another; the sender reads that answer and
+// refuses likewise, with an error that names both versions, this process's library and what to
+// change.
+absl::Status AnswerNcclVersion(int fd, int32_t sender_version);
+absl::Status AwaitNcclVersion(int fd, absl::string_view peer, absl::Time deadline);
+absl::Status SameNcclVersion(int32_t mine, int32_t theirs, absl::string_view peer);
+
 // "nccl:<host>:<port>" <-> parts.
 std::string FormatEndpoint(const std::string& host, uint16_t port);
 absl::Status ParseEndpoint(const std::string& endpoint, std::string& host, uint16_t& port);

@@ -137,7 +137,10 @@ void NcclReceiver::ServePeer(Peer& peer) {
     peer.nranks = join.nranks;
     peer.rank = join.rank;
     peer.name = absl::StrCat(peer.name, " (fan-out rank ", join.rank, " of ", join.nranks, ")");
-  } else {
+  }
+  // The sender names the mismatch in its error (which reaches the session's abort reason).
+  if (!nccl::AnswerNcclVersion(peer.fd.get(), hello.nccl_version).ok()) return;
+  if (hello.magic != nccl::Hello::kGroupMagic) {
     if (!nccl::NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId").ok()) return;
     if (!nccl::WriteAll(peer.fd.get(), &id, sizeof(id)).ok()) return;
   }

@@ -27,10 +27,13 @@ absl::StatusOr<std::unique_ptr<NcclSender>> NcclSender::Connect(const std::strin
   const std::string name = nccl::SenderName(options.peer_name);
   nccl::Hello hello;
   hello.name_bytes = static_cast<uint32_t>(name.size());
+  hello.nccl_version = nccl::LoadedNcclVersion();
   absl::Status st = nccl::WriteAll(s->fd_.get(), &hello, sizeof(hello));
   if (st.ok()) st = nccl::WriteAll(s->fd_.get(), name.data(), name.size());
   ncclUniqueId id;
   const absl::Time deadline = absl::Now() + options.connect_timeout;
+  if (st.ok()) st = nccl::AwaitNcclVersion(s->fd_.get(), absl::StrCat("refitd at ", endpoint), deadline);
+  if (absl::IsFailedPrecondition(st)) return st;
   if (st.ok()) st = nccl::ReadAll(s->fd_.get(), &id, sizeof(id), deadline);
   if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL rendezvous with ", endpoint, ": ", st.message()));
   std::string peer = absl::StrCat("receiver ", endpoint);

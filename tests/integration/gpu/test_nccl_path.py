@@ -93,3 +93,25 @@ def test_fanout_broadcast_refits_match_offline_conversion(node_factory):
     p, lines = node.trainer("--fanout", "--refits", "1", "--seed", "14")
     assert p.returncode == 0 and lines[0]["engine_matches_expected"], p.stdout + p.stderr + node.log.read_text()[-3000:]
     print(json.dumps({"fanout_abort_after_kill_s": time.monotonic() - started}))
+
+
+def test_a_trainer_of_another_nccl_version_is_refused_with_both_versions_named(node_factory, nccl_placement):
+    """refitd loads another libnccl.so.2 than the trainer (as the package's bundled copy and a
+    trainer's PyTorch wheel may differ): the session fails at the rendezvous with both versions
+    named, nothing is committed, and the engine keeps its bytes. REFIT_OTHER_NCCL_DIR names a
+    directory with a libnccl.so.2 of another version than the trainer's."""
+    other = os.environ.get("REFIT_OTHER_NCCL_DIR", "")
+    if not other or not os.path.exists(os.path.join(other, "libnccl.so.2")):
+        pytest.skip("REFIT_OTHER_NCCL_DIR (a libnccl.so.2 of another version than the trainer's) is not set")
+    env = dict(nccl_placement["env"] or {})
+    env["LD_LIBRARY_PATH"] = other + ":" + os.environ.get("LD_LIBRARY_PATH", "")
+    node = node_factory(env=env)
+    p, lines = node.trainer("--refits", "1")
+    assert p.returncode != 0, p.stdout
+    out = p.stdout + p.stderr
+    assert "NCCL version mismatch with refitd at nccl:" in out, out
+    assert "this process runs NCCL 2." in out and "the peer runs NCCL 2." in out, out
+    assert "invalid usage" not in out, out  # refused before NCCL's own check
+    wait_for(lambda: "outcome=aborted" in node.log.read_text(), timeout=30, what="the session's abort")
+    assert "NCCL version mismatch" in node.log.read_text()
+    assert node.engine_matches(0)["version"] == 0

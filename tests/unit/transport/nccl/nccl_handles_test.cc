@@ -145,6 +145,47 @@ TEST(NcclRendezvousTest, ReadAllTimesOutAndListenConnectRoundTrip) {
   EXPECT_FALSE(ListenTcp("not-an-address", 0, port).ok());
 }
 
+TEST(NcclVersionTest, VersionCodesReadAsNcclPrintsThem) {
+  EXPECT_EQ(NcclVersionText(22809), "2.28.9");
+  EXPECT_EQ(NcclVersionText(21903), "2.19.3");
+  EXPECT_EQ(NcclVersionText(2804), "2.8.4");  // the old encoding, before 2.9
+  EXPECT_GE(LoadedNcclVersion(), 20900);
+  EXPECT_THAT(LoadedNcclLibrary(), HasSubstr("libnccl"));
+}
+
+TEST_F(SocketPairTest, ReceiverAnswersItsVersionAndTakesASenderOfTheSame) {
+  ASSERT_TRUE(AnswerNcclVersion(fds_[0], LoadedNcclVersion()).ok());
+  EXPECT_TRUE(AwaitNcclVersion(fds_[1], "refitd at nccl:h:1", absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST_F(SocketPairTest, AMismatchedNcclIsRefusedOnBothSidesWithBothVersionsNamed) {
+  const int32_t mine = LoadedNcclVersion();
+  const int32_t other = mine == 22803 ? 22809 : 22803;
+  // The receiver still answers (the sender learns why) and refuses.
+  absl::Status rx = AnswerNcclVersion(fds_[0], other);
+  EXPECT_EQ(rx.code(), absl::StatusCode::kFailedPrecondition) << rx;
+  EXPECT_THAT(rx.message(), HasSubstr(NcclVersionText(other)));
+  // The sender reads a receiver of another version: the error names both and this side's library.
+  const int32_t theirs = other;
+  ASSERT_TRUE(WriteAll(fds_[0], &theirs, sizeof(theirs)).ok());
+  int32_t answered = 0;
+  ASSERT_TRUE(ReadAll(fds_[1], &answered, sizeof(answered), absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(answered, mine);
+  absl::Status tx = AwaitNcclVersion(fds_[1], "refitd at nccl:h:1", absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(tx.code(), absl::StatusCode::kFailedPrecondition) << tx;
+  EXPECT_THAT(tx.message(), HasSubstr("refitd at nccl:h:1"));
+  EXPECT_THAT(tx.message(), HasSubstr(NcclVersionText(mine)));
+  EXPECT_THAT(tx.message(), HasSubstr(NcclVersionText(other)));
+  EXPECT_THAT(tx.message(), HasSubstr(LoadedNcclLibrary()));
+}
+
+TEST_F(SocketPairTest, ASilentReceiverIsNotAVersionMismatch) {
+  close(fds_[0]);  // the receiver's end
+  fds_[0] = -1;
+  absl::Status st = AwaitNcclVersion(fds_[1], "refitd at nccl:h:1", absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+}
+
 TEST(NcclReceiverTest, ListenRefusesADeviceThatDoesNotExist) {
   NcclOptions options;
   options.device = 4096;
