@@ -51,8 +51,8 @@ absl::StatusOr<std::unique_ptr<NcclBroadcaster>> NcclBroadcaster::Connect(const 
     if (st.ok()) st = nccl::WriteAll(sock, name.data(), name.size());
     if (st.ok()) st = nccl::WriteAll(sock, &join, sizeof(join));
     if (st.ok()) {
-      st = nccl::AwaitNcclVersion(sock, absl::StrCat("refitd at ", endpoints[i]),
-                                   absl::Now() + options.connect_timeout);
+      st =
+          nccl::AwaitNcclVersion(sock, absl::StrCat("refitd at ", endpoints[i]), absl::Now() + options.connect_timeout);
       if (absl::IsFailedPrecondition(st)) return st;
     }
     if (!st.ok()) return absl::UnavailableError(absl::StrCat("NCCL fan-out rendezvous with ", endpoints[i], ": ", st.message()));
