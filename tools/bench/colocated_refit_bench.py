@@ -39,6 +39,14 @@ colocated user writes today, measured in one run.
             engine sleeps (its weights' memory given back: freed_bytes_asleep, per sleep).
   copy      a plain device-to-device copy of bytes_out (the engine's bytes) in one cudaMemcpy,
             against refitd's pause (goal: pause <= copy + 1 ms).
+  moe       --workload moe: Qwen3-30B-A3B shapes (hidden 2048, 32 heads of 128, 4 key/value
+            groups, 128 experts of 768, vocabulary 151936; --moe-layers of its 48 layers, as many
+            as fit the card) under the shipped deploy/models/qwen3_moe_nvfp4.yaml, its sizes from a
+            config.json of that model written here (given to refitd, engine and trainer): every
+            expert's gate/up fused and stacked into w13_weight, down stacked into w2_weight, NVFP4
+            with swizzled scales; the rest BF16 (q/k/v fused). The PyTorch baseline then quantizes
+            each expert projection with gpu_baseline.py's nvfp4_quant into per-expert weights
+            (no fusion, stacking or swizzle: less work than refitd does) and copies the rest.
 
   python3 tools/bench/colocated_refit_bench.py --build build --baseline shared/bench/gpu_baseline.py \
       [--refits 3] [--out FILE]
@@ -102,17 +110,49 @@ def copy_rates(copy_bytes: int, engine_bytes: int) -> dict:
 # ---- The PyTorch baseline -----------------------------------------------------------------
 
 
-def baseline_engine(baseline_path: str, rx: int, tx: int) -> int:
+# Qwen3-30B-A3B's sizes (its config.json); --moe-layers picks how many of its 48 layers.
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+                 "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                 "intermediate_size": 6144, "num_hidden_layers": 48, "rms_norm_eps": 1e-6,
+                 "tie_word_embeddings": False}
+
+
+def moe_shapes(layers: int):
+    c = QWEN3_30B_A3B
+    H, E, I, V = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["vocab_size"]
+    Q, KV, D = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], c["head_dim"]
+    shapes = [("embed", (V, H))]
+    for l in range(layers):
+        shapes += [(f"l{l}.q", (Q, H)), (f"l{l}.k", (KV, H)), (f"l{l}.v", (KV, H)), (f"l{l}.o", (H, Q)),
+                   (f"l{l}.q_norm", (D,)), (f"l{l}.k_norm", (D,)), (f"l{l}.router", (E, H)),
+                   (f"l{l}.in_norm", (H,)), (f"l{l}.post_norm", (H,))]
+        for e in range(E):
+            shapes += [(f"l{l}.experts.{e}.gate", (I, H)), (f"l{l}.experts.{e}.up", (I, H)),
+                       (f"l{l}.experts.{e}.down", (H, I))]
+    shapes += [("norm", (H,)), ("lm_head", (V, H))]
+    return shapes
+
+
+def baseline_shapes(base, workload: str, layers: int):
+    return base.llama8b_shapes() if workload == "llama8b" else moe_shapes(layers)
+
+
+def baseline_engine(baseline_path: str, rx: int, tx: int, workload: str = "llama8b", layers: int = 0) -> int:
     """Receives per-tensor handles, quantizes and copies into its weights, replies when done."""
     import torch
     from torch.multiprocessing import reductions  # noqa: F401 (registers the CUDA rebuild functions)
 
     base = load_module(baseline_path)
     torch.cuda.set_device(0)
-    shapes = base.llama8b_shapes()
+    shapes = baseline_shapes(base, workload, layers)
     weights = {}
     for name, s in shapes:
-        if len(s) == 2 and not name.startswith(("embed", "lm_head")):
+        if workload == "moe" and ".experts." in name:
+            weights[name] = (torch.empty((s[0], s[1] // 2), dtype=torch.uint8, device="cuda:0"),
+                             torch.empty((s[0], s[1] // 16), dtype=torch.float8_e4m3fn, device="cuda:0"),
+                             torch.empty((), dtype=torch.float32, device="cuda:0"))
+        elif workload == "llama8b" and len(s) == 2 and not name.startswith(("embed", "lm_head")):
             weights[name] = (torch.empty(s, dtype=torch.float8_e4m3fn, device="cuda:0"),
                              torch.empty(((s[0] + 127) // 128, (s[1] + 127) // 128), dtype=torch.float32,
                                          device="cuda:0"))
@@ -133,7 +173,12 @@ def baseline_engine(baseline_path: str, rx: int, tx: int) -> int:
             for name, (rebuild, args) in msg:
                 src = rebuild(*args)  # opens (or finds) the trainer's allocation
                 dst = weights[name]
-                if len(dst) == 2:
+                if len(dst) == 3:
+                    q, scale, gscale = base.nvfp4_quant(src)
+                    dst[0].copy_(q)
+                    dst[1].copy_(scale)
+                    dst[2].copy_(gscale)
+                elif len(dst) == 2:
                     q, scale = base.fp8_block_quant(src)
                     dst[0].copy_(q)
                     dst[1].copy_(scale)
@@ -147,20 +192,21 @@ def baseline_engine(baseline_path: str, rx: int, tx: int) -> int:
         wfile.flush()
 
 
-def baseline(baseline_path: str, refits: int) -> dict:
+def baseline(baseline_path: str, refits: int, workload: str = "llama8b", layers: int = 0) -> dict:
     import torch
     from torch.multiprocessing.reductions import reduce_tensor
 
     base = load_module(baseline_path)
     torch.cuda.set_device(0)
-    shapes = base.llama8b_shapes()
+    shapes = baseline_shapes(base, workload, layers)
     g = torch.Generator(device="cuda:0").manual_seed(0)
     tensors = [(name, torch.randn(s, dtype=torch.bfloat16, device="cuda:0", generator=g)) for name, s in shapes]
     bytes_in = sum(t.numel() * t.element_size() for _, t in tensors)
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--baseline-engine", baseline_path,
-                             "--rx", str(to_r), "--tx", str(from_w)], pass_fds=(to_r, from_w))
+                             "--rx", str(to_r), "--tx", str(from_w), "--workload", workload,
+                             "--moe-layers", str(layers)], pass_fds=(to_r, from_w))
     os.close(to_r)
     os.close(from_w)
     wfile, rfile = os.fdopen(to_w, "wb"), os.fdopen(from_r, "rb")
@@ -203,13 +249,17 @@ def main() -> int:
     ap.add_argument("--engine-tps", default="1",
                     help="comma-separated engine tensor-parallel sizes: each run is repeated for an engine of that "
                          "many rank processes, all on GPU 0 (labels _tpN for N > 1; e.g. 1,4)")
+    ap.add_argument("--workload", choices=["llama8b", "moe"], default="llama8b",
+                    help="llama8b (Llama-3-8B shapes, --spec), or moe (Qwen3-30B-A3B shapes under the shipped "
+                         "qwen3_moe_nvfp4.yaml, --moe-layers of its 48 layers)")
+    ap.add_argument("--moe-layers", type=int, default=48)
     ap.add_argument("--out", default="")
     ap.add_argument("--baseline-engine", help=argparse.SUPPRESS)
     ap.add_argument("--rx", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tx", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.baseline_engine:
-        return baseline_engine(a.baseline_engine, a.rx, a.tx)
+        return baseline_engine(a.baseline_engine, a.rx, a.tx, a.workload, a.moe_layers)
     import nccl_refit_bench as nb
 
     build = Path(a.build).resolve()
@@ -222,6 +272,18 @@ def main() -> int:
 
     tps = [int(x) for x in a.engine_tps.split(",")]
     specs = {tp: "" for tp in tps}
+    shape, model_config = nb.LLAMA8B, ""
+    out["workload"] = a.workload
+    if a.workload == "moe":
+        if tps != [1]:
+            raise SystemExit("--workload moe runs a one-process engine (--engine-tps 1)")
+        if a.spec.endswith("llama3_fp8.yaml"):
+            a.spec = str(HERE.parent.parent / "deploy/models/qwen3_moe_nvfp4.yaml")
+        config = dict(QWEN3_30B_A3B, num_hidden_layers=a.moe_layers)
+        model_config = str(tmp / "config.json")
+        Path(model_config).write_text(json.dumps(config))
+        shape = nb.moe_shape(a.moe_layers)
+        out["moe_layers"] = a.moe_layers
     if a.spec != "demo":
         # The shipped spec with the engine's tensor_parallel size: 1, one engine process holding the
         # whole model; N, N engine rank processes sharing GPU 0, each holding its part.
@@ -238,9 +300,9 @@ def main() -> int:
         raise SystemExit("--engine-tps needs a spec (not demo)")
 
     def refitd_run(in_place, staging="device", engine_args=(), trainer_args=(), tp=1):
-        r = nb.run_workload(build, "llama8b", nb.LLAMA8B, specs[tp], a.refits, a.bucket_bytes, tmp, slots=a.slots,
+        r = nb.run_workload(build, a.workload, shape, specs[tp], a.refits, a.bucket_bytes, tmp, slots=a.slots,
                             transport="cuda_ipc", in_place=in_place, staging=staging, engine_args=engine_args,
-                            trainer_args=trainer_args, engine_ranks=tp)
+                            trainer_args=trainer_args, engine_ranks=tp, model_config=model_config)
         steady = r["refits"][1:] if len(r["refits"]) > 1 else r["refits"]
         return r, {"wall_ms": r["wall_ms"], "walls_ms": [x["push_commit_ms"] for x in r["refits"]],
                    # From the weights ready to the commit's answer (differs from wall_ms with
@@ -301,7 +363,7 @@ def main() -> int:
         results[label]["engine_tp"] = tp
         if "--sleep-wake" in engine_args:
             # The engine's memory given back at each sleep (its weights), from its log.
-            events = [json.loads(l) for l in (tmp / "llama8b.0.engine.log").read_text().splitlines() if l.startswith("{")]
+            events = [json.loads(l) for l in (tmp / f"{a.workload}.0.engine.log").read_text().splitlines() if l.startswith("{")]
             asleep = [e for e in events if e.get("event") == "asleep"]
             results[label]["sleeps"] = len(asleep)
             results[label]["freed_bytes_asleep"] = [e["freed_bytes"] for e in asleep]
@@ -329,7 +391,7 @@ def main() -> int:
                           if x["engine_tp"] > 1 and label.rsplit("_tp", 1)[0] in results}
     save()
     if a.baseline:
-        b = baseline(a.baseline, a.refits)
+        b = baseline(a.baseline, a.refits, a.workload, a.moe_layers)
         b["refitd_speedup"] = b["wall_ms"] / r["wall_ms"]
         for label, x in results.items():
             b[f"{label}_speedup"] = b["wall_ms"] / x["wall_ms"]
@@ -337,7 +399,8 @@ def main() -> int:
         out["baseline"] = b
         save()
     print(json.dumps(out, indent=1))
-    print(f"colocated FP8 refit, {r['bytes_in'] / 1e9:.2f} GB in, {r['bytes_out'] / 1e9:.2f} GB out; bound "
+    what = "FP8" if a.workload == "llama8b" else f"Qwen3-30B-A3B NVFP4 ({a.moe_layers} layers)"
+    print(f"colocated {what} refit, {r['tensors']} tensors, {r['bytes_in'] / 1e9:.2f} GB in, {r['bytes_out'] / 1e9:.2f} GB out; bound "
           f"{bound_ms:.2f} ms; one copy of the engine's bytes {copy['engine_bytes_copy_ms']:.2f} ms", file=sys.stderr)
     print(f"{'run':<16} {'wall ms':>8} {'of bound':>8} {'pause ms':>8} {'convert':>8} {'commit':>8} {'in place GB':>11}",
           file=sys.stderr)

@@ -44,10 +44,10 @@ def moe_shape(layers):
 
 
 def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transport="nccl", staging="device",
-               engine_args=(), engine_ranks=1):
+               engine_args=(), engine_ranks=1, model_config=""):
     """refitd + an idle example engine on GPU k (`engine_ranks` > 1: that many engine rank
-    processes, all on GPU k, `spec` stating tensor_parallel size engine_ranks); returns
-    (address, [processes], log)."""
+    processes, all on GPU k, `spec` stating tensor_parallel size engine_ranks; `model_config`: the
+    config.json a spec takes its sizes from); returns (address, [processes], log)."""
     sock = tmp / f"{name}.{k}.sock"
     cfg = tmp / f"{name}.{k}.yaml"
     text = (f"listen: unix:{sock}\nstaging: {staging}\nadmin: {{listen: ''}}\n"
@@ -55,6 +55,8 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
             f"limits:\n  bucket_bytes: {bucket_bytes}\n  bucket_slots: {slots}\n  session_deadline_ms: 600000\n")
     if spec:
         text += f"model_spec: {spec}\n"
+    if model_config:
+        text += f"model_config: {model_config}\n"
     cfg.write_text(text)
     log = tmp / f"{name}.{k}.refitd.log"
     elog = tmp / f"{name}.{k}.engine.log"
@@ -66,7 +68,7 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
         time.sleep(0.05)
     if procs[0].poll() is not None:
         raise RuntimeError(f"refitd exited: {log.read_text()[-2000:]}")
-    spec_flag = ["--spec", spec] if spec else []
+    spec_flag = (["--spec", spec] if spec else []) + (["--model-config", model_config] if model_config else [])
     for r in range(engine_ranks):
         rlog = elog if r == 0 else tmp / f"{name}.{k}.engine{r}.log"
         rank = ["--tp-rank", str(r)] if engine_ranks > 1 else []
@@ -83,7 +85,8 @@ def start_node(build, name, k, shape, spec, bucket_bytes, tmp, slots=2, transpor
 
 
 def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1, fanout=False, slots=2,
-                 transport="nccl", in_place=False, staging="device", engine_args=(), trainer_args=(), engine_ranks=1):
+                 transport="nccl", in_place=False, staging="device", engine_args=(), trainer_args=(), engine_ranks=1,
+                 model_config=""):
     """The trainer on GPU 0 refits `daemons` refitd+engine pairs on GPUs 1..daemons: point to point
     (one daemon), or by fan-out (FanoutClient: one NCCL broadcast per bucket to every daemon).
     `in_place`: the trainer pushes by RefitSession::PushInPlace (example_trainer --in-place);
@@ -95,11 +98,11 @@ def run_workload(build, name, shape, spec, refits, bucket_bytes, tmp, daemons=1,
         first = 0 if transport == "cuda_ipc" else 1  # colocated: refitd and engine on the trainer's GPU
         for k in range(first, first + daemons):
             address, ps, log = start_node(build, label, k, shape, spec, bucket_bytes, tmp, slots, transport, staging,
-                                          engine_args, engine_ranks)
+                                          engine_args, engine_ranks, model_config)
             addresses.append(address)
             procs += ps
             logs.append(log)
-        spec_flag = ["--spec", spec] if spec else []
+        spec_flag = (["--spec", spec] if spec else []) + (["--model-config", model_config] if model_config else [])
         cmd = [str(build / "tools/examples/example_trainer")]
         for a in addresses:
             cmd += ["--address", a]
