@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "common/trace.h"
 #include "formats/format.h"
+#include "formats/format_info.h"
 #include "refit/convert.h"
 #include "refit/megatron_source.h"
 
@@ -370,7 +371,62 @@ bool InOneRun(const absl::InlinedVector<size_t, 8>& order, std::span<const forma
   return next == start + whole;
 }
 
+// Rows of the input each rank's parts take when every output of `plan` is split by rows over the
+// ranks, each rank's part of each output its own target (nothing shared), and converting a
+// rank's input rows alone gives exactly that rank's parts (a row-local conversion without a
+// tensor-wide amax, the parts on whole blocks): then each rank's rows convert as a tensor of
+// their own. nullopt where any of that does not hold.
+std::optional<int64_t> RowsPerRank(const TensorPlan& plan, const TensorDesc& desc,
+                                   std::span<const Target* const> distinct) {
+  if (plan.shard_dim != 0 || plan.shard_parts <= 1 || plan.transpose || desc.shape.empty()) return std::nullopt;
+  if (distinct.size() != plan.targets.size() || desc.shape[0] % plan.shard_parts != 0) return std::nullopt;
+  const bool quantize = plan.kind == ConvertKind::kQuantize;
+  if (quantize && formats::NeedsGlobalAmax(plan.format)) return std::nullopt;
+  const int64_t rows = desc.shape[0] / plan.shard_parts;
+  Shape part = desc.shape;
+  part[0] = rows;
+  std::vector<formats::OutputSpec> planned;
+  if (quantize) {
+    if (rows % formats::BlockAlong(plan.format, 0, desc.shape.size()) != 0) return std::nullopt;
+    absl::StatusOr<std::vector<formats::OutputSpec>> o = formats::PlanOutputs(plan.format, desc.dtype, part);
+    if (!o.ok()) return std::nullopt;
+    planned = *std::move(o);
+  }
+  for (const Target& t : plan.targets) {
+    if (t.shard_index < 0 || t.shard_index >= plan.shard_parts) return std::nullopt;
+    if (quantize ? (t.output >= planned.size() || planned[t.output].shape != t.spec.shape ||
+                    planned[t.output].bytes != t.spec.bytes)
+                 : (t.output != 0 || t.spec.shape != part)) {
+      return std::nullopt;
+    }
+  }
+  return rows;
+}
+
 }  // namespace
+
+absl::Status Session::ConvertRowsPerRank(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                                         const TensorPlan& plan, int64_t rows, std::span<const Target* const> distinct,
+                                         std::span<const formats::MutableBytes> outs) {
+  const uint64_t part_bytes = desc.nbytes / static_cast<uint64_t>(plan.shard_parts);
+  TensorDesc part = desc;
+  part.shape[0] = rows;
+  part.nbytes = part_bytes;
+  absl::InlinedVector<formats::MutableBytes, 4> rank_outs;
+  for (int64_t r = 0; r < plan.shard_parts; ++r) {
+    rank_outs.assign(formats::kMaxOutputs, formats::MutableBytes{nullptr, 0});
+    size_t n = 0;
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      if (distinct[i]->shard_index != r) continue;
+      rank_outs[distinct[i]->output] = outs[i];
+      n = std::max(n, distinct[i]->output + 1);
+    }
+    rank_outs.resize(n);
+    REFIT_RETURN_IF_ERROR(converter_.Convert(plan, part, src + static_cast<uint64_t>(r) * part_bytes, src_kind,
+                                             rank_outs, planner_.spec().options));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Session::AllocateRuns(const TensorPlan& plan, std::span<const Target* const> distinct,
                                    std::span<formats::MutableBytes> outs) {
@@ -408,6 +464,19 @@ absl::Status Session::StageOnRanks(const TensorDesc& desc, const uint8_t* src, s
                                    std::optional<float> claim, std::span<const Target* const> distinct,
                                    std::span<const formats::MutableBytes> outs) {
   const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
+  // Rows split over the ranks whose parts lie apart (`direct`: each in its rank's memory; staged
+  // parts lie in one run, converted whole below): each rank's rows convert as a tensor of their
+  // own straight into its parts, with no whole output in scratch sliced out afterwards.
+  if (!global_amax && device_amax == nullptr && !claim) {
+    if (std::optional<int64_t> rows = RowsPerRank(plan, desc, distinct); rows.has_value()) {
+      bool apart = false;
+      for (size_t o = 0; o < formats::kMaxOutputs && !apart; ++o) {
+        const absl::InlinedVector<size_t, 8> order = RowParts(plan, distinct, o);
+        apart = !order.empty() && !InOneRun(order, outs, outs[order.front()].bytes * order.size());
+      }
+      if (apart) return ConvertRowsPerRank(desc, src, src_kind, plan, *rows, distinct, outs);
+    }
+  }
   // Several engine ranks: the tensor is converted whole once, then each rank's part (or the
   // one part they share) is staged: on the GPU by the device ops, else on the host.
   if (DeviceOps* ops = device_ops(); ops != nullptr) {

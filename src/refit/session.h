@@ -217,6 +217,10 @@ class Session {
   // Over engine ranks: each output of `plan` split by rows whose every part is in `distinct` gets
   // its parts staged back to back in shard order (Staging::AllocateRun), their buffers into `outs`
   // (parallel to `distinct`), so the whole output converts in place; the rest stay null.
+  // Each rank's input rows converted alone into its parts (RowsPerRank in session.cc).
+  absl::Status ConvertRowsPerRank(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                                  const TensorPlan& plan, int64_t rows, std::span<const Target* const> distinct,
+                                  std::span<const formats::MutableBytes> outs);
   absl::Status AllocateRuns(const TensorPlan& plan, std::span<const Target* const> distinct,
                             std::span<formats::MutableBytes> outs);
   // `bytes` staged in `plan`'s format (or as copies) in the bucket being converted.

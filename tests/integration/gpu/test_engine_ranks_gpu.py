@@ -45,20 +45,23 @@ def spec_for(tmp: Path, spec_file: str, tp: int, ep: int) -> Path:
     return out
 
 
-@pytest.mark.parametrize("staging", ["host", "device", "direct", "device-vmm"])
+@pytest.mark.parametrize("staging", ["host", "host-direct", "device", "direct", "device-vmm"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_engine_ranks_on_one_gpu_refit_byte_equal_to_offline(case, staging, tmp_path):
-    # staging: host runs the same ranks in POSIX shm (the CPU path, no GPU needed); device-vmm is
-    # staging: device with every rank's weights in CUDA virtual memory (registered by descriptors).
+    # staging: host runs the same ranks in POSIX shm (the CPU path, no GPU needed), host-direct
+    # those ranks with staging: direct (each rank's rows converted straight into its shm);
+    # device-vmm is staging: device with every rank's weights in CUDA virtual memory (registered
+    # by descriptors).
     gpu = None
-    if staging != "host":
+    if not staging.startswith("host"):
         n, why = gpu_count()
         if n == 0:
             pytest.skip(f"no CUDA device: {why}")
         gpu = 0
     if staging == "device-vmm" and case != "llama3-tp4":
         pytest.skip("one case is enough for the registration kind")
-    refit_three(tmp_path, case, staging.removesuffix("-vmm"), gpu, engine_args=["--vmm"] if "vmm" in staging else [])
+    mode = "direct" if staging == "host-direct" else staging.removesuffix("-vmm")
+    refit_three(tmp_path, case, mode, gpu, engine_args=["--vmm"] if "vmm" in staging else [])
 
 
 @pytest.mark.parametrize("staging", ["device", "direct"])
