@@ -393,7 +393,10 @@ std::optional<int64_t> RowsPerRank(const TensorPlan& plan, const TensorDesc& des
     planned = *std::move(o);
   }
   for (const Target& t : plan.targets) {
-    if (t.shard_index < 0 || t.shard_index >= plan.shard_parts) return std::nullopt;
+    if (t.shard_index < 0 || t.shard_index >= plan.shard_parts || t.spec.shape.empty() ||
+        t.full_shape.size() != t.spec.shape.size() || t.spec.shape[0] * plan.shard_parts != t.full_shape[0]) {
+      return std::nullopt;  // an output whose rows do not split with the input's (a whole-tensor scale)
+    }
     if (quantize ? (t.output >= planned.size() || planned[t.output].shape != t.spec.shape ||
                     planned[t.output].bytes != t.spec.bytes)
                  : (t.output != 0 || t.spec.shape != part)) {
