@@ -56,6 +56,10 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
             o.verify_after_commit = config.verify_after_commit;
             o.hold = config.hold;
+            o.group.name = config.group_name;
+            o.group.members = config.group_members;
+            o.group.member = config.group_member;
+            o.group.decision_timeout = absl::Milliseconds(config.group_decision_timeout_ms);
             o.refuse_while_asleep = config.asleep_refits == "refuse";
             o.direct = config.staging == "direct";
             o.resume_on_loop = true;  // RunCommitTask sends the commit's resume from the loop
@@ -75,7 +79,9 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             return h;
           }()),
       blocking(io_in),
-      tasks(error_handler_) {}
+      tasks(error_handler_) {
+  node.GroupChanged();  // an engine group's member starts joining (metrics)
+}
 
 DaemonState::~DaemonState() = default;
 

@@ -1,0 +1,130 @@
+"""An engine group on one machine, with real processes: N refitd daemons (members 0..N-1 of one
+group, each restartable with failpoints), each serving one rank of one engine (the example
+engine, shm, --reconnect), the ranks running forward steps in lockstep over a shared-memory
+barrier (tools/examples/lockstep.h) and logging each step's tag; a group refit is the example
+trainer with --group feeding every member.
+
+The lockstep checker: step n is the same forward step on every rank, so a step that mixed
+versions shows as two tags for one n (mixed_steps())."""
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import REFITD, TRAINER, FaultNode, h, wait_for  # noqa: F401
+
+REFITCTL = h.REFITCTL
+
+
+class EngineGroup:
+    def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2):
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.size = members
+        self.decision_ms = decision_ms
+        self.barrier = tmp / "lockstep"
+        self.barrier.write_bytes(b"\0" * (10 * members))
+        self.nodes = []
+        self.tags = 0
+        for i in range(members):
+            d = tmp / f"member{i}"
+            d.mkdir()
+            config = (f"hold: {hold}\n"
+                      f"group: {{name: engine-a, members: {members}, member: {i}, decision_timeout_ms: {decision_ms}}}\n"
+                      "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n")
+            steps = d / "steps"
+            args = ["--lockstep", self.barrier, "--lockstep-rank", i, "--lockstep-size", members, "--steps", steps]
+            fp = (failpoints or {}).get(i, "")
+            self.nodes.append(FaultNode(d, config, fp, engine_args=[str(a) for a in args]))
+
+    @property
+    def addresses(self):
+        return [n.address for n in self.nodes]
+
+    def new_tag(self, prefix="g"):
+        self.tags += 1
+        return f"{prefix}{self.tags}"
+
+    def refit(self, *args, refits=1, tag=None, timeout=120, check=True, deadline_ms=0, timeout_ms=0):
+        """One trainer process: `refits` group refits tagged <tag>-0, <tag>-1, ... Returns
+        (CompletedProcess, JSON lines)."""
+        tag = tag or self.new_tag()
+        cmd = [str(TRAINER), "--group", "--tag", tag, "--refits", str(refits), "--no-verify", "--seed",
+               str(self.tags)]
+        for a in self.addresses:
+            cmd += ["--address", a]
+        if deadline_ms:
+            cmd += ["--group-deadline-ms", str(deadline_ms)]
+        if timeout_ms:
+            cmd += ["--group-timeout-ms", str(timeout_ms)]
+        p = subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+        lines = h.json_lines(p.stdout)
+        if check:
+            assert p.returncode == 0, p.stdout + p.stderr
+        return p, lines
+
+    # --- the lockstep checker ---
+    def steps(self):
+        """{rank: {step: tag}} from every rank's steps log."""
+        out = {}
+        for i, n in enumerate(self.nodes):
+            path = n.tmp / "steps"
+            rows = {}
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 2:
+                        rows[int(parts[0])] = parts[1]
+            out[i] = rows
+        return out
+
+    def mixed_steps(self):
+        """Steps that ran with different tags on different ranks."""
+        by_rank = self.steps()
+        common = set.intersection(*(set(r) for r in by_rank.values())) if by_rank else set()
+        return sorted(s for s in common if len({by_rank[r][s] for r in by_rank}) > 1)
+
+    def step_count(self):
+        return min(len(r) for r in self.steps().values())
+
+    def last_step_tags(self):
+        by_rank = self.steps()
+        return {r: rows[max(rows)] if rows else None for r, rows in by_rank.items()}
+
+    def wait_steps_with(self, tag, timeout=20.0):
+        """Every rank runs steps again, all with `tag`'s weights."""
+        start = self.step_count()
+        wait_for(lambda: self.step_count() >= start + 3 and set(self.last_step_tags().values()) == {tag},
+                 timeout=timeout, what=f"every rank stepping with '{tag}' (last steps: {self.last_step_tags()})")
+
+    # --- status ---
+    def status(self, i):
+        p = subprocess.run([str(REFITCTL), "status", "--json", "--address", self.nodes[i].address],
+                           capture_output=True, text=True, timeout=30)
+        return json.loads(p.stdout)
+
+    def members_status(self):
+        p = subprocess.run([str(REFITCTL), "status", "--json", "--members", ",".join(self.addresses)],
+                           capture_output=True, text=True, timeout=30)
+        return json.loads(p.stdout)
+
+    def restart(self, i, failpoints=""):
+        """Kills member i's refitd (SIGKILL) if alive and starts it again; its engine registers again."""
+        n = self.nodes[i]
+        h.kill(n.daemon)
+        n.start_daemon(failpoints)
+        n.wait_registered()
+
+    def close(self):
+        for n in self.nodes:
+            h.kill(n.engine)
+            h.kill(n.daemon)
+            h.unlink_shm(*n.shms)
+
+
+def wait_group(group, pred, what, timeout=20.0):
+    wait_for(pred, timeout=timeout, what=what)
+
+
+def elapsed_ms(t0):
+    return (time.monotonic() - t0) * 1000
