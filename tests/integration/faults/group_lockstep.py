@@ -17,7 +17,8 @@ REFITCTL = h.REFITCTL
 
 
 class EngineGroup:
-    def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2):
+    def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2,
+                 grouped: bool = True):
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.size = members
@@ -31,7 +32,8 @@ class EngineGroup:
             d.mkdir()
             config = (f"hold: {hold}\n"
                       f"group: {{name: engine-a, members: {members}, member: {i}, decision_timeout_ms: {decision_ms}}}\n"
-                      "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n")
+                      if grouped else "")
+            config += "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n"
             steps = d / "steps"
             args = ["--lockstep", self.barrier, "--lockstep-rank", i, "--lockstep-size", members, "--steps", steps]
             fp = (failpoints or {}).get(i, "")
@@ -62,6 +64,14 @@ class EngineGroup:
         if check:
             assert p.returncode == 0, p.stdout + p.stderr
         return p, lines
+
+    def fanout_refit(self, refits=1, timeout=120):
+        """A plain fan-out (no group): every daemon commits on its own."""
+        cmd = [str(TRAINER), "--refits", str(refits), "--no-verify", "--tag", self.new_tag("f")]
+        for a in self.addresses:
+            cmd += ["--address", a]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return p, h.json_lines(p.stdout)
 
     # --- the lockstep checker ---
     def steps(self):

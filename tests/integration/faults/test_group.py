@@ -49,6 +49,19 @@ def test_group_refits_switch_every_rank_together(engine_group):
     assert 'refit_group_versions{outcome="committed"} 4' in text
 
 
+def test_the_checker_sees_the_mix_of_independent_commits(engine_group):
+    """The checker's control: the same daemons outside a group, fed by a plain fan-out (each
+    commits on its own), let steps run with one rank's new weights and another's old ones."""
+    g = engine_group(members=3, grouped=False)
+    g.wait_steps_with("-")
+    for attempt in range(10):
+        p, lines = g.fanout_refit(refits=5)
+        assert p.returncode == 0 and {l["outcome"] for l in lines} == {"committed"}, p.stdout + p.stderr
+        if g.mixed_steps():
+            break
+    assert g.mixed_steps(), "ten rounds of independent commits never mixed a step: the checker sees nothing"
+
+
 def test_a_member_refuses_refits_of_its_own(engine_group):
     g = engine_group(members=2)
     p, _ = g.nodes[0].trainer("--refits", "1", "--no-verify")
