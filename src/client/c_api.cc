@@ -533,7 +533,8 @@ int refit_client_commit_group(refit_client* client, const char* tag, uint32_t me
   return Guard("refit_client_commit_group", [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
     if (client->fanout == nullptr) {
-      return absl::FailedPreconditionError("an engine group's client connects to every member (refit_client_connect_fanout)");
+      return absl::FailedPreconditionError(
+          "an engine group's client connects to every member (refit_client_connect_fanout)");
     }
     if (absl::Status st = CheckThread(client); !st.ok()) return st;
     absl::StatusOr<refit::client::GroupCommitResult> g =
@@ -553,7 +554,8 @@ int refit_client_abort_group(refit_client* client, const char* tag, const char* 
   return Guard("refit_client_abort_group", [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
     if (client->fanout == nullptr) {
-      return absl::FailedPreconditionError("an engine group's client connects to every member (refit_client_connect_fanout)");
+      return absl::FailedPreconditionError(
+          "an engine group's client connects to every member (refit_client_connect_fanout)");
     }
     if (absl::Status st = CheckThread(client); !st.ok()) return st;
     return client->fanout->AbortGroup(tag == nullptr ? "" : tag, reason == nullptr ? "" : reason, timeout_ms);

@@ -394,13 +394,14 @@ void Commit::RunRestore(const StagedVersion* before, const std::string& reason) 
   }
   absl::StatusOr<CommitStats> copied =
       prepared.ok() ? WritePrepared(*engine.planner, *prepared, *engine.storage) : prepared.status();
-  if (!copied.ok()) return dirty(absl::StrCat("restoring version ", from.version, " failed: ", copied.status().message()));
+  if (!copied.ok())
+    return dirty(absl::StrCat("restoring version ", from.version, " failed: ", copied.status().message()));
   absl::Status resumed = pause_.Resume(from.version, from.tag);
   result_.times.pause_ms = Ms(absl::Now() - pause_start_);
   if (!resumed.ok()) {
     return End(Outcome::kFailed, EndCause::kEngineError,
-               absl::StrCat(reason, "; version ", from.version, " was restored but the engine did not resume: ",
-                            resumed.message()));
+               absl::StrCat(reason, "; version ", from.version,
+                            " was restored but the engine did not resume: ", resumed.message()));
   }
   End(Outcome::kAborted, EndCause::kClientAbort,
       absl::StrCat(reason, "; the engine was restored to version ", from.version,

@@ -68,10 +68,10 @@ void GroupMember::CommitEnded() {
 
 absl::Status GroupMember::StartResume(const std::string& tag) {
   if (phase_ != GroupPhase::kCopied || pending_ != tag) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("group ", options_.name, ": cannot resume '", tag, "': this member is ", GroupPhaseName(phase_),
-                     pending_.empty() ? "" : absl::StrCat(" with '", pending_, "'"),
-                     dirty_ ? absl::StrCat(" (group dirty: ", reason_, ")") : ""));
+    return absl::FailedPreconditionError(absl::StrCat("group ", options_.name, ": cannot resume '", tag,
+                                                      "': this member is ", GroupPhaseName(phase_),
+                                                      pending_.empty() ? "" : absl::StrCat(" with '", pending_, "'"),
+                                                      dirty_ ? absl::StrCat(" (group dirty: ", reason_, ")") : ""));
   }
   phase_ = GroupPhase::kResuming;
   deadline_ = absl::InfiniteFuture();

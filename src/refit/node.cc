@@ -191,9 +191,9 @@ absl::Status Node::MayBegin(const Manifest& manifest) const {
   if (active_) return busy(absl::StrCat("session ", active_->session->id(), " is active"));
   if (group_.enabled() && !manifest.stage_only) {
     // A member's own commit would switch its ranks alone (docs/architecture.md "Engine groups").
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this daemon serves part of engine group '", group_.options().name,
-        "': refits are stage-only (prepare), and the group's coordinator commits them on every member"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("this daemon serves part of engine group '", group_.options().name,
+                     "': refits are stage-only (prepare), and the group's coordinator commits them on every member"));
   }
   if (early_undoing_ > 0) {
     return busy("the engine is being resumed after a refused begin (staging: direct); begin again");

@@ -29,11 +29,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <tuple>
-#include <utility>
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,20 +43,20 @@
 #include "common/kept_threads.h"
 #include "refit/bucket_ring.h"
 #include "refit/commit.h"
-#include "refit/engine_pause.h"
 #include "refit/converter.h"
 #include "refit/engine_control.h"
+#include "refit/engine_pause.h"
 #include "refit/engine_record.h"
 #include "refit/group_member.h"
 #include "refit/placement.h"
 #include "refit/planner.h"
 #include "refit/rank_group_control.h"
 #include "refit/session.h"
-#include "refit/wire_plan.h"
 #include "refit/staged_version.h"
 #include "refit/staging.h"
 #include "refit/types.h"
 #include "refit/version_store.h"
+#include "refit/wire_plan.h"
 #include "storage/engine_storage.h"
 #include "transport/transport.h"
 

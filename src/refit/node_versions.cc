@@ -87,8 +87,9 @@ const RefitReport& Node::FinishVersionCommit(Commit& c) {
     GroupChanged();
   }
   if (result.outcome == Outcome::kCommitted) {
-    r.reason = setup.group ? absl::StrCat("committed the group version '", held.tag, "'") : setup.rollback ? absl::StrCat("rolled back to the version tagged '", held.tag, "'")
-                              : absl::StrCat("committed the held version '", held.tag, "'");
+    r.reason = setup.group      ? absl::StrCat("committed the group version '", held.tag, "'")
+               : setup.rollback ? absl::StrCat("rolled back to the version tagged '", held.tag, "'")
+                                : absl::StrCat("committed the held version '", held.tag, "'");
   }
   r.version = result.outcome == Outcome::kCommitted ? engine.version : 0;
   r.bytes_out = held.bytes;

@@ -111,11 +111,10 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   Config c;
   UseDefaultTransport(c, transports);
   if (root.IsNull()) return c;
-  REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
-                                  {"listen", "socket_mode", "socket_group", "model_spec", "model_config", "data_plane",
-                                   "staging",
-                                   "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold",
-                                   "busy_poll", "group"}));
+  REFIT_RETURN_IF_ERROR(
+      CheckKeys(root, path, "config",
+                {"listen", "socket_mode", "socket_group", "model_spec", "model_config", "data_plane", "staging",
+                 "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold", "busy_poll", "group"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;

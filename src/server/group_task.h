@@ -76,9 +76,9 @@ inline kj::Promise<void> WatchGroupDeadline(DaemonState* state, std::string tag,
   absl::StatusOr<Node::GroupRestore> restore = state->node.StartGroupAbort(tag, /*expired=*/true);
   if (!restore.ok() || restore->commit == nullptr) return kj::READY_NOW;
   LogEvent(LogLevel::kWarn, "group_deadline").Add("tag", tag);
-  return RunGroupRestore(state, *std::move(restore),
-                         absl::StrCat("group version '", tag,
-                                      "': neither resume nor abort came before this member's deadline"));
+  return RunGroupRestore(
+      state, *std::move(restore),
+      absl::StrCat("group version '", tag, "': neither resume nor abort came before this member's deadline"));
 }
 
 // What a group call answers, set by its daemon task (a caller that disconnects cannot stop a
@@ -106,35 +106,35 @@ template <typename Context>
 kj::Promise<void> RunGroupCopy(DaemonState& state_ref, std::shared_ptr<Commit> commit, Context context) {
   DaemonState* state = &state_ref;
   auto answer = std::make_shared<GroupAnswer>();
-  auto work = state->blocking.Run([commit] { commit->Run(); })
-                  .then([state, commit, answer]() -> kj::Promise<void> {
-                    if (!state->node.FinishGroupCopy(*commit)) {
-                      // Ended before the copy: refused or failed, the engine as the commit left it.
-                      answer->report = state->node.FinishCommit(*commit);
-                      answer->status = CommitAnswer(answer->report, state->node);
-                      state->Changed();
-                      return kj::READY_NOW;
-                    }
-                    const std::string tag = commit->setup().to_tag;
-                    absl::Status hit = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kGroupCopied);
-                    if (hit.ok() && state->node.group().abort_requested()) {
-                      hit = absl::AbortedError(absl::StrCat("group version '", tag,
-                                                            "' was aborted by the coordinator while it was copied"));
-                    }
-                    if (!hit.ok()) {
-                      // Aborted meanwhile, or (test builds) this member cannot report copied: it
-                      // restores what it held and refuses.
-                      answer->status = hit;
-                      absl::StatusOr<Node::GroupRestore> restore = state->node.StartGroupAbort(tag, false);
-                      if (!restore.ok() || restore->commit == nullptr) return kj::READY_NOW;
-                      return RunGroupRestore(state, *std::move(restore), std::string(hit.message()))
-                          .then([state, answer] { answer->report = state->node.last_report(); });
-                    }
-                    LogEvent(LogLevel::kInfo, "group_copied").Add("tag", tag);
-                    state->tasks.add(WatchGroupDeadline(state, tag));
-                    answer->report = CopiedReport(*commit, state->node.group());
-                    return kj::READY_NOW;
-                  });
+  auto work = state->blocking.Run([commit] { commit->Run(); }).then([state, commit, answer]() -> kj::Promise<void> {
+    if (!state->node.FinishGroupCopy(*commit)) {
+      // Ended before the copy: refused or failed, the engine as the commit left it.
+      answer->report = state->node.FinishCommit(*commit);
+      answer->status = CommitAnswer(answer->report, state->node);
+      state->Changed();
+      return kj::READY_NOW;
+    }
+    const std::string tag = commit->setup().to_tag;
+    absl::Status hit = REFIT_FAILPOINT(state->failpoints.get(), failpoints::kGroupCopied);
+    if (hit.ok() && state->node.group().abort_requested()) {
+      hit = absl::AbortedError(
+          absl::StrCat("group version '", tag, "' was aborted by the coordinator while it was copied"));
+    }
+    if (!hit.ok()) {
+      // Aborted meanwhile, or (test builds) this member cannot report copied: it
+      // restores what it held and refuses.
+      answer->status = hit;
+      absl::StatusOr<Node::GroupRestore> restore = state->node.StartGroupAbort(tag, false);
+      if (!restore.ok() || restore->commit == nullptr) return kj::READY_NOW;
+      return RunGroupRestore(state, *std::move(restore), std::string(hit.message())).then([state, answer] {
+        answer->report = state->node.last_report();
+      });
+    }
+    LogEvent(LogLevel::kInfo, "group_copied").Add("tag", tag);
+    state->tasks.add(WatchGroupDeadline(state, tag));
+    answer->report = CopiedReport(*commit, state->node.group());
+    return kj::READY_NOW;
+  });
   return AnswerWhenDone(state, kj::mv(work), answer, kj::mv(context));
 }
 

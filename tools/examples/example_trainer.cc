@@ -4,7 +4,8 @@
 //
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm [--vmm-piece-mib N]]]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm
+//                    [--vmm-piece-mib N]]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--model-config FILE] [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
@@ -19,17 +20,16 @@
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
 // the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
-// naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
-// them, e.g. a transposed one; NVFP4 slices then go without an amax, which the client refuses;
-// KIND no-amax: a fused NVFP4 member pushed alone without its group's amax, refused by the
-// client; KIND group-amax: a fused NVFP4 member encoded against twice its group's amax, so its
-// global scale differs from the other members', refused by refitd; KIND slice-amax: an NVFP4
-// tensor pushed in two slices, the second encoded against twice the amax, refused by refitd). Fused NVFP4 members are
-// pushed together (RefitSession::PushGroup: the client takes the group's amax), or from a GPU
-// with the group's amax computed here. --slices 2 pushes each matrix as two slices split on a
-// block boundary (transposed tensors whole: their trainer-side conversion needs the whole
-// tensor; NVFP4 slices carry the whole tensor's or fused group's amax). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
-// client converts the listed ones there with the kernels).
+// naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where
+// refitd's plan cannot take them, e.g. a transposed one; NVFP4 slices then go without an amax, which the client
+// refuses; KIND no-amax: a fused NVFP4 member pushed alone without its group's amax, refused by the client; KIND
+// group-amax: a fused NVFP4 member encoded against twice its group's amax, so its global scale differs from the other
+// members', refused by refitd; KIND slice-amax: an NVFP4 tensor pushed in two slices, the second encoded against twice
+// the amax, refused by refitd). Fused NVFP4 members are pushed together (RefitSession::PushGroup: the client takes the
+// group's amax), or from a GPU with the group's amax computed here. --slices 2 pushes each matrix as two slices split
+// on a block boundary (transposed tensors whole: their trainer-side conversion needs the whole tensor; NVFP4 slices
+// carry the whole tensor's or fused group's amax). With --gpu N every tensor is pushed from GPU N's memory (a CUDA
+// build's client converts the listed ones there with the kernels).
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
@@ -474,7 +474,8 @@ int main(int argc, char** argv) {
       group_timeout_ms = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else if (a == "--group-fault" && i + 1 < argc) {
       group_fault = argv[++i];
-      if (group_fault != "none" && group_fault != "exit-after-copy") return Fail("--group-fault takes none or exit-after-copy");
+      if (group_fault != "none" && group_fault != "exit-after-copy")
+        return Fail("--group-fault takes none or exit-after-copy");
     } else if (a == "--wire" && i + 1 < argc) {
       const std::string w = argv[++i];
       if (w != "bf16" && w != "checkpoint") return Fail("--wire takes bf16 or checkpoint");
@@ -922,8 +923,8 @@ int main(int argc, char** argv) {
       bool ok = false;
       if (!report.ok() || report->outcome != Outcome::kStaged) {
         const std::string why = report.ok() ? report->reason : std::string(report.status().message());
-        absl::Status dropped = fan->AbortGroup(manifest.tag, absl::StrCat("not prepared everywhere: ", why),
-                                               group_timeout_ms);
+        absl::Status dropped =
+            fan->AbortGroup(manifest.tag, absl::StrCat("not prepared everywhere: ", why), group_timeout_ms);
         line = absl::StrCat("{\"refit\":", refit, ",\"tag\":\"", manifest.tag,
                             "\",\"group\":\"aborted\",\"phase\":\"prepare\",\"error\":\"",
                             JsonEscape(why + (dropped.ok() ? "" : absl::StrCat("; ", dropped.message()))), "\"}");

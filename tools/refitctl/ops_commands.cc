@@ -114,12 +114,10 @@ namespace {
 
 json GroupJson(const client::GroupInfo& g) {
   if (g.name.empty()) return json(nullptr);
-  return json{{"name", g.name},           {"members", g.members},
-              {"member", g.member},       {"phase", g.phase},
-              {"tag", g.tag},             {"pending_tag", g.pending_tag},
-              {"dirty", g.dirty},         {"reason", g.reason},
-              {"deadline_left_ms", g.deadline_left_ms}, {"commits", g.commits},
-              {"aborts", g.aborts},       {"deadline_expiries", g.deadline_expiries}};
+  return json{{"name", g.name},       {"members", g.members}, {"member", g.member},
+              {"phase", g.phase},     {"tag", g.tag},         {"pending_tag", g.pending_tag},
+              {"dirty", g.dirty},     {"reason", g.reason},   {"deadline_left_ms", g.deadline_left_ms},
+              {"commits", g.commits}, {"aborts", g.aborts},   {"deadline_expiries", g.deadline_expiries}};
 }
 
 std::string GroupLine(const client::GroupInfo& g) {
@@ -142,8 +140,7 @@ int GroupMembersStatus(const std::string& members, bool json_output) {
     json m = {{"member_address", address}};
     std::string line = absl::StrCat("member ", i, "  ", address, ": ");
     absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(address);
-    absl::StatusOr<client::DaemonStatus> s =
-        c.ok() ? (*c)->Status() : absl::StatusOr<client::DaemonStatus>(c.status());
+    absl::StatusOr<client::DaemonStatus> s = c.ok() ? (*c)->Status() : absl::StatusOr<client::DaemonStatus>(c.status());
     if (!s.ok()) {
       all = false;
       consistent = false;
@@ -234,7 +231,8 @@ int RunStatus(std::span<const std::string> args) {
                       {"aborted", s->aborted},
                       {"data_endpoint", s->data_endpoint},
                       {"group", GroupJson(s->group)},
-                      {"last_refit", s->last_report.outcome == Outcome::kNone ? json(nullptr) : ReportJson(s->last_report)}}
+                      {"last_refit",
+                       s->last_report.outcome == Outcome::kNone ? json(nullptr) : ReportJson(s->last_report)}}
                      .dump()
               << "\n";
     return kExitOk;
@@ -260,8 +258,8 @@ int RunStatus(std::span<const std::string> args) {
             << "ring:     " << s->ring_bytes << " bytes in " << (s->ring_on_device ? "GPU" : "host") << " memory\n"
             << "refits:   " << s->committed << " committed, " << s->refused << " refused, " << s->aborted << " aborted\n"
             << "data:     " << s->data_endpoint << "\n"
-            << (s->group.name.empty() ? "" : absl::StrCat("group:    ", GroupLine(s->group), "\n"))
             << "last:     " << (s->last_report.outcome == Outcome::kNone ? "none" : ReportLine(s->last_report)) << "\n";
+  if (!s->group.name.empty()) std::cout << "group:    " << GroupLine(s->group) << "\n";
   return kExitOk;
 }
 

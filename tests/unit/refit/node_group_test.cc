@@ -51,7 +51,7 @@ TEST_F(NodeGroupTest, ACopiedVersionHoldsTheEnginePausedUntilTheGroupResumes) {
   std::shared_ptr<Commit> c = Copy(v1, "v1");
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(node_->group().phase(), GroupPhase::kCopied);
-  EXPECT_EQ(EngineBytes(), v1);                     // copied
+  EXPECT_EQ(EngineBytes(), v1);                       // copied
   EXPECT_THAT(control->calls, ElementsAre("pause"));  // and still paused: no resume sent
   EXPECT_TRUE(node_->committing());
   EXPECT_EQ(node_->version(), 0u);
