@@ -15,16 +15,62 @@ from conftest import REFITD, TRAINER, FaultNode, h, wait_for  # noqa: F401
 
 REFITCTL = h.REFITCTL
 
+# The demo model as an engine of two tensor-parallel ranks per member (example_engine --spec
+# --tp-rank: each rank holds its shards of the attention matrices, the rest replicated).
+TP2_SPEC = """model: demo-llama
+tensor_parallel: {size: 2}
+defaults:
+  format: auto
+rules:
+  - match: "model.layers.{L}.self_attn.{q,k,v}_proj.weight"
+    shard: {dim: 0}
+  - match: "model.layers.{L}.self_attn.o_proj.weight"
+    shard: {dim: 1}
+"""
+
+
+class RankedMember(FaultNode):
+    """A member whose refitd serves several engine ranks (one example engine process each)."""
+
+    def __init__(self, tmp, config, failpoints, ranks, rank_args):
+        self.ranks = ranks
+        self.rank_args = rank_args  # rank -> its lockstep arguments
+        self.rank_engines = []
+        super().__init__(tmp, config, failpoints)
+
+    def start_engine(self):
+        self.engines += 1
+        spec = self.tmp / "spec.yaml"
+        for r in range(self.ranks):
+            log = self.tmp / f"engine.{self.engines}.rank{r}.log"
+            shm = h.new_shm("group")
+            self.shms.append(shm)
+            proc = h.start_engine(self.address, log, "--shm", shm, "--reconnect", "--spec", spec, "--tp-rank", r,
+                                  *self.rank_args[r], env=self.env, marker='"registered"')
+            self.rank_engines.append(proc)
+            if r == 0:
+                self.engine, self.engine_log, self.shm = proc, log, shm
+        self.wait_registered()
+
+    def wait_registered(self):
+        wait_for(lambda: "all_ranks_in=true" in self.log(), what="every engine rank registered with refitd")
+
+    def stop(self):
+        for p in self.rank_engines[1:]:
+            h.stop(p, timeout=30)
+        return super().stop()
+
 
 class EngineGroup:
     def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2,
-                 grouped: bool = True):
+                 grouped: bool = True, ranks_per_member: int = 1):
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.size = members
         self.decision_ms = decision_ms
+        self.ranks = members * ranks_per_member  # the engine's ranks, over every member
         self.barrier = tmp / "lockstep"
-        self.barrier.write_bytes(b"\0" * (10 * members))
+        self.barrier.write_bytes(b"\0" * (10 * self.ranks))
         self.nodes = []
         self.tags = 0
         for i in range(members):
@@ -34,10 +80,17 @@ class EngineGroup:
                       f"group: {{name: engine-a, members: {members}, member: {i}, decision_timeout_ms: {decision_ms}}}\n"
                       if grouped else "")
             config += "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n"
-            steps = d / "steps"
-            args = ["--lockstep", self.barrier, "--lockstep-rank", i, "--lockstep-size", members, "--steps", steps]
             fp = (failpoints or {}).get(i, "")
-            self.nodes.append(FaultNode(d, config, fp, engine_args=[str(a) for a in args]))
+            if ranks_per_member == 1:
+                args = ["--lockstep", self.barrier, "--lockstep-rank", i, "--lockstep-size", self.ranks, "--steps",
+                        d / "steps0"]
+                self.nodes.append(FaultNode(d, config, fp, engine_args=[str(a) for a in args]))
+                continue
+            (d / "spec.yaml").write_text(TP2_SPEC.replace("size: 2", f"size: {ranks_per_member}"))
+            config += f"model_spec: {d / 'spec.yaml'}\n"
+            rank_args = {r: ["--lockstep", self.barrier, "--lockstep-rank", i * ranks_per_member + r, "--lockstep-size",
+                             self.ranks, "--steps", d / f"steps{r}"] for r in range(ranks_per_member)}
+            self.nodes.append(RankedMember(d, config, fp, ranks_per_member, rank_args))
 
     @property
     def addresses(self):
@@ -75,17 +128,16 @@ class EngineGroup:
 
     # --- the lockstep checker ---
     def steps(self):
-        """{rank: {step: tag}} from every rank's steps log."""
+        """{(member, rank): {step: tag}} from every engine rank's steps log."""
         out = {}
         for i, n in enumerate(self.nodes):
-            path = n.tmp / "steps"
-            rows = {}
-            if path.exists():
+            for path in sorted(n.tmp.glob("steps*")):
+                rows = {}
                 for line in path.read_text().splitlines():
                     parts = line.split()
                     if len(parts) == 2:
                         rows[int(parts[0])] = parts[1]
-            out[i] = rows
+                out[(i, path.name)] = rows
         return out
 
     def mixed_steps(self):
@@ -127,6 +179,8 @@ class EngineGroup:
 
     def close(self):
         for n in self.nodes:
+            for p in getattr(n, "rank_engines", []):
+                h.kill(p)
             h.kill(n.engine)
             h.kill(n.daemon)
             h.unlink_shm(*n.shms)

@@ -27,8 +27,9 @@ def engine_group(tmp_path):
         g.close()
 
 
-def test_group_refits_switch_every_rank_together(engine_group):
-    g = engine_group(members=3)
+@pytest.mark.parametrize("members,ranks", [(3, 1), (2, 2)], ids=["3x1", "2x2"])
+def test_group_refits_switch_every_rank_together(engine_group, members, ranks):
+    g = engine_group(members=members, ranks_per_member=ranks)
     g.wait_steps_with("-")  # fresh engines: every rank steps with no tag
     _, lines = g.refit(refits=4, tag="step")
     assert [l["group"] for l in lines] == ["committed"] * 4, lines
@@ -36,15 +37,17 @@ def test_group_refits_switch_every_rank_together(engine_group):
         assert n.resumed_tags() == ["step-0", "step-1", "step-2", "step-3"]
     g.wait_steps_with("step-3")
     assert g.mixed_steps() == []
-    members = g.members_status()
-    assert members["consistent"], members
-    assert [m["group"]["member"] for m in members["members"]] == [0, 1, 2]
-    assert {m["group"]["tag"] for m in members["members"]} == {"step-3"}
+    status = g.members_status()
+    assert status["consistent"], status
+    assert [m["group"]["member"] for m in status["members"]] == list(range(members))
+    assert {m["group"]["tag"] for m in status["members"]} == {"step-3"}
     s = g.status(1)
     assert s["group"]["name"] == "engine-a" and s["group"]["phase"] == "idle" and s["group"]["commits"] == 4
+    assert len(s["ranks"]) == (ranks if ranks > 1 else 0)
+    assert all(r["tag"] == "step-3" for r in s["ranks"])
     # Prometheus shows the member, its phase and the group's versions.
     _, text = g.nodes[1].admin("/metrics")
-    assert 'refit_group_member_info{group="engine-a",member="1",members="3"} 1' in text
+    assert f'refit_group_member_info{{group="engine-a",member="1",members="{members}"}} 1' in text
     assert 'refit_group_phase{phase="idle"} 1' in text
     assert 'refit_group_versions{outcome="committed"} 4' in text
 
@@ -88,14 +91,16 @@ def test_a_member_that_cannot_copy_aborts_the_version_everywhere(engine_group):
     assert g.mixed_steps() == []
 
 
-@pytest.mark.parametrize("failpoint,outcome", [
-    ("after_receive=crash", "aborted"),     # prepare: dies receiving
-    ("mid_commit=crash", "aborted"),        # commit: dies with its engine paused, copy not started
-    ("group_copied=crash", "aborted"),      # commit: copied, dies before answering
-    ("group_resume=crash", "dirty"),        # resume: dies with the resume in hand
+@pytest.mark.parametrize("failpoint,outcome,ranks", [
+    ("after_receive=crash", "aborted", 1),  # prepare: dies receiving
+    ("mid_commit=crash", "aborted", 1),     # commit: dies with its engine paused, copy not started
+    ("group_copied=crash", "aborted", 1),   # commit: copied, dies before answering
+    ("group_resume=crash", "dirty", 1),     # resume: dies with the resume in hand
+    ("group_copied=crash", "aborted", 2),   # the same with two engine ranks on every member
+    ("group_resume=crash", "dirty", 2),
 ])
-def test_a_member_killed_at_each_phase(engine_group, failpoint, outcome):
-    g = engine_group(members=3)
+def test_a_member_killed_at_each_phase(engine_group, failpoint, outcome, ranks):
+    g = engine_group(members=3 if ranks == 1 else 2, ranks_per_member=ranks)
     g.refit(tag="base")
     g.wait_steps_with("base-0")
     g.restart(1, failpoint)
