@@ -120,6 +120,23 @@ def test_a_member_killed_at_each_phase(engine_group, failpoint, outcome, ranks):
     assert g.members_status()["consistent"]
 
 
+def test_trainer_killed_while_preparing_leaves_every_rank_on_its_version(engine_group):
+    g = engine_group(members=3)
+    g.refit(tag="kept")
+    g.wait_steps_with("kept-0")
+    p, _ = g.refit("--fault", "die-mid-bucket", tag="half", check=False)
+    assert p.returncode != 0
+    # Every member aborts the session when its trainer goes; nothing was paused.
+    for n in g.nodes:
+        wait_for(lambda n=n: "outcome=aborted" in n.log(), what="the half-sent session aborted")
+        assert n.resumed_tags()[-1] == "kept-0"
+    g.wait_steps_with("kept-0")
+    _, lines = g.refit(tag="next")
+    assert lines[0]["group"] == "committed"
+    g.wait_steps_with("next-0")
+    assert g.mixed_steps() == []
+
+
 def test_a_member_stalled_with_the_resume_in_hand_ends_consistent(engine_group):
     # Member 2 stalls 2.5 s on the resume (its loop blocked, as a SIGSTOP would): the trainer's
     # bound passes and it reports the group dirty, but the member then resumes the same version.
