@@ -394,8 +394,9 @@ void Commit::RunRestore(const StagedVersion* before, const std::string& reason) 
   }
   absl::StatusOr<CommitStats> copied =
       prepared.ok() ? WritePrepared(*engine.planner, *prepared, *engine.storage) : prepared.status();
-  if (!copied.ok())
+  if (!copied.ok()) {
     return dirty(absl::StrCat("restoring version ", from.version, " failed: ", copied.status().message()));
+  }
   absl::Status resumed = pause_.Resume(from.version, from.tag);
   result_.times.pause_ms = Ms(absl::Now() - pause_start_);
   if (!resumed.ok()) {
