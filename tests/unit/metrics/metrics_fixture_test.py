@@ -79,6 +79,8 @@ def test_metrics_parse_with_prometheus_client(server):
         "refit_staging_bytes": "gauge",
         "refit_active_sessions": "gauge",
         "refit_engine_registered": "gauge",
+        "refit_group_dirty": "gauge",
+        "refit_group_deadline_expiries": "gauge",
         "refit_build_info": "gauge",
         "fixture_escapes": "counter",
         "fixture_temperature_celsius": "gauge",
