@@ -64,7 +64,7 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
   };
   h.on_group = [mp](const GroupMember& g) {
     mp->group_member_info
-        ->Labels({g.options().name, std::to_string(g.options().member), std::to_string(g.options().members)})
+        ->Only({g.options().name, std::to_string(g.options().member), std::to_string(g.options().members)})
         .Set(1);
     for (GroupPhase p : {GroupPhase::kJoining, GroupPhase::kIdle, GroupPhase::kCopying, GroupPhase::kCopied,
                          GroupPhase::kResuming, GroupPhase::kRestoring}) {

@@ -136,10 +136,10 @@ bool DaemonState::Drain(kj::WaitScope& wait_scope) {
   // a shutdown never leaves the engine paused with half-copied weights. Bounded by the engine
   // timeouts: a stuck engine cannot hold the shutdown forever. An engine group's version copied
   // here waits for the group's resume or abort, or this member's deadline (its restore).
-  const absl::Time until = absl::Now() + absl::Milliseconds(config.pause_timeout_ms) +
-                           absl::Milliseconds(config.resume_timeout_ms) + absl::Seconds(30) +
-                           (config.group_members > 0 ? absl::Milliseconds(config.group_decision_timeout_ms)
-                                                     : absl::ZeroDuration());
+  const absl::Time until =
+      absl::Now() + absl::Milliseconds(config.pause_timeout_ms) + absl::Milliseconds(config.resume_timeout_ms) +
+      absl::Seconds(30) +
+      (config.group_members > 0 ? absl::Milliseconds(config.group_decision_timeout_ms) : absl::ZeroDuration());
   while (node.committing() && absl::Now() < until) timer.afterDelay(10 * kj::MILLISECONDS).wait(wait_scope);
   return !node.committing();
 }

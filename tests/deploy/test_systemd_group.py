@@ -8,7 +8,7 @@ import subprocess
 
 import yaml
 
-from conftest import DEPLOY, LiveRefitd, need_refitd
+from conftest import BUILD, DEPLOY, LiveRefitd, need_binary, need_refitd
 from test_systemd import unit_settings
 
 GROUP = DEPLOY / "systemd/group"
@@ -31,6 +31,7 @@ def runnable(cfg: dict, tmp) -> str:
     cfg["admin"] = {"listen": "127.0.0.1:0"}
     cfg["data_plane"] = {**cfg["data_plane"], "host": "127.0.0.1"}
     cfg["model_spec"] = str(DEPLOY / "models/demo-llama.yaml")
+    cfg["log"] = {"format": "text", "level": "info"}  # LiveRefitd reads the listening line
     path = tmp / "refitd.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -76,7 +77,7 @@ def test_a_started_member_joins_until_a_group_version_lands(tmp_path):
         _, metrics = daemon.get("/metrics")
         assert 'refit_group_member_info{group="engine-a",member="1",members="2"} 1' in metrics
         assert 'refit_group_phase{phase="joining"} 1' in metrics
-        refitctl = need_refitd().parent.parent / "tools/refitctl"
+        refitctl = need_binary(BUILD / "tools/refitctl")
         p = subprocess.run([str(refitctl), "status", "--json", "--address", daemon.address], capture_output=True,
                            text=True, timeout=30)
         group = json.loads(p.stdout)["group"]
