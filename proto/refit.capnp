@@ -296,6 +296,23 @@ struct DaemonStatus {
   ranks @22 :List(EngineRankStatus); # engine ranks: every declared rank (empty for a single engine)
   engineAsleep @23 :Bool;            # the engine released its weights (Registration.sleep)
   awaitingWake @24 :UInt64;          # the session whose validated refit commits at the wake; 0 when none
+  group @25 :GroupStatus;            # engine groups: this daemon's part (name "" when not in a group)
+}
+
+# This daemon as a member of an engine group (docs/architecture.md "Engine groups").
+struct GroupStatus {
+  name @0 :Text;                     # group.name; "" when the daemon is in no group
+  members @1 :UInt32;                # group.members
+  member @2 :UInt32;                 # group.member: this daemon's index
+  phase @3 :Text;                    # joining | idle | copying | copied | resuming | restoring
+  tag @4 :Text;                      # the group version this member serves ("" before its first)
+  pendingTag @5 :Text;               # the group version in flight (copying .. restoring)
+  dirty @6 :Bool;                    # the group may be mixed: a full group refit must land
+  reason @7 :Text;                   # why it is dirty or joining
+  deadlineLeftMs @8 :UInt64;         # copied: time left before this member decides alone
+  groupCommits @9 :UInt64;           # group versions resumed
+  groupAborts @10 :UInt64;           # group versions aborted or restored
+  deadlineExpiries @11 :UInt64;      # copied members that decided at their deadline
 }
 
 # One declared rank of an engine of several ranks (DaemonStatus.ranks).
@@ -373,6 +390,17 @@ interface Daemon {
   rollback @7 () -> (report :RefitReport, status :Status);
   # Commits again the version committed before the current one, when it is still staged.
   versions @8 () -> (versions :List(StagedVersion), holdLimit :UInt32, stagingLimitBytes :UInt64);
+
+  groupCommit @9 (tag :Text, deadlineMs :UInt32) -> (report :RefitReport, status :Status);
+  # Engine groups, phase 2 (docs/architecture.md "Engine groups"): writes the held version `tag`
+  # into the engine as commitVersion does, but answers once the engine is paused and copied,
+  # leaving it paused ("copied"). Within `deadlineMs` (0: group.decision_timeout_ms) the
+  # coordinator sends groupResume or groupAbort; past it the member restores the version it held.
+  groupResume @10 (tag :Text) -> (report :RefitReport, status :Status);
+  # Every member copied `tag`: the engine resumes with it.
+  groupAbort @11 (tag :Text, reason :Text) -> (report :RefitReport, status :Status);
+  # Abort `tag` on this member: copied, the engine gets the version it held before back (from its
+  # kept copy) and resumes with it; held only, the held version is dropped.
 
   checksums @4 () -> (version :UInt64, params :List(ParamChecksum), status :Status);
   # Checksum64 of every registered engine parameter, read from the engine's storage

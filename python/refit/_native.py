@@ -20,11 +20,12 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 12  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 13  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
                  # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups; 9: in-place
                  # parameters in CUDA virtual memory; 10: refit_session_push_in_place; 11: the report's
-                 # bytes_in_place and bytes_pushed_in_place; 12: refit_last_cause, a failed commit's report)
+                 # bytes_in_place and bytes_pushed_in_place; 12: refit_last_cause, a failed commit's report;
+                 # 13: engine groups, refit_client_commit_group / refit_client_abort_group)
 
 OK = 0
 MEMORY_HOST = 0
@@ -142,6 +143,9 @@ _SIGNATURES = {
     "refit_client_checksum_at": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.POINTER(ParamChecksum)]),
     "refit_client_commit_version": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(Report)]),
     "refit_client_rollback": (ctypes.c_int, [_P, ctypes.POINTER(Report)]),
+    "refit_client_commit_group": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32,
+                                                 ctypes.POINTER(ctypes.c_char_p)]),
+    "refit_client_abort_group": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32]),
     "refit_client_versions": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)]),
     "refit_client_version_at": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.POINTER(StagedVersion)]),
     "refit_session_begin": (ctypes.c_int, [_P, ctypes.POINTER(Manifest), ctypes.POINTER(_P)]),

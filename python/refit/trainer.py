@@ -265,6 +265,25 @@ class TrainerClient:
         _native.check(code, "roll back", _ended(out))
         return _report(out)
 
+    def commit_group(self, tag, member_deadline_ms: int = 0, timeout_ms: int = 0) -> str:
+        """Engine groups (a fan-out client: one address per member, in member order): commits the
+        group version `tag`, prepared on every member by a session(stage_only=True, tag=tag).
+        Every member pauses its engine and copies it, then every member resumes with it. Returns
+        "committed"; raises (RefitError naming each member's failure) when a member could not copy
+        (the version was aborted on every member: nothing serves it) or the group was left dirty
+        (the error's cause is "engine_dirty": only a full group refit cleans it)."""
+        outcome = ctypes.c_char_p()
+        code = self._lib.refit_client_commit_group(self._live(), str(tag).encode(), member_deadline_ms, timeout_ms,
+                                                   ctypes.byref(outcome))
+        _native.check(code, f"commit the group version '{tag}'")
+        return _text(outcome.value) if outcome.value else "committed"
+
+    def abort_group(self, tag, reason: str = "aborted by the trainer", timeout_ms: int = 0) -> None:
+        """Engine groups: aborts `tag` on every member (prepared: dropped; copied: the version each
+        member held is restored and resumed)."""
+        _native.check(self._lib.refit_client_abort_group(self._live(), str(tag).encode(), reason.encode(), timeout_ms),
+                      f"abort the group version '{tag}'")
+
     def versions(self) -> list:
         """The versions refitd keeps in staging: held first, then current, then previous."""
         count, hold = ctypes.c_uint64(), ctypes.c_uint32()

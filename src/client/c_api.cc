@@ -528,6 +528,40 @@ int refit_client_rollback(refit_client* client, refit_report* out) {
                     [](refit::client::TrainerClient& c) { return c.Rollback(); });
 }
 
+int refit_client_commit_group(refit_client* client, const char* tag, uint32_t member_deadline_ms, uint32_t timeout_ms,
+                              const char** out_outcome) {
+  return Guard("refit_client_commit_group", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (client->fanout == nullptr) {
+      return absl::FailedPreconditionError(
+          "an engine group's client connects to every member (refit_client_connect_fanout)");
+    }
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    absl::StatusOr<refit::client::GroupCommitResult> g =
+        client->fanout->CommitGroup(tag == nullptr ? "" : tag, member_deadline_ms, timeout_ms);
+    if (!g.ok()) return g.status();
+    if (out_outcome != nullptr) {
+      *out_outcome = g->outcome == "committed" ? "committed" : g->outcome == "aborted" ? "aborted" : "dirty";
+    }
+    if (g->outcome == "committed") return absl::OkStatus();
+    if (g->outcome == "aborted") return absl::AbortedError(absl::StrCat("group version aborted: ", g->error));
+    return refit::WithCause(absl::FailedPreconditionError(absl::StrCat("engine group left dirty: ", g->error)),
+                            refit::EndCause::kEngineDirty);
+  });
+}
+
+int refit_client_abort_group(refit_client* client, const char* tag, const char* reason, uint32_t timeout_ms) {
+  return Guard("refit_client_abort_group", [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client is NULL");
+    if (client->fanout == nullptr) {
+      return absl::FailedPreconditionError(
+          "an engine group's client connects to every member (refit_client_connect_fanout)");
+    }
+    if (absl::Status st = CheckThread(client); !st.ok()) return st;
+    return client->fanout->AbortGroup(tag == nullptr ? "" : tag, reason == nullptr ? "" : reason, timeout_ms);
+  });
+}
+
 int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold) {
   return Guard("refit_client_versions", [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client is NULL");

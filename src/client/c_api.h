@@ -54,26 +54,28 @@ extern "C" {
 #define REFIT_API
 #endif
 
-#define REFIT_ABI_VERSION 12 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,
-                                 refit_session_detach, refit_session_ids, slices in refit_tensor), version
-                                 tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,
-                                 refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,
-                                 refit_engine_tag) and held versions (refit_manifest.stage_only,
-                                 refit_client_commit_version, refit_client_rollback, refit_client_versions);
-                                 4: refit_session_measure_amax; 5: engine ranks (refit_engine_options.tp_rank,
-                                 tp_size, ep_rank, ep_size, device, model); 6: trainer-side conversion
-                                 (refit_manifest.wire_format);
-                                 7: in-place registration (REFIT_STORAGE_CUDA_PTR, refit_engine_param.cuda_ptr,
-                                 refit_engine_allocations), sleep and wake (refit_engine_sleep,
-                                 refit_engine_wake, refit_engine_asleep, refit_daemon_status.engine_asleep/
-                                 awaiting_wake), the registration audit (refit_engine_options.audit);
-                                 8: trainer-supplied amax per tensor (refit_tensor.has_amax/amax) and
-                                 fused NVFP4 groups (refit_session_amax_group);
-                                 9: REFIT_STORAGE_CUDA_PTR parameters in CUDA virtual memory (no struct
-                                 change: exported as POSIX file descriptors over a unix: address);
-                                 10: refit_session_push_in_place;
-                                 11: refit_report.bytes_in_place/bytes_pushed_in_place;
-                                 12: refit_last_cause, and a commit's report filled when it fails */
+#define REFIT_ABI_VERSION                                                               \
+  13 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,     \
+         refit_session_detach, refit_session_ids, slices in refit_tensor), version      \
+         tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,                    \
+         refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,      \
+         refit_engine_tag) and held versions (refit_manifest.stage_only,                \
+         refit_client_commit_version, refit_client_rollback, refit_client_versions);    \
+         4: refit_session_measure_amax; 5: engine ranks (refit_engine_options.tp_rank,  \
+         tp_size, ep_rank, ep_size, device, model); 6: trainer-side conversion          \
+         (refit_manifest.wire_format);                                                  \
+         7: in-place registration (REFIT_STORAGE_CUDA_PTR, refit_engine_param.cuda_ptr, \
+         refit_engine_allocations), sleep and wake (refit_engine_sleep,                 \
+         refit_engine_wake, refit_engine_asleep, refit_daemon_status.engine_asleep/     \
+         awaiting_wake), the registration audit (refit_engine_options.audit);           \
+         8: trainer-supplied amax per tensor (refit_tensor.has_amax/amax) and           \
+         fused NVFP4 groups (refit_session_amax_group);                                 \
+         9: REFIT_STORAGE_CUDA_PTR parameters in CUDA virtual memory (no struct         \
+         change: exported as POSIX file descriptors over a unix: address);              \
+         10: refit_session_push_in_place;                                               \
+         11: refit_report.bytes_in_place/bytes_pushed_in_place;                         \
+         12: refit_last_cause, and a commit's report filled when it fails;              \
+         13: engine groups (refit_client_commit_group, refit_client_abort_group) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -300,6 +302,22 @@ REFIT_API int refit_client_rollback(refit_client* client, refit_report* out);
 /* ABI 3. Lists the kept versions (held first, then current, then previous) and refitd's hold
  * limit; read them with refit_client_version_at (owned by the client until its next call). */
 REFIT_API int refit_client_versions(refit_client* client, uint64_t* out_count, uint32_t* out_hold);
+
+/* ABI 13. Engine groups (docs/architecture.md "Engine groups"): the daemons of a fan-out client
+ * (refit_client_connect_fanout, in member order) are one engine group's members. A group version
+ * is prepared by a fan-out session with refit_manifest.stage_only and a tag (every member holds
+ * it), then committed by refit_client_commit_group: every member pauses its engine and copies
+ * it, then every member resumes with it; a member that cannot copy (or does not answer within
+ * `timeout_ms`, 0: 10 s) makes every member abort it (those that copied restore the version they
+ * held). `member_deadline_ms` (0: the daemons' group.decision_timeout_ms): how long a copied
+ * member waits for the resume or abort. `out_outcome` (may be NULL) gets "committed", "aborted" or
+ * "dirty" (static strings). REFIT_OK when committed; REFIT_ABORTED when aborted, and
+ * REFIT_FAILED_PRECONDITION (refit_last_cause "engine_dirty") when the group is left dirty, the
+ * message naming each member's failure. refit_client_abort_group aborts `tag` on every member
+ * (a prepared version is dropped, a copied one restored). */
+REFIT_API int refit_client_commit_group(refit_client* client, const char* tag, uint32_t member_deadline_ms,
+                                        uint32_t timeout_ms, const char** out_outcome);
+REFIT_API int refit_client_abort_group(refit_client* client, const char* tag, const char* reason, uint32_t timeout_ms);
 REFIT_API int refit_client_version_at(refit_client* client, uint64_t index, refit_staged_version* out);
 
 /* Opens a session (one per refitd at a time; REFIT_UNAVAILABLE with refit_last_cause() "busy"

@@ -134,6 +134,21 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
       s.ranks.push_back(std::move(info));
     }
     s.last_report = wire::FromWire(r.getLastReport());
+    if (r.hasGroup()) {
+      auto g = r.getGroup();
+      s.group.name = wire::Str(g.getName());
+      s.group.members = g.getMembers();
+      s.group.member = g.getMember();
+      s.group.phase = wire::Str(g.getPhase());
+      s.group.tag = wire::Str(g.getTag());
+      s.group.pending_tag = wire::Str(g.getPendingTag());
+      s.group.dirty = g.getDirty();
+      s.group.reason = wire::Str(g.getReason());
+      s.group.deadline_left_ms = g.getDeadlineLeftMs();
+      s.group.commits = g.getGroupCommits();
+      s.group.aborts = g.getGroupAborts();
+      s.group.deadline_expiries = g.getDeadlineExpiries();
+    }
     return s;
   });
 }

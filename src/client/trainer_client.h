@@ -69,6 +69,20 @@ struct EngineRankInfo {
   bool asleep = false;  // released its weights (sleep) until its wake
 };
 
+// This daemon as a member of an engine group (docs/architecture.md "Engine groups").
+struct GroupInfo {
+  std::string name;  // "" when the daemon is in no group
+  uint32_t members = 0;
+  uint32_t member = 0;
+  std::string phase;        // joining | idle | copying | copied | resuming | restoring
+  std::string tag;          // the group version this member serves
+  std::string pending_tag;  // the group version in flight
+  bool dirty = false;
+  std::string reason;
+  uint64_t deadline_left_ms = 0;
+  uint64_t commits = 0, aborts = 0, deadline_expiries = 0;
+};
+
 struct DaemonStatus {
   std::string model;
   bool engine_registered = false;
@@ -93,6 +107,19 @@ struct DaemonStatus {
   std::string daemon_version;  // refitd's version; empty from a daemon older than the field
   std::string daemon_commit;   // the git commit refitd was built from
   std::vector<EngineRankInfo> ranks;  // engine ranks: every declared rank (empty for a single engine)
+  GroupInfo group;
+};
+
+// How an engine group's commit went (FanoutClient::CommitGroup), member by member.
+struct GroupCommitResult {
+  std::string tag;
+  // committed: every member copied and resumed with `tag`. aborted: some member could not copy
+  // and every member that could was told to restore what it held (nothing serves `tag`). dirty:
+  // a member was lost after every member copied, or did not restore: the group must take a full
+  // group refit before it is consistent again.
+  std::string outcome;
+  std::vector<std::string> member_errors;  // by daemon: "" when that member did what was asked
+  std::string error;                       // every member's error, each naming its daemon
 };
 
 // A version refitd keeps in staging (hold: K; docs/versions.md).
@@ -178,6 +205,26 @@ class FanoutClient {
   // Joins the active session of every daemon (session_ids[i] on daemon i), begun by another
   // fan-out rank; Push, then Detach (see TrainerClient::Join).
   absl::StatusOr<std::unique_ptr<RefitSession>> Join(const std::vector<uint64_t>& session_ids);
+
+  // Engine groups (docs/architecture.md "Engine groups"): the daemons are the members of one
+  // engine group, in member order, each with hold >= 1. A group version is prepared by a fan-out
+  // session begun with `stage_only` and a tag (Begin, Push, CommitAll: every member receives,
+  // converts, validates and holds it; when any member fails, AbortGroup drops it everywhere), then
+  // committed by CommitGroup: every member pauses its engine and copies the version, holding it
+  // paused; once all copied, every member resumes with it. When a member cannot copy (or does not
+  // answer within `timeout_ms`), every member is told to abort: the ones that copied write back
+  // the version they held and resume with it. `member_deadline_ms` (0: each daemon's
+  // group.decision_timeout_ms) is how long a copied member waits for the resume or abort before
+  // it restores alone; `timeout_ms` (0: 10 s) bounds each phase's answers here and should be well
+  // below it. `after_copied`, when set, runs once every member copied, before any resume (a
+  // trainer's own record of the decision; tests die there). Returns the outcome
+  // (GroupCommitResult); an error only for a call that could not be made at all.
+  absl::StatusOr<GroupCommitResult> CommitGroup(const std::string& tag, uint32_t member_deadline_ms = 0,
+                                                uint32_t timeout_ms = 0,
+                                                const std::function<void()>& after_copied = nullptr);
+  // Aborts group version `tag` on every member (held: dropped; copied: restored and resumed).
+  // Returns the members' errors, each naming its daemon (OK when every member answered).
+  absl::Status AbortGroup(const std::string& tag, const std::string& reason, uint32_t timeout_ms = 0);
 
   struct Impl;
 

@@ -41,6 +41,11 @@ inline constexpr char kAfterCopy[] = "after_copy";        // copy done, engine n
 // flipped in the engine's storage instead of failing the step (what verify_after_commit catches).
 inline constexpr char kCorruptCopy[] = "corrupt_copy";
 inline constexpr char kAfterCommit[] = "after_commit";    // engine resumed, trainer not answered yet
+// Group commit (docs/architecture.md "Engine groups"): a member copied the group's version and
+// holds its engine paused, the coordinator not answered yet; a member got the coordinator's
+// resume, its engine not resumed yet.
+inline constexpr char kGroupCopied[] = "group_copied";
+inline constexpr char kGroupResume[] = "group_resume";
 }  // namespace failpoints
 
 class FailpointSet {

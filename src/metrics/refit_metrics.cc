@@ -150,6 +150,37 @@ absl::StatusOr<RefitMetrics> RefitMetrics::Register(Registry& registry, const Bu
   REFIT_ASSIGN_OR_RETURN(
       m.engine_rank_version,
       registry.AddGauge("refit_engine_rank_version", "Engine ranks: the version the rank holds.", {"rank"}));
+  REFIT_ASSIGN_OR_RETURN(m.group_member_info,
+                         registry.AddGauge("refit_group_member_info",
+                                           "Engine groups: 1 for this daemon's group, its member index and the "
+                                           "group's member count (one series of empty labels, 0, outside a group).",
+                                           {"group", "member", "members"}));
+  // Outside a group: one series with empty labels, 0 (a member replaces it by its own, 1).
+  m.group_member_info->Only({"", "", ""}).Set(0);
+  REFIT_ASSIGN_OR_RETURN(m.group_phase,
+                         registry.AddGauge("refit_group_phase",
+                                           "Engine groups: 1 for the member's phase now (joining, idle, copying, "
+                                           "copied, resuming, restoring), else 0.",
+                                           {"phase"}));
+  for (const char* phase : {"joining", "idle", "copying", "copied", "resuming", "restoring"}) {
+    m.group_phase->Labels({phase}).Set(0);
+  }
+  REFIT_ASSIGN_OR_RETURN(
+      GaugeFamily * group_dirty,
+      registry.AddGauge("refit_group_dirty",
+                        "Engine groups: 1 while the group may be mixed here (only a group refit clears it), else 0."));
+  m.group_dirty = &group_dirty->Labels({});
+  REFIT_ASSIGN_OR_RETURN(m.group_versions,
+                         registry.AddGauge("refit_group_versions",
+                                           "Engine groups: group versions this member committed or aborted since it "
+                                           "started, by outcome.",
+                                           {"outcome"}));
+  for (const char* outcome : {"committed", "aborted"}) m.group_versions->Labels({outcome}).Set(0);
+  REFIT_ASSIGN_OR_RETURN(
+      GaugeFamily * expiries,
+      registry.AddGauge("refit_group_deadline_expiries",
+                        "Engine groups: group versions this member, copied, restored alone at its deadline."));
+  m.group_deadline_expiries = &expiries->Labels({});
   REFIT_ASSIGN_OR_RETURN(
       m.build_info,
       registry.AddGauge("refit_build_info", "Build of the running refitd; the value is always 1.",

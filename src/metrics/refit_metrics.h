@@ -92,6 +92,13 @@ struct RefitMetrics {
   GaugeFamily* engine_rank_registered = nullptr;
   GaugeFamily* engine_rank_dirty = nullptr;
   GaugeFamily* engine_rank_version = nullptr;
+  // Engine groups (docs/architecture.md "Engine groups"); registered whether or not a group is
+  // configured: refit_group_member_info{group,member,members} 1 only in a group.
+  GaugeFamily* group_member_info = nullptr;  // {group, member, members}, value 1
+  GaugeFamily* group_phase = nullptr;        // {phase}: 1 for the member's phase now, else 0
+  Gauge* group_dirty = nullptr;              // 1 while the group may be mixed here
+  GaugeFamily* group_versions = nullptr;     // {outcome}: committed | aborted, since refitd started
+  Gauge* group_deadline_expiries = nullptr;  // copied versions this member decided alone
   Gauge* staging_bytes = nullptr;      // bytes held in staging (device or pinned host)
   Gauge* active_sessions = nullptr;    // sessions begun and not yet committed or aborted
   Gauge* engine_registered = nullptr;  // 1 while an engine is registered, else 0

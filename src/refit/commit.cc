@@ -65,6 +65,12 @@ void Commit::Run() {
   if (!Copy(*prepared)) return;
   if (!Verify(*prepared, expected)) return;
   result_.engine_version_set = true;  // the engine's memory holds to_version() from here on
+  if (setup_.group) {
+    // An engine group's version: the engine stays paused with it until every member copied.
+    Phase("copied");
+    resume_pending_ = true;
+    return;
+  }
   Phase("resuming");
   if (setup_.resume_on_loop) {
     resume_pending_ = true;  // StartLoopResume or RunResume
@@ -360,6 +366,47 @@ bool Commit::StartLoopResume(const std::shared_ptr<Commit>& commit, std::functio
                                          });
   if (sent) TracePoint("daemon.resume_sent");  // else RunResume sends it (and traces it)
   return sent;
+}
+
+void Commit::RunRestore(const StagedVersion* before, const std::string& reason) {
+  resume_pending_ = false;
+  result_.engine_version_set = false;
+  const EnginePause::From& from = pause_.from();
+  auto dirty = [&](const std::string& why) {
+    result_.engine_dirty = true;
+    result_.times.pause_ms = Ms(absl::Now() - pause_start_);
+    End(Outcome::kFailed, EndCause::kEngineError,
+        absl::StrCat(reason, "; ", why, ": the engine stays paused and dirty until a full refit lands"));
+  };
+  if (before == nullptr || from.dirty) {
+    return dirty(from.dirty ? "the engine was dirty before this version"
+                            : absl::StrCat("the version it held (", from.version, ") is not kept in staging"));
+  }
+  Phase("restoring");
+  const EngineRecord& engine = *setup_.engine;
+  PrepareOptions options;
+  options.pieces_in_place = true;
+  absl::StatusOr<PreparedCommit> prepared =
+      PrepareCommit(*engine.planner, *before->staging, before->produced, nullptr, options);
+  if (prepared.ok()) {
+    absl::Status st = PrepareStorageWrites(*prepared, *engine.storage);
+    if (!st.ok()) prepared = st;
+  }
+  absl::StatusOr<CommitStats> copied =
+      prepared.ok() ? WritePrepared(*engine.planner, *prepared, *engine.storage) : prepared.status();
+  if (!copied.ok()) {
+    return dirty(absl::StrCat("restoring version ", from.version, " failed: ", copied.status().message()));
+  }
+  absl::Status resumed = pause_.Resume(from.version, from.tag);
+  result_.times.pause_ms = Ms(absl::Now() - pause_start_);
+  if (!resumed.ok()) {
+    return End(Outcome::kFailed, EndCause::kEngineError,
+               absl::StrCat(reason, "; version ", from.version,
+                            " was restored but the engine did not resume: ", resumed.message()));
+  }
+  End(Outcome::kAborted, EndCause::kClientAbort,
+      absl::StrCat(reason, "; the engine was restored to version ", from.version,
+                   from.tag.empty() ? "" : absl::StrCat(" ('", from.tag, "')"), " and resumed"));
 }
 
 void Commit::FinishResume(const absl::Status& resumed) {

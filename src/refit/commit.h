@@ -67,6 +67,9 @@ struct CommitSetup {
   // staging: direct: the session's engine paused since it began (no pause here), by this pause.
   std::shared_ptr<DirectPause> direct;
   bool resume_on_loop = false;  // NodeOptions::resume_on_loop
+  // An engine group's commit (Node::StartGroupCommit): Run ends with the engine paused and copied
+  // (resume_pending()); the coordinator's resume sends it, its abort runs RunRestore.
+  bool group = false;
   PhaseTimes times;             // carried over (a refit staged for the wake)
   uint64_t staged_checksum = 0;
 };
@@ -104,6 +107,11 @@ class Commit {
   // EngineControl::StartResume and runs `done` there once the commit has its outcome; false,
   // sending nothing, when the control cannot resume from this thread (RunResume then).
   static bool StartLoopResume(const std::shared_ptr<Commit>& commit, std::function<void()> done);
+  // Worker thread, after a group Run that left the engine paused and copied: writes `before` (the
+  // version the engine held when the commit started, kept in staging) back into the engine and
+  // resumes it at that version and tag (outcome aborted, `reason`). Without `before` (not kept)
+  // the engine stays paused and dirty (outcome failed) until a full refit lands.
+  void RunRestore(const StagedVersion* before, const std::string& reason);
 
  private:
   // The staged tensors the commit writes, and the live session's prepare made early.

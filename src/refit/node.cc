@@ -29,7 +29,8 @@ Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring,
       receiver_(receiver),
       ring_(ring),
       hooks_(std::move(hooks)),
-      versions_(options_.hold) {
+      versions_(options_.hold),
+      group_(options_.group, clock_) {
   const spec::ModelSpec* spec = options_.spec;
   ranked_ = spec != nullptr && spec->tp_size > 1 && !spec->tp_rank_given;
   if (ranked_) {
@@ -73,6 +74,8 @@ absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   record->version = setup.version;
   record->tag = std::move(setup.tag);
   record->dirty = setup.dirty;
+  group_.EngineRegistered(record->tag, record->dirty);
+  GroupChanged();
   engine_ = std::move(record);
   if (hooks_.on_engine) hooks_.on_engine(true);
   if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
@@ -105,6 +108,7 @@ absl::Status Node::Ready() const {
   if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine registered");
   if (engine_->dirty) return absl::UnavailableError("engine weights dirty after a failed commit");
   if (!engine_->control->Responsive()) return absl::UnavailableError("engine did not answer a pause or resume");
+  if (absl::Status grouped = group_.Ready(); !grouped.ok()) return grouped;
   return absl::OkStatus();
 }
 
@@ -185,6 +189,12 @@ absl::Status Node::MayBegin(const Manifest& manifest) const {
     return busy(absl::StrCat("session ", active_->session->id(), " is staged, waiting for the engine to wake"));
   }
   if (active_) return busy(absl::StrCat("session ", active_->session->id(), " is active"));
+  if (group_.enabled() && !manifest.stage_only) {
+    // A member's own commit would switch its ranks alone (docs/architecture.md "Engine groups").
+    return absl::FailedPreconditionError(
+        absl::StrCat("this daemon serves part of engine group '", group_.options().name,
+                     "': refits are stage-only (prepare), and the group's coordinator commits them on every member"));
+  }
   if (early_undoing_ > 0) {
     return busy("the engine is being resumed after a refused begin (staging: direct); begin again");
   }

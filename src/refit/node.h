@@ -29,11 +29,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <tuple>
-#include <utility>
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,19 +43,20 @@
 #include "common/kept_threads.h"
 #include "refit/bucket_ring.h"
 #include "refit/commit.h"
-#include "refit/engine_pause.h"
-#include "refit/engine_record.h"
 #include "refit/converter.h"
 #include "refit/engine_control.h"
+#include "refit/engine_pause.h"
+#include "refit/engine_record.h"
+#include "refit/group_member.h"
 #include "refit/placement.h"
 #include "refit/planner.h"
 #include "refit/rank_group_control.h"
 #include "refit/session.h"
-#include "refit/wire_plan.h"
 #include "refit/staged_version.h"
 #include "refit/staging.h"
 #include "refit/types.h"
 #include "refit/version_store.h"
+#include "refit/wire_plan.h"
 #include "storage/engine_storage.h"
 #include "transport/transport.h"
 
@@ -89,6 +90,8 @@ struct NodeHooks {
   // The versions kept in staging changed (hold: K): how many are held, current, previous.
   std::function<void(uint32_t held, uint32_t current, uint32_t previous)> on_versions;
   std::function<void(const RefitReport&)> on_log;  // one line per ended session
+  // Engine groups: the member's phase, version or dirty flag changed (GroupMember).
+  std::function<void(const GroupMember&)> on_group;
   // A commit enters a phase ("pausing", "copying", "resuming"). Called on the commit's worker
   // thread.
   std::function<void(uint64_t session_id, const char* phase)> on_commit_phase;
@@ -124,6 +127,9 @@ struct NodeOptions {
   // (Commit::StartLoopResume), saving the worker's wake-up and its hop back. Off: Run resumes.
   bool resume_on_loop = false;
   const FailpointSet* failpoints = nullptr;  // test builds only
+  // Engine groups (GroupMember): this daemon serves part of an engine whose ranks span several
+  // daemons; members == 0: none.
+  GroupOptions group;
   // What session deadlines are computed and checked against; the system clock when null.
   const Clock* clock = nullptr;
   // Engine ranks: the node's spec. When it declares tensor_parallel.size > 1 without a rank, the
@@ -270,6 +276,33 @@ class Node {
   // A commit by tag or rollback is in flight (a session's commit waits for it).
   bool version_committing() const { return version_commit_ != nullptr; }
 
+  // Engine groups (node_group.cc; GroupMember has the protocol). The coordinator's commit of the
+  // held version `tag`: as StartVersionCommit, but its Run leaves the engine paused and copied
+  // (resume_pending). Refused while another group version is in flight, or no group is configured.
+  absl::StatusOr<std::shared_ptr<Commit>> StartGroupCommit(const std::string& tag, absl::Duration deadline);
+  // Loop thread, after the group commit's Run: true when the engine is paused and copied (the
+  // commit stays in flight until resumed or restored); false when it ended before (FinishCommit
+  // then reports it).
+  bool FinishGroupCopy(const Commit& commit);
+  // The coordinator's resume of `tag`: the copied commit, whose resume the caller sends
+  // (Commit::StartLoopResume or RunResume) before FinishCommit. FailedPrecondition unless copied
+  // with `tag`.
+  absl::StatusOr<std::shared_ptr<Commit>> StartGroupResume(const std::string& tag);
+  // The abort of `tag`, by the coordinator or at the member's deadline (`expired`). Copied: the
+  // commit to restore (Commit::RunRestore with `before`, the version the engine held, null when it
+  // is not kept) before FinishCommit. Still copying: null, and the member restores once copied
+  // (GroupMember::abort_requested). Otherwise null: a held version `tag` was dropped.
+  struct GroupRestore {
+    std::shared_ptr<Commit> commit;
+    std::shared_ptr<StagedVersion> before;
+  };
+  absl::StatusOr<GroupRestore> StartGroupAbort(const std::string& tag, bool expired);
+  const GroupMember& group() const { return group_; }
+  // Engine groups: on_group with the member's state now.
+  void GroupChanged() const {
+    if (hooks_.on_group && group_.enabled()) hooks_.on_group(group_);
+  }
+
   // Sleep and wake. Sleep: the engine releases its weights; refitd drops its mappings (the
   // parameter list stays registered) and the engine is asleep. Unavailable while a commit is in
   // flight. A session may run on while the engine sleeps: its commit validates and then waits for
@@ -370,7 +403,9 @@ class Node {
   // The active session's staging as a version in `state` (End, before the session goes).
   std::shared_ptr<StagedVersion> TakeActiveStaging(StagedVersion::State state, uint64_t checksum);
   // A commit of a kept version, checked and set up; `rollback` for the report's reason.
-  absl::StatusOr<std::shared_ptr<Commit>> StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback);
+  // `group`: an engine group's version (StartGroupCommit).
+  absl::StatusOr<std::shared_ptr<Commit>> StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback,
+                                                          bool group = false);
   const RefitReport& FinishVersionCommit(Commit& commit);
   // The commit's outcome applied to its engine record (and each of its ranks): dirty, version,
   // tag, verify mismatches. FinishCommit and FinishVersionCommit both start with it.
@@ -427,7 +462,8 @@ class Node {
   std::vector<bool> left_dirty_;                    // by rank: left while a commit failed on it
   uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
   VersionStore versions_;
-  std::shared_ptr<Commit> version_commit_;  // a commit by tag or rollback in flight
+  std::shared_ptr<Commit> version_commit_;  // a commit by tag, rollback or group version in flight
+  GroupMember group_;
   uint32_t early_undoing_ = 0;              // early pauses being undone (StartUndoEarlyPause)
   bool early_window_ = false;               // StartEarlyPause returned a pause; its Begin is to come
   // NotePlacing's last manifest key, and the engine registration (id) it placed into. Not the

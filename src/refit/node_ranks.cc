@@ -131,6 +131,8 @@ absl::StatusOr<uint64_t> Node::RegisterRank(EngineSetup setup) {
   rank->version = setup.version;
   rank->tag = std::move(setup.tag);
   rank->dirty = setup.dirty;
+  group_.EngineRegistered(rank->tag, rank->dirty);
+  GroupChanged();
   ranks_[r] = rank;
   left_dirty_[r] = false;
   const uint64_t id = rank->id;

@@ -33,8 +33,15 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartRollback() {
   return StartKeptCommit(*std::move(previous), true);
 }
 
-absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback) {
+absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<StagedVersion> v, bool rollback,
+                                                              bool group) {
   if (!engine_ || engine_->gone) return WithCause(absl::UnavailableError("no engine is registered"), EndCause::kEngineError);
+  if (!group && group_.enabled()) {
+    // A member's own commit would switch its ranks alone: only the group's coordinator commits.
+    return absl::FailedPreconditionError(absl::StrCat("this daemon serves part of engine group '",
+                                                      group_.options().name,
+                                                      "': its versions are committed by the group's coordinator"));
+  }
   if (version_commit_ != nullptr || (active_ && active_->committing)) {
     return WithCause(absl::UnavailableError("busy: another commit is in progress"), EndCause::kBusy);
   }
@@ -51,6 +58,7 @@ absl::StatusOr<std::shared_ptr<Commit>> Node::StartKeptCommit(std::shared_ptr<St
   setup.staged_checksum = v->checksum;
   setup.held = std::move(v);
   setup.rollback = rollback;
+  setup.group = group;
   version_commit_ = std::make_shared<Commit>(std::move(setup));
   return version_commit_;
 }
@@ -67,9 +75,21 @@ const RefitReport& Node::FinishVersionCommit(Commit& c) {
   r.outcome = result.outcome;
   r.cause = result.outcome == Outcome::kCommitted ? EndCause::kNone : result.cause;
   r.reason = result.reason;
+  if (setup.group) {
+    // The group member's phase follows what the commit did: ended before the copy, resumed, or
+    // restored to the version it held.
+    switch (group_.phase()) {
+      case GroupPhase::kResuming: group_.Resumed(result.outcome == Outcome::kCommitted); break;
+      case GroupPhase::kRestoring: group_.Restored(result.outcome == Outcome::kAborted, result.reason); break;
+      default: group_.CommitEnded(); break;
+    }
+    if (result.outcome != Outcome::kCommitted) versions_.DropHeld(held.tag);  // the group aborts it everywhere
+    GroupChanged();
+  }
   if (result.outcome == Outcome::kCommitted) {
-    r.reason = setup.rollback ? absl::StrCat("rolled back to the version tagged '", held.tag, "'")
-                              : absl::StrCat("committed the held version '", held.tag, "'");
+    r.reason = setup.group      ? absl::StrCat("committed the group version '", held.tag, "'")
+               : setup.rollback ? absl::StrCat("rolled back to the version tagged '", held.tag, "'")
+                                : absl::StrCat("committed the held version '", held.tag, "'");
   }
   r.version = result.outcome == Outcome::kCommitted ? engine.version : 0;
   r.bytes_out = held.bytes;

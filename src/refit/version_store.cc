@@ -145,6 +145,16 @@ std::shared_ptr<StagedVersion> VersionStore::Find(StagedVersion::State state) co
   return nullptr;
 }
 
+bool VersionStore::DropHeld(const std::string& tag) {
+  for (const std::shared_ptr<StagedVersion>& v : versions_) {
+    if (v->state == StagedVersion::State::kHeld && v->tag == tag) {
+      Drop(v);
+      return true;
+    }
+  }
+  return false;
+}
+
 void VersionStore::Drop(std::shared_ptr<StagedVersion> v) {
   versions_.erase(std::remove(versions_.begin(), versions_.end(), v), versions_.end());
   if (v.use_count() == 1 && v->pool != nullptr) {

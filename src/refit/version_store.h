@@ -54,6 +54,10 @@ class VersionStore {
   // (FailedPrecondition when none is staged). FailedPrecondition when hold is 0.
   absl::StatusOr<std::shared_ptr<StagedVersion>> Held(const std::string& tag) const;
   absl::StatusOr<std::shared_ptr<StagedVersion>> Previous() const;
+  // The current version, the one the engine serves (null when it is not staged).
+  std::shared_ptr<StagedVersion> Current() const { return Find(StagedVersion::State::kCurrent); }
+  // Drops the held version tagged `tag` (an aborted group version); false when none is held.
+  bool DropHeld(const std::string& tag);
 
   // Every version dropped (the engine they were converted for left), the spare pool too.
   void Clear();

@@ -111,11 +111,10 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   Config c;
   UseDefaultTransport(c, transports);
   if (root.IsNull()) return c;
-  REFIT_RETURN_IF_ERROR(CheckKeys(root, path, "config",
-                                  {"listen", "socket_mode", "socket_group", "model_spec", "model_config", "data_plane",
-                                   "staging",
-                                   "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold",
-                                   "busy_poll"}));
+  REFIT_RETURN_IF_ERROR(
+      CheckKeys(root, path, "config",
+                {"listen", "socket_mode", "socket_group", "model_spec", "model_config", "data_plane", "staging",
+                 "limits", "admin", "access", "tls", "log", "log_level", "engine", "hold", "busy_poll", "group"}));
   REFIT_RETURN_IF_ERROR(Get(root, "listen", path, "", c.listen));
   if (root["socket_mode"]) {
     std::string mode;
@@ -164,6 +163,26 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "model_config", path, "", c.model_config));
   REFIT_RETURN_IF_ERROR(Get(root, "hold", path, "", c.hold));
   if (c.hold > 64) return Err(root["hold"], path, "hold", "must be at most 64");
+  if (const YAML::Node g = root["group"]) {
+    REFIT_RETURN_IF_ERROR(CheckKeys(g, path, "group", {"name", "members", "member", "decision_timeout_ms"}));
+    REFIT_RETURN_IF_ERROR(Get(g, "name", path, "group.", c.group_name));
+    REFIT_RETURN_IF_ERROR(Get(g, "members", path, "group.", c.group_members));
+    REFIT_RETURN_IF_ERROR(Get(g, "member", path, "group.", c.group_member));
+    REFIT_RETURN_IF_ERROR(Get(g, "decision_timeout_ms", path, "group.", c.group_decision_timeout_ms));
+    if (c.group_name.empty() || c.group_name.size() > 128 ||
+        c.group_name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:+-") !=
+            std::string::npos) {
+      return Err(g, path, "group.name", "must be 1 to 128 bytes of [A-Za-z0-9._:+-]");
+    }
+    if (c.group_members < 2 || c.group_members > 4096) return Err(g, path, "group.members", "must be 2 .. 4096");
+    if (c.group_member >= c.group_members) return Err(g, path, "group.member", "must be 0 .. group.members - 1");
+    if (c.group_decision_timeout_ms < 100 || c.group_decision_timeout_ms > 3'600'000) {
+      return Err(g, path, "group.decision_timeout_ms", "must be 100 .. 3600000");
+    }
+    if (c.hold < 1) {
+      return Err(g, path, "group", "needs hold: 1 or more (each group version is held before the group commits it)");
+    }
+  }
   REFIT_RETURN_IF_ERROR(Get(root, "staging", path, "", c.staging));
   if (c.staging != "host" && c.staging != "device" && c.staging != "direct") {
     return Err(root["staging"], path, "staging", "must be host, device or direct");

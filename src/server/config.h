@@ -75,6 +75,12 @@ struct Config {
   // K > 0 the current and previous committed versions are kept for rollback while staging has
   // room. 0: none.
   uint32_t hold = 0;
+  // group: (docs/config.md "Engine groups"): this daemon serves part of an engine whose ranks span
+  // several daemons; group_members 0: none. Needs hold >= 1 (each group version is held first).
+  std::string group_name;
+  uint32_t group_members = 0;
+  uint32_t group_member = 0;
+  uint32_t group_decision_timeout_ms = 30'000;
 };
 
 // Largest config file read (bytes); a bigger file, or one that is not a regular file, is refused.

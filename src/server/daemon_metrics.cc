@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 
 #include "absl/time/clock.h"
 
@@ -60,6 +61,19 @@ DaemonHooks MetricsHooks(const metrics::RefitMetrics& m, std::string transport) 
     mp->kept_versions->Labels({"held"}).Set(held);
     mp->kept_versions->Labels({"current"}).Set(current);
     mp->kept_versions->Labels({"previous"}).Set(previous);
+  };
+  h.on_group = [mp](const GroupMember& g) {
+    mp->group_member_info
+        ->Only({g.options().name, std::to_string(g.options().member), std::to_string(g.options().members)})
+        .Set(1);
+    for (GroupPhase p : {GroupPhase::kJoining, GroupPhase::kIdle, GroupPhase::kCopying, GroupPhase::kCopied,
+                         GroupPhase::kResuming, GroupPhase::kRestoring}) {
+      mp->group_phase->Labels({GroupPhaseName(p)}).Set(g.phase() == p ? 1 : 0);
+    }
+    mp->group_dirty->Set(g.dirty() ? 1 : 0);
+    mp->group_versions->Labels({"committed"}).Set(static_cast<double>(g.commits()));
+    mp->group_versions->Labels({"aborted"}).Set(static_cast<double>(g.aborts()));
+    mp->group_deadline_expiries->Set(static_cast<double>(g.expiries()));
   };
   h.on_engine = [mp](bool registered) { mp->engine_registered->Set(registered ? 1 : 0); };
   h.on_ranks = [mp](const std::vector<RankStatus>& ranks) {

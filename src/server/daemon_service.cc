@@ -14,6 +14,7 @@
 #include "server/commit_task.h"
 #include "server/early_pause.h"
 #include "server/engine_setup.h"
+#include "server/group_task.h"
 #include "server/log.h"
 #include "server/manifest_cache.h"
 #include "server/registration_service.h"
@@ -354,6 +355,21 @@ class DaemonImpl final : public proto::Daemon::Server {
     s.setDataEndpoint(state_.receiver->Endpoint());
     s.setDaemonVersion(kVersion);
     s.setDaemonCommit(kGitCommit);
+    if (const GroupMember& group = node.group(); group.enabled()) {
+      auto g = s.initGroup();
+      g.setName(group.options().name);
+      g.setMembers(group.options().members);
+      g.setMember(group.options().member);
+      g.setPhase(GroupPhaseName(group.phase()));
+      g.setTag(wire::Text(group.tag()));
+      g.setPendingTag(wire::Text(group.pending_tag()));
+      g.setDirty(group.dirty());
+      g.setReason(wire::Text(group.reason()));
+      g.setDeadlineLeftMs(static_cast<uint64_t>(absl::ToInt64Milliseconds(group.DeadlineLeft())));
+      g.setGroupCommits(group.commits());
+      g.setGroupAborts(group.aborts());
+      g.setDeadlineExpiries(group.expiries());
+    }
     return kj::READY_NOW;
   }
 
@@ -385,6 +401,32 @@ class DaemonImpl final : public proto::Daemon::Server {
     if (!started.ok()) return Answer(context, started.status());
     LogEvent(LogLevel::kInfo, "rollback");
     return RunCommitTask(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> groupCommit(GroupCommitContext context) override {
+    const std::string tag = wire::Str(context.getParams().getTag());
+    const absl::Duration deadline = absl::Milliseconds(context.getParams().getDeadlineMs());
+    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartGroupCommit(tag, deadline);
+    if (!started.ok()) return Answer(context, started.status());
+    LogEvent(LogLevel::kInfo, "group_commit").Add("tag", tag);
+    return RunGroupCopy(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> groupResume(GroupResumeContext context) override {
+    const std::string tag = wire::Str(context.getParams().getTag());
+    absl::StatusOr<std::shared_ptr<Commit>> started = state_.node.StartGroupResume(tag);
+    if (!started.ok()) return Answer(context, started.status());
+    // Test builds: the member dies (or stalls) with the coordinator's resume in hand.
+    if (absl::Status hit = REFIT_FAILPOINT(state_.failpoints.get(), failpoints::kGroupResume); !hit.ok()) {
+      LogEvent(LogLevel::kWarn, "group_resume_failpoint").Add("tag", tag);
+    }
+    return RunGroupResume(state_, *started, kj::mv(context));
+  }
+
+  kj::Promise<void> groupAbort(GroupAbortContext context) override {
+    const std::string tag = wire::Str(context.getParams().getTag());
+    const std::string reason = wire::Str(context.getParams().getReason());
+    return RunGroupAbort(state_, tag, reason.empty() ? "the coordinator aborted it" : reason, kj::mv(context));
   }
 
   kj::Promise<void> versions(VersionsContext context) override {

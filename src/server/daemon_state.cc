@@ -56,6 +56,10 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.resume_timeout = absl::Milliseconds(config.resume_timeout_ms);
             o.verify_after_commit = config.verify_after_commit;
             o.hold = config.hold;
+            o.group.name = config.group_name;
+            o.group.members = config.group_members;
+            o.group.member = config.group_member;
+            o.group.decision_timeout = absl::Milliseconds(config.group_decision_timeout_ms);
             o.refuse_while_asleep = config.asleep_refits == "refuse";
             o.direct = config.staging == "direct";
             o.resume_on_loop = true;  // RunCommitTask sends the commit's resume from the loop
@@ -75,7 +79,9 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             return h;
           }()),
       blocking(io_in),
-      tasks(error_handler_) {}
+      tasks(error_handler_) {
+  node.GroupChanged();  // an engine group's member starts joining (metrics)
+}
 
 DaemonState::~DaemonState() = default;
 
@@ -128,9 +134,12 @@ bool DaemonState::Drain(kj::WaitScope& wait_scope) {
   if (!node.Shutdown()) return true;
   // A commit in its window runs to the engine's resume (or its failure) before refitd exits, so
   // a shutdown never leaves the engine paused with half-copied weights. Bounded by the engine
-  // timeouts: a stuck engine cannot hold the shutdown forever.
-  const absl::Time until = absl::Now() + absl::Milliseconds(config.pause_timeout_ms) +
-                           absl::Milliseconds(config.resume_timeout_ms) + absl::Seconds(30);
+  // timeouts: a stuck engine cannot hold the shutdown forever. An engine group's version copied
+  // here waits for the group's resume or abort, or this member's deadline (its restore).
+  const absl::Time until =
+      absl::Now() + absl::Milliseconds(config.pause_timeout_ms) + absl::Milliseconds(config.resume_timeout_ms) +
+      absl::Seconds(30) +
+      (config.group_members > 0 ? absl::Milliseconds(config.group_decision_timeout_ms) : absl::ZeroDuration());
   while (node.committing() && absl::Now() < until) timer.afterDelay(10 * kj::MILLISECONDS).wait(wait_scope);
   return !node.committing();
 }

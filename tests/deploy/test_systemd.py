@@ -66,15 +66,18 @@ def test_config_example_lists_every_key():
         allowed[where] = set(re.findall(r'"(\w+)"', keys))
     # data_plane's keys come from the transport descriptors (src/transport/*/..._transport.cc).
     allowed["data_plane"] = {"transport", "host", "device", "ucx_tls"}
-    assert set(allowed) == {"config", "data_plane", "limits", "admin", "access", "tls", "engine", "log"}, allowed
+    assert set(allowed) == {"config", "data_plane", "limits", "admin", "access", "tls", "engine", "log", "group"}, allowed
     cfg = yaml.safe_load(CONFIG.read_text())
     # tls stays commented out (it applies to a TCP listen address, the unit uses a Unix socket);
     # so does model_config (the demo spec takes no size from a model's config.json).
     # log_level is the older spelling of log.level, still read; the example shows log: instead.
-    assert set(cfg) | {"tls", "log_level", "model_config"} == allowed["config"]
+    # group stays commented out too (a single node's refitd is in no engine group).
+    assert set(cfg) | {"tls", "log_level", "model_config", "group"} == allowed["config"]
     assert "# model_config: " in CONFIG.read_text()
     for key in allowed["tls"]:
         assert f"#   {key}:" in CONFIG.read_text(), f"tls.{key} is shown (commented out)"
+    for key in allowed["group"]:
+        assert f"#   {key}:" in CONFIG.read_text(), f"group.{key} is shown (commented out)"
     for section in ("data_plane", "limits", "admin", "engine", "log"):
         assert set(cfg[section]) == allowed[section], section
     # access: token_file stays commented out (the unit listens on a Unix socket); the rest is set.

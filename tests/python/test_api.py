@@ -63,6 +63,20 @@ def test_status_and_abort_without_session(daemon):
         assert client.abort_active() is False
 
 
+def test_group_calls_need_the_members_of_an_engine_group(daemon):
+    """commit_group / abort_group (C ABI 13): a client of one daemon is no group's coordinator, and
+    a daemon outside an engine group refuses group calls, naming why."""
+    with refit.TrainerClient(daemon.address) as client:
+        with pytest.raises(refit.RefitError, match="refit_client_connect_fanout") as e:
+            client.commit_group("g1")
+        assert e.value.code_name == "FAILED_PRECONDITION"
+    with refit.TrainerClient([daemon.address]) as fan:
+        with pytest.raises(refit.RefitError, match="in no engine group"):
+            fan.abort_group("g1")
+        with pytest.raises(refit.RefitError, match="in no engine group"):
+            fan.commit_group("g1", timeout_ms=5000)
+
+
 @needs_torch
 def test_bad_tensors_are_refused_naming_them(daemon):
     import torch

@@ -10,6 +10,10 @@
 //   example_engine [--address unix:/run/refitd/refitd.sock] [--spec FILE] [--shm NAME] [--gpu DEVICE [--vmm]]
 //                  [--idle] [--reconnect] [--pause-ms MS] [shape flags]
 // --pause-ms MS makes each pause take MS ms, printing {"event":"pausing"} when it starts.
+// --lockstep FILE --lockstep-rank R --lockstep-size N --steps FILE: the engine is rank R of N
+// rank processes (possibly served by several refitd daemons: an engine group) that run forward
+// steps in lockstep over the shared-memory barrier FILE (lockstep.h), logging each step's tag to
+// the steps FILE; a pause takes effect at a round boundary where no rank steps.
 // --reconnect keeps serving when refitd goes away and registers again when it is back (a dirty
 // engine, one that lost refitd inside a commit window, stays paused until a full refit lands).
 // --gpu keeps the parameters in GPU memory (one cudaMalloc, exported by CUDA IPC) instead of shm;
@@ -39,7 +43,6 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -58,6 +61,7 @@
 #include "common/checksum.h"
 #include "common/control_connect.h"
 #include "demo_model.h"
+#include "lockstep.h"
 #include "refit/checkpoint_io.h"
 #include "refit/offline.h"
 #include "spec/demo_spec.h"
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
   int pause_ms = 0;   // --pause-ms: a pause that takes this long (draining requests, flushing a cache)
   bool reconnect = false;
   std::string sleep_wake;  // --sleep-wake: sleep and wake at the trainer's orders (FIFOs)
+  std::string lockstep_path, steps_path;  // --lockstep, --steps
+  int lockstep_rank = 0, lockstep_size = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
@@ -121,6 +127,14 @@ int main(int argc, char** argv) {
       idle = true;
     } else if (a == "--reconnect") {
       reconnect = true;
+    } else if (a == "--lockstep" && i + 1 < argc) {
+      lockstep_path = argv[++i];
+    } else if (a == "--lockstep-rank" && i + 1 < argc) {
+      lockstep_rank = std::atoi(argv[++i]);
+    } else if (a == "--lockstep-size" && i + 1 < argc) {
+      lockstep_size = std::atoi(argv[++i]);
+    } else if (a == "--steps" && i + 1 < argc) {
+      steps_path = argv[++i];
     } else if (a == "--gpu" && i + 1 < argc) {
       gpu = std::atoi(argv[++i]);
     } else if (a == "--vmm") {
@@ -262,7 +276,24 @@ int main(int argc, char** argv) {
 
   Served served;
   client::EngineCallbacks callbacks;
+  // --lockstep: a pause is pending (or held) from its request to the resume; the serving loop
+  // acknowledges it at a round in which no rank stepped.
+  refit::examples::Lockstep lockstep;
+  if (!lockstep_path.empty() && !lockstep.Open(lockstep_path, lockstep_rank, lockstep_size, steps_path)) {
+    std::fprintf(stderr, "example_engine: cannot open the lockstep barrier %s or steps log %s\n", lockstep_path.c_str(),
+                 steps_path.c_str());
+    return 1;
+  }
+  std::atomic<bool> pause_pending{false}, pause_acked{false};
+  std::string served_tag;  // the tag of the weights served (state_mu)
   callbacks.pause = [&] {
+    if (!lockstep_path.empty()) {
+      if (!pause_pending.exchange(true)) pause_acked = false;
+      while (!pause_acked.load() && !g_stop.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      std::lock_guard<std::mutex> l(served.state_mu);
+      served.paused = true;
+      return;
+    }
     if (pause_ms > 0) {
       std::printf("{\"event\":\"pausing\"}\n");
       std::fflush(stdout);
@@ -274,6 +305,19 @@ int main(int argc, char** argv) {
   };
   std::atomic<uint64_t> last_checksum{0};
   callbacks.resume_tagged = [&](uint64_t v, const std::string& tag) {
+    if (!lockstep_path.empty()) {
+      {
+        std::lock_guard<std::mutex> l(served.state_mu);
+        served.paused = false;
+        served.version = v;
+        served_tag = tag;
+      }
+      pause_pending = false;
+      std::printf("{\"event\":\"resumed\",\"version\":%llu,\"tag\":\"%s\",\"checksum\":\"\"}\n",
+                  static_cast<unsigned long long>(v), tag.c_str());
+      std::fflush(stdout);
+      return;
+    }
     {
       std::lock_guard<std::mutex> l(served.state_mu);
       served.paused = false;
@@ -417,6 +461,22 @@ int main(int argc, char** argv) {
       std::printf("{\"event\":\"reregistered\",\"version\":%llu,\"dirty\":%s}\n",
                   static_cast<unsigned long long>((*agent)->version()), (*agent)->dirty() ? "true" : "false");
       std::fflush(stdout);
+    }
+    if (!lockstep_path.empty()) {
+      const bool flag = pause_pending.load();
+      if (!lockstep.Round(flag, g_stop)) {
+        if (flag && !g_stop.load()) pause_acked = true;  // no rank stepped this round: paused here
+        continue;
+      }
+      std::string tag;
+      {
+        std::lock_guard<std::mutex> l(served.state_mu);
+        tag = served_tag;
+        served_version = served.version;
+      }
+      lockstep.Step(tag);
+      ++requests;
+      continue;
     }
     std::shared_lock<std::shared_timed_mutex> lock(served.mu, std::chrono::milliseconds(50));
     if (!lock.owns_lock()) continue;  // paused (or stuck paused after losing refitd: weights dirty)

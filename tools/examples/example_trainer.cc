@@ -4,7 +4,8 @@
 //
 //   example_trainer [--address unix:/run/refitd/refitd.sock]... [--fanout] [--refits N] [--seed S] [--spec FILE]
 //                   [--prequantized] [--fault none|drop-scale|strand-gate|abort|die-mid-bucket|
-//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm [--vmm-piece-mib N]]]
+//                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm
+//                    [--vmm-piece-mib N]]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
 //   example_trainer --checkpoint DIR --spec FILE [--model-config FILE] [--expected CONVERTED_DIR] [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
@@ -19,17 +20,16 @@
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
 // the first scale NaN; wrong-format: the outputs of another format), which refitd must refuse
-// naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where refitd's plan cannot take
-// them, e.g. a transposed one; NVFP4 slices then go without an amax, which the client refuses;
-// KIND no-amax: a fused NVFP4 member pushed alone without its group's amax, refused by the
-// client; KIND group-amax: a fused NVFP4 member encoded against twice its group's amax, so its
-// global scale differs from the other members', refused by refitd; KIND slice-amax: an NVFP4
-// tensor pushed in two slices, the second encoded against twice the amax, refused by refitd). Fused NVFP4 members are
-// pushed together (RefitSession::PushGroup: the client takes the group's amax), or from a GPU
-// with the group's amax computed here. --slices 2 pushes each matrix as two slices split on a
-// block boundary (transposed tensors whole: their trainer-side conversion needs the whole
-// tensor; NVFP4 slices carry the whole tensor's or fused group's amax). With --gpu N every tensor is pushed from GPU N's memory (a CUDA build's
-// client converts the listed ones there with the kernels).
+// naming the tensor (KIND raw: TENSOR sent as declared, unconverted; KIND slice: TENSOR pushed in two slices even where
+// refitd's plan cannot take them, e.g. a transposed one; NVFP4 slices then go without an amax, which the client
+// refuses; KIND no-amax: a fused NVFP4 member pushed alone without its group's amax, refused by the client; KIND
+// group-amax: a fused NVFP4 member encoded against twice its group's amax, so its global scale differs from the other
+// members', refused by refitd; KIND slice-amax: an NVFP4 tensor pushed in two slices, the second encoded against twice
+// the amax, refused by refitd). Fused NVFP4 members are pushed together (RefitSession::PushGroup: the client takes the
+// group's amax), or from a GPU with the group's amax computed here. --slices 2 pushes each matrix as two slices split
+// on a block boundary (transposed tensors whole: their trainer-side conversion needs the whole tensor; NVFP4 slices
+// carry the whole tensor's or fused group's amax). With --gpu N every tensor is pushed from GPU N's memory (a CUDA
+// build's client converts the listed ones there with the kernels).
 // --prequantized converts on the trainer (offline functions) and sends checkpoint-format tensors,
 // for daemons whose spec passes them through. Faults exercise refusal and abort paths; the
 // process exits 0 when every refit ended as expected for the fault (committed for none).
@@ -59,6 +59,14 @@
 // --tag T: the manifest's version tag (T with one refit, T-0, T-1, ... with several).
 // --stage-only: each refit is held in refitd's staging under its tag (config hold: K) instead of
 // committed; its line says "outcome":"staged" and nothing is checked (`refitctl commit TAG` writes it).
+// --group: the daemons (several --address flags, in member order) are the members of one engine
+// group (config group:, hold >= 1): each refit is prepared as a stage-only fan-out refit tagged T-<refit>
+// (--tag T, default "group"), then committed on every member at once (FanoutClient::CommitGroup:
+// every member copies it, paused, then every member resumes with it; a member that cannot
+// prepare or copy aborts it everywhere). Each line has "group": committed | aborted | dirty.
+// --group-deadline-ms D: each member's deadline once copied (0: its config's); --group-timeout-ms
+// T: the trainer's bound on each phase's answers. --group-fault exit-after-copy: the trainer
+// exits once every member copied, before any resume (the members' deadlines decide).
 // --ranks N --rank R: N processes push one refit together, as pipeline/expert/tensor-parallel
 // ranks do: rank 0 begins (publishing the session id in --session-file) and commits, the others
 // join, push their share (every N-th tensor, or with --slices N their own slice of every matrix)
@@ -425,6 +433,9 @@ int main(int argc, char** argv) {
   int refits = 3;
   std::string tag;  // --tag T: each refit's manifest tag (T, or T-<refit> with several refits)
   bool stage_only = false;  // --stage-only: hold each refit in refitd's staging (hold: K) under its tag
+  bool group = false;       // --group: the daemons are one engine group's members (two-phase commit)
+  uint32_t group_deadline_ms = 0, group_timeout_ms = 0;
+  std::string group_fault = "none";
   WireFormat wire = WireFormat::kBf16;  // --wire (with --checkpoint)
   std::string wire_fault;               // --wire-fault KIND:TENSOR (with --checkpoint)
   int gpu = -1;  // --gpu: weights on this GPU
@@ -455,6 +466,16 @@ int main(int argc, char** argv) {
       tag = argv[++i];
     } else if (a == "--stage-only") {
       stage_only = true;
+    } else if (a == "--group") {
+      group = true;
+    } else if (a == "--group-deadline-ms" && i + 1 < argc) {
+      group_deadline_ms = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    } else if (a == "--group-timeout-ms" && i + 1 < argc) {
+      group_timeout_ms = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    } else if (a == "--group-fault" && i + 1 < argc) {
+      group_fault = argv[++i];
+      if (group_fault != "none" && group_fault != "exit-after-copy")
+        return Fail("--group-fault takes none or exit-after-copy");
     } else if (a == "--wire" && i + 1 < argc) {
       const std::string w = argv[++i];
       if (w != "bf16" && w != "checkpoint") return Fail("--wire takes bf16 or checkpoint");
@@ -559,7 +580,11 @@ int main(int argc, char** argv) {
 #endif
   }
   if (addresses.empty()) addresses.push_back(address);
-  fanout = fanout || addresses.size() > 1;
+  fanout = fanout || addresses.size() > 1 || group;
+  if (group) {
+    stage_only = true;
+    if (tag.empty()) tag = "group";
+  }
   if (fanout && ranks > 1) return Fail("--ranks does not combine with several --address flags");
   // The daemons' clients: one TrainerClient, or a FanoutClient holding one per daemon.
   std::unique_ptr<client::TrainerClient> single;
@@ -611,7 +636,7 @@ int main(int argc, char** argv) {
     std::vector<ConvertedTensor> to_send;
     Manifest manifest;
     manifest.model = status->model;
-    if (!tag.empty()) manifest.tag = refits == 1 ? tag : absl::StrCat(tag, "-", refit);
+    if (!tag.empty()) manifest.tag = refits == 1 && !group ? tag : absl::StrCat(tag, "-", refit);
     manifest.stage_only = stage_only;
     // Generate the weights on every core (benchmark models are many GB).
     const std::vector<demo::HfTensor> tensors = demo::Tensors(shape);
@@ -892,6 +917,38 @@ int main(int argc, char** argv) {
                      ",\"trainer_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - push_done),
                      ",\"pushed_in_place_bytes\":", (*session)->pushed_in_place_bytes(),
                      ",\"ready_commit_ms\":", absl::ToDoubleMilliseconds(absl::Now() - ready));
+    if (group) {
+      // Prepared on every member (staged), or not: then the group version is aborted everywhere.
+      std::string line;
+      bool ok = false;
+      if (!report.ok() || report->outcome != Outcome::kStaged) {
+        const std::string why = report.ok() ? report->reason : std::string(report.status().message());
+        absl::Status dropped =
+            fan->AbortGroup(manifest.tag, absl::StrCat("not prepared everywhere: ", why), group_timeout_ms);
+        line = absl::StrCat("{\"refit\":", refit, ",\"tag\":\"", manifest.tag,
+                            "\",\"group\":\"aborted\",\"phase\":\"prepare\",\"error\":\"",
+                            JsonEscape(why + (dropped.ok() ? "" : absl::StrCat("; ", dropped.message()))), "\"}");
+        ok = fault != "none";
+      } else {
+        absl::StatusOr<client::GroupCommitResult> g =
+            fan->CommitGroup(manifest.tag, group_deadline_ms, group_timeout_ms, [&] {
+              if (group_fault == "exit-after-copy") {
+                std::printf("{\"refit\":%d,\"tag\":\"%s\",\"group\":\"copied\",\"exiting\":true}\n", refit,
+                            manifest.tag.c_str());
+                std::fflush(stdout);
+                _exit(5);
+              }
+            });
+        if (!g.ok()) return Fail(g.status().message());
+        line = absl::StrCat("{\"refit\":", refit, ",\"tag\":\"", manifest.tag, "\",\"group\":\"", g->outcome,
+                            "\",\"phase\":\"commit\",\"error\":\"", JsonEscape(g->error), "\"}");
+        ok = g->outcome == "committed" || fault != "none";
+      }
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      if (!ok) ++unexpected;
+      continue;
+    }
     if (!report.ok()) {
       RefitReport r;
       r.outcome = Outcome::kRefused;

@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/trainer_client.h"
 #include "common/checksum.h"
 #include "common/control_connect.h"
@@ -30,6 +31,9 @@ ABSL_FLAG(std::string, tag, "",
           "the trainer's version tag of this refit (e.g. step-1200): 1..128 bytes of A-Z a-z 0-9 . _ : + -");
 ABSL_FLAG(bool, progress, false, "show progress on stderr (the default on a terminal, without --json)");
 ABSL_FLAG(std::string, reason, "refitctl abort", "why the session is aborted (logged and reported)");
+ABSL_FLAG(std::string, members, "",
+          "status: the control addresses of every member of the daemon's engine group, comma-separated, in member "
+          "order: one line (one JSON object) per member with its phase and version");
 ABSL_FLAG(bool, strict, false, "also fail when engine parameters are missing from the checkpoint");
 
 namespace refit::refitctl {
@@ -106,8 +110,74 @@ absl::StatusOr<std::vector<std::unique_ptr<formats::SafetensorsFile>>> OpenCheck
 
 }  // namespace
 
+namespace {
+
+json GroupJson(const client::GroupInfo& g) {
+  if (g.name.empty()) return json(nullptr);
+  return json{{"name", g.name},       {"members", g.members}, {"member", g.member},
+              {"phase", g.phase},     {"tag", g.tag},         {"pending_tag", g.pending_tag},
+              {"dirty", g.dirty},     {"reason", g.reason},   {"deadline_left_ms", g.deadline_left_ms},
+              {"commits", g.commits}, {"aborts", g.aborts},   {"deadline_expiries", g.deadline_expiries}};
+}
+
+std::string GroupLine(const client::GroupInfo& g) {
+  return absl::StrCat(g.name, " member ", g.member, " of ", g.members, ", ", g.phase,
+                      g.pending_tag.empty() ? "" : absl::StrCat(" '", g.pending_tag, "'"),
+                      g.phase == "copied" ? absl::StrCat(" (deadline in ", g.deadline_left_ms, " ms)") : "",
+                      ", serves '", g.tag, "'", g.dirty ? absl::StrCat(", DIRTY: ", g.reason) : "",
+                      g.phase == "joining" ? absl::StrCat(" (", g.reason, ")") : "");
+}
+
+// refitctl status --members A,B,...: every member of an engine group, one line (object) each.
+int GroupMembersStatus(const std::string& members, bool json_output) {
+  json out = json::array();
+  bool all = true;
+  std::string consistent_tag;
+  bool consistent = true;
+  size_t i = 0;
+  for (absl::string_view a : absl::StrSplit(members, ',', absl::SkipEmpty())) {
+    const std::string address(a);
+    json m = {{"member_address", address}};
+    std::string line = absl::StrCat("member ", i, "  ", address, ": ");
+    absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(address);
+    absl::StatusOr<client::DaemonStatus> s = c.ok() ? (*c)->Status() : absl::StatusOr<client::DaemonStatus>(c.status());
+    if (!s.ok()) {
+      all = false;
+      consistent = false;
+      m["reachable"] = false;
+      m["error"] = std::string(s.status().message());
+      absl::StrAppend(&line, "UNREACHABLE (", s.status().message(), ")");
+    } else {
+      m["reachable"] = true;
+      m["version"] = s->version;
+      m["tag"] = s->tag;
+      m["engine_dirty"] = s->engine_dirty;
+      m["group"] = GroupJson(s->group);
+      absl::StrAppend(&line, "version ", s->version, s->tag.empty() ? "" : absl::StrCat(" (tag ", s->tag, ")"), "; ",
+                      s->group.name.empty() ? "in no group" : GroupLine(s->group));
+      if (i == 0) consistent_tag = s->group.tag;
+      consistent = consistent && !s->group.dirty && s->group.phase == "idle" && s->group.tag == consistent_tag;
+    }
+    if (!json_output) std::cout << line << "\n";
+    out.push_back(std::move(m));
+    ++i;
+  }
+  if (json_output) {
+    std::cout << json{{"ok", all}, {"members", out}, {"consistent", consistent}}.dump() << "\n";
+  } else {
+    std::cout << "group:    " << (consistent ? absl::StrCat("consistent at '", consistent_tag, "'") : "NOT consistent")
+              << "\n";
+  }
+  return all ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
 int RunStatus(std::span<const std::string> args) {
   const bool json_output = absl::GetFlag(FLAGS_json);
+  if (const std::string members = absl::GetFlag(FLAGS_members); !members.empty()) {
+    return GroupMembersStatus(members, json_output);
+  }
   absl::StatusOr<std::unique_ptr<client::TrainerClient>> c = client::TrainerClient::Connect(DaemonAddress());
   if (!c.ok()) return Error(c.status().message());
   absl::StatusOr<client::DaemonStatus> s = (*c)->Status();
@@ -160,7 +230,9 @@ int RunStatus(std::span<const std::string> args) {
                       {"refused", s->refused},
                       {"aborted", s->aborted},
                       {"data_endpoint", s->data_endpoint},
-                      {"last_refit", s->last_report.outcome == Outcome::kNone ? json(nullptr) : ReportJson(s->last_report)}}
+                      {"group", GroupJson(s->group)},
+                      {"last_refit",
+                       s->last_report.outcome == Outcome::kNone ? json(nullptr) : ReportJson(s->last_report)}}
                      .dump()
               << "\n";
     return kExitOk;
@@ -187,6 +259,7 @@ int RunStatus(std::span<const std::string> args) {
             << "refits:   " << s->committed << " committed, " << s->refused << " refused, " << s->aborted << " aborted\n"
             << "data:     " << s->data_endpoint << "\n"
             << "last:     " << (s->last_report.outcome == Outcome::kNone ? "none" : ReportLine(s->last_report)) << "\n";
+  if (!s->group.name.empty()) std::cout << "group:    " << GroupLine(s->group) << "\n";
   return kExitOk;
 }
 

@@ -24,7 +24,7 @@ int RunCommitVersion(std::span<const std::string> args);
 int RunRollback(std::span<const std::string> args);
 int RunVersions(std::span<const std::string> args);
 
-inline constexpr std::string_view kStatusFlags[] = {"address", "json"};
+inline constexpr std::string_view kStatusFlags[] = {"address", "json", "members"};
 inline constexpr std::string_view kRefitFlags[] = {"address", "json", "partial", "model", "progress", "tag",
                                                     "stage_only"};
 inline constexpr std::string_view kVersionsFlags[] = {"address", "json"};

@@ -49,8 +49,9 @@ class Refitd : public refit::testing::RefitdProcess {
 // A shm region the "engine" owns, unlinked and unmapped on destruction.
 class Shm {
  public:
-  explicit Shm(size_t bytes) : bytes_(bytes) {
-    name_ = "/refit-c-api-test-" + std::to_string(getpid());
+  // `suffix`: several regions in one test (one per engine).
+  explicit Shm(size_t bytes, const std::string& suffix = "") : bytes_(bytes) {
+    name_ = "/refit-c-api-test-" + std::to_string(getpid()) + suffix;
     int fd = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
@@ -491,6 +492,73 @@ TEST(CApiTest, VersionTagsCrossTheAbi) {
   session.Close();
   refit_client_close(c);
   refit_engine_stop(engine);
+}
+
+// Engine groups (ABI 13): two refitd, the members of one group, each with an engine; a fan-out
+// client prepares a version (stage-only, tagged) on both and commits it on the group.
+TEST(CApiGroupTest, AGroupVersionIsPreparedOnEveryMemberThenCommittedOnTheGroup) {
+  Refitd a("hold: 2\ngroup: {name: g, members: 2, member: 0, decision_timeout_ms: 5000}\n");
+  Refitd b("hold: 2\ngroup: {name: g, members: 2, member: 1, decision_timeout_ms: 5000}\n");
+  Shm sa(512, "-a"), sb(512, "-b");
+  Calls ca, cb;
+  refit_engine* ea = StartEngine(a.address(), sa, &ca);
+  refit_engine* eb = StartEngine(b.address(), sb, &cb);
+  ASSERT_NE(ea, nullptr);
+  ASSERT_NE(eb, nullptr);
+  const char* addresses[] = {a.address().c_str(), b.address().c_str()};
+  refit_client* c = nullptr;
+  ASSERT_EQ(refit_client_connect_fanout(addresses, 2, &c), REFIT_OK) << LastError();
+  std::vector<float> w(32), bias(8);
+  auto prepare = [&](const char* tag, float value) {
+    std::fill(w.begin(), w.end(), value);
+    std::fill(bias.begin(), bias.end(), -value);
+    std::vector<refit_tensor_desc> descs = {Desc("w", kWShape, 2), Desc("b", kBShape, 1)};
+    refit_manifest m{};
+    m.struct_size = sizeof(m);
+    m.model = "toy";
+    m.tensors = descs.data();
+    m.num_tensors = descs.size();
+    m.tag = tag;
+    m.stage_only = 1;
+    refit_session* s = nullptr;
+    if (refit_session_begin(c, &m, &s) != REFIT_OK) return std::string("begin failed: ") + LastError();
+    refit_tensor tw = Tensor("w", kWShape, 2, w.data(), 128), tb = Tensor("b", kBShape, 1, bias.data(), 32);
+    std::string outcome;
+    if (refit_session_push(s, &tw) != REFIT_OK || refit_session_push(s, &tb) != REFIT_OK) outcome = LastError();
+    refit_report report{};
+    report.struct_size = sizeof(report);
+    if (outcome.empty()) outcome = refit_session_commit(s, &report) == REFIT_OK ? report.outcome : LastError();
+    refit_session_close(s);
+    return outcome;
+  };
+  ASSERT_EQ(prepare("g1", 2.5f), "staged");
+  EXPECT_EQ(ca.resumes.load() + cb.resumes.load(), 0);  // prepared only: nothing paused
+  const char* outcome = nullptr;
+  ASSERT_EQ(refit_client_commit_group(c, "g1", 0, 0, &outcome), REFIT_OK) << LastError();
+  EXPECT_STREQ(outcome, "committed");
+  EXPECT_EQ(ca.resumes.load(), 1);
+  EXPECT_EQ(cb.resumes.load(), 1);
+  float got = 0;
+  std::memcpy(&got, sa.data(), sizeof(got));
+  EXPECT_EQ(got, 2.5f);
+  std::memcpy(&got, sb.data(), sizeof(got));
+  EXPECT_EQ(got, 2.5f);
+  // A prepared version aborted on the group is gone everywhere: committing it aborts.
+  ASSERT_EQ(prepare("g2", 7.0f), "staged");
+  ASSERT_EQ(refit_client_abort_group(c, "g2", "the trainer changed its mind", 0), REFIT_OK) << LastError();
+  EXPECT_EQ(refit_client_commit_group(c, "g2", 0, 0, &outcome), REFIT_ABORTED);
+  EXPECT_STREQ(outcome, "aborted");
+  EXPECT_THAT(LastError(), HasSubstr("g2"));
+  std::memcpy(&got, sb.data(), sizeof(got));
+  EXPECT_EQ(got, 2.5f);
+  EXPECT_EQ(cb.resumes.load(), 1);
+  refit_client_close(c);
+  // A client of one daemon is no group's coordinator.
+  ASSERT_EQ(refit_client_connect(a.address().c_str(), &c), REFIT_OK);
+  EXPECT_EQ(refit_client_commit_group(c, "g1", 0, 0, nullptr), REFIT_FAILED_PRECONDITION);
+  refit_client_close(c);
+  refit_engine_stop(ea);
+  refit_engine_stop(eb);
 }
 
 TEST(CApiTest, AnOlderEnginesOptionsGetTheUntaggedResume) {

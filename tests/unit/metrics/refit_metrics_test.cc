@@ -27,26 +27,25 @@ TEST(RefitMetrics, RegistersExactlyTheCatalogue) {
   std::map<std::string, FamilySnapshot> f = ByName(r);
   std::vector<std::pair<std::string, MetricType>> types;
   for (const auto& [name, snap] : f) types.emplace_back(name, snap.type);
-  EXPECT_THAT(types,
-              UnorderedElementsAre(
-                  Pair("refit_sessions_total", MetricType::kCounter),
-                  Pair("refit_received_bytes_total", MetricType::kCounter),
-                  Pair("refit_converted_bytes_total", MetricType::kCounter),
-                  Pair("refit_phase_duration_seconds", MetricType::kHistogram),
-                  Pair("refit_commit_pause_seconds", MetricType::kHistogram),
-                  Pair("refit_committed_version", MetricType::kGauge),
-                  Pair("refit_committed_version_timestamp_seconds", MetricType::kGauge),
-                  Pair("refit_committed_version_info", MetricType::kGauge),
-                  Pair("refit_verify_mismatches_total", MetricType::kCounter),
-                  Pair("refit_converted_in_place_bytes_total", MetricType::kCounter),
-                  Pair("refit_kept_versions", MetricType::kGauge),
-                  Pair("refit_staging_bytes", MetricType::kGauge),
-                  Pair("refit_active_sessions", MetricType::kGauge),
-                  Pair("refit_engine_registered", MetricType::kGauge),
-                  Pair("refit_engine_rank_registered", MetricType::kGauge),
-                  Pair("refit_engine_rank_dirty", MetricType::kGauge),
-                  Pair("refit_engine_rank_version", MetricType::kGauge),
-                  Pair("refit_build_info", MetricType::kGauge)));
+  EXPECT_THAT(
+      types,
+      UnorderedElementsAre(
+          Pair("refit_sessions_total", MetricType::kCounter), Pair("refit_received_bytes_total", MetricType::kCounter),
+          Pair("refit_converted_bytes_total", MetricType::kCounter),
+          Pair("refit_phase_duration_seconds", MetricType::kHistogram),
+          Pair("refit_commit_pause_seconds", MetricType::kHistogram),
+          Pair("refit_committed_version", MetricType::kGauge),
+          Pair("refit_committed_version_timestamp_seconds", MetricType::kGauge),
+          Pair("refit_committed_version_info", MetricType::kGauge),
+          Pair("refit_verify_mismatches_total", MetricType::kCounter),
+          Pair("refit_converted_in_place_bytes_total", MetricType::kCounter),
+          Pair("refit_kept_versions", MetricType::kGauge), Pair("refit_staging_bytes", MetricType::kGauge),
+          Pair("refit_active_sessions", MetricType::kGauge), Pair("refit_engine_registered", MetricType::kGauge),
+          Pair("refit_group_member_info", MetricType::kGauge), Pair("refit_group_phase", MetricType::kGauge),
+          Pair("refit_group_dirty", MetricType::kGauge), Pair("refit_group_versions", MetricType::kGauge),
+          Pair("refit_group_deadline_expiries", MetricType::kGauge),
+          Pair("refit_engine_rank_registered", MetricType::kGauge), Pair("refit_engine_rank_dirty", MetricType::kGauge),
+          Pair("refit_engine_rank_version", MetricType::kGauge), Pair("refit_build_info", MetricType::kGauge)));
   EXPECT_THAT(f["refit_sessions_total"].label_names, ElementsAre("outcome", "reason"));
   EXPECT_THAT(f["refit_received_bytes_total"].label_names, ElementsAre("transport"));
   EXPECT_THAT(f["refit_converted_bytes_total"].label_names, ElementsAre("format"));

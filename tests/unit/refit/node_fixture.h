@@ -150,6 +150,7 @@ class NodeTest : public ::testing::Test {
     options.refuse_while_asleep = refuse_asleep_;
     options.direct = direct_;
     options.resume_on_loop = resume_on_loop_;
+    options.group = group_;
     if (staging_limit_ != 0) options.limits.staging_bytes = staging_limit_;
     NodeHooks hooks;
     hooks.on_report = [this](const RefitReport& r) { reports_.push_back(r); };
@@ -242,6 +243,7 @@ class NodeTest : public ::testing::Test {
   bool refuse_asleep_ = false;   // NodeOptions::refuse_while_asleep
   bool direct_ = false;          // NodeOptions::direct (staging: direct)
   bool resume_on_loop_ = false;  // NodeOptions::resume_on_loop
+  GroupOptions group_;           // NodeOptions::group (engine groups)
   std::atomic<int> converted_{0};  // buckets converted (NodeHooks::on_converted)
   int pools_made_ = 0;           // EngineSetup::new_pool calls
   uint64_t staging_limit_ = 0;   // limits.staging_bytes when nonzero

@@ -1,0 +1,137 @@
+#include "refit/group_member.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace refit {
+
+const char* GroupPhaseName(GroupPhase phase) {
+  switch (phase) {
+    case GroupPhase::kJoining: return "joining";
+    case GroupPhase::kIdle: return "idle";
+    case GroupPhase::kCopying: return "copying";
+    case GroupPhase::kCopied: return "copied";
+    case GroupPhase::kResuming: return "resuming";
+    case GroupPhase::kRestoring: return "restoring";
+  }
+  return "unknown";
+}
+
+GroupMember::GroupMember(GroupOptions options, const Clock* clock)
+    : options_(std::move(options)), clock_(clock), phase_(GroupPhase::kJoining) {
+  reason_ = "no group version has landed on this member since it started";
+}
+
+absl::Duration GroupMember::DeadlineLeft() const {
+  if (phase_ != GroupPhase::kCopied) return absl::ZeroDuration();
+  return std::max(absl::ZeroDuration(), deadline_ - clock_->Now());
+}
+
+absl::Status GroupMember::Ready() const {
+  if (!enabled()) return absl::OkStatus();
+  if (dirty_) return absl::UnavailableError(absl::StrCat("group ", options_.name, " dirty: ", reason_));
+  if (phase_ == GroupPhase::kJoining) {
+    return absl::UnavailableError(absl::StrCat("group ", options_.name, ": joining: ", reason_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupMember::StartCommit(const std::string& tag, absl::Duration deadline) {
+  if (!enabled()) return absl::FailedPreconditionError("this daemon is in no engine group (config group:)");
+  if (tag.empty()) return absl::InvalidArgumentError("a group version needs a tag");
+  if (phase_ != GroupPhase::kIdle && phase_ != GroupPhase::kJoining) {
+    return absl::FailedPreconditionError(absl::StrCat("group ", options_.name, ": version '", pending_, "' is ",
+                                                      GroupPhaseName(phase_), "; resume or abort it first"));
+  }
+  joining_before_ = phase_ == GroupPhase::kJoining;
+  pending_ = tag;
+  abort_requested_ = false;
+  pending_deadline_ = deadline > absl::ZeroDuration() ? deadline : options_.decision_timeout;
+  phase_ = GroupPhase::kCopying;
+  return absl::OkStatus();
+}
+
+void GroupMember::Copied() {
+  phase_ = GroupPhase::kCopied;
+  deadline_ = clock_->Now() + pending_deadline_;
+}
+
+void GroupMember::CommitEnded() {
+  // The engine never ran the version: the member serves what it served.
+  phase_ = joining_before_ ? GroupPhase::kJoining : GroupPhase::kIdle;
+  pending_.clear();
+  deadline_ = absl::InfiniteFuture();
+  ++aborts_;
+}
+
+absl::Status GroupMember::StartResume(const std::string& tag) {
+  if (phase_ != GroupPhase::kCopied || pending_ != tag) {
+    return absl::FailedPreconditionError(absl::StrCat("group ", options_.name, ": cannot resume '", tag,
+                                                      "': this member is ", GroupPhaseName(phase_),
+                                                      pending_.empty() ? "" : absl::StrCat(" with '", pending_, "'"),
+                                                      dirty_ ? absl::StrCat(" (group dirty: ", reason_, ")") : ""));
+  }
+  phase_ = GroupPhase::kResuming;
+  deadline_ = absl::InfiniteFuture();
+  return absl::OkStatus();
+}
+
+void GroupMember::Resumed(bool ok) {
+  phase_ = GroupPhase::kIdle;
+  if (ok) {
+    tag_ = pending_;
+    dirty_ = false;
+    reason_.clear();
+    ++commits_;
+  } else {
+    dirty_ = true;
+    reason_ = absl::StrCat("the engine did not answer its resume with '", pending_, "'");
+  }
+  pending_.clear();
+}
+
+bool GroupMember::StartRestore(const std::string& tag, bool expired) {
+  if (phase_ != GroupPhase::kCopied || pending_ != tag) return false;
+  phase_ = GroupPhase::kRestoring;
+  deadline_ = absl::InfiniteFuture();
+  if (expired) {
+    ++expiries_;
+    // The coordinator vanished after this member copied: another member may have been resumed.
+    dirty_ = true;
+    reason_ = absl::StrCat("the coordinator sent neither resume nor abort of '", pending_,
+                           "' before this member's deadline: it went back to the version it held");
+  }
+  return true;
+}
+
+void GroupMember::Restored(bool restored, const std::string& why) {
+  phase_ = joining_before_ ? GroupPhase::kJoining : GroupPhase::kIdle;
+  ++aborts_;
+  if (!restored) {
+    dirty_ = true;
+    reason_ = absl::StrCat("aborting '", pending_, "' could not restore the version held before: ", why);
+  }
+  pending_.clear();
+}
+
+bool GroupMember::RequestAbort(const std::string& tag) {
+  if (phase_ != GroupPhase::kCopying || pending_ != tag) return false;
+  abort_requested_ = true;
+  return true;
+}
+
+bool GroupMember::Expired() const { return phase_ == GroupPhase::kCopied && clock_->Now() >= deadline_; }
+
+void GroupMember::EngineRegistered(const std::string& engine_tag, bool dirty) {
+  if (!enabled() || phase_ != GroupPhase::kIdle) return;
+  if (dirty || engine_tag != tag_) {
+    phase_ = GroupPhase::kJoining;
+    reason_ = dirty ? "the engine registered dirty (it lost refitd inside a commit window)"
+                    : absl::StrCat("the engine registered holding '", engine_tag, "', the group's version here is '",
+                                   tag_, "'");
+  }
+}
+
+}  // namespace refit

@@ -1,0 +1,204 @@
+"""Engine groups with real processes (docs/architecture.md "Engine groups"): an engine whose ranks
+are served by three refitd daemons, its ranks stepping in lockstep and logging each step's tag
+(group_lockstep.py), the trainer committing each version on the group in two phases. Every
+scenario counts the forward steps that mixed versions across ranks: none is allowed. A member
+killed (or stalled) at each phase by failpoints, the trainer killed between the phases, a member
+restarted: each ends with the group consistent again by the next group refit, and nothing hangs
+past the members' deadlines."""
+import signal
+import time
+
+import pytest
+
+from group_lockstep import EngineGroup, elapsed_ms, wait_for
+
+
+@pytest.fixture
+def engine_group(tmp_path):
+    groups = []
+
+    def make(**kw):
+        g = EngineGroup(tmp_path / f"group{len(groups)}", **kw)
+        groups.append(g)
+        return g
+
+    yield make
+    for g in groups:
+        g.close()
+
+
+@pytest.mark.parametrize("members,ranks", [(3, 1), (2, 2)], ids=["3x1", "2x2"])
+def test_group_refits_switch_every_rank_together(engine_group, members, ranks):
+    g = engine_group(members=members, ranks_per_member=ranks)
+    g.wait_steps_with("-")  # fresh engines: every rank steps with no tag
+    _, lines = g.refit(refits=4, tag="step")
+    assert [l["group"] for l in lines] == ["committed"] * 4, lines
+    for n in g.nodes:
+        assert n.resumed_tags() == ["step-0", "step-1", "step-2", "step-3"]
+    g.wait_steps_with("step-3")
+    assert g.mixed_steps() == []
+    status = g.members_status()
+    assert status["consistent"], status
+    assert [m["group"]["member"] for m in status["members"]] == list(range(members))
+    assert {m["group"]["tag"] for m in status["members"]} == {"step-3"}
+    s = g.status(1)
+    assert s["group"]["name"] == "engine-a" and s["group"]["phase"] == "idle" and s["group"]["commits"] == 4
+    assert len(s["ranks"]) == (ranks if ranks > 1 else 0)
+    assert all(r["tag"] == "step-3" for r in s["ranks"])
+    # Prometheus shows the member, its phase and the group's versions.
+    _, text = g.nodes[1].admin("/metrics")
+    assert f'refit_group_member_info{{group="engine-a",member="1",members="{members}"}} 1' in text
+    assert 'refit_group_phase{phase="idle"} 1' in text
+    assert 'refit_group_versions{outcome="committed"} 4' in text
+
+
+def test_the_checker_sees_the_mix_of_independent_commits(engine_group):
+    """The checker's control: the same daemons outside a group, fed by a plain fan-out (each
+    commits on its own), let steps run with one rank's new weights and another's old ones."""
+    g = engine_group(members=3, grouped=False)
+    g.wait_steps_with("-")
+    for attempt in range(10):
+        p, lines = g.fanout_refit(refits=5)
+        assert p.returncode == 0 and {l["outcome"] for l in lines} == {"committed"}, p.stdout + p.stderr
+        if g.mixed_steps():
+            break
+    assert g.mixed_steps(), "ten rounds of independent commits never mixed a step: the checker sees nothing"
+
+
+def test_a_member_refuses_refits_of_its_own(engine_group):
+    g = engine_group(members=2)
+    p, _ = g.nodes[0].trainer("--refits", "1", "--no-verify")
+    assert p.returncode != 0 and "refits are stage-only" in p.stderr, p.stdout + p.stderr
+    # Before any group version a member is joining: not ready.
+    code, body = g.nodes[0].admin("/readyz")
+    assert code == 503 and "joining" in body, body
+    g.refit()
+    code, _ = g.nodes[0].admin("/readyz")
+    assert code == 200
+
+
+def test_a_member_that_cannot_copy_aborts_the_version_everywhere(engine_group):
+    # Member 1 fails its second group copy: the others restore what they held.
+    g = engine_group(members=3, failpoints={1: "group_copied=error@2"})
+    _, lines = g.refit(refits=3, tag="v", check=False)
+    assert [l["group"] for l in lines] == ["committed", "aborted", "committed"], lines
+    assert "group_copied" in lines[1]["error"]
+    for n in g.nodes:
+        # v-1 was copied (or not) and then taken back: nobody resumed with it.
+        assert "v-1" not in n.resumed_tags(), n.resumed_tags()
+        assert n.resumed_tags()[-1] == "v-2"
+    g.wait_steps_with("v-2")
+    assert g.mixed_steps() == []
+
+
+@pytest.mark.parametrize("failpoint,outcome,ranks", [
+    ("after_receive=crash", "aborted", 1),  # prepare: dies receiving
+    ("mid_commit=crash", "aborted", 1),     # commit: dies with its engine paused, copy not started
+    ("group_copied=crash", "aborted", 1),   # commit: copied, dies before answering
+    ("group_resume=crash", "dirty", 1),     # resume: dies with the resume in hand
+    ("group_copied=crash", "aborted", 2),   # the same with two engine ranks on every member
+    ("group_resume=crash", "dirty", 2),
+])
+def test_a_member_killed_at_each_phase(engine_group, failpoint, outcome, ranks):
+    g = engine_group(members=3 if ranks == 1 else 2, ranks_per_member=ranks)
+    g.refit(tag="base")
+    g.wait_steps_with("base-0")
+    g.restart(1, failpoint)
+    _, lines = g.refit(tag="next", check=False, timeout_ms=4000)
+    assert lines[-1]["group"] == outcome, lines
+    assert g.nodes[1].wait_daemon_dead() == -signal.SIGKILL
+    # Whatever was lost, no forward step mixed versions meanwhile.
+    time.sleep(0.5)
+    assert g.mixed_steps() == []
+    # The member comes back joining; the trainer's next group refit brings every rank to it.
+    g.restart(1)
+    assert g.status(1)["group"]["phase"] == "joining"
+    _, lines = g.refit(tag="after")
+    assert lines[-1]["group"] == "committed", lines
+    g.wait_steps_with("after-0")
+    assert g.mixed_steps() == []
+    assert g.members_status()["consistent"]
+
+
+def test_trainer_killed_while_preparing_leaves_every_rank_on_its_version(engine_group):
+    g = engine_group(members=3)
+    g.refit(tag="kept")
+    g.wait_steps_with("kept-0")
+    p, _ = g.refit("--fault", "die-mid-bucket", tag="half", check=False)
+    assert p.returncode != 0
+    # Every member aborts the session when its trainer goes; nothing was paused.
+    for n in g.nodes:
+        wait_for(lambda n=n: "outcome=aborted" in n.log(), what="the half-sent session aborted")
+        assert n.resumed_tags()[-1] == "kept-0"
+    g.wait_steps_with("kept-0")
+    _, lines = g.refit(tag="next")
+    assert lines[0]["group"] == "committed"
+    g.wait_steps_with("next-0")
+    assert g.mixed_steps() == []
+
+
+def test_a_member_stalled_with_the_resume_in_hand_ends_consistent(engine_group):
+    # Member 2 stalls 2.5 s on the resume (its loop blocked, as a SIGSTOP would): the trainer's
+    # bound passes and it reports the group dirty, but the member then resumes the same version.
+    g = engine_group(members=3, decision_ms=1500, failpoints={2: "group_resume=delay:2500"})
+    _, lines = g.refit(tag="slow", check=False, timeout_ms=1000)
+    assert lines[0]["group"] == "dirty", lines
+    g.wait_steps_with("slow-0")
+    assert g.mixed_steps() == []
+
+
+def test_trainer_killed_between_the_phases_members_restore_at_their_deadline(engine_group):
+    g = engine_group(members=3, decision_ms=1200)
+    g.refit(tag="good")
+    g.wait_steps_with("good-0")
+    t0 = time.monotonic()
+    p, lines = g.refit("--group-fault", "exit-after-copy", tag="lost", check=False)
+    assert p.returncode == 5 and lines[-1]["group"] == "copied", p.stdout + p.stderr
+    # Every member is paused holding lost-0; at its deadline each restores good-0 and resumes.
+    g.wait_steps_with("good-0", timeout=10)
+    assert elapsed_ms(t0) < 1200 + 5000, "the ranks stayed paused long past the members' deadline"
+    assert g.mixed_steps() == []
+    for i in range(3):
+        s = g.status(i)["group"]
+        assert s["dirty"] and "deadline" in s["reason"] and s["deadline_expiries"] == 1, s
+        assert "lost-0" not in g.nodes[i].resumed_tags()
+    assert not g.members_status()["consistent"]
+    # The next group version cleans the group.
+    _, lines = g.refit(tag="clean")
+    assert lines[0]["group"] == "committed"
+    g.wait_steps_with("clean-0")
+    assert g.members_status()["consistent"]
+
+
+def test_a_member_sigstopped_past_its_deadline_restores_when_continued(engine_group):
+    g = engine_group(members=2, decision_ms=1000)
+    g.refit(tag="base")
+    g.wait_steps_with("base-0")
+    p, lines = g.refit("--group-fault", "exit-after-copy", tag="cut", check=False)
+    assert lines[-1]["group"] == "copied"
+    g.nodes[1].daemon.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.0)  # member 0 restores at its deadline; member 1 is stopped, its rank paused
+        assert g.mixed_steps() == []
+        assert g.status(0)["group"]["dirty"]
+    finally:
+        g.nodes[1].daemon.send_signal(signal.SIGCONT)
+    g.wait_steps_with("base-0", timeout=10)
+    assert g.mixed_steps() == []
+
+
+def test_a_restarted_member_joins_until_a_group_version_lands(engine_group):
+    g = engine_group(members=2)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    g.restart(0)  # killed idle: its engine keeps serving v-0 and registers again, clean
+    s = g.status(0)
+    assert s["group"]["phase"] == "joining" and s["tag"] == "v-0", s
+    code, body = g.nodes[0].admin("/readyz")
+    assert code == 503 and "joining" in body
+    assert not g.members_status()["consistent"]
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed"
+    g.wait_steps_with("w-0")
+    assert g.members_status()["consistent"]
+    assert g.mixed_steps() == []

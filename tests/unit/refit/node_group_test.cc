@@ -1,0 +1,145 @@
+// Engine groups through the node (node_group.cc), in-process (node_fixture.h): a group version's
+// commit split at the resume (the engine paused and copied until the coordinator resumes it), its
+// abort after the copy (the version the engine held written back from staging and resumed), the
+// deadline of a copied member, and the refusals a member gives to anything but the group.
+#include "node_fixture.h"
+
+namespace refit {
+namespace node_test {
+
+class NodeGroupTest : public NodeTest {
+ protected:
+  void SetUp() override {
+    hold_ = 2;
+    group_.name = "g";
+    group_.members = 2;
+    group_.member = 0;
+    group_.decision_timeout = absl::Seconds(3);
+    NodeTest::SetUp();
+  }
+  // Prepares `tag` (stage-only) and copies it as the group's coordinator commits it: returns the
+  // commit, its engine paused.
+  std::shared_ptr<Commit> Copy(const std::vector<uint8_t>& payload, const std::string& tag) {
+    EXPECT_EQ(Stage(payload, tag).outcome, Outcome::kStaged);
+    absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartGroupCommit(tag, absl::ZeroDuration());
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return nullptr;
+    (*c)->Run();
+    EXPECT_TRUE(node_->FinishGroupCopy(**c));
+    return *c;
+  }
+  const RefitReport& Resume(const std::string& tag) {
+    absl::StatusOr<std::shared_ptr<Commit>> c = node_->StartGroupResume(tag);
+    EXPECT_TRUE(c.ok()) << c.status();
+    (*c)->RunResume();
+    return node_->FinishCommit(**c);
+  }
+  const RefitReport& Abort(const std::string& tag, bool expired) {
+    absl::StatusOr<Node::GroupRestore> r = node_->StartGroupAbort(tag, expired);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_NE(r->commit, nullptr);
+    r->commit->RunRestore(r->before.get(), "aborted by the test");
+    return node_->FinishCommit(*r->commit);
+  }
+};
+
+TEST_F(NodeGroupTest, ACopiedVersionHoldsTheEnginePausedUntilTheGroupResumes) {
+  ScriptedControl* control;
+  Register(&control);
+  EXPECT_THAT(node_->Ready().message(), HasSubstr("joining"));
+  const std::vector<uint8_t> v1 = Payload(41);
+  std::shared_ptr<Commit> c = Copy(v1, "v1");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kCopied);
+  EXPECT_EQ(EngineBytes(), v1);                       // copied
+  EXPECT_THAT(control->calls, ElementsAre("pause"));  // and still paused: no resume sent
+  EXPECT_TRUE(node_->committing());
+  EXPECT_EQ(node_->version(), 0u);
+  const RefitReport& r = Resume("v1");
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_THAT(r.reason, HasSubstr("group version 'v1'"));
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1"));
+  EXPECT_THAT(control->tags, ElementsAre("v1"));
+  EXPECT_EQ(node_->group().tag(), "v1");
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kIdle);
+  EXPECT_TRUE(node_->Ready().ok());
+  EXPECT_THAT(VersionList(), ElementsAre("current:v1"));
+}
+
+TEST_F(NodeGroupTest, AnAbortAfterTheCopyRestoresTheVersionTheEngineHeld) {
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> v1 = Payload(51), v2 = Payload(52);
+  ASSERT_NE(Copy(v1, "v1"), nullptr);
+  ASSERT_EQ(Resume("v1").outcome, Outcome::kCommitted);
+  ASSERT_NE(Copy(v2, "v2"), nullptr);
+  EXPECT_EQ(EngineBytes(), v2);
+  const RefitReport& r = Abort("v2", false);
+  EXPECT_EQ(r.outcome, Outcome::kAborted) << r.reason;
+  EXPECT_THAT(r.reason, HasSubstr("restored to version 1 ('v1')"));
+  EXPECT_EQ(EngineBytes(), v1);  // byte for byte what it held
+  // Resumed at the version and tag it held: no version was made.
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:1", "pause", "resume:1"));
+  EXPECT_THAT(control->tags, ElementsAre("v1", "v1"));
+  EXPECT_EQ(node_->version(), 1u);
+  EXPECT_EQ(node_->tag(), "v1");
+  EXPECT_FALSE(node_->group().dirty());
+  EXPECT_THAT(VersionList(), ElementsAre("current:v1"));  // v2 dropped
+  EXPECT_FALSE(node_->engine()->dirty);
+}
+
+TEST_F(NodeGroupTest, PastItsDeadlineACopiedMemberRestoresAndTheGroupIsDirty) {
+  ScriptedControl* control;
+  Register(&control);
+  const std::vector<uint8_t> v1 = Payload(61), v2 = Payload(62);
+  ASSERT_NE(Copy(v1, "v1"), nullptr);
+  ASSERT_EQ(Resume("v1").outcome, Outcome::kCommitted);
+  ASSERT_NE(Copy(v2, "v2"), nullptr);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_FALSE(node_->group().Expired());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(node_->group().Expired());
+  EXPECT_EQ(Abort("v2", /*expired=*/true).outcome, Outcome::kAborted);
+  EXPECT_EQ(EngineBytes(), v1);
+  EXPECT_TRUE(node_->group().dirty());
+  EXPECT_THAT(node_->Ready().message(), HasSubstr("dirty"));
+  // The coordinator's resume, late, is refused.
+  EXPECT_EQ(node_->StartGroupResume("v2").status().code(), absl::StatusCode::kFailedPrecondition);
+  // The next group version cleans the group.
+  ASSERT_NE(Copy(Payload(63), "v3"), nullptr);
+  EXPECT_EQ(Resume("v3").outcome, Outcome::kCommitted);
+  EXPECT_TRUE(node_->Ready().ok());
+}
+
+TEST_F(NodeGroupTest, WithoutAKeptVersionToRestoreTheEngineStaysPausedAndDirty) {
+  ScriptedControl* control;
+  Register(&control);
+  ASSERT_NE(Copy(Payload(71), "v1"), nullptr);  // the engine's version 0 was never staged
+  const RefitReport& r = Abort("v1", false);
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_THAT(r.reason, HasSubstr("stays paused and dirty"));
+  EXPECT_THAT(control->calls, ElementsAre("pause"));  // never resumed
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_TRUE(node_->group().dirty());
+}
+
+TEST_F(NodeGroupTest, AnAbortBeforeTheCopyDropsThePreparedVersion) {
+  Register();
+  ASSERT_EQ(Stage(Payload(81), "v1").outcome, Outcome::kStaged);
+  absl::StatusOr<Node::GroupRestore> r = node_->StartGroupAbort("v1", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->commit, nullptr);
+  EXPECT_TRUE(VersionList().empty());
+}
+
+TEST_F(NodeGroupTest, AMemberCommitsNothingOnItsOwn) {
+  Register();
+  Manifest m = ManifestOf(kParams, false, "direct");
+  EXPECT_THAT(node_->Begin(m, absl::Now()).status().message(), HasSubstr("refits are stage-only"));
+  ASSERT_EQ(Stage(Payload(91), "v1").outcome, Outcome::kStaged);
+  EXPECT_THAT(node_->StartVersionCommit("v1").status().message(), HasSubstr("committed by the group's coordinator"));
+  EXPECT_EQ(node_->StartRollback().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace node_test
+}  // namespace refit
