@@ -146,6 +146,25 @@ TEST(QuantMetadataTest, CompressedTensorsFormatsMixByModuleNameOnly) {
   EXPECT_NE(mixed.status().message().find("mixes compressed-tensors formats"), std::string::npos) << mixed.status();
 }
 
+// Per-channel and per-tensor scales span whole dimensions, and a [1] global scale or weight_shape
+// is whole on every rank: tensor-parallel splits that would cut them are refused at resolution.
+TEST(QuantMetadataTest, CompressedTensorsSplitsThatWouldChangeTheBytesAreRefused) {
+  auto resolve = [](const std::string& format, int dim) {
+    const std::string text =
+        "model: m\ntensor_parallel: {size: 2}\nrules:\n  - match: \"l.{i}.q.weight\"\n"
+        "    format: " +
+        format + "\n    shard: {dim: " + std::to_string(dim) + "}\n";
+    absl::StatusOr<spec::ModelSpec> s = spec::ParseModelSpec(text);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return QuantMetadata(*s, {{"l.0.q.weight", DType::kBF16, {256, 256}, 256 * 256 * 2}}).status();
+  };
+  EXPECT_TRUE(resolve("ct_fp8_channel", 0).ok());
+  EXPECT_NE(resolve("ct_fp8_channel", 1).message().find("span the whole dimension"), std::string::npos);
+  EXPECT_NE(resolve("ct_fp8_tensor", 0).message().find("span the whole dimension"), std::string::npos);
+  EXPECT_NE(resolve("ct_nvfp4", 0).message().find("'_global_scale' output is whole on every rank"), std::string::npos);
+  EXPECT_NE(resolve("ct_w4a16", 1).message().find("'_shape' output is whole on every rank"), std::string::npos);
+}
+
 TEST(QuantMetadataTest, Nvfp4InTheModelOptForm) {
   const std::vector<std::string> modelopt_only = {"nvfp4", "nvfp4_te"};
   // Every quantized row written in the ModelOpt form only (no quant_method) is listed here.
