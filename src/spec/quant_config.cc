@@ -117,11 +117,17 @@ absl::StatusOr<formats::Format> CompressedTensorsGroup(std::string_view source, 
   if (!w || !w.IsMap()) {
     return Error(source, group, where, "has no 'weights' arguments; refitd converts weights only");
   }
-  const std::string format =
-      group["format"] && group["format"].IsScalar() ? group["format"].as<std::string>() : top_format;
+  std::string format = group["format"] && group["format"].IsScalar() ? group["format"].as<std::string>() : top_format;
   auto str = [&](const char* k) {
     return w[k] && w[k].IsScalar() ? absl::AsciiStrToLower(w[k].as<std::string>()) : "";
   };
+  // naive-quantized stores FP8 weights exactly as float-quantized does (the same compressor).
+  if (format == "naive-quantized" && str("type") == "float") format = "float-quantized";
+  // Group activation ordering stores a weight_g_idx permutation, which refitd does not produce.
+  if (str("actorder") == "group") {
+    return Error(source, w["actorder"], where + ".weights.actorder",
+                 "'group' stores a weight_g_idx tensor refitd does not produce; no refitd format");
+  }
   int64_t num_bits = 0, group_size = 0;
   if (w["num_bits"] && !YAML::convert<int64_t>::decode(w["num_bits"], num_bits)) num_bits = -1;
   if (w["group_size"] && !w["group_size"].IsNull() && !YAML::convert<int64_t>::decode(w["group_size"], group_size)) {

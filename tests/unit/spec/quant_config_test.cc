@@ -117,6 +117,18 @@ TEST(QuantConfigTest, CompressedTensorsConfigGroups) {
   q = ParseQuantConfigText(two, "config.json");
   ASSERT_FALSE(q.ok());
   EXPECT_THAT(q.status().message(), HasSubstr("must target modules by name"));
+  auto g_idx = ParseQuantConfigText(R"({"quantization_config": {"quant_method": "compressed-tensors",
+    "config_groups": {"a": {"targets": ["Linear"], "format": "pack-quantized",
+      "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group", "actorder": "group"}}}}})",
+                                    "c.json");
+  ASSERT_FALSE(g_idx.ok());
+  EXPECT_THAT(g_idx.status().message(), HasSubstr("weight_g_idx"));
+  auto naive = ParseQuantConfigText(R"({"quantization_config": {"quant_method": "compressed-tensors",
+    "format": "naive-quantized", "config_groups": {"a": {"targets": ["Linear"],
+      "weights": {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true}}}}})",
+                                    "c.json");
+  ASSERT_TRUE(naive.ok()) << naive.status();
+  EXPECT_EQ(naive->format, formats::Format::kCtFp8Tensor);
   auto bad_re = ParseQuantConfigText(R"({"quantization_config": {"quant_method": "compressed-tensors",
     "ignore": ["re:(("], "config_groups": {"a": {"targets": ["Linear"],
       "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}})",
