@@ -34,6 +34,17 @@ int Mxfp4(const Src& src, uint8_t* blocks, uint8_t* scales, unsigned long long* 
 int Nvfp4(const Src& src, bool te, const float* amax_dev, float amax_host, uint8_t* q,
           uint8_t* scales, float* scale_2, unsigned long long* first_bad, float claim,
           unsigned long long* claim_word, void* stream);
+// The compressed-tensors formats (formats/compressed_tensors.h). `scales`/`scale` are BF16 bits.
+// CtFp8Tensor and CtNvfp4 take the global amax as Nvfp4 does and check `claim` the same way.
+int CtFp8Channel(const Src& src, uint8_t* q, uint16_t* scales, unsigned long long* first_bad, void* stream);
+int CtFp8Tensor(const Src& src, const float* amax_dev, float amax_host, uint8_t* q, uint16_t* scale,
+                unsigned long long* first_bad, float claim, unsigned long long* claim_word, void* stream);
+int CtNvfp4(const Src& src, const float* amax_dev, float amax_host, uint8_t* packed, uint8_t* scales,
+            float* global_scale, unsigned long long* first_bad, float claim, unsigned long long* claim_word,
+            void* stream);
+// `rank` (2 or 3): how many of [batch, rows, cols] the "_shape" output holds.
+int CtW4a16(const Src& src, int rank, uint32_t* words, uint16_t* scales, int64_t* shape, unsigned long long* first_bad,
+            void* stream);
 // *amax_dev = max(*amax_dev, max|x|) with NaN dominating; *amax_dev must hold a value >= +0.
 int AccumulateAmax(const Src& src, float* amax_dev, void* stream);
 int Cast(const Src& src, Output out_type, void* out, unsigned long long* first_bad, void* stream);

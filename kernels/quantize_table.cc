@@ -47,6 +47,30 @@ constexpr std::array<GpuFormat, formats::kFormatCount> kGpuFormats = {{
     {Format::kNvfp4Te, Nvfp4<true>},
     {Format::kMxfp4,
      [](const GpuQuantizeArgs& a) { return launch::Mxfp4(a.src, a.bytes(0), a.bytes(1), a.first_bad, a.stream); }},
+    {Format::kCtFp8Channel,
+     [](const GpuQuantizeArgs& a) {
+       return launch::CtFp8Channel(a.src, a.bytes(0), reinterpret_cast<uint16_t*>(a.bytes(1)), a.first_bad, a.stream);
+     }},
+    {Format::kCtFp8Tensor,
+     [](const GpuQuantizeArgs& a) {
+       return launch::CtFp8Tensor(a.src, a.amax.device, a.amax.host.value_or(0.0f), a.bytes(0),
+                                  reinterpret_cast<uint16_t*>(a.bytes(1)), a.first_bad, a.amax.claim.value_or(0.0f),
+                                  a.amax.claim ? a.claim_word : nullptr, a.stream);
+     }},
+    {Format::kCtNvfp4,
+     [](const GpuQuantizeArgs& a) {
+       return launch::CtNvfp4(a.src, a.amax.device, a.amax.host.value_or(0.0f), a.bytes(0), a.bytes(1), a.floats(2),
+                              a.first_bad, a.amax.claim.value_or(0.0f), a.amax.claim ? a.claim_word : nullptr,
+                              a.stream);
+     }},
+    {Format::kCtW4a16,
+     [](const GpuQuantizeArgs& a) {
+       // "_shape" holds one int64 per input dimension.
+       const int rank = static_cast<int>(a.outs[2].bytes / sizeof(int64_t));
+       return launch::CtW4a16(a.src, rank, reinterpret_cast<uint32_t*>(a.bytes(0)),
+                              reinterpret_cast<uint16_t*>(a.bytes(1)), reinterpret_cast<int64_t*>(a.bytes(2)),
+                              a.first_bad, a.stream);
+     }},
 }};
 
 constexpr bool InEnumOrder() {

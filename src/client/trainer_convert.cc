@@ -129,8 +129,14 @@ absl::StatusOr<std::vector<TrainerConverter::SliceOutput>> TrainerConverter::Sli
         if (static_cast<size_t>(d) + 2 == rank) o.slice.start = start / static_cast<uint64_t>(g.rows);
         if (static_cast<size_t>(d) + 1 == rank) o.slice.start = start / static_cast<uint64_t>(g.cols);
         break;
+      case formats::OutputShape::kPackedInt4x8:
+        if (static_cast<size_t>(d) + 1 == rank) o.slice.start = start / 8;
+        break;
       case formats::OutputShape::kScalar:
-        // NVFP4's global scale: whole, the same from every rank (the amax reduced over them).
+      case formats::OutputShape::kSingle:
+      case formats::OutputShape::kShapeVector:
+        // NVFP4's global scale: whole, the same from every rank (the amax reduced over them);
+        // compressed-tensors' weight_shape: the whole tensor's shape.
         o.slice = TensorSlice{};
         o.shape = e.outputs[j].shape;
         result.push_back(std::move(o));

@@ -54,6 +54,9 @@ Shape ShapeOf(OutputShape kind, const BlockGeometry& block, const Shape& in) {
       return s;
     case OutputShape::kScalar:
       return Shape{};
+    case OutputShape::kSingle: return Shape{1};
+    case OutputShape::kPackedInt4x8: s.back() /= 8; return s;
+    case OutputShape::kShapeVector: return Shape{static_cast<int64_t>(in.size())};
   }
   return s;
 }

@@ -22,18 +22,22 @@
 namespace refit::formats {
 
 enum class Format : uint8_t {
-  kBf16,               // IEEE RNE cast (passthrough when dtypes match)
+  kBf16,  // IEEE RNE cast (passthrough when dtypes match)
   kFp16,
   kFp32,
-  kFp8Block128,        // DeepGEMM per_block_cast_to_fp8(use_ue8m0=False)
-  kFp8Block128Ue8m0,   // same with use_ue8m0=True + canonicalization (FORMATS.md B §4.4)
-  kMxfp8,              // TransformerEngine MXFP8 RCEIL
-  kNvfp4,              // ModelOpt NVFP4QTensor
-  kNvfp4Te,            // TransformerEngine 1-D NVFP4
-  kMxfp4,              // triton_kernels downcast_to_mxfp_torch ROUND_UP, gpt-oss naming
+  kFp8Block128,       // DeepGEMM per_block_cast_to_fp8(use_ue8m0=False)
+  kFp8Block128Ue8m0,  // same with use_ue8m0=True + canonicalization (FORMATS.md B §4.4)
+  kMxfp8,             // TransformerEngine MXFP8 RCEIL
+  kNvfp4,             // ModelOpt NVFP4QTensor
+  kNvfp4Te,           // TransformerEngine 1-D NVFP4
+  kMxfp4,             // triton_kernels downcast_to_mxfp_torch ROUND_UP, gpt-oss naming
+  kCtFp8Channel,      // compressed-tensors float-quantized, FP8 per output channel (FP8_DYNAMIC)
+  kCtFp8Tensor,       // compressed-tensors float-quantized, FP8 per tensor
+  kCtNvfp4,           // compressed-tensors nvfp4-pack-quantized (NVFP4A16)
+  kCtW4a16,           // compressed-tensors pack-quantized, int4 symmetric group 128 (W4A16)
 };
 // Keep in step with the last enumerator: format_table.cc checks one row per enumerator.
-inline constexpr size_t kFormatCount = static_cast<size_t>(Format::kMxfp4) + 1;
+inline constexpr size_t kFormatCount = static_cast<size_t>(Format::kCtW4a16) + 1;
 
 // The row's name (format_info.h): "bf16", "fp8_block128", "nvfp4", ... (`refitctl formats`).
 const char* FormatName(Format f);

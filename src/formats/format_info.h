@@ -35,6 +35,11 @@ struct BlockGeometry {
   bool partial = false;
 };
 
+// A block that spans the whole dimension (per-channel scales span K, a per-tensor scale spans
+// both): larger than any dimension, with `partial` set so any size is accepted. It refuses every
+// tensor-parallel split and slice along that dimension, which would change the scale.
+inline constexpr int64_t kWholeDim = int64_t{1} << 40;
+
 // How an emitted tensor's shape follows from the input shape [..., N, K].
 enum class OutputShape : uint8_t {
   kInput,           // [..., N, K]
@@ -42,6 +47,9 @@ enum class OutputShape : uint8_t {
   kPerBlock,        // [..., N/rows, K/cols] (ceil when the geometry allows partial blocks)
   kPerBlockPacked,  // [..., N/rows, K/cols, cols/2]: each block's packed 4-bit codes (gpt-oss "_blocks")
   kScalar,          // 0-d: the tensor-wide scale
+  kSingle,          // [1]: a tensor-wide scale stored with one dimension (compressed-tensors)
+  kPackedInt4x8,    // [..., N, K/8]: eight 4-bit codes per little-endian int32, element 8i+j in bits 4j..4j+3
+  kShapeVector,     // [rank]: the input's shape (compressed-tensors "weight_shape")
 };
 
 struct OutputRole {
@@ -76,6 +84,19 @@ struct CheckpointNames {
   std::string_view fmt = {};                // quantization_config.fmt: written, and required when present
   std::string_view activation_scheme = {};  // quantization_config.activation_scheme, written
   bool weight_block_size = false;           // quantization_config.weight_block_size = the geometry
+  // compressed-tensors (quant_method "compressed-tensors"): the config group's "format" and its
+  // weights' QuantizationArgs. An empty `format` means the format has no compressed-tensors form.
+  struct CompressedTensors {
+    std::string_view format = {};       // "float-quantized", "nvfp4-pack-quantized", "pack-quantized"
+    std::string_view type = {};         // weights.type: "float" or "int"
+    int num_bits = 0;                   // weights.num_bits
+    std::string_view strategy = {};     // weights.strategy: "channel", "tensor", "tensor_group", "group"
+    int group_size = 0;                 // weights.group_size (0: null)
+    std::string_view scale_dtype = {};  // weights.scale_dtype as the package writes it (empty: null)
+    // input_activations written with the checkpoint: dynamic FP8 with this strategy ("token",
+    // "tensor"); empty: weight-only (no input_activations).
+    std::string_view dynamic_input_strategy = {};
+  } compressed_tensors = {};
 };
 
 // CPU reference entry points. REQUIRES (both): shapes and buffers match PlanOutputs; the input

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "formats/format_info.h"
 #include "nlohmann/json.hpp"
@@ -33,6 +34,64 @@ nlohmann::json FamilyQuantizationConfig(formats::Format f, const nlohmann::json&
   if (names.weight_block_size) qc["weight_block_size"] = {info.block.rows, info.block.cols};
   if (!names.scale_fmt.empty()) qc["scale_fmt"] = std::string(names.scale_fmt);
   return qc;
+}
+
+// One compressed-tensors QuantizationArgs, as the package serializes it (fields left at their
+// defaults, such as observer and a symmetric scheme's zp_dtype, are omitted).
+nlohmann::json CompressedTensorsArgs(std::string_view type, int num_bits, std::string_view strategy, int group_size,
+                                     bool dynamic, std::string_view scale_dtype) {
+  nlohmann::json a = {
+      {"dynamic", dynamic},   {"group_size", group_size > 0 ? nlohmann::json(group_size) : nlohmann::json(nullptr)},
+      {"num_bits", num_bits}, {"strategy", std::string(strategy)},
+      {"symmetric", true},    {"type", std::string(type)}};
+  if (!scale_dtype.empty()) a["scale_dtype"] = std::string(scale_dtype);
+  return a;
+}
+
+// config.json "quantization_config" of a compressed-tensors checkpoint, as the package's
+// ModelCompressor writes it: one config group per format, targeting every Linear when there is
+// one format and the modules by name otherwise. Input activations are dynamic FP8 where the
+// format's scheme has them; static activation scales are calibration results refitd never makes.
+// REQUIRES: every format of `used` has a compressed-tensors form.
+nlohmann::json CompressedTensorsConfig(const std::map<std::string, formats::Format>& quantized,
+                                       const std::set<formats::Format>& used, const nlohmann::json& ignore) {
+  nlohmann::json groups = nlohmann::json::object();
+  int index = 0;
+  for (formats::Format f : used) {
+    const auto& ct = formats::Info(f).checkpoint.compressed_tensors;
+    nlohmann::json targets = nlohmann::json::array();
+    if (used.size() == 1) {
+      targets.push_back("Linear");
+    } else {
+      for (const auto& [m, mf] : quantized) {
+        if (mf == f) targets.push_back(m);
+      }
+    }
+    nlohmann::json input = nullptr;
+    if (!ct.dynamic_input_strategy.empty()) {
+      input = CompressedTensorsArgs("float", 8, ct.dynamic_input_strategy, 0, /*dynamic=*/true, "");
+    }
+    groups[absl::StrCat("group_", index++)] = {
+        {"format", std::string(ct.format)},
+        {"input_activations", input},
+        {"output_activations", nullptr},
+        {"targets", targets},
+        {"weights", CompressedTensorsArgs(ct.type, ct.num_bits, ct.strategy, ct.group_size, false, ct.scale_dtype)}};
+  }
+  const std::string format = used.size() == 1
+                                 ? std::string(formats::Info(*used.begin()).checkpoint.compressed_tensors.format)
+                                 : "mixed-precision";
+  return {{"config_groups", groups},
+          {"format", format},
+          {"global_compression_ratio", nullptr},
+          {"ignore", ignore},
+          {"kv_cache_scheme", nullptr},
+          {"moe_sparsity_config", nullptr},
+          {"quant_method", "compressed-tensors"},
+          {"quantization_status", "compressed"},
+          {"sparsity_config", nlohmann::json::object()},
+          {"transform_config", nlohmann::json::object()},
+          {"version", "0.20.0"}};
 }
 
 std::string Module(const std::string& name) {
@@ -106,6 +165,20 @@ absl::StatusOr<std::map<std::string, std::string>> QuantMetadata(const spec::Mod
   nlohmann::json exclude = nlohmann::json::array();
   for (const std::string& m : plain) {
     if (!quantized.count(m)) exclude.push_back(m);
+  }
+  size_t ct_formats = 0;
+  for (formats::Format f : used) ct_formats += formats::Info(f).checkpoint.compressed_tensors.format.empty() ? 0 : 1;
+  if (ct_formats > 0) {
+    if (ct_formats != used.size()) {
+      std::vector<std::string> names;
+      for (formats::Format f : used) names.emplace_back(formats::FormatName(f));
+      return absl::InvalidArgumentError(absl::StrCat("the spec mixes compressed-tensors formats with others (",
+                                                     absl::StrJoin(names, ", "),
+                                                     "); no checkpoint metadata describes both"));
+    }
+    files["config.json"] =
+        nlohmann::json{{"quantization_config", CompressedTensorsConfig(quantized, used, exclude)}}.dump(2);
+    return files;
   }
   nlohmann::json producer = {{"name", "refitd"}, {"version", "0.1.0"}};
   if (used.size() > 1) {

@@ -140,6 +140,24 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
       return Bad(name, *rule, absl::StrCat("dim ", d, " (", n, ") does not split into ", parts, " tensor-parallel parts"));
     }
     const int64_t block = res.quantized ? formats::BlockAlong(format, d, rank) : 1;
+    if (block == formats::kWholeDim && parts > 1) {
+      return Bad(name, *rule,
+                 absl::StrCat("splitting dim ", d, " into ", parts, " tensor-parallel parts would change its ",
+                              formats::FormatName(format), " scales, which span the whole dimension"));
+    }
+    // A [1] global scale or compressed-tensors' weight_shape is one whole value per rank, which
+    // the per-rank split of every output does not express.
+    if (res.quantized && parts > 1) {
+      for (const formats::OutputRole& role : formats::Info(format).Outputs()) {
+        if (role.shape == formats::OutputShape::kSingle || role.shape == formats::OutputShape::kShapeVector) {
+          return Bad(name, *rule,
+                     absl::StrCat(formats::FormatName(format),
+                                  " tensors cannot be split into tensor-parallel parts: "
+                                  "its '",
+                                  std::string(role.suffix), "' output is whole on every rank"));
+        }
+      }
+    }
     if ((n / parts) % block != 0 && n / parts != 0) {
       return Bad(name, *rule,
                  absl::StrCat("splitting dim ", d, " (", n, ") into ", parts, " tensor-parallel parts gives ", n / parts,

@@ -79,8 +79,14 @@ absl::StatusOr<std::shared_ptr<const WireTable>> WireTable::Create(const Planner
       }
       e.copies.push_back(std::move(copy));
       const formats::OutputShape shape = j < roles.size() ? roles[j].shape : formats::OutputShape::kInput;
-      e.is_scale.push_back(shape == formats::OutputShape::kPerBlock || shape == formats::OutputShape::kScalar);
-      if (shape == formats::OutputShape::kScalar) e.global_scale = static_cast<int>(j);
+      e.is_scale.push_back(shape == formats::OutputShape::kPerBlock || shape == formats::OutputShape::kScalar ||
+                           shape == formats::OutputShape::kSingle);
+      // The F32 global scale of a format with a global amax (0-d, or [1] for compressed-tensors).
+      if (shape == formats::OutputShape::kScalar ||
+          (shape == formats::OutputShape::kSingle && roles[j].dtype == DType::kF32 &&
+           formats::NeedsGlobalAmax(p.format))) {
+        e.global_scale = static_cast<int>(j);
+      }
       w.outputs.push_back({o.suffix, o.dtype, o.shape});
       table->by_output_[t.name + o.suffix] = {table->entries_.size(), j};
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -108,12 +109,110 @@ absl::StatusOr<QuantConfig> ParseModelOpt(std::string_view source, const YAML::N
   return c;
 }
 
+// The refitd format of one compressed-tensors config group: the row whose compressed-tensors
+// names match the group's format and weights arguments (symmetric, static weights).
+absl::StatusOr<formats::Format> CompressedTensorsGroup(std::string_view source, const YAML::Node& group,
+                                                       const std::string& where, const std::string& top_format) {
+  const YAML::Node w = group["weights"];
+  if (!w || !w.IsMap()) {
+    return Error(source, group, where, "has no 'weights' arguments; refitd converts weights only");
+  }
+  std::string format = group["format"] && group["format"].IsScalar() ? group["format"].as<std::string>() : top_format;
+  auto str = [&](const char* k) {
+    return w[k] && w[k].IsScalar() ? absl::AsciiStrToLower(w[k].as<std::string>()) : "";
+  };
+  // naive-quantized stores FP8 weights exactly as float-quantized does (the same compressor).
+  if (format == "naive-quantized" && str("type") == "float") format = "float-quantized";
+  // Group activation ordering stores a weight_g_idx permutation, which refitd does not produce.
+  if (str("actorder") == "group") {
+    return Error(source, w["actorder"], where + ".weights.actorder",
+                 "'group' stores a weight_g_idx tensor refitd does not produce; no refitd format");
+  }
+  int64_t num_bits = 0, group_size = 0;
+  if (w["num_bits"] && !YAML::convert<int64_t>::decode(w["num_bits"], num_bits)) num_bits = -1;
+  if (w["group_size"] && !w["group_size"].IsNull() && !YAML::convert<int64_t>::decode(w["group_size"], group_size)) {
+    group_size = -2;
+  }
+  if (group_size == -1) group_size = 0;  // -1: per channel
+  const bool symmetric = !w["symmetric"] || str("symmetric") == "true";
+  const bool dynamic = w["dynamic"] && str("dynamic") != "false";
+  std::string strategy = str("strategy");
+  if (strategy.empty()) strategy = group_size > 0 ? "group" : "tensor";
+  std::string supported;
+  for (const formats::FormatInfo& info : formats::AllFormats()) {
+    const auto& ct = info.checkpoint.compressed_tensors;
+    if (ct.format.empty()) continue;
+    absl::StrAppend(&supported, supported.empty() ? "" : "; ", std::string(info.name), " (", std::string(ct.format),
+                    ", ");
+    absl::StrAppend(&supported, std::string(ct.type), " ", ct.num_bits, "-bit ", std::string(ct.strategy),
+                    ct.group_size > 0 ? absl::StrCat(" ", ct.group_size) : "", ")");
+    if (symmetric && !dynamic && format == ct.format && str("type") == ct.type && num_bits == ct.num_bits &&
+        strategy == ct.strategy && group_size == ct.group_size) {
+      return info.format;
+    }
+  }
+  const std::string what = absl::StrCat("format '", format, "' with ", str("type"), " ", num_bits, "-bit ", strategy,
+                                        group_size > 0 ? absl::StrCat(" group ", group_size) : "");
+  return Error(source, w, where + ".weights",
+               absl::StrCat(what, symmetric ? "" : " asymmetric", dynamic ? " dynamic" : "",
+                            " weights has no refitd format (supported: ", supported, ")"));
+}
+
+// config.json "quantization_config" with quant_method compressed-tensors (llm-compressor).
+absl::StatusOr<QuantConfig> ParseCompressedTensors(std::string_view source, const YAML::Node& q,
+                                                   const std::string& key) {
+  QuantConfig c;
+  c.source = std::string(source);
+  c.algo = "compressed-tensors";
+  REFIT_ASSIGN_OR_RETURN(c.exclude, StringList(source, q["ignore"], key + ".ignore"));
+  for (const std::string& p : c.exclude) {
+    if (!p.starts_with("re:")) continue;
+    try {
+      std::regex re(p.substr(3));
+    } catch (const std::regex_error& e) {
+      return Error(source, q["ignore"], key + ".ignore", absl::StrCat("'", p, "' is not a regular expression"));
+    }
+  }
+  const YAML::Node groups = q["config_groups"];
+  if (!groups || !groups.IsMap() || groups.size() == 0) {
+    return Error(source, q, key, "compressed-tensors needs a 'config_groups' mapping");
+  }
+  const std::string top = q["format"] && q["format"].IsScalar() ? q["format"].as<std::string>() : "";
+  std::vector<std::pair<formats::Format, std::vector<std::string>>> found;
+  for (const auto& g : groups) {
+    const std::string where = absl::StrCat(key, ".config_groups.", g.first.as<std::string>());
+    if (!g.second.IsMap()) return Error(source, g.second, where, "expected a mapping");
+    REFIT_ASSIGN_OR_RETURN(formats::Format f, CompressedTensorsGroup(source, g.second, where, top));
+    REFIT_ASSIGN_OR_RETURN(std::vector<std::string> targets,
+                           StringList(source, g.second["targets"], where + ".targets"));
+    found.emplace_back(f, std::move(targets));
+  }
+  const bool one = std::all_of(found.begin(), found.end(), [&](const auto& p) { return p.first == found[0].first; });
+  if (one) {
+    c.format = found[0].first;
+    return c;
+  }
+  // Several formats: each group must name its modules (not a class or a regular expression).
+  for (const auto& [f, targets] : found) {
+    for (const std::string& t : targets) {
+      if (t == "Linear" || t.starts_with("re:") || t.find('.') == std::string::npos) {
+        return Error(source, groups, key + ".config_groups",
+                     absl::StrCat("groups of different formats must target modules by name; target '", t,
+                                  "' is a class or pattern, so which modules take which format is not known"));
+      }
+      c.layers[t] = f;
+    }
+  }
+  return c;
+}
+
 absl::StatusOr<QuantConfig> ParseQuantizationConfig(std::string_view source, const YAML::Node& q) {
   const std::string key = "quantization_config";
   if (!q.IsMap()) return Error(source, q, key, "expected a mapping");
   if (!q["quant_method"]) return Error(source, q, key, "missing 'quant_method'");
   std::string method = absl::AsciiStrToLower(q["quant_method"].as<std::string>());
   if (method == "modelopt") return ParseModelOpt(source, q, key);
+  if (method == "compressed-tensors") return ParseCompressedTensors(source, q, key);
   QuantConfig c;
   c.source = std::string(source);
   c.algo = method;
@@ -193,8 +292,16 @@ bool GlobMatch(std::string_view p, std::string_view t) {
 bool QuantConfig::Excluded(std::string_view module) const {
   for (const std::string& pattern : exclude) {
     std::string_view m = module;
+    // compressed-tensors' "re:" patterns match from the start of the name (Python re.match);
+    // ParseCompressedTensors checked that they compile.
+    const bool regex = pattern.starts_with("re:");
     while (true) {
-      if (GlobMatch(pattern, m)) return true;
+      if (regex) {
+        const std::string name(m);
+        if (std::regex_search(name, std::regex(pattern.substr(3)), std::regex_constants::match_continuous)) return true;
+      } else if (GlobMatch(pattern, m)) {
+        return true;
+      }
       size_t dot = m.rfind('.');
       if (dot == std::string_view::npos) break;
       m = m.substr(0, dot);

@@ -1,11 +1,13 @@
 // The rollout checkpoint's quantization metadata, as the engine reads it: ModelOpt's
 // hf_quant_config.json ({"quantization": {...}}), or config.json's "quantization_config"
-// (ModelOpt flat/nested form, DeepSeek-style fp8 block-128, mxfp8, gpt-oss mxfp4). Says which
+// (ModelOpt flat/nested form, DeepSeek-style fp8 block-128, mxfp8, gpt-oss mxfp4,
+// compressed-tensors config groups). Says which
 // refitd format each module's weights take, or that a module stays unquantized.
 //
 // Exclusion patterns (exclude_modules, ignore, modules_to_not_convert) are globs: `*` matches
 // any run of characters, dots included (fnmatch), and a pattern excludes a module when it
-// matches the module's full name or the name of any module containing it.
+// matches the module's full name or the name of any module containing it. A compressed-tensors
+// "re:PATTERN" entry is a regular expression matched from the start of the name instead.
 // Thread-safe after construction (immutable).
 #ifndef REFIT_SPEC_QUANT_CONFIG_H_
 #define REFIT_SPEC_QUANT_CONFIG_H_

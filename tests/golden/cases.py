@@ -288,6 +288,93 @@ def nvfp4_te_cases():
     return nvfp4_cases() + [("all_zero_tensor", "BF16", torch.zeros(2, 32))]
 
 
+# ---------------------------------------------------------------------------------------------
+# compressed-tensors formats: BF16 models (F32 cases only as exact upcasts of BF16 values)
+
+
+def ct_fp8_channel_cases():
+    """Per output channel: s = bf16(amax/448) per row; the whole row is one block (any K)."""
+    cases = [("rand_bf16", "BF16", normal("ctfc/rand", (64, 96)))]
+    cases += identity_pair("rand_small", (8, 40))
+    t = normal("ctfc/specials", (6, 32), std=1.0)
+    t[0] = 0.0                                    # zero row: scale = bf16 eps (2^-7)
+    t[1, :4] = -0.0                               # -0.0 + zero point -> +0.0 (0x00)
+    t[2] = to_bf16_values(t[2] * 1e-36)           # bf16 subnormal-range row
+    t[3, 0] = 448.0 * 2.0 ** 10                   # amax exactly 448*2^k: s a power of two
+    t[4, 0] = 3e38                                # near bf16 max
+    t[5, :8] = torch.tensor([1.0625, 1.1875, 248.0, -248.0, 464.0 / 512, 0.5, -0.5, 2.0 ** -9])
+    cases.append(("specials", "BF16", to_bf16_values(t)))
+    cases.append(("odd_k", "BF16", normal("ctfc/odd", (3, 7), std=1.0)))
+    cases += passthrough_cases()
+    return cases
+
+
+def ct_fp8_tensor_cases():
+    """One amax over the tensor: s = bf16(amax/448)."""
+    cases = [("rand_bf16", "BF16", normal("ctft/rand", (48, 80)))]
+    cases += identity_pair("rand_small", (8, 40))
+    cases.append(("all_zero_tensor", "BF16", torch.zeros(4, 16)))
+    o = normal("ctft/outlier", (16, 32))
+    o[3, 7] = -100.0                              # one outlier: most values become E4M3 subnormals
+    o[5, :3] = -0.0
+    cases.append(("outlier", "BF16", o))
+    cases.append(("tiny", "BF16", to_bf16_values(normal("ctft/tiny", (4, 32), std=1.0) * 1e-30)))
+    cases += passthrough_cases()
+    return cases
+
+
+def ct_nvfp4_cases():
+    """G = bf16(2688/A) with A = max|x|; per 16-block S = E4M3(G * bf16(b/6)), 0 -> 0.125."""
+    B = 16
+    cases = [("rand_bf16", "BF16", normal("ctnv/rand", (64, 128)))]
+    cases += identity_pair("rand_small", (8, 64))
+    z = normal("ctnv/zero_block", (3, 48))
+    z[0, :16] = 0
+    z[2, 16:32] = 0
+    cases.append(("zero_block", "BF16", z))
+    nz = normal("ctnv/neg_zero", (2, 32), std=1.0)
+    nz[0, :5] = -0.0
+    nz[1, 16:32] = -0.0
+    nz[1, 3] = -1e-4                              # a negative value that rounds to zero
+    cases.append(("neg_zero", "BF16", to_bf16_values(nz)))
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.75, -5.0, 0.125]
+    cases.append(("e2m1_ties", "BF16", rows_of_blocks(
+        "ctnv/ties", B, [[(2688.0 * 2.0 ** -4, ()), (6.0 * 2.0 ** -4, [v * 2.0 ** -4 for v in ties]),
+                          (3.0 * 2.0 ** -4, [v * 2.0 ** -5 for v in ties])]])))
+    cases.append(("scale_at_448", "BF16", rows_of_blocks(
+        "ctnv/sat", B, [[(1.5, ()), (-1.5, ()), (1.5, [-1.5])]])))
+    cases.append(("scale_subnormal", "BF16", rows_of_blocks(
+        "ctnv/sub", B, [[(1.0, ()), (1e-5, ()), (4e-6, ()), (2.4e-6, ()), (3e-5, ())]])))
+    # Block scales that round to E4M3 zero: replaced by 0.125 (calculate_qparams' eps).
+    cases.append(("scale_underflow", "BF16", rows_of_blocks(
+        "ctnv/underflow", B, [[(1.0, ()), (1e-7, [0.0, -1e-8]), (2.0 ** -20, [-(2.0 ** -21)])]])))
+    cases.append(("all_zero_tensor", "BF16", torch.zeros(2, 32)))  # A = 0: G = 1
+    cases.append(("tiny_tensor", "BF16", to_bf16_values(normal("ctnv/tiny", (2, 32), std=1.0) * 1e-37)))
+    cases.append(("k_not_multiple_of_16", "BF16", normal("ctnv/k40", (4, 40))))
+    cases += passthrough_cases()
+    return cases
+
+
+def ct_w4a16_cases():
+    """Per 128-group: s = bf16(b/7.5); q = round_half_even(clamp(bf16(x/s), -8, 7))."""
+    cases = [("rand_bf16", "BF16", normal("ctw4/rand", (32, 256)))]
+    cases += identity_pair("rand_small", (4, 128))
+    z = normal("ctw4/zero_group", (3, 256))
+    z[1, 128:] = 0.0                              # zero group: scale = bf16 eps
+    z[2, :5] = -0.0
+    cases.append(("zero_group", "BF16", z))
+    # b = 7.5 -> s = 1: halves are exact ties (half to even), +-7.5 clamp to 7 / round to -8.
+    halves = [0.5, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, -7.5, 6.5, -6.5, 4.5, 5.5]
+    t = torch.from_numpy(rng_for("ctw4/ties").uniform(-7, 7, (2, 128)).astype("float32"))
+    t[0, 0] = 7.5
+    t[0, 1:1 + len(halves)] = torch.tensor(halves)
+    t[1, 0] = -7.5
+    cases.append(("ties", "BF16", to_bf16_values(t)))
+    cases.append(("k_not_multiple_of_128", "BF16", normal("ctw4/k64", (4, 64))))
+    cases += passthrough_cases()
+    return cases
+
+
 def round_to_bf16_cases(k):
     """For `--fp32-input round_to_bf16`: fp32 masters (incl. exact bf16 rounding ties)."""
     t = f32_not_bf16(f"r2b/{k}", (8, k), std=1.0)
@@ -297,12 +384,12 @@ def round_to_bf16_cases(k):
             ("bf16_input", "BF16", normal(f"r2b/bf16/{k}", (4, k)))]
 
 
-def reject_cases():
+def reject_cases(k=64):
     """Non-finite inputs: default policy rejects, naming the tensor (and first bad index)."""
-    ok = normal("reject/ok", (2, 64))
-    nan = normal("reject/nan", (2, 64))
+    ok = normal("reject/ok", (2, k))
+    nan = normal("reject/nan", (2, k))
     nan[1, 3] = float("nan")
-    inf = normal("reject/inf", (2, 64), bf16=False)
+    inf = normal("reject/inf", (2, k), bf16=False)
     inf[0, 5] = float("-inf")
     return {
         "": ([("a_ok", "BF16", ok), ("nan_at_1_3", "BF16", nan)], "in.nan_at_1_3"),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Regenerates tests/golden/data/: golden inputs and the oracle-computed expected outputs.
 
-For each format F (fp8_block128, fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4) it writes
+For each format F (fp8_block128, fp8_block128_ue8m0, mxfp8, nvfp4, nvfp4_te, mxfp4, and the
+compressed-tensors formats ct_fp8_channel, ct_fp8_tensor, ct_nvfp4, ct_w4a16) it writes
   data/F.safetensors                      inputs  in.<case>            (BF16 / F32)
   data/F.expected.safetensors             outputs in.<case><suffix>    (as `refitctl quantize`
                                           --format F names them; tensors F cannot take are copied
@@ -14,7 +15,11 @@ Expected bytes come only from the oracles in oracles.py (see README.md), never f
 Needs the pinned packages of requirements.txt (a venv outside the repository). Deterministic:
 re-running reproduces the committed files byte for byte; `--check` verifies exactly that.
 
-Usage: make_goldens.py [--out DIR] [--check] [--allow-unpinned]
+`--formats F,G` regenerates (or checks) only those formats' files, and needs only their oracle
+packages: `--formats ct_fp8_channel,ct_fp8_tensor,ct_nvfp4,ct_w4a16` needs torch and
+compressed-tensors, nothing else.
+
+Usage: make_goldens.py [--out DIR] [--check] [--allow-unpinned] [--formats F,G,...]
 """
 
 import argparse
@@ -43,9 +48,17 @@ def pinned_versions():
     return pins
 
 
-def check_pins(allow_unpinned):
+# The compressed-tensors formats' oracle (oracles_ct.py) needs only these pinned packages.
+CT_FORMATS = ("ct_fp8_channel", "ct_fp8_tensor", "ct_nvfp4", "ct_w4a16")
+CT_PACKAGES = ("torch", "compressed-tensors", "numpy")
+
+
+def check_pins(allow_unpinned, selected):
     bad = []
+    only_ct = all(f in CT_FORMATS for f in selected)
     for name, want in pinned_versions().items():
+        if only_ct and name not in CT_PACKAGES:
+            continue
         try:
             have = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -70,15 +83,21 @@ def import_oracles():
 
 
 def formats(oracles, cases):
-    """name -> (case builder, oracle(tensor, case_name), K multiple the format needs)."""
-    plain = lambda fn: (lambda t, case: fn(t))  # noqa: E731
+    """name -> (case builder, oracle(tensor, case_name), K multiple the format needs).
+
+    `oracles()` imports an oracle module on first use: ModelOpt/torchao ("oracles") or
+    compressed-tensors ("ct"), so a run over some formats needs only their packages."""
     return {
-        "fp8_block128": (cases.fp8_block128_cases, plain(oracles.fp8_block128), 1),
-        "fp8_block128_ue8m0": (cases.fp8_block128_cases, plain(oracles.fp8_block128_ue8m0), 1),
-        "mxfp8": (cases.mxfp8_cases, lambda t, case: oracles.mxfp8(t, case), 32),
-        "nvfp4": (cases.nvfp4_cases, plain(oracles.nvfp4), 16),
-        "nvfp4_te": (cases.nvfp4_te_cases, plain(oracles.nvfp4_te), 16),
-        "mxfp4": (cases.mxfp4_cases, plain(oracles.mxfp4), 32),
+        "fp8_block128": (cases.fp8_block128_cases, lambda t, case: oracles().fp8_block128(t), 1),
+        "fp8_block128_ue8m0": (cases.fp8_block128_cases, lambda t, case: oracles().fp8_block128_ue8m0(t), 1),
+        "mxfp8": (cases.mxfp8_cases, lambda t, case: oracles().mxfp8(t, case), 32),
+        "nvfp4": (cases.nvfp4_cases, lambda t, case: oracles().nvfp4(t), 16),
+        "nvfp4_te": (cases.nvfp4_te_cases, lambda t, case: oracles().nvfp4_te(t), 16),
+        "mxfp4": (cases.mxfp4_cases, lambda t, case: oracles().mxfp4(t), 32),
+        "ct_fp8_channel": (cases.ct_fp8_channel_cases, lambda t, case: oracles("ct").oracle("ct_fp8_channel")(t, case), 1),
+        "ct_fp8_tensor": (cases.ct_fp8_tensor_cases, lambda t, case: oracles("ct").oracle("ct_fp8_tensor")(t, case), 1),
+        "ct_nvfp4": (cases.ct_nvfp4_cases, lambda t, case: oracles("ct").oracle("ct_nvfp4")(t, case), 16),
+        "ct_w4a16": (cases.ct_w4a16_cases, lambda t, case: oracles("ct").oracle("ct_w4a16")(t, case), 128),
     }
 
 
@@ -89,7 +108,14 @@ ORACLE_NAMES = {
     "nvfp4": "nvidia-modelopt NVFP4QTensor.quantize",
     "nvfp4_te": "TE reference_nvfp4.py 1x16 (transcription), S_enc=1 when amax=0",
     "mxfp4": "triton_kernels downcast_to_mxfp_torch ROUND_UP (transcription)",
+    "ct_fp8_channel": "compressed-tensors 0.20.0 FP8_DYNAMIC weights: calculate_qparams + compress_module",
+    "ct_fp8_tensor": "compressed-tensors 0.20.0 FP8 weights: calculate_qparams + compress_module",
+    "ct_nvfp4": "compressed-tensors 0.20.0 NVFP4A16: generate_gparam + calculate_qparams + compress_module",
+    "ct_w4a16": "compressed-tensors 0.20.0 W4A16: calculate_qparams + compress_module",
 }
+
+
+ALL_FORMATS = list(ORACLE_NAMES)
 
 
 def stored(torch, dtype, values):
@@ -124,12 +150,22 @@ def quantize_set(torch, case_list, oracle, k_multiple, round_to_bf16=False):
     return inputs, expected
 
 
-def generate(out_dir):
+def generate(out_dir, selected):
     import torch
     import cases
 
     torch.set_flush_denormal(False)
-    oracles = import_oracles()
+    loaded = {}
+
+    def oracles(which="oracles"):
+        if which not in loaded:
+            if which == "ct":
+                import oracles_ct
+                loaded[which] = oracles_ct
+            else:
+                loaded[which] = import_oracles()
+        return loaded[which]
+
     os.makedirs(out_dir, exist_ok=True)
     written = []
 
@@ -138,12 +174,14 @@ def generate(out_dir):
         written.append(fname)
 
     for fmt, (builder, oracle, k_multiple) in formats(oracles, cases).items():
+        if fmt not in selected:
+            continue
         meta = {"format": fmt, "oracle": ORACLE_NAMES[fmt]}
         inputs, expected = quantize_set(torch, builder(), oracle, k_multiple)
         write(f"{fmt}.safetensors", inputs, {"format": fmt, "role": "input"})
         write(f"{fmt}.expected.safetensors", expected, dict(meta, role="expected"))
 
-        k = 64
+        k = max(64, k_multiple)
         inputs, expected = quantize_set(torch, cases.round_to_bf16_cases(k), oracle, k_multiple,
                                         round_to_bf16=True)
         write(f"{fmt}.round_to_bf16.safetensors", inputs,
@@ -151,7 +189,7 @@ def generate(out_dir):
         write(f"{fmt}.round_to_bf16.expected.safetensors", expected,
               dict(meta, role="expected", fp32_input="round_to_bf16"))
 
-        for tag, (case_list, bad) in cases.reject_cases().items():
+        for tag, (case_list, bad) in cases.reject_cases(max(64, k_multiple)).items():
             inputs, _ = quantize_set(torch, case_list, lambda t, c: {}, 1)
             write(f"reject_{fmt}{tag}.safetensors", inputs,
                   {"format": fmt, "role": "reject", "bad_tensor": bad})
@@ -164,15 +202,21 @@ def main():
     parser.add_argument("--check", action="store_true",
                         help="regenerate into a temporary folder and compare with --out")
     parser.add_argument("--allow-unpinned", action="store_true")
+    parser.add_argument("--formats", help="comma-separated formats to generate (default: all)")
     args = parser.parse_args()
-    check_pins(args.allow_unpinned)
+    every = ALL_FORMATS
+    selected = args.formats.split(",") if args.formats else every
+    unknown = sorted(set(selected) - set(every))
+    if unknown:
+        sys.exit(f"unknown formats: {', '.join(unknown)}")
+    check_pins(args.allow_unpinned, selected)
     if not args.check:
-        files = generate(args.out)
+        files = generate(args.out, selected)
         total = sum(os.path.getsize(os.path.join(args.out, f)) for f in files)
         print(f"wrote {len(files)} files, {total} bytes, to {args.out}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        files = generate(tmp)
+        files = generate(tmp, selected)
         differ = []
         for f in files:
             with open(os.path.join(tmp, f), "rb") as a:
@@ -181,7 +225,9 @@ def main():
             old = open(path, "rb").read() if os.path.exists(path) else None
             if old != fresh:
                 differ.append(f)
-        stale = sorted(set(os.listdir(args.out)) - set(files))
+        mine = [f for f in os.listdir(args.out) if any(
+            f.startswith(p) for fmt in selected for p in (fmt + ".", f"reject_{fmt}.", f"reject_{fmt}_inf."))]
+        stale = sorted(set(mine) - set(files))
         for f in differ:
             print("differs:", f)
         for f in stale:

@@ -76,6 +76,10 @@ const Case kCases[] = {
     {formats::Format::kNvfp4, {2, 64, 48}, false},
     {formats::Format::kNvfp4Te, {32, 64}, true},
     {formats::Format::kMxfp4, {64, 128}, false},
+    {formats::Format::kCtFp8Channel, {48, 100}, false},
+    {formats::Format::kCtFp8Tensor, {2, 32, 64}, false},
+    {formats::Format::kCtNvfp4, {32, 64}, true},
+    {formats::Format::kCtW4a16, {16, 256}, false},
 };
 
 // kCases names formats by hand (each needs a shape it takes); every quantized row of the format

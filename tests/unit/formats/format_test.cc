@@ -74,7 +74,13 @@ TEST(FormatTableTest, GeometrySuffixesAndCasts) {
   EXPECT_EQ(BlockAlong(Format::kMxfp4, 1, 3), 1);
   EXPECT_EQ(BlockAlong(Format::kBf16, 1, 2), 1);
   const std::vector<std::string_view> suffixes = AllOutputSuffixes();
-  EXPECT_EQ(suffixes, (std::vector<std::string_view>{"_scale_inv", "_scale_2", "_blocks", "_scales", "_scale", ""}));
+  EXPECT_EQ(suffixes, (std::vector<std::string_view>{"_global_scale", "_scale_inv", "_scale_2", "_blocks", "_scales",
+                                                     "_packed", "_scale", "_shape", ""}));
+  // Per-channel and per-tensor scales span whole dimensions: no split along them keeps the bytes.
+  EXPECT_EQ(BlockAlong(Format::kCtFp8Channel, 1, 2), kWholeDim);
+  EXPECT_EQ(BlockAlong(Format::kCtFp8Channel, 0, 2), 1);
+  EXPECT_EQ(BlockAlong(Format::kCtFp8Tensor, 0, 2), kWholeDim);
+  EXPECT_EQ(BlockAlong(Format::kCtW4a16, 1, 2), 128);
   EXPECT_EQ(CastFormatFor(DType::kBF16), Format::kBf16);
   EXPECT_EQ(CastFormatFor(DType::kF16), Format::kFp16);
   EXPECT_EQ(CastFormatFor(DType::kF32), Format::kFp32);
@@ -135,9 +141,10 @@ TEST_P(EveryFormatTest, RoundToBf16PolicyEqualsQuantizingTheBf16Rounding) {
 
 TEST_P(EveryFormatTest, RejectsNaNAndInfNamingTensorAndIndex) {
   const Format f = GetParam();
-  std::vector<float> x(32 * 64, 0.5f);
+  // K = 128: every quantized format takes it (ct_w4a16's groups are 128 wide).
+  std::vector<float> x(32 * 128, 0.5f);
   x[1234] = std::numeric_limits<float>::quiet_NaN();
-  absl::StatusOr<Quantized> q = testing::RunQuantize(f, DType::kF32, {32, 64}, x.data(), {}, std::nullopt,
+  absl::StatusOr<Quantized> q = testing::RunQuantize(f, DType::kF32, {32, 128}, x.data(), {}, std::nullopt,
                                                      "model.layers.3.mlp.down_proj.weight");
   ASSERT_FALSE(q.ok());
   EXPECT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument);
@@ -147,17 +154,27 @@ TEST_P(EveryFormatTest, RejectsNaNAndInfNamingTensorAndIndex) {
   x[77] = -std::numeric_limits<float>::infinity();
   std::vector<uint16_t> xb = o::ToBf16(std::vector<float>(x.size(), 0.5f));
   xb[77] = 0xFF80;  // bf16 -Inf
-  q = testing::RunQuantize(f, DType::kBF16, {32, 64}, xb.data(), {}, std::nullopt, "w");
+  q = testing::RunQuantize(f, DType::kBF16, {32, 128}, xb.data(), {}, std::nullopt, "w");
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.status().message().find("flat index 77"), std::string::npos) << q.status();
   QuantizeOptions propagate;
   propagate.nonfinite = NonfinitePolicy::kPropagate;
-  EXPECT_TRUE(RunQuantizeF32(f, {32, 64}, x, propagate).ok());
+  EXPECT_TRUE(RunQuantizeF32(f, {32, 128}, x, propagate).ok());
 }
 
 // |x - dequant(quant(x))| within each format's element precision (FORMATS.md §2): E4M3 keeps
 // 3 mantissa bits (rel 2^-4) plus the subnormal step; E2M1 keeps at most rel 1/4 plus a
 // quarter of the block step; casts keep 8 / 11 / 24 bits.
+// Element `i` of a BF16 tensor's bytes.
+double Bf16At(const std::vector<uint8_t>& bytes, int64_t i) {
+  uint16_t h = 0;
+  std::memcpy(&h, bytes.data() + i * 2, 2);
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f = 0;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 TEST_P(EveryFormatTest, DequantizeErrorWithinBound) {
   const Format f = GetParam();
   const Shape shape = {2, 130, 256};
@@ -196,6 +213,21 @@ TEST_P(EveryFormatTest, DequantizeErrorWithinBound) {
         rel = 0.25;
         step = 0.25 * std::ldexp(1.0, q->parts[1][i / 32] - 127);
         break;
+      case Format::kCtFp8Channel:
+      case Format::kCtFp8Tensor: {
+        // E4M3 of the quotient rounded through BF16 first.
+        rel = 1.0 / 16 + 1.0 / 128;
+        step = Bf16At(q->parts[1], f == Format::kCtFp8Channel ? row : 0) * std::ldexp(1.0, -9);
+        break;
+      }
+      case Format::kCtNvfp4:
+        rel = 0.25;
+        step = 0.25 * o::E4m3Value(q->parts[1][i / 16]) / q->As<float>(2)[0];
+        break;
+      case Format::kCtW4a16:
+        rel = 1.0 / 128;
+        step = 0.5 * Bf16At(q->parts[1], static_cast<int64_t>(i) / 128);
+        break;
     }
     const double err = std::fabs(static_cast<double>(x[i]) - (*y)[i]);
     ASSERT_LE(err, rel * std::fabs(x[i]) + step * 1.0000001) << FormatName(f) << " i=" << i << " x=" << x[i];
@@ -208,19 +240,19 @@ TEST_P(EveryFormatTest, DequantizeErrorWithinBound) {
 
 TEST_P(EveryFormatTest, ValidatesOutputBuffers) {
   const Format f = GetParam();
-  std::vector<float> x(64 * 64, 1.0f);
-  absl::StatusOr<std::vector<OutputSpec>> plan = PlanOutputs(f, DType::kF32, {64, 64});
+  std::vector<float> x(64 * 128, 1.0f);
+  absl::StatusOr<std::vector<OutputSpec>> plan = PlanOutputs(f, DType::kF32, {64, 128});
   ASSERT_TRUE(plan.ok());
   std::vector<std::vector<uint8_t>> bufs;
   std::vector<MutableBytes> outs;
   for (const OutputSpec& s : *plan) bufs.emplace_back(s.bytes);
   for (auto& b : bufs) outs.push_back({b.data(), b.size()});
   outs.back().bytes -= 1;
-  absl::Status s = Quantize(f, ConstTensor{DType::kF32, {64, 64}, x.data()}, {}, std::nullopt, outs, "w.x");
+  absl::Status s = Quantize(f, ConstTensor{DType::kF32, {64, 128}, x.data()}, {}, std::nullopt, outs, "w.x");
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("w.x"), std::string::npos) << s;
   outs.pop_back();
-  EXPECT_FALSE(Quantize(f, ConstTensor{DType::kF32, {64, 64}, x.data()}, {}, std::nullopt, outs, "w").ok());
+  EXPECT_FALSE(Quantize(f, ConstTensor{DType::kF32, {64, 128}, x.data()}, {}, std::nullopt, outs, "w").ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, EveryFormatTest, ::testing::ValuesIn(FormatsWhere(testing::AnyFormat)),

@@ -74,5 +74,68 @@ TEST(QuantConfigTest, IncompatibleLayoutsAreRejectedWithFileAndLine) {
   EXPECT_FALSE(ct.ok());
 }
 
+// llm-compressor checkpoints: config groups' weights arguments name the format; "re:" ignore
+// entries are regular expressions matched from the start of the module name.
+TEST(QuantConfigTest, CompressedTensorsConfigGroups) {
+  const char* w4a16 = R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null,
+      "weights": {"num_bits": 4, "type": "int", "symmetric": true, "group_size": 128, "strategy": "group",
+                  "dynamic": false, "actorder": null, "observer": "minmax"}}},
+    "ignore": ["lm_head", "re:.*mlp.gate$"], "quantization_status": "compressed"}})";
+  absl::StatusOr<QuantConfig> q = ParseQuantConfigText(w4a16, "config.json");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->FormatForTensor("model.layers.0.self_attn.q_proj.weight_packed"), formats::Format::kCtW4a16);
+  EXPECT_EQ(q->FormatForTensor("lm_head.weight"), std::nullopt);
+  EXPECT_EQ(q->FormatForTensor("model.layers.3.mlp.gate.weight"), std::nullopt);
+  EXPECT_EQ(q->FormatForTensor("model.layers.3.mlp.gate_proj.weight"), formats::Format::kCtW4a16);
+
+  // NVFP4 with static input scales (W4A4): the weights are ct_nvfp4; per-group format wins.
+  const char* nvfp4 = R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "mixed-precision",
+    "config_groups": {"g": {"targets": ["Linear"], "format": "nvfp4-pack-quantized",
+      "weights": {"num_bits": 4, "type": "float", "symmetric": true, "group_size": 16, "strategy": "tensor_group",
+                  "dynamic": false},
+      "input_activations": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+                            "dynamic": "local"}}}}})";
+  q = ParseQuantConfigText(nvfp4, "config.json");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->format, formats::Format::kCtNvfp4);
+
+  const char* asym = R"({"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"],
+      "weights": {"num_bits": 4, "type": "int", "symmetric": false, "group_size": 128, "strategy": "group"}}}}})";
+  q = ParseQuantConfigText(asym, "config.json");
+  ASSERT_FALSE(q.ok());
+  EXPECT_THAT(q.status().message(), HasSubstr("quantization_config.config_groups.group_0.weights"));
+  EXPECT_THAT(q.status().message(), HasSubstr("asymmetric weights has no refitd format (supported: ct_fp8_channel"));
+
+  const char* two = R"({"quantization_config": {"quant_method": "compressed-tensors",
+    "config_groups": {
+      "a": {"targets": ["re:.*q_proj"], "format": "pack-quantized",
+            "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group"}},
+      "b": {"targets": ["Linear"], "format": "float-quantized",
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}})";
+  q = ParseQuantConfigText(two, "config.json");
+  ASSERT_FALSE(q.ok());
+  EXPECT_THAT(q.status().message(), HasSubstr("must target modules by name"));
+  auto g_idx = ParseQuantConfigText(R"({"quantization_config": {"quant_method": "compressed-tensors",
+    "config_groups": {"a": {"targets": ["Linear"], "format": "pack-quantized",
+      "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group", "actorder": "group"}}}}})",
+                                    "c.json");
+  ASSERT_FALSE(g_idx.ok());
+  EXPECT_THAT(g_idx.status().message(), HasSubstr("weight_g_idx"));
+  auto naive = ParseQuantConfigText(R"({"quantization_config": {"quant_method": "compressed-tensors",
+    "format": "naive-quantized", "config_groups": {"a": {"targets": ["Linear"],
+      "weights": {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true}}}}})",
+                                    "c.json");
+  ASSERT_TRUE(naive.ok()) << naive.status();
+  EXPECT_EQ(naive->format, formats::Format::kCtFp8Tensor);
+  auto bad_re = ParseQuantConfigText(R"({"quantization_config": {"quant_method": "compressed-tensors",
+    "ignore": ["re:(("], "config_groups": {"a": {"targets": ["Linear"],
+      "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}})",
+                                     "c.json");
+  ASSERT_FALSE(bad_re.ok());
+  EXPECT_THAT(bad_re.status().message(), HasSubstr("'re:((' is not a regular expression"));
+}
+
 }  // namespace
 }  // namespace refit::spec
