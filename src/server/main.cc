@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
   listen_config.host = config->data_host;
   listen_config.device = config->data_device;
   listen_config.keys = config->transport_keys;
+  listen_config.failpoints = failpoints.get();
   absl::StatusOr<std::unique_ptr<transport::Receiver>> receiver = data_plane->listen(listen_config);
   if (!receiver.ok()) return Fail(absl::StrCat("data plane: ", receiver.status().message()));
   absl::StatusOr<std::unique_ptr<storage::Memory>> slot_memory = data_plane->bucket_memory(config->data_device);
@@ -371,6 +372,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::_Exit(1);  // the commit's thread cannot be joined; the engine agent knows its state
   }
+  // Every session ended: the data plane stops accepting and drops its senders, leaving to the
+  // exit what cannot be freed while a trainer may still be connecting (transport.h).
+  server::LogEvent(server::LogLevel::kInfo, "data_plane_closing").Add("transport", config->transport);
+  state.receiver->CloseForExit();
   if (!unix_path.empty()) unlink(unix_path.c_str());
   return 0;
 }

@@ -20,6 +20,10 @@
 #include "storage/memory.h"
 #include "transport/transport.h"
 
+namespace refit {
+class FailpointSet;
+}  // namespace refit
+
 namespace refit::transport {
 
 // A transport-specific key of the daemon's `data_plane:` config section and its default.
@@ -34,6 +38,8 @@ struct ListenConfig {
   int device = 0;                  // data_plane.device: the CUDA device of the bucket ring
   // Values of the descriptor's config keys (every key present: defaults filled in).
   std::map<std::string, std::string> keys;
+  // Test builds: refitd's armed failpoints (common/failpoint.h), which outlive the receiver.
+  const FailpointSet* failpoints = nullptr;
 };
 
 // The trainer client's side, for a transport's connect factories.

@@ -69,6 +69,11 @@ class Receiver {
   // Drops every connected sender, so that one blocked in Send fails instead of waiting for a
   // receive that an aborted session will never post. Senders reconnect for their next session.
   virtual void DisconnectPeers() {}
+  // The process exits next (refitd, after its shutdown drained every session): stops accepting
+  // and serving senders. What the transport cannot free safely while a sender may still be
+  // connecting is left to the exit, which also closes the connections it keeps (UCX:
+  // ucx_receiver.h). Receive answers Unavailable afterwards; destroying the receiver is allowed.
+  virtual void CloseForExit() {}
   // True when the transport itself guarantees that received bytes equal the sent ones (its
   // descriptor's checks_integrity, registry.h): the session then verifies no announced checksum.
   virtual bool ChecksIntegrity() const { return false; }

@@ -2,18 +2,26 @@
 
 #include <poll.h>
 #include <sched.h>
-#include <ucs/config/global_opts.h>
-
 #include <stdio.h>
+#include <ucs/config/global_opts.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/hot_wait.h"
 
 namespace refit::transport::ucx {
+
+void KeepUntilExit(const void* handle) {
+  static auto* mu = new absl::Mutex;
+  static auto* kept = new std::vector<const void*>;
+  absl::MutexLock lock(mu);
+  kept->push_back(handle);
+}
 
 absl::Status UcsError(ucs_status_t status, std::string_view what) {
   std::string message = absl::StrCat(std::string(what), ": ", ucs_status_string(status));

@@ -25,6 +25,9 @@ namespace refit::transport::ucx {
 // network failures are Unavailable, bad arguments InvalidArgument, resources ResourceExhausted.
 absl::Status UcsError(ucs_status_t status, std::string_view what);
 
+// Keeps `handle` in a process-wide list that is never freed (MoveOnlyHandle::LeaveToExit).
+void KeepUntilExit(const void* handle);
+
 template <typename T>
 class MoveOnlyHandle {
  public:
@@ -39,6 +42,11 @@ class MoveOnlyHandle {
   MoveOnlyHandle& operator=(const MoveOnlyHandle&) = delete;
   T get() const { return h_; }
   explicit operator bool() const { return h_ != T{}; }
+  // Never frees the handle: it stays, reachable (for leak checkers), until the process exits.
+  // For what UCX cannot free safely while peers may still connect (UcxReceiver::CloseForExit).
+  void LeaveToExit() {
+    if (h_ != T{}) KeepUntilExit(release());
+  }
 
  protected:
   T release() { return std::exchange(h_, T{}); }

@@ -13,6 +13,10 @@
 
 #include "absl/time/time.h"
 
+namespace refit {
+class FailpointSet;
+}  // namespace refit
+
 namespace refit::transport {
 
 // How a dead peer is noticed. Sender and receiver must use the same mode.
@@ -66,6 +70,9 @@ struct UcxOptions {
   // Further UCP context settings as (name without the UCX_ prefix, value), applied last,
   // e.g. {"RNDV_THRESH", "64K"}.
   std::vector<std::pair<std::string, std::string>> extra_config;
+
+  // Receiver, test builds: refitd's armed failpoints (data_plane_closing); null: none.
+  const FailpointSet* failpoints = nullptr;
 };
 
 }  // namespace refit::transport

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "transport/ucx/ucx_address.h"
 #include "transport/ucx/ucx_wire.h"
 
@@ -100,17 +101,26 @@ absl::Status UcxReceiver::Start() {
   return absl::OkStatus();
 }
 
-UcxReceiver::~UcxReceiver() {
+UcxReceiver::~UcxReceiver() { Close(/*for_exit=*/false); }
+
+void UcxReceiver::CloseForExit() { Close(/*for_exit=*/true); }
+
+void UcxReceiver::Close(bool for_exit) {
+  if (closed_) return;
+  closed_ = true;
   if (progress_thread_.joinable()) {
     stopping_.store(true);
     ucp_worker_signal(worker_.get());
     progress_thread_.join();
   }
-  // No connection is accepted any more: the listener goes first, before the closes and receives
-  // below progress the worker (for up to kRequestDrainTimeout). A trainer whose connection was
-  // dropped reconnects at once, and a connection request arriving while the listener is torn
-  // down at the end crashed refitd inside UCX's connection manager (ucp_cm_server_conn_request_cb).
-  listener_ = ucx::UcpListener();
+  // No connection is accepted any more (OnConnRequest rejects once stopping_ is set). Freeing the
+  // listener goes first, before the closes and receives below progress the worker (for up to
+  // kRequestDrainTimeout), so that a trainer whose connection is dropped and reconnects at once
+  // finds no listener. UCX's own race remains there: a connection it accepted before the listener
+  // was freed, whose handshake arrives after, runs ucp_cm_server_conn_request_cb on the freed
+  // listener and crashes the process. So an exiting process keeps the listener (CloseForExit).
+  if (!for_exit) listener_ = ucx::UcpListener();
+  (void)REFIT_FAILPOINT(options_.failpoints, failpoints::kDataPlaneClosing);
   // From here on this thread alone progresses the worker. Drop every connection (peers that are
   // still sending see their endpoint fail); the closes complete every request on the endpoints.
   for (auto& [ep, peer] : peers_) {
@@ -145,6 +155,11 @@ UcxReceiver::~UcxReceiver() {
     orphans.swap(orphans_);
   }
   orphans.clear();
+  if (for_exit) {
+    listener_.LeaveToExit();
+    worker_.LeaveToExit();
+    context_.LeaveToExit();
+  }
 }
 
 std::string UcxReceiver::Endpoint() const { return endpoint_; }
@@ -333,6 +348,7 @@ absl::StatusOr<uint64_t> UcxReceiver::Receive(uint64_t tag, void* dst, uint64_t 
     if (cancelled_) return absl::CancelledError(absl::StrCat("UCX receive of tag ", tag, " cancelled"));
     if (!failure_.empty()) return absl::UnavailableError(failure_);
   }
+  if (stopping_.load()) return absl::UnavailableError(absl::StrCat("UCX receiver ", endpoint_, " is closed"));
   if (dst == nullptr && capacity > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("UCX receive of tag ", tag, ": null buffer with capacity ", capacity));
@@ -454,6 +470,7 @@ void UcxReceiver::Cancel() {
 }
 
 void UcxReceiver::DisconnectPeers() {
+  if (stopping_.load()) return;  // closed: no peer left, and no worker to wake after CloseForExit
   drop_peers_.store(true);
   ucp_worker_signal(worker_.get());
 }

@@ -47,6 +47,15 @@ class UcxReceiver final : public Receiver {
   // REQUIRES: no Receive in progress.
   ~UcxReceiver() override;
 
+  // As the destructor, except that the listener, worker and context are never freed: they stay
+  // (reachable) until the process exits. UCX frees a listener while a connection it accepted may
+  // still deliver its connection request (the sender's handshake message), which then runs
+  // ucp_cm_server_conn_request_cb on the freed listener and crashes the process; a trainer that
+  // connects while refitd shuts down hits it. A connection request arriving after this call is
+  // rejected or left unanswered. The peers' endpoints are closed, but the worker's connections
+  // stay open until the exit closes them. REQUIRES: no Receive in progress.
+  void CloseForExit() override;
+
   // "ucx:<listen_host>:<port>".
   std::string Endpoint() const override;
   absl::StatusOr<uint64_t> Receive(uint64_t tag, void* dst, uint64_t capacity,
@@ -66,6 +75,8 @@ class UcxReceiver final : public Receiver {
   // whose close finished. Returns whether it did anything.
   bool ServicePeers();
   bool HasPeerWork() const;
+  // The destructor's and CloseForExit's work (once): `for_exit` keeps the UCX objects.
+  void Close(bool for_exit);
   // Progress thread: frees the orphaned receives that completed meanwhile.
   void ReapOrphans();
   Peer* FindPeer(ucp_ep_h ep);
@@ -89,6 +100,7 @@ class UcxReceiver final : public Receiver {
   // the destructor after that thread has stopped.
   std::map<ucp_ep_h, std::unique_ptr<Peer>> peers_;
   std::atomic<bool> stopping_{false};
+  bool closed_ = false;  // Close ran (the destructor's thread, or the one that called CloseForExit)
   std::thread progress_thread_;
 
   mutable absl::Mutex mu_;

@@ -15,6 +15,7 @@ TransportDescriptor UcxTransport() {
   d.listen = [](const ListenConfig& c) -> absl::StatusOr<std::unique_ptr<Receiver>> {
     UcxOptions options;
     options.listen_host = c.host;
+    options.failpoints = c.failpoints;
     if (auto it = c.keys.find("ucx_tls"); it != c.keys.end()) options.tls = it->second;
     absl::StatusOr<std::unique_ptr<UcxReceiver>> r = UcxReceiver::Listen(options);
     if (!r.ok()) return r.status();

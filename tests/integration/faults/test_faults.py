@@ -1,7 +1,10 @@
 """Fault scenarios (docs/reliability.md). Each states its expected outcome and asserts the
 engine's bytes (sha256 of its shm, read directly) and version afterwards. The engine counts
 requests that saw a mix of versions; every scenario ends with that count at 0."""
+import re
 import signal
+import socket
+import struct
 import subprocess
 import time
 
@@ -143,6 +146,29 @@ def test_engine_dies_and_reregisters(fault_node):
     _, lines = node.trainer("--refits", "1")
     assert committed_ok(lines, 1), lines
     finish(node, [1])
+
+
+def test_trainer_connecting_while_refitd_exits(fault_node):
+    # Senders whose TCP connection UCX accepted but whose connection handshake (UCX's sockcm
+    # header) arrives only after refitd's data plane closed at exit. UCX frees a listener without
+    # its accepted connections, which then deliver their request to the freed listener
+    # (ucp_cm_server_conn_request_cb): refitd crashed with SIGSEGV. Expected: it exits 0.
+    node = fault_node(config=SMALL_BUCKETS, failpoints="data_plane_closing=delay:1500")
+    host, port = re.search(r"data=ucx:(\S+):(\d+)", node.log()).groups()
+    conns = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]
+    time.sleep(0.3)  # UCX's async thread accepts them and waits for their header
+    node.daemon.send_signal(signal.SIGTERM)
+    wait_for(lambda: "event=data_plane_closing" in node.log(), what="data plane closing")
+    time.sleep(0.3)  # within the failpoint's delay: the listener's step done, the worker still up
+    for c in conns:
+        try:
+            c.sendall(struct.pack("=QB7x", 0, 0))  # private data length 0, status 0
+        except OSError:
+            pass  # the connection was already refused: nothing to deliver
+    time.sleep(0.3)
+    assert node.daemon.wait(timeout=30) == 0, node.log()[-4000:]
+    for c in conns:
+        c.close()
 
 
 def test_sigterm_while_receiving(fault_node):

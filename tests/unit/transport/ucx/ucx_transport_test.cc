@@ -299,5 +299,37 @@ TEST_F(UcxTransportTest, DisconnectPeersFailsASendInFlight) {
   }
 }
 
+// What refitd's exit does (transport.h CloseForExit): the receiver answers Unavailable, a new
+// sender is not served, and destroying the receiver afterwards is harmless. The listener, worker
+// and context stay until the process exits (kept reachable: no leak report); so do the worker's
+// connections, which the process exit closes (the integration test test_sigterm_while_receiving).
+TEST_F(UcxTransportTest, CloseForExitServesNoNewSender) {
+  UcxOptions options;
+  options.close_timeout = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<UcxReceiver>> receiver = UcxReceiver::Listen(options);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  absl::StatusOr<std::unique_ptr<UcxSender>> sender = UcxSender::Connect((*receiver)->Endpoint(), options);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  uint8_t byte = 7;
+  ASSERT_TRUE((*sender)->Send(1, &byte, 1).ok());
+  uint8_t got = 0;
+  ASSERT_TRUE((*receiver)->Receive(1, &got, 1, absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_EQ(got, 7);
+
+  (*receiver)->CloseForExit();
+  absl::StatusOr<uint64_t> after = (*receiver)->Receive(2, &got, 1, absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable) << after.status();
+  EXPECT_THAT(after.status().message(), HasSubstr("closed"));
+  (*receiver)->DisconnectPeers();  // nothing left to drop, no worker to wake: a no-op
+  UcxOptions quick = options;
+  quick.connect_timeout = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<UcxSender>> late = UcxSender::Connect((*receiver)->Endpoint(), quick);
+  EXPECT_FALSE(late.ok());
+  receiver->reset();
+  absl::Time start = absl::Now();
+  sender->reset();  // its receiver never answers: the close gives up after close_timeout
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
 }  // namespace
 }  // namespace refit::transport
