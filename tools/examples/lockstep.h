@@ -9,6 +9,8 @@
 // logs "<step> <tag>" to its steps file. Step n is the same forward step on every rank, so a step
 // that mixed versions shows as two tags for one n (tests/integration/faults/group_lockstep.py).
 //
+// A rank whose process starts again resumes its predecessor's round and step numbering.
+//
 // Threading: Round is called by the engine's serving loop only.
 #ifndef REFIT_TOOLS_EXAMPLES_LOCKSTEP_H_
 #define REFIT_TOOLS_EXAMPLES_LOCKSTEP_H_
@@ -45,6 +47,14 @@ class Lockstep {
     close(fd);
     if (m == MAP_FAILED) return false;
     map_ = static_cast<uint8_t*>(m);
+    // A rank process started again (its engine restarted) goes on where the one before it left:
+    // from the round it last published and the step after the last one it logged.
+    round_ = Counter(rank_).load(std::memory_order_acquire);
+    if (std::FILE* before = std::fopen(steps_path.c_str(), "r")) {
+      unsigned long long step = 0;
+      while (std::fscanf(before, "%llu %*s", &step) == 1) step_ = step + 1;
+      std::fclose(before);
+    }
     steps_ = std::fopen(steps_path.c_str(), "a");
     return steps_ != nullptr;
   }
