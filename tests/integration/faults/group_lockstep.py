@@ -70,7 +70,7 @@ class EngineGroup:
         self.decision_ms = decision_ms
         self.ranks = members * ranks_per_member  # the engine's ranks, over every member
         self.barrier = tmp / "lockstep"
-        self.barrier.write_bytes(b"\0" * (10 * self.ranks))
+        self.barrier.write_bytes(b"\0" * (18 * self.ranks))  # lockstep.h Bytes()
         self.nodes = []
         self.tags = 0
         # peers: every member knows the others' addresses (group.addresses) and asks them for the
