@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SRC_DIR, Daemon, h, needs_torch
+from conftest import SRC_DIR, Daemon, h, needs_torch, wait_for
 
 import refit
 from refit import _native
@@ -89,6 +89,8 @@ def test_status_shows_the_engine_group(tmp_path, daemon):
         members.append(Daemon(tmp_path / d, "toy", "hold: 1\n"
                               f"group: {{name: engine-b, members: 2, member: {i}, addresses: [{addresses}]}}\n"))
     try:
+        for m in members:  # the socket file exists from its bind; connections are taken from the listen
+            wait_for(lambda: "event=listening" in m.log.read_text(), what="refitd listening")
         with refit.TrainerClient(members[1].address) as client:
             g = client.status().group
         assert isinstance(g, refit.GroupStatus)
