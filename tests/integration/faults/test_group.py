@@ -228,6 +228,8 @@ def test_a_member_restarted_with_fresh_engine_ranks_is_held_until_the_next_group
     code, body = g.nodes[0].admin("/readyz")
     assert code == 503 and "engine-a" in body and "v-0" in body, body
     assert "event=group_join_hold" in g.nodes[0].log()
+    _, metrics = g.nodes[0].admin("/metrics")
+    assert 'refit_group_phase{phase="joining"} 1' in metrics
     # Held: the fresh ranks run no step (and with them, in lockstep, no rank does).
     count = g.step_count()
     time.sleep(1.0)
