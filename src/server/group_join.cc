@@ -16,8 +16,14 @@ kj::Promise<void> LearnGroupVersion(DaemonState* state) {
   if (config.group_addresses.empty() || state->node.group().phase() != GroupPhase::kJoining) return kj::READY_NOW;
   auto answers = std::make_shared<std::vector<PeerAnswer>>();
   return state->blocking
-      .Run([answers, addresses = config.group_addresses, self = config.group_member] {
-        *answers = QueryGroupPeers(addresses, self, absl::Milliseconds(kGroupPeerTimeoutMs));
+      .Run([answers, addresses = config.group_addresses, self = config.group_member, token_file = config.token_file] {
+        std::string token;
+        if (!token_file.empty()) {
+          // Checked at start-up (main.cc); read again, as a rotated file would be.
+          absl::StatusOr<std::string> read = ReadTokenFile(token_file, "access.token_file");
+          if (read.ok()) token = *read;
+        }
+        *answers = QueryGroupPeers(addresses, self, absl::Milliseconds(kGroupPeerTimeoutMs), token);
       })
       .then([state, answers] {
         std::vector<std::string> problems;

@@ -22,15 +22,17 @@ struct PeerCall {
 }  // namespace
 
 std::vector<PeerAnswer> QueryGroupPeers(const std::vector<std::string>& addresses, uint32_t self,
-                                        absl::Duration timeout) {
+                                        absl::Duration timeout, const std::string& token) {
   std::vector<PeerAnswer> answers;
   kj::AsyncIoContext io = kj::setupAsyncIo();
   absl::StatusOr<ControlClientOptions> options = ControlClientOptionsFromEnv();
+  if (options.ok() && options->token.empty()) options->token = token;
   std::vector<PeerCall> calls;
   kj::Vector<kj::Promise<void>> pending;
   answers.reserve(addresses.size());
   calls.reserve(addresses.size());
   const auto timeout_ms = static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  kj::Timer& timer = io.provider->getTimer();
   for (uint32_t i = 0; i < addresses.size(); ++i) {
     if (i == self) continue;
     PeerAnswer& a = answers.emplace_back();
@@ -40,8 +42,8 @@ std::vector<PeerAnswer> QueryGroupPeers(const std::vector<std::string>& addresse
       a.error = std::string(options.status().message());
       continue;
     }
-    absl::StatusOr<kj::Own<kj::AsyncIoStream>> conn =
-        ConnectControl(io.provider->getNetwork(), io.waitScope, a.address, *options);
+    absl::StatusOr<kj::Own<kj::AsyncIoStream>> conn = ConnectControl(io.provider->getNetwork(), io.waitScope, a.address,
+                                                                     *options, &timer, timeout_ms * kj::MILLISECONDS);
     if (!conn.ok()) {
       a.error = std::string(conn.status().message());
       continue;
@@ -60,13 +62,11 @@ std::vector<PeerAnswer> QueryGroupPeers(const std::vector<std::string>& addresse
       a.tag = wire::Str(g.getTag());
       a.dirty = g.getDirty();
     });
-    pending.add(io.provider->getTimer()
-                    .timeoutAfter(timeout_ms * kj::MILLISECONDS, kj::mv(status))
-                    .catch_([&answers, at](kj::Exception&& e) {
-                      answers[at].error = e.getType() == kj::Exception::Type::OVERLOADED
-                                              ? "did not answer its status in time"
-                                              : e.getDescription().cStr();
-                    }));
+    pending.add(
+        timer.timeoutAfter(timeout_ms * kj::MILLISECONDS, kj::mv(status)).catch_([&answers, at](kj::Exception&& e) {
+          answers[at].error = e.getType() == kj::Exception::Type::OVERLOADED ? "did not answer its status in time"
+                                                                             : e.getDescription().cStr();
+        }));
   }
   kj::joinPromises(pending.releaseAsArray()).wait(io.waitScope);
   return answers;

@@ -30,9 +30,13 @@ struct PeerAnswer {
   std::string error;
 };
 
-// Asks every address but `self` (this daemon's index), all at once, each bounded by `timeout`.
+// Asks every address but `self` (this daemon's index): the connections one after another, each
+// step bounded by `timeout`, then the status calls all at once, bounded by `timeout` together.
+// The connections take the client environment (common/control_connect.h); without REFITD_TOKEN
+// or REFITD_TOKEN_FILE there, `token` (this daemon's own access.token_file: the members of a
+// group share it).
 std::vector<PeerAnswer> QueryGroupPeers(const std::vector<std::string>& addresses, uint32_t self,
-                                        absl::Duration timeout);
+                                        absl::Duration timeout, const std::string& token);
 
 // The versions the answering peers of group `name` serve (joining peers left out). A peer that
 // answered from another group, or at another member index than its place in group.addresses, is

@@ -4,9 +4,15 @@
 // addresses where nothing listens: each answer names why.
 #include "server/group_peers.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -56,11 +62,35 @@ TEST(GroupPeersTest, AQueryOfPeersWhereNothingListensNamesEachAndSkipsItself) {
   const std::string dir = ::testing::TempDir();
   std::vector<PeerAnswer> answers =
       QueryGroupPeers({"unix:" + dir + "/absent0.sock", "unix:" + dir + "/self.sock", "unix:" + dir + "/absent2.sock"},
-                      1, absl::Milliseconds(500));
+                      1, absl::Milliseconds(500), "");
   ASSERT_EQ(answers.size(), 2u);
   EXPECT_EQ(answers[0].member, 0u);
   EXPECT_EQ(answers[1].member, 2u);
   for (const PeerAnswer& a : answers) EXPECT_FALSE(a.error.empty()) << a.address;
+}
+
+TEST(GroupPeersTest, APeerThatNeverAnswersIsBoundedByTheTimeout) {
+  // A socket that listens but never accepts: the connect succeeds (the backlog), the status call
+  // is never answered.
+  const std::string path = ::testing::TempDir() + "/silent.sock";
+  ::unlink(path.c_str());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  const absl::Time start = absl::Now();
+  std::vector<PeerAnswer> answers = QueryGroupPeers({"unix:" + path, "unix:/self"}, 1, absl::Milliseconds(300), "");
+  const absl::Duration took = absl::Now() - start;
+  ::close(fd);
+  ::unlink(path.c_str());
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].error, "did not answer its status in time");
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(10));
 }
 
 }  // namespace
