@@ -181,16 +181,18 @@ class EngineGroup:
         n.start_daemon(failpoints)
         n.wait_registered()
 
-    def restart_with_fresh_engine(self, i):
-        """Kills member i's refitd and its engine rank processes (SIGKILL), then starts both again:
-        the new ranks hold their initial weights (no tag) while the group is at its version."""
+    def restart_with_fresh_engine(self, i, daemon=True):
+        """Kills member i's engine rank processes and (`daemon`) its refitd (SIGKILL), then starts
+        them again: the new ranks hold their initial weights (no tag) while the group is at its
+        version."""
         n = self.nodes[i]
         for p in getattr(n, "rank_engines", []) or [n.engine]:
             h.kill(p)
         if hasattr(n, "rank_engines"):
             n.rank_engines = []
-        h.kill(n.daemon)
-        n.start_daemon()
+        if daemon:
+            h.kill(n.daemon)
+            n.start_daemon()
         n.start_engine()
 
     def close(self):

@@ -209,17 +209,18 @@ def _steps_after(g, i, before):
     return {t for (m, r), rows in g.steps().items() if m == i for n, t in rows.items() if n > before[r]}
 
 
-@pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
-def test_a_member_restarted_with_fresh_engine_ranks_is_held_until_the_next_group_version(engine_group, ranks):
+@pytest.mark.parametrize("ranks,daemon", [(1, True), (2, True), (1, False)],
+                         ids=["1rank", "2ranks", "engine-only"])
+def test_a_member_restarted_with_fresh_engine_ranks_is_held_until_the_next_group_version(engine_group, ranks, daemon):
     """Late join: member 0's node restarts (refitd and its engine ranks, which come back with their
-    initial weights) while the group is at v-0. Its peers tell it the group's version; its ranks,
-    holding another, are paused before they serve a step, and the group's next refit brings them
-    in. No step mixes versions."""
+    initial weights; or only the engine, under its running refitd) while the group is at v-0. Its
+    peers tell it the group's version; its ranks, holding another, are paused before they serve a
+    step, and the group's next refit brings them in. No step mixes versions."""
     g = engine_group(members=2, ranks_per_member=ranks, peers=True)
     g.refit(tag="v")
     g.wait_steps_with("v-0")
     before = {r: max(rows) for (m, r), rows in g.steps().items() if m == 0}
-    g.restart_with_fresh_engine(0)
+    g.restart_with_fresh_engine(0, daemon=daemon)
     s = g.status(0)
     assert s["group"]["phase"] == "joining", s
     assert s["group"]["group_version"] == "v-0", s
