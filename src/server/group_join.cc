@@ -1,5 +1,6 @@
 #include "server/group_join.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,9 +12,9 @@
 
 namespace refit::server {
 
-kj::Promise<void> LearnGroupVersion(DaemonState* state) {
+kj::Promise<bool> LearnGroupVersion(DaemonState* state, bool again) {
   const Config& config = state->config;
-  if (config.group_addresses.empty() || state->node.group().phase() != GroupPhase::kJoining) return kj::READY_NOW;
+  if (config.group_addresses.empty() || state->node.group().phase() != GroupPhase::kJoining) return true;
   auto answers = std::make_shared<std::vector<PeerAnswer>>();
   return state->blocking
       .Run([answers, addresses = config.group_addresses, self = config.group_member, token_file = config.token_file] {
@@ -25,19 +26,21 @@ kj::Promise<void> LearnGroupVersion(DaemonState* state) {
         }
         *answers = QueryGroupPeers(addresses, self, absl::Milliseconds(kGroupPeerTimeoutMs), token);
       })
-      .then([state, answers] {
+      .then([state, answers, again] {
         std::vector<std::string> problems;
         const std::vector<GroupMember::PeerVersion> served =
             ServedVersions(*answers, state->config.group_name, problems);
-        for (const std::string& p : problems) LogEvent(LogLevel::kWarn, "group_peer_unusable").Add("reason", p);
+        for (const std::string& p : problems)
+          LogEvent(again ? LogLevel::kDebug : LogLevel::kWarn, "group_peer_unusable").Add("reason", p);
         state->node.GroupPeersReported(served);
         const GroupMember& group = state->node.group();
-        LogEvent(LogLevel::kInfo, "group_peers")
-            .Add("answered", served.size())
+        LogEvent(again ? LogLevel::kDebug : LogLevel::kInfo, "group_peers")
+            .Add("serving", served.size())
             .Add("asked", answers->size())
             .Add("group_version", group.group_version())
             .Add("phase", GroupPhaseName(group.phase()))
             .Add("reason", group.reason());
+        return std::any_of(answers->begin(), answers->end(), [](const PeerAnswer& a) { return a.error.empty(); });
       });
 }
 
@@ -67,7 +70,17 @@ kj::Promise<void> HoldJoiningRanks(DaemonState* state) {
 }
 
 kj::Promise<void> JoinGroup(DaemonState* state) {
-  return LearnGroupVersion(state).then([state] { return HoldJoiningRanks(state); });
+  return LearnGroupVersion(state).then([state](bool) { return HoldJoiningRanks(state); });
+}
+
+kj::Promise<void> JoinGroupAtStart(DaemonState* state, bool again) {
+  return LearnGroupVersion(state, again).then([state](bool answered) {
+    kj::Promise<void> held = HoldJoiningRanks(state);
+    if (answered || state->node.group().phase() != GroupPhase::kJoining) return held;
+    return held.then([state] { return state->timer.afterDelay(kGroupPeerRetryMs * kj::MILLISECONDS); }).then([state] {
+      return JoinGroupAtStart(state, /*again=*/true);
+    });
+  });
 }
 
 }  // namespace refit::server

@@ -13,12 +13,15 @@
 
 namespace refit::server {
 
-// How long one peer may take to answer its status (connect included).
+// How long one peer may take for each step of its answer (connect, status call).
 inline constexpr int64_t kGroupPeerTimeoutMs = 2000;
+// At start-up, while no peer answers at all, how often they are asked again.
+inline constexpr int64_t kGroupPeerRetryMs = 1000;
 
 // Joining with group.addresses configured: asks the peers and hands their answers to the node.
-// Resolves at once otherwise.
-kj::Promise<void> LearnGroupVersion(DaemonState* state);
+// Resolves to whether any peer answered (or nothing was to be asked).
+// `again`: a start-up retry, whose unusable peers are logged at debug level (once at warn).
+kj::Promise<bool> LearnGroupVersion(DaemonState* state, bool again = false);
 
 // Pauses (and leaves paused) what Node::GroupJoinHolds names; resolves once every pause returned.
 kj::Promise<void> HoldJoiningRanks(DaemonState* state);
@@ -26,6 +29,11 @@ kj::Promise<void> HoldJoiningRanks(DaemonState* state);
 // Both, in order: the start-up task and what a registration waits for before it is answered (so
 // that an engine rank that runs another version than the group's is paused before it serves).
 kj::Promise<void> JoinGroup(DaemonState* state);
+
+// The start-up task: JoinGroup, again every kGroupPeerRetryMs while the member is joining and no
+// peer answered at all (they were unreachable when it started), so that it learns the group's
+// version, and holds an engine that runs another, once one answers.
+kj::Promise<void> JoinGroupAtStart(DaemonState* state, bool again = false);
 
 }  // namespace refit::server
 

@@ -343,8 +343,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  // An engine group's member asks its peers which version the group serves (late join).
-  state.tasks.add(server::JoinGroup(&state));
+  // An engine group's member asks its peers which version the group serves (late join), again
+  // while none answers.
+  state.tasks.add(server::JoinGroupAtStart(&state));
   auto serving = rpc.Listen(*listener, unix_socket);
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   auto finished = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).fork();

@@ -280,3 +280,28 @@ def test_a_restarted_member_whose_engine_holds_the_group_version_serves_at_once(
     assert lines[0]["group"] == "committed", lines
     g.wait_steps_with("w-0")
     assert g.mixed_steps() == []
+
+
+def test_a_member_started_while_its_peers_are_unreachable_asks_again(engine_group):
+    """Late join: member 0's node restarts fresh while its peer's refitd is stopped (SIGSTOP): no
+    peer answers, so nothing is known and its engine is not held at first (the limit of late join:
+    its steps may mix). It asks again every second; once the peer answers it learns the group's
+    version and holds its engine until the group's next version lands."""
+    g = engine_group(members=2, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    g.nodes[1].daemon.send_signal(signal.SIGSTOP)
+    try:
+        g.restart_with_fresh_engine(0)
+        assert g.status(0)["group"]["group_version"] == ""
+    finally:
+        g.nodes[1].daemon.send_signal(signal.SIGCONT)
+    wait_for(lambda: "event=group_join_hold" in g.nodes[0].log(), timeout=30,
+             what="member 0 holding its fresh engine once its peer answered")
+    s = g.status(0)
+    assert s["group"]["group_version"] == "v-0" and s["group"]["phase"] == "joining", s
+    assert "kept paused" in s["group"]["reason"], s
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    assert g.members_status()["consistent"]
