@@ -313,6 +313,8 @@ struct GroupStatus {
   groupCommits @9 :UInt64;           # group versions resumed
   groupAborts @10 :UInt64;           # group versions aborted or restored
   deadlineExpiries @11 :UInt64;      # copied members that decided at their deadline
+  groupVersion @12 :Text;            # late join: the version the other members serve, as they
+                                     # answered ("" unknown: not asked, none answered, or they differ)
 }
 
 # One declared rank of an engine of several ranks (DaemonStatus.ranks).

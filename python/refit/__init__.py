@@ -15,7 +15,7 @@ from .errors import (RefitAborted, RefitBusy, RefitDataLoss, RefitDeadlineExceed
                      RefitInternal, RefitInvalidArgument, RefitNotFound, RefitOverloaded, RefitRefused,
                      RefitUnavailable, RefitUnimplemented, RefitVerifyMismatch, WeightsDirty)
 from .shm import SharedParams, ShmParam, move_to_shm
-from .trainer import DaemonStatus, RefitReport, RefitSession, StagedVersion, TrainerClient, checksum
+from .trainer import DaemonStatus, GroupStatus, RefitReport, RefitSession, StagedVersion, TrainerClient, checksum
 from . import distributed, megatron
 
 __version__ = "0.1.0"
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EngineAgent", "GatedEngine", "InPlaceEngine", "ModuleEngine", "CudaParam", "CudaParams", "CudaPtrParam",
     "InPlaceParams", "SharedParams", "ShmParam", "move_to_shm", "TrainerClient", "RefitSession",
-    "RefitReport", "DaemonStatus", "StagedVersion", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
+    "RefitReport", "DaemonStatus", "GroupStatus", "StagedVersion", "checksum", "RefitError", "RefitInvalidArgument", "RefitRefused",
     "RefitUnavailable", "RefitBusy", "RefitEngineDirty", "RefitAborted", "RefitDeadlineExceeded", "RefitOverloaded",
     "RefitDataLoss", "RefitVerifyMismatch", "RefitNotFound", "RefitInternal", "RefitUnimplemented", "WeightsDirty",
     "distributed", "megatron",

@@ -20,12 +20,13 @@ from pathlib import Path
 
 from .errors import error_for_code
 
-ABI_VERSION = 13  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
+ABI_VERSION = 14  # the REFIT_ABI_VERSION these declarations were written against (3: multi-rank sessions, tags, held
                  # versions; 4: measure_amax; 5: engine ranks; 6: wire format checkpoint; 7: in-place registration,
                  # sleep and wake, the registration audit; 8: per-tensor amax, fused NVFP4 groups; 9: in-place
                  # parameters in CUDA virtual memory; 10: refit_session_push_in_place; 11: the report's
                  # bytes_in_place and bytes_pushed_in_place; 12: refit_last_cause, a failed commit's report;
-                 # 13: engine groups, refit_client_commit_group / refit_client_abort_group)
+                 # 13: engine groups, refit_client_commit_group / refit_client_abort_group; 14: the
+                 # daemon status's group_* fields)
 
 OK = 0
 MEMORY_HOST = 0
@@ -82,7 +83,13 @@ class DaemonStatus(ctypes.Structure):
                 ("refused", ctypes.c_uint64), ("aborted", ctypes.c_uint64), ("data_endpoint", ctypes.c_char_p),
                 ("tag", ctypes.c_char_p), ("engine_dirty", ctypes.c_uint32), ("verify_after_commit", ctypes.c_uint32),
                 ("verify_mismatches", ctypes.c_uint64), ("engine_asleep", ctypes.c_uint32),
-                ("awaiting_wake", ctypes.c_uint64)]
+                ("awaiting_wake", ctypes.c_uint64),
+                # ABI 14
+                ("group_name", ctypes.c_char_p), ("group_members", ctypes.c_uint32),
+                ("group_member", ctypes.c_uint32), ("group_phase", ctypes.c_char_p), ("group_tag", ctypes.c_char_p),
+                ("group_pending_tag", ctypes.c_char_p), ("group_dirty", ctypes.c_uint32),
+                ("group_reason", ctypes.c_char_p), ("group_version", ctypes.c_char_p),
+                ("group_commits", ctypes.c_uint64), ("group_aborts", ctypes.c_uint64)]
 
 
 class ParamChecksum(ctypes.Structure):

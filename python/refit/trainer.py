@@ -83,6 +83,22 @@ def _ended(out) -> Optional["RefitReport"]:
 
 
 @dataclass
+class GroupStatus:
+    """The daemon as a member of an engine group (docs/architecture.md "Engine groups")."""
+    name: str
+    members: int
+    member: int            # this daemon's index
+    phase: str             # joining | idle | copying | copied | resuming | restoring
+    tag: str               # the group version this member serves ("" before its first)
+    pending_tag: str       # the group version in flight
+    dirty: bool            # the group may be mixed: a full group refit must land
+    reason: str            # why it is dirty or joining
+    group_version: str     # late join: the version the other members serve ("" unknown)
+    commits: int
+    aborts: int
+
+
+@dataclass
 class DaemonStatus:
     model: str
     engine_registered: bool
@@ -102,10 +118,19 @@ class DaemonStatus:
     verify_mismatches: int = 0         # commits it failed
     engine_asleep: bool = False        # the engine released its weights (EngineAgent.sleep)
     awaiting_wake: int = 0             # the session whose validated refit commits at the wake; 0: none
+    group: Optional[GroupStatus] = None  # the daemon's engine group; None when it is in none
 
 
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if value else ""
+
+
+def _group(out) -> "Optional[GroupStatus]":
+    if not _text(out.group_name):
+        return None
+    return GroupStatus(_text(out.group_name), out.group_members, out.group_member, _text(out.group_phase),
+                       _text(out.group_tag), _text(out.group_pending_tag), bool(out.group_dirty),
+                       _text(out.group_reason), _text(out.group_version), out.group_commits, out.group_aborts)
 
 
 def _describe(name: str, value) -> tuple:
@@ -246,7 +271,7 @@ class TrainerClient:
                             out.version, out.active_session, out.staging_bytes, out.staging_limit_bytes,
                             out.committed, out.refused, out.aborted, _text(out.data_endpoint), _text(out.tag),
                             bool(out.engine_dirty), bool(out.verify_after_commit), out.verify_mismatches,
-                            bool(out.engine_asleep), out.awaiting_wake)
+                            bool(out.engine_asleep), out.awaiting_wake, _group(out))
 
     def commit_version(self, tag) -> RefitReport:
         """Commits the held version `tag` (a stage_only refit; refitd config hold: K) into the

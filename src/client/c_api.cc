@@ -39,6 +39,7 @@ struct refit_client {
   std::vector<std::unique_ptr<refit::client::RefitSession>> orphans ABSL_GUARDED_BY(mu);
   // Storage behind the pointers handed out by refit_client_status / refit_client_checksums.
   std::string status_model, status_endpoint, status_tag;
+  refit::client::GroupInfo status_group;
   std::vector<refit::client::ParamChecksum> checksums;
   // Behind refit_client_commit_version / rollback reports and refit_client_version_at.
   std::unique_ptr<refit_session> report_storage;
@@ -453,6 +454,19 @@ int refit_client_status(refit_client* client, refit_daemon_status* out) {
     v.verify_mismatches = s->verify_mismatches;
     v.engine_asleep = s->engine_asleep ? 1 : 0;
     v.awaiting_wake = s->awaiting_wake;
+    client->status_group = s->group;
+    const refit::client::GroupInfo& g = client->status_group;
+    v.group_name = g.name.c_str();
+    v.group_members = g.members;
+    v.group_member = g.member;
+    v.group_phase = g.phase.c_str();
+    v.group_tag = g.tag.c_str();
+    v.group_pending_tag = g.pending_tag.c_str();
+    v.group_dirty = g.dirty ? 1 : 0;
+    v.group_reason = g.reason.c_str();
+    v.group_version = g.group_version.c_str();
+    v.group_commits = g.commits;
+    v.group_aborts = g.aborts;
     return WriteStruct(v, "status", out);
   });
 }

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 #define REFIT_ABI_VERSION                                                               \
-  13 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,     \
+  14 /* 2: refit_client_connect_fanout; 3: multi-rank sessions (refit_session_join,     \
          refit_session_detach, refit_session_ids, slices in refit_tensor), version      \
          tags (refit_manifest.tag, refit_report.tag/cause/verify_ms,                    \
          refit_daemon_status.tag/verify_*, refit_engine_options.tag/resume_tagged,      \
@@ -75,7 +75,8 @@ extern "C" {
          10: refit_session_push_in_place;                                               \
          11: refit_report.bytes_in_place/bytes_pushed_in_place;                         \
          12: refit_last_cause, and a commit's report filled when it fails;              \
-         13: engine groups (refit_client_commit_group, refit_client_abort_group) */
+         13: engine groups (refit_client_commit_group, refit_client_abort_group);       \
+         14: refit_daemon_status.group_* (the daemon's engine group) */
 
 /* Return codes: the canonical status codes (same numbers as absl::StatusCode and gRPC). */
 #define REFIT_OK 0
@@ -255,6 +256,18 @@ typedef struct refit_daemon_status {
   /* ABI 7. */
   uint32_t engine_asleep;  /* the engine released its weights (refit_engine_sleep) */
   uint64_t awaiting_wake;  /* the session whose validated refit commits when the engine wakes; 0: none */
+  /* ABI 14: the daemon as a member of an engine group (docs/architecture.md "Engine groups"). */
+  const char* group_name;        /* "" when the daemon is in no group */
+  uint32_t group_members;        /* group.members */
+  uint32_t group_member;         /* group.member: this daemon's index */
+  const char* group_phase;       /* joining | idle | copying | copied | resuming | restoring ("" no group) */
+  const char* group_tag;         /* the group version this member serves ("" before its first) */
+  const char* group_pending_tag; /* the group version in flight ("" none) */
+  uint32_t group_dirty;          /* the group may be mixed: a full group refit must land */
+  const char* group_reason;      /* why it is dirty or joining */
+  const char* group_version;     /* late join: the version the other members serve ("" unknown) */
+  uint64_t group_commits;        /* group versions resumed */
+  uint64_t group_aborts;         /* group versions aborted or restored */
 } refit_daemon_status;
 
 typedef struct refit_param_checksum {

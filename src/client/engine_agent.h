@@ -85,6 +85,9 @@ struct DevicePtrParam {
 struct InPlaceRecord;  // client/cuda_export.h
 
 struct EngineCallbacks {
+  // May come before Start returns: a joining member of an engine group pauses an engine that holds
+  // another version than the group's while it registers (docs/architecture.md "Late join"); an
+  // engine whose serving loop has not started returns at once and starts paused.
   std::function<void()> pause;
   std::function<void(uint64_t version)> resume;
   // When set, called instead of `resume`, with the trainer's tag of `version` ("" when none).

@@ -148,6 +148,7 @@ absl::StatusOr<DaemonStatus> TrainerClient::Status() {
       s.group.commits = g.getGroupCommits();
       s.group.aborts = g.getGroupAborts();
       s.group.deadline_expiries = g.getDeadlineExpiries();
+      s.group.group_version = wire::Str(g.getGroupVersion());
     }
     return s;
   });

@@ -81,6 +81,7 @@ struct GroupInfo {
   std::string reason;
   uint64_t deadline_left_ms = 0;
   uint64_t commits = 0, aborts = 0, deadline_expiries = 0;
+  std::string group_version;  // late join: what the other members serve ("" unknown)
 };
 
 struct DaemonStatus {

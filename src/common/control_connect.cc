@@ -67,8 +67,13 @@ std::string HostOfAddress(const std::string& address) {
 
 absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, kj::WaitScope& wait_scope,
                                                           const std::string& address,
-                                                          const ControlClientOptions& options) {
+                                                          const ControlClientOptions& options, kj::Timer* timer,
+                                                          kj::Duration timeout) {
   const bool tcp = IsTcpAddress(address);
+  auto bounded = [timer, timeout](auto promise) -> decltype(promise) {
+    if (timer == nullptr) return promise;
+    return timer->timeoutAfter(timeout, kj::mv(promise));
+  };
   kj::Own<kj::TlsContext> tls;
   std::string server_name = options.tls_server_name.empty() ? HostOfAddress(address) : options.tls_server_name;
   if (tcp && options.tls) {
@@ -84,15 +89,14 @@ absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, 
     tls = kj::mv(ctx->context);
   }
   kj::Own<kj::AsyncIoStream> stream;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-    stream = network.parseAddress(address).wait(wait_scope)->connect().wait(wait_scope);
-  })) {
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
+                 stream = bounded(bounded(network.parseAddress(address)).wait(wait_scope)->connect()).wait(wait_scope);
+               })) {
     return absl::UnavailableError(absl::string_view(e->getDescription().begin(), e->getDescription().size()));
   }
   if (tls.get() != nullptr) {
-    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-      stream = tls->wrapClient(kj::mv(stream), server_name).wait(wait_scope);
-    })) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                        [&]() { stream = bounded(tls->wrapClient(kj::mv(stream), server_name)).wait(wait_scope); })) {
       return HandshakeError(*e, options, server_name);
     }
     // The stream does not need the context after the handshake; it stays with it for clarity.
@@ -101,7 +105,8 @@ absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, 
   if (tcp) {
     // Every TCP connection starts with the preamble (docs/security.md); inside TLS when TLS is on.
     std::string preamble = AuthPreamble(options.token);
-    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { stream->write(preamble.data(), preamble.size()).wait(wait_scope); })) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                        [&]() { bounded(stream->write(preamble.data(), preamble.size())).wait(wait_scope); })) {
       return absl::UnavailableError(absl::StrCat("sending the authentication preamble: ", absl::string_view(e->getDescription().begin(), e->getDescription().size())));
     }
   }

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "kj/async-io.h"
+#include "kj/timer.h"
 
 namespace refit {
 
@@ -45,10 +46,13 @@ std::string HostOfAddress(const std::string& address);
 // on. Errors (kUnavailable; callers add the address): unreachable refitd, a TLS handshake that
 // refitd's certificate fails (untrusted CA, wrong name), a refitd that closes the handshake (no
 // TLS on that port, or it wants a client certificate); kInvalidArgument for unusable TLS files,
-// naming the variable.
+// naming the variable. With `timer`, each step (resolving, connecting, the TLS handshake, the
+// preamble) is bounded by `timeout`: kUnavailable past it (an address that drops the connect).
 absl::StatusOr<kj::Own<kj::AsyncIoStream>> ConnectControl(kj::Network& network, kj::WaitScope& wait_scope,
                                                           const std::string& address,
-                                                          const ControlClientOptions& options);
+                                                          const ControlClientOptions& options,
+                                                          kj::Timer* timer = nullptr,
+                                                          kj::Duration timeout = 10 * kj::SECONDS);
 
 // For a connection lost with a TLS error: a hint at the likely causes (refitd requires a client
 // certificate, or refused the one presented; with TLS 1.3 that surfaces only at the first call).

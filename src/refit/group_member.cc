@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace refit {
 
@@ -84,6 +85,8 @@ void GroupMember::Resumed(bool ok) {
     tag_ = pending_;
     dirty_ = false;
     reason_.clear();
+    group_version_.clear();  // what the peers said while this member joined is history now
+    conflict_.clear();
     ++commits_;
   } else {
     dirty_ = true;
@@ -132,6 +135,51 @@ void GroupMember::EngineRegistered(const std::string& engine_tag, bool dirty) {
                     : absl::StrCat("the engine registered holding '", engine_tag, "', the group's version here is '",
                                    tag_, "'");
   }
+}
+
+void GroupMember::PeersReported(const std::vector<PeerVersion>& peers) {
+  if (!enabled() || peers.empty()) return;
+  std::string first;
+  bool differ = false;
+  for (const PeerVersion& p : peers) {
+    if (first.empty()) first = p.tag;
+    differ = differ || p.tag != first;
+  }
+  if (differ) {
+    std::vector<std::string> each;
+    for (const PeerVersion& p : peers) each.push_back(absl::StrCat("member ", p.member, " serves '", p.tag, "'"));
+    group_version_.clear();
+    conflict_ = absl::StrJoin(each, ", ");
+  } else {
+    group_version_ = first;
+    conflict_.clear();
+  }
+  if (phase_ == GroupPhase::kJoining) {
+    reason_ = conflict_.empty() ? absl::StrCat("group ", options_.name, " is at version '", group_version_,
+                                               "' (its peers said so); it has not landed on this member")
+                                : absl::StrCat("group ", options_.name, "'s members serve different versions (",
+                                               conflict_, "); the next group version brings every member to one");
+  }
+}
+
+bool GroupMember::MustHold(const std::string& engine_tag, bool dirty) {
+  if (!enabled() || phase_ != GroupPhase::kJoining || !group_version_known() || dirty) return false;
+  if (conflict_.empty() && engine_tag == group_version_) return false;
+  reason_ = absl::StrCat(
+      "group ", options_.name, " is at version ",
+      conflict_.empty() ? absl::StrCat("'", group_version_, "'") : absl::StrCat("unknown (", conflict_, ")"),
+      "; this member's engine holds '", engine_tag,
+      "': its ranks are kept paused until the group's next version lands on this member");
+  return true;
+}
+
+bool GroupMember::JoinHeld(const std::string& engine_tag, bool dirty) {
+  if (!enabled() || phase_ != GroupPhase::kJoining || dirty_ || dirty) return false;
+  if (group_version_.empty() || !conflict_.empty() || engine_tag != group_version_) return false;
+  phase_ = GroupPhase::kIdle;
+  tag_ = group_version_;
+  reason_.clear();
+  return true;
 }
 
 }  // namespace refit

@@ -10,13 +10,15 @@
 // machine for one version at a time; it decides nothing about bytes (Node's group commit does the
 // pause, the copy, the resume and the restore) and knows no wire:
 //
-//   kJoining ─(first group version resumed)─► kIdle
+//   kJoining ─(first group version resumed, or PeersReported: the engine holds the group's)─► kIdle
 //   kIdle ──StartCommit──► kCopying ──Copied──► kCopied ──StartResume──► kResuming ──Resumed──► kIdle
 //                              │                   │  └──StartRestore (abort, deadline)──► kRestoring
 //                              └─CommitEnded──► kIdle                 Restored ──► kIdle
 //
-// kJoining: the daemon (re)started inside a group and has served no group version yet: it cannot
-// know the group's, so its engine is not ready (Node::Ready) until a group refit lands.
+// kJoining: the daemon (re)started inside a group and has served no group version yet, so its
+// engine is not ready (Node::Ready) until a group refit lands. Its peers (config group.peers) tell
+// it the group's version (PeersReported): an engine that holds that version, clean, joins at once;
+// one that holds another is kept paused (MustHold) until the next group version lands on it.
 // The deadline: a member copied (its engine paused) that hears neither resume nor abort by its
 // deadline restores the version it held and resumes (Expired), and marks the group dirty: the
 // coordinator vanished and another member may have been told to resume; only the next group
@@ -28,6 +30,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -95,6 +98,26 @@ class GroupMember {
   // restores as soon as it has copied (abort_requested()); false when `tag` is not being copied.
   bool RequestAbort(const std::string& tag);
   bool abort_requested() const { return abort_requested_; }
+  // Late join. What the member's peers answered: each peer's member index and the group version it
+  // serves (peers that are joining themselves, or did not answer, are left out). Joining, the
+  // member learns the group's version: the one every answering peer serves, or a conflict when
+  // they differ (a group dirty after its coordinator vanished mid-resume). Nothing answered: the
+  // group's version stays unknown (ranks that register run; the member stays joining).
+  struct PeerVersion {
+    uint32_t member = 0;
+    std::string tag;
+  };
+  void PeersReported(const std::vector<PeerVersion>& peers);
+  // The group's version as the peers reported it ("" unknown, or in conflict).
+  const std::string& group_version() const { return group_version_; }
+  bool group_version_known() const { return !group_version_.empty() || !conflict_.empty(); }
+  // Joining with the group's version known: true when an engine (rank) holding `engine_tag` must be
+  // kept paused, because it does not hold the group's version (a dirty engine is paused already:
+  // false). Sets reason() naming the group and its version.
+  bool MustHold(const std::string& engine_tag, bool dirty);
+  // Joining with the group's version known and held, clean, by the whole engine: the member serves
+  // it (kIdle, tag() = the group's version) without a refit. False when it cannot.
+  bool JoinHeld(const std::string& engine_tag, bool dirty);
   // Copied and past the deadline (by the clock).
   bool Expired() const;
   // An engine registered holding `engine_tag` (`dirty`: it lost refitd inside a commit window).
@@ -111,6 +134,8 @@ class GroupMember {
   bool abort_requested_ = false;
   bool joining_before_ = false;  // the phase the version in flight started from was kJoining
   std::string reason_;
+  std::string group_version_;  // late join: what the peers serve ("" unknown)
+  std::string conflict_;       // late join: the peers serve different versions (naming them)
   absl::Duration pending_deadline_;
   absl::Time deadline_ = absl::InfiniteFuture();
   uint64_t commits_ = 0, aborts_ = 0, expiries_ = 0;

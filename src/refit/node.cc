@@ -106,6 +106,11 @@ bool Node::UnregisterEngine(uint64_t engine_id) {
 
 absl::Status Node::Ready() const {
   if (!engine_) return absl::UnavailableError(ranked_ ? MissingRanks() : "no engine registered");
+  // A joining member's engine may be dirty because it is held paused (GroupJoinHolds): the
+  // group's reason says why.
+  if (group_.phase() == GroupPhase::kJoining) {
+    if (absl::Status grouped = group_.Ready(); !grouped.ok()) return grouped;
+  }
   if (engine_->dirty) return absl::UnavailableError("engine weights dirty after a failed commit");
   if (!engine_->control->Responsive()) return absl::UnavailableError("engine did not answer a pause or resume");
   if (absl::Status grouped = group_.Ready(); !grouped.ok()) return grouped;

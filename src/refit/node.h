@@ -298,6 +298,17 @@ class Node {
   };
   absl::StatusOr<GroupRestore> StartGroupAbort(const std::string& tag, bool expired);
   const GroupMember& group() const { return group_; }
+  // Late join (GroupMember::PeersReported): the group's version as this member's peers report it.
+  // Joining, the member serves it at once when its engine (every rank registered) holds it clean.
+  // JoinHolds: the engine, or each registered engine rank, that runs another version while the
+  // group's is known; each returned is marked dirty (held once; only the group's next version,
+  // a full refit, resumes it), and the caller pauses it (EngineControl::Pause on a worker).
+  struct JoinHold {
+    std::string who;  // "the engine", "engine rank 1"
+    std::shared_ptr<EngineControl> control;
+  };
+  void GroupPeersReported(const std::vector<GroupMember::PeerVersion>& peers);
+  std::vector<JoinHold> GroupJoinHolds();
   // Engine groups: on_group with the member's state now.
   void GroupChanged() const {
     if (hooks_.on_group && group_.enabled()) hooks_.on_group(group_);

@@ -2,6 +2,7 @@
 // version's commit split at the resume (copied, the engine paused until the coordinator resumes
 // it), and its abort (the version the engine held written back from staging). Loop thread only,
 // like the rest of Node.
+#include <algorithm>
 #include <array>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,44 @@ absl::StatusOr<Node::GroupRestore> Node::StartGroupAbort(const std::string& tag,
     hooks_.on_versions(n[0], n[1], n[2]);
   }
   return restore;
+}
+
+void Node::GroupPeersReported(const std::vector<GroupMember::PeerVersion>& peers) {
+  group_.PeersReported(peers);
+  GroupChanged();
+}
+
+std::vector<Node::JoinHold> Node::GroupJoinHolds() {
+  std::vector<JoinHold> holds;
+  if (!group_.enabled() || group_.phase() != GroupPhase::kJoining || !group_.group_version_known()) return holds;
+  if (engine_ != nullptr && !engine_->gone && !committing()) {
+    // Every rank (all registered: the engine is built) clean and on the engine's tag.
+    const bool mixed = std::any_of(engine_->ranks.begin(), engine_->ranks.end(),
+                                   [this](const auto& r) { return r->dirty || r->tag != engine_->tag; });
+    if (group_.JoinHeld(engine_->tag, engine_->dirty || mixed)) {
+      GroupChanged();
+      return holds;
+    }
+  }
+  if (!ranked_) {
+    if (engine_ != nullptr && !engine_->gone && group_.MustHold(engine_->tag, engine_->dirty)) {
+      engine_->dirty = true;
+      // The record keeps the control alive while the pause is in flight.
+      holds.push_back({"the engine", std::shared_ptr<EngineControl>(engine_, engine_->control.get())});
+    }
+  } else {
+    for (const std::shared_ptr<RankRecord>& rank : ranks_) {
+      if (rank == nullptr || rank->gone || !group_.MustHold(rank->tag, rank->dirty)) continue;
+      rank->dirty = true;
+      if (engine_ != nullptr) engine_->dirty = true;
+      holds.push_back({absl::StrCat("engine rank ", rank->placement.tp_rank), rank->control});
+    }
+  }
+  if (!holds.empty()) {
+    GroupChanged();
+    if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+  }
+  return holds;
 }
 
 }  // namespace refit

@@ -164,7 +164,8 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "hold", path, "", c.hold));
   if (c.hold > 64) return Err(root["hold"], path, "hold", "must be at most 64");
   if (const YAML::Node g = root["group"]) {
-    REFIT_RETURN_IF_ERROR(CheckKeys(g, path, "group", {"name", "members", "member", "decision_timeout_ms"}));
+    REFIT_RETURN_IF_ERROR(
+        CheckKeys(g, path, "group", {"name", "members", "member", "decision_timeout_ms", "addresses"}));
     REFIT_RETURN_IF_ERROR(Get(g, "name", path, "group.", c.group_name));
     REFIT_RETURN_IF_ERROR(Get(g, "members", path, "group.", c.group_members));
     REFIT_RETURN_IF_ERROR(Get(g, "member", path, "group.", c.group_member));
@@ -178,6 +179,17 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
     if (c.group_member >= c.group_members) return Err(g, path, "group.member", "must be 0 .. group.members - 1");
     if (c.group_decision_timeout_ms < 100 || c.group_decision_timeout_ms > 3'600'000) {
       return Err(g, path, "group.decision_timeout_ms", "must be 100 .. 3600000");
+    }
+    REFIT_RETURN_IF_ERROR(Get(g, "addresses", path, "group.", c.group_addresses));
+    if (!c.group_addresses.empty() && c.group_addresses.size() != c.group_members) {
+      return Err(g["addresses"], path, "group.addresses",
+                 absl::StrCat("lists ", c.group_addresses.size(), " addresses; it must list every member's (",
+                              c.group_members, "), in member order"));
+    }
+    for (size_t i = 0; i < c.group_addresses.size(); ++i) {
+      if (c.group_addresses[i].empty() || c.group_addresses[i].size() > 4096) {
+        return Err(g["addresses"], path, absl::StrCat("group.addresses[", i, "]"), "must be 1 to 4096 bytes");
+      }
     }
     if (c.hold < 1) {
       return Err(g, path, "group", "needs hold: 1 or more (each group version is held before the group commits it)");

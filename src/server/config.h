@@ -81,6 +81,10 @@ struct Config {
   uint32_t group_members = 0;
   uint32_t group_member = 0;
   uint32_t group_decision_timeout_ms = 30'000;
+  // Every member's control address in member order (this daemon's own entry is not asked): a
+  // member that starts joining asks the others for the group's version (late join). Empty: it
+  // does not ask.
+  std::vector<std::string> group_addresses;
 };
 
 // Largest config file read (bytes); a bigger file, or one that is not a regular file, is refused.

@@ -14,6 +14,7 @@
 #include "server/commit_task.h"
 #include "server/early_pause.h"
 #include "server/engine_setup.h"
+#include "server/group_join.h"
 #include "server/group_task.h"
 #include "server/log.h"
 #include "server/manifest_cache.h"
@@ -268,7 +269,16 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("tag", e.tag);
     context.getResults().setRegistration(MakeRegistration(state_, *id));
     context.getResults().setVersion(e.version);
-    return kj::READY_NOW;
+    return JoinOnRegister();
+  }
+
+  // A joining member of an engine group answers a registration once its peers said which version
+  // the group serves and an engine (rank) that runs another one was paused (group_join.h): the
+  // engine never serves a step of it.
+  kj::Promise<void> JoinOnRegister() {
+    const GroupMember& group = state_.node.group();
+    if (!group.enabled() || group.phase() != GroupPhase::kJoining) return kj::READY_NOW;
+    return JoinGroup(&state_);
   }
 
   // One rank of an engine of several ranks: its storage and control; the node builds the engine
@@ -302,7 +312,7 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("all_ranks_in", group != nullptr);
     context.getResults().setRegistration(MakeRegistration(state_, *id));
     context.getResults().setVersion(group != nullptr ? group->version : params.getVersion());
-    return kj::READY_NOW;
+    return JoinOnRegister();
   }
 
   kj::Promise<void> status(StatusContext context) override {
@@ -369,6 +379,7 @@ class DaemonImpl final : public proto::Daemon::Server {
       g.setGroupCommits(group.commits());
       g.setGroupAborts(group.aborts());
       g.setDeadlineExpiries(group.expiries());
+      g.setGroupVersion(wire::Text(group.group_version()));
     }
     return kj::READY_NOW;
   }

@@ -15,11 +15,11 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -28,24 +28,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "capnp/rpc-twoparty.h"
-#include "kj/async-io.h"
-#include "kj/async-unix.h"
-#include "metrics/refit_metrics.h"
-#include "metrics/process_metrics.h"
-#include "metrics/registry.h"
-#include "server/admin/admin_server.h"
 #include "common/bounded_file.h"
 #include "common/busy_poll.h"
-#include "common/hot_wait.h"
 #include "common/failpoint.h"
+#include "common/hot_wait.h"
 #include "common/tls_context.h"
 #include "common/version.h"
+#include "kj/async-io.h"
+#include "kj/async-unix.h"
+#include "metrics/process_metrics.h"
+#include "metrics/refit_metrics.h"
+#include "metrics/registry.h"
+#include "server/admin/admin_server.h"
 #include "server/config.h"
 #include "server/connection_limits.h"
 #include "server/control_listener.h"
 #include "server/daemon_metrics.h"
 #include "server/daemon_service.h"
 #include "server/flags.h"
+#include "server/group_join.h"
 #include "server/log.h"
 #include "server/sd_notify.h"
 #include "server/socket_dir.h"
@@ -343,6 +344,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  // An engine group's member asks its peers which version the group serves (late join), again
+  // while none answers.
+  state.tasks.add(server::JoinGroupAtStart(&state));
   auto serving = rpc.Listen(*listener, unix_socket);
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   auto finished = stop.exclusiveJoin(serving.then([]() -> siginfo_t { return {}; })).fork();

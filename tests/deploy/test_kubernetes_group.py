@@ -83,6 +83,11 @@ def test_the_service_names_every_member_even_when_not_ready():
     assert ports["admin"] == int(cfg["admin"]["listen"].rsplit(":", 1)[1])
     assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"control", "admin"}
     assert containers()["refitd"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    # Late join: every member's address, in member order, is the Pod of that index behind this
+    # Service, on the control port.
+    name, members = sts["metadata"]["name"], cfg["group"]["members"]
+    assert cfg["group"]["addresses"] == [f"{name}-{i}.{svc['metadata']['name']}:{ports['control']}"
+                                         for i in range(members)]
 
 
 def test_group_members_keep_versions_and_use_a_token():

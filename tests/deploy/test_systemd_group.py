@@ -49,6 +49,9 @@ def test_member_config_is_a_group_member():
     g = cfg["group"]
     assert g["members"] == 2 and g["member"] == 0 and g["name"]
     assert g["decision_timeout_ms"] >= 1000
+    # Every member's address, in member order (late join): this node's own is the first.
+    assert g["addresses"] == ["10.0.0.21:7400", "10.0.0.22:7400"]
+    assert g["addresses"][g["member"]].split(":")[0] == cfg["data_plane"]["host"]
     # The trainer on other nodes reaches every member over TCP, with a token.
     assert not cfg["listen"].startswith("unix:") and cfg["access"]["token_file"]
     assert cfg["model_spec"] == "/etc/refitd/models/demo-llama.yaml"

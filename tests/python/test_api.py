@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SRC_DIR, needs_torch
+from conftest import SRC_DIR, Daemon, h, needs_torch, wait_for
 
 import refit
 from refit import _native
@@ -75,6 +75,34 @@ def test_group_calls_need_the_members_of_an_engine_group(daemon):
             fan.abort_group("g1")
         with pytest.raises(refit.RefitError, match="in no engine group"):
             fan.commit_group("g1", timeout_ms=5000)
+
+
+def test_status_shows_the_engine_group(tmp_path, daemon):
+    """DaemonStatus.group (C ABI 14, refit_daemon_status.group_*): a member of an engine group says
+    which group, which member, its phase and why; a daemon in no group has none."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    socks = [tmp_path / "a" / "refitd.sock", tmp_path / "b" / "refitd.sock"]
+    members = []
+    for i, d in enumerate(["a", "b"]):
+        addresses = ", ".join(f'"unix:{s}"' for s in socks)
+        members.append(Daemon(tmp_path / d, "toy", "hold: 1\n"
+                              f"group: {{name: engine-b, members: 2, member: {i}, addresses: [{addresses}]}}\n"))
+    try:
+        for m in members:  # the socket file exists from its bind; connections are taken from the listen
+            wait_for(lambda: "event=listening" in m.log.read_text(), what="refitd listening")
+        with refit.TrainerClient(members[1].address) as client:
+            g = client.status().group
+        assert isinstance(g, refit.GroupStatus)
+        assert (g.name, g.members, g.member, g.phase) == ("engine-b", 2, 1, "joining")
+        assert g.tag == "" and g.pending_tag == "" and not g.dirty and g.commits == 0 and g.aborts == 0
+        assert "no group version has landed" in g.reason
+        assert g.group_version == ""  # its peer is joining too: it knows no group version
+        with refit.TrainerClient(daemon.address) as client:
+            assert client.status().group is None
+    finally:
+        for m in members:
+            h.kill(m.proc)
 
 
 @needs_torch

@@ -285,11 +285,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::atomic<bool> pause_pending{false}, pause_acked{false};
+  // The serving loop runs: before it does (refitd may pause the engine while it registers), a
+  // pause holds at once, and the loop starts paused.
+  std::atomic<bool> serving{false};
   std::string served_tag;  // the tag of the weights served (state_mu)
   callbacks.pause = [&] {
     if (!lockstep_path.empty()) {
       if (!pause_pending.exchange(true)) pause_acked = false;
-      while (!pause_acked.load() && !g_stop.load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      while (serving.load() && !pause_acked.load() && !g_stop.load())
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
       std::lock_guard<std::mutex> l(served.state_mu);
       served.paused = true;
       return;
@@ -428,6 +432,7 @@ int main(int argc, char** argv) {
   std::map<uint64_t, uint64_t> seen;  // version -> checksum
   uint64_t requests = 0, mixed = 0;
   uint64_t registrations = 1;
+  serving = true;
   while (!g_stop.load() && (reconnect || (*agent)->connected())) {
     if (ctl_fd >= 0 && !sleep_asked) {
       pollfd p{ctl_fd, POLLIN, 0};

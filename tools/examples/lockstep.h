@@ -2,12 +2,14 @@
 // engine group, are served by separate refitd daemons), modelled on the host. A real TP/EP
 // engine's collectives keep its ranks in step: no rank runs step n+1 before every rank ran step n,
 // and a rank paused by its refitd stalls them all. Here the ranks meet at a shared-memory barrier
-// (a file of one round counter per rank, then two flag bytes per rank): in round k each rank
-// publishes whether it has a pause pending or is paused, then waits for every rank to reach k. A
-// round in which any rank's flag is set runs no step on any rank (the step boundary where a
-// pause takes effect); otherwise every rank runs the round's step with the weights it holds and
-// logs "<step> <tag>" to its steps file. Step n is the same forward step on every rank, so a step
-// that mixed versions shows as two tags for one n (tests/integration/faults/group_lockstep.py).
+// (a file of one round counter per rank, one count of steps run per rank, then two flag bytes
+// per rank): in round k each rank publishes whether it has a pause pending or is paused, then
+// waits for every rank to reach k. A round in which any rank's flag is set runs no step on any rank (the step boundary
+// where a pause takes effect); otherwise every rank runs the round's step with the weights it holds and logs "<step>
+// <tag>" to its steps file. Step n is the same forward step on every rank, so a step that mixed versions shows as two
+// tags for one n (tests/integration/faults/group_lockstep.py).
+//
+// A rank whose process starts again resumes its predecessor's round and step numbering.
 //
 // Threading: Round is called by the engine's serving loop only.
 #ifndef REFIT_TOOLS_EXAMPLES_LOCKSTEP_H_
@@ -17,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -45,10 +48,16 @@ class Lockstep {
     close(fd);
     if (m == MAP_FAILED) return false;
     map_ = static_cast<uint8_t*>(m);
+    // A rank process started again (its engine restarted) goes on where the one before it left:
+    // from the round it last published, and at the step after the last one any rank ran (the
+    // one before may have died between a round that ran a step and its log line; the others
+    // cannot have run a step past it, since every step waits for every rank).
+    round_ = Counter(rank_).load(std::memory_order_acquire);
+    for (int j = 0; j < size_; ++j) step_ = std::max(step_, StepsRun(j).load(std::memory_order_acquire));
     steps_ = std::fopen(steps_path.c_str(), "a");
     return steps_ != nullptr;
   }
-  static size_t Bytes(int size) { return static_cast<size_t>(size) * 10; }
+  static size_t Bytes(int size) { return static_cast<size_t>(size) * 18; }
 
   // One round: `flag` (a pause pending or held) published, every rank met. Returns true when the
   // round runs a step (no rank flagged); false when it does not, or when `stop` was set while
@@ -72,12 +81,15 @@ class Lockstep {
   void Step(const std::string& tag) {
     std::fprintf(steps_, "%llu %s\n", static_cast<unsigned long long>(step_++), tag.empty() ? "-" : tag.c_str());
     std::fflush(steps_);
+    StepsRun(rank_).store(step_, std::memory_order_release);
   }
 
  private:
   std::atomic<uint64_t>& Counter(int j) { return *reinterpret_cast<std::atomic<uint64_t>*>(map_ + 8 * j); }
+  // The steps rank j ran (its next step's number).
+  std::atomic<uint64_t>& StepsRun(int j) { return *reinterpret_cast<std::atomic<uint64_t>*>(map_ + 8 * size_ + 8 * j); }
   volatile uint8_t& FlagAt(int j, uint64_t round) {
-    return *reinterpret_cast<volatile uint8_t*>(map_ + 8 * size_ + 2 * j + round % 2);
+    return *reinterpret_cast<volatile uint8_t*>(map_ + 16 * size_ + 2 * j + round % 2);
   }
 
   int rank_ = 0, size_ = 1;

@@ -114,10 +114,19 @@ namespace {
 
 json GroupJson(const client::GroupInfo& g) {
   if (g.name.empty()) return json(nullptr);
-  return json{{"name", g.name},       {"members", g.members}, {"member", g.member},
-              {"phase", g.phase},     {"tag", g.tag},         {"pending_tag", g.pending_tag},
-              {"dirty", g.dirty},     {"reason", g.reason},   {"deadline_left_ms", g.deadline_left_ms},
-              {"commits", g.commits}, {"aborts", g.aborts},   {"deadline_expiries", g.deadline_expiries}};
+  return json{{"name", g.name},
+              {"members", g.members},
+              {"member", g.member},
+              {"phase", g.phase},
+              {"tag", g.tag},
+              {"pending_tag", g.pending_tag},
+              {"dirty", g.dirty},
+              {"reason", g.reason},
+              {"deadline_left_ms", g.deadline_left_ms},
+              {"commits", g.commits},
+              {"aborts", g.aborts},
+              {"deadline_expiries", g.deadline_expiries},
+              {"group_version", g.group_version}};
 }
 
 std::string GroupLine(const client::GroupInfo& g) {

@@ -531,6 +531,16 @@ TEST(CApiGroupTest, AGroupVersionIsPreparedOnEveryMemberThenCommittedOnTheGroup)
     refit_session_close(s);
     return outcome;
   };
+  // ABI 14: the status names the first daemon's group, its index and phase.
+  refit_daemon_status st{};
+  st.struct_size = sizeof(st);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK) << LastError();
+  EXPECT_STREQ(st.group_name, "g");
+  EXPECT_EQ(st.group_members, 2u);
+  EXPECT_EQ(st.group_member, 0u);
+  EXPECT_STREQ(st.group_phase, "joining");
+  EXPECT_THAT(st.group_reason, HasSubstr("no group version has landed"));
+  EXPECT_STREQ(st.group_tag, "");
   ASSERT_EQ(prepare("g1", 2.5f), "staged");
   EXPECT_EQ(ca.resumes.load() + cb.resumes.load(), 0);  // prepared only: nothing paused
   const char* outcome = nullptr;
@@ -538,6 +548,13 @@ TEST(CApiGroupTest, AGroupVersionIsPreparedOnEveryMemberThenCommittedOnTheGroup)
   EXPECT_STREQ(outcome, "committed");
   EXPECT_EQ(ca.resumes.load(), 1);
   EXPECT_EQ(cb.resumes.load(), 1);
+  ASSERT_EQ(refit_client_status(c, &st), REFIT_OK) << LastError();
+  EXPECT_STREQ(st.group_phase, "idle");
+  EXPECT_STREQ(st.group_tag, "g1");
+  EXPECT_STREQ(st.group_pending_tag, "");
+  EXPECT_EQ(st.group_dirty, 0u);
+  EXPECT_EQ(st.group_commits, 1u);
+  EXPECT_STREQ(st.group_version, "");  // group.addresses not configured: no peer was asked
   float got = 0;
   std::memcpy(&got, sa.data(), sizeof(got));
   EXPECT_EQ(got, 2.5f);

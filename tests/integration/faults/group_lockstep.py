@@ -63,21 +63,25 @@ class RankedMember(FaultNode):
 
 class EngineGroup:
     def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2,
-                 grouped: bool = True, ranks_per_member: int = 1):
+                 grouped: bool = True, ranks_per_member: int = 1, peers: bool = False):
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.size = members
         self.decision_ms = decision_ms
         self.ranks = members * ranks_per_member  # the engine's ranks, over every member
         self.barrier = tmp / "lockstep"
-        self.barrier.write_bytes(b"\0" * (10 * self.ranks))
+        self.barrier.write_bytes(b"\0" * (18 * self.ranks))  # lockstep.h Bytes()
         self.nodes = []
         self.tags = 0
+        # peers: every member knows the others' addresses (group.addresses) and asks them for the
+        # group's version when it starts joining (late join).
+        addresses = json.dumps([f"unix:{tmp / f'member{i}' / 'refitd.sock'}" for i in range(members)])
         for i in range(members):
             d = tmp / f"member{i}"
             d.mkdir()
             config = (f"hold: {hold}\n"
-                      f"group: {{name: engine-a, members: {members}, member: {i}, decision_timeout_ms: {decision_ms}}}\n"
+                      f"group: {{name: engine-a, members: {members}, member: {i}, decision_timeout_ms: {decision_ms}"
+                      f"{f', addresses: {addresses}' if peers else ''}}}\n"
                       if grouped else "")
             config += "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n"
             fp = (failpoints or {}).get(i, "")
@@ -176,6 +180,20 @@ class EngineGroup:
         h.kill(n.daemon)
         n.start_daemon(failpoints)
         n.wait_registered()
+
+    def restart_with_fresh_engine(self, i, daemon=True):
+        """Kills member i's engine rank processes and (`daemon`) its refitd (SIGKILL), then starts
+        them again: the new ranks hold their initial weights (no tag) while the group is at its
+        version."""
+        n = self.nodes[i]
+        for p in getattr(n, "rank_engines", []) or [n.engine]:
+            h.kill(p)
+        if hasattr(n, "rank_engines"):
+            n.rank_engines = []
+        if daemon:
+            h.kill(n.daemon)
+            n.start_daemon()
+        n.start_engine()
 
     def close(self):
         for n in self.nodes:

@@ -202,3 +202,106 @@ def test_a_restarted_member_joins_until_a_group_version_lands(engine_group):
     g.wait_steps_with("w-0")
     assert g.members_status()["consistent"]
     assert g.mixed_steps() == []
+
+
+def _steps_after(g, i, before):
+    """The tags of member i's ranks' steps numbered past `before` ({rank: last step number})."""
+    return {t for (m, r), rows in g.steps().items() if m == i for n, t in rows.items() if n > before[r]}
+
+
+@pytest.mark.parametrize("ranks,daemon", [(1, True), (2, True), (1, False)],
+                         ids=["1rank", "2ranks", "engine-only"])
+def test_a_member_restarted_with_fresh_engine_ranks_is_held_until_the_next_group_version(engine_group, ranks, daemon):
+    """Late join: member 0's node restarts (refitd and its engine ranks, which come back with their
+    initial weights; or only the engine, under its running refitd) while the group is at v-0. Its
+    peers tell it the group's version; its ranks, holding another, are paused before they serve a
+    step, and the group's next refit brings them in. No step mixes versions."""
+    g = engine_group(members=2, ranks_per_member=ranks, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    before = {r: max(rows) for (m, r), rows in g.steps().items() if m == 0}
+    g.restart_with_fresh_engine(0, daemon=daemon)
+    s = g.status(0)
+    assert s["group"]["phase"] == "joining", s
+    assert s["group"]["group_version"] == "v-0", s
+    assert "group engine-a is at version 'v-0'" in s["group"]["reason"], s
+    assert "kept paused" in s["group"]["reason"], s
+    code, body = g.nodes[0].admin("/readyz")
+    assert code == 503 and "engine-a" in body and "v-0" in body, body
+    assert "event=group_join_hold" in g.nodes[0].log()
+    _, metrics = g.nodes[0].admin("/metrics")
+    assert 'refit_group_phase{phase="joining"} 1' in metrics
+    # Held: the fresh ranks run no step (and with them, in lockstep, no rank does).
+    count = g.step_count()
+    time.sleep(1.0)
+    assert g.step_count() == count
+    assert g.mixed_steps() == []
+    assert not g.members_status()["consistent"]
+    # The trainer's next group refit lands on every member, the held one included.
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    s = g.status(0)
+    assert s["group"]["phase"] == "idle" and s["group"]["tag"] == "w-0" and not s["engine_dirty"], s
+    assert g.members_status()["consistent"]
+    assert g.mixed_steps() == []
+    # The restarted ranks ran no step before w-0 landed on them.
+    assert _steps_after(g, 0, before) <= {"v-0", "w-0"}
+    assert "-" not in _steps_after(g, 0, before)
+
+
+def test_without_peers_a_fresh_engine_of_a_restarted_member_mixes_steps(engine_group):
+    """The control of the test above: without group.addresses the restarted member cannot know the
+    group's version, and its fresh engine serves its initial weights next to v-0."""
+    g = engine_group(members=2)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    g.restart_with_fresh_engine(0)
+    wait_for(lambda: g.mixed_steps(), what="a step mixing the fresh engine's weights with v-0")
+    assert g.status(0)["group"]["group_version"] == ""
+
+
+def test_a_restarted_member_whose_engine_holds_the_group_version_serves_at_once(engine_group):
+    """Late join: member 0's refitd restarts while its engine keeps v-0 (idle, clean); its peer
+    says the group is at v-0, so it joins without a refit."""
+    g = engine_group(members=2, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    g.restart(0)
+    wait_for(lambda: g.status(0)["group"]["phase"] == "idle", what="member 0 joined at v-0")
+    s = g.status(0)
+    assert s["group"]["tag"] == "v-0" and s["group"]["group_version"] == "v-0" and not s["engine_dirty"], s
+    code, _ = g.nodes[0].admin("/readyz")
+    assert code == 200
+    assert g.members_status()["consistent"]
+    assert "event=group_joined" in g.nodes[0].log()
+    g.wait_steps_with("v-0")  # never paused
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    assert g.mixed_steps() == []
+
+
+def test_a_member_started_while_its_peers_are_unreachable_asks_again(engine_group):
+    """Late join: member 0's node restarts fresh while its peer's refitd is stopped (SIGSTOP): no
+    peer answers, so nothing is known and its engine is not held at first (the limit of late join:
+    its steps may mix). It asks again every second; once the peer answers it learns the group's
+    version and holds its engine until the group's next version lands."""
+    g = engine_group(members=2, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    g.nodes[1].daemon.send_signal(signal.SIGSTOP)
+    try:
+        g.restart_with_fresh_engine(0)
+        assert g.status(0)["group"]["group_version"] == ""
+    finally:
+        g.nodes[1].daemon.send_signal(signal.SIGCONT)
+    wait_for(lambda: "event=group_join_hold" in g.nodes[0].log(), timeout=30,
+             what="member 0 holding its fresh engine once its peer answered")
+    s = g.status(0)
+    assert s["group"]["group_version"] == "v-0" and s["group"]["phase"] == "joining", s
+    assert "kept paused" in s["group"]["reason"], s
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    assert g.members_status()["consistent"]

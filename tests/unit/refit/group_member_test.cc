@@ -163,5 +163,83 @@ TEST(GroupMemberTest, AnAbortedVersionLeavesAJoiningMemberJoining) {
   EXPECT_FALSE(m.Ready().ok());
 }
 
+// Late join: the peers' answers (GroupMember::PeersReported).
+
+TEST(GroupMemberTest, AnEngineHoldingThePeersVersionJoinsWithoutARefit) {
+  FakeClock clock;
+  GroupMember m(TwoMembers(), &clock);
+  EXPECT_FALSE(m.group_version_known());
+  EXPECT_FALSE(m.JoinHeld("v7", false));  // nothing known yet: still joining
+  m.PeersReported({{0, "v7"}});
+  EXPECT_TRUE(m.group_version_known());
+  EXPECT_EQ(m.group_version(), "v7");
+  EXPECT_THAT(m.reason(), HasSubstr("group engine-a is at version 'v7'"));
+  EXPECT_FALSE(m.MustHold("v7", false));
+  EXPECT_FALSE(m.JoinHeld("v7", true));  // dirty: only a refit lands on it
+  EXPECT_EQ(m.phase(), GroupPhase::kJoining);
+  EXPECT_TRUE(m.JoinHeld("v7", false));
+  EXPECT_EQ(m.phase(), GroupPhase::kIdle);
+  EXPECT_EQ(m.tag(), "v7");
+  EXPECT_TRUE(m.Ready().ok());
+  EXPECT_EQ(m.commits(), 0u);  // no group version was committed here
+}
+
+TEST(GroupMemberTest, AnEngineOnAnotherVersionIsHeldUntilTheNextGroupVersionLands) {
+  FakeClock clock;
+  GroupMember m(TwoMembers(), &clock);
+  EXPECT_FALSE(m.MustHold("", false));  // the group's version unknown: nothing is held
+  m.PeersReported({{0, "v7"}});
+  EXPECT_TRUE(m.MustHold("", false));  // a fresh engine (initial weights)
+  EXPECT_THAT(m.reason(), HasSubstr("group engine-a is at version 'v7'; this member's engine holds ''"));
+  EXPECT_THAT(m.Ready().message(), HasSubstr("kept paused"));
+  EXPECT_TRUE(m.MustHold("v6", false));
+  EXPECT_FALSE(m.MustHold("v6", true));  // dirty: the engine is paused already
+  EXPECT_FALSE(m.JoinHeld("v6", false));
+  // The trainer's next group version lands through the group commit: the member serves it.
+  Land(m, "v8");
+  EXPECT_EQ(m.phase(), GroupPhase::kIdle);
+  EXPECT_EQ(m.tag(), "v8");
+  EXPECT_TRUE(m.Ready().ok());
+  EXPECT_FALSE(m.MustHold("v6", false));  // not joining: nothing to hold
+}
+
+TEST(GroupMemberTest, PeersOnDifferentVersionsHoldEveryEngineAndJoinNone) {
+  FakeClock clock;
+  GroupOptions o = TwoMembers();
+  o.members = 3;
+  o.member = 2;
+  GroupMember m(o, &clock);
+  m.PeersReported({{0, "v7"}, {1, "v6"}});
+  EXPECT_TRUE(m.group_version_known());
+  EXPECT_EQ(m.group_version(), "");
+  EXPECT_THAT(m.reason(), HasSubstr("member 0 serves 'v7', member 1 serves 'v6'"));
+  EXPECT_TRUE(m.MustHold("v7", false));
+  EXPECT_THAT(m.reason(), HasSubstr("at version unknown (member 0 serves 'v7'"));
+  EXPECT_FALSE(m.JoinHeld("v7", false));
+  EXPECT_EQ(m.phase(), GroupPhase::kJoining);
+}
+
+TEST(GroupMemberTest, NoPeerAnsweringChangesNothing) {
+  FakeClock clock;
+  GroupMember m(TwoMembers(), &clock);
+  const std::string before = m.reason();
+  m.PeersReported({});
+  EXPECT_FALSE(m.group_version_known());
+  EXPECT_EQ(m.reason(), before);
+  EXPECT_FALSE(m.MustHold("", false));
+  // A later answer is taken.
+  m.PeersReported({{0, "v2"}});
+  EXPECT_EQ(m.group_version(), "v2");
+}
+
+TEST(GroupMemberTest, AMemberWithoutAGroupIgnoresPeers) {
+  FakeClock clock;
+  GroupMember m(GroupOptions{}, &clock);
+  m.PeersReported({{0, "v7"}});
+  EXPECT_FALSE(m.group_version_known());
+  EXPECT_FALSE(m.MustHold("", false));
+  EXPECT_FALSE(m.JoinHeld("v7", false));
+}
+
 }  // namespace
 }  // namespace refit

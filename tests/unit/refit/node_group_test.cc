@@ -141,5 +141,54 @@ TEST_F(NodeGroupTest, AMemberCommitsNothingOnItsOwn) {
   EXPECT_EQ(node_->StartRollback().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Late join through the node: the peers said the group serves v7.
+
+TEST_F(NodeGroupTest, AFreshEngineOfAJoiningMemberIsHeldPausedUntilTheNextGroupVersion) {
+  ScriptedControl* control;
+  Register(&control);                            // a fresh engine: version 0, no tag
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());  // the group's version is unknown: nothing held
+  node_->GroupPeersReported({{1, "v7"}});
+  std::vector<Node::JoinHold> holds = node_->GroupJoinHolds();
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].who, "the engine");
+  EXPECT_EQ(holds[0].control.get(), control);
+  ASSERT_TRUE(holds[0].control->Pause(absl::Seconds(1)).ok());  // what the server does with it
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());  // held once
+  EXPECT_THAT(node_->group().reason(), HasSubstr("group g is at version 'v7'; this member's engine holds ''"));
+  EXPECT_FALSE(node_->Ready().ok());
+  // The group's next version lands on the held engine through the group commit.
+  const std::vector<uint8_t> v8 = Payload(21);
+  ASSERT_NE(Copy(v8, "v8"), nullptr);
+  const RefitReport& r = Resume("v8");
+  EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(EngineBytes(), v8);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "pause", "resume:1"));
+  EXPECT_FALSE(node_->engine()->dirty);
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kIdle);
+  EXPECT_EQ(node_->group().tag(), "v8");
+  EXPECT_TRUE(node_->Ready().ok());
+}
+
+TEST_F(NodeGroupTest, AnEngineHoldingTheGroupsVersionJoinsWithoutARefit) {
+  ScriptedControl* control;
+  Register(&control, 3, false, "v7");
+  node_->GroupPeersReported({{1, "v7"}});
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kIdle);
+  EXPECT_EQ(node_->group().tag(), "v7");
+  EXPECT_TRUE(node_->Ready().ok());
+  EXPECT_TRUE(control->calls.empty());  // never paused
+}
+
+TEST_F(NodeGroupTest, ADirtyEngineOfAJoiningMemberIsNotPausedAgain) {
+  ScriptedControl* control;
+  Register(&control, 3, true, "v7");  // lost its daemon inside a commit window: paused already
+  node_->GroupPeersReported({{1, "v7"}});
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kJoining);
+  EXPECT_TRUE(control->calls.empty());
+}
+
 }  // namespace node_test
 }  // namespace refit

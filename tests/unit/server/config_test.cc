@@ -37,6 +37,22 @@ TEST(ConfigTest, BadLogSettingsNameTheKey) {
   EXPECT_THAT(ParseConfig("log:\n  colour: red\n", "c.yaml").status().message(), HasSubstr("unknown key 'colour'"));
 }
 
+TEST(ConfigTest, GroupAddressesListEveryMemberInOrder) {
+  const std::string group = "hold: 1\ngroup: {name: g, members: 2, member: 1";
+  absl::StatusOr<Config> c = ParseConfig(group + ", addresses: [\"unix:/a.sock\", \"b:7070\"]}\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->group_addresses, ::testing::ElementsAre("unix:/a.sock", "b:7070"));
+  c = ParseConfig(group + "}\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->group_addresses.empty());  // asks no one
+  EXPECT_THAT(ParseConfig(group + ", addresses: [\"unix:/a.sock\"]}\n", "c.yaml").status().message(),
+              HasSubstr("group.addresses: lists 1 addresses; it must list every member's (2), in member order"));
+  EXPECT_THAT(ParseConfig(group + ", addresses: [\"unix:/a.sock\", \"\"]}\n", "c.yaml").status().message(),
+              HasSubstr("group.addresses[1]: must be 1 to 4096 bytes"));
+  EXPECT_THAT(ParseConfig(group + ", addresses: unix:/a.sock}\n", "c.yaml").status().message(),
+              HasSubstr("group.addresses: has the wrong type"));
+}
+
 TEST(ConfigTest, AllowedUidsAreCapped) {
   std::string uids;
   for (size_t i = 0; i <= kMaxAllowedUids; ++i) absl::StrAppend(&uids, i == 0 ? "" : ",", 1000 + i);
