@@ -43,9 +43,8 @@ absl::Status CheckMlaAbsorbGeometry(const MlaAbsorbGeometry& g) {
       g.qk_nope_head_dim > kMaxDim || g.v_head_dim > kMaxDim || g.kv_lora_rank > kMaxDim ||
       g.InputElements() / g.kv_lora_rank != g.Rows()) {
     return absl::InvalidArgumentError(absl::StrCat("mla absorb: heads ", g.heads, ", qk_nope_head_dim ",
-                                                   g.qk_nope_head_dim, ", v_head_dim ", g.v_head_dim,
-                                                   ", kv_lora_rank ", g.kv_lora_rank, " must be positive (and below ",
-                                                   kMaxDim, ")"));
+                                                   g.qk_nope_head_dim, ", v_head_dim ", g.v_head_dim, ", kv_lora_rank ",
+                                                   g.kv_lora_rank, " must be positive (and below ", kMaxDim, ")"));
   }
   return absl::OkStatus();
 }
@@ -54,7 +53,8 @@ absl::Status MlaAbsorbBf16(const MlaAbsorbGeometry& g, std::span<const uint16_t>
                            std::span<uint16_t> w_vc) {
   if (absl::Status st = CheckSizes(g, kv_b.size(), w_kc.size(), w_vc.size()); !st.ok()) return st;
   const int64_t lora = g.kv_lora_rank;
-  Scatter(g, [&](int64_t r, int64_t c) { return kv_b[static_cast<size_t>(r * lora + c)]; }, w_kc, w_vc);
+  Scatter(
+      g, [&](int64_t r, int64_t c) { return kv_b[static_cast<size_t>(r * lora + c)]; }, w_kc, w_vc);
   return absl::OkStatus();
 }
 

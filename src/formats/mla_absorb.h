@@ -46,8 +46,7 @@ absl::Status MlaAbsorbBf16(const MlaAbsorbGeometry& g, std::span<const uint16_t>
 // and w_vc. Element (r, c) is bf16(E4M3(q) * scale_inv[r / 128][c / 128]) in fp32 with one
 // round-to-nearest-even (NaN codes stay NaN).
 absl::Status MlaAbsorbFp8Block128(const MlaAbsorbGeometry& g, std::span<const uint8_t> kv_b,
-                                  std::span<const float> scale_inv, std::span<uint16_t> w_kc,
-                                  std::span<uint16_t> w_vc);
+                                  std::span<const float> scale_inv, std::span<uint16_t> w_kc, std::span<uint16_t> w_vc);
 
 }  // namespace refit::formats
 

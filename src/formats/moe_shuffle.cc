@@ -10,8 +10,8 @@ int64_t ShuffleBlockRows(int64_t epilogue_tile_m) { return epilogue_tile_m % 128
 
 absl::StatusOr<std::vector<int64_t>> ShuffleMatrixARowSource(int64_t rows, int64_t epilogue_tile_m) {
   if (epilogue_tile_m <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("shuffle_matrix_a: epilogue_tile_m ", epilogue_tile_m,
-                                                   " is not positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shuffle_matrix_a: epilogue_tile_m ", epilogue_tile_m, " is not positive"));
   }
   const int64_t block = ShuffleBlockRows(epilogue_tile_m);
   if (rows < 0 || rows % block != 0) {
@@ -51,8 +51,8 @@ absl::Status PermuteRows(int64_t batch, uint64_t row_bytes, std::span<const int6
   }
   for (uint64_t d = 0; d < rows; ++d) {
     if (source[d] < 0 || static_cast<uint64_t>(source[d]) >= rows) {
-      return absl::InvalidArgumentError(absl::StrCat("row permutation: source row ", source[d], " of output row ", d,
-                                                     " is outside ", rows, " rows"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("row permutation: source row ", source[d], " of output row ", d, " is outside ", rows, " rows"));
     }
   }
   for (int64_t b = 0; b < batch; ++b) {

@@ -365,9 +365,9 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     ++prepared.params;
     const bool host_only_layout =
         std::any_of(src.rule->layout.begin(), src.rule->layout.end(), [&](const spec::LayoutStep& step) {
-          return step.AppliesTo(src.suffix) && (step.op == spec::LayoutOp::kReorderGatedRows ||
-                                                step.op == spec::LayoutOp::kShuffleMatrixA ||
-                                                step.op == spec::LayoutOp::kShuffleMatrixSfA);
+          return step.AppliesTo(src.suffix) &&
+                 (step.op == spec::LayoutOp::kReorderGatedRows || step.op == spec::LayoutOp::kShuffleMatrixA ||
+                  step.op == spec::LayoutOp::kShuffleMatrixSfA);
         });
     if (ops != nullptr && !host_only_layout) {
       // Layout steps on the GPU, before the pause.
@@ -387,12 +387,10 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     if (options.only_placement) return NotPlacementOnly(params[d.target_index].name);
     if (d.scale_index >= 0 && staged[d.from_index] != scale_staged) {
       const size_t missing = staged[d.from_index] ? static_cast<size_t>(d.scale_index) : d.from_index;
-      return absl::InvalidArgumentError(absl::StrCat("derived parameter '", params[d.target_index].name, "': '",
-                                                     params[missing].name, "' was not refit with '",
-                                                     params[staged[d.from_index] ? d.from_index
-                                                                                 : static_cast<size_t>(d.scale_index)]
-                                                         .name,
-                                                     "', and it reads both"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "derived parameter '", params[d.target_index].name, "': '", params[missing].name, "' was not refit with '",
+          params[staged[d.from_index] ? d.from_index : static_cast<size_t>(d.scale_index)].name,
+          "', and it reads both"));
     }
     if (d.op != spec::DerivedOp::kAddOne) {
       // Layout copies and MLA absorbed weights are built on the host from the staged sources

@@ -23,21 +23,25 @@ spec::Rule LayoutRule(const spec::Derived& d) {
 absl::StatusOr<formats::MlaAbsorbGeometry> MlaGeometry(const spec::Derived& d, const std::string& name,
                                                        const DerivedSource& from,
                                                        const std::optional<DerivedSource>& scale) {
-  const std::string where = absl::StrCat("derived parameter '", name, "' (", d.op == spec::DerivedOp::kMlaWkc ? "mla_w_kc" : "mla_w_vc",
-                                         ", line ", d.line, ")");
+  const std::string where =
+      absl::StrCat("derived parameter '", name, "' (", d.op == spec::DerivedOp::kMlaWkc ? "mla_w_kc" : "mla_w_vc",
+                   ", line ", d.line, ")");
   if (from.shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": kv_b_proj must be [heads * (qk_nope_head_dim + v_head_dim), "
-                                                   "kv_lora_rank], not ", ShapeString(from.shape)));
+    return absl::InvalidArgumentError(absl::StrCat(where,
+                                                   ": kv_b_proj must be [heads * (qk_nope_head_dim + v_head_dim), "
+                                                   "kv_lora_rank], not ",
+                                                   ShapeString(from.shape)));
   }
   const int64_t per_head = d.qk_nope_head_dim + d.v_head_dim;
   if (d.qk_nope_head_dim <= 0 || d.v_head_dim <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": qk_nope_head_dim and v_head_dim are not known (give them in "
+    return absl::InvalidArgumentError(absl::StrCat(where,
+                                                   ": qk_nope_head_dim and v_head_dim are not known (give them in "
                                                    "the spec or a model config)"));
   }
   if (from.shape[0] % per_head != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": kv_b_proj's ", from.shape[0], " rows are not whole heads of ",
-                                                   per_head, " (qk_nope_head_dim ", d.qk_nope_head_dim,
-                                                   " + v_head_dim ", d.v_head_dim, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(where, ": kv_b_proj's ", from.shape[0],
+                                                   " rows are not whole heads of ", per_head, " (qk_nope_head_dim ",
+                                                   d.qk_nope_head_dim, " + v_head_dim ", d.v_head_dim, ")"));
   }
   formats::MlaAbsorbGeometry g{from.shape[0] / per_head, d.qk_nope_head_dim, d.v_head_dim, from.shape[1]};
   REFIT_RETURN_IF_ERROR(formats::CheckMlaAbsorbGeometry(g));
@@ -47,13 +51,14 @@ absl::StatusOr<formats::MlaAbsorbGeometry> MlaGeometry(const spec::Derived& d, c
           absl::StrCat(where, ": with a 'scale', kv_b_proj must be F8_E4M3, not ", DTypeName(from.dtype)));
     }
     if (!scale || scale->dtype != DType::kF32 || scale->shape != Shape{g.ScaleRows(), g.ScaleCols()}) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": its scale must be F32[", g.ScaleRows(), ",", g.ScaleCols(), "] (128x128 blocks of kv_b_proj ",
-          ShapeString(from.shape), "), not ", scale ? absl::StrCat(DTypeName(scale->dtype), ShapeString(scale->shape)) : "absent"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": its scale must be F32[", g.ScaleRows(), ",", g.ScaleCols(),
+                       "] (128x128 blocks of kv_b_proj ", ShapeString(from.shape), "), not ",
+                       scale ? absl::StrCat(DTypeName(scale->dtype), ShapeString(scale->shape)) : "absent"));
     }
   } else if (from.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": kv_b_proj must be BF16 (or F8_E4M3 with a 'scale'), not ",
-                                                   DTypeName(from.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": kv_b_proj must be BF16 (or F8_E4M3 with a 'scale'), not ", DTypeName(from.dtype)));
   }
   return g;
 }
@@ -64,17 +69,18 @@ absl::StatusOr<std::pair<DType, Shape>> DerivedShape(const spec::Derived& d, con
                                                      const DerivedSource& from,
                                                      const std::optional<DerivedSource>& scale) {
   switch (d.op) {
-    case spec::DerivedOp::kAddOne:
-      return std::make_pair(from.dtype, from.shape);
+    case spec::DerivedOp::kAddOne: return std::make_pair(from.dtype, from.shape);
     case spec::DerivedOp::kLayout: {
       absl::StatusOr<std::pair<DType, Shape>> s = LayoutShape(LayoutRule(d), "", from.dtype, from.shape, -1);
-      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "': ", s.status().message()));
+      if (!s.ok())
+        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", name, "': ", s.status().message()));
       return s;
     }
     case spec::DerivedOp::kMlaWkc:
     case spec::DerivedOp::kMlaWvc: {
       REFIT_ASSIGN_OR_RETURN(formats::MlaAbsorbGeometry g, MlaGeometry(d, name, from, scale));
-      if (d.op == spec::DerivedOp::kMlaWkc) return std::make_pair(DType::kBF16, Shape{g.heads, g.kv_lora_rank, g.qk_nope_head_dim});
+      if (d.op == spec::DerivedOp::kMlaWkc)
+        return std::make_pair(DType::kBF16, Shape{g.heads, g.kv_lora_rank, g.qk_nope_head_dim});
       return std::make_pair(DType::kBF16, Shape{g.heads, g.v_head_dim, g.kv_lora_rank});
     }
   }

@@ -167,8 +167,8 @@ absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
         REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(*caps));
         auto it = pre.find(scale_name);
         if (it == pre.end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("derived parameter '", target, "' reads scale '", scale_name, "', which the checkpoint lacks"));
+          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target, "' reads scale '", scale_name,
+                                                         "', which the checkpoint lacks"));
         }
         scale = &it->second;
       }
@@ -248,8 +248,8 @@ absl::StatusOr<std::vector<storage::ParamInfo>> EngineParamInfos(const spec::Mod
         REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(*caps));
         auto it = pre.find(scale_name);
         if (it == pre.end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("derived parameter '", target, "' reads scale '", scale_name, "', which the checkpoint lacks"));
+          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target, "' reads scale '", scale_name,
+                                                         "', which the checkpoint lacks"));
         }
         scale = DerivedSource{it->second.first, it->second.second};
       }

@@ -160,7 +160,8 @@ absl::StatusOr<std::pair<DType, Shape>> LayoutShape(const spec::Rule& rule, cons
       case spec::LayoutOp::kShuffleMatrixA:
       case spec::LayoutOp::kShuffleMatrixSfA: {
         if (s.size() < 2) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": a row permutation takes rank >= 2, not ", ShapeString(s)));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": a row permutation takes rank >= 2, not ", ShapeString(s)));
         }
         const int64_t rows = s[s.size() - 2];
         if (step.op == spec::LayoutOp::kReorderGatedRows) {
@@ -173,7 +174,8 @@ absl::StatusOr<std::pair<DType, Shape>> LayoutShape(const spec::Rule& rule, cons
         if (step.op == spec::LayoutOp::kShuffleMatrixSfA) {
           // FlashInfer get_shuffle_matrix_sf_a_row_indices asserts M % 128 == 0.
           if (!IsByte(dtype) || rows % 128 != 0) {
-            return absl::InvalidArgumentError(absl::StrCat(where, ": shuffle_matrix_sf_a takes byte scales of a row count "
+            return absl::InvalidArgumentError(absl::StrCat(where,
+                                                           ": shuffle_matrix_sf_a takes byte scales of a row count "
                                                            "that is a multiple of 128, not ",
                                                            DTypeName(dtype), ShapeString(s)));
           }

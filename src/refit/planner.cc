@@ -1,12 +1,11 @@
 #include "refit/planner.h"
 
-#include "refit/derived_build.h"
-
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "formats/format_info.h"
+#include "refit/derived_build.h"
 
 namespace refit {
 namespace {
@@ -92,29 +91,28 @@ absl::StatusOr<Planner> Planner::CreateRanks(const spec::ModelSpec& node_spec, s
         scale_name = Qualified(rank.label, scale_name);
         si = p.IndexOf(scale_name);
         if (si < 0) {
-          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' (", spec.path, ":",
-                                                         d->first->line, ") reads scale '", scale_name,
+          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' (", spec.path,
+                                                         ":", d->first->line, ") reads scale '", scale_name,
                                                          "', which the engine did not register"));
         }
         scale = DerivedSource{p.params_[si].dtype, p.params_[si].shape};
       }
       if (d->first->op == spec::DerivedOp::kAddOne) {
         if (p.params_[fi].shape != p.params_[i].shape || p.params_[fi].dtype != p.params_[i].dtype) {
-          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' is ",
-                                                         Describe(p.params_[i].dtype, p.params_[i].shape),
-                                                         " but its source '", from, "' is ",
-                                                         Describe(p.params_[fi].dtype, p.params_[fi].shape)));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "derived parameter '", p.params_[i].name, "' is ", Describe(p.params_[i].dtype, p.params_[i].shape),
+              " but its source '", from, "' is ", Describe(p.params_[fi].dtype, p.params_[fi].shape)));
         }
       } else {
         // The op reads the source as staged (a checkpoint-layout parameter: its registered
         // shape is the staged one).
-        REFIT_ASSIGN_OR_RETURN(auto want, DerivedShape(*d->first, p.params_[i].name,
-                                                       {p.params_[fi].dtype, p.params_[fi].shape}, scale));
+        REFIT_ASSIGN_OR_RETURN(
+            auto want, DerivedShape(*d->first, p.params_[i].name, {p.params_[fi].dtype, p.params_[fi].shape}, scale));
         if (want.first != p.params_[i].dtype || want.second != p.params_[i].shape) {
-          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' is registered as ",
-                                                         Describe(p.params_[i].dtype, p.params_[i].shape), "; from '",
-                                                         from, "' (", Describe(p.params_[fi].dtype, p.params_[fi].shape),
-                                                         ") it would be ", Describe(want.first, want.second)));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "derived parameter '", p.params_[i].name, "' is registered as ",
+              Describe(p.params_[i].dtype, p.params_[i].shape), "; from '", from, "' (",
+              Describe(p.params_[fi].dtype, p.params_[fi].shape), ") it would be ", Describe(want.first, want.second)));
         }
       }
       src.kind = ParamSource::Kind::kDerived;

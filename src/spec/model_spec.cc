@@ -149,7 +149,8 @@ class Reader {
         s.op = LayoutOp::kShuffleMatrixSfA;
       } else {
         return Error(n["op"], w + ".op",
-                     absl::StrCat("unknown op '", op, "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
+                     absl::StrCat("unknown op '", op,
+                                  "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
                                   "swap_halves, pad, reorder_rows_for_gated_act_gemm, shuffle_matrix_a, "
                                   "shuffle_matrix_sf_a)"));
       }
@@ -169,7 +170,8 @@ class Reader {
       }
       const bool shuffles = s.op == LayoutOp::kShuffleMatrixA || s.op == LayoutOp::kShuffleMatrixSfA;
       if (n["epilogue_tile_m"]) {
-        if (!shuffles) return Error(n["epilogue_tile_m"], w + ".epilogue_tile_m", absl::StrCat(op, " takes no 'epilogue_tile_m'"));
+        if (!shuffles)
+          return Error(n["epilogue_tile_m"], w + ".epilogue_tile_m", absl::StrCat(op, " takes no 'epilogue_tile_m'"));
         REFIT_ASSIGN_OR_RETURN(s.epilogue_tile_m, Int(n["epilogue_tile_m"], w + ".epilogue_tile_m", 1));
       }
       const bool needs_dim = s.op == LayoutOp::kSwapRowPairs || s.op == LayoutOp::kSwapHalves || s.op == LayoutOp::kPad;
@@ -742,8 +744,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     for (size_t i = 0; i < derived.size(); ++i) {
       const YAML::Node n = derived[i];
       std::string where = absl::StrCat("derived[", i, "]");
-      REFIT_RETURN_IF_ERROR(r.CheckKeys(n, where,
-                                        {"target", "from", "op", "layout", "scale", "qk_nope_head_dim", "v_head_dim"}));
+      REFIT_RETURN_IF_ERROR(
+          r.CheckKeys(n, where, {"target", "from", "op", "layout", "scale", "qk_nope_head_dim", "v_head_dim"}));
       if (!n["target"] || !n["from"] || !n["op"]) return r.Error(n, where, "needs 'target', 'from' and 'op'");
       Derived d;
       d.line = n.Mark().line + 1;
@@ -767,7 +769,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         REFIT_RETURN_IF_ERROR(r.Layout(n["layout"], where + ".layout", d.layout, false));
         for (const LayoutStep& s : d.layout) {
           if (s.op == LayoutOp::kPackUe8m0) {
-            return r.Error(n["layout"], where + ".layout", "pack_ue8m0 needs its data tensor's rows: a rule's step only");
+            return r.Error(n["layout"], where + ".layout",
+                           "pack_ue8m0 needs its data tensor's rows: a rule's step only");
           }
         }
       }
@@ -781,9 +784,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
         if (n[key] && !mla) return r.Error(n[key], absl::StrCat(where, ".", key), "only the mla ops take it");
       }
       if (mla) {
-        REFIT_ASSIGN_OR_RETURN(d.qk_nope_head_dim, sizes.Get(n, "qk_nope_head_dim", where + ".qk_nope_head_dim",
-                                                             Key("qk_nope_head_dim"), "qk_nope_head_dim",
-                                                             Sizes::Need::kAtLoad));
+        REFIT_ASSIGN_OR_RETURN(d.qk_nope_head_dim,
+                               sizes.Get(n, "qk_nope_head_dim", where + ".qk_nope_head_dim", Key("qk_nope_head_dim"),
+                                         "qk_nope_head_dim", Sizes::Need::kAtLoad));
         REFIT_ASSIGN_OR_RETURN(d.v_head_dim, sizes.Get(n, "v_head_dim", where + ".v_head_dim", Key("v_head_dim"),
                                                        "v_head_dim", Sizes::Need::kAtLoad));
       }

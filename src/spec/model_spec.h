@@ -119,9 +119,9 @@ struct Derived {
   NamePattern target;
   NamePattern from;
   DerivedOp op = DerivedOp::kAddOne;
-  std::vector<LayoutStep> layout;     // kLayout: the steps, each on the data ("")
-  std::optional<NamePattern> scale;   // kMlaWkc / kMlaWvc of an FP8 kv_b_proj
-  int64_t qk_nope_head_dim = 0;       // kMlaWkc / kMlaWvc (spec or model config)
+  std::vector<LayoutStep> layout;    // kLayout: the steps, each on the data ("")
+  std::optional<NamePattern> scale;  // kMlaWkc / kMlaWvc of an FP8 kv_b_proj
+  int64_t qk_nope_head_dim = 0;      // kMlaWkc / kMlaWvc (spec or model config)
   int64_t v_head_dim = 0;
   int line = 0;
 };

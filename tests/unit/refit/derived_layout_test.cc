@@ -154,7 +154,8 @@ class DerivedLayoutTest : public ::testing::Test {
       absl::StatusOr<TensorPlan> plan = planner_->Plan(t.name, t.dtype, t.shape);
       if (!plan.ok()) return plan.status();
       for (const Target& target : plan->targets) {
-        absl::StatusOr<uint8_t*> buf = staging.Allocate(target.key, target.spec.dtype, target.spec.shape, target.spec.bytes);
+        absl::StatusOr<uint8_t*> buf =
+            staging.Allocate(target.key, target.spec.dtype, target.spec.shape, target.spec.bytes);
         if (!buf.ok()) return buf.status();
         if (target.spec.bytes != t.bytes.size()) return absl::InternalError("passthrough of another size");
         std::memcpy(*buf, t.bytes.data(), t.bytes.size());
@@ -197,7 +198,9 @@ class DerivedLayoutTest : public ::testing::Test {
 };
 
 TEST_F(DerivedLayoutTest, RegisteredShapesOfTheCopies) {
-  auto shape = [&](const std::string& n) { return planner_->params()[static_cast<size_t>(planner_->IndexOf(n))].shape; };
+  auto shape = [&](const std::string& n) {
+    return planner_->params()[static_cast<size_t>(planner_->IndexOf(n))].shape;
+  };
   EXPECT_EQ(shape("l.experts.w13_weight_trtllm"), (Shape{2, 256, 128}));
   EXPECT_EQ(shape("l.experts.w13_weight_scale_trtllm"), (Shape{2, 256, 16}));
   EXPECT_EQ(shape("l.attn.w_kc"), (Shape{2, 512, 128}));
@@ -294,11 +297,13 @@ derived:
   EXPECT_NE(p.status().message().find("derived parameter 'l.w_shuffled'"), std::string::npos) << p.status();
   EXPECT_NE(p.status().message().find("48 rows are not a multiple of 32"), std::string::npos) << p.status();
   // kv_b_proj of F32: neither BF16 nor FP8 with a scale.
-  auto q = Planner::Create(*spec, {{"l.kv", DType::kF32, {256, 64}, 65536}, {"l.kc", DType::kBF16, {1, 64, 128}, 16384}});
+  auto q =
+      Planner::Create(*spec, {{"l.kv", DType::kF32, {256, 64}, 65536}, {"l.kc", DType::kBF16, {1, 64, 128}, 16384}});
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.status().message().find("must be BF16"), std::string::npos) << q.status();
   // A registered shape that is not what the op gives.
-  auto r = Planner::Create(*spec, {{"l.kv", DType::kBF16, {256, 64}, 32768}, {"l.kc", DType::kBF16, {1, 128, 64}, 16384}});
+  auto r =
+      Planner::Create(*spec, {{"l.kv", DType::kBF16, {256, 64}, 32768}, {"l.kc", DType::kBF16, {1, 128, 64}, 16384}});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("it would be BF16[1,64,128]"), std::string::npos) << r.status();
 }
