@@ -13,6 +13,7 @@
 #include "formats/safetensors.h"
 #include "gtest/gtest.h"
 #include "refit/committer.h"
+#include "refit/converter.h"
 #include "refit/convert.h"
 #include "refit/offline.h"
 #include "refit/planner.h"
@@ -40,6 +41,9 @@ rules:
     partial: true
   - match: "l.attn.kv_b_proj.weight"
     format: passthrough
+  - match: "l.dense.sf"
+    format: passthrough
+    layout: [{op: shuffle_matrix_sf_a, on: data}]
   - match: "l.attn_fp8.kv_b_proj.weight"
     format: passthrough
   - match: "l.attn_fp8.kv_b_proj.weight_scale_inv"
@@ -111,6 +115,7 @@ class DerivedLayoutTest : public ::testing::Test {
       inputs_.push_back(Slice("in.nvfp4_w2.scale", e, absl::StrCat("l.experts.", e, ".w2_weight_scale")));
     }
     inputs_.push_back(Whole("in.bf16.weight", "l.attn.kv_b_proj.weight"));
+    inputs_.push_back(Slice("in.nvfp4_w2.scale", 0, "l.dense.sf"));  // a rule's own layout step
     inputs_.push_back(Whole("in.fp8.weight", "l.attn_fp8.kv_b_proj.weight"));
     inputs_.push_back(Whole("in.fp8.weight_scale_inv", "l.attn_fp8.kv_b_proj.weight_scale_inv"));
     std::vector<storage::ParamInfo> infos;
@@ -149,6 +154,12 @@ class DerivedLayoutTest : public ::testing::Test {
   absl::StatusOr<CommitStats> Commit(const std::vector<ConvertedTensor>& ts) {
     StagingPool pool(storage::NewHostMemory());
     Staging staging(1 << 24, pool);
+    absl::StatusOr<std::vector<size_t>> produced = Stage(ts, staging);
+    if (!produced.ok()) return produced.status();
+    return CommitStaged(*planner_, staging, *produced, *storage_);
+  }
+
+  absl::StatusOr<std::vector<size_t>> Stage(const std::vector<ConvertedTensor>& ts, Staging& staging) {
     std::set<size_t> produced;
     for (const ConvertedTensor& t : ts) {
       absl::StatusOr<TensorPlan> plan = planner_->Plan(t.name, t.dtype, t.shape);
@@ -162,7 +173,7 @@ class DerivedLayoutTest : public ::testing::Test {
         produced.insert(target.engine_index);
       }
     }
-    return CommitStaged(*planner_, staging, std::vector<size_t>(produced.begin(), produced.end()), *storage_);
+    return std::vector<size_t>(produced.begin(), produced.end());
   }
 
   std::vector<uint8_t> Read(const std::string& name) {
@@ -182,6 +193,7 @@ class DerivedLayoutTest : public ::testing::Test {
       EXPECT_EQ(Read(absl::StrCat("l.experts.", e, ".w2_weight_trtllm")), Part("out.nvfp4_w2.data", e, 2)) << e;
       EXPECT_EQ(Read(absl::StrCat("l.experts.", e, ".w2_weight_scale_trtllm")), Part("out.nvfp4_w2.scale", e, 2)) << e;
     }
+    EXPECT_EQ(Read("l.dense.sf"), Part("out.nvfp4_w2.scale", 0, 2));
     EXPECT_EQ(Read("l.attn.w_kc"), golden_.at("out.bf16.w_kc").bytes);
     EXPECT_EQ(Read("l.attn.w_vc"), golden_.at("out.bf16.w_vc").bytes);
     EXPECT_EQ(Read("l.attn_fp8.w_kc"), golden_.at("out.fp8.w_kc").bytes);
@@ -258,6 +270,80 @@ TEST_F(DerivedLayoutTest, PartialRefitOfOneExpertRewritesThatExpertInEveryCopy) 
   }
   EXPECT_EQ(Read("l.experts.1.w2_weight_trtllm"), Part("out.nvfp4_w2.data", 0, 2));
   EXPECT_EQ(Read("l.experts.1.w2_weight_scale_trtllm"), Part("out.nvfp4_w2.scale", 0, 2));
+}
+
+// Host memory that says it is device memory, and device ops that refuse every call: with device
+// staging the row shuffles and the derived copies are built on the host from the staged bytes
+// and uploaded, and need no device kernel.
+class HostMemoryAsDevice final : public storage::Memory {
+ public:
+  storage::MemoryKind kind() const override { return storage::MemoryKind::kDevice; }
+  absl::StatusOr<std::shared_ptr<uint8_t>> Allocate(uint64_t bytes) override { return host_->Allocate(bytes); }
+  absl::Status CopyWithin(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status CopyInAsync(void* dst, const void* src, uint64_t bytes) override {
+    return host_->CopyWithin(dst, src, bytes);
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  std::unique_ptr<storage::Memory> host_ = storage::NewHostMemory();
+};
+
+class NoDeviceOps final : public DeviceOps {
+ public:
+  absl::Status ConvertPlanned(const TensorPlan&, const TensorDesc&, const uint8_t*, storage::MemoryKind,
+                              std::span<const formats::MutableBytes>, const formats::QuantizeOptions&,
+                              const PlannedAmax&) override {
+    return Refuse();
+  }
+  absl::Status ResetAmax(float*) override { return Refuse(); }
+  absl::Status AccumulateAmax(const TensorDesc&, const uint8_t*, storage::MemoryKind, const formats::QuantizeOptions&,
+                              float*) override {
+    return Refuse();
+  }
+  absl::Status Copy(uint8_t*, const uint8_t*, uint64_t, storage::MemoryKind) override { return Refuse(); }
+  absl::Status Copy2D(uint8_t*, uint64_t, const uint8_t*, uint64_t, uint64_t, uint64_t) override { return Refuse(); }
+  absl::Status Zero(uint8_t*, uint64_t) override { return Refuse(); }
+  absl::Status Swizzle128x4(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*, uint64_t) override {
+    return Refuse();
+  }
+  absl::Status PackUe8m0(const float*, int64_t, int64_t, int64_t, int32_t*, uint64_t, const std::string&) override {
+    return Refuse();
+  }
+  absl::Status AddOne(const uint8_t*, DType, int64_t, uint8_t*) override { return Refuse(); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  static absl::Status Refuse() { return absl::InternalError("a device op was called"); }
+};
+
+TEST_F(DerivedLayoutTest, DeviceStagingBuildsTheShufflesOnTheHost) {
+  StagingPool pool(std::make_unique<HostMemoryAsDevice>());
+  Staging staging(1 << 24, pool);
+  absl::StatusOr<std::vector<size_t>> produced = Stage(inputs_, staging);
+  ASSERT_TRUE(produced.ok()) << produced.status();
+  NoDeviceOps ops;
+  absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*planner_, staging, *produced, &ops);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  std::map<std::string, std::vector<uint8_t>> engine;
+  for (const PreparedCommit::Write& w : prepared->writes) {
+    const storage::ParamInfo& p = planner_->params()[w.index];
+    std::vector<uint8_t>& bytes = engine.try_emplace(p.name, p.nbytes, uint8_t{0xA5}).first->second;
+    ASSERT_LE(w.offset + w.bytes, p.nbytes) << p.name;
+    std::memcpy(bytes.data() + w.offset, w.data, w.bytes);
+  }
+  EXPECT_EQ(prepared->derived, 10u);
+  EXPECT_EQ(engine["l.dense.sf"], Part("out.nvfp4_w2.scale", 0, 2));
+  EXPECT_EQ(engine["l.experts.w13_weight_scale_trtllm"], golden_.at("out.nvfp4_w13.scale").bytes);
+  EXPECT_EQ(engine["l.attn_fp8.w_kc"], golden_.at("out.fp8.w_kc").bytes);
 }
 
 TEST(DerivedLayoutSpec, RefusesWhatTheOpsCannotTake) {
