@@ -13,8 +13,8 @@
 #include "formats/safetensors.h"
 #include "gtest/gtest.h"
 #include "refit/committer.h"
-#include "refit/converter.h"
 #include "refit/convert.h"
+#include "refit/converter.h"
 #include "refit/offline.h"
 #include "refit/planner.h"
 #include "storage/shm_region.h"
@@ -312,9 +312,7 @@ class NoDeviceOps final : public DeviceOps {
   absl::Status Copy(uint8_t*, const uint8_t*, uint64_t, storage::MemoryKind) override { return Refuse(); }
   absl::Status Copy2D(uint8_t*, uint64_t, const uint8_t*, uint64_t, uint64_t, uint64_t) override { return Refuse(); }
   absl::Status Zero(uint8_t*, uint64_t) override { return Refuse(); }
-  absl::Status Swizzle128x4(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*, uint64_t) override {
-    return Refuse();
-  }
+  absl::Status Swizzle128x4(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*, uint64_t) override { return Refuse(); }
   absl::Status PackUe8m0(const float*, int64_t, int64_t, int64_t, int32_t*, uint64_t, const std::string&) override {
     return Refuse();
   }
