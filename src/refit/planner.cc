@@ -1,5 +1,7 @@
 #include "refit/planner.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -176,6 +178,24 @@ absl::StatusOr<Planner> Planner::CreateRanks(const spec::ModelSpec& node_spec, s
     const std::string& name = p.params_[i].name;
     int64_t d = p.IndexOf(name.substr(0, name.size() - src.suffix.size()));
     if (d >= 0 && p.sources_[d].kind == ParamSource::Kind::kBuilt && p.sources_[d].rule == src.rule) src.data_index = d;
+  }
+  // A derived op reads its sources as staged: each must be built from trainer tensors with no
+  // layout step of its own (its registered dtype and shape are then the staged ones).
+  for (const DerivedTarget& d : p.derived_) {
+    if (d.op == spec::DerivedOp::kAddOne) continue;
+    for (int64_t s : {static_cast<int64_t>(d.from_index), d.scale_index}) {
+      if (s < 0) continue;
+      const ParamSource& src = p.sources_[static_cast<size_t>(s)];
+      const bool laid_out = src.kind == ParamSource::Kind::kBuilt &&
+                            std::any_of(src.rule->layout.begin(), src.rule->layout.end(),
+                                        [&](const spec::LayoutStep& step) { return step.AppliesTo(src.suffix); });
+      if (src.kind != ParamSource::Kind::kBuilt || laid_out) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "derived parameter '", p.params_[d.target_index].name, "' reads '", p.params_[static_cast<size_t>(s)].name,
+            "', which is ", laid_out ? "laid out by its rule's layout steps" : "not built from trainer tensors",
+            ": derive from the checkpoint-layout parameter"));
+      }
+    }
   }
   return p;
 }

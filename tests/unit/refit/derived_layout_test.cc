@@ -385,6 +385,18 @@ derived:
       Planner::Create(*spec, {{"l.kv", DType::kF32, {256, 64}, 65536}, {"l.kc", DType::kBF16, {1, 64, 128}, 16384}});
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.status().message().find("must be BF16"), std::string::npos) << q.status();
+  // A source laid out by its own rule: the derived op would read other bytes than registered.
+  auto laid = spec::ParseModelSpec(R"(model: m
+rules:
+  - {match: "l.w", format: passthrough, layout: [{op: shuffle_matrix_a, on: data}]}
+derived:
+  - {target: "l.w_copy", from: "l.w", op: layout, layout: [{op: reorder_rows_for_gated_act_gemm}]}
+)");
+  ASSERT_TRUE(laid.ok()) << laid.status();
+  auto l = Planner::Create(*laid, {{"l.w", DType::kU8, {64, 8}, 512}, {"l.w_copy", DType::kU8, {64, 8}, 512}});
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("reads 'l.w', which is laid out by its rule's layout steps"), std::string::npos)
+      << l.status();
   // A registered shape that is not what the op gives.
   auto r =
       Planner::Create(*spec, {{"l.kv", DType::kBF16, {256, 64}, 32768}, {"l.kc", DType::kBF16, {1, 128, 64}, 16384}});
