@@ -38,13 +38,17 @@ absl::Status CheckSizes(const MlaAbsorbGeometry& g, size_t kv_b, size_t w_kc, si
 }  // namespace
 
 absl::Status CheckMlaAbsorbGeometry(const MlaAbsorbGeometry& g) {
+  // Every dimension below 2^24, so heads * (n + v) cannot overflow; the product with the rank is
+  // checked by division before any size is computed from it.
   constexpr int64_t kMaxDim = int64_t{1} << 24;
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
   if (g.heads <= 0 || g.qk_nope_head_dim <= 0 || g.v_head_dim <= 0 || g.kv_lora_rank <= 0 || g.heads > kMaxDim ||
       g.qk_nope_head_dim > kMaxDim || g.v_head_dim > kMaxDim || g.kv_lora_rank > kMaxDim ||
-      g.InputElements() / g.kv_lora_rank != g.Rows()) {
-    return absl::InvalidArgumentError(absl::StrCat("mla absorb: heads ", g.heads, ", qk_nope_head_dim ",
-                                                   g.qk_nope_head_dim, ", v_head_dim ", g.v_head_dim, ", kv_lora_rank ",
-                                                   g.kv_lora_rank, " must be positive (and below ", kMaxDim, ")"));
+      g.Rows() > kMaxElements / g.kv_lora_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mla absorb: heads ", g.heads, ", qk_nope_head_dim ", g.qk_nope_head_dim, ", v_head_dim ", g.v_head_dim,
+        ", kv_lora_rank ", g.kv_lora_rank, " must be positive, each below ", kMaxDim, ", and give at most ",
+        kMaxElements, " elements"));
   }
   return absl::OkStatus();
 }

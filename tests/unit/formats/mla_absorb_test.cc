@@ -71,6 +71,9 @@ TEST(MlaAbsorb, RefusesMismatchedSizes) {
   st = MlaAbsorbFp8Block128(g, q, scales, kc, vc);
   EXPECT_NE(st.message().find("weight_scale_inv of 3 elements"), std::string_view::npos) << st;
   EXPECT_FALSE(MlaAbsorbBf16({0, 4, 4, 8}, kv, kc, vc).ok());
+  // Sizes whose element count would overflow are refused before any size is computed.
+  st = CheckMlaAbsorbGeometry({int64_t{1} << 23, int64_t{1} << 23, int64_t{1} << 23, int64_t{1} << 23});
+  EXPECT_NE(st.message().find("at most"), std::string_view::npos) << st;
 }
 
 }  // namespace
