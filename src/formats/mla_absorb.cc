@@ -45,10 +45,10 @@ absl::Status CheckMlaAbsorbGeometry(const MlaAbsorbGeometry& g) {
   if (g.heads <= 0 || g.qk_nope_head_dim <= 0 || g.v_head_dim <= 0 || g.kv_lora_rank <= 0 || g.heads > kMaxDim ||
       g.qk_nope_head_dim > kMaxDim || g.v_head_dim > kMaxDim || g.kv_lora_rank > kMaxDim ||
       g.Rows() > kMaxElements / g.kv_lora_rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mla absorb: heads ", g.heads, ", qk_nope_head_dim ", g.qk_nope_head_dim, ", v_head_dim ", g.v_head_dim,
-        ", kv_lora_rank ", g.kv_lora_rank, " must be positive, each below ", kMaxDim, ", and give at most ",
-        kMaxElements, " elements"));
+    return absl::InvalidArgumentError(absl::StrCat("mla absorb: heads ", g.heads, ", qk_nope_head_dim ",
+                                                   g.qk_nope_head_dim, ", v_head_dim ", g.v_head_dim, ", kv_lora_rank ",
+                                                   g.kv_lora_rank, " must be positive, each below ", kMaxDim,
+                                                   ", and give at most ", kMaxElements, " elements"));
   }
   return absl::OkStatus();
 }
