@@ -4,12 +4,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
+#include "refit/derived_build.h"
 
 namespace refit {
 namespace {
@@ -249,6 +251,11 @@ absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t inde
         REFIT_RETURN_IF_ERROR(ops.Copy2D(out, np * inner, cur.data, n * inner, n * inner, outer));
         break;
       }
+      case spec::LayoutOp::kReorderGatedRows:
+      case spec::LayoutOp::kShuffleMatrixA:
+      case spec::LayoutOp::kShuffleMatrixSfA:
+        // PrepareCommit builds parameters with row shuffles on the host.
+        return absl::InternalError(absl::StrCat("engine parameter '", p.name, "': a row shuffle on the device"));
     }
     cur = DeviceBuilt{next.first, next.second, out, nbytes};
   }
@@ -356,7 +363,13 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     }
     if (options.only_placement) return NotPlacementOnly(p.name);
     ++prepared.params;
-    if (ops != nullptr) {
+    const bool host_only_layout =
+        std::any_of(src.rule->layout.begin(), src.rule->layout.end(), [&](const spec::LayoutStep& step) {
+          return step.AppliesTo(src.suffix) &&
+                 (step.op == spec::LayoutOp::kReorderGatedRows || step.op == spec::LayoutOp::kShuffleMatrixA ||
+                  step.op == spec::LayoutOp::kShuffleMatrixSfA);
+        });
+    if (ops != nullptr && !host_only_layout) {
       // Layout steps on the GPU, before the pause.
       REFIT_ASSIGN_OR_RETURN(const uint8_t* data, BuildOnDevice(planner, i, staging, *ops));
       prepared.writes.push_back({i, data, 0, p.nbytes});
@@ -369,8 +382,37 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
     prepared.writes.push_back({i, data, 0, p.nbytes});
   }
   for (const DerivedTarget& d : planner.derived()) {
-    if (!staged[d.from_index]) continue;  // source unchanged in this refit: derived value still valid
+    const bool scale_staged = d.scale_index >= 0 && staged[static_cast<size_t>(d.scale_index)];
+    if (!staged[d.from_index] && !scale_staged) continue;  // sources unchanged in this refit: still valid
     if (options.only_placement) return NotPlacementOnly(params[d.target_index].name);
+    if (d.scale_index >= 0 && staged[d.from_index] != scale_staged) {
+      const size_t missing = staged[d.from_index] ? static_cast<size_t>(d.scale_index) : d.from_index;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "derived parameter '", params[d.target_index].name, "': '", params[missing].name, "' was not refit with '",
+          params[staged[d.from_index] ? d.from_index : static_cast<size_t>(d.scale_index)].name,
+          "', and it reads both"));
+    }
+    if (d.op != spec::DerivedOp::kAddOne) {
+      // Layout copies and MLA absorbed weights are built on the host from the staged sources
+      // (formats/moe_shuffle.h, formats/mla_absorb.h) and uploaded into staging before the pause.
+      REFIT_ASSIGN_OR_RETURN(Built from, BuildParam(planner, d.from_index, host_lookup, false));
+      std::optional<Built> scale;
+      if (d.scale_index >= 0) {
+        REFIT_ASSIGN_OR_RETURN(scale, BuildParam(planner, static_cast<size_t>(d.scale_index), host_lookup, false));
+      }
+      const storage::ParamInfo& target = params[d.target_index];
+      REFIT_ASSIGN_OR_RETURN(Built out, BuildDerived(*d.derived, target.name, from, scale ? &*scale : nullptr));
+      if (out.dtype != target.dtype || out.shape != target.shape || out.bytes.size() != target.nbytes) {
+        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target.name, "' built as ",
+                                                       DTypeName(out.dtype), ShapeString(out.shape), ", registered as ",
+                                                       DTypeName(target.dtype), ShapeString(target.shape)));
+      }
+      REFIT_ASSIGN_OR_RETURN(const uint8_t* data, upload(d.target_index, out.bytes));
+      prepared.writes.push_back({d.target_index, data, 0, target.nbytes});
+      ++prepared.params;
+      ++prepared.derived;
+      continue;
+    }
     if (ops != nullptr) {
       const storage::ParamInfo& target = params[d.target_index];
       REFIT_ASSIGN_OR_RETURN(DeviceBuilt from, AssembleOnDevice(planner, d.from_index, staging, *ops,

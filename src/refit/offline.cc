@@ -10,6 +10,7 @@
 #include "formats/format.h"
 #include "refit/committer.h"
 #include "refit/convert.h"
+#include "refit/derived_build.h"
 #include "refit/param_build.h"
 #include "refit/resolve.h"
 #include "refit/staging.h"
@@ -161,12 +162,18 @@ absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
       std::optional<spec::Captures> caps = d.from.Match(name);
       if (!caps) continue;
       REFIT_ASSIGN_OR_RETURN(std::string target, d.target.Expand(*caps));
-      const Built& from = pre[name];
-      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(from.dtype, from.shape));
-      storage::ParamInfo info{target, from.dtype, from.shape, n};
-      ConvertedTensor t{target, from.dtype, from.shape, std::vector<uint8_t>(n)};
-      REFIT_RETURN_IF_ERROR(ComputeDerived(d.op, info, from.bytes.data(), t.bytes.data()));
-      out.push_back(std::move(t));
+      const Built* scale = nullptr;
+      if (d.scale) {
+        REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(*caps));
+        auto it = pre.find(scale_name);
+        if (it == pre.end()) {
+          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target, "' reads scale '", scale_name,
+                                                         "', which the checkpoint lacks"));
+        }
+        scale = &it->second;
+      }
+      REFIT_ASSIGN_OR_RETURN(Built b, BuildDerived(d, target, pre[name], scale));
+      out.push_back({target, b.dtype, b.shape, std::move(b.bytes)});
     }
   }
   for (ConvertedTensor& k : kept) out.push_back(std::move(k));
@@ -236,8 +243,19 @@ absl::StatusOr<std::vector<storage::ParamInfo>> EngineParamInfos(const spec::Mod
       if (!caps) continue;
       REFIT_ASSIGN_OR_RETURN(std::string target, d.target.Expand(*caps));
       const auto& [dtype, shape] = pre[name];
-      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(dtype, shape));
-      out.push_back({target, dtype, shape, n});
+      std::optional<DerivedSource> scale;
+      if (d.scale) {
+        REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(*caps));
+        auto it = pre.find(scale_name);
+        if (it == pre.end()) {
+          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target, "' reads scale '", scale_name,
+                                                         "', which the checkpoint lacks"));
+        }
+        scale = DerivedSource{it->second.first, it->second.second};
+      }
+      REFIT_ASSIGN_OR_RETURN(auto laid, DerivedShape(d, target, {dtype, shape}, scale));
+      REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(laid.first, laid.second));
+      out.push_back({target, laid.first, laid.second, n});
     }
   }
   for (storage::ParamInfo& k : kept) out.push_back(std::move(k));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "formats/layout.h"
+#include "formats/moe_shuffle.h"
 
 namespace refit {
 namespace {
@@ -155,6 +156,34 @@ absl::StatusOr<std::pair<DType, Shape>> LayoutShape(const spec::Rule& rule, cons
         n = (n + step.multiple - 1) / step.multiple * step.multiple;
         break;
       }
+      case spec::LayoutOp::kReorderGatedRows:
+      case spec::LayoutOp::kShuffleMatrixA:
+      case spec::LayoutOp::kShuffleMatrixSfA: {
+        if (s.size() < 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": a row permutation takes rank >= 2, not ", ShapeString(s)));
+        }
+        const int64_t rows = s[s.size() - 2];
+        if (step.op == spec::LayoutOp::kReorderGatedRows) {
+          absl::StatusOr<std::vector<int64_t>> src = formats::GatedActRowSource(rows);
+          if (!src.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", src.status().message()));
+          break;
+        }
+        absl::StatusOr<std::vector<int64_t>> src = formats::ShuffleMatrixARowSource(rows, step.epilogue_tile_m);
+        if (!src.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", src.status().message()));
+        if (step.op == spec::LayoutOp::kShuffleMatrixSfA) {
+          // FlashInfer get_shuffle_matrix_sf_a_row_indices asserts M % 128 == 0.
+          if (!IsByte(dtype) || rows % 128 != 0) {
+            return absl::InvalidArgumentError(absl::StrCat(where,
+                                                           ": shuffle_matrix_sf_a takes byte scales of a row count "
+                                                           "that is a multiple of 128, not ",
+                                                           DTypeName(dtype), ShapeString(s)));
+          }
+          formats::Swizzle128x4Geometry g{Product(s, 0, s.size() - 2), rows, s[s.size() - 1]};
+          s[s.size() - 1] = g.PaddedCols();
+        }
+        break;
+      }
     }
   }
   return std::make_pair(dtype, s);
@@ -212,6 +241,28 @@ absl::Status ApplyLayout(const spec::Rule& rule, const std::string& suffix, int6
           std::memcpy(out.data() + static_cast<size_t>(o * np) * inner, p.bytes.data() + static_cast<size_t>(o * n) * inner,
                       static_cast<size_t>(n) * inner);
         }
+        break;
+      }
+      case spec::LayoutOp::kReorderGatedRows:
+      case spec::LayoutOp::kShuffleMatrixA:
+      case spec::LayoutOp::kShuffleMatrixSfA: {
+        const Shape& s = p.shape;
+        const int64_t rows = s[s.size() - 2];
+        absl::StatusOr<std::vector<int64_t>> src = step.op == spec::LayoutOp::kReorderGatedRows
+                                                       ? formats::GatedActRowSource(rows)
+                                                       : formats::ShuffleMatrixARowSource(rows, step.epilogue_tile_m);
+        if (!src.ok()) return src.status();
+        const int64_t batch = Product(s, 0, s.size() - 2);
+        std::vector<uint8_t> rows_out(p.bytes.size());
+        REFIT_RETURN_IF_ERROR(
+            formats::PermuteRows(batch, static_cast<uint64_t>(s[s.size() - 1]) * elem, *src, p.bytes, rows_out));
+        if (step.op != spec::LayoutOp::kShuffleMatrixSfA) {
+          out = std::move(rows_out);
+          break;
+        }
+        formats::Swizzle128x4Geometry g{batch, rows, s[s.size() - 1]};
+        out.assign(nbytes, 0);
+        REFIT_RETURN_IF_ERROR(formats::Swizzle128x4(g, rows_out, out));
         break;
       }
     }

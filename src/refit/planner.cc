@@ -1,10 +1,13 @@
 #include "refit/planner.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "formats/format_info.h"
+#include "refit/derived_build.h"
 
 namespace refit {
 namespace {
@@ -83,14 +86,39 @@ absl::StatusOr<Planner> Planner::CreateRanks(const spec::ModelSpec& node_spec, s
                                                        d->first->line, ") reads '", from,
                                                        "', which the engine did not register"));
       }
-      if (p.params_[fi].shape != p.params_[i].shape || p.params_[fi].dtype != p.params_[i].dtype) {
-        return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' is ",
-                                                       Describe(p.params_[i].dtype, p.params_[i].shape),
-                                                       " but its source '", from, "' is ",
-                                                       Describe(p.params_[fi].dtype, p.params_[fi].shape)));
+      int64_t si = -1;
+      std::optional<DerivedSource> scale;
+      if (d->first->scale) {
+        REFIT_ASSIGN_OR_RETURN(std::string scale_name, d->first->scale->Expand(d->second));
+        scale_name = Qualified(rank.label, scale_name);
+        si = p.IndexOf(scale_name);
+        if (si < 0) {
+          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", p.params_[i].name, "' (", spec.path,
+                                                         ":", d->first->line, ") reads scale '", scale_name,
+                                                         "', which the engine did not register"));
+        }
+        scale = DerivedSource{p.params_[si].dtype, p.params_[si].shape};
+      }
+      if (d->first->op == spec::DerivedOp::kAddOne) {
+        if (p.params_[fi].shape != p.params_[i].shape || p.params_[fi].dtype != p.params_[i].dtype) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "derived parameter '", p.params_[i].name, "' is ", Describe(p.params_[i].dtype, p.params_[i].shape),
+              " but its source '", from, "' is ", Describe(p.params_[fi].dtype, p.params_[fi].shape)));
+        }
+      } else {
+        // The op reads the source as staged (a checkpoint-layout parameter: its registered
+        // shape is the staged one).
+        REFIT_ASSIGN_OR_RETURN(
+            auto want, DerivedShape(*d->first, p.params_[i].name, {p.params_[fi].dtype, p.params_[fi].shape}, scale));
+        if (want.first != p.params_[i].dtype || want.second != p.params_[i].shape) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "derived parameter '", p.params_[i].name, "' is registered as ",
+              Describe(p.params_[i].dtype, p.params_[i].shape), "; from '", from, "' (",
+              Describe(p.params_[fi].dtype, p.params_[fi].shape), ") it would be ", Describe(want.first, want.second)));
+        }
       }
       src.kind = ParamSource::Kind::kDerived;
-      p.derived_.push_back({i, static_cast<size_t>(fi), d->first->op});
+      p.derived_.push_back({i, static_cast<size_t>(fi), d->first->op, d->first, si});
       continue;
     }
     if (const spec::Rule* never = spec.NeverRuleFor(name)) {
@@ -150,6 +178,24 @@ absl::StatusOr<Planner> Planner::CreateRanks(const spec::ModelSpec& node_spec, s
     const std::string& name = p.params_[i].name;
     int64_t d = p.IndexOf(name.substr(0, name.size() - src.suffix.size()));
     if (d >= 0 && p.sources_[d].kind == ParamSource::Kind::kBuilt && p.sources_[d].rule == src.rule) src.data_index = d;
+  }
+  // A derived op reads its sources as staged: each must be built from trainer tensors with no
+  // layout step of its own (its registered dtype and shape are then the staged ones).
+  for (const DerivedTarget& d : p.derived_) {
+    if (d.op == spec::DerivedOp::kAddOne) continue;
+    for (int64_t s : {static_cast<int64_t>(d.from_index), d.scale_index}) {
+      if (s < 0) continue;
+      const ParamSource& src = p.sources_[static_cast<size_t>(s)];
+      const bool laid_out = src.kind == ParamSource::Kind::kBuilt &&
+                            std::any_of(src.rule->layout.begin(), src.rule->layout.end(),
+                                        [&](const spec::LayoutStep& step) { return step.AppliesTo(src.suffix); });
+      if (src.kind != ParamSource::Kind::kBuilt || laid_out) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "derived parameter '", p.params_[d.target_index].name, "' reads '", p.params_[static_cast<size_t>(s)].name,
+            "', which is ", laid_out ? "laid out by its rule's layout steps" : "not built from trainer tensors",
+            ": derive from the checkpoint-layout parameter"));
+      }
+    }
   }
   return p;
 }

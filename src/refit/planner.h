@@ -66,6 +66,8 @@ struct DerivedTarget {
   size_t target_index;
   size_t from_index;
   spec::DerivedOp op;
+  const spec::Derived* derived = nullptr;
+  int64_t scale_index = -1;  // an FP8 kv_b_proj's block scales (mla ops with `scale`), or -1
 };
 
 // One engine rank's registered parameters, for a planner over every rank of the node's engine.

@@ -111,12 +111,23 @@ class Reader {
   }
 
   absl::Status Layout(const YAML::Node& list, const std::string& where, Rule& rule) const {
+    return Layout(list, where, rule.layout, true);
+  }
+
+  // `with_on` false: the steps of a derived copy, each on the one tensor it derives from.
+  absl::Status Layout(const YAML::Node& list, const std::string& where, std::vector<LayoutStep>& steps,
+                      bool with_on) const {
     if (!list.IsSequence()) return Error(list, where, "expected a list of steps");
     for (size_t i = 0; i < list.size(); ++i) {
       const YAML::Node n = list[i];
       std::string w = absl::StrCat(where, "[", i, "]");
-      REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "on", "dim", "multiple"}));
-      if (!n["op"] || !n["on"]) return Error(n, w, "needs 'op' and 'on'");
+      if (with_on) {
+        REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "on", "dim", "multiple", "epilogue_tile_m"}));
+        if (!n["op"] || !n["on"]) return Error(n, w, "needs 'op' and 'on'");
+      } else {
+        REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "dim", "multiple", "epilogue_tile_m"}));
+        if (!n["op"]) return Error(n, w, "needs 'op'");
+      }
       LayoutStep s;
       s.line = n.Mark().line + 1;
       REFIT_ASSIGN_OR_RETURN(std::string op, String(n["op"], w + ".op"));
@@ -130,20 +141,38 @@ class Reader {
         s.op = LayoutOp::kSwapHalves;
       } else if (op == "pad") {
         s.op = LayoutOp::kPad;
+      } else if (op == "reorder_rows_for_gated_act_gemm") {
+        s.op = LayoutOp::kReorderGatedRows;
+      } else if (op == "shuffle_matrix_a") {
+        s.op = LayoutOp::kShuffleMatrixA;
+      } else if (op == "shuffle_matrix_sf_a") {
+        s.op = LayoutOp::kShuffleMatrixSfA;
       } else {
         return Error(n["op"], w + ".op",
-                     absl::StrCat("unknown op '", op, "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
-                                  "swap_halves, pad)"));
+                     absl::StrCat("unknown op '", op,
+                                  "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
+                                  "swap_halves, pad, reorder_rows_for_gated_act_gemm, shuffle_matrix_a, "
+                                  "shuffle_matrix_sf_a)"));
       }
-      std::vector<YAML::Node> on;
-      if (n["on"].IsSequence()) {
-        for (const YAML::Node& o : n["on"]) on.push_back(o);
+      if (with_on) {
+        std::vector<YAML::Node> on;
+        if (n["on"].IsSequence()) {
+          for (const YAML::Node& o : n["on"]) on.push_back(o);
+        } else {
+          on.push_back(n["on"]);
+        }
+        for (const YAML::Node& o : on) {
+          REFIT_ASSIGN_OR_RETURN(std::string suffix, String(o, w + ".on"));
+          s.on.push_back(suffix == "data" ? "" : suffix);
+        }
       } else {
-        on.push_back(n["on"]);
+        s.on.push_back("");
       }
-      for (const YAML::Node& o : on) {
-        REFIT_ASSIGN_OR_RETURN(std::string suffix, String(o, w + ".on"));
-        s.on.push_back(suffix == "data" ? "" : suffix);
+      const bool shuffles = s.op == LayoutOp::kShuffleMatrixA || s.op == LayoutOp::kShuffleMatrixSfA;
+      if (n["epilogue_tile_m"]) {
+        if (!shuffles)
+          return Error(n["epilogue_tile_m"], w + ".epilogue_tile_m", absl::StrCat(op, " takes no 'epilogue_tile_m'"));
+        REFIT_ASSIGN_OR_RETURN(s.epilogue_tile_m, Int(n["epilogue_tile_m"], w + ".epilogue_tile_m", 1));
       }
       const bool needs_dim = s.op == LayoutOp::kSwapRowPairs || s.op == LayoutOp::kSwapHalves || s.op == LayoutOp::kPad;
       if (n["dim"]) {
@@ -159,7 +188,7 @@ class Reader {
       } else if (s.op == LayoutOp::kPad) {
         return Error(n, w, "pad needs 'multiple'");
       }
-      rule.layout.push_back(std::move(s));
+      steps.push_back(std::move(s));
     }
     return absl::OkStatus();
   }
@@ -715,21 +744,64 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
     for (size_t i = 0; i < derived.size(); ++i) {
       const YAML::Node n = derived[i];
       std::string where = absl::StrCat("derived[", i, "]");
-      REFIT_RETURN_IF_ERROR(r.CheckKeys(n, where, {"target", "from", "op"}));
+      REFIT_RETURN_IF_ERROR(
+          r.CheckKeys(n, where, {"target", "from", "op", "layout", "scale", "qk_nope_head_dim", "v_head_dim"}));
       if (!n["target"] || !n["from"] || !n["op"]) return r.Error(n, where, "needs 'target', 'from' and 'op'");
       Derived d;
       d.line = n.Mark().line + 1;
       REFIT_ASSIGN_OR_RETURN(d.target, r.Pattern(n["target"], where + ".target"));
       REFIT_ASSIGN_OR_RETURN(d.from, r.Pattern(n["from"], where + ".from"));
       REFIT_ASSIGN_OR_RETURN(std::string op, r.String(n["op"], where + ".op"));
-      if (op != "add_one") return r.Error(n["op"], where + ".op", "unknown op (supported: add_one)");
-      if (!d.from.Expandable() || !d.target.Expandable()) {
-        return r.Error(n, where, "target and from must be literals and {captures} only");
+      if (op == "add_one") {
+        d.op = DerivedOp::kAddOne;
+      } else if (op == "layout") {
+        d.op = DerivedOp::kLayout;
+      } else if (op == "mla_w_kc") {
+        d.op = DerivedOp::kMlaWkc;
+      } else if (op == "mla_w_vc") {
+        d.op = DerivedOp::kMlaWvc;
+      } else {
+        return r.Error(n["op"], where + ".op", "unknown op (supported: add_one, layout, mla_w_kc, mla_w_vc)");
+      }
+      const bool mla = d.op == DerivedOp::kMlaWkc || d.op == DerivedOp::kMlaWvc;
+      if (n["layout"]) {
+        if (d.op != DerivedOp::kLayout) return r.Error(n["layout"], where + ".layout", "only op layout takes 'layout'");
+        REFIT_RETURN_IF_ERROR(r.Layout(n["layout"], where + ".layout", d.layout, false));
+        for (const LayoutStep& s : d.layout) {
+          if (s.op == LayoutOp::kPackUe8m0) {
+            return r.Error(n["layout"], where + ".layout",
+                           "pack_ue8m0 needs its data tensor's rows: a rule's step only");
+          }
+        }
+      }
+      if (d.op == DerivedOp::kLayout && d.layout.empty()) return r.Error(n, where, "op layout needs 'layout' steps");
+      if (n["scale"]) {
+        if (!mla) return r.Error(n["scale"], where + ".scale", "only the mla ops take 'scale'");
+        REFIT_ASSIGN_OR_RETURN(NamePattern sp, r.Pattern(n["scale"], where + ".scale"));
+        d.scale = std::move(sp);
+      }
+      for (const char* key : {"qk_nope_head_dim", "v_head_dim"}) {
+        if (n[key] && !mla) return r.Error(n[key], absl::StrCat(where, ".", key), "only the mla ops take it");
+      }
+      if (mla) {
+        REFIT_ASSIGN_OR_RETURN(d.qk_nope_head_dim,
+                               sizes.Get(n, "qk_nope_head_dim", where + ".qk_nope_head_dim", Key("qk_nope_head_dim"),
+                                         "qk_nope_head_dim", Sizes::Need::kAtLoad));
+        REFIT_ASSIGN_OR_RETURN(d.v_head_dim, sizes.Get(n, "v_head_dim", where + ".v_head_dim", Key("v_head_dim"),
+                                                       "v_head_dim", Sizes::Need::kAtLoad));
+      }
+      if (!d.from.Expandable() || !d.target.Expandable() || (d.scale && !d.scale->Expandable())) {
+        return r.Error(n, where, "target, from and scale must be literals and {captures} only");
       }
       std::vector<std::string> tc = d.target.CaptureNames(), fc = d.from.CaptureNames();
       std::sort(tc.begin(), tc.end());
       std::sort(fc.begin(), fc.end());
       if (tc != fc) return r.Error(n, where, "target and from must use the same captures");
+      if (d.scale) {
+        std::vector<std::string> sc = d.scale->CaptureNames();
+        std::sort(sc.begin(), sc.end());
+        if (sc != fc) return r.Error(n["scale"], where + ".scale", "scale and from must use the same captures");
+      }
       for (size_t j : spec.derived_index.OverlapCandidates(d.target)) {
         const Derived& other = spec.derived[j];
         if (other.target.Overlaps(d.target)) {

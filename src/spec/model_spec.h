@@ -60,6 +60,11 @@ enum class LayoutOp : uint8_t {
   kSwapRowPairs,  // rows (2j, 2j+1) -> (2j+1, 2j) along `dim` (gpt-oss g,u -> u,g)
   kSwapHalves,    // the two halves along `dim` swapped ([w1; w3] <-> [w3; w1])
   kPad,           // zero rows appended along `dim` up to a multiple of `multiple`
+  // TRT-LLM / FlashInfer fused-MoE layouts (FORMATS.md B §8.2-8.3), on the rows (dim -2) of each
+  // matrix of the leading batch (each expert):
+  kReorderGatedRows,  // reorder_rows_for_gated_act_gemm: out[2i] = in[i], out[2i+1] = in[M/2+i]
+  kShuffleMatrixA,    // shuffle_matrix_a(W, epilogue_tile_m): rows permuted in blocks of 32 (16)
+  kShuffleMatrixSfA,  // shuffle_matrix_sf_a: the same rows (M % 128 == 0), then swizzle_128x4
 };
 
 // One engine layout step, applied at commit to the assembled (fused/stacked/sharded)
@@ -69,6 +74,7 @@ struct LayoutStep {
   std::vector<std::string> on;
   int dim = 0;
   int64_t multiple = 1;
+  int64_t epilogue_tile_m = 128;  // kShuffleMatrixA / kShuffleMatrixSfA
   int line = 0;
   bool AppliesTo(std::string_view suffix) const;
 };
@@ -98,14 +104,25 @@ struct Group {
   int line = 0;
 };
 
-enum class DerivedOp : uint8_t { kAddOne };
+enum class DerivedOp : uint8_t {
+  kAddOne,  // Gemma-style RMSNorm: gemma_weight = RN(weight + 1) in the parameter's dtype
+  kLayout,  // a laid-out copy: `layout` steps applied to the value of `from` (a shuffled MoE copy)
+  kMlaWkc,  // SGLang's MLA w_kc from kv_b_proj, stored [heads, kv_lora_rank, qk_nope_head_dim]
+  kMlaWvc,  // SGLang's MLA w_vc from kv_b_proj, stored [heads, v_head_dim, kv_lora_rank]
+};
 
-// An engine parameter recomputed at every commit from the staged value of engine parameter
-// `from` (Gemma-style RMSNorm: gemma_weight = RN(weight + 1) in the parameter's dtype).
+// An engine parameter recomputed at every commit from the staged (checkpoint-format, before
+// its own rule's layout steps) value of engine parameter `from`, and for the MLA ops of a
+// block-FP8 kv_b_proj also its `scale` (weight_scale_inv). It is written whenever `from` (or
+// `scale`) is written, in the same commit (formats/mla_absorb.h, formats/moe_shuffle.h).
 struct Derived {
   NamePattern target;
   NamePattern from;
   DerivedOp op = DerivedOp::kAddOne;
+  std::vector<LayoutStep> layout;    // kLayout: the steps, each on the data ("")
+  std::optional<NamePattern> scale;  // kMlaWkc / kMlaWvc of an FP8 kv_b_proj
+  int64_t qk_nope_head_dim = 0;      // kMlaWkc / kMlaWvc (spec or model config)
+  int64_t v_head_dim = 0;
   int line = 0;
 };
 
