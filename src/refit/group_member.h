@@ -16,7 +16,7 @@
 //                              └─CommitEnded──► kIdle                 Restored ──► kIdle
 //
 // kJoining: the daemon (re)started inside a group and has served no group version yet, so its
-// engine is not ready (Node::Ready) until a group refit lands. Its peers (config group.peers) tell
+// engine is not ready (Node::Ready) until a group refit lands. Its peers (config group.addresses) tell
 // it the group's version (PeersReported): an engine that holds that version, clean, joins at once;
 // one that holds another is kept paused (MustHold) until the next group version lands on it.
 // The deadline: a member copied (its engine paused) that hears neither resume nor abort by its
