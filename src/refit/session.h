@@ -11,6 +11,11 @@
 // every blocked call. The two loops run on threads kept across sessions (Options::threads) or,
 // without them, on threads of the session's own. The destructor stops the session (Stop: aborted
 // unless it failed already, both loops ended).
+//
+// Files: session.cc (lifecycle, announce, the receive and convert loops, validate/finish/report),
+// session_convert.cc (a bucket's conversion: wire intake, input tensors, slices), session_ranks.cc
+// (a tensor's staging, Stage, over one rank or the engine's ranks), session_amax.cc (supplied amax
+// and fused groups deferred until complete).
 #ifndef REFIT_REFIT_SESSION_H_
 #define REFIT_REFIT_SESSION_H_
 
@@ -144,7 +149,7 @@ class Session {
   // Issues the conversions of the bucket in `c.item`, ending with EndBucket. On a failure that
   // ends the session, returns after Converter::Sync (nothing of the bucket is read any more).
   void Convert(Converting& c);
-  // Convert's steps, over the bucket's state (BucketWork, session.cc). Each sets its `failed`
+  // Convert's steps, over the bucket's state (BucketWork, session_convert.cc). Each sets its `failed`
   // when the session failed (FailBucket), after which nothing more of the bucket is converted.
   struct BucketWork;
   // Wire format checkpoint: `pushed` as an output of a tensor the trainer converted (kept for the
@@ -207,6 +212,11 @@ class Session {
   absl::Status Stage(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind, const TensorPlan& plan,
                      std::optional<float> global_amax, uint64_t& out_bytes, const float* device_amax = nullptr,
                      std::optional<float> claim = std::nullopt);
+  // Stage's last resort (transposed, sharded or group-scaled; no device ops): the tensor converted
+  // whole on the host, then this rank's part of each output copied into `outs` (one per target).
+  absl::Status StageWholeOnHost(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
+                                const TensorPlan& plan, std::optional<float> global_amax, std::optional<float> claim,
+                                std::span<const formats::MutableBytes> outs);
   // Stage over several engine ranks: the tensor converted whole once, then each distinct part
   // (`distinct[i]` into `outs[i]`: a rank's shard, or the one part every rank shares) staged, on
   // the GPU by the device ops or else on the host.
@@ -217,7 +227,7 @@ class Session {
   // Over engine ranks: each output of `plan` split by rows whose every part is in `distinct` gets
   // its parts staged back to back in shard order (Staging::AllocateRun), their buffers into `outs`
   // (parallel to `distinct`), so the whole output converts in place; the rest stay null.
-  // Each rank's input rows converted alone into its parts (RowsPerRank in session.cc).
+  // Each rank's input rows converted alone into its parts (RowsPerRank in session_ranks.cc).
   absl::Status ConvertRowsPerRank(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                                   const TensorPlan& plan, int64_t rows, std::span<const Target* const> distinct,
                                   std::span<const formats::MutableBytes> outs);
