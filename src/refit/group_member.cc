@@ -163,14 +163,17 @@ void GroupMember::PeersReported(const std::vector<PeerVersion>& peers) {
 }
 
 bool GroupMember::MustHold(const std::string& engine_tag, bool dirty) {
-  if (!enabled() || phase_ != GroupPhase::kJoining || !group_version_known() || dirty) return false;
-  if (conflict_.empty() && engine_tag == group_version_) return false;
+  if (!enabled() || phase_ != GroupPhase::kJoining || !group_version_known()) return false;
+  if (!dirty && conflict_.empty() && engine_tag == group_version_) return false;
+  // A dirty engine (one held before, or one that lost refitd inside a commit window) is paused
+  // already: nothing to pause, but the reason says so again, as the peers' latest answer
+  // (PeersReported) replaced it.
   reason_ = absl::StrCat(
       "group ", options_.name, " is at version ",
       conflict_.empty() ? absl::StrCat("'", group_version_, "'") : absl::StrCat("unknown (", conflict_, ")"),
-      "; this member's engine holds '", engine_tag,
-      "': its ranks are kept paused until the group's next version lands on this member");
-  return true;
+      "; this member's engine holds '", engine_tag, "'", dirty ? ", dirty" : "",
+      ": its ranks are kept paused until the group's next version lands on this member");
+  return !dirty;
 }
 
 bool GroupMember::JoinHeld(const std::string& engine_tag, bool dirty) {

@@ -113,7 +113,8 @@ class GroupMember {
   bool group_version_known() const { return !group_version_.empty() || !conflict_.empty(); }
   // Joining with the group's version known: true when an engine (rank) holding `engine_tag` must be
   // kept paused, because it does not hold the group's version (a dirty engine is paused already:
-  // false). Sets reason() naming the group and its version.
+  // false). Sets reason() naming the group and its version, for a dirty engine too (the peers'
+  // answers, asked again at each registration, replace the reason).
   bool MustHold(const std::string& engine_tag, bool dirty);
   // Joining with the group's version known and held, clean, by the whole engine: the member serves
   // it (kIdle, tag() = the group's version) without a refit. False when it cannot.

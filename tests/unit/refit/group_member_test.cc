@@ -193,7 +193,12 @@ TEST(GroupMemberTest, AnEngineOnAnotherVersionIsHeldUntilTheNextGroupVersionLand
   EXPECT_THAT(m.reason(), HasSubstr("group engine-a is at version 'v7'; this member's engine holds ''"));
   EXPECT_THAT(m.Ready().message(), HasSubstr("kept paused"));
   EXPECT_TRUE(m.MustHold("v6", false));
+  // The peers asked again (another rank registers): the engine held before is dirty now, paused
+  // already, and the reason still says it is kept paused.
+  m.PeersReported({{0, "v7"}});
   EXPECT_FALSE(m.MustHold("v6", true));  // dirty: the engine is paused already
+  EXPECT_THAT(m.Ready().message(), HasSubstr("kept paused"));
+  EXPECT_THAT(m.reason(), HasSubstr("this member's engine holds 'v6', dirty"));
   EXPECT_FALSE(m.JoinHeld("v6", false));
   // The trainer's next group version lands through the group commit: the member serves it.
   Land(m, "v8");
