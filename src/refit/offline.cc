@@ -16,6 +16,24 @@
 #include "refit/staging.h"
 
 namespace refit {
+namespace {
+
+// The checkpoint tensor a derived op reads as its scale (the spec's `scale:`), looked up in `pre`
+// (name -> what the caller built of it); null when the op reads none.
+template <typename Map>
+absl::StatusOr<const typename Map::mapped_type*> FindDerivedScale(const spec::Derived& d, const spec::Captures& caps,
+                                                                  const std::string& target, const Map& pre) {
+  if (!d.scale) return nullptr;
+  REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(caps));
+  auto it = pre.find(scale_name);
+  if (it == pre.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("derived parameter '", target, "' reads scale '", scale_name, "', which the checkpoint lacks"));
+  }
+  return &it->second;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<ConvertedTensor>> ConvertResolved(const spec::ModelSpec& spec, const Resolution& r,
                                                              const InputTensor& in, std::optional<float> amax) {
@@ -162,16 +180,7 @@ absl::StatusOr<std::vector<ConvertedTensor>> EngineLayout(
       std::optional<spec::Captures> caps = d.from.Match(name);
       if (!caps) continue;
       REFIT_ASSIGN_OR_RETURN(std::string target, d.target.Expand(*caps));
-      const Built* scale = nullptr;
-      if (d.scale) {
-        REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(*caps));
-        auto it = pre.find(scale_name);
-        if (it == pre.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target, "' reads scale '", scale_name,
-                                                         "', which the checkpoint lacks"));
-        }
-        scale = &it->second;
-      }
+      REFIT_ASSIGN_OR_RETURN(const Built* scale, FindDerivedScale(d, *caps, target, pre));
       REFIT_ASSIGN_OR_RETURN(Built b, BuildDerived(d, target, pre[name], scale));
       out.push_back({target, b.dtype, b.shape, std::move(b.bytes)});
     }
@@ -243,16 +252,9 @@ absl::StatusOr<std::vector<storage::ParamInfo>> EngineParamInfos(const spec::Mod
       if (!caps) continue;
       REFIT_ASSIGN_OR_RETURN(std::string target, d.target.Expand(*caps));
       const auto& [dtype, shape] = pre[name];
+      REFIT_ASSIGN_OR_RETURN(const auto* scale_in, FindDerivedScale(d, *caps, target, pre));
       std::optional<DerivedSource> scale;
-      if (d.scale) {
-        REFIT_ASSIGN_OR_RETURN(std::string scale_name, d.scale->Expand(*caps));
-        auto it = pre.find(scale_name);
-        if (it == pre.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("derived parameter '", target, "' reads scale '", scale_name,
-                                                         "', which the checkpoint lacks"));
-        }
-        scale = DerivedSource{it->second.first, it->second.second};
-      }
+      if (scale_in != nullptr) scale = DerivedSource{scale_in->first, scale_in->second};
       REFIT_ASSIGN_OR_RETURN(auto laid, DerivedShape(d, target, {dtype, shape}, scale));
       REFIT_ASSIGN_OR_RETURN(uint64_t n, DenseBytes(laid.first, laid.second));
       out.push_back({target, laid.first, laid.second, n});
