@@ -392,12 +392,14 @@ class InPlaceEngine(GatedEngine):
 
     def __init__(self, address: str, module, *, named_params=None, dtypes=None,
                  on_pause: Optional[Callable[[], None]] = None,
-                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0):
+                 on_resume: Optional[Callable[[int], None]] = None, version: int = 0, **rank):
+        """`rank`: the tag of `version` and an engine rank's place (tag, tp_rank, tp_size, ep_rank,
+        ep_size, device, model), as EngineAgent takes them."""
         from .cuda import CudaParams
 
         self.module = module
         self.in_place: InPlaceParams = CudaParams.from_module(module, named_params, dtypes)
-        super().__init__(address, self.in_place, on_pause=on_pause, on_resume=on_resume, version=version)
+        super().__init__(address, self.in_place, on_pause=on_pause, on_resume=on_resume, version=version, **rank)
 
     def wake(self, params=None) -> bool:
         return self.agent.wake(self.in_place if params is None else params)

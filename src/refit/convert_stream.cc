@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/bounded_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "refit/convert.h"
@@ -149,6 +150,23 @@ class Pipeline {
 
 std::string ShardName(size_t i, size_t n) { return absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n); }
 
+// The model's config.json (at `path`) with the quantization_config of `meta`'s config.json in
+// place of any it had (removed when the conversion wrote none). Errors name the file.
+absl::StatusOr<std::string> WithModelConfig(const std::string& path, const std::map<std::string, std::string>& meta) {
+  constexpr uint64_t kMaxConfigBytes = 64u << 20;
+  REFIT_ASSIGN_OR_RETURN(std::string text, ReadBoundedFile(path, kMaxConfigBytes, "model config"));
+  nlohmann::json model = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (model.is_discarded() || !model.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("model config '", path, "' is not a JSON object"));
+  }
+  model.erase("quantization_config");
+  if (auto it = meta.find("config.json"); it != meta.end()) {
+    const nlohmann::json written = nlohmann::json::parse(it->second);
+    if (written.contains("quantization_config")) model["quantization_config"] = written["quantization_config"];
+  }
+  return model.dump(2);
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
@@ -243,6 +261,9 @@ absl::StatusOr<StreamConvertResult> ConvertCheckpointToDir(const spec::ModelSpec
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create '", out_dir, "': ", ec.message()));
   REFIT_ASSIGN_OR_RETURN(auto meta, QuantMetadata(spec, in.infos()));
+  if (!options.model_config_path.empty()) {
+    REFIT_ASSIGN_OR_RETURN(meta["config.json"], WithModelConfig(options.model_config_path, meta));
+  }
 
   StreamConvertResult result;
   result.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

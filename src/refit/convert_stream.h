@@ -45,6 +45,11 @@ struct ConvertProgress {
 struct StreamConvertOptions {
   int threads = 0;  // conversion workers; 0: the machine's cores
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;  // tensor bytes per shard (a larger tensor gets a shard of its own)
+  // The model's config.json: when given, the output's config.json is it with the conversion's
+  // quantization_config (replacing any it had, removed when nothing is quantized), so that the
+  // output directory loads in an engine as it is; without it config.json holds only
+  // quantization_config.
+  std::string model_config_path;
   // Called on the calling thread after each output tensor is written (and once before the first).
   std::function<void(const ConvertProgress&)> on_progress;
 };

@@ -23,7 +23,7 @@ std::string DaemonAddress() {
   return env != nullptr && *env != '\0' ? env : kDefaultControlAddress;
 }
 
-absl::StatusOr<std::optional<spec::ModelConfig>> ModelConfigFor(const std::string& checkpoint) {
+std::string ModelConfigPathFor(const std::string& checkpoint) {
   std::string path = absl::GetFlag(FLAGS_model_config);
   if (path.empty() && !checkpoint.empty()) {
     namespace fs = std::filesystem;
@@ -32,6 +32,11 @@ absl::StatusOr<std::optional<spec::ModelConfig>> ModelConfigFor(const std::strin
     const fs::path candidate = (dir.empty() ? fs::path(".") : dir) / "config.json";
     if (fs::exists(candidate, ec)) path = candidate.string();
   }
+  return path;
+}
+
+absl::StatusOr<std::optional<spec::ModelConfig>> ModelConfigFor(const std::string& checkpoint) {
+  const std::string path = ModelConfigPathFor(checkpoint);
   if (path.empty()) return std::nullopt;
   absl::StatusOr<spec::ModelConfig> config = spec::LoadModelConfigFile(path);
   if (!config.ok()) return config.status();

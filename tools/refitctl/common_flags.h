@@ -22,6 +22,9 @@ std::string DaemonAddress();
 // The model config a spec's sizes come from: --model-config, else the config.json next to the
 // checkpoint at `checkpoint` (in it when a directory, beside it when a file) when there is one,
 // else none. Errors name the file.
+// The model config.json a checkpoint command reads: --model-config, else the config.json beside
+// `checkpoint` (in its directory) when there is one; "" when neither.
+std::string ModelConfigPathFor(const std::string& checkpoint);
 absl::StatusOr<std::optional<spec::ModelConfig>> ModelConfigFor(const std::string& checkpoint);
 
 }  // namespace refit::refitctl

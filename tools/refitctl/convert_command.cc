@@ -69,6 +69,7 @@ int RunConvert(std::span<const std::string> paths) {
   StreamConvertOptions options;
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_shard_bytes = *max_shard;
+  options.model_config_path = ModelConfigPathFor(paths[0]);
   const absl::Time start = absl::Now();
   absl::Time last = absl::InfinitePast();
   options.on_progress = [&](const ConvertProgress& p) {

@@ -94,3 +94,28 @@ def test_progress_line_and_listing(tmp_path):
     assert last.startswith(f"converting: {len(listed)}/{len(listed)} tensors"), p.stderr
     assert "shard 1/1" in last and "GB/s" in last
     assert listed == sorted(listed) and listed[0].split()[0] in p.stdout
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3_moe"])
+def test_output_config_is_the_models_with_the_conversions_quantization_config(family, tmp_path):
+    # The output directory loads in an engine as it is: its config.json is the model's own (the
+    # checkpoint's, or --model-config's) with the conversion's quantization_config in place of
+    # any the model had.
+    spec = MODELS / FAMILIES[family][0]
+    ckpt = make_checkpoint(family, tmp_path / "ckpt", seed=3)
+    model = json.loads((ckpt / "config.json").read_text())
+    model["quantization_config"] = {"quant_method": "stale"}
+    (ckpt / "config.json").write_text(json.dumps(model))
+    run_convert(spec, ckpt, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: v for k, v in written.items() if k != "quantization_config"} == \
+        {k: v for k, v in model.items() if k != "quantization_config"}
+    qc = written["quantization_config"]
+    if family == "llama3":
+        assert qc["quant_method"] == "fp8" and qc["weight_block_size"] == [128, 128], qc
+    else:
+        assert qc["quant_method"] == "modelopt" and (tmp_path / "out" / "hf_quant_config.json").exists(), qc
+    other = dict(model, architectures=["OtherForCausalLM"])
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    run_convert(spec, ckpt, tmp_path / "out2", "--model-config", str(tmp_path / "other.json"))
+    assert json.loads((tmp_path / "out2" / "config.json").read_text())["architectures"] == ["OtherForCausalLM"]
