@@ -17,6 +17,7 @@ MODELS = SRC / "deploy/models"
 # make_checkpoints.py lays it out; Meta-Llama-3-8B's 291 are its Hugging Face checkpoint's)
 SPECS = {
     "llama3_fp8.yaml": ("llama3", 291),                    # Meta-Llama-3-8B
+    "llama3_fp8_ue8m0.yaml": ("llama3", 291),              # Meta-Llama-3-8B, as vLLM holds it
     "qwen3_moe_nvfp4.yaml": ("qwen3_moe", 18867),          # Qwen3-30B-A3B: 48 layers x 128 experts
     "deepseek_v3_fp8_ue8m0.yaml": ("deepseek_v3", 46183),  # DeepSeek-V3, with its MTP layer 61
     "gpt_oss_mxfp4.yaml": ("gpt_oss", 411),                # gpt-oss-20b, BF16 experts

@@ -10,8 +10,9 @@ pushing BF16 tensors from the GPU, while vLLM keeps generating. After each commi
 Then the same versions through vLLM's own in-place reload (reload_weights with the converted
 tensors on the GPU), checked the same way; both paths' times are printed (docs/benchmarks.md).
 
-The spec is the shipped deploy/models/llama3_fp8.yaml at tensor_parallel.size 1 (a single-GPU
-vLLM; the size is the deployment's choice). Skips, saying why, without vLLM, a CUDA device or a
+The spec is the shipped deploy/models/llama3_fp8_ue8m0.yaml (what vLLM holds on Hopper and
+Blackwell, where it requantizes block-FP8 weights to power-of-two scales at load) at
+tensor_parallel.size 1 (a single-GPU vLLM; the size is the deployment's choice). Skips, saying why, without vLLM, a CUDA device or a
 CUDA build of refitd. vLLM itself does not come from the project's setup: on a GPU machine,
 tools/vllm/bundle's site directory on PYTHONPATH provides it."""
 import importlib.util
@@ -68,8 +69,8 @@ def _same_outputs(a, b, what):
 
 
 def test_vllm_refitted_in_place_equals_a_fresh_vllm_of_the_converted_weights(tmp_path):
-    spec = tmp_path / "llama3_fp8.yaml"
-    text = (SRC / "deploy/models/llama3_fp8.yaml").read_text()
+    spec = tmp_path / "llama3_fp8_ue8m0.yaml"
+    text = (SRC / "deploy/models/llama3_fp8_ue8m0.yaml").read_text()
     spec.write_text(re.sub(r"tensor_parallel: \{size: \d+\}", "tensor_parallel: {size: 1}", text))
     bf16, fp8, layout = [], [], []
     for k in range(VERSIONS):
@@ -106,7 +107,7 @@ def test_vllm_refitted_in_place_equals_a_fresh_vllm_of_the_converted_weights(tmp
         h.wait_for(lambda: sock.exists() or daemon.poll() is not None, 30, "refitd socket")
         assert daemon.poll() is None, log.read_text()
         plan = tmp_path / "plan.json"
-        plan.write_text(json.dumps({"address": f"unix:{sock}", "model": "llama3-fp8", "bf16": bf16, "fp8": fp8,
+        plan.write_text(json.dumps({"address": f"unix:{sock}", "model": "llama3-fp8-ue8m0", "bf16": bf16, "fp8": fp8,
                                     "engine_layout": layout}))
         result = tmp_path / "engine.json"
         p = subprocess.run([sys.executable, str(ROLES), "engine", str(plan), str(result)], capture_output=True,
@@ -118,6 +119,8 @@ def test_vllm_refitted_in_place_equals_a_fresh_vllm_of_the_converted_weights(tmp
             Path(out_dir, "engine.json").write_text(json.dumps(record, indent=1))
             Path(out_dir, "engine.log").write_text(p.stdout[-200000:] + p.stderr[-200000:])
             Path(out_dir, "refitd.log").write_text(log.read_text()[-200000:])
+            ref_thread.join(timeout=900)
+            Path(out_dir, "references.json").write_text(json.dumps(refs, indent=1))
         assert p.returncode == 0, f"{p.stderr[-6000:]}\n{log.read_text()[-3000:]}"
     finally:
         if daemon.poll() is None:
@@ -128,7 +131,7 @@ def test_vllm_refitted_in_place_equals_a_fresh_vllm_of_the_converted_weights(tmp
     assert record.get("done"), record
 
     # vLLM's own load of the converted checkpoint is the spec's engine layout, byte for byte.
-    assert record["loaded_equals_engine_layout"], record["layout"]
+    assert record["loaded_equals_engine_layout"], (record["loaded_differing"], record["layout"])
     graphs = record["graphs_after_start"]
     assert graphs > 0, "vLLM captured no CUDA graph: the test would not show graphs staying valid"
     versions = record["versions"]

@@ -172,7 +172,9 @@ def role_engine(plan_file: str, out: str) -> None:
     record["layout"] = llm.collective_rpc(_worker_layout)[0]
     save()
     expected0 = {k: digest(v) for k, v in safetensors_bytes(Path(plan["engine_layout"][0])).items()}
-    record["loaded_equals_engine_layout"] = llm.collective_rpc(_worker_digests)[0] == expected0
+    loaded = llm.collective_rpc(_worker_digests)[0]
+    record["loaded_equals_engine_layout"] = loaded == expected0
+    record["loaded_differing"] = sorted(n for n in set(expected0) | set(loaded) if loaded.get(n) != expected0.get(n))
     record["outputs0"] = generate(llm)
     status = llm.collective_rpc("refit_attach", args=(plan["address"], plan["model"]))[0]
     record["attached"] = status
