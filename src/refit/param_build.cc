@@ -27,6 +27,10 @@ absl::StatusOr<int> NormDim(int dim, const Shape& shape, const char* op) {
   return d;
 }
 
+// The dim whose rows a row permutation moves: the step's `dim` (-2 unless the spec gave one);
+// shuffle_matrix_sf_a's rows are always dim -2 (the 128x4 interleave that follows is 2-D).
+int RowsDim(const spec::LayoutStep& step) { return step.op == spec::LayoutOp::kShuffleMatrixSfA ? -2 : step.dim; }
+
 // out[o, perm(i), :] = in[o, i, :] along dim d.
 template <typename Perm>
 void PermuteDim(const std::vector<uint8_t>& in, const Shape& shape, size_t elem, int d, Perm perm,
@@ -163,7 +167,12 @@ absl::StatusOr<std::pair<DType, Shape>> LayoutShape(const spec::Rule& rule, cons
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": a row permutation takes rank >= 2, not ", ShapeString(s)));
         }
-        const int64_t rows = s[s.size() - 2];
+        const int row_dim = static_cast<int>(s.size()) - 2;
+        REFIT_ASSIGN_OR_RETURN(int d, NormDim(RowsDim(step), s, "row permutation"));
+        if (step.op == spec::LayoutOp::kShuffleMatrixSfA && d != row_dim) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": shuffle_matrix_sf_a permutes dim -2"));
+        }
+        const int64_t rows = s[static_cast<size_t>(d)];
         if (step.op == spec::LayoutOp::kReorderGatedRows) {
           absl::StatusOr<std::vector<int64_t>> src = formats::GatedActRowSource(rows);
           if (!src.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", src.status().message()));
@@ -247,15 +256,17 @@ absl::Status ApplyLayout(const spec::Rule& rule, const std::string& suffix, int6
       case spec::LayoutOp::kShuffleMatrixA:
       case spec::LayoutOp::kShuffleMatrixSfA: {
         const Shape& s = p.shape;
-        const int64_t rows = s[s.size() - 2];
+        REFIT_ASSIGN_OR_RETURN(int d, NormDim(RowsDim(step), s, "row permutation"));
+        const size_t dz = static_cast<size_t>(d);
+        const int64_t rows = s[dz];
         absl::StatusOr<std::vector<int64_t>> src = step.op == spec::LayoutOp::kReorderGatedRows
                                                        ? formats::GatedActRowSource(rows)
                                                        : formats::ShuffleMatrixARowSource(rows, step.epilogue_tile_m);
         if (!src.ok()) return src.status();
-        const int64_t batch = Product(s, 0, s.size() - 2);
+        const int64_t batch = Product(s, 0, dz);
         std::vector<uint8_t> rows_out(p.bytes.size());
-        REFIT_RETURN_IF_ERROR(
-            formats::PermuteRows(batch, static_cast<uint64_t>(s[s.size() - 1]) * elem, *src, p.bytes, rows_out));
+        REFIT_RETURN_IF_ERROR(formats::PermuteRows(batch, static_cast<uint64_t>(Product(s, dz + 1, s.size())) * elem,
+                                                   *src, p.bytes, rows_out));
         if (step.op != spec::LayoutOp::kShuffleMatrixSfA) {
           out = std::move(rows_out);
           break;

@@ -175,8 +175,12 @@ class Reader {
         REFIT_ASSIGN_OR_RETURN(s.epilogue_tile_m, Int(n["epilogue_tile_m"], w + ".epilogue_tile_m", 1));
       }
       const bool needs_dim = s.op == LayoutOp::kSwapRowPairs || s.op == LayoutOp::kSwapHalves || s.op == LayoutOp::kPad;
+      // The row permutations move the rows along `dim` (default -2), each row all that follows it:
+      // gpt-oss's 4-D `_blocks` [E, N, K/32, 16] have their rows at -3, a bias [E, N] at -1.
+      const bool rows_dim = s.op == LayoutOp::kReorderGatedRows || s.op == LayoutOp::kShuffleMatrixA;
+      if (rows_dim) s.dim = -2;
       if (n["dim"]) {
-        if (!needs_dim) return Error(n["dim"], w + ".dim", absl::StrCat(op, " takes no 'dim'"));
+        if (!needs_dim && !rows_dim) return Error(n["dim"], w + ".dim", absl::StrCat(op, " takes no 'dim'"));
         REFIT_ASSIGN_OR_RETURN(int64_t d, Int(n["dim"], w + ".dim", -8));
         s.dim = static_cast<int>(d);
       } else if (needs_dim) {

@@ -11,7 +11,8 @@ Weights are deterministic pseudo-random BF16 values for a seed. Standard library
 
     make_checkpoints.py FAMILY OUT_DIR [--seed N] [--set KEY=JSON]...   (FAMILY: llama3, qwen3_moe,
                                                                         deepseek_v3, gpt_oss, qwen35,
-                                                                        or all)
+                                                                        llama3_ct, deepseek_v3_absorbed,
+                                                                        gpt_oss_trtllm, or all)
     make_checkpoints.py FAMILY OUT_DIR --real
 
 --real lays the checkpoint out from the real model's config, unchanged, in shards of at most 5 GB
@@ -52,6 +53,12 @@ FAMILIES = {
         "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 64, "num_local_experts": 4, "intermediate_size": 256, "vocab_size": 256,
         "layer_types": ["sliding_attention", "full_attention"]}),
+    # gpt_oss_mxfp4_trtllm.yaml: sizes the TRT-LLM MXFP4 MoE pads (hidden 320 -> 512 rows and 10 ->
+    # 16 blocks of 32; intermediate 192 -> 256, so gate/up's 384 rows -> 512).
+    "gpt_oss_trtllm": ("gpt-oss-20b", {
+        "hidden_size": 320, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_local_experts": 4, "intermediate_size": 192, "vocab_size": 256,
+        "layer_types": ["sliding_attention", "full_attention"]}),
     # Layer 0 gated delta-net, layer 1 gated full attention, one MTP layer (in text_config).
     "qwen35": ("Qwen3.5-27B", {
         "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -59,6 +66,10 @@ FAMILIES = {
         "linear_num_value_heads": 4, "linear_value_head_dim": 64, "full_attention_interval": 2,
         "layer_types": ["linear_attention", "full_attention"], "mtp_num_hidden_layers": 1, "vocab_size": 256}),
 }
+# Families of another shipped spec for the same model: the same checkpoint (llama3_ct_fp8_dynamic.yaml,
+# deepseek_v3_fp8_absorbed.yaml).
+FAMILIES["llama3_ct"] = FAMILIES["llama3"]
+FAMILIES["deepseek_v3_absorbed"] = FAMILIES["deepseek_v3"]
 
 SHARD_BYTES = 5 * 10**9  # Hugging Face's default max_shard_size
 
@@ -305,7 +316,7 @@ def qwen35(b, config, real):
 
 
 BUILDERS = {"llama3": llama3, "qwen3_moe": qwen3_moe, "deepseek_v3": deepseek_v3, "gpt_oss": gpt_oss,
-            "qwen35": qwen35}
+            "qwen35": qwen35, "llama3_ct": llama3, "deepseek_v3_absorbed": deepseek_v3, "gpt_oss_trtllm": gpt_oss}
 
 
 def real_config(family):

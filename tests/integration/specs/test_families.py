@@ -45,6 +45,31 @@ FAMILIES = {
         "model.layers.1.mlp.experts.down_proj",
         "missing: 'model.layers.1.mlp.experts.down_proj_blocks'",
     ),
+    # llm-compressor FP8_DYNAMIC (compressed-tensors per-channel FP8), one engine rank.
+    "llama3_ct": (
+        "llama3_ct_fp8_dynamic.yaml",
+        ["model.layers.0.{n:input_layernorm,post_attention_layernorm}.weight",
+         "model.layers.1.self_attn.{p:q,k,v}_proj.weight"],
+        "model.layers.0.mlp.up_proj.weight",
+        "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
+        "'model.layers.0.mlp.up_proj.weight'",
+    ),
+    # Absorbed MLA: a partial refit of kv_b_proj rewrites its derived w_kc / w_vc.
+    "deepseek_v3_absorbed": (
+        "deepseek_v3_fp8_absorbed.yaml",
+        ["model.layers.1.self_attn.kv_b_proj.weight",
+         "model.layers.0.self_attn.{p:q_a_proj,kv_a_proj_with_mqa}.weight"],
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "incomplete: engine parameter 'model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight' lacks "
+        "'model.layers.0.self_attn.kv_a_proj_with_mqa.weight'",
+    ),
+    # The TRT-LLM MXFP4 MoE layout: padded, row-pair swapped and shuffled experts.
+    "gpt_oss_trtllm": (
+        "gpt_oss_mxfp4_trtllm.yaml",
+        ["model.layers.0.mlp.experts.{t:gate_up_proj,gate_up_proj_bias}", "model.layers.1.input_layernorm.weight"],
+        "model.layers.1.mlp.experts.down_proj",
+        "missing: 'model.layers.1.mlp.experts.down_proj_blocks'",
+    ),
     "qwen35": (
         "qwen35_mxfp8.yaml",
         ["{m:model,mtp}.layers.{L}.{n:input_layernorm,post_attention_layernorm}.weight", "model.norm.weight",
@@ -111,6 +136,31 @@ def test_engine_layout_of_convert_matches_engine_load(tmp_path):
     assert fused["dtype"] == "F8_E4M3" and fused["shape"] == [2624, 256]
     packed = header["model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight_scale_inv"]
     assert packed["dtype"] == "I32" and packed["shape"] == [1, 2624]
+
+
+def test_trtllm_layout_pads_gpt_oss_20b_widths(tmp_path):
+    """gpt_oss_mxfp4_trtllm.yaml at gpt-oss-20b's widths (hidden and intermediate 2880; one layer of
+    two experts): the engine holds the experts padded to 3072 as vLLM/SGLang allocate them, and
+    shuffle_matrix_sf_a finds whole 128-row blocks (2880 rows alone are not)."""
+    import json
+    import struct
+    import sys
+    from conftest import MAKE
+    ckpt = tmp_path / "ckpt"
+    sizes = {"hidden_size": 2880, "intermediate_size": 2880, "num_local_experts": 2, "num_hidden_layers": 1,
+             "layer_types": ["sliding_attention"]}
+    subprocess.run([sys.executable, str(MAKE), "gpt_oss_trtllm", str(ckpt), "--seed", "1",
+                    *[a for k, v in sizes.items() for a in ("--set", f"{k}={json.dumps(v)}")]], check=True)
+    out = convert(str(MODELS / "gpt_oss_mxfp4_trtllm.yaml"), ckpt, tmp_path / "conv", engine_layout=True)
+    with open(out / "engine.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    p = "model.layers.0.mlp.experts."
+    shapes = {k[len(p):]: v["shape"] for k, v in header.items() if k.startswith(p)}
+    assert shapes == {
+        "gate_up_proj_blocks": [2, 6144, 96, 16], "gate_up_proj_scales": [2, 6144, 96], "gate_up_proj_bias": [2, 6144],
+        "down_proj_blocks": [2, 3072, 96, 16], "down_proj_scales": [2, 3072, 96], "down_proj_bias": [2, 3072],
+    }, shapes
 
 
 def test_incompatible_checkpoint_layout_is_rejected_at_startup(tmp_path):

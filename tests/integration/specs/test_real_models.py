@@ -22,6 +22,9 @@ SPECS = {
     "deepseek_v3_fp8_ue8m0.yaml": ("deepseek_v3", 46183),  # DeepSeek-V3, with its MTP layer 61
     "gpt_oss_mxfp4.yaml": ("gpt_oss", 411),                # gpt-oss-20b, BF16 experts
     "qwen35_mxfp8.yaml": ("qwen35", 866),                  # Qwen3.5-27B text model and MTP layer
+    "llama3_ct_fp8_dynamic.yaml": ("llama3", 291),         # Meta-Llama-3-8B
+    "deepseek_v3_fp8_absorbed.yaml": ("deepseek_v3", 46183),  # DeepSeek-V3, w_kc / w_vc of 62 layers
+    "gpt_oss_mxfp4_trtllm.yaml": ("gpt_oss", 411),         # gpt-oss-20b (its padded layout: test_families.py)
 }
 
 

@@ -16,6 +16,9 @@ FAMILIES = {
     "qwen35": ("qwen35_mxfp8.yaml", "mxfp8"),
     "qwen3_moe": ("qwen3_moe_nvfp4.yaml", "nvfp4"),
     "gpt_oss": ("gpt_oss_mxfp4.yaml", "mxfp4"),
+    "llama3_ct": ("llama3_ct_fp8_dynamic.yaml", "ct_fp8_channel"),
+    "deepseek_v3_absorbed": ("deepseek_v3_fp8_absorbed.yaml", "fp8_block128"),
+    "gpt_oss_trtllm": ("gpt_oss_mxfp4_trtllm.yaml", "mxfp4"),
 }
 
 

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "formats/moe_shuffle.h"
 #include "formats/safetensors.h"
 #include "gtest/gtest.h"
 #include "refit/committer.h"
@@ -361,6 +362,58 @@ TEST(DerivedLayoutSpec, RefusesWhatTheOpsCannotTake) {
   EXPECT_NE(err("  - {target: a, from: b, op: mla_w_kc}\n").find("qk_nope_head_dim"), std::string::npos);
   EXPECT_NE(err("  - {target: a, from: b, op: add_one, scale: c}\n").find("only the mla ops take 'scale'"),
             std::string::npos);
+}
+
+// The row permutations move the rows along `dim` (default -2), each row all the elements after
+// it: gpt-oss's MXFP4 `_blocks` [E, N, K/32, 16] have their rows at dim 1, a bias [E, N] at -1
+// (FlashInfer shuffles `w[e].view(uint8)` [N, K/2] and `bias[e].reshape(-1, 1)`).
+TEST(DerivedLayoutSpec, RowPermutationsAlongAnotherDim) {
+  auto spec = spec::ParseModelSpec(R"(model: m
+rules:
+  - {match: "l.blocks", format: passthrough}
+  - {match: "l.bias", format: passthrough}
+derived:
+  - {target: "l.blocks_shuffled", from: "l.blocks", op: layout, layout: [{op: shuffle_matrix_a, dim: 1}]}
+  - {target: "l.blocks_gated", from: "l.blocks", op: layout, layout: [{op: reorder_rows_for_gated_act_gemm, dim: -3}]}
+  - {target: "l.bias_shuffled", from: "l.bias", op: layout, layout: [{op: shuffle_matrix_a, dim: -1}]}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  constexpr int64_t kE = 2, kN = 64, kBlocks = 3, kBlockBytes = 4;
+  const uint64_t row_bytes = kBlocks * kBlockBytes;
+  ConvertedTensor blocks{
+      "l.blocks", DType::kU8, {kE, kN, kBlocks, kBlockBytes}, std::vector<uint8_t>(kE * kN * row_bytes)};
+  for (size_t i = 0; i < blocks.bytes.size(); ++i) blocks.bytes[i] = static_cast<uint8_t>(i * 7 + i / 251);
+  ConvertedTensor bias{"l.bias", DType::kBF16, {kE, kN}, std::vector<uint8_t>(kE * kN * 2)};
+  for (size_t i = 0; i < bias.bytes.size(); ++i) bias.bytes[i] = static_cast<uint8_t>(i * 13 + 1);
+  std::vector<storage::ParamInfo> infos = {{blocks.name, blocks.dtype, blocks.shape, blocks.bytes.size()},
+                                           {bias.name, bias.dtype, bias.shape, bias.bytes.size()}};
+  auto layout = EngineLayout(*spec, infos, {{blocks.name, &blocks}, {bias.name, &bias}});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::map<std::string, ConvertedTensor> got;
+  for (ConvertedTensor& t : *layout) got[t.name] = std::move(t);
+  // Each expert's rows permuted whole, as formats::PermuteRows does for a [E, N, row] matrix.
+  auto permuted = [](const std::vector<uint8_t>& in, uint64_t row, const std::vector<int64_t>& source) {
+    std::vector<uint8_t> out(in.size());
+    EXPECT_TRUE(formats::PermuteRows(kE, row, source, in, out).ok());
+    return out;
+  };
+  const std::vector<int64_t> shuffle = *formats::ShuffleMatrixARowSource(kN, 128);
+  const std::vector<int64_t> gated = *formats::GatedActRowSource(kN);
+  EXPECT_EQ(got.at("l.blocks_shuffled").shape, blocks.shape);
+  EXPECT_EQ(got.at("l.blocks_shuffled").bytes, permuted(blocks.bytes, row_bytes, shuffle));
+  EXPECT_EQ(got.at("l.blocks_gated").bytes, permuted(blocks.bytes, row_bytes, gated));
+  EXPECT_EQ(got.at("l.bias_shuffled").shape, bias.shape);
+  EXPECT_EQ(got.at("l.bias_shuffled").bytes, permuted(bias.bytes, 2, shuffle));
+  // Not a whole number of 32-row blocks along the dim: named.
+  auto p = Planner::Create(
+      *spec, {{"l.blocks", DType::kU8, {2, 48, 3, 4}, 1152}, {"l.blocks_shuffled", DType::kU8, {2, 48, 3, 4}, 1152}});
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("48 rows are not a multiple of 32"), std::string::npos) << p.status();
+  // shuffle_matrix_sf_a's rows are dim -2 (the 128x4 interleave after it is 2-D): no dim.
+  auto sf = spec::ParseModelSpec(
+      "model: m\nderived:\n  - {target: a, from: b, op: layout, layout: [{op: shuffle_matrix_sf_a, dim: 1}]}\n");
+  ASSERT_FALSE(sf.ok());
+  EXPECT_NE(sf.status().message().find("shuffle_matrix_sf_a takes no 'dim'"), std::string::npos) << sf.status();
 }
 
 TEST(DerivedLayoutPlanner, NamesTheParameterWhoseShapeCannotBeDerived) {

@@ -16,10 +16,15 @@ using ::testing::HasSubstr;
 absl::Status Load(const std::string& yaml) { return ParseModelSpec(yaml, "spec.yaml").status(); }
 
 // Each shipped spec and the model it names (tests/models/README.md); the demo spec names none.
-const std::map<std::string, std::string> kSpecModels = {
-    {"llama3_fp8.yaml", "Meta-Llama-3-8B"},         {"qwen3_moe_nvfp4.yaml", "Qwen3-30B-A3B"},
-    {"deepseek_v3_fp8_ue8m0.yaml", "DeepSeek-V3"}, {"gpt_oss_mxfp4.yaml", "gpt-oss-20b"},
-    {"qwen35_mxfp8.yaml", "Qwen3.5-27B"},          {"demo-llama.yaml", ""}};
+const std::map<std::string, std::string> kSpecModels = {{"llama3_fp8.yaml", "Meta-Llama-3-8B"},
+                                                        {"qwen3_moe_nvfp4.yaml", "Qwen3-30B-A3B"},
+                                                        {"deepseek_v3_fp8_ue8m0.yaml", "DeepSeek-V3"},
+                                                        {"gpt_oss_mxfp4.yaml", "gpt-oss-20b"},
+                                                        {"qwen35_mxfp8.yaml", "Qwen3.5-27B"},
+                                                        {"llama3_ct_fp8_dynamic.yaml", "Meta-Llama-3-8B"},
+                                                        {"deepseek_v3_fp8_absorbed.yaml", "DeepSeek-V3"},
+                                                        {"gpt_oss_mxfp4_trtllm.yaml", "gpt-oss-20b"},
+                                                        {"demo-llama.yaml", ""}};
 
 absl::StatusOr<ModelSpec> LoadShipped(const std::string& file) {
   const std::string path = std::string(REFIT_MODELS_DIR) + "/" + file;
@@ -45,7 +50,7 @@ TEST(ModelSpecTest, EveryShippedSpecLoadsWithItsModelsConfig) {
     }
     ++n;
   }
-  EXPECT_EQ(n, 6);  // five model families and the demo model
+  EXPECT_EQ(n, 9);  // five model families (three with a second engine layout) and the demo model
 }
 
 // Shipped specs state no size: every expert count and Megatron-source size is the model's.
@@ -122,6 +127,13 @@ TEST(ModelSpecTest, ShippedSpecsResolveTheRealModelsSizes) {
   EXPECT_EQ(qwen35->source->head_dim, 256);
   EXPECT_EQ(qwen35->source->linear_num_value_heads, 48);
   EXPECT_EQ(qwen35->source->vocab_size, 248320);
+  absl::StatusOr<ModelSpec> absorbed = LoadShipped("deepseek_v3_fp8_absorbed.yaml");  // w_kc / w_vc
+  ASSERT_TRUE(absorbed.ok()) << absorbed.status();
+  ASSERT_EQ(absorbed->derived.size(), 2u);
+  for (const Derived& d : absorbed->derived) {
+    EXPECT_EQ(d.qk_nope_head_dim, 128);
+    EXPECT_EQ(d.v_head_dim, 128);
+  }
 }
 
 ModelConfig Config(const std::string& json) { return *ModelConfig::Parse(json, "c.json"); }

@@ -456,24 +456,36 @@ TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shipped, DeviceStagingFamilies,
-                         ::testing::Values(
-                             Family{"llama3", "llama3_fp8.yaml", "model.layers.0.mlp.up_proj.weight",
-                                    "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
-                                    "'model.layers.0.mlp.up_proj.weight'"},
-                             // A fused NVFP4 member whose partner never comes: held on the device, then refused.
-                             Family{"qwen3_moe", "qwen3_moe_nvfp4.yaml", "model.layers.1.mlp.experts.2.up_proj.weight",
-                                    "lacks 'model.layers.1.mlp.experts.2.up_proj.weight'"},
-                             Family{"deepseek_v3", "deepseek_v3_fp8_ue8m0.yaml",
-                                    "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-                                    "incomplete: engine parameter 'model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight' "
-                                    "lacks 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight'"},
-                             Family{"gpt_oss", "gpt_oss_mxfp4.yaml", "model.layers.1.mlp.experts.down_proj",
-                                    "missing: 'model.layers.1.mlp.experts.down_proj_blocks'"},
-                             Family{"qwen35", "qwen35_mxfp8.yaml", "mtp.layers.0.mlp.gate_proj.weight",
-                                    "incomplete: engine parameter 'mtp.layers.0.mlp.gate_up_proj.weight' lacks "
-                                    "'mtp.layers.0.mlp.gate_proj.weight'"}),
-                         [](const ::testing::TestParamInfo<Family>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Shipped, DeviceStagingFamilies,
+    ::testing::Values(Family{"llama3", "llama3_fp8.yaml", "model.layers.0.mlp.up_proj.weight",
+                             "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
+                             "'model.layers.0.mlp.up_proj.weight'"},
+                      // A fused NVFP4 member whose partner never comes: held on the device, then refused.
+                      Family{"qwen3_moe", "qwen3_moe_nvfp4.yaml", "model.layers.1.mlp.experts.2.up_proj.weight",
+                             "lacks 'model.layers.1.mlp.experts.2.up_proj.weight'"},
+                      Family{"deepseek_v3", "deepseek_v3_fp8_ue8m0.yaml",
+                             "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+                             "incomplete: engine parameter 'model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight' "
+                             "lacks 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight'"},
+                      Family{"gpt_oss", "gpt_oss_mxfp4.yaml", "model.layers.1.mlp.experts.down_proj",
+                             "missing: 'model.layers.1.mlp.experts.down_proj_blocks'"},
+                      Family{"qwen35", "qwen35_mxfp8.yaml", "mtp.layers.0.mlp.gate_proj.weight",
+                             "incomplete: engine parameter 'mtp.layers.0.mlp.gate_up_proj.weight' lacks "
+                             "'mtp.layers.0.mlp.gate_proj.weight'"},
+                      // compressed-tensors per-channel FP8 (ct_fp8_channel), fused qkv / gate_up.
+                      Family{"llama3_ct", "llama3_ct_fp8_dynamic.yaml", "model.layers.0.mlp.up_proj.weight",
+                             "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
+                             "'model.layers.0.mlp.up_proj.weight'"},
+                      // SGLang's w_kc / w_vc derived from the staged block-FP8 kv_b_proj.
+                      Family{"deepseek_v3_absorbed", "deepseek_v3_fp8_absorbed.yaml",
+                             "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+                             "incomplete: engine parameter 'model.layers.0.self_attn.fused_qkv_a_proj_with_mqa.weight' "
+                             "lacks 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight'"},
+                      // The TRT-LLM MXFP4 MoE layout: padded, swapped and shuffled on the host.
+                      Family{"gpt_oss_trtllm", "gpt_oss_mxfp4_trtllm.yaml", "model.layers.1.mlp.experts.down_proj",
+                             "missing: 'model.layers.1.mlp.experts.down_proj_blocks'"}),
+    [](const ::testing::TestParamInfo<Family>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace refit
