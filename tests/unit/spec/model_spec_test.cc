@@ -22,6 +22,7 @@ const std::map<std::string, std::string> kSpecModels = {{"llama3_fp8.yaml", "Met
                                                         {"gpt_oss_mxfp4.yaml", "gpt-oss-20b"},
                                                         {"qwen35_mxfp8.yaml", "Qwen3.5-27B"},
                                                         {"llama3_ct_fp8_dynamic.yaml", "Meta-Llama-3-8B"},
+                                                        {"llama3_fp8_ue8m0.yaml", "Meta-Llama-3-8B"},
                                                         {"deepseek_v3_fp8_absorbed.yaml", "DeepSeek-V3"},
                                                         {"gpt_oss_mxfp4_trtllm.yaml", "gpt-oss-20b"},
                                                         {"demo-llama.yaml", ""}};
@@ -50,7 +51,7 @@ TEST(ModelSpecTest, EveryShippedSpecLoadsWithItsModelsConfig) {
     }
     ++n;
   }
-  EXPECT_EQ(n, 9);  // five model families (three with a second engine layout) and the demo model
+  EXPECT_EQ(n, 10);  // five model families (three with more engine layouts) and the demo model
 }
 
 // Shipped specs state no size: every expert count and Megatron-source size is the model's.
