@@ -82,18 +82,19 @@ def test_vllm_refitted_in_place_equals_a_fresh_vllm_of_the_converted_weights(tmp
         assert qc.get("quant_method") == "fp8" and qc.get("weight_block_size") == [128, 128], qc
         bf16.append(str(d)), fp8.append(str(out)), layout.append(str(out / "engine.safetensors"))
 
-    # Fresh vLLMs of versions 1..3, one process each, beside the refitted one.
+    # Fresh vLLMs of versions 1..3, one process each, all at once beside the refitted one.
     refs, ref_errors = {}, []
 
     def references():
-        for k in range(1, VERSIONS):
-            out = tmp_path / f"reference-v{k}.json"
-            p = subprocess.run([sys.executable, str(ROLES), "reference", fp8[k], str(out)], capture_output=True,
-                               text=True, timeout=600)
-            if p.returncode != 0:
-                ref_errors.append(f"reference v{k}: {p.stderr[-4000:]}")
-                return
-            refs[k] = json.loads(out.read_text())
+        procs = {k: subprocess.Popen([sys.executable, str(ROLES), "reference", fp8[k], str(tmp_path / f"reference-v{k}.json")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for k in range(1, VERSIONS)}
+        for k, proc in procs.items():
+            _, err = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                ref_errors.append(f"reference v{k}: {err[-4000:]}")
+            else:
+                refs[k] = json.loads((tmp_path / f"reference-v{k}.json").read_text())
 
     ref_thread = threading.Thread(target=references)
     ref_thread.start()
