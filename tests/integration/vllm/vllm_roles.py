@@ -48,7 +48,10 @@ MAX_TOKENS = 12
 def llm_kwargs():
     """One set of vLLM settings for every vLLM of the test, so that refitted and fresh engines run
     the same kernels, graphs and batch."""
+    # A fixed KV cache: vLLM's memory profiling reads the device's free memory, which the other
+    # vLLMs starting beside this one change.
     return dict(skip_tokenizer_init=True, max_model_len=256, max_num_seqs=8, gpu_memory_utilization=0.15,
+                kv_cache_memory_bytes=1 << 30,
                 enable_prefix_caching=False, seed=0, compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8]})
 
 
