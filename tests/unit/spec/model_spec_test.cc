@@ -16,16 +16,12 @@ using ::testing::HasSubstr;
 absl::Status Load(const std::string& yaml) { return ParseModelSpec(yaml, "spec.yaml").status(); }
 
 // Each shipped spec and the model it names (tests/models/README.md); the demo spec names none.
-const std::map<std::string, std::string> kSpecModels = {{"llama3_fp8.yaml", "Meta-Llama-3-8B"},
-                                                        {"qwen3_moe_nvfp4.yaml", "Qwen3-30B-A3B"},
-                                                        {"deepseek_v3_fp8_ue8m0.yaml", "DeepSeek-V3"},
-                                                        {"gpt_oss_mxfp4.yaml", "gpt-oss-20b"},
-                                                        {"qwen35_mxfp8.yaml", "Qwen3.5-27B"},
-                                                        {"llama3_ct_fp8_dynamic.yaml", "Meta-Llama-3-8B"},
-                                                        {"llama3_fp8_ue8m0.yaml", "Meta-Llama-3-8B"},
-                                                        {"deepseek_v3_fp8_absorbed.yaml", "DeepSeek-V3"},
-                                                        {"gpt_oss_mxfp4_trtllm.yaml", "gpt-oss-20b"},
-                                                        {"demo-llama.yaml", ""}};
+const std::map<std::string, std::string> kSpecModels = {
+    {"llama3_fp8.yaml", "Meta-Llama-3-8B"},        {"qwen3_moe_nvfp4.yaml", "Qwen3-30B-A3B"},
+    {"deepseek_v3_fp8_ue8m0.yaml", "DeepSeek-V3"}, {"gpt_oss_mxfp4.yaml", "gpt-oss-20b"},
+    {"qwen35_mxfp8.yaml", "Qwen3.5-27B"},          {"llama3_ct_fp8_dynamic.yaml", "Meta-Llama-3-8B"},
+    {"llama3_fp8_ue8m0.yaml", "Meta-Llama-3-8B"},  {"deepseek_v3_fp8_absorbed.yaml", "DeepSeek-V3"},
+    {"gpt_oss_mxfp4_trtllm.yaml", "gpt-oss-20b"},  {"demo-llama.yaml", ""}};
 
 absl::StatusOr<ModelSpec> LoadShipped(const std::string& file) {
   const std::string path = std::string(REFIT_MODELS_DIR) + "/" + file;
