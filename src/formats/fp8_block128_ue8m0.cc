@@ -31,11 +31,16 @@ void CanonicalizeUe8m0Tile(uint8_t* q, int64_t rows, int64_t cols, int64_t strid
   const float s2 = bits::CeilToUe8m0DeepGemm(amax / 448.0f);
   if (!(s2 < s)) return;  // the requantize reproduces the tile
   const float factor = s / s2;  // a power of two >= 2; q * factor stays exact and <= 448
+  // A tile whose amax was NaN (propagate mode) has s = 2^127, and factor overflows to +Inf: its
+  // zero codes become 0 * Inf, a NaN made by the arithmetic. Its sign is the platform's (negative
+  // on x86, positive in CUDA, whose kernel this must equal): such a NaN is written as the positive
+  // NaN code, whatever the platform.
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = q + r * stride;
     for (int64_t c = 0; c < cols; ++c) {
       if ((row[c] & 0x7F) == 0x7F) continue;
-      row[c] = bits::F32ToE4m3(bits::E4m3ToF32(row[c]) * factor);
+      const float v = bits::E4m3ToF32(row[c]) * factor;
+      row[c] = bits::IsNan(v) ? uint8_t{0x7F} : bits::F32ToE4m3(v);
     }
   }
   *scale = s2;

@@ -1,6 +1,7 @@
 // fp8_block128 / fp8_block128_ue8m0 against a transcription of DeepGEMM per_block_cast_to_fp8
 // (FORMATS.md B §4.2) using the oracle element cast, plus the §12.3 edge cases.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -149,6 +150,23 @@ TEST(Fp8Block128Test, Ue8m0CanonicalizationOf224Tiles) {
   absl::StatusOr<Quantized> again = RunQuantizeF32(Format::kFp8Block128Ue8m0, {128, 256}, *deq);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->parts, q->parts);
+}
+
+// A NaN tile under the propagate policy: s = 2^127 from the NaN amax, canonicalization's factor
+// overflows to +Inf, and the zero codes become 0 * Inf. That NaN is written as the positive code
+// 0x7F on every platform (x86 makes it negative; the CUDA kernel, which must equal this, makes it
+// positive). Before the fix every such byte was 0xFF here.
+TEST(Fp8Block128Test, Ue8m0NanTileUnderPropagateWritesThePositiveNanCode) {
+  std::vector<float> x(128 * 128, 0.0f);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = 1.5f;
+  QuantizeOptions propagate;
+  propagate.nonfinite = NonfinitePolicy::kPropagate;
+  absl::StatusOr<Quantized> q = RunQuantizeF32(Format::kFp8Block128Ue8m0, {128, 128}, x, propagate);
+  ASSERT_TRUE(q.ok()) << q.status();
+  for (size_t i : {size_t{0}, size_t{5}, size_t{6}, size_t{100}, x.size() - 1}) {
+    EXPECT_EQ(q->parts[0][i], 0x7F) << i;
+  }
 }
 
 TEST(Fp8Block128Test, Rows2624QuantizeWithOwnPartialTile) {
