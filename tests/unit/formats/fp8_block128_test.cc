@@ -13,7 +13,6 @@ namespace {
 
 namespace o = oracle;
 using testing::Quantized;
-using testing::RunQuantize;
 using testing::RunQuantizeF32;
 
 // DeepGEMM ceil_to_ue8m0 from its definition: 2^ceil(log2 v), clamped to [2^-126, 2^127].
