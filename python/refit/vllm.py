@@ -13,8 +13,8 @@ What each worker registers: `model.named_parameters()` after vLLM's `process_wei
 by device pointer (refit.cuda.InPlaceParams: one CUDA IPC handle per caching-allocator segment, a
 file descriptor per piece of virtual memory), under vLLM's own names (fused `qkv_proj`,
 `gate_up_proj`, FP8 `weight_scale_inv`). The daemon's spec gives those names' layout
-(deploy/models/llama3_fp8_ue8m0.yaml is what vLLM holds for FP8 block-128 Llama on Hopper and
-Blackwell, where it requantizes weights to power-of-two scales at load); the registration is
+(deploy/models/llama3_fp8_ue8m0.yaml is what vLLM holds for FP8 block-128 Llama on Hopper,
+where it requantizes weights to power-of-two scales at load); the registration is
 refused naming any parameter the spec cannot produce. Nothing is copied or re-pointed, so the
 CUDA graphs vLLM captured stay valid, and the audit refitd runs before every commit refuses a
 refit if vLLM re-pointed a parameter since.

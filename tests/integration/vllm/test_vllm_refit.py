@@ -10,8 +10,8 @@ pushing BF16 tensors from the GPU, while vLLM keeps generating. After each commi
 Then the same versions through vLLM's own in-place reload (reload_weights with the converted
 tensors on the GPU), checked the same way; both paths' times are printed (docs/benchmarks.md).
 
-The spec is the shipped deploy/models/llama3_fp8_ue8m0.yaml (what vLLM holds on Hopper and
-Blackwell, where it requantizes block-FP8 weights to power-of-two scales at load) at
+The spec is the shipped deploy/models/llama3_fp8_ue8m0.yaml (what vLLM holds on Hopper, where
+it requantizes block-FP8 weights to power-of-two scales at load) at
 tensor_parallel.size 1 (a single-GPU vLLM; the size is the deployment's choice). Skips, saying why, without vLLM, a CUDA device or a
 CUDA build of refitd. vLLM itself does not come from the project's setup: on a GPU machine,
 tools/vllm/bundle's site directory on PYTHONPATH provides it."""
