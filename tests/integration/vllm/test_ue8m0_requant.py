@@ -6,7 +6,6 @@ weight: vllm/model_executor/layers/quantization/utils/fp8_utils.py `requant_weig
 vllm/utils/deep_gemm.py, whose `_ceil_to_ue8m0` is `2 ** ceil(log2(x))`), transcribed below in
 torch on the CPU. The GPU test (test_vllm_refit.py) checks the same against a real vLLM.
 Skips without a torch that has float8_e4m3fn (2.1 and later)."""
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "harness"))
 from refit_harness import REFITCTL, SRC  # noqa: E402
+
+sys.path.insert(0, str(HERE.parents[1] / "golden"))
+import st_io  # noqa: E402
 
 torch = pytest.importorskip("torch")
 if not hasattr(torch, "float8_e4m3fn"):
@@ -45,19 +47,9 @@ def _requant(w, s, block=128):
 
 
 def _load(path):
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    import json
-
-    header = json.loads(raw[8:8 + n])
     dtypes = {"F8_E4M3": torch.float8_e4m3fn, "F32": torch.float32, "BF16": torch.bfloat16}
-    out = {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        b = raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-        out[name] = torch.frombuffer(bytearray(b), dtype=dtypes[v["dtype"]]).reshape(v["shape"])
-    return out
+    return {name: torch.frombuffer(bytearray(data), dtype=dtypes[dtype]).reshape(shape)
+            for name, (dtype, shape, data) in st_io.read(path)[0].items()}
 
 
 def _changed_by_requant(tensors):

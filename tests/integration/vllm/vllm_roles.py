@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = Path(os.environ.get("REFIT_SOURCE_DIR", HERE.parents[2]))
 sys.path.insert(0, str(SRC / "python"))
+sys.path.insert(0, str(SRC / "tests" / "golden"))
+import st_io  # noqa: E402
 
 # Head dim 128 and every projection a whole number of 128-row blocks, as Llama-3's are; a
 # vocabulary vLLM does not pad (a multiple of 64).
@@ -90,11 +91,7 @@ def write_model(out: Path, seed: int) -> None:
 
 def safetensors_bytes(path: Path) -> dict:
     """{name: raw bytes} of a .safetensors file."""
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    return {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in header.items()
-            if k != "__metadata__"}
+    return {name: data for name, (_dtype, _shape, data) in st_io.read(path)[0].items()}
 
 
 def digest(b: bytes) -> str:
