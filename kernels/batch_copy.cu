@@ -68,6 +68,31 @@ __global__ void BatchCopyKernel(const Region* __restrict__ regions, uint32_t n, 
   }
 }
 
+// The regions of one CopyRegions launch, passed by value (3 KiB of kernel parameters).
+struct RegionList {
+  CopyRegion r[kCopyRegionsPerLaunch];
+  uint32_t count;
+};
+
+// blockIdx.y: the region; the x blocks stride over its 16-byte vectors (or bytes, unaligned).
+__global__ void __launch_bounds__(kThreads) CopyRegionsKernel(const RegionList list) {
+  const CopyRegion r = list.r[blockIdx.y];
+  char* dst = static_cast<char*>(r.dst);
+  const char* src = static_cast<const char*>(r.src);
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
+  uint64_t done = 0;
+  if (aligned) {
+    const uint64_t vecs = r.bytes / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (uint64_t i = first; i < vecs; i += stride) __stcs(d + i, __ldcs(s + i));
+    done = vecs * 16;
+  }
+  for (uint64_t i = done + first; i < r.bytes; i += stride) dst[i] = src[i];
+}
+
 absl::Status Error(cudaError_t e, absl::string_view what) { return CudaStatus(e, absl::StrCat("batch copy: ", what)); }
 
 }  // namespace
@@ -98,6 +123,32 @@ absl::StatusOr<std::unique_ptr<BatchCopy>> BatchCopy::Create(const CopyRegion* r
 }
 
 BatchCopy::~BatchCopy() = default;
+
+absl::Status CopyRegions(const CopyRegion* regions, size_t count, void* stream) {
+  constexpr uint64_t kBytesPerBlock = uint64_t{kThreads} * 16 * 8;  // 64 KiB: 8 vectors a thread
+  constexpr uint64_t kMaxBlocksPerRegion = 64;
+  RegionList list{};
+  uint64_t largest = 0;
+  auto launch = [&]() -> absl::Status {
+    if (list.count == 0) return absl::OkStatus();
+    const uint64_t x = std::clamp<uint64_t>((largest + kBytesPerBlock - 1) / kBytesPerBlock, 1, kMaxBlocksPerRegion);
+    CopyRegionsKernel<<<dim3(static_cast<unsigned>(x), list.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(list);
+    list.count = 0;
+    largest = 0;
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? absl::OkStatus() : Error(e, "launch");
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const CopyRegion& r = regions[i];
+    if (r.bytes == 0) continue;
+    list.r[list.count++] = r;
+    largest = std::max(largest, r.bytes);
+    if (list.count == kCopyRegionsPerLaunch) {
+      if (absl::Status st = launch(); !st.ok()) return st;
+    }
+  }
+  return launch();
+}
 
 absl::Status BatchCopy::Launch(void* stream) const {
   if (regions_ == 0) return absl::OkStatus();

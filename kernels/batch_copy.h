@@ -4,9 +4,9 @@
 #ifndef REFIT_KERNELS_BATCH_COPY_H_
 #define REFIT_KERNELS_BATCH_COPY_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <cstddef>
 
 #include "absl/status/statusor.h"
 #include "common/device_allocation.h"
@@ -40,6 +40,13 @@ class BatchCopy {
   uint64_t chunks_ = 0;
   uint64_t bytes_ = 0;
 };
+
+// Copies every region with no table and no synchronization: the regions travel in the kernel's
+// parameters, kCopyRegionsPerLaunch per launch (a stacked parameter's pieces assembled before the
+// engine pauses: one launch where one cudaMemcpyAsync per piece cost a few microseconds each).
+// Regions must not overlap. Enqueues on `stream`.
+inline constexpr size_t kCopyRegionsPerLaunch = 128;
+absl::Status CopyRegions(const CopyRegion* regions, size_t count, void* stream);
 
 }  // namespace refit::kernels
 

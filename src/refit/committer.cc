@@ -162,11 +162,15 @@ absl::StatusOr<DeviceBuilt> AssembleOnDevice(const Planner& planner, size_t inde
   const DType dtype = pieces.empty() ? DType::kU8 : pieces[0]->dtype;
   if (pieces.size() == 1) return DeviceBuilt{dtype, shape, pieces[0]->data, total};
   REFIT_ASSIGN_OR_RETURN(uint8_t* buf, staging.pool().Get(key, std::max<uint64_t>(total, 1)));
+  // One batched copy for all pieces (a stacked parameter has one per expert, or two when fused).
+  std::vector<DeviceOps::CopyRegion> regions;
+  regions.reserve(pieces.size());
   uint64_t off = 0;
   for (const StagedTensor* t : pieces) {
-    REFIT_RETURN_IF_ERROR(ops.Copy(buf + off, t->data, t->nbytes, storage::MemoryKind::kDevice));
+    regions.push_back({buf + off, t->data, t->nbytes});
     off += t->nbytes;
   }
+  REFIT_RETURN_IF_ERROR(ops.CopyMany(regions));
   return DeviceBuilt{dtype, shape, buf, total};
 }
 

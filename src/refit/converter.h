@@ -54,6 +54,36 @@ class DeviceOps {
                                       const formats::QuantizeOptions& options, float* amax) = 0;
   // `bytes` from `src` (host or device) to device `dst`.
   virtual absl::Status Copy(uint8_t* dst, const uint8_t* src, uint64_t bytes, storage::MemoryKind src_kind) = 0;
+  // Device-to-device copies of regions that do not overlap: one launch for many (a stacked
+  // parameter's pieces), where the device side has one; else one Copy each.
+  struct CopyRegion {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t bytes;
+  };
+  virtual absl::Status CopyMany(std::span<const CopyRegion> regions) {
+    for (const CopyRegion& r : regions) {
+      if (absl::Status st = Copy(r.dst, r.src, r.bytes, storage::MemoryKind::kDevice); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  // One member of a fused NVFP4 amax group: a device tensor and its outputs (one per output of
+  // `format`, in order: an unsharded, untransposed plan's targets).
+  struct GroupMember {
+    const TensorDesc* desc;
+    const uint8_t* src;
+    std::span<const formats::MutableBytes> outs;
+  };
+  // Converts every member of one amax group against the group's amax (max|x| over all members),
+  // byte-identical to ResetAmax, AccumulateAmax of each member and ConvertPlanned of each with
+  // that device amax, in a batched launch shared with other tensors. False, with nothing enqueued
+  // and nothing failed, when the group has to take that path (batching off, an input not aligned
+  // for the batched kernels): the caller then runs it.
+  virtual absl::StatusOr<bool> ConvertAmaxGroup(formats::Format format, std::span<const GroupMember> members,
+                                                const formats::QuantizeOptions& options) {
+    (void)format, (void)members, (void)options;
+    return false;
+  }
   // `height` rows of `width` bytes, `src_pitch` / `dst_pitch` bytes apart.
   virtual absl::Status Copy2D(uint8_t* dst, uint64_t dst_pitch, const uint8_t* src, uint64_t src_pitch,
                               uint64_t width, uint64_t height) = 0;

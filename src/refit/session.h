@@ -30,6 +30,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -243,12 +244,22 @@ class Session {
   std::optional<std::pair<float, float>> SuppliedAmax(const TensorDesc& desc, const TensorPlan& plan);
   // The converter's device side when staging is on the GPU, else nullptr.
   DeviceOps* device_ops() const;
-  // Defer with staging on the GPU: each member raises the group's device amax as it arrives and
-  // stays on the device (in its ring slot while its bucket converts, then, if the group is still
-  // incomplete, in a held device copy counted against the staging limit) until the group is
-  // complete; then every member is encoded against the group's amax. No host round trip.
+  // Defer with staging on the GPU: each member stays on the device (in its ring slot while its
+  // bucket converts, then, if the group is still incomplete, in a held device copy counted against
+  // the staging limit) until the group is complete; then ConvertDeviceGroup. No host round trip.
   absl::Status DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
                              std::shared_ptr<const TensorPlan> plan, uint64_t& out_bytes);
+  // A complete group on the GPU: its members staged and encoded against the group's amax, in the
+  // converter's batched run where it takes them (DeviceOps::ConvertAmaxGroup), else through the
+  // group's device amax float and each member's own conversion. Errors as for Stage.
+  absl::Status ConvertDeviceGroup(DeviceOps& ops, DeviceGroup& group, uint64_t& out_bytes);
+  // The group's amax float taken, reset and raised by every member; false when that failed (the
+  // members' failures recorded).
+  bool AccumulateGroupAmax(DeviceOps& ops, DeviceGroup& group);
+  // One engine rank: stages every target of `plan` (its buffers into `outs`, in target order) and
+  // counts them. ResourceExhausted past the staging limit.
+  absl::Status AllocateTargets(const TensorPlan& plan, absl::InlinedVector<formats::MutableBytes, 4>& outs,
+                               uint64_t& out_bytes);
   // End of a bucket: copies the members of incomplete groups out of the slot (ResourceExhausted
   // past the staging limit).
   absl::Status HoldPendingMembers();
@@ -336,8 +347,7 @@ class Session {
   };
   struct DeviceGroup {
     std::vector<DeviceMember> members;
-    float* amax = nullptr;  // device float: max over the members so far
-    bool ok = true;
+    float* amax = nullptr;  // device float of the group's amax, when it is not computed in a batched run
   };
   std::map<std::string, DeviceGroup> device_pending_;
   std::vector<DeviceGroup> retiring_;  // converted this bucket; freed once the bucket is complete

@@ -123,30 +123,67 @@ absl::Status Session::DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, cons
                                     storage::MemoryKind src_kind, std::shared_ptr<const TensorPlan> shared_plan,
                                     uint64_t& out_bytes) {
   const TensorPlan& plan = *shared_plan;
-  const formats::QuantizeOptions& options = planner_.spec().options;
-  auto [it, fresh] = device_pending_.try_emplace(plan.amax_group_key);
-  DeviceGroup& group = it->second;
-  if (fresh) {
-    absl::StatusOr<float*> amax = TakeGroupAmax();
-    if (!amax.ok()) {
-      device_pending_.erase(it);
-      return amax.status();
-    }
-    group.amax = *amax;
-    if (absl::Status st = ops.ResetAmax(group.amax); !st.ok()) group.ok = false;
-  }
-  // Each member raises the group's device amax as it arrives; its bytes stay where they are (the
-  // ring slot) until the bucket ends, and are copied out only if the group is still incomplete then.
-  absl::Status st = ops.AccumulateAmax(desc, src, src_kind, options, group.amax);
-  if (!st.ok()) {
-    ledger_.Fail(desc.name, st);
-    group.ok = false;
-  }
+  // Each member's bytes stay where they are (the ring slot) until the bucket ends, and are copied
+  // out only if the group is still incomplete then; nothing is read until the group is complete.
+  DeviceGroup& group = device_pending_[plan.amax_group_key];
   group.members.push_back({desc, std::move(shared_plan), src, src_kind, nullptr, 0, ClaimOf(desc)});
   if (group.members.size() < plan.amax_group.size()) return absl::OkStatus();
-  absl::Status result;
+  const std::string key = plan.amax_group_key;  // `plan` stays valid: the member holds it
+  absl::Status result = ConvertDeviceGroup(ops, group, out_bytes);
+  // Its amax float and held copies stay until the bucket's Sync (kernels may still read them).
+  retiring_.push_back(std::move(group));
+  device_pending_.erase(key);
+  return result;
+}
+
+absl::Status Session::ConvertDeviceGroup(DeviceOps& ops, DeviceGroup& group, uint64_t& out_bytes) {
+  const formats::QuantizeOptions& options = planner_.spec().options;
+  // A group of plain members (one engine rank, whole untransposed device tensors, no supplied
+  // amax to check) goes into the converter's batched NVFP4 run, its amax computed there.
+  bool plain = planner_.ranks() <= 1;
   for (const DeviceMember& m : group.members) {
-    if (!group.ok) break;
+    const TensorPlan& p = *m.plan;
+    plain = plain && m.src_kind == storage::MemoryKind::kDevice && !m.claim && !p.transpose &&
+            !(p.shard_dim.has_value() && p.shard_parts > 1) && p.kind == ConvertKind::kQuantize;
+  }
+  absl::Status result;
+  if (plain) {
+    std::vector<absl::InlinedVector<formats::MutableBytes, 4>> outs(group.members.size());
+    bool all = true;
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      const DeviceMember& m = group.members[i];
+      absl::Status st = AllocateTargets(*m.plan, outs[i], out_bytes);
+      if (st.ok()) continue;
+      all = false;
+      if (st.code() == absl::StatusCode::kResourceExhausted) {
+        result = st;
+      } else {
+        ledger_.Fail(m.desc.name, st);
+      }
+    }
+    if (!all) return result;  // the session fails: nothing of the group is encoded
+    std::vector<DeviceOps::GroupMember> members;
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      members.push_back({&group.members[i].desc, group.members[i].src, outs[i]});
+    }
+    absl::StatusOr<bool> batched = ops.ConvertAmaxGroup(group.members[0].plan->format, members, options);
+    if (batched.ok() && *batched) return absl::OkStatus();
+    if (!batched.ok()) {
+      for (const DeviceMember& m : group.members) ledger_.Fail(m.desc.name, batched.status());
+      return absl::OkStatus();
+    }
+    // Not batched: the group's amax in a device float, then each member against it.
+    if (!AccumulateGroupAmax(ops, group)) return absl::OkStatus();
+    for (size_t i = 0; i < group.members.size(); ++i) {
+      const DeviceMember& m = group.members[i];
+      absl::Status st = ops.ConvertPlanned(*m.plan, m.desc, m.src, m.src_kind, outs[i], options,
+                                           PlannedAmax{group.amax, std::nullopt, std::nullopt});
+      if (!st.ok()) ledger_.Fail(m.desc.name, st);
+    }
+    return absl::OkStatus();
+  }
+  if (!AccumulateGroupAmax(ops, group)) return absl::OkStatus();
+  for (const DeviceMember& m : group.members) {
     absl::Status staged = Stage(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, out_bytes, group.amax, m.claim);
     if (staged.code() == absl::StatusCode::kResourceExhausted) {
       result = staged;
@@ -154,10 +191,29 @@ absl::Status Session::DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, cons
       ledger_.Fail(m.desc.name, staged);
     }
   }
-  // Its amax float and held copies stay until the bucket's Sync (kernels may still read them).
-  retiring_.push_back(std::move(group));
-  device_pending_.erase(it);
   return result;
+}
+
+bool Session::AccumulateGroupAmax(DeviceOps& ops, DeviceGroup& group) {
+  absl::StatusOr<float*> amax = TakeGroupAmax();
+  absl::Status st = amax.status();
+  if (st.ok()) {
+    group.amax = *amax;
+    st = ops.ResetAmax(group.amax);
+  }
+  if (!st.ok()) {
+    for (const DeviceMember& m : group.members) ledger_.Fail(m.desc.name, st);
+    return false;
+  }
+  bool ok = true;
+  for (const DeviceMember& m : group.members) {
+    st = ops.AccumulateAmax(m.desc, m.src, m.src_kind, planner_.spec().options, group.amax);
+    if (!st.ok()) {
+      ledger_.Fail(m.desc.name, st);
+      ok = false;
+    }
+  }
+  return ok;
 }
 
 absl::Status Session::HoldPendingMembers() {

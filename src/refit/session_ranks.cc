@@ -226,22 +226,19 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
   if (ranks) {
     outs.assign(distinct.size(), formats::MutableBytes{nullptr, 0});
     REFIT_RETURN_IF_ERROR(AllocateRuns(plan, distinct, outs));
-  }
-  for (size_t i = 0; i < distinct.size(); ++i) {
-    const Target& t = *distinct[i];
-    if (!ranks || outs[i].data == nullptr) {
-      REFIT_ASSIGN_OR_RETURN(uint8_t * buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
-      if (ranks) {
+    for (size_t i = 0; i < distinct.size(); ++i) {
+      const Target& t = *distinct[i];
+      if (outs[i].data == nullptr) {
+        REFIT_ASSIGN_OR_RETURN(uint8_t * buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
         outs[i] = {buf, t.spec.bytes};
-      } else {
-        outs.push_back({buf, t.spec.bytes});
       }
+      out_bytes += t.spec.bytes;
+      tensor_bytes += t.spec.bytes;
     }
-    out_bytes += t.spec.bytes;
-    tensor_bytes += t.spec.bytes;
+    CountFormatBytes(plan, tensor_bytes);
+    return StageOnRanks(desc, src, src_kind, plan, global_amax, device_amax, claim, distinct, outs);
   }
-  CountFormatBytes(plan, tensor_bytes);
-  if (ranks) return StageOnRanks(desc, src, src_kind, plan, global_amax, device_amax, claim, distinct, outs);
+  REFIT_RETURN_IF_ERROR(AllocateTargets(plan, outs, out_bytes));
   if (!sharded && !plan.transpose && !global_amax && device_amax == nullptr) {
     // The common case: the converter (CPU, or GPU kernels) writes straight into staging.
     return converter_.Convert(plan, desc, src, src_kind, outs, planner_.spec().options);
@@ -253,6 +250,19 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
                                PlannedAmax{device_amax, device_amax == nullptr ? global_amax : std::nullopt, claim});
   }
   return StageWholeOnHost(desc, src, src_kind, plan, global_amax, claim, outs);
+}
+
+absl::Status Session::AllocateTargets(const TensorPlan& plan, absl::InlinedVector<formats::MutableBytes, 4>& outs,
+                                      uint64_t& out_bytes) {
+  uint64_t tensor_bytes = 0;
+  for (const Target& t : plan.targets) {
+    REFIT_ASSIGN_OR_RETURN(uint8_t * buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
+    outs.push_back({buf, t.spec.bytes});
+    out_bytes += t.spec.bytes;
+    tensor_bytes += t.spec.bytes;
+  }
+  CountFormatBytes(plan, tensor_bytes);
+  return absl::OkStatus();
 }
 
 absl::Status Session::StageWholeOnHost(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,

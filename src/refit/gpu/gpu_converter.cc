@@ -13,6 +13,7 @@
 #include "common/cuda_status.h"
 #include "common/trace.h"
 #include "common/status_macros.h"
+#include "kernels/batch_copy.h"
 #include "kernels/batch_quantize.h"
 #include "kernels/derive.h"
 #include "kernels/layout.h"
@@ -320,6 +321,70 @@ class GpuConverter final : public Converter, public DeviceOps {
                                     src_kind == storage::MemoryKind::kHost ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
                                     stream_.get());
     return e == cudaSuccess ? absl::OkStatus() : CudaStatus(e, "device copy");
+  }
+
+  absl::Status CopyMany(std::span<const CopyRegion> regions) override {
+    cudaSetDevice(device_);
+    const OnMainLane ordered(*this);
+    std::vector<kernels::CopyRegion> list;
+    list.reserve(regions.size());
+    for (const CopyRegion& r : regions) list.push_back({r.dst, r.src, r.bytes});
+    return kernels::CopyRegions(list.data(), list.size(), stream_.get());
+  }
+
+  absl::StatusOr<bool> ConvertAmaxGroup(formats::Format format, std::span<const GroupMember> members,
+                                        const formats::QuantizeOptions& options) override {
+    if (!options_.batch || members.empty() || !formats::NeedsGlobalAmax(format)) return false;
+    cudaSetDevice(device_);
+    MarkBucketStart();
+    // Every member's slot at once (a drain between two would reset the first), the group's amax
+    // in the first: +0 until the run's amax pass raises it over every member.
+    if (arena_->capacity() - arena_->used() < members.size()) {
+      Failures drained = Drain();
+      failed_.insert(failed_.end(), std::make_move_iterator(drained.begin()), std::make_move_iterator(drained.end()));
+      Count(&GpuConverterStats::drains);
+      if (absl::Status st = arena_->Grow(arena_->used() + members.size(), stream_.get()); !st.ok()) return st;
+      MarkFork();
+    }
+    std::vector<DeviceArena::Slot> slots;
+    for (size_t i = 0; i < members.size(); ++i) {
+      absl::StatusOr<DeviceArena::Slot> slot = arena_->Take();
+      if (!slot.ok()) return slot.status();
+      slots.push_back(*slot);
+    }
+    const DType dtype = members[0].desc->dtype;
+    std::vector<kernels::Nvfp4BatchItem> items;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const TensorDesc& d = *members[i].desc;
+      if (d.dtype != dtype) return false;
+      absl::StatusOr<std::optional<kernels::Nvfp4BatchItem>> item = kernels::Nvfp4BatchItemFor(
+          format, formats::ConstTensor{d.dtype, d.shape, members[i].src}, options, members[i].outs, d.name,
+          slots[0].amax, slots[i].probe);
+      if (!item.ok() || !item->has_value()) return false;  // the caller's path reports it, per member
+      items.push_back(**item);
+    }
+    // One run holds the whole group: the amax pass must have seen every member before any encode.
+    const kernels::Nvfp4BatchKind kind = kernels::Nvfp4KindOf(format, dtype, options);
+    uint64_t bytes = 0;
+    for (const kernels::Nvfp4BatchItem& it : items) bytes += static_cast<uint64_t>(it.elements) * DTypeSize(dtype);
+    if (!nvfp4_.items.empty() && (!(nvfp4_.kind == kind) || nvfp4_.bytes + bytes > options_.max_nvfp4_run_bytes ||
+                                  nvfp4_.items.size() + items.size() > options_.max_run_tensors)) {
+      FlushNvfp4(failed_);
+    }
+    const bool reject = options.nonfinite == formats::NonfinitePolicy::kReject;
+    nvfp4_.kind = kind;
+    for (size_t i = 0; i < items.size(); ++i) {
+      nvfp4_.items.push_back(items[i]);
+      nvfp4_.names.push_back(members[i].desc->name);
+      if (reject) pending_.push_back({members[i].desc->name, slots[i].index});
+      Count(&GpuConverterStats::tensors);
+    }
+    nvfp4_.bytes += bytes;
+    Count(&GpuConverterStats::grouped, items.size());
+    if (nvfp4_.items.size() >= options_.max_run_tensors || nvfp4_.bytes >= options_.max_nvfp4_run_bytes) {
+      FlushNvfp4(failed_);
+    }
+    return true;
   }
 
   absl::Status Copy2D(uint8_t* dst, uint64_t dst_pitch, const uint8_t* src, uint64_t src_pitch, uint64_t width,

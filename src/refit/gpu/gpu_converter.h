@@ -33,6 +33,7 @@ struct GpuConverterStats {
   uint64_t drains = 0;         // mid-bucket synchronizations because the slots ran out
   uint64_t planned = 0;        // tensors converted with the whole plan on the device (transposed, sharded, fused)
   uint64_t side_lane = 0;      // tensors converted on the second stream
+  uint64_t grouped = 0;        // fused-group members converted in NVFP4 runs (ConvertAmaxGroup)
 };
 
 struct GpuConverterOptions {

@@ -48,5 +48,39 @@ TEST(BatchCopyTest, CopiesEveryRegionAndNothingElse) {
   cudaFree(dst);
 }
 
+// CopyRegions: regions in the kernel's parameters, more than one launch's worth (300 > 128),
+// sizes from empty to several blocks, aligned and unaligned: every region copied, nothing else.
+TEST(BatchCopyTest, CopyRegionsCopiesEveryRegionOverSeveralLaunches) {
+  REFIT_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(99);
+  const uint64_t total = 64ull << 20;
+  std::vector<uint8_t> src_host(total), dst_host(total, 0xA5);
+  for (auto& b : src_host) b = static_cast<uint8_t>(rng());
+  void *src = nullptr, *dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, total), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dst, total), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(src, src_host.data(), total, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dst, dst_host.data(), total, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<CopyRegion> regions;
+  std::vector<uint8_t> expected = dst_host;
+  uint64_t offset = 0;
+  for (int i = 0; i < 300; ++i) {
+    // Mostly scale-sized pieces (96 KiB), some empty, tiny, unaligned or several blocks long.
+    uint64_t bytes = i % 50 == 7 ? 0 : i % 10 == 3 ? rng() % 100 : i % 25 == 1 ? (1u << 20) + 5 : 98304;
+    offset += i % 3 == 0 ? 16 : 1 + rng() % 15;
+    ASSERT_LT(offset + bytes, total);
+    const uint64_t src_off = (offset * 13 + 7) % (total - bytes);
+    regions.push_back({static_cast<char*>(dst) + offset, static_cast<const char*>(src) + src_off, bytes});
+    for (uint64_t k = 0; k < bytes; ++k) expected[offset + k] = src_host[src_off + k];
+    offset += bytes;
+  }
+  ASSERT_TRUE(CopyRegions(regions.data(), regions.size(), nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dst_host.data(), dst, total, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(dst_host, expected);
+  cudaFree(src);
+  cudaFree(dst);
+}
+
 }  // namespace
 }  // namespace refit::kernels

@@ -19,6 +19,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "formats/format.h"
+#include "absl/strings/str_cat.h"
+#include "refit/convert.h"
 #include "refit/cpu_converter.h"
 #include "tests/unit/kernels/device_test_util.h"
 #include "tests/unit/kernels/test_values.h"
@@ -404,6 +406,134 @@ TEST_F(GpuConverterTest, BucketsInFlightReportTheirOwnFailures) {
       }
     }
   }
+}
+
+// Fused NVFP4 groups (gate/up, q/k/v) through ConvertAmaxGroup, interleaved with single experts in
+// the same runs: every member's bytes equal the CPU reference encoded against the group's amax
+// (max of the members' TensorAmax); a group whose input is not 16-byte aligned is refused with
+// nothing enqueued (false), for the caller's path.
+TEST_F(GpuConverterTest, AmaxGroupsInBatchedRunsMatchTheCpuGroupEncode) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  GpuConverterOptions options;
+  options.max_nvfp4_run_bytes = 5 * 48 * 64 * 2;  // runs of about five tensors: groups cross the limit
+  std::unique_ptr<Converter> converter = Make(options);
+  ASSERT_NE(converter, nullptr);
+  DeviceOps* ops = converter->device_ops();
+  ASSERT_NE(ops, nullptr);
+  const formats::QuantizeOptions qopts;
+  struct Member {
+    TensorDesc desc;
+    std::vector<uint8_t> in;
+    std::unique_ptr<DeviceBuffer> dev;
+    std::vector<std::unique_ptr<DeviceBuffer>> outs;
+    std::vector<formats::MutableBytes> out_bytes;
+  };
+  // Groups of 2 (gate/up) and 3 (q/k/v), one with edge values, each followed by a lone tensor.
+  std::vector<std::vector<Member>> groups;
+  std::vector<Member> lone;
+  auto make = [&](const std::string& name, const Shape& shape, std::vector<float> values) {
+    Member m;
+    m.in = kernels::testing::Encode(values, DType::kBF16);
+    m.desc = TensorDesc{name, DType::kBF16, shape, 0, m.in.size()};
+    m.dev = std::make_unique<DeviceBuffer>(m.in.size() + 16);
+    m.dev->Upload(m.in.data(), m.in.size());
+    const absl::StatusOr<std::vector<formats::OutputSpec>> planned = formats::PlanOutputs(Format::kNvfp4, DType::kBF16, shape);
+    EXPECT_TRUE(planned.ok()) << planned.status();
+    for (const formats::OutputSpec& o : planned.value_or(std::vector<formats::OutputSpec>{})) {
+      m.outs.push_back(std::make_unique<DeviceBuffer>(o.bytes));
+      m.out_bytes.push_back({m.outs.back()->get(), o.bytes});
+    }
+    return m;
+  };
+  for (int g = 0; g < 8; ++g) {
+    std::vector<Member> group;
+    const int n = g % 3 == 2 ? 3 : 2;
+    for (int k = 0; k < n; ++k) {
+      const Shape shape{static_cast<int64_t>(16 * (k + 2)), 64};
+      group.push_back(make(absl::StrCat("g", g, ".m", k), shape,
+                           g == 1 && k == 1 ? kernels::testing::EdgeValues(*NumElements(shape), rng)
+                                            : Values(shape, rng, 0.01f * (k + 1 + g))));
+    }
+    groups.push_back(std::move(group));
+    lone.push_back(make(absl::StrCat("lone", g), {48, 64}, Values({48, 64}, rng, 0.02f)));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  TensorPlan plan;
+  plan.kind = ConvertKind::kQuantize;
+  plan.format = Format::kNvfp4;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<DeviceOps::GroupMember> members;
+    for (Member& m : groups[g]) members.push_back({&m.desc, static_cast<const uint8_t*>(m.dev->get()), m.out_bytes});
+    absl::StatusOr<bool> batched = ops->ConvertAmaxGroup(Format::kNvfp4, members, qopts);
+    ASSERT_TRUE(batched.ok()) << batched.status();
+    EXPECT_TRUE(*batched) << "group " << g;
+    Member& l = lone[g];
+    plan.input_shape = l.desc.shape;
+    ASSERT_TRUE(converter->Convert(plan, l.desc, static_cast<const uint8_t*>(l.dev->get()), storage::MemoryKind::kDevice,
+                                   l.out_bytes, qopts)
+                    .ok());
+  }
+  EXPECT_THAT(converter->Sync(), ::testing::IsEmpty());
+  EXPECT_EQ(stats_.grouped, 2u * 8 + 3);  // groups 2 and 5 have three members
+  EXPECT_EQ(stats_.batched_nvfp4, stats_.grouped + lone.size());
+  auto expect_cpu = [&](const Member& m, std::optional<float> amax) {
+    std::vector<std::vector<uint8_t>> want;
+    std::vector<formats::MutableBytes> outs;
+    for (const formats::MutableBytes& o : m.out_bytes) want.emplace_back(o.bytes, 0);
+    for (auto& w : want) outs.push_back({w.data(), w.size()});
+    const ConvertStep step{ConvertKind::kQuantize, Format::kNvfp4, false};
+    ASSERT_TRUE(ConvertFull(step, {DType::kBF16, m.desc.shape, m.in.data()}, qopts, amax, outs, m.desc.name).ok());
+    for (size_t p = 0; p < want.size(); ++p) {
+      EXPECT_TRUE(m.outs[p]->Download(want[p].size()) == want[p]) << m.desc.name << " output " << p;
+    }
+  };
+  for (const auto& group : groups) {
+    float a = 0;
+    for (const Member& m : group) a = std::max(a, *TensorAmax({DType::kBF16, m.desc.shape, m.in.data()}, qopts, ""));
+    for (const Member& m : group) expect_cpu(m, a);
+  }
+  for (const Member& m : lone) expect_cpu(m, std::nullopt);
+  // Misaligned input: not taken, nothing counted.
+  Member odd = make("odd", {32, 64}, Values({32, 64}, rng, 0.02f));
+  std::vector<DeviceOps::GroupMember> members{
+      {&groups[0][0].desc, static_cast<const uint8_t*>(groups[0][0].dev->get()), groups[0][0].out_bytes},
+      {&odd.desc, static_cast<const uint8_t*>(odd.dev->get()) + 2, odd.out_bytes}};
+  const uint64_t grouped = stats_.grouped;
+  absl::StatusOr<bool> batched = ops->ConvertAmaxGroup(Format::kNvfp4, members, qopts);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  EXPECT_FALSE(*batched);
+  EXPECT_EQ(stats_.grouped, grouped);
+  EXPECT_THAT(converter->Sync(), ::testing::IsEmpty());
+}
+
+// CopyMany: a stacked parameter's pieces assembled in one launch, each where it belongs.
+TEST_F(GpuConverterTest, CopyManyAssemblesPieces) {
+  std::unique_ptr<Converter> converter = Make({});
+  ASSERT_NE(converter, nullptr);
+  DeviceOps* ops = converter->device_ops();
+  ASSERT_NE(ops, nullptr);
+  std::mt19937_64 rng(FreshSeed());
+  const int pieces = 200;
+  const uint64_t piece = 3000;  // not a multiple of 16: every other piece starts unaligned
+  std::vector<uint8_t> host(pieces * piece);
+  for (auto& b : host) b = static_cast<uint8_t>(rng());
+  DeviceBuffer src(host.size()), dst(host.size());
+  src.Upload(host.data(), host.size());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<DeviceOps::CopyRegion> regions;
+  for (int i = 0; i < pieces; ++i) {  // piece i comes from slot (i * 7) % pieces of the source
+    const uint64_t from = static_cast<uint64_t>((i * 7) % pieces) * piece;
+    regions.push_back({static_cast<uint8_t*>(dst.get()) + i * piece, static_cast<const uint8_t*>(src.get()) + from, piece});
+  }
+  ASSERT_TRUE(ops->CopyMany(regions).ok());
+  ASSERT_TRUE(ops->Synchronize().ok());
+  std::vector<uint8_t> got = dst.Download(host.size()), want(host.size());
+  for (int i = 0; i < pieces; ++i) {
+    std::memcpy(want.data() + i * piece, host.data() + static_cast<uint64_t>((i * 7) % pieces) * piece, piece);
+  }
+  EXPECT_TRUE(got == want);
 }
 
 // Whole device tensors go to two lanes (streams). A device op reading a tensor converted on the
