@@ -176,7 +176,8 @@ def command(model, named_tensors) -> None:
 def _runner_of(model):
     """The ModelRunner holding `model` (SGLang hands the custom loader only the model)."""
     def holds(o):
-        return getattr(o, "model", None) is model and hasattr(o, "weight_updater") and callable(getattr(o, "forward", None))
+        return (getattr(o, "model", None) is model and hasattr(o, "weight_updater")
+                and callable(getattr(o, "forward", None)))
 
     for d in gc.get_referrers(model):
         if isinstance(d, dict):
