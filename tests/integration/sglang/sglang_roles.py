@@ -57,6 +57,9 @@ def start_engine(ckpt: str):
     paths = [str(SRC / "python"), str(HERE), str(SRC / "tests" / "integration" / "vllm")]
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
+    # FlashAttention-3 from sglang-kernel, not from the Hub (the GPU machine has no network).
+    os.environ.setdefault("SGLANG_USE_SGL_FA3_KERNEL", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sglang as sgl
 
     return sgl.Engine(model_path=ckpt, **engine_kwargs())
