@@ -20,7 +20,8 @@ to a file the caller named; the caller's helpers below read every rank's answer.
     engine.flush_cache()         # after a commit, unless the radix cache is off
 
 What each rank registers: `model.named_parameters()` as SGLang holds them after loading
-(`process_weights_after_loading` run), by device pointer (refit.cuda.InPlaceParams), under
+(`process_weights_after_loading` run), less the FP8 KV-cache scales (`attn.k_scale`/`v_scale`,
+read into floats at load; registered_params), by device pointer (refit.cuda.InPlaceParams), under
 SGLang's names (fused `qkv_proj`, `gate_up_proj`, FP8 `weight_scale_inv`). On Hopper SGLang keeps
 block-FP8 weights and their float32 block scales as the checkpoint has them (its UE8M0
 requantization runs only where DeepGEMM uses UE8M0 scales, i.e. Blackwell), so the daemon's spec
@@ -52,6 +53,7 @@ import gc
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -62,6 +64,17 @@ log = logging.getLogger("refit.sglang")
 COMMAND = "refit.sglang.command"  # the custom weight loader: load_format and custom_weight_loader entry
 _PREFIX = "refit.sglang:"
 _STATE: dict = {}  # in each scheduler process: id(ModelRunner) -> its registration
+# Not registered: the KV-cache scales SGLang's Fp8KVCacheMethod adds to every attention layer
+# (`...self_attn.attn.k_scale` / `v_scale`, F32 scalars, 1.0 when the checkpoint has none;
+# layers/quantization/kv_cache.py). SGLang copies them into Python floats at load, so writing
+# them would change nothing, and they are no weights a trainer pushes.
+_NOT_REGISTERED = re.compile(r"\.attn\.(k_scale|v_scale)$")
+
+
+def registered_params(model) -> list:
+    """(name, parameter) of `model` that refit.sglang registers: named_parameters() less the
+    KV-cache scales."""
+    return [(n, p) for n, p in model.named_parameters() if not _NOT_REGISTERED.search(n)]
 
 
 def engine_kwargs() -> dict:
@@ -255,7 +268,8 @@ def _attach(runner, address, model="", version=0, tag=""):
         if paused_at:
             windows.append((time.monotonic() - paused_at.pop()) * 1e3)
 
-    engine = InPlaceEngine(address, runner.model, version=version, tag=tag, on_pause=on_pause, on_resume=on_resume,
+    engine = InPlaceEngine(address, runner.model, named_params=registered_params(runner.model), version=version,
+                           tag=tag, on_pause=on_pause, on_resume=on_resume,
                            tp_rank=tp_rank if tp_size > 1 else 0, tp_size=tp_size if tp_size > 1 else 0,
                            device=torch.cuda.current_device(), model=model)
     gate = _ForwardGate(runner, engine)
@@ -276,7 +290,7 @@ def _status(runner):
 
 
 def _addresses(runner):
-    return {n: int(p.data_ptr()) for n, p in runner.model.named_parameters()}
+    return {n: int(p.data_ptr()) for n, p in registered_params(runner.model)}
 
 
 def _wait_for_version(runner, version, timeout=None):

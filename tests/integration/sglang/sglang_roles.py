@@ -78,15 +78,20 @@ def generate(engine):
 # In SGLang's scheduler process, through refit.sglang.run(engine, "sglang_roles:worker_...").
 
 def worker_digests(runner):
+    """The registered parameters' bytes (refit.sglang.registered_params: less the KV-cache scales)."""
     import torch
+
+    import refit.sglang as rs
 
     torch.cuda.synchronize()
     return {n: hashlib.sha256(p.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
-            for n, p in runner.model.named_parameters()}
+            for n, p in rs.registered_params(runner.model)}
 
 
 def worker_layout(runner):
+    """Every parameter SGLang holds (registered or not) and the KV-cache scales' values."""
     return {n: [str(p.dtype), list(p.shape), list(p.stride()), p.is_contiguous()]
+            + ([float(p)] if p.numel() == 1 else [])
             for n, p in runner.model.named_parameters()}
 
 
