@@ -132,7 +132,8 @@ absl::Status CopyRegions(const CopyRegion* regions, size_t count, void* stream) 
   auto launch = [&]() -> absl::Status {
     if (list.count == 0) return absl::OkStatus();
     const uint64_t x = std::clamp<uint64_t>((largest + kBytesPerBlock - 1) / kBytesPerBlock, 1, kMaxBlocksPerRegion);
-    CopyRegionsKernel<<<dim3(static_cast<unsigned>(x), list.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(list);
+    CopyRegionsKernel<<<dim3(static_cast<unsigned>(x), list.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        list);
     list.count = 0;
     largest = 0;
     const cudaError_t e = cudaGetLastError();

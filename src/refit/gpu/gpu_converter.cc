@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
-#include "common/trace.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "kernels/batch_copy.h"
 #include "kernels/batch_quantize.h"
 #include "kernels/derive.h"
@@ -357,9 +357,9 @@ class GpuConverter final : public Converter, public DeviceOps {
     for (size_t i = 0; i < members.size(); ++i) {
       const TensorDesc& d = *members[i].desc;
       if (d.dtype != dtype) return false;
-      absl::StatusOr<std::optional<kernels::Nvfp4BatchItem>> item = kernels::Nvfp4BatchItemFor(
-          format, formats::ConstTensor{d.dtype, d.shape, members[i].src}, options, members[i].outs, d.name,
-          slots[0].amax, slots[i].probe);
+      absl::StatusOr<std::optional<kernels::Nvfp4BatchItem>> item =
+          kernels::Nvfp4BatchItemFor(format, formats::ConstTensor{d.dtype, d.shape, members[i].src}, options,
+                                     members[i].outs, d.name, slots[0].amax, slots[i].probe);
       if (!item.ok() || !item->has_value()) return false;  // the caller's path reports it, per member
       items.push_back(**item);
     }

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "formats/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "formats/format.h"
-#include "absl/strings/str_cat.h"
 #include "refit/convert.h"
 #include "refit/cpu_converter.h"
 #include "tests/unit/kernels/device_test_util.h"
@@ -439,7 +439,8 @@ TEST_F(GpuConverterTest, AmaxGroupsInBatchedRunsMatchTheCpuGroupEncode) {
     m.desc = TensorDesc{name, DType::kBF16, shape, 0, m.in.size()};
     m.dev = std::make_unique<DeviceBuffer>(m.in.size() + 16);
     m.dev->Upload(m.in.data(), m.in.size());
-    const absl::StatusOr<std::vector<formats::OutputSpec>> planned = formats::PlanOutputs(Format::kNvfp4, DType::kBF16, shape);
+    const absl::StatusOr<std::vector<formats::OutputSpec>> planned =
+        formats::PlanOutputs(Format::kNvfp4, DType::kBF16, shape);
     EXPECT_TRUE(planned.ok()) << planned.status();
     for (const formats::OutputSpec& o : planned.value_or(std::vector<formats::OutputSpec>{})) {
       m.outs.push_back(std::make_unique<DeviceBuffer>(o.bytes));
@@ -471,8 +472,9 @@ TEST_F(GpuConverterTest, AmaxGroupsInBatchedRunsMatchTheCpuGroupEncode) {
     EXPECT_TRUE(*batched) << "group " << g;
     Member& l = lone[g];
     plan.input_shape = l.desc.shape;
-    ASSERT_TRUE(converter->Convert(plan, l.desc, static_cast<const uint8_t*>(l.dev->get()), storage::MemoryKind::kDevice,
-                                   l.out_bytes, qopts)
+    ASSERT_TRUE(converter
+                    ->Convert(plan, l.desc, static_cast<const uint8_t*>(l.dev->get()), storage::MemoryKind::kDevice,
+                              l.out_bytes, qopts)
                     .ok());
   }
   EXPECT_THAT(converter->Sync(), ::testing::IsEmpty());
@@ -525,7 +527,8 @@ TEST_F(GpuConverterTest, CopyManyAssemblesPieces) {
   std::vector<DeviceOps::CopyRegion> regions;
   for (int i = 0; i < pieces; ++i) {  // piece i comes from slot (i * 7) % pieces of the source
     const uint64_t from = static_cast<uint64_t>((i * 7) % pieces) * piece;
-    regions.push_back({static_cast<uint8_t*>(dst.get()) + i * piece, static_cast<const uint8_t*>(src.get()) + from, piece});
+    regions.push_back(
+        {static_cast<uint8_t*>(dst.get()) + i * piece, static_cast<const uint8_t*>(src.get()) + from, piece});
   }
   ASSERT_TRUE(ops->CopyMany(regions).ok());
   ASSERT_TRUE(ops->Synchronize().ok());
