@@ -331,6 +331,33 @@ rules:
 )").message(), HasSubstr("needs power-of-two scales"));
 }
 
+TEST(ModelSpecTest, MergeDimsAndCastF32AreRead) {
+  absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"(model: m
+rules:
+  - match: "a.weight"
+    format: mxfp4
+    layout:
+      - {op: merge_dims, dim: -2, on: _blocks}
+  - match: "b.weight"
+    format: ct_fp8_channel
+    layout: [{op: cast_f32, on: _scale}]
+)",
+                                                  "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->rules[0].layout.size(), 1u);
+  EXPECT_EQ(spec->rules[0].layout[0].op, LayoutOp::kMergeDims);
+  EXPECT_EQ(spec->rules[0].layout[0].dim, -2);
+  EXPECT_EQ(spec->rules[1].layout[0].op, LayoutOp::kCastF32);
+  EXPECT_TRUE(spec->rules[1].layout[0].AppliesTo("_scale"));
+  EXPECT_THAT(Load("model: m\nrules:\n  - match: \"a.weight\"\n    format: mxfp4\n    layout:\n"
+                   "      - {op: merge_dims, on: _blocks}\n")
+                  .message(),
+              HasSubstr("merge_dims needs 'dim'"));
+  EXPECT_THAT(Load("model: m\nrules:\n  - match: \"a.weight\"\n    layout:\n      - {op: cast_f32, dim: 0, on: data}\n")
+                  .message(),
+              HasSubstr("cast_f32 takes no 'dim'"));
+}
+
 TEST(ModelSpecTest, ExplicitFormatMustAgreeWithTheCheckpoint) {
   absl::Status s = Load(R"(model: m
 checkpoint:
