@@ -25,7 +25,7 @@ const std::map<std::string, std::string> kSpecModels = {
 
 absl::StatusOr<ModelSpec> LoadShipped(const std::string& file) {
   const std::string path = std::string(REFIT_MODELS_DIR) + "/" + file;
-  const std::string model = kSpecModels.at(file);
+  const std::string& model = kSpecModels.at(file);
   if (model.empty()) return LoadModelSpecFile(path);
   absl::StatusOr<ModelConfig> config =
       LoadModelConfigFile(std::string(REFIT_MODEL_CONFIGS_DIR) + "/" + model + "/config.json");
