@@ -255,10 +255,14 @@ absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t inde
         REFIT_RETURN_IF_ERROR(ops.Copy2D(out, np * inner, cur.data, n * inner, n * inner, outer));
         break;
       }
+      case spec::LayoutOp::kMergeDims:  // a view: the same bytes
+        REFIT_RETURN_IF_ERROR(ops.Copy2D(out, nbytes, cur.data, nbytes, nbytes, 1));
+        break;
+      case spec::LayoutOp::kCastF32:
       case spec::LayoutOp::kReorderGatedRows:
       case spec::LayoutOp::kShuffleMatrixA:
       case spec::LayoutOp::kShuffleMatrixSfA:
-        // PrepareCommit builds parameters with row shuffles on the host.
+        // PrepareCommit builds parameters with casts and row shuffles on the host.
         return absl::InternalError(absl::StrCat("engine parameter '", p.name, "': a row shuffle on the device"));
     }
     cur = DeviceBuilt{next.first, next.second, out, nbytes};
@@ -371,7 +375,7 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
         std::any_of(src.rule->layout.begin(), src.rule->layout.end(), [&](const spec::LayoutStep& step) {
           return step.AppliesTo(src.suffix) &&
                  (step.op == spec::LayoutOp::kReorderGatedRows || step.op == spec::LayoutOp::kShuffleMatrixA ||
-                  step.op == spec::LayoutOp::kShuffleMatrixSfA);
+                  step.op == spec::LayoutOp::kShuffleMatrixSfA || step.op == spec::LayoutOp::kCastF32);
         });
     if (ops != nullptr && !host_only_layout) {
       // Layout steps on the GPU, before the pause.

@@ -41,7 +41,7 @@ absl::StatusOr<float> TensorAmax(const formats::ConstTensor& in, const formats::
 
 void ShardPart(const uint8_t* src, DType dtype, const Shape& full_shape, std::optional<int> shard_dim, int64_t parts,
                int64_t index, uint8_t* dst) {
-  if (!shard_dim || full_shape.empty() || parts == 1) {
+  if (!SplitsOutput(full_shape, shard_dim, parts)) {
     std::memcpy(dst, src, *DenseBytes(dtype, full_shape));
     return;
   }

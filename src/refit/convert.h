@@ -32,8 +32,8 @@ absl::Status ConvertFull(const ConvertStep& step, const formats::ConstTensor& in
 absl::StatusOr<float> TensorAmax(const formats::ConstTensor& in, const formats::QuantizeOptions& options,
                                  std::string_view name);
 
-// Copies this rank's part of a whole output (`full_shape`) into `dst`; a plain copy when
-// `shard_dim` is empty or the output is 0-d (replicated).
+// Copies this rank's part of a whole output (`full_shape`) into `dst`; a plain copy when the
+// output is not split (SplitsOutput: replicated).
 void ShardPart(const uint8_t* src, DType dtype, const Shape& full_shape, std::optional<int> shard_dim, int64_t parts,
                int64_t index, uint8_t* dst);
 

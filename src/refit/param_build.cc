@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "formats/bits.h"
 #include "formats/layout.h"
 #include "formats/moe_shuffle.h"
 
@@ -160,6 +161,25 @@ absl::StatusOr<std::pair<DType, Shape>> LayoutShape(const spec::Rule& rule, cons
         n = (n + step.multiple - 1) / step.multiple * step.multiple;
         break;
       }
+      case spec::LayoutOp::kMergeDims: {
+        REFIT_ASSIGN_OR_RETURN(int d, NormDim(step.dim, s, "merge_dims"));
+        const size_t dz = static_cast<size_t>(d);
+        if (dz + 1 >= s.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": merge_dims needs a dim after dim ", d, " of ", ShapeString(s)));
+        }
+        s[dz] *= s[dz + 1];
+        s.erase(s.begin() + static_cast<std::ptrdiff_t>(dz) + 1);
+        break;
+      }
+      case spec::LayoutOp::kCastF32: {
+        if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": cast_f32 takes BF16, F16 or F32 values, not ", DTypeName(dtype), ShapeString(s)));
+        }
+        dtype = DType::kF32;
+        break;
+      }
       case spec::LayoutOp::kReorderGatedRows:
       case spec::LayoutOp::kShuffleMatrixA:
       case spec::LayoutOp::kShuffleMatrixSfA: {
@@ -249,6 +269,25 @@ absl::Status ApplyLayout(const spec::Rule& rule, const std::string& suffix, int6
         for (int64_t o = 0; o < outer; ++o) {
           std::memcpy(out.data() + static_cast<size_t>(o * np) * inner, p.bytes.data() + static_cast<size_t>(o * n) * inner,
                       static_cast<size_t>(n) * inner);
+        }
+        break;
+      }
+      case spec::LayoutOp::kMergeDims:
+        out = std::move(p.bytes);  // a view: the same bytes
+        break;
+      case spec::LayoutOp::kCastF32: {
+        const size_t n = p.bytes.size() / elem;
+        out.assign(nbytes, 0);
+        for (size_t i = 0; i < n; ++i) {
+          float f;
+          if (p.dtype == DType::kF32) {
+            std::memcpy(&f, p.bytes.data() + i * 4, 4);
+          } else {
+            uint16_t h;
+            std::memcpy(&h, p.bytes.data() + i * 2, 2);
+            f = p.dtype == DType::kBF16 ? formats::bits::Bf16ToF32(h) : formats::bits::F16ToF32(h);
+          }
+          std::memcpy(out.data() + i * 4, &f, 4);
         }
         break;
       }

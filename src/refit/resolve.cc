@@ -140,11 +140,6 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
       return Bad(name, *rule, absl::StrCat("dim ", d, " (", n, ") does not split into ", parts, " tensor-parallel parts"));
     }
     const int64_t block = res.quantized ? formats::BlockAlong(format, d, rank) : 1;
-    if (block == formats::kWholeDim && parts > 1) {
-      return Bad(name, *rule,
-                 absl::StrCat("splitting dim ", d, " into ", parts, " tensor-parallel parts would change its ",
-                              formats::FormatName(format), " scales, which span the whole dimension"));
-    }
     // A [1] global scale or compressed-tensors' weight_shape is one whole value per rank, which
     // the per-rank split of every output does not express.
     if (res.quantized && parts > 1) {
@@ -158,7 +153,9 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
         }
       }
     }
-    if ((n / parts) % block != 0 && n / parts != 0) {
+    // Scales spanning the whole dimension (per-channel scales along K) have one element along it:
+    // every rank holds them whole (SplitsOutput), as computed from the whole tensor.
+    if (block != formats::kWholeDim && (n / parts) % block != 0 && n / parts != 0) {
       return Bad(name, *rule,
                  absl::StrCat("splitting dim ", d, " (", n, ") into ", parts, " tensor-parallel parts gives ", n / parts,
                               " per rank, which cuts a ", block, "-element ", formats::FormatName(format),
@@ -174,7 +171,9 @@ absl::StatusOr<Resolution> Resolve(const spec::ModelSpec& spec, const std::strin
     r.dtype = o.dtype;
     r.full_shape = o.shape;
     r.shape = o.shape;
-    if (res.shard_dim && !o.shape.empty()) r.shape[static_cast<size_t>(*res.shard_dim)] /= rule->shard->size;
+    if (res.shard_dim && SplitsOutput(o.shape, res.shard_dim, rule->shard->size)) {
+      r.shape[static_cast<size_t>(*res.shard_dim)] /= rule->shard->size;
+    }
     r.engine_name = base + o.suffix;
     r.slot = slot;
     r.slots = slots;

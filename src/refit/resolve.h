@@ -39,7 +39,7 @@ struct Resolution {
   bool quantized = false;  // a quantized format (not a copy or cast)
   bool transpose = false;
   Shape input_shape;       // after the optional transpose
-  std::optional<int> shard_dim;  // normalized; every output of rank > 0 is split along it
+  std::optional<int> shard_dim;  // normalized; every output SplitsOutput says is split along it
   std::vector<ResolvedOutput> outputs;
   // Trainer tensors sharing one global amax with this one (fused NVFP4 members, this one
   // included, in fuse order); empty when the format needs none or the rule fuses nothing.
@@ -50,6 +50,16 @@ struct Resolution {
   // parameters.
   bool elsewhere = false;
 };
+
+// Whether an output of `full_shape` is split into `parts` along `shard_dim`. Not when there is no
+// split, the output is 0-d, or it has one element along the split dimension while its input
+// splits: a scale spanning that whole dimension (ct_fp8_channel's [N, 1] under a split along K),
+// which every rank holds whole, as vLLM's row-parallel layers load a per-channel weight_scale.
+inline bool SplitsOutput(const Shape& full_shape, std::optional<int> shard_dim, int64_t parts) {
+  if (!shard_dim || parts <= 1 || full_shape.empty()) return false;
+  const size_t d = static_cast<size_t>(*shard_dim);
+  return d < full_shape.size() && full_shape[d] != 1;
+}
 
 // The slots of a parameter `rule` builds on this rank (spec.ep_rank's experts under
 // expert_parallel), and the global slot of the first.

@@ -29,7 +29,10 @@ absl::InlinedVector<size_t, 8> RowParts(const TensorPlan& plan, std::span<const 
   for (size_t i = 0; i < distinct.size(); ++i) {
     const Target& t = *distinct[i];
     if (t.output != o) continue;
-    if (t.full_shape.size() <= d || t.shard_index < 0 || t.shard_index >= plan.shard_parts) return {};
+    if (t.full_shape.size() <= d || !SplitsOutput(t.full_shape, plan.shard_dim, plan.shard_parts) ||
+        t.shard_index < 0 || t.shard_index >= plan.shard_parts) {
+      return {};
+    }
     for (size_t k = 0; k < d; ++k) {
       if (t.full_shape[k] != 1) return {};
     }

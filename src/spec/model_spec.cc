@@ -147,12 +147,16 @@ class Reader {
         s.op = LayoutOp::kShuffleMatrixA;
       } else if (op == "shuffle_matrix_sf_a") {
         s.op = LayoutOp::kShuffleMatrixSfA;
+      } else if (op == "merge_dims") {
+        s.op = LayoutOp::kMergeDims;
+      } else if (op == "cast_f32") {
+        s.op = LayoutOp::kCastF32;
       } else {
         return Error(n["op"], w + ".op",
                      absl::StrCat("unknown op '", op,
                                   "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
                                   "swap_halves, pad, reorder_rows_for_gated_act_gemm, shuffle_matrix_a, "
-                                  "shuffle_matrix_sf_a)"));
+                                  "shuffle_matrix_sf_a, merge_dims, cast_f32)"));
       }
       if (with_on) {
         std::vector<YAML::Node> on;
@@ -174,7 +178,8 @@ class Reader {
           return Error(n["epilogue_tile_m"], w + ".epilogue_tile_m", absl::StrCat(op, " takes no 'epilogue_tile_m'"));
         REFIT_ASSIGN_OR_RETURN(s.epilogue_tile_m, Int(n["epilogue_tile_m"], w + ".epilogue_tile_m", 1));
       }
-      const bool needs_dim = s.op == LayoutOp::kSwapRowPairs || s.op == LayoutOp::kSwapHalves || s.op == LayoutOp::kPad;
+      const bool needs_dim = s.op == LayoutOp::kSwapRowPairs || s.op == LayoutOp::kSwapHalves ||
+                             s.op == LayoutOp::kPad || s.op == LayoutOp::kMergeDims;
       // The row permutations move the rows along `dim` (default -2), each row all that follows it:
       // gpt-oss's 4-D `_blocks` [E, N, K/32, 16] have their rows at -3, a bias [E, N] at -1.
       const bool rows_dim = s.op == LayoutOp::kReorderGatedRows || s.op == LayoutOp::kShuffleMatrixA;

@@ -65,6 +65,9 @@ enum class LayoutOp : uint8_t {
   kReorderGatedRows,  // reorder_rows_for_gated_act_gemm: out[2i] = in[i], out[2i+1] = in[M/2+i]
   kShuffleMatrixA,    // shuffle_matrix_a(W, epilogue_tile_m): rows permuted in blocks of 32 (16)
   kShuffleMatrixSfA,  // shuffle_matrix_sf_a: the same rows (M % 128 == 0), then swizzle_128x4
+  // Views and casts, bytes or values unchanged:
+  kMergeDims,  // dims `dim` and `dim + 1` merged into one (a view: gpt-oss _blocks [.., K/32, 16] -> [.., K/2])
+  kCastF32,    // BF16/F16 values -> F32, exactly (compressed-tensors scales as vLLM holds them)
 };
 
 // One engine layout step, applied at commit to the assembled (fused/stacked/sharded)

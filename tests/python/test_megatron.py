@@ -219,6 +219,9 @@ def assert_engine_equals(node, expected: dict, version: int):
 
 FAMILIES = {
     "llama3": ("llama3_fp8.yaml", "llama3-fp8", LLAMA, llama_checkpoint, 1),
+    # llm-compressor FP8_DYNAMIC at engine TP 2: row-parallel o_proj / down_proj per-channel FP8
+    # with the whole [N, 1] scale (F32) on each engine rank.
+    "llama3_ct": ("llama3_ct_fp8_dynamic.yaml", "llama3-ct-fp8-dynamic", LLAMA, family_checkpoint("llama3_ct"), 1),
     "qwen3_moe": ("qwen3_moe_nvfp4.yaml", "qwen3-moe-nvfp4", QWEN3_MOE, qwen3_moe_checkpoint, 2),
     "deepseek_v3": ("deepseek_v3_fp8_ue8m0.yaml", "deepseek-v3-fp8-ue8m0", DEEPSEEK_V3,
                     family_checkpoint("deepseek_v3"), 2),

@@ -19,6 +19,7 @@
 #include "kernels/layout.h"
 #include "kernels/quantize.h"
 #include "refit/gpu/device_arena.h"
+#include "refit/resolve.h"
 #include "storage/memory.h"
 
 namespace refit {
@@ -182,7 +183,10 @@ class GpuConverter final : public Converter, public DeviceOps {
     for (size_t i = 0; i < outs.size(); ++i) {
       if (outs[i].data != nullptr) ++takers[plan.targets[i].output];
     }
-    auto is_part = [&](const Target& t) { return sharded && !t.full_shape.empty(); };  // 0-d: replicated
+    // 0-d outputs and scales spanning the split dimension are replicated (SplitsOutput).
+    auto is_part = [&](const Target& t) {
+      return sharded && SplitsOutput(t.full_shape, plan.shard_dim, plan.shard_parts);
+    };
     std::vector<formats::MutableBytes> whole(n_outputs);
     std::vector<bool> in_place(outs.size(), false);
     for (size_t i = 0; i < outs.size(); ++i) {

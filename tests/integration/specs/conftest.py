@@ -28,10 +28,12 @@ def make_real_checkpoint(family: str, out: Path) -> Path:
     return out
 
 
-def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False) -> Path:
+def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False, tp_rank=None) -> Path:
     args = [str(REFITCTL), "convert", "--spec", spec, str(checkpoint), str(out)]
     if engine_layout:
         args.insert(2, "--engine-layout")
+    if tp_rank is not None:
+        args[3:3] = ["--tp-rank", str(tp_rank)]
     p = subprocess.run(args, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     return out

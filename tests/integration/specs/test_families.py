@@ -45,14 +45,15 @@ FAMILIES = {
         "model.layers.1.mlp.experts.down_proj",
         "missing: 'model.layers.1.mlp.experts.down_proj_blocks'",
     ),
-    # llm-compressor FP8_DYNAMIC (compressed-tensors per-channel FP8), one engine rank.
+    # llm-compressor FP8_DYNAMIC (compressed-tensors per-channel FP8), tensor_parallel.size 2: o_proj
+    # and down_proj split along K with their [N, 1] scales whole on both ranks, scales held F32.
     "llama3_ct": (
         "llama3_ct_fp8_dynamic.yaml",
         ["model.layers.0.{n:input_layernorm,post_attention_layernorm}.weight",
          "model.layers.1.self_attn.{p:q,k,v}_proj.weight"],
         "model.layers.0.mlp.up_proj.weight",
-        "incomplete: engine parameter 'model.layers.0.mlp.gate_up_proj.weight' lacks "
-        "'model.layers.0.mlp.up_proj.weight'",
+        "incomplete: engine parameter 'rank0/model.layers.0.mlp.gate_up_proj.weight' lacks "
+        "'rank0/model.layers.0.mlp.up_proj.weight'",
     ),
     # Absorbed MLA: a partial refit of kv_b_proj rewrites its derived w_kc / w_vc.
     "deepseek_v3_absorbed": (
@@ -138,6 +139,49 @@ def test_engine_layout_of_convert_matches_engine_load(tmp_path):
     assert packed["dtype"] == "I32" and packed["shape"] == [1, 2624]
 
 
+def _safetensors(path):
+    import json
+    import struct
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def test_ct_fp8_row_parallel_ranks_hold_column_slices_and_whole_f32_scales(tmp_path):
+    """llama3_ct_fp8_dynamic.yaml over two engine ranks: `refitctl convert --engine-layout --tp-rank R`
+    gives rank R exactly its columns of the checkpoint's FP8 o_proj / down_proj and every row's
+    weight_scale whole, as F32 (vLLM's RowParallelLinear with a per-channel scale), and its rows of
+    qkv_proj with their scales; the checkpoint itself keeps the package's BF16 scales."""
+    import struct
+    spec = str(MODELS / "llama3_ct_fp8_dynamic.yaml")
+    ckpt = make_checkpoint("llama3_ct", tmp_path / "ckpt", 3)
+    whole = {}
+    for f in sorted(convert(spec, ckpt, tmp_path / "conv").glob("*.safetensors")):
+        whole.update(_safetensors(f))
+    p = "model.layers.0."
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        dtype, shape, _ = whole[p + name + ".weight_scale"]
+        assert dtype == "BF16" and shape[1] == 1, (name, dtype, shape)
+    for r in (0, 1):
+        eng = _safetensors(convert(spec, ckpt, tmp_path / f"eng{r}", engine_layout=True, tp_rank=r) /
+                           "engine.safetensors")
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            _, (n, k), data = whole[p + name + ".weight"]
+            want = b"".join(data[i * k + r * k // 2:i * k + (r + 1) * k // 2] for i in range(n))
+            dtype, shape, got = eng[p + name + ".weight"]
+            assert (dtype, shape) == ("F8_E4M3", [n, k // 2]), (name, dtype, shape)
+            assert got == want, name
+            _, _, scale = whole[p + name + ".weight_scale"]
+            f32 = struct.pack(f"<{n}I", *(h << 16 for h in struct.unpack(f"<{n}H", scale)))
+            assert eng[p + name + ".weight_scale"] == ("F32", [n, 1], f32), name
+        # Column-parallel qkv: this rank's rows of each member, scales with them.
+        dtype, shape, scale = eng[p + "self_attn.qkv_proj.weight_scale"]
+        assert dtype == "F32" and shape[1] == 1 and shape[0] * 4 == len(scale), (dtype, shape)
+
+
 def test_trtllm_layout_pads_gpt_oss_20b_widths(tmp_path):
     """gpt_oss_mxfp4_trtllm.yaml at gpt-oss-20b's widths (hidden and intermediate 2880; one layer of
     two experts): the engine holds the experts padded to 3072 as vLLM/SGLang allocate them, and
@@ -158,8 +202,9 @@ def test_trtllm_layout_pads_gpt_oss_20b_widths(tmp_path):
     p = "model.layers.0.mlp.experts."
     shapes = {k[len(p):]: v["shape"] for k, v in header.items() if k.startswith(p)}
     assert shapes == {
-        "gate_up_proj_blocks": [2, 6144, 96, 16], "gate_up_proj_scales": [2, 6144, 96], "gate_up_proj_bias": [2, 6144],
-        "down_proj_blocks": [2, 3072, 96, 16], "down_proj_scales": [2, 3072, 96], "down_proj_bias": [2, 3072],
+        # _blocks as vLLM holds them: [E, N, K/2] (the checkpoint's [E, N, K/32, 16] bytes).
+        "gate_up_proj_blocks": [2, 6144, 1536], "gate_up_proj_scales": [2, 6144, 96], "gate_up_proj_bias": [2, 6144],
+        "down_proj_blocks": [2, 3072, 1536], "down_proj_scales": [2, 3072, 96], "down_proj_bias": [2, 3072],
     }, shapes
 
 

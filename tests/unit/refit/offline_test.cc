@@ -83,6 +83,49 @@ TEST(OfflineTest, EngineLayoutNamesAMissingSlot) {
   EXPECT_THAT(layout.status().message(), ::testing::HasSubstr("engine parameter 'w13': slot 1 of 2 has no tensor"));
 }
 
+// A row-parallel per-channel FP8 layer (compressed-tensors ct_fp8_channel split along K): each
+// engine rank holds its columns of the whole tensor's FP8 data and every row's [N, 1] scale whole,
+// both exactly the whole conversion's bytes (vLLM's RowParallelLinear loads weight_scale unsplit).
+TEST(OfflineTest, RowParallelPerChannelFp8ReplicatesTheScale) {
+  constexpr int64_t kN = 8, kK = 64;
+  std::vector<uint16_t> w = Values(0.75f, kN * kK);
+  const std::string rule = "rules:\n  - match: \"o.weight\"\n    format: ct_fp8_channel\n";
+  auto whole_spec = spec::ParseModelSpec("model: m\n" + rule);
+  ASSERT_TRUE(whole_spec.ok()) << whole_spec.status();
+  auto whole = ConvertCheckpoint(*whole_spec, {{"o.weight", DType::kBF16, {kN, kK}, w.data()}});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->size(), 2u);
+  const ConvertedTensor& data = (*whole)[0];
+  const ConvertedTensor& scale = (*whole)[1];
+  ASSERT_EQ(scale.name, "o.weight_scale");
+  ASSERT_EQ(scale.shape, (Shape{kN, 1}));
+  for (int rank = 0; rank < 2; ++rank) {
+    auto s = spec::ParseModelSpec(
+        absl::StrCat("model: m\ntensor_parallel: {size: 2, rank: ", rank, "}\n", rule, "    shard: {dim: 1}\n"));
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto conv = ConvertCheckpoint(*s, {{"o.weight", DType::kBF16, {kN, kK}, w.data()}});
+    ASSERT_TRUE(conv.ok()) << conv.status();
+    auto layout = EngineLayout(*s, {{"o.weight", DType::kBF16, {kN, kK}, 0}}, ByName(*conv));
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    ASSERT_EQ(layout->size(), 2u);
+    std::vector<uint8_t> cols;
+    for (int64_t n = 0; n < kN; ++n) {
+      const uint8_t* row = data.bytes.data() + n * kK + rank * (kK / 2);
+      cols.insert(cols.end(), row, row + kK / 2);
+    }
+    EXPECT_EQ((*layout)[0].name, "o.weight");
+    EXPECT_EQ((*layout)[0].shape, (Shape{kN, kK / 2}));
+    EXPECT_EQ((*layout)[0].bytes, cols) << "rank " << rank;
+    EXPECT_EQ((*layout)[1].name, "o.weight_scale");
+    EXPECT_EQ((*layout)[1].shape, (Shape{kN, 1}));
+    EXPECT_EQ((*layout)[1].bytes, scale.bytes) << "rank " << rank;
+    auto infos = EngineParamInfos(*s, {{"o.weight", DType::kBF16, {kN, kK}, 0}});
+    ASSERT_TRUE(infos.ok()) << infos.status();
+    ASSERT_EQ(infos->size(), 2u);
+    EXPECT_EQ((*infos)[1].shape, (Shape{kN, 1}));
+  }
+}
+
 // EngineParamInfos (what an engine registers for trainer tensors) names, types and sizes every
 // parameter exactly as EngineLayout builds it, for every shipped spec: fused, stacked, sharded,
 // laid out (swizzled and UE8M0-packed scales, padding), derived and kept parameters.
@@ -129,6 +172,8 @@ INSTANTIATE_TEST_SUITE_P(Shipped, EngineParamInfosFamilies,
                                            std::make_pair("qwen3_moe", "qwen3_moe_nvfp4.yaml"),
                                            std::make_pair("deepseek_v3", "deepseek_v3_fp8_ue8m0.yaml"),
                                            std::make_pair("gpt_oss", "gpt_oss_mxfp4.yaml"),
+                                           std::make_pair("gpt_oss_trtllm", "gpt_oss_mxfp4_trtllm.yaml"),
+                                           std::make_pair("llama3_ct", "llama3_ct_fp8_dynamic.yaml"),
                                            std::make_pair("qwen35", "qwen35_mxfp8.yaml")),
                          [](const auto& info) { return std::string(info.param.first); });
 

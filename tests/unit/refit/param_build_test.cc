@@ -1,5 +1,6 @@
 #include "refit/param_build.h"
 
+#include <cstring>
 #include <numeric>
 
 #include "gmock/gmock.h"
@@ -35,6 +36,39 @@ TEST(ParamBuildTest, PadAppendsZeroRows) {
   ASSERT_TRUE(ApplyLayout(RuleWith({{spec::LayoutOp::kPad, {""}, 0, 4, 1}}), "", -1, b).ok());
   EXPECT_EQ(b.shape, (Shape{4, 2}));
   EXPECT_EQ(b.bytes, (std::vector<uint8_t>{0, 1, 2, 3, 4, 5, 0, 0}));
+}
+
+// merge_dims is a view: gpt-oss's _blocks [E, N, K/32, 16] as the engines' [E, N, K/2].
+TEST(ParamBuildTest, MergeDimsKeepsTheBytes) {
+  Built b{DType::kU8, {2, 3, 4, 16}, Iota(2 * 3 * 4 * 16)};
+  const std::vector<uint8_t> before = b.bytes;
+  auto rule = RuleWith({{spec::LayoutOp::kMergeDims, {"_blocks"}, -2, 1, 1}});
+  ASSERT_TRUE(ApplyLayout(rule, "_blocks", -1, b).ok());
+  EXPECT_EQ(b.shape, (Shape{2, 3, 64}));
+  EXPECT_EQ(b.dtype, DType::kU8);
+  EXPECT_EQ(b.bytes, before);
+  auto shape = LayoutShape(rule, "_blocks", DType::kU8, {5, 7, 16}, -1);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->second, (Shape{5, 112}));
+  // The last dim has nothing after it to merge with.
+  EXPECT_FALSE(LayoutShape(RuleWith({{spec::LayoutOp::kMergeDims, {""}, -1, 1, 1}}), "", DType::kU8, {5, 7}, -1).ok());
+}
+
+// cast_f32: BF16 scales as vLLM holds compressed-tensors' weight_scale, exactly (F32 bits = BF16 << 16).
+TEST(ParamBuildTest, CastF32WidensBf16Exactly) {
+  const std::vector<uint16_t> bf16 = {0x3F80, 0xC040, 0x0001, 0x7F7F, 0x3C00, 0x8000};
+  Built b{DType::kBF16, {3, 2}, std::vector<uint8_t>(bf16.size() * 2)};
+  std::memcpy(b.bytes.data(), bf16.data(), b.bytes.size());
+  ASSERT_TRUE(ApplyLayout(RuleWith({{spec::LayoutOp::kCastF32, {"_scale"}, 0, 1, 1}}), "_scale", -1, b).ok());
+  EXPECT_EQ(b.dtype, DType::kF32);
+  EXPECT_EQ(b.shape, (Shape{3, 2}));
+  ASSERT_EQ(b.bytes.size(), bf16.size() * 4);
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, b.bytes.data() + i * 4, 4);
+    EXPECT_EQ(bits, static_cast<uint32_t>(bf16[i]) << 16) << i;
+  }
+  EXPECT_FALSE(LayoutShape(RuleWith({{spec::LayoutOp::kCastF32, {""}, 0, 1, 1}}), "", DType::kU8, {3, 2}, -1).ok());
 }
 
 TEST(ParamBuildTest, SwizzleFollowsThe128x4Formula) {

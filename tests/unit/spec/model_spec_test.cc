@@ -25,7 +25,7 @@ const std::map<std::string, std::string> kSpecModels = {
 
 absl::StatusOr<ModelSpec> LoadShipped(const std::string& file) {
   const std::string path = std::string(REFIT_MODELS_DIR) + "/" + file;
-  const std::string model = kSpecModels.at(file);
+  const std::string& model = kSpecModels.at(file);
   if (model.empty()) return LoadModelSpecFile(path);
   absl::StatusOr<ModelConfig> config =
       LoadModelConfigFile(std::string(REFIT_MODEL_CONFIGS_DIR) + "/" + model + "/config.json");
@@ -329,6 +329,33 @@ rules:
     layout:
       - {op: pack_ue8m0, on: _scale_inv}
 )").message(), HasSubstr("needs power-of-two scales"));
+}
+
+TEST(ModelSpecTest, MergeDimsAndCastF32AreRead) {
+  absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"(model: m
+rules:
+  - match: "a.weight"
+    format: mxfp4
+    layout:
+      - {op: merge_dims, dim: -2, on: _blocks}
+  - match: "b.weight"
+    format: ct_fp8_channel
+    layout: [{op: cast_f32, on: _scale}]
+)",
+                                                  "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->rules[0].layout.size(), 1u);
+  EXPECT_EQ(spec->rules[0].layout[0].op, LayoutOp::kMergeDims);
+  EXPECT_EQ(spec->rules[0].layout[0].dim, -2);
+  EXPECT_EQ(spec->rules[1].layout[0].op, LayoutOp::kCastF32);
+  EXPECT_TRUE(spec->rules[1].layout[0].AppliesTo("_scale"));
+  EXPECT_THAT(Load("model: m\nrules:\n  - match: \"a.weight\"\n    format: mxfp4\n    layout:\n"
+                   "      - {op: merge_dims, on: _blocks}\n")
+                  .message(),
+              HasSubstr("merge_dims needs 'dim'"));
+  EXPECT_THAT(Load("model: m\nrules:\n  - match: \"a.weight\"\n    layout:\n      - {op: cast_f32, dim: 0, on: data}\n")
+                  .message(),
+              HasSubstr("cast_f32 takes no 'dim'"));
 }
 
 TEST(ModelSpecTest, ExplicitFormatMustAgreeWithTheCheckpoint) {
