@@ -34,9 +34,10 @@ are mapped again, committing a refit staged meanwhile. vLLM's sleep allocator mu
 file descriptors for refitd to map its memory (refused at registration, naming the parameter,
 otherwise).
 
-Ranks: under tensor parallelism each worker registers its TP rank and size (the spec's
-`tensor_parallel.size` must equal vLLM's `tensor_parallel_size`); a single-GPU vLLM registers as
-the daemon's one engine. vLLM 0.25 keeps no weight version of its own: `refit_status()` reports
+Ranks: under tensor parallelism each worker registers its TP rank and size (a spec with
+`tensor_parallel: {size: engine}`, as shipped, takes vLLM's `tensor_parallel_size` from them; a
+stated `tensor_parallel.size` must equal it); a single-GPU vLLM registers as the daemon's one
+engine. vLLM 0.25 keeps no weight version of its own: `refit_status()` reports
 the committed version and the trainer's tag.
 
 Works with vLLM's in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0) and with its worker

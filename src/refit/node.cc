@@ -22,17 +22,64 @@ Node::Node(NodeOptions options, transport::Receiver& receiver, BucketRing& ring,
       hooks_(std::move(hooks)),
       versions_(options_.hold),
       group_(options_.group, clock_) {
-  const spec::ModelSpec* spec = options_.spec;
-  ranked_ = spec != nullptr && spec->tp_size > 1 && !spec->tp_rank_given;
-  if (ranked_) {
-    for (int r = 0; r < spec->tp_size; ++r) {
-      absl::StatusOr<spec::ModelSpec> rank_spec = spec::ForRank(*spec, r);  // r < tp_size: cannot fail
-      rank_specs_.push_back(std::make_shared<const spec::ModelSpec>(std::move(*rank_spec)));
-    }
-    ranks_.resize(static_cast<size_t>(spec->tp_size));
-    left_dirty_.assign(static_cast<size_t>(spec->tp_size), false);
+  spec_ = options_.spec;
+  if (spec_ != nullptr && spec_->tp_size_from_engine) {
+    size_open_ = true;  // the first registration gives it (AdoptEngineSize)
+  } else {
+    InitRanks();
   }
   if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+}
+
+void Node::InitRanks() {
+  ranked_ = spec_ != nullptr && spec_->tp_size > 1 && !spec_->tp_rank_given;
+  rank_specs_.clear();
+  ranks_.clear();
+  left_dirty_.clear();
+  if (ranked_) {
+    for (int r = 0; r < spec_->tp_size; ++r) {
+      absl::StatusOr<spec::ModelSpec> rank_spec = spec::ForRank(*spec_, r);  // r < tp_size: cannot fail
+      rank_specs_.push_back(std::make_shared<const spec::ModelSpec>(std::move(*rank_spec)));
+    }
+    ranks_.resize(static_cast<size_t>(spec_->tp_size));
+    left_dirty_.assign(static_cast<size_t>(spec_->tp_size), false);
+  }
+}
+
+bool Node::RanksFor(const RankPlacement& placement) const {
+  if (!size_open_) return ranked_;
+  return placement.tp_size > 1;
+}
+
+absl::Status Node::AdoptEngineSize(const RankPlacement& placement) {
+  const int size = placement.tp_size == 0 ? 1 : placement.tp_size;
+  auto it = sized_specs_.find(size);
+  if (it == sized_specs_.end()) {
+    absl::StatusOr<spec::ModelSpec> sized = spec::WithEngineSize(*options_.spec, size);
+    if (!sized.ok()) return sized.status();
+    it = sized_specs_.emplace(size, std::make_unique<const spec::ModelSpec>(std::move(*sized))).first;
+  }
+  spec_ = it->second.get();
+  size_open_ = false;
+  InitRanks();
+  return absl::OkStatus();
+}
+
+void Node::MaybeReopenEngineSize() {
+  if (options_.spec == nullptr || !options_.spec->tp_size_from_engine || size_open_) return;
+  // The engine is gone whole (no rank left, none named dirty, no session): the next engine's
+  // first registration gives the size again.
+  if (engine_ != nullptr || active_.has_value() || committing()) return;
+  if (std::any_of(ranks_.begin(), ranks_.end(), [](const std::shared_ptr<RankRecord>& r) { return r != nullptr; })) {
+    return;
+  }
+  if (std::any_of(left_dirty_.begin(), left_dirty_.end(), [](bool d) { return d; })) return;
+  spec_ = options_.spec;
+  size_open_ = true;
+  ranked_ = false;
+  rank_specs_.clear();
+  ranks_.clear();
+  left_dirty_.clear();
 }
 
 Node::~Node() {
@@ -43,7 +90,14 @@ Node::~Node() {
 
 absl::StatusOr<uint64_t> Node::RegisterEngine(EngineSetup setup) {
   ReleaseEnded();
-  if (ranked_) return RegisterRank(std::move(setup));
+  const bool adopting = size_open_;
+  if (adopting) REFIT_RETURN_IF_ERROR(AdoptEngineSize(setup.placement));
+  absl::StatusOr<uint64_t> id = ranked_ ? RegisterRank(std::move(setup)) : RegisterSingle(std::move(setup));
+  if (!id.ok() && adopting) MaybeReopenEngineSize();  // a refused registration fixes no size
+  return id;
+}
+
+absl::StatusOr<uint64_t> Node::RegisterSingle(EngineSetup setup) {
   if (absl::Status placed = CheckRank(setup); !placed.ok()) return placed;
   if (engine_ && !engine_->gone) {
     return absl::UnavailableError(absl::StrCat(
@@ -83,6 +137,11 @@ bool Node::UnregisterEngine(uint64_t engine_id) {
     // A rank a failed commit left dirty is named until it registers again.
     if ((*it)->dirty) left_dirty_[static_cast<size_t>(it - ranks_.begin())] = true;
     it->reset();  // the group engine (and a commit in flight) still hold it
+    if (!engine_) {
+      MaybeReopenEngineSize();
+      if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
+      return true;
+    }
     if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
   }
   if (!engine_ || (!ranked_ && engine_->id != engine_id)) return ranked_;
@@ -90,6 +149,7 @@ bool Node::UnregisterEngine(uint64_t engine_id) {
   if (active_ && active_->engine.get() == engine_.get()) AbortWith(EndCause::kEngineError, "engine unregistered");
   versions_.Clear();  // kept versions were converted for this registration's parameters
   engine_.reset();
+  MaybeReopenEngineSize();
   if (hooks_.on_engine) hooks_.on_engine(false);
   if (hooks_.on_ranks) hooks_.on_ranks(Ranks());
   return true;

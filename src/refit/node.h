@@ -6,7 +6,8 @@
 //
 // An engine of several ranks (spec tensor_parallel.size > 1 without a rank: TP/EP workers, one
 // process per GPU) registers rank by rank; once every rank is in, the node's one engine record is
-// built over all of them (node_ranks.cc), so everything below runs as for a single engine.
+// built over all of them (node_ranks.cc), so everything below runs as for a single engine. Under
+// tensor_parallel.size engine the first registration gives the size (spec()).
 //
 // Engine records are shared: the node holds the registered one, and the active session (and a
 // commit in flight) hold theirs, so an engine that unregisters or is replaced during a commit
@@ -173,8 +174,20 @@ class Node {
   // `engine_id` is no registration the node holds.
   bool UnregisterEngine(uint64_t engine_id);
 
-  // The spec declares engine ranks (NodeOptions::spec).
+  // The spec declares engine ranks (NodeOptions::spec), or its size is the engine's
+  // (tensor_parallel.size: engine) and the engine's first rank registered a size above 1.
   bool ranked() const { return ranked_; }
+  // Whether a registration at `placement` registers an engine rank (RegisterEngine's rank path):
+  // ranked(), or while the engine's size is still open (a spec whose size is the engine's and no
+  // registration yet), whether `placement` gives a tp_size above 1.
+  bool RanksFor(const RankPlacement& placement) const;
+  // RegisterEngine's refusals of `placement` alone (model, sizes, ranks), before anything is
+  // mapped or planned for it.
+  absl::Status CheckPlacement(const RankPlacement& placement) const;
+  // The spec the engine is served under: NodeOptions::spec, or under tensor_parallel.size engine
+  // that spec with the size the engine's first registration gave (spec::WithEngineSize). Null
+  // without a spec.
+  const spec::ModelSpec* spec() const { return spec_; }
   // The tensor-parallel rank of engine rank registration `engine_id`; -1 when it is none (a
   // single engine, or a rank that left).
   int TpRankOf(uint64_t engine_id) const;
@@ -434,7 +447,17 @@ class Node {
   std::shared_ptr<Commit> WokenCommit();
   // Engine ranks (node_ranks.cc).
   absl::StatusOr<uint64_t> RegisterRank(EngineSetup setup);
+  absl::StatusOr<uint64_t> RegisterSingle(EngineSetup setup);
   absl::Status CheckRank(const EngineSetup& setup) const;
+  // "the spec's FIELD is SIZE", or under tensor_parallel.size engine the engine's, for refusals.
+  std::string SizeIs(const char* field, int size) const;
+  // ranked_, rank_specs_, ranks_ and left_dirty_ for spec_.
+  void InitRanks();
+  // Under tensor_parallel.size engine: spec_ for the size `placement` gives (tp_size 0: 1).
+  absl::Status AdoptEngineSize(const RankPlacement& placement);
+  // Under tensor_parallel.size engine, once no engine, rank, session or dirty rank is left: the
+  // size is open again for the next engine's first registration.
+  void MaybeReopenEngineSize();
   // Every declared rank is in: the engine over them.
   absl::Status BuildGroup();
   // Sleep and wake of one rank (Sleep, Wake).
@@ -468,6 +491,12 @@ class Node {
   std::optional<Active> ended_;
   uint64_t next_engine_id_ = 1;
   bool ranked_ = false;
+  // spec(): options_.spec, or one of sized_specs_. size_open_: the spec's size is the engine's and
+  // no engine (rank) holds one now; the next registration gives it. Sized specs are kept by size
+  // for the daemon's life: planners of a commit in flight point into them.
+  const spec::ModelSpec* spec_ = nullptr;
+  bool size_open_ = false;
+  std::map<int, std::unique_ptr<const spec::ModelSpec>> sized_specs_;
   std::vector<std::shared_ptr<const spec::ModelSpec>> rank_specs_;  // spec::ForRank, by rank
   std::vector<std::shared_ptr<RankRecord>> ranks_;  // by rank; null while not registered
   std::vector<bool> left_dirty_;                    // by rank: left while a commit failed on it

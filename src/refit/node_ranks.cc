@@ -1,5 +1,6 @@
 // Node's engine ranks: an engine of several rank processes (spec tensor_parallel.size > 1 without
-// a rank; docs/architecture.md "Engine ranks"). Each rank registers on its own; once every
+// a rank, or size engine and a first registration of tp_size > 1; docs/architecture.md "Engine
+// ranks"). Each rank registers on its own; once every
 // declared rank is in, the node's one engine record is built over them — a planner over every
 // rank's parameters, their storages as one, their pause/resume as one — so sessions, the ledger
 // and the commit run exactly as for a single engine. Each rank sleeps and wakes through its own
@@ -31,24 +32,39 @@ std::unique_ptr<storage::RankGroupStorage> GroupStorage(const std::vector<std::s
 
 }  // namespace
 
+std::string Node::SizeIs(const char* field, int size) const {
+  if (options_.spec != nullptr && options_.spec->tp_size_from_engine) {
+    return absl::StrCat("the engine's ", field, " is ", size,
+                        " (the spec's is 'engine': the first rank to register fixed it, until every rank has gone)");
+  }
+  return absl::StrCat("the spec's ", field, " is ", size);
+}
+
+absl::Status Node::CheckPlacement(const RankPlacement& placement) const {
+  EngineSetup setup;
+  setup.placement = placement;
+  return CheckRank(setup);
+}
+
 absl::Status Node::CheckRank(const EngineSetup& setup) const {
   const RankPlacement& p = setup.placement;
   if (!p.model.empty() && p.model != options_.model) {
     return absl::InvalidArgumentError(absl::StrCat("model: the engine registers for '", PrintableName(p.model),
                                                    "' but this daemon serves '", options_.model, "'"));
   }
-  const spec::ModelSpec* spec = options_.spec;
+  const spec::ModelSpec* spec = spec_;
   if (spec == nullptr || p.tp_size == 0) {
     if (ranked_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tp_size: this daemon's spec declares tensor_parallel.size ", spec->tp_size,
+          "tp_size: ", options_.spec->tp_size_from_engine ? "this daemon's engine" : "this daemon's spec",
+          " declares tensor_parallel.size ", spec->tp_size,
           " without a rank, so every engine rank registers its tp_rank and tp_size (this registration gave none)"));
     }
     return absl::OkStatus();  // a single engine, registered as before engine ranks
   }
   if (p.tp_size != spec->tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("tp_size: the engine registers tensor-parallel size ", p.tp_size,
-                                                   ", the spec's tensor_parallel.size is ", spec->tp_size));
+                                                   ", ", SizeIs("tensor_parallel.size", spec->tp_size)));
   }
   if (p.tp_rank < 0 || p.tp_rank >= p.tp_size) {
     return absl::InvalidArgumentError(
@@ -60,8 +76,8 @@ absl::Status Node::CheckRank(const EngineSetup& setup) const {
   }
   const int ep_size = p.ep_size == 0 ? 1 : p.ep_size;
   if (ep_size != spec->ep_size) {
-    return absl::InvalidArgumentError(absl::StrCat("ep_size: the engine registers expert-parallel size ", ep_size,
-                                                   ", the spec's expert_parallel.size is ", spec->ep_size));
+    return absl::InvalidArgumentError(absl::StrCat("ep_size: the engine registers expert-parallel size ", ep_size, ", ",
+                                                   SizeIs("expert_parallel.size", spec->ep_size)));
   }
   const int ep_rank = spec->ep_size > 1 ? p.tp_rank : 0;
   if (p.ep_rank != ep_rank) {
@@ -165,7 +181,7 @@ absl::Status Node::BuildGroup() {
     // A rank that slept before every rank was in (or while another rank was away) still sleeps.
     asleep = asleep || rank.asleep;
   }
-  absl::StatusOr<Planner> planner = Planner::CreateRanks(*options_.spec, std::move(planned));
+  absl::StatusOr<Planner> planner = Planner::CreateRanks(*spec_, std::move(planned));
   if (!planner.ok()) return planner.status();
   EngineSetup setup;
   setup.planner = std::make_unique<Planner>(std::move(*planner));
@@ -272,7 +288,7 @@ std::vector<RankStatus> Node::Ranks() const {
   if (!ranked_) {
     // A single engine is one rank: its spec's tensor_parallel.rank (0 without one).
     RankStatus s;
-    s.tp_rank = options_.spec != nullptr ? options_.spec->tp_rank : 0;
+    s.tp_rank = spec_ != nullptr ? spec_->tp_rank : 0;
     if (const EngineRecord* e = engine_.get()) {
       s.registered = true;
       s.version = e->version;

@@ -232,9 +232,10 @@ class DaemonImpl final : public proto::Daemon::Server {
     placement.ep_size = params.getEpSize();
     placement.device = params.getDevice();
     placement.model = wire::Str(params.getModel());
-    if (state_.node.ranked()) return RegisterRank(context, std::move(placement));
+    if (state_.node.RanksFor(placement)) return RegisterRank(context, std::move(placement));
+    // Checked before anything is mapped or planned: a refused registration costs nothing.
+    if (absl::Status placed = state_.node.CheckPlacement(placement); !placed.ok()) return Answer(context, placed);
     if (const EngineRecord* live = state_.node.engine(); live != nullptr && !live->gone) {
-      // Checked before anything is mapped: a refused registration costs nothing.
       return Answer(context, absl::UnavailableError(absl::StrCat(
                                  "an engine is already registered (engine ", live->id,
                                  "); it must drop its registration or disconnect before another engine registers")));

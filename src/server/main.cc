@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
                        "Megatron-core pushes that need them are refused");
   }
   if (print_config) {
-    std::printf("listen: %s\nmodel: %s\nrules: %zu\n", config->listen.c_str(), spec->model.c_str(), spec->rules.size());
+    std::printf("listen: %s\nmodel: %s\nrules: %zu\ntensor_parallel: %s\n", config->listen.c_str(), spec->model.c_str(),
+                spec->rules.size(), spec::TensorParallelText(*spec).c_str());
     if (!spec->model_config.empty()) std::printf("model_config: %s\n", spec->model_config.c_str());
     return 0;
   }

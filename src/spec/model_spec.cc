@@ -21,6 +21,9 @@
 namespace refit::spec {
 namespace {
 
+// `size: engine`: the size is the engine's, from its ranks' registrations.
+bool IsEngine(const YAML::Node& node) { return node.IsScalar() && node.Scalar() == "engine"; }
+
 // Errors carry "file:line: key: message".
 class Reader {
  public:
@@ -493,31 +496,56 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
   }
   if (const YAML::Node tp = root["tensor_parallel"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(tp, "tensor_parallel", {"size", "rank"}));
-    if (!tp["size"]) return r.Error(tp, "tensor_parallel", "needs 'size' (and 'rank' for a single-rank engine)");
-    REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(tp["size"], "tensor_parallel.size", 1));
-    if (size > kMaxEngineRanks) {
-      return r.Error(tp["size"], "tensor_parallel.size", absl::StrCat("at most ", kMaxEngineRanks));
+    if (!tp["size"]) {
+      return r.Error(tp, "tensor_parallel",
+                     "needs 'size': a number, or 'engine' to take it from the engine's registration (and 'rank' for "
+                     "a single-rank engine)");
     }
-    spec.tp_size = static_cast<int>(size);
-    if (tp["rank"]) {
-      // A daemon whose one engine is rank `rank` (the single-rank node of specs before engine ranks).
-      REFIT_ASSIGN_OR_RETURN(int64_t rank, r.Int(tp["rank"], "tensor_parallel.rank", 0));
-      if (rank >= size) return r.Error(tp["rank"], "tensor_parallel.rank", absl::StrCat("must be below size ", size));
-      spec.tp_rank = static_cast<int>(rank);
-      spec.tp_rank_given = true;
+    if (IsEngine(tp["size"])) {
+      // The engine's ranks say it when they register (Node fixes it at the first; WithEngineSize).
+      if (tp["rank"]) {
+        return r.Error(tp["rank"], "tensor_parallel.rank", "needs a stated size (not 'engine')");
+      }
+      spec.tp_size_from_engine = true;
+    } else {
+      REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(tp["size"], "tensor_parallel.size", 1));
+      if (size > kMaxEngineRanks) {
+        return r.Error(tp["size"], "tensor_parallel.size", absl::StrCat("at most ", kMaxEngineRanks, ", or engine"));
+      }
+      spec.tp_size = static_cast<int>(size);
+      if (tp["rank"]) {
+        // A daemon whose one engine is rank `rank` (the single-rank node of specs before engine ranks).
+        REFIT_ASSIGN_OR_RETURN(int64_t rank, r.Int(tp["rank"], "tensor_parallel.rank", 0));
+        if (rank >= size) return r.Error(tp["rank"], "tensor_parallel.rank", absl::StrCat("must be below size ", size));
+        spec.tp_rank = static_cast<int>(rank);
+        spec.tp_rank_given = true;
+      }
     }
   }
   if (const YAML::Node ep = root["expert_parallel"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(ep, "expert_parallel", {"size"}));
     if (!ep["size"]) return r.Error(ep, "expert_parallel", "needs 'size'");
-    REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(ep["size"], "expert_parallel.size", 1));
-    if (size > 1 && size != spec.tp_size) {
-      return r.Error(ep["size"], "expert_parallel.size",
-                     absl::StrCat("must equal tensor_parallel.size (", spec.tp_size,
-                                  "): experts are split across the tensor-parallel ranks"));
+    if (IsEngine(ep["size"])) {
+      if (!spec.tp_size_from_engine) {
+        return r.Error(ep["size"], "expert_parallel.size",
+                       "'engine' needs tensor_parallel.size: engine (experts are split across the tensor-parallel "
+                       "ranks)");
+      }
+      spec.ep_size_from_engine = true;
+    } else {
+      REFIT_ASSIGN_OR_RETURN(int64_t size, r.Int(ep["size"], "expert_parallel.size", 1));
+      if (size > 1 && spec.tp_size_from_engine) {
+        return r.Error(ep["size"], "expert_parallel.size",
+                       "tensor_parallel.size is the engine's: write expert_parallel.size: engine (or 1)");
+      }
+      if (size > 1 && size != spec.tp_size) {
+        return r.Error(ep["size"], "expert_parallel.size",
+                       absl::StrCat("must equal tensor_parallel.size (", spec.tp_size,
+                                    "): experts are split across the tensor-parallel ranks"));
+      }
+      spec.ep_size = static_cast<int>(size);
+      spec.ep_rank = spec.ep_size > 1 ? spec.tp_rank : 0;
     }
-    spec.ep_size = static_cast<int>(size);
-    spec.ep_rank = spec.ep_size > 1 ? spec.tp_rank : 0;
   }
   if (const YAML::Node src = root["source"]) {
     REFIT_RETURN_IF_ERROR(r.CheckKeys(src, "source",
@@ -685,11 +713,12 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
           if (!root["tensor_parallel"]) {
             return r.Error(s, where + ".shard", "needs the top-level 'tensor_parallel' section (size, rank)");
           }
-          if (spec.ep_size > 1 && n["stack"]) {
+          if ((spec.ep_size > 1 || spec.ep_size_from_engine) && n["stack"]) {
             return r.Error(s, where + ".shard",
                            "a stacked rule is split by expert under expert_parallel; its experts are whole on their "
                            "rank (remove the shard)");
           }
+          rule.shard_dim = static_cast<int>(dim);
           if (spec.tp_size > 1) rule.shard = Shard{static_cast<int>(dim), spec.tp_size, spec.tp_rank};
         }
       }
@@ -848,6 +877,10 @@ absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view yaml, std::string_view
 }
 
 absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank) {
+  if (spec.tp_size_from_engine) {
+    return absl::InvalidArgumentError(absl::StrCat("tp_rank ", tp_rank, ": the tensor_parallel.size of ", spec.path,
+                                                   " is the engine's; give it (WithEngineSize) first"));
+  }
   if (tp_rank < 0 || tp_rank >= spec.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("tp_rank ", tp_rank, " is outside tensor_parallel.size ",
                                                    spec.tp_size, " of ", spec.path));
@@ -857,6 +890,47 @@ absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank) {
   out.ep_rank = spec.ep_size > 1 ? tp_rank : 0;
   for (Rule& rule : out.rules) {
     if (rule.shard) rule.shard->rank = tp_rank;
+  }
+  return out;
+}
+
+std::string TensorParallelText(const ModelSpec& spec) {
+  std::string out = spec.tp_size_from_engine ? "engine" : absl::StrCat(spec.tp_size);
+  if (spec.tp_rank_given) absl::StrAppend(&out, ", rank ", spec.tp_rank);
+  if (spec.ep_size_from_engine) {
+    absl::StrAppend(&out, ", expert_parallel engine");
+  } else if (spec.ep_size > 1) {
+    absl::StrAppend(&out, ", expert_parallel ", spec.ep_size);
+  }
+  return out;
+}
+
+absl::StatusOr<ModelSpec> WithEngineSize(const ModelSpec& spec, int tp_size) {
+  if (!spec.tp_size_from_engine) {
+    if (tp_size != spec.tp_size) {
+      return absl::InvalidArgumentError(absl::StrCat("tp_size: the engine has tensor-parallel size ", tp_size,
+                                                     ", the spec's tensor_parallel.size is ", spec.tp_size));
+    }
+    return spec;
+  }
+  if (tp_size < 1 || tp_size > kMaxEngineRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("tp_size: ", tp_size, " is outside 1..", kMaxEngineRanks,
+                                                   " (tensor_parallel.size: engine in ", spec.path, ")"));
+  }
+  ModelSpec out = spec;
+  out.tp_size_from_engine = false;
+  out.ep_size_from_engine = false;
+  out.tp_size = tp_size;
+  out.tp_rank = 0;
+  out.ep_size = spec.ep_size_from_engine ? tp_size : spec.ep_size;
+  out.ep_rank = 0;
+  for (Rule& rule : out.rules) {
+    if (rule.shard_dim && tp_size > 1) rule.shard = Shard{*rule.shard_dim, tp_size, 0};
+    if (rule.stack && out.ep_size > 1 && rule.stack->count > 0 && rule.stack->count % out.ep_size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ep_size: ", rule.stack->count, " experts of ", rule.Describe(), " in ", spec.path,
+                       " do not split into the engine's expert-parallel size ", out.ep_size, " equal parts"));
+    }
   }
   return out;
 }

@@ -93,6 +93,7 @@ struct Rule {
   std::optional<Fuse> fuse;
   std::optional<Stack> stack;
   std::optional<Shard> shard;
+  std::optional<int> shard_dim;  // the spec's shard.dim; `shard` is set once the TP size is above 1
   std::vector<LayoutStep> layout;
   int line = 0;  // 1-based line in the spec file
   std::string Describe() const;
@@ -166,14 +167,20 @@ struct ModelSpec {
   // `tensor_parallel`: the engine's TP size, and the rank this daemon's one engine holds. With
   // `rank` omitted (tp_rank_given false) and size > 1, the node's engine is `size` rank processes,
   // each registering its rank (docs/config.md "Engine ranks"); ForRank gives each rank's spec.
+  // `tensor_parallel: {size: engine}` (tp_size_from_engine): the size is the engine's, which its
+  // ranks give when they register; until WithEngineSize fixes it the spec reads as a single
+  // engine's (tp_size 1, no rule sharded).
   int tp_size = 1;
   int tp_rank = 0;
   bool tp_rank_given = false;
+  bool tp_size_from_engine = false;
   // `expert_parallel: {size: E}`: stacked (expert) rules are split by expert across E ranks, the
   // TP ranks themselves (E == tp_size; EP rank = TP rank): rank r holds experts
   // [r * count / E, (r + 1) * count / E) of every stacked parameter, whole (not TP-sharded).
+  // `expert_parallel: {size: engine}` (with tensor_parallel.size engine): ep_size is the TP size.
   int ep_size = 1;
   int ep_rank = 0;
+  bool ep_size_from_engine = false;
   std::optional<MegatronSource> source;  // absent: the trainer pushes checkpoint names
   // The model config the sizes were read from ("" when none was given), and the sizes the spec
   // leaves to a model config that was not given ("source.head_dim (line 21)"), 0 here: a Megatron
@@ -209,6 +216,17 @@ inline constexpr int64_t kMaxEngineRanks = 64;  // tensor_parallel.size
 // `expert_parallel` the rank's experts are ep_rank = tp_rank's. InvalidArgument when the rank is
 // outside tensor_parallel.size.
 absl::StatusOr<ModelSpec> ForRank(const ModelSpec& spec, int tp_rank);
+
+// The spec for an engine of `tp_size` ranks. A spec whose tensor_parallel.size is the engine's
+// gets that size (its shard rules sharded tp_size ways, under expert_parallel.size engine its
+// experts split tp_size ways); a spec that states its size is returned as is when the sizes agree.
+// InvalidArgument naming tp_size (or ep_size: experts that do not split evenly) otherwise.
+absl::StatusOr<ModelSpec> WithEngineSize(const ModelSpec& spec, int tp_size);
+
+// `tensor_parallel` as the spec states it, for tools: "engine" (the size is the engine's ranks'
+// registrations'; "engine, expert_parallel engine" with expert_parallel size engine), "N", "N, rank R",
+// "N, expert_parallel N"; "1" without the section.
+std::string TensorParallelText(const ModelSpec& spec);
 
 struct LoadOptions {
   // The model's config.json: the sizes the spec omits are read from it, and the sizes it states

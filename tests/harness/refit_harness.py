@@ -41,10 +41,17 @@ def json_lines(text: str) -> list:
     return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
 
 
-def spec_tp_size(spec) -> int:
-    """A spec's tensor_parallel.size (1 without one)."""
-    m = re.search(r"^tensor_parallel:\s*\{size:\s*(\d+)\s*\}", Path(spec).read_text(), re.M)
-    return int(m.group(1)) if m else 1
+# The engine's size the tests run a spec whose tensor_parallel.size is `engine` at, unless they say.
+ENGINE_TP_SIZE = 2
+
+
+def spec_tp_size(spec, engine: int = ENGINE_TP_SIZE) -> int:
+    """A spec's tensor_parallel.size (1 without one); `engine` when the spec leaves it to the
+    engine's registrations (tensor_parallel: {size: engine})."""
+    m = re.search(r"^tensor_parallel:\s*\{size:\s*(\d+|engine)\s*\}", Path(spec).read_text(), re.M)
+    if not m:
+        return 1
+    return engine if m.group(1) == "engine" else int(m.group(1))
 
 
 def new_shm(kind: str) -> str:
@@ -88,20 +95,22 @@ def start_engine(address: str, log: Path, *args, env=None, marker="registered", 
                  "engine registration", env=env, timeout=timeout, logs=logs)
 
 
-def start_rank_engines(tmp: Path, address: str, spec, checkpoint: Path, name="engine", shm_kind="engine", extra=()):
+def start_rank_engines(tmp: Path, address: str, spec, checkpoint: Path, name="engine", shm_kind="engine", extra=(),
+                       tp_size=None):
     """The example engine holding `checkpoint` in `spec`'s engine layout, one process per engine rank
-    of the spec's tensor_parallel.size, each registering its rank; POSIX shm each, or `extra`
+    of the spec's tensor_parallel.size (`tp_size` when given, or spec_tp_size's for a spec that
+    leaves it to the engine), each registering its rank and that size; POSIX shm each, or `extra`
     (e.g. ["--gpu", 0]: CUDA memory) added to every rank's arguments. Returns (processes, shm
     names, logs), rank order; none left running when one fails to start."""
     procs, shms, logs = [], [], []
-    ranks = spec_tp_size(spec)
+    ranks = tp_size or spec_tp_size(spec)
     try:
         for r in range(ranks):
             shm = new_shm(shm_kind)
             log = tmp / (f"{name}{r}.log" if ranks > 1 else f"{name}.log")
             args = ["--shm", shm, "--spec", spec, "--checkpoint", checkpoint, *extra]
             if ranks > 1:
-                args += ["--tp-rank", r]
+                args += ["--tp-rank", r, "--tp-size", ranks]
             shms.append(shm)
             procs.append(start_engine(address, log, *args))
             logs.append(log)

@@ -93,7 +93,7 @@ def engine_layout_checksums(spec: Path, ckpt: Path, out: Path) -> dict:
         rank_out = out / f"rank{r}" if ranks > 1 else out
         args = [str(REFITCTL), "convert", "--engine-layout", "--spec", str(spec), str(ckpt), str(rank_out)]
         if ranks > 1:
-            args[2:2] = ["--tp-rank", str(r)]
+            args[2:2] = ["--tp-rank", str(r), "--tp-size", str(ranks)]
         p = subprocess.run(args, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         raw = (rank_out / "engine.safetensors").read_bytes()

@@ -58,7 +58,7 @@ def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
                                        str(SPEC)], stdout=open(tmp_path / "refitd.log", "w"),
                                       stderr=subprocess.STDOUT))
         wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
-        engines = ExampleEngines(tmp_path, address, SPEC, ckpts[0])  # both engine ranks of the TP=2 spec
+        engines = ExampleEngines(tmp_path, address, SPEC, ckpts[0])  # two engine ranks (the spec leaves TP to them)
         digest = engines.digest
 
         weights = [_load(c / "model.safetensors") for c in ckpts]

@@ -34,7 +34,9 @@
 // parameters refits never carry keep these loaded values. The spec's sizes come from
 // --model-config, else DIR/config.json when there is one. --tp-rank R: the engine is rank R of
 // an engine of the spec's tensor_parallel.size ranks (a spec without a rank): it holds that
-// rank's part and registers its place (one process per rank, as TP workers are).
+// rank's part and registers its place (one process per rank, as TP workers are). --tp-size N:
+// the engine's size, for a spec whose tensor_parallel.size is `engine` (needed with --tp-rank
+// there; a spec that states its size must agree).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -105,6 +107,7 @@ int main(int argc, char** argv) {
   std::string sleep_wake;  // --sleep-wake: sleep and wake at the trainer's orders (FIFOs)
   std::string lockstep_path, steps_path;  // --lockstep, --steps
   int lockstep_rank = 0, lockstep_size = 1;
+  int tp_size = 0;  // --tp-size; 0: the spec's
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--address" && i + 1 < argc) {
@@ -117,6 +120,8 @@ int main(int argc, char** argv) {
       model_config_path = argv[++i];
     } else if (a == "--tp-rank" && i + 1 < argc) {
       tp_rank = std::atoi(argv[++i]);
+    } else if (a == "--tp-size" && i + 1 < argc) {
+      tp_size = std::atoi(argv[++i]);
     } else if (a == "--shm" && i + 1 < argc) {
       shm_name = argv[++i];
     } else if (a == "--pause-ms" && i + 1 < argc) {
@@ -164,6 +169,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<spec::ModelSpec> spec =
       spec_path.empty() ? spec::ParseModelSpec(spec::kDemoModelSpec)
                         : spec::LoadModelSpecFile(spec_path, {.model_config = model_config ? &*model_config : nullptr});
+  if (spec.ok() && tp_size > 0) {
+    spec = spec::WithEngineSize(*spec, tp_size);
+  } else if (spec.ok() && spec->tp_size_from_engine && tp_rank >= 0) {
+    spec = absl::InvalidArgumentError("--tp-rank: the spec's tensor_parallel.size is 'engine'; give --tp-size");
+  }
+  if (spec.ok() && spec->tp_size > 1 && !spec->tp_rank_given && tp_rank < 0 && tp_size > 0) {
+    spec = absl::InvalidArgumentError("--tp-size: an engine of several ranks; give this one's --tp-rank");
+  }
   client::EngineRank rank;
   if (spec.ok() && tp_rank >= 0) {
     rank.tp_rank = tp_rank;

@@ -7,7 +7,8 @@
 //                    duplicate|stall|silent|bit-flip|garbage|partial|drop-slice|withhold] [--gpu N [--in-place] [--vmm
 //                    [--vmm-piece-mib N]]]
 //                   [--slices N] [--ranks N --rank R --session-file F] [--tag T] [--stage-only] [shape flags]
-//   example_trainer --checkpoint DIR --spec FILE [--model-config FILE] [--expected CONVERTED_DIR] [--only PATTERN]...
+//   example_trainer --checkpoint DIR --spec FILE [--model-config FILE] [--tp-size N] [--expected CONVERTED_DIR]
+//                   [--only PATTERN]...
 //                   [--drop NAME]... [--wire bf16|checkpoint] [--wire-fault KIND:TENSOR] [--gpu N] [--slices 2]
 //                   [--address ...]
 // --checkpoint pushes a model family's trainer checkpoint once (every tensor refits carry, or
@@ -15,7 +16,8 @@
 // must then hold the engine layout of CONVERTED_DIR (`refitctl convert` of the same
 // checkpoint) for every parameter the refit touched, and its old bytes for every other; an
 // engine of several ranks (a spec with tensor_parallel.size and no rank) each rank's part. The
-// spec's sizes come from --model-config, else DIR/config.json when there is one.
+// spec's sizes come from --model-config, else DIR/config.json when there is one; --tp-size N
+// gives the engine's size to a spec whose tensor_parallel.size is `engine`.
 // --wire checkpoint: the session's wire format; the client converts what refitd's wire plan lists
 // before sending (FP8/FP4 bytes plus scales). --wire-fault KIND:TENSOR sends TENSOR's outputs
 // converted here and then spoiled (KIND wrong-scale-shape: a scale with one more row; nan-scale:
@@ -137,6 +139,8 @@ absl::StatusOr<TrainerFlags> ParseFlags(int argc, char** argv) {
       flags.expected_dir = argv[++i];
     } else if (a == "--model-config" && i + 1 < argc) {
       flags.model_config_path = argv[++i];
+    } else if (a == "--tp-size" && i + 1 < argc) {
+      flags.tp_size = std::atoi(argv[++i]);
     } else if (a == "--only" && i + 1 < argc) {
       flags.only.push_back(argv[++i]);
     } else if (a == "--drop" && i + 1 < argc) {
@@ -191,6 +195,7 @@ int Main(int argc, char** argv) {
       flags.spec_path.empty()
           ? spec::ParseModelSpec(spec::kDemoModelSpec)
           : spec::LoadModelSpecFile(flags.spec_path, {.model_config = model_config ? &*model_config : nullptr});
+  if (spec.ok() && flags.tp_size > 0) spec = spec::WithEngineSize(*spec, flags.tp_size);
   if (!spec.ok()) return Fail(spec.status().message());
   if (!flags.dump_dir.empty()) return DumpWeights(flags, *spec);
   if (!flags.checkpoint.empty()) {

@@ -32,6 +32,7 @@ struct TrainerFlags {
   std::vector<std::string> only, drop, addresses;
   bool fanout = false;
   int refits = 3;
+  int tp_size = 0;          // --tp-size: the engine's size, for a spec whose tensor_parallel.size is `engine`
   std::string tag;          // --tag T: each refit's manifest tag (T, or T-<refit> with several refits)
   bool stage_only = false;  // --stage-only: hold each refit in refitd's staging (hold: K) under its tag
   bool group = false;       // --group: the daemons are one engine group's members (two-phase commit)

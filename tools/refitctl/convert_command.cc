@@ -27,6 +27,9 @@ ABSL_FLAG(bool, engine_layout, false,
 ABSL_FLAG(int, tp_rank, -1,
           "with --engine-layout: the engine rank whose parameters to write (engine ranks: a spec with "
           "tensor_parallel.size and no rank); -1: the spec's own rank");
+ABSL_FLAG(int, tp_size, 0,
+          "with --engine-layout: the engine's tensor-parallel size, needed with --tp-rank when the spec's "
+          "tensor_parallel.size is 'engine' (a spec that states its size must agree); 0: the spec's");
 ABSL_FLAG(int, threads, 0, "conversion worker threads (0: one per core)");
 ABSL_FLAG(std::string, max_shard_size, "5GB",
           "largest output shard (bytes, or with KB/MB/GB/TB or KiB/MiB/GiB/TiB); past it the output is "
@@ -111,8 +114,16 @@ int RunConvert(std::span<const std::string> paths) {
     absl::StatusOr<std::vector<ConvertedTensor>> converted = ConvertCheckpoint(*spec, (*in)->tensors());
     if (!converted.ok()) return Fail(converted.status().message());
     spec::ModelSpec rank_spec = *spec;
-    if (const int rank = absl::GetFlag(FLAGS_tp_rank); rank >= 0) {
-      absl::StatusOr<spec::ModelSpec> s = spec::ForRank(*spec, rank);
+    const int rank = absl::GetFlag(FLAGS_tp_rank);
+    if (const int size = absl::GetFlag(FLAGS_tp_size); size > 0) {
+      absl::StatusOr<spec::ModelSpec> s = spec::WithEngineSize(*spec, size);
+      if (!s.ok()) return Fail(absl::StrCat("--tp-size: ", s.status().message()));
+      rank_spec = std::move(*s);
+    } else if (spec->tp_size_from_engine && rank >= 0) {
+      return Fail("--tp-rank: the spec's tensor_parallel.size is 'engine'; give the engine's size with --tp-size");
+    }
+    if (rank >= 0) {
+      absl::StatusOr<spec::ModelSpec> s = spec::ForRank(rank_spec, rank);
       if (!s.ok()) return Fail(absl::StrCat("--tp-rank: ", s.status().message()));
       rank_spec = std::move(*s);
     }

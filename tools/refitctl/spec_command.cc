@@ -240,12 +240,18 @@ int RunSpecLint(std::span<const std::string> args) {
                                   {"model", spec->model},
                                   {"rules", spec->rules.size()},
                                   {"model_config", spec->model_config},
+                                  {"tensor_parallel", spec::TensorParallelText(*spec)},
                                   {"sizes_from_the_model_config", spec->unresolved}}
                        .dump()
                 << "\n";
     } else {
       std::cout << args[0] << ": model " << spec->model << ", " << spec->rules.size() << " rules, "
                 << spec->groups.size() << " groups: loads\n";
+      if (spec->tp_size_from_engine) {
+        std::cout << "  tensor_parallel.size: engine (each engine rank registers it; the first fixes it)\n";
+      } else if (spec->tp_size > 1) {
+        std::cout << "  tensor_parallel: " << spec::TensorParallelText(*spec) << "\n";
+      }
       if (!spec->unresolved.empty()) {
         std::cout << "  sizes from the model's config.json (check them with --model-config, or --checkpoint with a "
                      "config.json): "

@@ -2,6 +2,8 @@
 print the usage and name what is wrong (exit 2), flags before or after arguments."""
 import json
 import struct
+import subprocess
+import sys
 
 from conftest import REFITCTL, REFITD, SRC, run
 
@@ -224,3 +226,56 @@ def test_spec_init_errors(tmp_path):
     assert p.returncode == 1 and "tensor 'a.{x}.weight'" in p.stderr, p.stderr
     p = run(REFITCTL, "spec", "init", "--engine", "--address", "unix:/nonexistent/sock")
     assert p.returncode == 1 and "/nonexistent/sock" in p.stderr
+
+
+def engine_shapes(out_dir):
+    """{name: shape} of the engine.safetensors `convert --engine-layout` wrote into `out_dir`."""
+    raw = (out_dir / "engine.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return {k: v["shape"] for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
+
+
+def test_a_spec_that_leaves_the_size_to_the_engine_lints_converts_and_prints(tmp_path):
+    """The shipped llama3_fp8.yaml states no tensor-parallel size (tensor_parallel: {size: engine}):
+    spec lint and refitd --print-config say so; convert --engine-layout writes one engine holding
+    every parameter whole, or with --tp-size N --tp-rank R rank R's part, and --tp-rank alone is
+    refused naming --tp-size; a spec that states its size refuses another --tp-size."""
+    spec = SRC / "deploy/models/llama3_fp8.yaml"
+    p = run(REFITCTL, "spec", "lint", spec, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] and out["tensor_parallel"] == "engine", out
+    p = run(REFITCTL, "spec", "lint", spec)
+    assert p.returncode == 0 and "tensor_parallel.size: engine" in p.stdout, p.stdout + p.stderr
+    p = run(REFITD, "--model-spec", spec, "--listen", "unix:/nonexistent/x.sock", "--print-config")
+    assert p.returncode == 0 and "tensor_parallel: engine\n" in p.stdout, p.stdout + p.stderr
+
+    ckpt = tmp_path / "ckpt"
+    subprocess.run([sys.executable, str(SRC / "tests/integration/specs/make_checkpoints.py"), "llama3", str(ckpt),
+                    "--seed", "1"], check=True)
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    o = "model.layers.0.self_attn.o_proj.weight"
+    p = run(REFITCTL, "convert", "--spec", spec, "--engine-layout", ckpt, tmp_path / "whole")
+    assert p.returncode == 0, p.stderr
+    whole = engine_shapes(tmp_path / "whole")
+    p = run(REFITCTL, "convert", "--spec", spec, "--engine-layout", "--tp-size", "2", "--tp-rank", "1", ckpt,
+            tmp_path / "rank1")
+    assert p.returncode == 0, p.stderr
+    rank1 = engine_shapes(tmp_path / "rank1")
+    assert rank1[qkv] == [whole[qkv][0] // 2, whole[qkv][1]], (whole[qkv], rank1[qkv])
+    assert rank1[o] == [whole[o][0], whole[o][1] // 2], (whole[o], rank1[o])
+    p = run(REFITCTL, "convert", "--spec", spec, "--engine-layout", "--tp-rank", "1", ckpt, tmp_path / "norank")
+    assert p.returncode == 1 and "give the engine's size with --tp-size" in p.stderr, p.stderr
+    p = run(REFITCTL, "convert", "--spec", spec, "--engine-layout", "--tp-size", "2", "--tp-rank", "2", ckpt,
+            tmp_path / "outside")
+    assert p.returncode == 1 and "--tp-rank: tp_rank 2 is outside tensor_parallel.size 2" in p.stderr, p.stderr
+
+    stated = tmp_path / "tp2.yaml"
+    stated.write_text(spec.read_text().replace("tensor_parallel: {size: engine}", "tensor_parallel: {size: 2}"))
+    p = run(REFITCTL, "convert", "--spec", stated, "--engine-layout", "--tp-size", "4", "--tp-rank", "1", ckpt,
+            tmp_path / "mismatch")
+    assert p.returncode == 1 and "tp_size: the engine has tensor-parallel size 4, the spec's tensor_parallel.size " \
+        "is 2" in p.stderr, p.stderr
+    p = run(REFITCTL, "convert", "--spec", stated, "--engine-layout", "--tp-rank", "1", ckpt, tmp_path / "stated")
+    assert p.returncode == 0, p.stderr
+    assert engine_shapes(tmp_path / "stated") == rank1

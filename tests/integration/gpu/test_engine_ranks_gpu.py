@@ -1,5 +1,6 @@
-"""Engine ranks on the GPU path under the shipped specs: refitd with deploy/models llama3_fp8 (TP=2
-as shipped, and TP=4) and qwen3_moe_nvfp4 (TP=2 x EP=2), its sizes from a small checkpoint's
+"""Engine ranks on the GPU path under the shipped specs: refitd with deploy/models llama3_fp8 as
+shipped (its tensor_parallel.size is the engine's: the ranks register TP=2, or TP=4, and the same
+file serves both) and qwen3_moe_nvfp4 (TP=2 x EP=2, stated), its sizes from a small checkpoint's
 config.json (sizes whose shards fall on whole blocks), one example engine process per rank, every
 rank on GPU 0 with its own CUDA memory (CUDA IPC), `staging: device` and `staging: direct` (and the
 same ranks in POSIX shm with `staging: host`, which runs without a GPU). The
@@ -8,6 +9,7 @@ through refitd rank by rank, equal `refitctl convert`'s. A second GPU is not nee
 share one, as the daemon allows. Skips without a CUDA device."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +36,11 @@ CASES = {
 
 
 def spec_for(tmp: Path, spec_file: str, tp: int, ep: int) -> Path:
-    """The shipped spec with the engine's parallel sizes (a deployment choice) stated."""
+    """The shipped spec as it is when it leaves the engine's size to the engine's registrations
+    (tensor_parallel: {size: engine}: each rank registers tp); otherwise with the engine's parallel
+    sizes (a deployment choice) stated."""
+    if ep == 1 and re.search(r"^tensor_parallel: \{size: engine\}", (MODELS / spec_file).read_text(), re.M):
+        return MODELS / spec_file
     lines = [l for l in (MODELS / spec_file).read_text().splitlines()
              if not l.startswith(("tensor_parallel:", "expert_parallel:"))]
     lines.append(f"tensor_parallel: {{size: {tp}}}")
@@ -102,13 +108,13 @@ def refit_three(tmp_path, case, staging, gpu, transport="", trainer_gpu=None, da
     daemon = h.start_refitd(cfg, log, "--model-spec", str(spec), ready=sock.exists, env=env)
     engines, shms = [], []
     try:
-        engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0],
+        engines, shms, _ = h.start_rank_engines(tmp_path, address, str(spec), ckpts[0], tp_size=tp,
                                                 extra=(["--gpu", gpu] if gpu is not None else []) + list(engine_args))
         assert len(engines) == tp
         pushed = ["--gpu", trainer_gpu] if trainer_gpu is not None else []
         for i in (1, 2, 3):
-            p, lines = h.run_trainer(address, "--spec", str(spec), "--checkpoint", ckpts[i], "--expected", conv[i],
-                                     *pushed, timeout=180)
+            p, lines = h.run_trainer(address, "--spec", str(spec), "--tp-size", tp, "--checkpoint", ckpts[i],
+                                     "--expected", conv[i], *pushed, timeout=180)
             assert p.returncode == 0, p.stdout + p.stderr + log.read_text()[-3000:]
             r = lines[0]
             assert r["outcome"] == "committed" and r["engine_matches_expected"], r

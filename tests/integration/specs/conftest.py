@@ -16,9 +16,11 @@ from refit_harness import BIN, ENGINE, REFITCTL, REFITD, SRC, TRAINER, wait_for 
 MAKE = Path(__file__).resolve().parent / "make_checkpoints.py"
 
 
-def make_checkpoint(family: str, out: Path, seed: int) -> Path:
-    """The family's small checkpoint, with its config.json (the real model's, sizes overridden)."""
-    subprocess.run([sys.executable, str(MAKE), family, str(out), "--seed", str(seed)], check=True)
+def make_checkpoint(family: str, out: Path, seed: int, overrides=None) -> Path:
+    """The family's small checkpoint, with its config.json (the real model's, sizes overridden, and
+    `overrides` {key: value} on top)."""
+    sets = [a for k, v in (overrides or {}).items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    subprocess.run([sys.executable, str(MAKE), family, str(out), "--seed", str(seed), *sets], check=True)
     return out
 
 
@@ -39,15 +41,16 @@ def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False, tp_rank
     return out
 
 
-tp_size = h.spec_tp_size
+spec_tp_size = h.spec_tp_size
 
 
 class FamilyNode:
     """refitd with a family spec, its sizes from `checkpoint`'s config.json, plus an engine that
     loaded `checkpoint` in that spec's layout: one example engine per engine rank of the spec's
-    tensor_parallel.size, each registering its rank (POSIX shm each)."""
+    tensor_parallel.size (`tp_size` when given: the engine's size, for a spec that leaves it to the
+    engine), each registering its rank (POSIX shm each)."""
 
-    def __init__(self, tmp: Path, spec: str, checkpoint: Path):
+    def __init__(self, tmp: Path, spec: str, checkpoint: Path, tp_size=None):
         self.tmp, self.spec = tmp, spec
         self.sock = tmp / "refitd.sock"
         self.address = f"unix:{self.sock}"
@@ -55,16 +58,18 @@ class FamilyNode:
         cfg.write_text(f"listen: {self.address}\nlog_level: debug\nmodel_config: {checkpoint / 'config.json'}\n")
         self.daemon_log = tmp / "refitd.log"
         self.daemon = h.start_refitd(cfg, self.daemon_log, "--model-spec", spec, ready=self.sock.exists)
-        self.ranks = tp_size(spec)
+        self.ranks = tp_size or spec_tp_size(spec)
         self.engines, self.shms, self.engine_logs = h.start_rank_engines(tmp, self.address, spec, checkpoint,
-                                                                         shm_kind="spec")
+                                                                         shm_kind="spec", tp_size=self.ranks)
         self.engine, self.engine_log, self.shm = self.engines[0], self.engine_logs[0], self.shms[0]
 
     def shm_digest(self) -> str:
         return h.shm_digest(*self.shms)
 
     def trainer(self, checkpoint: Path, *args, timeout=120):
-        return h.run_trainer(self.address, "--spec", self.spec, "--checkpoint", checkpoint, *args, timeout=timeout)
+        size = ["--tp-size", self.ranks] if self.ranks > 1 else []
+        return h.run_trainer(self.address, "--spec", self.spec, "--checkpoint", checkpoint, *size, *args,
+                             timeout=timeout)
 
     def resumed(self):
         """Rank 0's resumes (the ranks resume together)."""
@@ -79,10 +84,10 @@ class FamilyNode:
 def family_node(tmp_path):
     nodes = []
 
-    def make(spec, checkpoint):
+    def make(spec, checkpoint, tp_size=None):
         d = tmp_path / f"node{len(nodes)}"
         d.mkdir()
-        n = FamilyNode(d, spec, checkpoint)
+        n = FamilyNode(d, spec, checkpoint, tp_size=tp_size)
         nodes.append(n)
         return n
 

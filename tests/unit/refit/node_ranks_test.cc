@@ -3,6 +3,9 @@
 // refusals name the field; a refit waits for every rank; one refit writes every rank its part;
 // a rank a commit fails on is dirty until it registers again and a full refit lands; each rank
 // sleeps and wakes on its own, and a refit staged while any sleeps commits at the last wake.
+// Under tensor_parallel.size engine the first rank to register gives the engine's size (a single
+// engine without tp fields, TP=4, then TP=2 once every rank has gone), and a rank of another size
+// is refused naming tp_size.
 #include <unistd.h>
 
 #include <cstring>
@@ -353,6 +356,132 @@ rules:
     shard: {dim: 0}
 )",
         {{"experts.w", {2, 4, 8}}, {"attn", {4, 8}}});
+  Register(0, 2);
+  Register(1, 2);
+  const RefitReport& r =
+      Refit({{"e.0.w", {4, 8}}, {"e.1.w", {4, 8}}, {"e.2.w", {4, 8}}, {"e.3.w", {4, 8}}, {"attn", {8, 8}}}, 7);
+  ASSERT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  EXPECT_EQ(Engine(0, 0, 128), Sent(0, 128));    // experts 0, 1
+  EXPECT_EQ(Engine(1, 0, 128), Sent(128, 128));  // experts 2, 3
+  EXPECT_EQ(Engine(0, 128, 64), Sent(256, 64));  // attn rows 0-3
+  EXPECT_EQ(Engine(1, 128, 64), Sent(320, 64));  // attn rows 4-7
+}
+
+// tensor_parallel.size engine: the engine's first rank gives the size.
+constexpr char kEngineSized[] = R"(model: m
+tensor_parallel: {size: engine}
+rules:
+  - match: "col"
+    format: passthrough
+    shard: {dim: 0}
+  - match: "norm"
+    format: passthrough
+)";
+
+TEST_F(NodeRanksTest, TheFirstRankGivesTheEnginesSizeWhenTheSpecLeavesItToTheEngine) {
+  Start(kEngineSized, {{"col", {4, 16}}, {"norm", {16}}});
+  EXPECT_FALSE(node_->ranked());
+  EXPECT_TRUE(node_->RanksFor(Place(0, 4)));
+  EXPECT_FALSE(node_->RanksFor(RankPlacement{}));
+  // A refused first registration fixes no size.
+  RankPlacement other = Place(0, 4);
+  other.model = "other";
+  EXPECT_FALSE(node_->RegisterEngine(Setup(0, other)).ok());
+  EXPECT_FALSE(node_->ranked());
+
+  std::vector<uint64_t> ids;
+  for (int r : {0, 1, 2}) {
+    absl::StatusOr<uint64_t> id = node_->RegisterEngine(Setup(r, Place(r, 4)));
+    ASSERT_TRUE(id.ok()) << r << ": " << id.status();
+    ids.push_back(*id);
+  }
+  EXPECT_TRUE(node_->ranked());
+  EXPECT_EQ(node_->spec()->tp_size, 4);
+  EXPECT_EQ(node_->Ranks().size(), 4u);
+  // The size is fixed: a rank of another size is refused, naming tp_size and where the size came from.
+  absl::StatusOr<uint64_t> two = node_->RegisterEngine(Setup(3, Place(3, 2)));
+  EXPECT_THAT(std::string(two.status().message()),
+              HasSubstr("tp_size: the engine registers tensor-parallel size 2, the engine's tensor_parallel.size is "
+                        "4 (the spec's is 'engine': the first rank to register fixed it"));
+  EXPECT_THAT(std::string(node_->RegisterEngine(Setup(3, RankPlacement{})).status().message()),
+              HasSubstr("tp_size: this daemon's engine declares tensor_parallel.size 4"));
+  EXPECT_THAT(std::string(node_->Ready().message()), HasSubstr("engine rank 3 of tensor_parallel.size 4"));
+  const uint64_t rank3 = *node_->RegisterEngine(Setup(3, Place(3, 4)));
+  ASSERT_NE(node_->engine(), nullptr);
+
+  // One refit writes each of the four ranks its quarter of col, and all of norm.
+  const RefitReport& r = Refit({{"col", {16, 16}}, {"norm", {16}}}, 5);
+  ASSERT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(Engine(k, 0, 128), Sent(128 * static_cast<size_t>(k), 128)) << k;
+    EXPECT_EQ(Engine(k, 128, 32), Sent(512, 32)) << k;
+  }
+
+  // Once every rank has gone, the next engine's first rank gives the size again: TP=2.
+  EXPECT_TRUE(node_->UnregisterEngine(rank3));
+  EXPECT_TRUE(node_->ranked()) << "three ranks are still in";
+  EXPECT_FALSE(node_->RegisterEngine(Setup(3, Place(3, 2))).ok());
+  for (uint64_t id : ids) EXPECT_TRUE(node_->UnregisterEngine(id));
+  EXPECT_FALSE(node_->ranked());
+  params_ = {{"col", {8, 16}}, {"norm", {16}}};
+  Register(0);
+  Register(1);
+  EXPECT_EQ(node_->spec()->tp_size, 2);
+  const RefitReport& again = Refit({{"col", {16, 16}}, {"norm", {16}}}, 6);
+  ASSERT_EQ(again.outcome, Outcome::kCommitted) << again.reason;
+  EXPECT_EQ(Engine(0, 0, 256), Sent(0, 256));
+  EXPECT_EQ(Engine(1, 0, 256), Sent(256, 256));
+}
+
+// A single engine (a registration without tp fields, or tp_size 1) under tensor_parallel.size
+// engine holds every parameter whole, as under a spec without tensor_parallel.
+TEST_F(NodeRanksTest, ASingleEngineUnderAnEngineSizedSpecHoldsTheWholeModel) {
+  for (int tp_size : {0, 1}) {
+    Start(kEngineSized, {{"col", {16, 16}}, {"norm", {16}}});
+    EXPECT_FALSE(node_->RanksFor(Place(0, tp_size)));
+    EngineSetup setup = Setup(0, Place(0, tp_size));
+    absl::StatusOr<Planner> planner = Planner::Create(spec_, setup.storage->params());
+    ASSERT_TRUE(planner.ok()) << planner.status();
+    setup.planner = std::make_unique<Planner>(std::move(*planner));
+    setup.pool = std::make_unique<StagingPool>(storage::NewHostMemory());
+    setup.new_pool = [] { return std::make_unique<StagingPool>(storage::NewHostMemory()); };
+    setup.converter = std::make_unique<CpuConverter>();
+    absl::StatusOr<uint64_t> id = node_->RegisterEngine(std::move(setup));
+    ASSERT_TRUE(id.ok()) << id.status();
+    EXPECT_FALSE(node_->ranked());
+    EXPECT_EQ(node_->spec()->tp_size, 1);
+    const RefitReport& r = Refit({{"col", {16, 16}}, {"norm", {16}}}, 7);
+    ASSERT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+    EXPECT_EQ(Engine(0, 0, 544), Sent(0, 544));
+    // Its size is 1 while it is registered: a rank of two is refused naming tp_size.
+    EXPECT_THAT(std::string(node_->RegisterEngine(Setup(1, Place(1, 2))).status().message()),
+                HasSubstr("tp_size: the engine registers tensor-parallel size 2, the engine's "
+                          "tensor_parallel.size is 1"));
+  }
+}
+
+TEST_F(NodeRanksTest, ExpertParallelSizeEngineSplitsTheExpertsAcrossTheEnginesRanks) {
+  Start(R"(model: m
+tensor_parallel: {size: engine}
+expert_parallel: {size: engine}
+rules:
+  - match: "e.{i}.w"
+    target: "experts.w"
+    format: passthrough
+    stack: {capture: i, count: 4}
+  - match: "attn"
+    format: passthrough
+    shard: {dim: 0}
+)",
+        {{"experts.w", {2, 4, 8}}, {"attn", {4, 8}}});
+  // Four experts do not split three ways: the first rank's size is refused naming ep_size, and
+  // fixes nothing.
+  EXPECT_THAT(std::string(node_->RegisterEngine(Setup(0, Place(0, 3, 0, 3))).status().message()),
+              HasSubstr("ep_size: 4 experts"));
+  EXPECT_FALSE(node_->ranked());
+  EXPECT_THAT(
+      std::string(node_->RegisterEngine(Setup(0, Place(0, 2))).status().message()),
+      HasSubstr("ep_size: the engine registers expert-parallel size 1, the engine's expert_parallel.size is 2"));
   Register(0, 2);
   Register(1, 2);
   const RefitReport& r =

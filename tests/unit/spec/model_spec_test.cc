@@ -41,9 +41,14 @@ TEST(ModelSpecTest, EveryShippedSpecLoadsWithItsModelsConfig) {
     ASSERT_TRUE(kSpecModels.count(file)) << file << ": name the model it fits in kSpecModels";
     absl::StatusOr<ModelSpec> spec = LoadShipped(file);
     EXPECT_TRUE(spec.ok()) << e.path() << ": " << spec.status();
-    // No shipped spec fixes an engine rank: each engine rank registers its own.
+    // No shipped spec fixes an engine rank, nor the engine's size: each engine rank registers its
+    // own rank and the engine's size (tensor_parallel.size: engine where rules shard).
     if (spec.ok()) {
       EXPECT_FALSE(spec->tp_rank_given) << file;
+      EXPECT_EQ(spec->tp_size, 1) << file << " states tensor_parallel.size";
+      const bool shards =
+          std::any_of(spec->rules.begin(), spec->rules.end(), [](const Rule& r) { return r.shard_dim.has_value(); });
+      EXPECT_EQ(spec->tp_size_from_engine, shards) << file;
     }
     ++n;
   }
@@ -394,7 +399,96 @@ TEST(ModelSpecTest, QuantConfigFileIsResolvedNextToTheSpec) {
               HasSubstr("bad.yaml:2: checkpoint.quant_config: cannot read"));
 }
 
+constexpr char kEngineSized[] = R"(model: m
+tensor_parallel: {size: engine}
+rules:
+  - match: "col"
+    shard: {dim: 0}
+  - match: "row"
+    shard: {dim: 1}
+  - match: "norm"
+)";
+
+TEST(ModelSpecTest, TensorParallelSizeEngineIsTheEnginesSizeGivenLater) {
+  absl::StatusOr<ModelSpec> s = ParseModelSpec(kEngineSized, "spec.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Loaded, it reads as a single engine's: nothing sharded until the engine gives its size.
+  EXPECT_TRUE(s->tp_size_from_engine);
+  EXPECT_EQ(s->tp_size, 1);
+  EXPECT_FALSE(s->tp_rank_given);
+  for (const Rule& r : s->rules) EXPECT_FALSE(r.shard.has_value()) << r.Describe();
+  EXPECT_EQ(s->rules[0].shard_dim, 0);
+  EXPECT_EQ(s->rules[1].shard_dim, 1);
+  EXPECT_FALSE(s->rules[2].shard_dim.has_value());
+  EXPECT_THAT(ForRank(*s, 0).status().message(), HasSubstr("is the engine's"));
+
+  absl::StatusOr<ModelSpec> four = WithEngineSize(*s, 4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_FALSE(four->tp_size_from_engine);
+  EXPECT_EQ(four->tp_size, 4);
+  ASSERT_TRUE(four->rules[0].shard && four->rules[1].shard);
+  EXPECT_EQ(four->rules[0].shard->size, 4);
+  EXPECT_EQ(four->rules[1].shard->dim, 1);
+  EXPECT_FALSE(four->rules[2].shard.has_value());
+  absl::StatusOr<ModelSpec> rank3 = ForRank(*four, 3);
+  ASSERT_TRUE(rank3.ok()) << rank3.status();
+  EXPECT_EQ(rank3->rules[0].shard->rank, 3);
+  EXPECT_FALSE(ForRank(*four, 4).ok());
+  absl::StatusOr<ModelSpec> one = WithEngineSize(*s, 1);  // a single engine: nothing sharded
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tp_size, 1);
+  EXPECT_FALSE(one->rules[0].shard.has_value());
+  EXPECT_THAT(WithEngineSize(*s, 65).status().message(), HasSubstr("tp_size: 65 is outside 1..64"));
+
+  // A spec that states its size keeps it: another size is refused naming tp_size.
+  absl::StatusOr<ModelSpec> two = ParseModelSpec("model: m\ntensor_parallel: {size: 2}\n");
+  ASSERT_TRUE(two.ok());
+  EXPECT_TRUE(WithEngineSize(*two, 2).ok());
+  EXPECT_THAT(WithEngineSize(*two, 4).status().message(),
+              HasSubstr("tp_size: the engine has tensor-parallel size 4, the spec's tensor_parallel.size is 2"));
+}
+
+TEST(ModelSpecTest, ExpertParallelSizeEngineFollowsTheTensorParallelSize) {
+  constexpr char kExperts[] = R"(model: m
+tensor_parallel: {size: engine}
+expert_parallel: {size: engine}
+rules:
+  - match: "e.{i}.w"
+    target: "experts.w"
+    stack: {capture: i, count: 4}
+)";
+  absl::StatusOr<ModelSpec> s = ParseModelSpec(kExperts, "spec.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->ep_size_from_engine);
+  EXPECT_EQ(s->ep_size, 1);
+  absl::StatusOr<ModelSpec> two = WithEngineSize(*s, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->ep_size, 2);
+  EXPECT_THAT(WithEngineSize(*s, 3).status().message(),
+              HasSubstr("ep_size: 4 experts of rule 'e.{i}.w' (line 5) in spec.yaml do not split into the "
+                        "engine's expert-parallel size 3"));
+  EXPECT_THAT(Load("model: m\nexpert_parallel: {size: engine}\n").message(),
+              HasSubstr("'engine' needs tensor_parallel.size: engine"));
+  EXPECT_THAT(Load("model: m\ntensor_parallel: {size: engine}\nexpert_parallel: {size: 2}\n").message(),
+              HasSubstr("write expert_parallel.size: engine"));
+  EXPECT_THAT(Load(R"(model: m
+tensor_parallel: {size: engine}
+expert_parallel: {size: engine}
+rules:
+  - match: "e.{i}.w"
+    target: "experts.w"
+    stack: {capture: i, count: 4}
+    shard: {dim: 0}
+)")
+                  .message(),
+              HasSubstr("split by expert under expert_parallel"));
+}
+
 TEST(ModelSpecTest, TensorParallelAndDerivedAreValidated) {
+  EXPECT_THAT(Load("model: m\ntensor_parallel: {size: engine, rank: 0}\n").message(),
+              HasSubstr("tensor_parallel.rank: needs a stated size"));
+  EXPECT_THAT(Load("model: m\ntensor_parallel: {size: many}\n").message(), HasSubstr("tensor_parallel.size"));
+  EXPECT_THAT(Load("model: m\ntensor_parallel: {rank: 0}\n").message(), HasSubstr("or 'engine'"));
   EXPECT_THAT(Load("model: m\ntensor_parallel: {size: 2, rank: 2}\n").message(), HasSubstr("must be below size 2"));
   EXPECT_THAT(Load("model: m\nrules:\n  - match: \"a\"\n    shard: {dim: 0}\n").message(),
               HasSubstr("needs the top-level 'tensor_parallel'"));
