@@ -16,6 +16,10 @@
 #include "absl/status/status.h"
 #include "refit/types.h"
 
+namespace refit::formats {
+struct QuantizeOptions;  // formats/format.h
+}  // namespace refit::formats
+
 namespace refit::client {
 
 class AmaxMeter {
@@ -34,6 +38,12 @@ class AmaxMeter {
   absl::Status Collect(std::vector<TensorDesc>& tensors);
 
  private:
+  // The options every measurement runs with (amax_meter.cc).
+  static formats::QuantizeOptions MeasureOptions();
+  // Measure of a device tensor: the device half (amax_meter_device.cc with CUDA; without it,
+  // amax_meter_no_cuda.cc: Unimplemented).
+  absl::Status MeasureOnDevice(TensorDesc& desc, const void* data, size_t index);
+
   struct Device;
   std::unique_ptr<Device> device_;  // created at the first device tensor
 };

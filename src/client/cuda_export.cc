@@ -1,8 +1,6 @@
+// In-place registration with CUDA (cuda_export.h); cuda_export_no_cuda.cc is the build without it.
 #include "client/cuda_export.h"
 
-#include "absl/strings/str_cat.h"
-
-#if REFIT_HAVE_CUDA
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -13,46 +11,28 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/cuda_vmm.h"
+#include "common/device_env.h"
 #include "common/fd_passing.h"
-#endif
 
 namespace refit::client {
-
-#if !REFIT_HAVE_CUDA
-
-absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params) {
-  return absl::UnimplementedError(absl::StrCat("parameter '", params.empty() ? "" : params[0].name,
-                                               "' is CUDA memory, but this library was built without CUDA"));
-}
-
-absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void*) {
-  return absl::UnimplementedError(absl::StrCat("parameter '", name, "' is CUDA memory, but this library was built without CUDA"));
-}
-
-std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>&) { return {}; }
-
-#else
-
 namespace {
 
 // Why `ptr` cannot be registered in place, or "" when it can; `*vmm` says whether it lies in a
 // CUDA virtual-memory allocation (exported as a file descriptor) rather than a cudaMalloc'd one
 // (exported as a CUDA IPC handle).
-std::string NotShareable(const CudaVmmDriver& d, const void* ptr, int* device, bool* vmm) {
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return "it is not CUDA memory";
-  }
-  switch (attr.type) {
-    case cudaMemoryTypeDevice: break;
-    case cudaMemoryTypeManaged: return "it is CUDA managed (unified) memory, which CUDA IPC cannot share";
-    case cudaMemoryTypeHost: return "it is host memory (register host parameters through shared memory)";
+std::string NotShareable(DeviceEnv& env, const CudaVmmDriver& d, const void* ptr, int* device, bool* vmm) {
+  absl::StatusOr<PointerInfo> info = env.QueryPointer(ptr);
+  if (!info.ok()) return absl::StrCat("it is not CUDA memory (", info.status().message(), ")");
+  switch (info->memory) {
+    case PointerMemory::kDevice: break;
+    case PointerMemory::kManaged: return "it is CUDA managed (unified) memory, which CUDA IPC cannot share";
+    case PointerMemory::kHost: return "it is host memory (register host parameters through shared memory)";
     default: return "it is not CUDA device memory";
   }
-  *device = attr.device;
+  *device = info->device;
   *vmm = false;
   if (d.retain != nullptr) {
     CUmemGenericAllocationHandle h;
@@ -81,6 +61,7 @@ uint64_t MappedHandle(const CudaVmmDriver& d, const void* ptr) {
 absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> VmmPieces(const CudaVmmDriver& d, const std::string& name,
                                                                      uint64_t ptr, uint64_t nbytes) {
   std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  if (d.address_range == nullptr) return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
   CUdeviceptr base = 0;
   size_t size = 0;
   if (d.address_range(&base, &size, static_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
@@ -158,9 +139,8 @@ absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const voi
   return out;
 }
 
-absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params) {
+absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params, DeviceEnv& env) {
   const CudaVmmDriver& d = VmmDriver();
-  if (d.address_range == nullptr) return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
   InPlaceExport out;
   struct Allocation {
     uint64_t size;
@@ -181,7 +161,7 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
     if (p.ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': device pointer is NULL"));
     int device = -1;
     bool vmm = false;
-    if (std::string why = NotShareable(d, p.ptr, &device, &vmm); !why.empty()) {
+    if (std::string why = NotShareable(env, d, p.ptr, &device, &vmm); !why.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "' cannot be registered in place: ", why));
     }
     cudaSetDevice(device);
@@ -197,19 +177,22 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
                              vmm_params.back().pieces[0].second, device, MappedHandle(d, p.ptr)});
       continue;
     }
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (d.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(p.ptr)) != CUDA_SUCCESS) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': cannot query its CUDA allocation"));
+    absl::StatusOr<AddressRange> range = env.QueryAddressRange(p.ptr);
+    if (absl::IsUnavailable(range.status())) return range.status();  // the driver has no such query
+    if (!range.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "': cannot query its CUDA allocation (", range.status().message(), ")"));
     }
+    const uint64_t base = range->base;
+    const uint64_t size = range->size;
     absl::StatusOr<uint64_t> nbytes = DenseBytes(p.dtype, p.shape);
     if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': ", nbytes.status().message()));
-    const uint64_t offset = reinterpret_cast<uint64_t>(p.ptr) - static_cast<uint64_t>(base);
+    const uint64_t offset = reinterpret_cast<uint64_t>(p.ptr) - base;
     if (*nbytes > size - offset) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': ", *nbytes, " bytes at offset ", offset,
                                                      " run past its CUDA allocation of ", size, " bytes"));
     }
-    auto it = bases.find(static_cast<uint64_t>(base));
+    auto it = bases.find(base);
     if (it == bases.end()) {
       cudaIpcMemHandle_t h;
       cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
@@ -219,13 +202,12 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
                                                        "' cannot be registered in place: cudaIpcGetMemHandle: ",
                                                        cudaGetErrorString(e)));
       }
-      Allocation a{static_cast<uint64_t>(size), {}};
+      Allocation a{size, {}};
       std::memcpy(a.handle.data(), &h, sizeof(h));
-      it = bases.emplace(static_cast<uint64_t>(base), a).first;
+      it = bases.emplace(base, a).first;
     }
     out.params.push_back({p.name, p.dtype, p.shape, it->second.handle, offset, device, nullptr});
-    out.records.push_back({p.name, reinterpret_cast<uint64_t>(p.ptr), static_cast<uint64_t>(base),
-                           static_cast<uint64_t>(size), device, 0});
+    out.records.push_back({p.name, reinterpret_cast<uint64_t>(p.ptr), base, size, device, 0});
   }
   // Runs: the union of overlapping [first piece, last piece end) spans.
   std::map<uint64_t, VmmRun> runs;  // by begin
@@ -309,7 +291,5 @@ std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records)
   (void)cudaGetLastError();
   return stale;
 }
-
-#endif
 
 }  // namespace refit::client

@@ -16,8 +16,12 @@
 // that runs past its mapping into memory that is not mapped there, and more pieces than one
 // registration passes.
 //
-// Threading: call from any thread with the parameters' device usable. Built with CUDA; without it
-// every call is Unimplemented.
+// What each pointer is and which allocation holds it are the DeviceEnv's answers
+// (common/device_env.h): a test injects one whose queries fail. The implementation with CUDA is
+// cuda_export.cc; cuda_export_no_cuda.cc is the build without CUDA, where every call is
+// Unimplemented.
+//
+// Threading: call from any thread with the parameters' device usable.
 #ifndef REFIT_CLIENT_CUDA_EXPORT_H_
 #define REFIT_CLIENT_CUDA_EXPORT_H_
 
@@ -29,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/engine_agent.h"
+#include "common/device_env.h"
 
 namespace refit::client {
 
@@ -60,7 +65,12 @@ struct VmmExport {
 };
 absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr);
 
-absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params);
+// `env` answers the pointer and allocation queries; a failed query refuses the parameter
+// (InvalidArgument naming it and the query's error), or is Unavailable when the driver lacks it.
+absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params, DeviceEnv& env);
+inline absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params) {
+  return ExportInPlace(params, DefaultDeviceEnv());
+}
 
 // The names of the records whose pointer no longer lies in the allocation it was exported from
 // (freed, or the range now belongs to another allocation of another base or size, or, for virtual

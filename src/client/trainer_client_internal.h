@@ -34,9 +34,6 @@
 #include "storage/memory.h"
 #include "transport/builtin_transports.h"
 #include "transport/registry.h"
-#if REFIT_HAVE_CUDA
-#include "transport/cuda_ipc/cuda_ipc_handles.h"
-#endif
 
 namespace refit::client {
 

@@ -73,10 +73,14 @@ class TrainerConverter {
   // Whether a push of `e` needs a caller-reduced global amax: an NVFP4 member of a fused group,
   // or an NVFP4 slice (the amax spans tensors or ranks).
   static bool NeedsReducedAmax(const Entry& e, bool slice);
-  // Whether this build converts device tensors on the GPU.
+  // Whether this build converts device tensors on the GPU (ConvertDevice and HasKernels:
+  // trainer_convert_device.cc with CUDA kernels, trainer_convert_no_kernels.cc without).
   static bool HasKernels();
 
  private:
+  // The shape `e` quantizes: `shape` with its last two dimensions swapped when e.transpose.
+  static Shape Quantized(const Entry& e, const Shape& shape);
+
   formats::QuantizeOptions options_;
   std::vector<Entry> entries_;
   absl::flat_hash_map<std::string, size_t> by_name_;

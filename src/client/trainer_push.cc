@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "client/trainer_client_internal.h"
+#include "common/device_env.h"
+#include "transport/cuda_ipc/cuda_ipc_wire.h"
 
 namespace refit::client {
 
@@ -133,7 +135,8 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
   const bool converts =
       !r.convert.empty() && (t.dtype == DType::kBF16 || t.dtype == DType::kF32) && r.convert.Find(t.name) != nullptr;
   if (!r.data->overlapped() || !r.data->transport->sends_in_place || r.amax != nullptr || converts) return Push(t);
-#if REFIT_HAVE_CUDA
+  DeviceEnv& env = DefaultDeviceEnv();
+  if (!env.has_cuda()) return Push(t);
   if (absl::Status st = CheckSlice(t); !st.ok()) return st;
   absl::StatusOr<uint64_t> nbytes = BucketedBytes(t, r.bucket_bytes);
   if (!nbytes.ok()) return nbytes.status();
@@ -146,14 +149,16 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
                      addr - (base + r.run_used) <= kMaxGap &&
                      addr + *nbytes - base <= std::min(r.run_limit, r.bucket_bytes);
   if (!joins) {
-    absl::StatusOr<transport::cuda_ipc::Allocation> a = transport::cuda_ipc::QueryAllocation(t.data);
+    absl::StatusOr<AllocationInfo> a = env.QueryAllocation(t.data);
     if (!a.ok() || !a->device || addr % 16 != 0 || addr < a->base || addr - a->base >= a->size) {
       return Push(t);  // not device memory: packed
     }
     // The bytes from the tensor to the end of its allocation; in CUDA virtual memory (expandable
     // segments map theirs piece by piece), to the end of the pieces mapped one after another.
     uint64_t extent = a->base + a->size - addr;
-    if (!a->ipc_capable) extent = std::max(extent, transport::cuda_ipc::VmmMappedBytes(t.data, r.bucket_bytes));
+    if (!a->ipc_capable) {
+      extent = std::max(extent, env.VmmMappedBytes(t.data, r.bucket_bytes, transport::cuda_ipc::kMaxVmmPieces));
+    }
     if (*nbytes > extent) return Push(t);  // not within one allocation: packed
     if (absl::Status st = r.FlushRun(); !st.ok()) return st;
     r.run_base = static_cast<const uint8_t*>(t.data);
@@ -165,9 +170,6 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
   r.run_used = offset + *nbytes;
   r.in_place_bytes += *nbytes;
   return absl::OkStatus();
-#else
-  return Push(t);
-#endif
 }
 
 uint64_t RefitSession::pushed_in_place_bytes() const { return impl_->in_place_bytes; }

@@ -14,13 +14,4 @@ absl::Status CudaStatus(int cuda_error, absl::string_view what) {
       absl::StrCat(what, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
-void* DriverEntryPoint(const char* name, int version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found) == cudaSuccess &&
-                  found == cudaDriverEntryPointSuccess;
-  (void)cudaGetLastError();
-  return ok ? fn : nullptr;
-}
-
 }  // namespace refit

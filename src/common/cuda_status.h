@@ -1,5 +1,6 @@
 // The one translation of a CUDA runtime error into absl::Status, used by every CUDA caller
-// (storage, the GPU converter, kernels' wrappers, the NCCL transport, the trainer client).
+// (storage, the GPU converter, kernels' wrappers, the NCCL transport, the trainer client). The
+// driver's entry points are looked up in one place, the driver table of cuda_vmm.h.
 //
 // A CUDA error is kInternal: an unexpected device failure (a bug, a broken or lost GPU), never
 // something the caller's input controls. Callers that give a failure another meaning re-code it
@@ -20,19 +21,6 @@ namespace refit {
 // OK for cudaSuccess (0). Otherwise kInternal "<what>: CUDA error <name> (<description>)", after
 // clearing the thread's last-error state so that a later, unrelated call does not report it.
 absl::Status CudaStatus(int cuda_error, absl::string_view what);
-
-// The CUDA driver's entry point `name` at API `version` (cuGetProcAddress numbering, e.g. 10020),
-// looked up through the runtime so that nothing links libcuda (absent on machines without a
-// driver, where refitd must still start for the host path). Null when the driver lacks it.
-void* DriverEntryPoint(const char* name, int version);
-
-// DriverEntryPoint cast to `Fn`, stored in `*out` when found; whether it was.
-template <typename Fn>
-bool LoadDriverEntryPoint(const char* name, int version, Fn* out) {
-  void* fn = DriverEntryPoint(name, version);
-  if (fn != nullptr) *out = reinterpret_cast<Fn>(fn);
-  return fn != nullptr;
-}
 
 }  // namespace refit
 

@@ -1,8 +1,11 @@
-// The CUDA driver's virtual-memory entry points (cuMem*), looked up once through the runtime
-// (DriverEntryPoint, so nothing links libcuda). Every user of CUDA virtual memory goes through
-// this one table: refitd's imports of an engine's or a trainer's memory (storage::VmmImport), the
-// CUDA IPC data plane's exports, the engine agent's in-place registration, and the examples,
-// tests and benchmarks that allocate it. A member is null when the driver lacks the call.
+// The one table of the CUDA driver's entry points refitd calls, looked up once through the runtime
+// (cudaGetDriverEntryPointByVersion, so that nothing links libcuda: absent on machines without a
+// driver, where refitd must still start for the host path). No other file looks up a driver entry
+// point. Its users: the virtual-memory calls (cuMem*) of refitd's imports of an engine's or a
+// trainer's memory (storage::VmmImport), the CUDA IPC data plane's exports, the engine agent's
+// in-place registration, and the examples, tests and benchmarks that allocate it; and the pointer
+// and allocation queries of the CUDA DeviceEnv (common/device_env.h, cuda_device_env.cc), which
+// everything else asks. A member is null when the driver lacks the call.
 //
 // Built only with CUDA (it needs <cuda.h>). Thread-safe.
 #ifndef REFIT_COMMON_CUDA_VMM_H_
@@ -27,6 +30,7 @@ struct CudaVmmDriver {
   CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
   CUresult (*address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*error_string)(CUresult, const char**) = nullptr;
+  CUresult (*pointer_attributes)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr) = nullptr;
 
   // What making and mapping memory needs (create, reserve, map, set access; and their undoing).
   bool can_allocate() const {

@@ -4,14 +4,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/device_env.h"
 #include "refit/cpu_converter.h"
 #include "server/engine_params.h"
+#include "server/engine_setup_device.h"
 #include "storage/shm_storage.h"
 #include "transport/builtin_transports.h"
-#if REFIT_HAVE_CUDA
-#include "refit/gpu/gpu_converter.h"
-#include "storage/cuda_ipc_storage.h"
-#endif
 
 namespace refit::server {
 
@@ -21,15 +19,7 @@ absl::StatusOr<std::unique_ptr<storage::EngineStorage>> OpenStorage(capnp::List<
   if (!params->cuda.empty()) {
     if (!params->shm.empty())
       return absl::InvalidArgumentError("an engine registers all parameters in shm or all on the GPU");
-#if REFIT_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<storage::CudaIpcEngineStorage>> s =
-        storage::CudaIpcEngineStorage::Open(std::move(params->cuda));
-    if (!s.ok()) return s.status();
-    return std::unique_ptr<storage::EngineStorage>(std::move(*s));
-#else
-    return absl::InvalidArgumentError(absl::StrCat("engine parameter '", params->cuda[0].info.name,
-                                                   "' is in GPU memory, but this refitd was built without CUDA"));
-#endif
+    return OpenDeviceStorage(std::move(params->cuda));
   }
   absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> s =
       storage::ShmEngineStorage::Open(std::move(params->shm));
@@ -61,21 +51,8 @@ absl::Status MakeStaging(const Config& config, EngineSetup& setup) {
     if (!storage.on_device()) {
       return absl::InvalidArgumentError("config says staging: device, but the engine registered host (shm) parameters");
     }
-#if REFIT_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(storage.device());
-    if (!memory.ok()) return memory.status();
-    absl::StatusOr<std::unique_ptr<Converter>> converter = NewGpuConverter(storage.device());
-    if (!converter.ok()) return converter.status();
-    setup.pool = std::make_unique<StagingPool>(std::move(*memory));
-    setup.converter = std::move(*converter);
-    const int device = storage.device();
-    setup.new_pool = [device]() -> std::unique_ptr<StagingPool> {
-      absl::StatusOr<std::unique_ptr<storage::Memory>> m = storage::NewDeviceMemory(device);
-      // The device was usable at registration; if it no longer is, allocations fail (overloaded).
-      return std::make_unique<StagingPool>(m.ok() ? std::move(*m) : storage::NewHostMemory());
-    };
-    return absl::OkStatus();
-#endif
+    // (Without CUDA no storage is on a GPU: host staging below, as ever.)
+    if (DefaultDeviceEnv().has_cuda()) return MakeDeviceStaging(setup);
   }
   // Host staging: pinned when the engine is on the GPU, so the commit copy is a fast H2D copy.
   const bool pinned = storage.on_device();

@@ -9,24 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "common/device_env.h"
 #include "common/status_macros.h"
 #include "storage/memory.h"
 #include "storage/vmm_import.h"
 
 namespace refit::storage {
 namespace {
-
-// cuMemGetAddressRange through the runtime's driver entry point, so that nothing links libcuda
-// (absent on machines without a driver, where refitd must still start for the host path).
-using MemGetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-absl::StatusOr<MemGetAddressRange> AddressRangeFn() {
-  MemGetAddressRange fn = nullptr;
-  if (!LoadDriverEntryPoint("cuMemGetAddressRange", 3020, &fn)) {
-    return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
-  }
-  return fn;
-}
 
 // The storage's stream; the default stream for a registration without parameters (which has none).
 cudaStream_t StreamOf(const std::unique_ptr<CudaStream>& stream) { return stream ? stream->get() : nullptr; }
@@ -52,9 +41,12 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
   absl::StatusOr<CudaStream> stream = CudaStream::Create(s->device_);
   if (!stream.ok()) return stream.status();
   s->stream_ = std::make_unique<CudaStream>(std::move(*stream));
+  // (Failing here, it is made at the first checksum, which then reports a failure.)
+  if (absl::StatusOr<DeviceAllocation> word = DeviceAllocation::Allocate(s->device_, sizeof(uint64_t)); word.ok()) {
+    s->checksum_word_ = std::move(*word);
+  }
   if (absl::Status st = CudaStatus(cudaSetDevice(s->device_), "cudaSetDevice"); !st.ok()) return st;  // handles open here
-  absl::StatusOr<MemGetAddressRange> address_range = AddressRangeFn();
-  if (!address_range.ok()) return address_range.status();
+  DeviceEnv& env = DefaultDeviceEnv();
   for (CudaIpcParam& p : params) {
     absl::StatusOr<uint64_t> dense = DenseBytes(p.info.dtype, p.info.shape);
     if (!dense.ok() || *dense != p.info.nbytes) {
@@ -91,19 +83,24 @@ absl::StatusOr<std::unique_ptr<CudaIpcEngineStorage>> CudaIpcEngineStorage::Open
       }
       base = static_cast<uint8_t*>(it->second);
     }
-    CUdeviceptr range_base = reinterpret_cast<CUdeviceptr>(base);
-    size_t range_size = vmm_size;
+    uint64_t range_base = reinterpret_cast<uint64_t>(base);
+    uint64_t range_size = vmm_size;
     // (cuMemGetAddressRange of a mapping made of several pieces gives the first piece only.)
-    if (vmm_size == 0 &&
-        (*address_range)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
-      return absl::UnavailableError(absl::StrCat("parameter '", p.info.name, "': cannot query its allocation"));
+    if (vmm_size == 0) {
+      absl::StatusOr<AddressRange> range = env.QueryAddressRange(base);
+      if (absl::IsUnavailable(range.status())) return range.status();  // the driver has no such query
+      if (!range.ok()) {
+        return absl::UnavailableError(absl::StrCat("parameter '", p.info.name, "': cannot query its allocation"));
+      }
+      range_base = range->base;
+      range_size = range->size;
     }
-    const uint64_t avail = range_size - (reinterpret_cast<CUdeviceptr>(base) - range_base);
+    const uint64_t avail = range_size - (reinterpret_cast<uint64_t>(base) - range_base);
     if (p.offset > avail || p.info.nbytes > avail - p.offset) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.info.name, "': [", p.offset, ", +", p.info.nbytes,
                                                      ") lies outside its CUDA allocation of ", avail, " bytes"));
     }
-    s->ranges_[base] = Range{static_cast<uint64_t>(range_base), static_cast<uint64_t>(range_size), vmm_size != 0};
+    s->ranges_[base] = Range{range_base, range_size, vmm_size != 0};
     s->mapping_of_.push_back(base);
     s->addrs_.push_back(base + p.offset);
     s->infos_.push_back(std::move(p.info));
@@ -144,19 +141,15 @@ absl::Status CudaIpcEngineStorage::ReadToHost(size_t index, void* dst) const {
 
 absl::StatusOr<uint64_t> CudaIpcEngineStorage::Checksum(size_t index) const {
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  return DeviceChecksum64(device_, addrs_[index], infos_[index].nbytes, StreamOf(stream_));
+  return DeviceChecksum64(device_, addrs_[index], infos_[index].nbytes, StreamOf(stream_), checksum_word_);
 }
 
 namespace {
 
 // The CUDA device of device memory `p`, or -1.
 int DeviceOf(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return a.type == cudaMemoryTypeDevice ? a.device : -1;
+  absl::StatusOr<PointerInfo> info = DefaultDeviceEnv().QueryPointer(p);
+  return info.ok() && info->memory == PointerMemory::kDevice ? info->device : -1;
 }
 
 // Whether kernels on the current device `device` can read memory of `other` (peer access, enabled
@@ -211,19 +204,19 @@ absl::Status CudaIpcEngineStorage::WritePreparedDevice() {
 
 absl::Status CudaIpcEngineStorage::Audit() const {
   if (infos_.empty()) return absl::OkStatus();
-  absl::StatusOr<MemGetAddressRange> address_range = AddressRangeFn();
-  if (!address_range.ok()) return address_range.status();
+  DeviceEnv& env = DefaultDeviceEnv();
   cudaSetDevice(device_);
   std::map<void*, std::string> stale_mappings;
   for (const auto& [mapped, range] : ranges_) {
     if (range.imported) continue;
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if ((*address_range)(&base, &size, reinterpret_cast<CUdeviceptr>(mapped)) != CUDA_SUCCESS) {
+    absl::StatusOr<AddressRange> now = env.QueryAddressRange(mapped);
+    if (absl::IsUnavailable(now.status())) return now.status();  // the driver has no such query
+    if (!now.ok()) {
       stale_mappings[mapped] = "its CUDA allocation is no longer mapped";
-    } else if (static_cast<uint64_t>(base) != range.base || static_cast<uint64_t>(size) != range.size) {
-      stale_mappings[mapped] = absl::StrCat("its CUDA allocation changed from ", range.size, " bytes at 0x",
-                                            absl::Hex(range.base), " to ", size, " bytes at 0x", absl::Hex(base));
+    } else if (now->base != range.base || now->size != range.size) {
+      stale_mappings[mapped] =
+          absl::StrCat("its CUDA allocation changed from ", range.size, " bytes at 0x", absl::Hex(range.base), " to ",
+                       now->size, " bytes at 0x", absl::Hex(now->base));
     }
   }
   std::vector<std::string> stale;

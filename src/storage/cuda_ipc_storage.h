@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/device_allocation.h"
 #include "kernels/batch_copy.h"
 #include "storage/cuda_params.h"
 #include "storage/engine_storage.h"
@@ -66,6 +67,9 @@ class CudaIpcEngineStorage : public EngineStorage {
   std::map<void*, Range> ranges_;  // by mapped address
   std::vector<void*> mapping_of_;  // per parameter
   std::unique_ptr<CudaStream> stream_;
+  // Checksum's result word on device_ (DeviceChecksum64), made at Open: no allocation inside a
+  // commit's pause. Mutable: Checksum is const, and one committer thread uses the storage at a time.
+  mutable DeviceAllocation checksum_word_;
   std::unique_ptr<kernels::BatchCopy> batch_;
   // Prepared writes from another GPU that this one cannot read (no peer access): copied one by
   // one, which the driver routes through the host.

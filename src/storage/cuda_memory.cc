@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
-#include <map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -10,17 +9,17 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_handles.h"
 #include "common/cuda_status.h"
+#include "common/device_env.h"
 #include "kernels/checksum.h"
 #include "storage/memory.h"
 
 namespace refit::storage {
 
 absl::Status CopyAnyToHost(void* dst, const void* src, uint64_t bytes) {
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, src) == cudaSuccess && attr.type == cudaMemoryTypeDevice) {
+  absl::StatusOr<PointerInfo> info = DefaultDeviceEnv().QueryPointer(src);
+  if (info.ok() && info->memory == PointerMemory::kDevice) {
     return CudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copy from device memory");
   }
-  (void)cudaGetLastError();  // host memory: clear the query's error state
   std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
@@ -85,7 +84,8 @@ class DeviceMemory final : public Memory {
     return stream_.Synchronize();
   }
   absl::StatusOr<uint64_t> Checksum(const void* p, uint64_t bytes) override {
-    return DeviceChecksum64(device_, p, bytes, nullptr);
+    absl::MutexLock lock(&checksum_mu_);
+    return DeviceChecksum64(device_, p, bytes, nullptr, checksum_word_);
   }
 
  private:
@@ -96,6 +96,8 @@ class DeviceMemory final : public Memory {
   const int device_;
   absl::Mutex mu_;
   CudaStream stream_ ABSL_GUARDED_BY(mu_);  // for CopyInAsync, made on first use
+  absl::Mutex checksum_mu_;
+  DeviceAllocation checksum_word_ ABSL_GUARDED_BY(checksum_mu_);  // Checksum's result word, made on first use
 };
 
 bool HaveDevice() {
@@ -114,25 +116,21 @@ std::unique_ptr<Memory> NewPinnedHostMemory() {
   return std::make_unique<PinnedHostMemory>();
 }
 
-absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream) {
-  // One result word per device, allocated once (no cudaMalloc per parameter inside a commit's
-  // pause); checksums on a device take turns. Never freed: it lives as long as the process.
-  static absl::Mutex mu;
-  static auto* words = new std::map<int, DeviceAllocation>();
-  absl::MutexLock lock(&mu);
-  cudaSetDevice(device);
-  auto it = words->find(device);
-  if (it == words->end()) {
+absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream,
+                                          DeviceAllocation& word) {
+  // The caller's result word, allocated once per owner (no cudaMalloc per parameter inside a
+  // commit's pause) and freed with it.
+  if (!word || word.device() != device) {
     absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(device, sizeof(uint64_t));
     if (!a.ok()) return a.status();
-    it = words->emplace(device, std::move(*a)).first;
+    word = std::move(*a);
   }
-  DeviceAllocation* word = &it->second;
-  absl::Status st = kernels::DeviceChecksum(p, bytes, 0, word->as<uint64_t>(), stream);
+  cudaSetDevice(device);
+  absl::Status st = kernels::DeviceChecksum(p, bytes, 0, word.as<uint64_t>(), stream);
   if (!st.ok()) return st;
   uint64_t sum = 0;
-  cudaError_t e = cudaMemcpyAsync(&sum, word->get(), sizeof(sum), cudaMemcpyDeviceToHost,
-                                  static_cast<cudaStream_t>(stream));
+  cudaError_t e =
+      cudaMemcpyAsync(&sum, word.get(), sizeof(sum), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream));
   if (e == cudaSuccess) e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("checksum of ", bytes, " bytes on GPU ", device));
   return sum;
@@ -150,23 +148,13 @@ absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {
 }
 
 absl::Status CheckDeviceMemory(const void* p) {
-  cudaPointerAttributes attr{};
-  cudaError_t e = cudaPointerGetAttributes(&attr, p);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", cudaGetErrorString(e), ")"));
-  }
-  if (attr.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("not CUDA device memory");
+  absl::StatusOr<PointerInfo> info = DefaultDeviceEnv().QueryPointer(p);
+  if (!info.ok())
+    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", info.status().message(), ")"));
+  if (info->memory != PointerMemory::kDevice) return absl::InvalidArgumentError("not CUDA device memory");
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> CurrentDevice() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return absl::UnavailableError("no CUDA device");
-  }
-  return device;
-}
+absl::StatusOr<int> CurrentDevice() { return DefaultDeviceEnv().CurrentDevice(); }
 
 }  // namespace refit::storage

@@ -51,7 +51,7 @@ absl::Status CheckDeviceMemory(const void*) {
   return absl::UnimplementedError("this client was built without CUDA and sends host memory only");
 }
 absl::StatusOr<int> CurrentDevice() { return absl::UnavailableError("this build has no CUDA: no CUDA device"); }
-absl::StatusOr<uint64_t> DeviceChecksum64(int, const void*, uint64_t, void*) {
+absl::StatusOr<uint64_t> DeviceChecksum64(int, const void*, uint64_t, void*, DeviceAllocation&) {
   return absl::UnimplementedError("this build has no CUDA: no device checksum");
 }
 #endif

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/device_allocation.h"
 #include "common/parallel_checksum.h"
 
 namespace refit::storage {
@@ -51,8 +52,11 @@ absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device);
 // without CUDA.
 absl::Status CheckDeviceMemory(const void* p);
 // ParallelChecksum64 of device bytes, computed on GPU `device` on `stream` (a cudaStream_t; null:
-// the default stream), waiting for the result. Unimplemented in a build without CUDA.
-absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream);
+// the default stream), waiting for the result. `word` is the caller's result word on `device`,
+// allocated here when empty and kept for the next call (so that a commit's pause allocates none);
+// REQUIRES: no other call uses `word` at the same time. Unimplemented in a build without CUDA.
+absl::StatusOr<uint64_t> DeviceChecksum64(int device, const void* p, uint64_t bytes, void* stream,
+                                          DeviceAllocation& word);
 // The calling thread's current CUDA device; Unavailable without CUDA or a device.
 absl::StatusOr<int> CurrentDevice();
 

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/cuda_status.h"
 #include "common/cuda_vmm.h"
+#include "common/device_env.h"
 #include "common/hot_wait.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 
@@ -40,19 +41,6 @@ absl::StatusOr<std::pair<sockaddr_un, socklen_t>> Address(const std::string& soc
   const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + socket.size() +
                                                (socket[0] == '@' ? 0 : 1));
   return std::make_pair(addr, len);
-}
-
-using PointerGetAttributes = CUresult (*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
-
-absl::StatusOr<PointerGetAttributes> PointerAttributesFn() {
-  static const absl::StatusOr<PointerGetAttributes> fn = []() -> absl::StatusOr<PointerGetAttributes> {
-    PointerGetAttributes f = nullptr;
-    if (!LoadDriverEntryPoint("cuPointerGetAttributes", 7000, &f)) {
-      return absl::UnavailableError("the CUDA driver has no cuPointerGetAttributes");
-    }
-    return f;
-  }();
-  return fn;
 }
 
 }  // namespace
@@ -162,39 +150,7 @@ absl::Status CheckOpen(int fd, absl::string_view peer) {
   return absl::UnavailableError(absl::StrCat("CUDA IPC peer ", peer, " failed: connection closed without goodbye"));
 }
 
-absl::StatusOr<Allocation> QueryAllocation(const void* p) {
-  absl::StatusOr<PointerGetAttributes> fn = PointerAttributesFn();
-  if (!fn.ok()) return fn.status();
-  unsigned int type = 0;
-  int ordinal = -1;
-  unsigned long long buffer_id = 0;
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  int managed = 0;
-  int ipc = 0;  // a bool in the driver's API; zero-filled so that a one-byte write reads right
-  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                 CU_POINTER_ATTRIBUTE_BUFFER_ID,       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE,      CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                                 CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
-  void* data[] = {&type, &ordinal, &buffer_id, &base, &size, &managed, &ipc};
-  Allocation a;
-  // Not a CUDA pointer: every attribute keeps its zero value and the call succeeds. A driver that
-  // does not know the last attribute fails the call: ask again without it (then whether the
-  // memory is exportable is learnt from cudaIpcGetMemHandle itself).
-  constexpr unsigned int kAll = sizeof(attrs) / sizeof(attrs[0]);
-  const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(p);
-  if ((*fn)(kAll, attrs, data, ptr) != CUDA_SUCCESS) {
-    ipc = 1;
-    if ((*fn)(kAll - 1, attrs, data, ptr) != CUDA_SUCCESS) return a;
-  }
-  a.device = type == CU_MEMORYTYPE_DEVICE && managed == 0;
-  a.ipc_capable = a.device && (ipc & 0xff) != 0;
-  a.buffer_id = buffer_id;
-  a.base = base;
-  a.size = size;
-  a.ordinal = ordinal;
-  return a;
-}
+absl::StatusOr<Allocation> QueryAllocation(const void* p) { return DefaultDeviceEnv().QueryAllocation(p); }
 
 namespace {
 
@@ -239,24 +195,6 @@ std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes) {
     pieces.push_back(std::move(piece));
     if (at >= end) return pieces;
   }
-}
-
-uint64_t VmmMappedBytes(const void* p, uint64_t limit) {
-  const CudaVmmDriver& d = VmmDriver();
-  if (!d.can_export()) return 0;
-  const uint64_t begin = reinterpret_cast<uint64_t>(p);
-  uint64_t at = begin;
-  for (uint32_t n = 0; n < kMaxVmmPieces && at - begin < limit; ++n) {
-    CUmemGenericAllocationHandle h;
-    if (d.retain(&h, reinterpret_cast<void*>(at)) != CUDA_SUCCESS) break;
-    d.release(h);
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (d.address_range(&base, &size, static_cast<CUdeviceptr>(at)) != CUDA_SUCCESS) break;
-    if (n > 0 && static_cast<uint64_t>(base) != at) break;
-    at = static_cast<uint64_t>(base) + size;
-  }
-  return at - begin;
 }
 
 absl::Status SendWithFds(int sock, const void* data, uint64_t bytes, const std::vector<int>& fds) {

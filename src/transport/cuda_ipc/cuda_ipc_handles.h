@@ -1,7 +1,7 @@
 // Helpers of the CUDA IPC data plane: its Unix control socket (listen, connect, whole-record
-// reads and writes, liveness), endpoint strings, the per-process token, and the query that finds
-// the CUDA allocation holding a pointer (base, size, unique buffer id) through the driver entry
-// point, so that nothing links libcuda (absent where refitd runs without a driver).
+// reads and writes, liveness), endpoint strings, the per-process token, the query that finds the
+// CUDA allocation holding a pointer (base, size, unique buffer id; the DeviceEnv's,
+// common/device_env.h) and the export of CUDA virtual memory as descriptors.
 //
 // Threading: free functions, thread-safe.
 #ifndef REFIT_TRANSPORT_CUDA_IPC_CUDA_IPC_HANDLES_H_
@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/device_env.h"
 #include "common/unique_fd.h"
 
 namespace refit::transport::cuda_ipc {
@@ -43,16 +44,9 @@ absl::Status ReadAll(int fd, void* data, uint64_t bytes, absl::Time deadline,
 // OK while the connection is open (the peer has not closed or reset it).
 absl::Status CheckOpen(int fd, absl::string_view peer);
 
-// The CUDA allocation holding a pointer.
-struct Allocation {
-  bool device = false;      // device memory (cudaMalloc or similar), not host or managed memory
-  bool ipc_capable = false;  // cudaIpcGetMemHandle works on it (not stream-ordered pool memory)
-  uint64_t buffer_id = 0;   // unique for the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID)
-  uint64_t base = 0;
-  uint64_t size = 0;
-  int ordinal = -1;  // its device
-};
-// Plain host memory gives device = false. Unavailable when the driver has no such query.
+// The CUDA allocation holding a pointer: DefaultDeviceEnv().QueryAllocation. Plain host memory
+// gives device = false. Unavailable when the driver has no such query.
+using Allocation = ::refit::AllocationInfo;
 absl::StatusOr<Allocation> QueryAllocation(const void* p);
 
 // CUDA virtual memory (cuMemCreate + cuMemMap: PyTorch's expandable segments, vLLM's and SGLang's
@@ -67,10 +61,6 @@ struct VmmPiece {
   UniqueFd fd;
 };
 std::vector<VmmPiece> ExportVmmPieces(const void* p, uint64_t bytes);
-// The bytes from `p` to the end of the CUDA virtual-memory pieces mapped one after another from
-// the one holding `p` (looking no further than `limit` bytes, nor past kMaxVmmPieces pieces); 0
-// when `p` is not in virtual memory. A trainer's tensors in expandable segments run across pieces.
-uint64_t VmmMappedBytes(const void* p, uint64_t limit);
 
 // `bytes` of `data` and the descriptors `fds` in one sendmsg (SCM_RIGHTS), and its counterpart,
 // which reads exactly `bytes` and returns the descriptors that came with them.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_handles.h"
+#include "common/device_env.h"
 #include "common/trace.h"
 #include "storage/vmm_import.h"
 #include "transport/cuda_ipc/cuda_ipc_handles.h"
@@ -217,11 +218,8 @@ absl::Status CudaIpcReceiver::Export(Peer& peer, const Frame& f) {
     b.base = static_cast<uint8_t*>(it->second.base);
     b.mapped = true;
   }
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, b.base) == cudaSuccess) {
-    b.lendable = attr.type == cudaMemoryTypeDevice && attr.device == options_.device;
-  } else {
-    (void)cudaGetLastError();
+  if (absl::StatusOr<PointerInfo> info = DefaultDeviceEnv().QueryPointer(b.base); info.ok()) {
+    b.lendable = info->memory == PointerMemory::kDevice && info->device == options_.device;
   }
   peer.buffers.emplace(f.buffer_id, b);
   return absl::OkStatus();

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cuda_status.h"
+#include "common/device_env.h"
 #include "common/hot_wait.h"
 
 namespace refit::transport::nccl {
@@ -72,12 +73,8 @@ absl::StatusOr<void*> DeviceBuffer::Reserve(uint64_t bytes, cudaStream_t stream)
 }
 
 bool IsDeviceMemoryOf(const void* p, int device) {
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error state of the query
-    return false;
-  }
-  return attr.type == cudaMemoryTypeDevice && attr.device == device;
+  absl::StatusOr<PointerInfo> info = DefaultDeviceEnv().QueryPointer(p);
+  return info.ok() && info->memory == PointerMemory::kDevice && info->device == device;
 }
 
 absl::StatusOr<const void*> OnDevice(const void* payload, uint64_t bytes, DeviceBuffer& bounce, cudaStream_t stream) {
