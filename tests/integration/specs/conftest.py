@@ -30,12 +30,13 @@ def make_real_checkpoint(family: str, out: Path) -> Path:
     return out
 
 
-def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False, tp_rank=None) -> Path:
+def convert(spec: str, checkpoint: Path, out: Path, engine_layout=False, tp_rank=None, tp_size=2) -> Path:
+    """`refitctl convert`; with `tp_rank`, that rank's engine layout of an engine of `tp_size`."""
     args = [str(REFITCTL), "convert", "--spec", spec, str(checkpoint), str(out)]
     if engine_layout:
         args.insert(2, "--engine-layout")
     if tp_rank is not None:
-        args[3:3] = ["--tp-rank", str(tp_rank)]
+        args[3:3] = ["--tp-rank", str(tp_rank), "--tp-size", str(tp_size)]
     p = subprocess.run(args, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     return out
