@@ -417,8 +417,9 @@ TEST(DeviceStagingBench, ShippedSpecsAtLayerShapes) {
     int layers;
   };
   // The shipped specs as they are, their sizes from the real models' config.json (tests/models/).
-  for (const Case& c : {Case{"qwen3_moe_nvfp4 (Qwen3-30B-A3B layer, 128 experts)", "qwen3_moe_nvfp4.yaml", Qwen3MoeLayers, 1},
-                        Case{"llama3_fp8 (Llama-3-8B layers, one engine rank)", "llama3_fp8.yaml", Llama3Layers, 2}}) {
+  for (const Case& c :
+       {Case{"qwen3_moe_nvfp4 (Qwen3-30B-A3B layer, 128 experts)", "qwen3_moe_nvfp4.yaml", Qwen3MoeLayers, 1},
+        Case{"llama3_fp8 (Llama-3-8B layers, one engine rank)", "llama3_fp8.yaml", Llama3Layers, 2}}) {
     const std::string model = c.spec == "qwen3_moe_nvfp4.yaml" ? "Qwen3-30B-A3B" : "Meta-Llama-3-8B";
     absl::StatusOr<spec::ModelConfig> config =
         spec::LoadModelConfigFile(SourceDir() + "/tests/models/" + model + "/config.json");
