@@ -19,7 +19,7 @@ KUBERNETES_VERSION = "1.34.0"
 LAYOUTS = ["colocated", "disaggregated", "node-tp8"]
 # The engine's tensor-parallel size where a layout serves the shipped spec unedited (its
 # tensor_parallel.size is the engine's: the inference server's ranks register it).
-ENGINE_TP = {"disaggregated": 2}
+ENGINE_TP = {"colocated": 1, "disaggregated": 2, "node-tp8": 8}  # the engine each layout runs
 MANIFESTS = sorted(p for layout in LAYOUTS for p in (DEPLOY / "kubernetes" / layout).glob("*.yaml"))
 
 
@@ -129,10 +129,11 @@ def test_colocated_converts_in_place_and_tp8_stages_on_the_gpu():
     assert refitd_config("node-tp8")["staging"] == "device"
 
 
-def test_layout_specs_are_the_shipped_spec_but_for_tensor_parallel():
-    for layout, tp in [("colocated", {"size": 1, "rank": 0}), ("node-tp8", {"size": 8})]:
+def test_layout_specs_are_the_shipped_spec():
+    # The shipped spec leaves the engine's size to its registration: one GPU or eight, the same file.
+    for layout in ["colocated", "node-tp8"]:
         data = resources(layout)["ConfigMap"]["data"]
-        assert yaml.safe_load(data["llama3_fp8.yaml"]) == llama3_spec_with(tp), layout
+        assert yaml.safe_load(data["llama3_fp8.yaml"]) == llama3_spec_with({"size": "engine"}), layout
         refitd = containers(layout)["refitd"]
         [mount] = [m for m in refitd["volumeMounts"] if m["name"] == "refitd-config"]
         items = {i["key"]: i["path"] for i in next(v for v in pod(layout)["volumes"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import DEPLOY, need_refitd, need_tool
-from gpu_layouts import LLAMA3_SPEC, llama3_spec_with, refitd_check
+from gpu_layouts import LLAMA3_SPEC, refitd_check
 
 UNIT = DEPLOY / "systemd/refitd.service"
 LAYOUTS = ["colocated", "nccl"]
@@ -109,8 +109,7 @@ def test_colocated_data_socket_is_in_the_runtime_directory():
     assert cfg["data_plane"]["transport"] == "cuda_ipc" and cfg["staging"] == "direct"
 
 
-@pytest.mark.parametrize("layout,spec", [("colocated", yaml.safe_dump(llama3_spec_with({"size": 1, "rank": 0}))),
-                                         ("nccl", LLAMA3_SPEC.read_text())])
+@pytest.mark.parametrize("layout,spec", [("colocated", LLAMA3_SPEC.read_text()), ("nccl", LLAMA3_SPEC.read_text())])
 def test_refitd_accepts_the_config(layout, spec, tmp_path):
     cfg = yaml.safe_load((DEPLOY / "systemd" / layout / "refitd.yaml").read_text())
     assert Path(cfg["model_spec"]).name == LLAMA3_SPEC.name
