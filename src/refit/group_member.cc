@@ -162,6 +162,23 @@ void GroupMember::PeersReported(const std::vector<PeerVersion>& peers) {
   }
 }
 
+void GroupMember::PeersAsked(bool answered) {
+  asked_ = true;
+  answered_ = answered;
+  if (answered && phase_ == GroupPhase::kJoining && !group_version_known()) {
+    reason_ = "no group version has landed on this member since it started; the peers that answered know none either";
+  }
+}
+
+bool GroupMember::MustHoldUnanswered() {
+  if (!enabled() || !options_.ask_peers || !options_.hold_unanswered || phase_ != GroupPhase::kJoining) return false;
+  if (!asked_ || answered_ || group_version_known()) return false;
+  reason_ = absl::StrCat("no peer of group ", options_.name,
+                         " answered: the group's version is unknown, so this member's engine is kept paused "
+                         "until one does (group.peers_unreachable: hold)");
+  return true;
+}
+
 bool GroupMember::MustHold(const std::string& engine_tag, bool dirty) {
   if (!enabled() || phase_ != GroupPhase::kJoining || !group_version_known()) return false;
   if (!dirty && conflict_.empty() && engine_tag == group_version_) return false;

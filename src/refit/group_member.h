@@ -46,6 +46,12 @@ struct GroupOptions {
   // How long a copied member waits for the coordinator's resume or abort (groupCommit's
   // deadlineMs when it gives none).
   absl::Duration decision_timeout = absl::Seconds(30);
+  // Late join (config group.addresses, group.peers_unreachable): the member asks its peers for the
+  // group's version; while the latest ask reached none and nothing is known, hold_unanswered keeps
+  // every engine (rank) that registers paused (MustHoldUnanswered) rather than let it serve what it
+  // holds next to the group's version.
+  bool ask_peers = false;
+  bool hold_unanswered = true;
 };
 
 enum class GroupPhase { kJoining, kIdle, kCopying, kCopied, kResuming, kRestoring };
@@ -108,6 +114,14 @@ class GroupMember {
     std::string tag;
   };
   void PeersReported(const std::vector<PeerVersion>& peers);
+  // Whether the latest ask reached any peer (a peer that is joining itself answers too: it knows
+  // nothing, as the member does, which is what the whole group restarting looks like).
+  void PeersAsked(bool answered);
+  // Joining, asking peers with hold_unanswered, the group's version unknown and the latest ask
+  // reached no peer: every engine (rank) is kept paused until a peer answers (reason() says so).
+  // Once one does, those that hold the group's version, or all when it is still unknown (every
+  // peer joining), may run again; the rest stay held as MustHold says.
+  bool MustHoldUnanswered();
   // The group's version as the peers reported it ("" unknown, or in conflict).
   const std::string& group_version() const { return group_version_; }
   bool group_version_known() const { return !group_version_.empty() || !conflict_.empty(); }
@@ -135,8 +149,9 @@ class GroupMember {
   bool abort_requested_ = false;
   bool joining_before_ = false;  // the phase the version in flight started from was kJoining
   std::string reason_;
-  std::string group_version_;  // late join: what the peers serve ("" unknown)
-  std::string conflict_;       // late join: the peers serve different versions (naming them)
+  std::string group_version_;              // late join: what the peers serve ("" unknown)
+  std::string conflict_;                   // late join: the peers serve different versions (naming them)
+  bool asked_ = false, answered_ = false;  // late join: the latest ask of the peers, and its answer
   absl::Duration pending_deadline_;
   absl::Time deadline_ = absl::InfiniteFuture();
   uint64_t commits_ = 0, aborts_ = 0, expiries_ = 0;

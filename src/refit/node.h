@@ -316,11 +316,20 @@ class Node {
   // JoinHolds: the engine, or each registered engine rank, that runs another version while the
   // group's is known; each returned is marked dirty (held once; only the group's next version,
   // a full refit, resumes it), and the caller pauses it (EngineControl::Pause on a worker).
+  // While no peer answered and the group's version is unknown (GroupMember::MustHoldUnanswered),
+  // every clean one is held too, without being marked dirty; once a peer answers, each of those
+  // that may run comes back with `release` (the caller resumes it with `version` and `tag`, what
+  // it holds), and each that holds another version than the group's is marked dirty and stays
+  // paused (nothing returned: paused already).
   struct JoinHold {
     std::string who;  // "the engine", "engine rank 1"
     std::shared_ptr<EngineControl> control;
+    bool release = false;
+    uint64_t version = 0;
+    std::string tag;
   };
-  void GroupPeersReported(const std::vector<GroupMember::PeerVersion>& peers);
+  // `answered`: the ask reached a peer (GroupMember::PeersAsked).
+  void GroupPeersReported(const std::vector<GroupMember::PeerVersion>& peers, bool answered = true);
   std::vector<JoinHold> GroupJoinHolds();
   // Engine groups: on_group with the member's state now.
   void GroupChanged() const {
@@ -434,6 +443,11 @@ class Node {
   // The commit's outcome applied to its engine record (and each of its ranks): dirty, version,
   // tag, verify mismatches. FinishCommit and FinishVersionCommit both start with it.
   void ApplyCommitOutcome(const Commit& commit);
+  // GroupJoinHolds' parts: every clean engine (rank) while no peer answered; those running another
+  // version than the group's once it is known; and what the first held that may run again.
+  void HoldUnanswered(std::vector<JoinHold>& holds);
+  void HoldOthers(std::vector<JoinHold>& holds);
+  void ReleaseUnanswered(std::vector<JoinHold>& holds);
   // A refit validated while the engine sleeps: its session waits for the wake (FinishCommit).
   const RefitReport& AwaitWake(const CommitResult& result);
   // Whether the engine may sleep now: busy while a commit is in flight or a session converts into
@@ -500,6 +514,10 @@ class Node {
   std::vector<std::shared_ptr<const spec::ModelSpec>> rank_specs_;  // spec::ForRank, by rank
   std::vector<std::shared_ptr<RankRecord>> ranks_;  // by rank; null while not registered
   std::vector<bool> left_dirty_;                    // by rank: left while a commit failed on it
+  // Late join: what GroupJoinHolds paused while no peer answered (not dirty), until a peer does or
+  // a group version's commit takes them over.
+  std::shared_ptr<EngineRecord> unanswered_engine_;
+  std::vector<std::shared_ptr<RankRecord>> unanswered_ranks_;
   uint64_t committed_ = 0, refused_ = 0, aborted_ = 0, verify_mismatches_ = 0, staged_ = 0;
   VersionStore versions_;
   std::shared_ptr<Commit> version_commit_;  // a commit by tag, rollback or group version in flight

@@ -164,8 +164,8 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
   REFIT_RETURN_IF_ERROR(Get(root, "hold", path, "", c.hold));
   if (c.hold > 64) return Err(root["hold"], path, "hold", "must be at most 64");
   if (const YAML::Node g = root["group"]) {
-    REFIT_RETURN_IF_ERROR(
-        CheckKeys(g, path, "group", {"name", "members", "member", "decision_timeout_ms", "addresses"}));
+    REFIT_RETURN_IF_ERROR(CheckKeys(
+        g, path, "group", {"name", "members", "member", "decision_timeout_ms", "addresses", "peers_unreachable"}));
     REFIT_RETURN_IF_ERROR(Get(g, "name", path, "group.", c.group_name));
     REFIT_RETURN_IF_ERROR(Get(g, "members", path, "group.", c.group_members));
     REFIT_RETURN_IF_ERROR(Get(g, "member", path, "group.", c.group_member));
@@ -181,6 +181,13 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml, const std::string& p
       return Err(g, path, "group.decision_timeout_ms", "must be 100 .. 3600000");
     }
     REFIT_RETURN_IF_ERROR(Get(g, "addresses", path, "group.", c.group_addresses));
+    std::string unreachable = "hold";
+    REFIT_RETURN_IF_ERROR(Get(g, "peers_unreachable", path, "group.", unreachable));
+    if (unreachable != "hold" && unreachable != "serve") {
+      return Err(g["peers_unreachable"], path, "group.peers_unreachable",
+                 absl::StrCat("'", unreachable, "': must be hold or serve"));
+    }
+    c.group_hold_unanswered = unreachable == "hold";
     if (!c.group_addresses.empty() && c.group_addresses.size() != c.group_members) {
       return Err(g["addresses"], path, "group.addresses",
                  absl::StrCat("lists ", c.group_addresses.size(), " addresses; it must list every member's (",

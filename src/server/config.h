@@ -85,6 +85,9 @@ struct Config {
   // member that starts joining asks the others for the group's version (late join). Empty: it
   // does not ask.
   std::vector<std::string> group_addresses;
+  // group.peers_unreachable: while no peer answers a joining member (the group's version unknown),
+  // "hold" (true) keeps its engine's ranks paused; "serve" lets them run what they hold.
+  bool group_hold_unanswered = true;
 };
 
 // Largest config file read (bytes); a bigger file, or one that is not a regular file, is refused.

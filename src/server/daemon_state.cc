@@ -60,6 +60,8 @@ DaemonState::DaemonState(Config config_in, spec::ModelSpec spec_in, std::unique_
             o.group.members = config.group_members;
             o.group.member = config.group_member;
             o.group.decision_timeout = absl::Milliseconds(config.group_decision_timeout_ms);
+            o.group.ask_peers = !config.group_addresses.empty();
+            o.group.hold_unanswered = config.group_hold_unanswered;
             o.refuse_while_asleep = config.asleep_refits == "refuse";
             o.direct = config.staging == "direct";
             o.resume_on_loop = true;  // RunCommitTask sends the commit's resume from the loop

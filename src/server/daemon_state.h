@@ -50,6 +50,9 @@ class DaemonState {
   // The last tensor lists begins sent whole, under their keys: a later begin names one by key
   // instead of sending it (Daemon.begin). Event loop only.
   ManifestCache manifests;
+  // Late join (group_join.h): a task asks the peers again every kGroupPeerRetryMs (none answered
+  // the last ask). Event loop only.
+  bool group_asking = false;
 
   // Shutting down: ends a session that is not committing, then waits (bounded by the engine
   // timeouts) for a commit in its window to finish. False if one is still running.

@@ -32,7 +32,9 @@ kj::Promise<bool> LearnGroupVersion(DaemonState* state, bool again) {
             ServedVersions(*answers, state->config.group_name, problems);
         for (const std::string& p : problems)
           LogEvent(again ? LogLevel::kDebug : LogLevel::kWarn, "group_peer_unusable").Add("reason", p);
-        state->node.GroupPeersReported(served);
+        const bool answered =
+            std::any_of(answers->begin(), answers->end(), [](const PeerAnswer& a) { return a.error.empty(); });
+        state->node.GroupPeersReported(served, answered);
         const GroupMember& group = state->node.group();
         LogEvent(again ? LogLevel::kDebug : LogLevel::kInfo, "group_peers")
             .Add("serving", served.size())
@@ -40,7 +42,7 @@ kj::Promise<bool> LearnGroupVersion(DaemonState* state, bool again) {
             .Add("group_version", group.group_version())
             .Add("phase", GroupPhaseName(group.phase()))
             .Add("reason", group.reason());
-        return std::any_of(answers->begin(), answers->end(), [](const PeerAnswer& a) { return a.error.empty(); });
+        return answered;
       });
 }
 
@@ -53,30 +55,60 @@ kj::Promise<void> HoldJoiningRanks(DaemonState* state) {
         .Add("tag", state->node.group().tag())
         .Add("reason", "the engine holds the group's version");
   }
-  kj::Vector<kj::Promise<void>> pauses;
+  kj::Vector<kj::Promise<void>> calls;
   const absl::Duration timeout = absl::Milliseconds(state->config.pause_timeout_ms);
   for (Node::JoinHold& hold : holds) {
     auto result = std::make_shared<absl::Status>();
-    pauses.add(state->blocking.Run([control = hold.control, timeout, result] { *result = control->Pause(timeout); })
-                   .then([state, who = hold.who, result] {
-                     LogEvent(result->ok() ? LogLevel::kWarn : LogLevel::kError, "group_join_hold")
-                         .Add("engine", who)
-                         .Add("paused", result->ok())
-                         .Add("error", result->ok() ? "" : std::string(result->message()))
-                         .Add("reason", state->node.group().reason());
-                   }));
+    const bool release = hold.release;
+    calls.add(
+        state->blocking
+            .Run([hold, timeout, result] {
+              *result =
+                  hold.release ? hold.control->Resume(hold.version, hold.tag, timeout) : hold.control->Pause(timeout);
+            })
+            .then([state, who = hold.who, release, result] {
+              const LogLevel level = !result->ok() ? LogLevel::kError : release ? LogLevel::kInfo : LogLevel::kWarn;
+              LogEvent(level, release ? "group_join_release" : "group_join_hold")
+                  .Add("engine", who)
+                  .Add(release ? "resumed" : "paused", result->ok())
+                  .Add("error", result->ok() ? "" : std::string(result->message()))
+                  .Add("reason", state->node.group().reason());
+            }));
   }
-  return kj::joinPromises(pauses.releaseAsArray());
+  return kj::joinPromises(calls.releaseAsArray());
 }
 
+namespace {
+
+bool WaitingForPeers(const DaemonState& state) {
+  return !state.config.group_addresses.empty() && state.node.group().phase() == GroupPhase::kJoining;
+}
+
+}  // namespace
+
 kj::Promise<void> JoinGroup(DaemonState* state) {
-  return LearnGroupVersion(state).then([state](bool) { return HoldJoiningRanks(state); });
+  return LearnGroupVersion(state).then([state](bool answered) {
+    kj::Promise<void> held = HoldJoiningRanks(state);
+    if (!answered && WaitingForPeers(*state) && !state->group_asking) {
+      // No peer answered this registration's ask: ask again until one does, as at start, so that
+      // what was held meanwhile (group.peers_unreachable: hold) learns the group's version.
+      state->group_asking = true;
+      state->tasks.add(state->timer.afterDelay(kGroupPeerRetryMs * kj::MILLISECONDS).then([state] {
+        return JoinGroupAtStart(state, /*again=*/true);
+      }));
+    }
+    return held;
+  });
 }
 
 kj::Promise<void> JoinGroupAtStart(DaemonState* state, bool again) {
+  state->group_asking = true;
   return LearnGroupVersion(state, again).then([state](bool answered) {
     kj::Promise<void> held = HoldJoiningRanks(state);
-    if (answered || state->node.group().phase() != GroupPhase::kJoining) return held;
+    if (answered || !WaitingForPeers(*state)) {
+      state->group_asking = false;
+      return held;
+    }
     return held.then([state] { return state->timer.afterDelay(kGroupPeerRetryMs * kj::MILLISECONDS); }).then([state] {
       return JoinGroupAtStart(state, /*again=*/true);
     });

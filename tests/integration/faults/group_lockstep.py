@@ -63,7 +63,8 @@ class RankedMember(FaultNode):
 
 class EngineGroup:
     def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2,
-                 grouped: bool = True, ranks_per_member: int = 1, peers: bool = False):
+                 grouped: bool = True, ranks_per_member: int = 1, peers: bool = False,
+                 peers_unreachable: str = ""):
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.size = members
@@ -74,14 +75,16 @@ class EngineGroup:
         self.nodes = []
         self.tags = 0
         # peers: every member knows the others' addresses (group.addresses) and asks them for the
-        # group's version when it starts joining (late join).
+        # group's version when it starts joining (late join); peers_unreachable: what it does while
+        # none answers (group.peers_unreachable; "" the default, hold).
         addresses = json.dumps([f"unix:{tmp / f'member{i}' / 'refitd.sock'}" for i in range(members)])
         for i in range(members):
             d = tmp / f"member{i}"
             d.mkdir()
             config = (f"hold: {hold}\n"
                       f"group: {{name: engine-a, members: {members}, member: {i}, decision_timeout_ms: {decision_ms}"
-                      f"{f', addresses: {addresses}' if peers else ''}}}\n"
+                      f"{f', addresses: {addresses}' if peers else ''}"
+                      f"{f', peers_unreachable: {peers_unreachable}' if peers_unreachable else ''}}}\n"
                       if grouped else "")
             config += "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n"
             fp = (failpoints or {}).get(i, "")

@@ -283,11 +283,11 @@ def test_a_restarted_member_whose_engine_holds_the_group_version_serves_at_once(
 
 
 def test_a_member_started_while_its_peers_are_unreachable_asks_again(engine_group):
-    """Late join: member 0's node restarts fresh while its peer's refitd is stopped (SIGSTOP): no
-    peer answers, so nothing is known and its engine is not held at first (the limit of late join:
-    its steps may mix). It asks again every second; once the peer answers it learns the group's
-    version and holds its engine until the group's next version lands."""
-    g = engine_group(members=2, peers=True)
+    """Late join with group.peers_unreachable: serve: member 0's node restarts fresh while its
+    peer's refitd is stopped (SIGSTOP): no peer answers, so nothing is known and its engine is not
+    held at first (serve: its steps may mix). It asks again every second; once the peer answers it
+    learns the group's version and holds its engine until the group's next version lands."""
+    g = engine_group(members=2, peers=True, peers_unreachable="serve")
     g.refit(tag="v")
     g.wait_steps_with("v-0")
     g.nodes[1].daemon.send_signal(signal.SIGSTOP)
@@ -305,3 +305,69 @@ def test_a_member_started_while_its_peers_are_unreachable_asks_again(engine_grou
     assert lines[0]["group"] == "committed", lines
     g.wait_steps_with("w-0")
     assert g.members_status()["consistent"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["1rank", "2ranks"])
+def test_a_member_started_while_its_peers_are_unreachable_holds_its_ranks_until_one_answers(engine_group, ranks):
+    """Late join with the default group.peers_unreachable: hold: member 0's node restarts fresh
+    while its peer's refitd is stopped (SIGSTOP). No peer answers, so the group's version is
+    unknown: its fresh ranks are paused before they serve a step. Once the peer answers (v-0) they
+    stay paused, now for the group's next version, which brings them in. No step mixes versions."""
+    g = engine_group(members=2, ranks_per_member=ranks, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    before = {r: max(rows) for (m, r), rows in g.steps().items() if m == 0}
+    g.nodes[1].daemon.send_signal(signal.SIGSTOP)
+    try:
+        g.restart_with_fresh_engine(0)
+        s = g.status(0)
+        assert s["group"]["phase"] == "joining" and s["group"]["group_version"] == "", s
+        assert "no peer of group engine-a answered" in s["group"]["reason"], s
+        assert "event=group_join_hold" in g.nodes[0].log()
+        code, body = g.nodes[0].admin("/readyz")
+        assert code == 503 and "no peer of group engine-a answered" in body, body
+        # Held: the fresh ranks run no step (and with them, in lockstep, no rank does).
+        count = g.step_count()
+        time.sleep(1.0)
+        assert g.step_count() == count
+        assert g.mixed_steps() == []
+    finally:
+        g.nodes[1].daemon.send_signal(signal.SIGCONT)
+    wait_for(lambda: g.status(0)["group"]["group_version"] == "v-0", timeout=30,
+             what="member 0 learning the group's version once its peer answered")
+    s = g.status(0)
+    assert s["group"]["phase"] == "joining" and "kept paused" in s["group"]["reason"], s
+    assert "event=group_join_release" not in g.nodes[0].log()  # fresh ranks: they stay held
+    assert g.mixed_steps() == []
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    assert g.members_status()["consistent"]
+    assert g.mixed_steps() == []
+    assert "-" not in _steps_after(g, 0, before)
+
+
+def test_a_member_held_while_its_peer_is_down_runs_once_the_restarted_peer_knows_nothing(engine_group):
+    """The whole group restarts (hold, the default): member 0 comes back while member 1 is down and
+    holds its fresh engine; member 1 comes back fresh too and answers that it knows no group
+    version (joining), so member 0 releases its engine: both run their initial weights, as a group
+    that starts, until the trainer's first group refit."""
+    g = engine_group(members=2, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    g.nodes[1].daemon.kill()
+    g.nodes[1].daemon.wait()
+    g.restart_with_fresh_engine(0)
+    assert "no peer of group engine-a answered" in g.status(0)["group"]["reason"]
+    assert "event=group_join_hold" in g.nodes[0].log()
+    g.restart_with_fresh_engine(1)
+    wait_for(lambda: "event=group_join_release" in g.nodes[0].log(), timeout=30,
+             what="member 0 releasing its engine once its restarted peer answered")
+    g.wait_steps_with("-")
+    s = g.status(0)
+    assert s["group"]["phase"] == "joining" and "know none either" in s["group"]["reason"], s
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    assert g.members_status()["consistent"]
+    assert g.mixed_steps() == []

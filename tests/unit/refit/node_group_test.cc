@@ -190,5 +190,105 @@ TEST_F(NodeGroupTest, ADirtyEngineOfAJoiningMemberIsNotPausedAgain) {
   EXPECT_TRUE(control->calls.empty());
 }
 
+// Late join while no peer answers (group.addresses with group.peers_unreachable: hold).
+class NodeGroupAskTest : public NodeGroupTest {
+ protected:
+  void SetUp() override {
+    group_.ask_peers = true;
+    NodeGroupTest::SetUp();
+  }
+};
+
+TEST_F(NodeGroupAskTest, NoPeerAnsweredHoldsAFreshEngineUntilOneDoes) {
+  ScriptedControl* control;
+  Register(&control);
+  node_->GroupPeersReported({}, /*answered=*/false);
+  std::vector<Node::JoinHold> holds = node_->GroupJoinHolds();
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_FALSE(holds[0].release);
+  ASSERT_TRUE(holds[0].control->Pause(absl::Seconds(1)).ok());
+  EXPECT_FALSE(node_->engine()->dirty);  // held until a peer answers, not for a refit
+  EXPECT_THAT(node_->group().reason(), HasSubstr("no peer of group g answered"));
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());  // held once
+  // The peers answer, joining themselves (the whole group restarted): nothing is known, it runs.
+  node_->GroupPeersReported({}, /*answered=*/true);
+  holds = node_->GroupJoinHolds();
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_TRUE(holds[0].release);
+  EXPECT_EQ(holds[0].version, 0u);
+  EXPECT_EQ(holds[0].tag, "");
+  ASSERT_TRUE(holds[0].control->Resume(holds[0].version, holds[0].tag, absl::Seconds(1)).ok());
+  EXPECT_THAT(control->calls, ElementsAre("pause", "resume:0"));
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());  // released once
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kJoining);
+  EXPECT_THAT(node_->group().reason(), HasSubstr("the peers that answered know none either"));
+}
+
+TEST_F(NodeGroupAskTest, AnEngineHeldUnansweredThatHoldsTheGroupsVersionJoinsOnceAPeerAnswers) {
+  ScriptedControl* control;
+  Register(&control, 3, false, "v7");
+  node_->GroupPeersReported({}, false);
+  ASSERT_EQ(node_->GroupJoinHolds().size(), 1u);
+  node_->GroupPeersReported({{1, "v7"}}, true);
+  std::vector<Node::JoinHold> holds = node_->GroupJoinHolds();
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_TRUE(holds[0].release);
+  EXPECT_EQ(holds[0].version, 3u);
+  EXPECT_EQ(holds[0].tag, "v7");
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kIdle);
+  EXPECT_TRUE(node_->Ready().ok());
+}
+
+TEST_F(NodeGroupAskTest, AnEngineHeldUnansweredThatHoldsAnotherVersionStaysPausedUntilTheNextGroupVersion) {
+  ScriptedControl* control;
+  Register(&control);  // fresh
+  node_->GroupPeersReported({}, false);
+  std::vector<Node::JoinHold> holds = node_->GroupJoinHolds();
+  ASSERT_EQ(holds.size(), 1u);
+  ASSERT_TRUE(holds[0].control->Pause(absl::Seconds(1)).ok());
+  node_->GroupPeersReported({{1, "v7"}}, true);
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());  // paused already: it stays so, now dirty
+  EXPECT_TRUE(node_->engine()->dirty);
+  EXPECT_THAT(node_->group().reason(), HasSubstr("group g is at version 'v7'; this member's engine holds ''"));
+  const std::vector<uint8_t> v8 = Payload(21);
+  ASSERT_NE(Copy(v8, "v8"), nullptr);
+  EXPECT_EQ(Resume("v8").outcome, Outcome::kCommitted);
+  EXPECT_EQ(EngineBytes(), v8);
+  EXPECT_THAT(control->calls, ElementsAre("pause", "pause", "resume:1"));
+  EXPECT_EQ(node_->group().phase(), GroupPhase::kIdle);
+}
+
+TEST_F(NodeGroupAskTest, AGroupVersionCommittedWhileHeldUnansweredTakesTheHoldOver) {
+  ScriptedControl* control;
+  Register(&control);
+  node_->GroupPeersReported({}, false);
+  std::vector<Node::JoinHold> holds = node_->GroupJoinHolds();
+  ASSERT_EQ(holds.size(), 1u);
+  ASSERT_TRUE(holds[0].control->Pause(absl::Seconds(1)).ok());
+  ASSERT_NE(Copy(Payload(5), "v8"), nullptr);
+  EXPECT_EQ(Resume("v8").outcome, Outcome::kCommitted);
+  node_->GroupPeersReported({{1, "v8"}}, true);
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());  // nothing left to release: the commit resumed it
+  EXPECT_THAT(control->calls, ElementsAre("pause", "pause", "resume:1"));
+}
+
+class NodeGroupServeTest : public NodeGroupTest {
+ protected:
+  void SetUp() override {
+    group_.ask_peers = true;
+    group_.hold_unanswered = false;
+    NodeGroupTest::SetUp();
+  }
+};
+
+TEST_F(NodeGroupServeTest, NoPeerAnsweredLeavesTheEngineRunningWithServe) {
+  ScriptedControl* control;
+  Register(&control);
+  node_->GroupPeersReported({}, false);
+  EXPECT_TRUE(node_->GroupJoinHolds().empty());
+  EXPECT_TRUE(control->calls.empty());
+  EXPECT_FALSE(node_->Ready().ok());  // still joining
+}
+
 }  // namespace node_test
 }  // namespace refit

@@ -53,6 +53,18 @@ TEST(ConfigTest, GroupAddressesListEveryMemberInOrder) {
               HasSubstr("group.addresses: has the wrong type"));
 }
 
+TEST(ConfigTest, GroupPeersUnreachableHoldsUnlessServe) {
+  const std::string group = "hold: 1\ngroup: {name: g, members: 2, member: 1";
+  absl::StatusOr<Config> c = ParseConfig(group + "}\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->group_hold_unanswered);  // the default: hold
+  c = ParseConfig(group + ", peers_unreachable: serve}\n", "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->group_hold_unanswered);
+  EXPECT_THAT(ParseConfig(group + ", peers_unreachable: wait}\n", "c.yaml").status().message(),
+              HasSubstr("group.peers_unreachable: 'wait': must be hold or serve"));
+}
+
 TEST(ConfigTest, AllowedUidsAreCapped) {
   std::string uids;
   for (size_t i = 0; i <= kMaxAllowedUids; ++i) absl::StrAppend(&uids, i == 0 ? "" : ",", 1000 + i);
