@@ -32,11 +32,11 @@ rules:
 class RankedMember(FaultNode):
     """A member whose refitd serves several engine ranks (one example engine process each)."""
 
-    def __init__(self, tmp, config, failpoints, ranks, rank_args):
+    def __init__(self, tmp, config, failpoints, ranks, rank_args, env=None):
         self.ranks = ranks
         self.rank_args = rank_args  # rank -> its lockstep arguments
         self.rank_engines = []
-        super().__init__(tmp, config, failpoints)
+        super().__init__(tmp, config, failpoints, env=env)
 
     def start_engine(self):
         self.engines += 1
@@ -64,7 +64,7 @@ class RankedMember(FaultNode):
 class EngineGroup:
     def __init__(self, tmp: Path, members: int = 3, decision_ms: int = 1500, failpoints=None, hold: int = 2,
                  grouped: bool = True, ranks_per_member: int = 1, peers: bool = False,
-                 peers_unreachable: str = ""):
+                 peers_unreachable: str = "", gpu=None):
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.size = members
@@ -77,6 +77,11 @@ class EngineGroup:
         # peers: every member knows the others' addresses (group.addresses) and asks them for the
         # group's version when it starts joining (late join); peers_unreachable: what it does while
         # none answers (group.peers_unreachable; "" the default, hold).
+        # gpu: {"device": D, "trainer_gpu": T, "env": {...} or None}: every member stages on GPU D
+        # and takes the NCCL data plane, its engine's parameters in GPU D's memory, and the trainer
+        # pushes from GPU T. With one GPU (env given) each member's refitd gets its own NCCL_HOSTID
+        # (NCCL's socket transport over loopback), as the trainer does through this environment.
+        self.gpu = gpu
         addresses = json.dumps([f"unix:{tmp / f'member{i}' / 'refitd.sock'}" for i in range(members)])
         for i in range(members):
             d = tmp / f"member{i}"
@@ -88,16 +93,22 @@ class EngineGroup:
                       if grouped else "")
             config += "engine: {pause_timeout_ms: 5000, resume_timeout_ms: 5000}\n"
             fp = (failpoints or {}).get(i, "")
+            env, gpu_args = None, []
+            if gpu is not None:
+                config += f"staging: device\ndata_plane: {{transport: nccl, device: {gpu['device']}}}\n"
+                env = {k: f"{v}-member{i}" if k == "NCCL_HOSTID" else v for k, v in (gpu["env"] or {}).items()}
+                gpu_args = ["--gpu", gpu["device"]]
             if ranks_per_member == 1:
-                args = ["--lockstep", self.barrier, "--lockstep-rank", i, "--lockstep-size", self.ranks, "--steps",
-                        d / "steps0"]
-                self.nodes.append(FaultNode(d, config, fp, engine_args=[str(a) for a in args]))
+                args = gpu_args + ["--lockstep", self.barrier, "--lockstep-rank", i, "--lockstep-size", self.ranks,
+                                   "--steps", d / "steps0"]
+                self.nodes.append(FaultNode(d, config, fp, env=env, engine_args=[str(a) for a in args]))
                 continue
             (d / "spec.yaml").write_text(TP2_SPEC.replace("size: 2", f"size: {ranks_per_member}"))
             config += f"model_spec: {d / 'spec.yaml'}\n"
-            rank_args = {r: ["--lockstep", self.barrier, "--lockstep-rank", i * ranks_per_member + r, "--lockstep-size",
-                             self.ranks, "--steps", d / f"steps{r}"] for r in range(ranks_per_member)}
-            self.nodes.append(RankedMember(d, config, fp, ranks_per_member, rank_args))
+            rank_args = {r: gpu_args + ["--lockstep", self.barrier, "--lockstep-rank", i * ranks_per_member + r,
+                                        "--lockstep-size", self.ranks, "--steps", d / f"steps{r}"]
+                         for r in range(ranks_per_member)}
+            self.nodes.append(RankedMember(d, config, fp, ranks_per_member, rank_args, env=env))
 
     @property
     def addresses(self):
@@ -115,6 +126,8 @@ class EngineGroup:
                str(self.tags)]
         for a in self.addresses:
             cmd += ["--address", a]
+        if self.gpu is not None:
+            cmd += ["--gpu", str(self.gpu["trainer_gpu"])]
         if deadline_ms:
             cmd += ["--group-deadline-ms", str(deadline_ms)]
         if timeout_ms:

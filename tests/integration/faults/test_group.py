@@ -5,12 +5,15 @@ scenario counts the forward steps that mixed versions across ranks: none is allo
 killed (or stalled) at each phase by failpoints, the trainer killed between the phases, a member
 restarted: each ends with the group consistent again by the next group refit, and nothing hangs
 past the members' deadlines."""
+import os
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from group_lockstep import EngineGroup, elapsed_ms, wait_for
+from group_lockstep import EngineGroup, elapsed_ms, h, wait_for
 
 
 @pytest.fixture
@@ -371,3 +374,46 @@ def test_a_member_held_while_its_peer_is_down_runs_once_the_restarted_peer_knows
     g.wait_steps_with("w-0")
     assert g.members_status()["consistent"]
     assert g.mixed_steps() == []
+
+
+@pytest.fixture
+def nccl_group(monkeypatch):
+    """Where the NCCL variant puts the members and the trainer: GPU 1 and GPU 0 with two GPUs; with
+    one, all on GPU 0, each process with its own NCCL_HOSTID (loopback sockets), so that NCCL takes
+    them for separate hosts instead of refusing several ranks on one device: correctness only.
+    Skips without a GPU or without NCCL in the build."""
+    smi = shutil.which("nvidia-smi")
+    gpus = 0
+    if smi is not None:
+        p = subprocess.run([smi, "-L"], capture_output=True, text=True)
+        gpus = sum(1 for line in p.stdout.splitlines() if line.startswith("GPU "))
+    if gpus == 0:
+        pytest.skip("no CUDA device" + ("" if smi else ": nvidia-smi not found"))
+    cache = h.BIN / "CMakeCache.txt"
+    if "REFIT_NCCL_LIBRARY:FILEPATH=/" not in (cache.read_text() if cache.exists() else ""):
+        pytest.skip("refitd was built without NCCL")
+    if gpus >= 2:
+        return {"device": 1, "trainer_gpu": 0, "env": None}
+    monkeypatch.setenv("NCCL_HOSTID", f"refit-trainer-{os.getpid()}")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    return {"device": 0, "trainer_gpu": 0, "env": {"NCCL_HOSTID": f"refit-daemon-{os.getpid()}"}}
+
+
+@pytest.mark.parametrize("members,ranks", [(3, 1), (2, 2)], ids=["3x1", "2x2"])
+def test_group_refits_over_nccl_switch_every_rank_together(engine_group, nccl_group, members, ranks):
+    """The GPU variant: every member stages on the GPU and receives over NCCL (one broadcast per
+    bucket from the trainer's GPU to every member), its engine ranks' parameters in GPU memory; a
+    member that cannot copy aborts the version everywhere; no step mixes versions."""
+    fp = {1: "group_copied=error@3"}
+    g = engine_group(members=members, ranks_per_member=ranks, gpu=nccl_group, failpoints=fp)
+    for n in g.nodes:
+        assert "data=nccl:" in n.log(), n.log()[-2000:]
+    g.wait_steps_with("-")
+    _, lines = g.refit(refits=4, tag="n", check=False, timeout=300)
+    assert [l["group"] for l in lines] == ["committed", "committed", "aborted", "committed"], lines
+    for n in g.nodes:
+        assert "n-2" not in n.resumed_tags(), n.resumed_tags()
+        assert n.resumed_tags()[-1] == "n-3"
+    g.wait_steps_with("n-3")
+    assert g.mixed_steps() == []
+    assert g.members_status()["consistent"]
