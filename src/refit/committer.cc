@@ -255,7 +255,8 @@ absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t inde
         REFIT_RETURN_IF_ERROR(ops.Copy2D(out, np * inner, cur.data, n * inner, n * inner, outer));
         break;
       }
-      case spec::LayoutOp::kMergeDims:  // a view: the same bytes
+      case spec::LayoutOp::kMergeDims:  // views: the same bytes
+      case spec::LayoutOp::kViewDtype:
         REFIT_RETURN_IF_ERROR(ops.Copy2D(out, nbytes, cur.data, nbytes, nbytes, 1));
         break;
       case spec::LayoutOp::kCastF32:

@@ -180,6 +180,14 @@ absl::StatusOr<std::pair<DType, Shape>> LayoutShape(const spec::Rule& rule, cons
         dtype = DType::kF32;
         break;
       }
+      case spec::LayoutOp::kViewDtype: {
+        if (DTypeSize(dtype) != DTypeSize(step.dtype)) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": view_dtype reads ", DTypeName(dtype), ShapeString(s),
+                                                         " as ", DTypeName(step.dtype), ", a dtype of another width"));
+        }
+        dtype = step.dtype;
+        break;
+      }
       case spec::LayoutOp::kReorderGatedRows:
       case spec::LayoutOp::kShuffleMatrixA:
       case spec::LayoutOp::kShuffleMatrixSfA: {
@@ -273,6 +281,7 @@ absl::Status ApplyLayout(const spec::Rule& rule, const std::string& suffix, int6
         break;
       }
       case spec::LayoutOp::kMergeDims:
+      case spec::LayoutOp::kViewDtype:
         out = std::move(p.bytes);  // a view: the same bytes
         break;
       case spec::LayoutOp::kCastF32: {

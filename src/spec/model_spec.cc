@@ -125,10 +125,10 @@ class Reader {
       const YAML::Node n = list[i];
       std::string w = absl::StrCat(where, "[", i, "]");
       if (with_on) {
-        REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "on", "dim", "multiple", "epilogue_tile_m"}));
+        REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "on", "dim", "multiple", "epilogue_tile_m", "dtype"}));
         if (!n["op"] || !n["on"]) return Error(n, w, "needs 'op' and 'on'");
       } else {
-        REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "dim", "multiple", "epilogue_tile_m"}));
+        REFIT_RETURN_IF_ERROR(CheckKeys(n, w, {"op", "dim", "multiple", "epilogue_tile_m", "dtype"}));
         if (!n["op"]) return Error(n, w, "needs 'op'");
       }
       LayoutStep s;
@@ -154,12 +154,14 @@ class Reader {
         s.op = LayoutOp::kMergeDims;
       } else if (op == "cast_f32") {
         s.op = LayoutOp::kCastF32;
+      } else if (op == "view_dtype") {
+        s.op = LayoutOp::kViewDtype;
       } else {
         return Error(n["op"], w + ".op",
                      absl::StrCat("unknown op '", op,
                                   "' (supported: swizzle_128x4, pack_ue8m0, swap_row_pairs, "
                                   "swap_halves, pad, reorder_rows_for_gated_act_gemm, shuffle_matrix_a, "
-                                  "shuffle_matrix_sf_a, merge_dims, cast_f32)"));
+                                  "shuffle_matrix_sf_a, merge_dims, cast_f32, view_dtype)"));
       }
       if (with_on) {
         std::vector<YAML::Node> on;
@@ -199,6 +201,17 @@ class Reader {
         REFIT_ASSIGN_OR_RETURN(s.multiple, Int(n["multiple"], w + ".multiple", 1));
       } else if (s.op == LayoutOp::kPad) {
         return Error(n, w, "pad needs 'multiple'");
+      }
+      // view_dtype: the dtype the engine registers the bytes as. Its width is checked against the
+      // bytes' dtype when the layout is applied (LayoutShape), where that dtype is known.
+      if (n["dtype"]) {
+        if (s.op != LayoutOp::kViewDtype) return Error(n["dtype"], w + ".dtype", "only view_dtype takes 'dtype'");
+        REFIT_ASSIGN_OR_RETURN(std::string name, String(n["dtype"], w + ".dtype"));
+        absl::StatusOr<DType> dtype = ParseDType(name);
+        if (!dtype.ok()) return Error(n["dtype"], w + ".dtype", dtype.status().message());
+        s.dtype = *dtype;
+      } else if (s.op == LayoutOp::kViewDtype) {
+        return Error(n, w, "view_dtype needs 'dtype'");
       }
       steps.push_back(std::move(s));
     }

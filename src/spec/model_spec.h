@@ -68,6 +68,9 @@ enum class LayoutOp : uint8_t {
   // Views and casts, bytes or values unchanged:
   kMergeDims,  // dims `dim` and `dim + 1` merged into one (a view: gpt-oss _blocks [.., K/32, 16] -> [.., K/2])
   kCastF32,    // BF16/F16 values -> F32, exactly (compressed-tensors scales as vLLM holds them)
+  // The same bytes read as `dtype`, a dtype of the same element size (a view: the TRT-LLM MXFP4
+  // MoE's shuffled E8M0 scales, which vLLM and SGLang register as float8_e4m3fn views).
+  kViewDtype,
 };
 
 // One engine layout step, applied at commit to the assembled (fused/stacked/sharded)
@@ -78,6 +81,7 @@ struct LayoutStep {
   int dim = 0;
   int64_t multiple = 1;
   int64_t epilogue_tile_m = 128;  // kShuffleMatrixA / kShuffleMatrixSfA
+  DType dtype = DType::kU8;       // kViewDtype
   int line = 0;
   bool AppliesTo(std::string_view suffix) const;
 };

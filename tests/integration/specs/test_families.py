@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+import refit_harness as h
 from conftest import REFITD, SRC, convert, make_checkpoint
 
 MODELS = SRC / "deploy/models"
@@ -206,6 +207,49 @@ def test_trtllm_layout_pads_gpt_oss_20b_widths(tmp_path):
         "gate_up_proj_blocks": [2, 6144, 1536], "gate_up_proj_scales": [2, 6144, 96], "gate_up_proj_bias": [2, 6144],
         "down_proj_blocks": [2, 3072, 1536], "down_proj_scales": [2, 3072, 96], "down_proj_bias": [2, 3072],
     }, shapes
+    # The shuffled E8M0 scale bytes as the F8_E4M3 view vLLM and SGLang register (view_dtype).
+    dtypes = {k[len(p):]: v["dtype"] for k, v in header.items() if k.startswith(p) and "_bias" not in k}
+    assert dtypes == {"gate_up_proj_blocks": "U8", "gate_up_proj_scales": "F8_E4M3",
+                      "down_proj_blocks": "U8", "down_proj_scales": "F8_E4M3"}, dtypes
+
+
+VIEW_STEP = "      - {op: view_dtype, dtype: F8_E4M3, on: _scales}\n"
+
+
+@pytest.mark.parametrize("engine_dtype", ["U8", "F8_E5M2"])
+def test_trtllm_scales_of_a_dtype_the_spec_does_not_state_are_refused(engine_dtype, tmp_path):
+    """refitd with the shipped gpt_oss_mxfp4_trtllm.yaml (scales viewed as F8_E4M3) against an engine
+    that registers the shuffled scales as another dtype (its spec without the view, or viewing them
+    as F8_E5M2): the refit is refused naming the parameter and both dtypes, and no engine byte
+    changes. The same bytes under the stated dtype refit (test_family_refits_match_refitctl_convert)."""
+    shipped = MODELS / "gpt_oss_mxfp4_trtllm.yaml"
+    text = shipped.read_text()
+    assert text.count(VIEW_STEP) == 2
+    engine_spec = tmp_path / "engine_spec.yaml"
+    engine_spec.write_text(text.replace(VIEW_STEP, "" if engine_dtype == "U8" else
+                                        VIEW_STEP.replace("F8_E4M3", engine_dtype)))
+    ckpt = make_checkpoint("gpt_oss_trtllm", tmp_path / "ckpt", 0)
+    sock = tmp_path / "refitd.sock"
+    address = f"unix:{sock}"
+    cfg = tmp_path / "refitd.yaml"
+    cfg.write_text(f"listen: {address}\nlog_level: debug\nmodel_config: {ckpt / 'config.json'}\n")
+    daemon = engines = shms = None
+    try:
+        daemon = h.start_refitd(cfg, tmp_path / "refitd.log", "--model-spec", shipped, ready=sock.exists)
+        engines, shms, _ = h.start_rank_engines(tmp_path, address, engine_spec, ckpt, shm_kind="spec", tp_size=1)
+        before = h.shm_digest(*shms)
+        p, lines = h.run_trainer(address, "--spec", shipped, "--checkpoint", ckpt, timeout=120)
+        assert p.returncode == 4 and lines[0]["outcome"] == "refused", p.stdout + p.stderr
+        error = lines[0]["error"]
+        for name in ("gate_up_proj_scales", "down_proj_scales"):
+            assert (f"mismatch: engine parameter 'model.layers.0.mlp.experts.{name}' would be F8_E4M3"
+                    in error), error
+        assert f"registered as {engine_dtype}[" in error, error
+        assert h.shm_digest(*shms) == before
+    finally:
+        for proc in (*(engines or ()), daemon):
+            h.kill(proc)
+        h.unlink_shm(*(shms or ()))
 
 
 def test_incompatible_checkpoint_layout_is_rejected_at_startup(tmp_path):

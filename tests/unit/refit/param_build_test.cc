@@ -54,6 +54,27 @@ TEST(ParamBuildTest, MergeDimsKeepsTheBytes) {
   EXPECT_FALSE(LayoutShape(RuleWith({{spec::LayoutOp::kMergeDims, {""}, -1, 1, 1}}), "", DType::kU8, {5, 7}, -1).ok());
 }
 
+// view_dtype is a view: the TRT-LLM MXFP4 MoE's shuffled E8M0 scale bytes as the F8_E4M3 the
+// engines register; the same bytes and shape, the dtype the spec states. A dtype of another width
+// is refused, naming the step.
+TEST(ParamBuildTest, ViewDtypeKeepsTheBytesAndTakesTheStatedDtype) {
+  Built b{DType::kU8, {2, 128, 4}, Iota(2 * 128 * 4)};
+  const std::vector<uint8_t> before = b.bytes;
+  auto rule = RuleWith({{spec::LayoutOp::kViewDtype, {"_scales"}, 0, 1, 1, DType::kF8E4M3}});
+  ASSERT_TRUE(ApplyLayout(rule, "_scales", -1, b).ok());
+  EXPECT_EQ(b.dtype, DType::kF8E4M3);
+  EXPECT_EQ(b.shape, (Shape{2, 128, 4}));
+  EXPECT_EQ(b.bytes, before);
+  auto shape = LayoutShape(rule, "_scales", DType::kU8, {5, 7}, -1);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->first, DType::kF8E4M3);
+  EXPECT_EQ(shape->second, (Shape{5, 7}));
+  EXPECT_TRUE(LayoutShape(rule, "_blocks", DType::kU8, {5, 7}, -1)->first == DType::kU8);  // not on _blocks
+  auto wide = LayoutShape(rule, "_scales", DType::kBF16, {5, 7}, -1);
+  EXPECT_THAT(wide.status().message(),
+              ::testing::HasSubstr("view_dtype reads BF16[5,7] as F8_E4M3, a dtype of another width"));
+}
+
 // cast_f32: BF16 scales as vLLM holds compressed-tensors' weight_scale, exactly (F32 bits = BF16 << 16).
 TEST(ParamBuildTest, CastF32WidensBf16Exactly) {
   const std::vector<uint16_t> bf16 = {0x3F80, 0xC040, 0x0001, 0x7F7F, 0x3C00, 0x8000};

@@ -1,6 +1,8 @@
 // Planner and Ledger against engine layouts built by the offline path (no hand-written engine).
+#include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "refit/ledger.h"
@@ -206,6 +208,49 @@ TEST_F(PlannerLedgerTest, PartialRefitTakesWholePartialParamsOnly) {
   ASSERT_TRUE(not_partial.Arrive(Desc("l.0.mlp.gate_proj.weight")).ok());
   ASSERT_TRUE(not_partial.Arrive(Desc("l.0.mlp.up_proj.weight")).ok());
   EXPECT_THAT(not_partial.Check(true).message(), HasSubstr("may not be refit alone"));
+}
+
+// view_dtype: the spec states the dtype the engine registers for the shuffled MXFP4 scales
+// (F8_E4M3, as vLLM's and SGLang's TRT-LLM MoE hold them). That registration refits; one of any
+// other dtype, the format's own U8 included, is refused naming the parameter, before any engine
+// byte is written (Ledger::Check).
+TEST(PlannerLedgerViewDtypeTest, OnlyTheDtypeTheSpecStatesIsAccepted) {
+  auto s = spec::ParseModelSpec(R"(model: v
+rules:
+  - match: "e.{L}.w"
+    format: mxfp4
+    layout:
+      - {op: shuffle_matrix_sf_a, epilogue_tile_m: 128, on: _scales}
+      - {op: view_dtype, dtype: F8_E4M3, on: _scales}
+)");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<storage::ParamInfo> inputs = {{"e.0.w", DType::kBF16, {128, 64}, 0}};
+  auto laid = EngineParamInfos(*s, inputs);
+  ASSERT_TRUE(laid.ok()) << laid.status();
+  auto refit_with_scales_as = [&](DType dtype) {
+    std::vector<storage::ParamInfo> params = *laid;
+    for (storage::ParamInfo& p : params) {
+      if (p.name == "e.0.w_scales") p.dtype = dtype;
+    }
+    auto planner = Planner::Create(*s, params);
+    if (!planner.ok()) return planner.status();
+    Ledger ledger(*planner);
+    auto arrived = ledger.Arrive({"e.0.w", DType::kBF16, {128, 64}, 0, 128 * 64 * 2});
+    if (!arrived.ok()) return arrived.status();
+    return ledger.Check(false);
+  };
+  const auto scales =
+      std::find_if(laid->begin(), laid->end(), [](const storage::ParamInfo& p) { return p.name == "e.0.w_scales"; });
+  ASSERT_NE(scales, laid->end());
+  EXPECT_EQ(scales->dtype, DType::kF8E4M3);
+  EXPECT_TRUE(refit_with_scales_as(DType::kF8E4M3).ok()) << refit_with_scales_as(DType::kF8E4M3);
+  const std::string shape = ShapeString(scales->shape);
+  for (DType wrong : {DType::kU8, DType::kF8E5M2, DType::kF8E8M0, DType::kI8}) {
+    EXPECT_THAT(refit_with_scales_as(wrong).message(),
+                HasSubstr(absl::StrCat("mismatch: engine parameter 'e.0.w_scales' would be F8_E4M3", shape,
+                                       ", registered as ", DTypeName(wrong), shape)))
+        << DTypeName(wrong);
+  }
 }
 
 // The spec's groups are checked once for the same arrived tensors (Planner::GroupsChecked): the

@@ -363,6 +363,50 @@ rules:
               HasSubstr("cast_f32 takes no 'dim'"));
 }
 
+// view_dtype states the dtype the engine registers for bytes refitd builds under another name of
+// the same width; `dtype` is required, a known dtype, and taken by view_dtype alone.
+TEST(ModelSpecTest, ViewDtypeIsReadWithItsDtype) {
+  absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"(model: m
+rules:
+  - match: "a.weight"
+    format: mxfp4
+    layout:
+      - {op: view_dtype, dtype: F8_E4M3, on: _scales}
+)",
+                                                  "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->rules[0].layout.size(), 1u);
+  EXPECT_EQ(spec->rules[0].layout[0].op, LayoutOp::kViewDtype);
+  EXPECT_EQ(spec->rules[0].layout[0].dtype, DType::kF8E4M3);
+  EXPECT_TRUE(spec->rules[0].layout[0].AppliesTo("_scales"));
+  const std::string head = "model: m\nrules:\n  - match: \"a.weight\"\n    format: mxfp4\n    layout:\n      - ";
+  EXPECT_THAT(Load(head + "{op: view_dtype, on: _scales}\n").message(),
+              HasSubstr("spec.yaml:6: rules[0].layout[0]: view_dtype needs 'dtype'"));
+  EXPECT_THAT(Load(head + "{op: view_dtype, dtype: F8_E4M4, on: _scales}\n").message(),
+              HasSubstr("rules[0].layout[0].dtype: unknown dtype 'F8_E4M4'"));
+  EXPECT_THAT(Load(head + "{op: merge_dims, dim: -2, dtype: U8, on: _blocks}\n").message(),
+              HasSubstr("only view_dtype takes 'dtype'"));
+}
+
+// The TRT-LLM MXFP4 MoE's shuffled scales are registered as F8_E4M3 views (vLLM, SGLang): the
+// shipped spec says so after the shuffle, on the scales alone.
+TEST(ModelSpecTest, ShippedTrtllmMxfp4SpecViewsItsShuffledScalesAsF8E4M3) {
+  absl::StatusOr<ModelSpec> spec = LoadShipped("gpt_oss_mxfp4_trtllm.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  int views = 0;
+  for (const Rule& r : spec->rules) {
+    for (size_t i = 0; i < r.layout.size(); ++i) {
+      if (r.layout[i].op != LayoutOp::kViewDtype) continue;
+      ++views;
+      EXPECT_EQ(r.layout[i].dtype, DType::kF8E4M3) << r.Describe();
+      EXPECT_EQ(r.layout[i].on, std::vector<std::string>{"_scales"}) << r.Describe();
+      ASSERT_GT(i, 0u);
+      EXPECT_EQ(r.layout[i - 1].op, LayoutOp::kShuffleMatrixSfA) << r.Describe();
+    }
+  }
+  EXPECT_EQ(views, 2);  // gate_up_proj and down_proj
+}
+
 TEST(ModelSpecTest, ExplicitFormatMustAgreeWithTheCheckpoint) {
   absl::Status s = Load(R"(model: m
 checkpoint:
