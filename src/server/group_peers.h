@@ -4,8 +4,8 @@
 // group name, member index, phase and the group version it serves; a peer that is joining itself
 // knows nothing and is left out. The answers go to Node::GroupPeersReported (GroupMember decides).
 //
-// Threading: QueryGroupPeers blocks on a KJ event loop of its own: call it on a worker thread
-// (BlockingThreads), never on the daemon's loop. ServedVersions is a pure function.
+// Threading: QueryGroupPeers blocks (on threads of its own, each with its own KJ event loop): call
+// it on a worker thread (BlockingThreads), never on the daemon's loop. ServedVersions is a pure function.
 #ifndef REFIT_SERVER_GROUP_PEERS_H_
 #define REFIT_SERVER_GROUP_PEERS_H_
 
@@ -30,8 +30,9 @@ struct PeerAnswer {
   std::string error;
 };
 
-// Asks every address but `self` (this daemon's index): the connections one after another, each
-// step bounded by `timeout`, then the status calls all at once, bounded by `timeout` together.
+// Asks every address but `self` (this daemon's index), up to 64 peers at once (a thread and an
+// event loop each): each one's connection steps, then its status call, each bounded by `timeout`,
+// so that unreachable peers cost about one timeout together, not one each.
 // The connections take the client environment (common/control_connect.h); without REFITD_TOKEN
 // or REFITD_TOKEN_FILE there, `token` (this daemon's own access.token_file: the members of a
 // group share it).

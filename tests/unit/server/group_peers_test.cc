@@ -4,6 +4,8 @@
 // addresses where nothing listens: each answer names why.
 #include "server/group_peers.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -91,6 +93,39 @@ TEST(GroupPeersTest, APeerThatNeverAnswersIsBoundedByTheTimeout) {
   EXPECT_EQ(answers[0].error, "did not answer its status in time");
   EXPECT_GE(took, absl::Milliseconds(300));
   EXPECT_LT(took, absl::Seconds(10));
+}
+
+TEST(GroupPeersTest, UnreachablePeersAreAskedAtOnce) {
+  // A TCP listener whose accept queue is full and never drained: the kernel drops further SYNs,
+  // so each peer's connect hangs until its timeout. Four such peers asked one after another
+  // would take four timeouts.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 0), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 3; ++i) {
+    const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    (void)::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fillers.push_back(c);
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  const std::string peer = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const absl::Time start = absl::Now();
+  std::vector<PeerAnswer> answers = QueryGroupPeers({peer, peer, "unix:/self", peer, peer}, 2, absl::Seconds(1), "");
+  const absl::Duration took = absl::Now() - start;
+  for (int c : fillers) ::close(c);
+  ::close(fd);
+  ASSERT_EQ(answers.size(), 4u);
+  for (const PeerAnswer& a : answers) EXPECT_FALSE(a.error.empty()) << a.member;
+  EXPECT_GE(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(3)) << "the peers were asked one after another";
 }
 
 }  // namespace
