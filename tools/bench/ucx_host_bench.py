@@ -106,6 +106,9 @@ def refits(build: Path, shape: list, bucket: int, count: int, tmp: Path) -> list
         data = re.search(r"data=(\S+)", (tmp / "refitd.log").read_text())
         reports = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
         for r in reports:
+            if r.get("outcome") != "committed":
+                raise SystemExit(f"refit {r.get('refit')} {r.get('outcome')}: {r.get('error', '')} "
+                                 "(a tensor larger than --bucket-mib needs a larger bucket)")
             r["data_plane"] = data.group(1) if data else ""
         return reports
     finally:
@@ -127,7 +130,7 @@ def main() -> int:
     ap.add_argument("--intermediate", type=int, default=14336)
     ap.add_argument("--kv-hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--bucket-mib", type=int, default=256)
+    ap.add_argument("--bucket-mib", type=int, default=256, help="bucket size; every tensor must fit one")
     ap.add_argument("--refits", type=int, default=4)
     ap.add_argument("--tls", default="tcp", help="UCX_TLS for ucx_perftest (refitd's lanes: tcp, see docs/transports.md)")
     a = ap.parse_args()
