@@ -23,7 +23,7 @@ namespace {
 // Why `ptr` cannot be registered in place, or "" when it can; `*vmm` says whether it lies in a
 // CUDA virtual-memory allocation (exported as a file descriptor) rather than a cudaMalloc'd one
 // (exported as a CUDA IPC handle).
-std::string NotShareable(DeviceEnv& env, const CudaVmmDriver& d, const void* ptr, int* device, bool* vmm) {
+std::string NotShareable(DeviceEnv& env, const void* ptr, int* device, bool* vmm) {
   absl::StatusOr<PointerInfo> info = env.QueryPointer(ptr);
   if (!info.ok()) return absl::StrCat("it is not CUDA memory (", info.status().message(), ")");
   switch (info->memory) {
@@ -33,53 +33,39 @@ std::string NotShareable(DeviceEnv& env, const CudaVmmDriver& d, const void* ptr
     default: return "it is not CUDA device memory";
   }
   *device = info->device;
-  *vmm = false;
-  if (d.retain != nullptr) {
-    CUmemGenericAllocationHandle h;
-    if (d.retain(&h, const_cast<void*>(ptr)) == CUDA_SUCCESS) {
-      if (d.release != nullptr) d.release(h);
-      *vmm = true;
-    }
-  }
+  *vmm = env.MappedVmmHandle(ptr) != 0;
   return "";
-}
-
-// The allocation handle mapped at `ptr` (0 when none), without keeping a reference to it.
-uint64_t MappedHandle(const CudaVmmDriver& d, const void* ptr) {
-  CUmemGenericAllocationHandle h;
-  if (d.retain == nullptr || d.release == nullptr ||
-      d.retain(&h, const_cast<void*>(ptr)) != CUDA_SUCCESS) {
-    return 0;
-  }
-  d.release(h);
-  return static_cast<uint64_t>(h);
 }
 
 // The mapped pieces (base, size) holding a virtual-memory parameter's `nbytes` from `ptr`: the
 // mapping at ptr and, when the parameter runs past it, the mappings at consecutive addresses
 // after it (expandable segments map memory piece by piece).
-absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> VmmPieces(const CudaVmmDriver& d, const std::string& name,
+absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> VmmPieces(DeviceEnv& env, const std::string& name,
                                                                      uint64_t ptr, uint64_t nbytes) {
   std::vector<std::pair<uint64_t, uint64_t>> pieces;
-  if (d.address_range == nullptr) return absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  if (d.address_range(&base, &size, static_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
-    return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': cannot query its CUDA virtual-memory mapping"));
+  absl::StatusOr<AddressRange> range = env.QueryAddressRange(reinterpret_cast<const void*>(ptr));
+  if (absl::IsUnavailable(range.status())) return range.status();  // the driver has no such query
+  if (!range.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", name, "': cannot query its CUDA virtual-memory mapping (", range.status().message(), ")"));
   }
-  pieces.emplace_back(static_cast<uint64_t>(base), static_cast<uint64_t>(size));
+  pieces.emplace_back(range->base, range->size);
   const uint64_t end = ptr + nbytes;
   while (pieces.back().first + pieces.back().second < end) {
     const uint64_t next = pieces.back().first + pieces.back().second;
-    if (pieces.size() >= kMaxFdsPerMessage || MappedHandle(d, reinterpret_cast<const void*>(next)) == 0 ||
-        d.address_range(&base, &size, static_cast<CUdeviceptr>(next)) != CUDA_SUCCESS ||
-        static_cast<uint64_t>(base) != next) {
+    const void* at = reinterpret_cast<const void*>(next);
+    bool further = pieces.size() < kMaxFdsPerMessage && env.MappedVmmHandle(at) != 0;
+    if (further) {
+      range = env.QueryAddressRange(at);
+      further = range.ok() && range->base == next;
+    }
+    if (!further) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter '", name, "' cannot be registered in place: its ", nbytes, " bytes run past its CUDA ",
           "virtual-memory mapping at 0x", absl::Hex(pieces.back().first), " (", pieces.back().second,
           " bytes) into memory that is not a further mapping of virtual memory"));
     }
-    pieces.emplace_back(next, static_cast<uint64_t>(size));
+    pieces.emplace_back(next, range->size);
   }
   return pieces;
 }
@@ -93,10 +79,9 @@ struct VmmRun {
 
 }  // namespace
 
-absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr) {
+absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr, DeviceEnv& env) {
   const CudaVmmDriver& d = VmmDriver();
-  if (d.retain == nullptr || d.release == nullptr || d.properties == nullptr ||
-      d.export_handle == nullptr || d.address_range == nullptr) {
+  if (d.retain == nullptr || d.release == nullptr || d.properties == nullptr || d.export_handle == nullptr) {
     return absl::UnavailableError("the CUDA driver has no virtual memory management (cuMem*)");
   }
   CUmemGenericAllocationHandle h;
@@ -117,13 +102,14 @@ absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const voi
           "made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in its requestedHandleTypes, so it cannot be exported "
           "to refitd (allocate it with that handle type)"));
     }
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (d.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter '", name, "': cannot query its CUDA virtual-memory mapping"));
+    absl::StatusOr<AddressRange> range = env.QueryAddressRange(ptr);
+    if (absl::IsUnavailable(range.status())) return range.status();  // the driver has no such query
+    if (!range.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", name, "': cannot query its CUDA virtual-memory mapping (", range.status().message(), ")"));
     }
-    out.base = static_cast<uint64_t>(base);
-    out.size = static_cast<uint64_t>(size);
+    out.base = range->base;
+    out.size = range->size;
     out.device = prop.location.id;
     int fd = -1;
     if (CUresult r = d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0); r != CUDA_SUCCESS) {
@@ -140,7 +126,6 @@ absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const voi
 }
 
 absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& params, DeviceEnv& env) {
-  const CudaVmmDriver& d = VmmDriver();
   InPlaceExport out;
   struct Allocation {
     uint64_t size;
@@ -161,7 +146,7 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
     if (p.ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': device pointer is NULL"));
     int device = -1;
     bool vmm = false;
-    if (std::string why = NotShareable(env, d, p.ptr, &device, &vmm); !why.empty()) {
+    if (std::string why = NotShareable(env, p.ptr, &device, &vmm); !why.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "' cannot be registered in place: ", why));
     }
     cudaSetDevice(device);
@@ -169,12 +154,12 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
       absl::StatusOr<uint64_t> nbytes = DenseBytes(p.dtype, p.shape);
       if (!nbytes.ok()) return absl::InvalidArgumentError(absl::StrCat("parameter '", p.name, "': ", nbytes.status().message()));
       absl::StatusOr<std::vector<std::pair<uint64_t, uint64_t>>> pieces =
-          VmmPieces(d, p.name, reinterpret_cast<uint64_t>(p.ptr), *nbytes);
+          VmmPieces(env, p.name, reinterpret_cast<uint64_t>(p.ptr), *nbytes);
       if (!pieces.ok()) return pieces.status();
       vmm_params.push_back({out.params.size(), device, std::move(*pieces)});
       out.params.push_back({p.name, p.dtype, p.shape, {}, 0, device, nullptr});
       out.records.push_back({p.name, reinterpret_cast<uint64_t>(p.ptr), vmm_params.back().pieces[0].first,
-                             vmm_params.back().pieces[0].second, device, MappedHandle(d, p.ptr)});
+                             vmm_params.back().pieces[0].second, device, env.MappedVmmHandle(p.ptr)});
       continue;
     }
     absl::StatusOr<AddressRange> range = env.QueryAddressRange(p.ptr);
@@ -241,7 +226,7 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
                                                        kMaxFdsPerMessage,
                                                        " file descriptors (mapped pieces) one registration passes"));
       }
-      absl::StatusOr<VmmExport> exported = ExportVmmAllocation(owner, reinterpret_cast<const void*>(base));
+      absl::StatusOr<VmmExport> exported = ExportVmmAllocation(owner, reinterpret_cast<const void*>(base), env);
       if (!exported.ok()) return exported.status();
       run.allocation->pieces.push_back({std::move(exported->fd), size});
       run.allocation->size += size;
@@ -259,9 +244,8 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
   return out;
 }
 
-std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records) {
-  const CudaVmmDriver& d = VmmDriver();
-  if (d.address_range == nullptr || records.empty()) return {};
+std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records, DeviceEnv& env) {
+  if (records.empty()) return {};
   int previous = 0;
   const bool restore = cudaGetDevice(&previous) == cudaSuccess;
   int current = -1;
@@ -276,16 +260,14 @@ std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records)
       cudaFree(nullptr);  // makes the primary context current on older runtimes too
       current = r.device;
     }
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (d.address_range(&base, &size, static_cast<CUdeviceptr>(r.ptr)) != CUDA_SUCCESS ||
-        static_cast<uint64_t>(base) != r.base || static_cast<uint64_t>(size) != r.size) {
-      return true;
-    }
+    const void* ptr = reinterpret_cast<const void*>(r.ptr);
+    absl::StatusOr<AddressRange> range = env.QueryAddressRange(ptr);
+    if (absl::IsUnavailable(range.status())) return false;  // the driver has no such query: nothing to audit with
+    if (!range.ok() || range->base != r.base || range->size != r.size) return true;
     // Virtual memory: the same range may now be mapped from another allocation (released and
     // created again, as an engine's sleep does) that refitd's import does not see. The driver
     // returns the handle that was used to map the address.
-    return r.vmm_handle != 0 && MappedHandle(d, reinterpret_cast<const void*>(r.ptr)) != r.vmm_handle;
+    return r.vmm_handle != 0 && env.MappedVmmHandle(ptr) != r.vmm_handle;
   });
   if (restore) cudaSetDevice(previous);
   (void)cudaGetLastError();

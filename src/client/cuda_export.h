@@ -16,8 +16,9 @@
 // that runs past its mapping into memory that is not mapped there, and more pieces than one
 // registration passes.
 //
-// What each pointer is and which allocation holds it are the DeviceEnv's answers
-// (common/device_env.h): a test injects one whose queries fail. The implementation with CUDA is
+// What each pointer is, which allocation or virtual-memory mapping holds it and which
+// virtual-memory allocation is mapped there are the DeviceEnv's answers (common/device_env.h): a
+// test injects one whose queries fail. The implementation with CUDA is
 // cuda_export.cc; cuda_export_no_cuda.cc is the build without CUDA, where every call is
 // Unimplemented.
 //
@@ -55,7 +56,8 @@ struct InPlaceExport {
 
 // The CUDA virtual-memory allocation mapped at `ptr`, exported: a new POSIX descriptor of it and
 // its mapping's base and size (cuMemGetAddressRange). `name` is the parameter errors name.
-// Refused (InvalidArgument) for an allocation made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.
+// Refused (InvalidArgument) for an allocation made without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+// or when `env` cannot tell the mapping's range (the error names the parameter and the query's).
 struct VmmExport {
   UniqueFd fd;
   uint64_t base = 0;
@@ -63,7 +65,10 @@ struct VmmExport {
   int device = 0;
   uint64_t handle = 0;  // CUmemGenericAllocationHandle mapped at ptr
 };
-absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr);
+absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr, DeviceEnv& env);
+inline absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void* ptr) {
+  return ExportVmmAllocation(name, ptr, DefaultDeviceEnv());
+}
 
 // `env` answers the pointer and allocation queries; a failed query refuses the parameter
 // (InvalidArgument naming it and the query's error), or is Unavailable when the driver lacks it.
@@ -74,8 +79,12 @@ inline absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrPa
 
 // The names of the records whose pointer no longer lies in the allocation it was exported from
 // (freed, or the range now belongs to another allocation of another base or size, or, for virtual
-// memory, is mapped from another allocation handle).
-std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records);
+// memory, is mapped from another allocation handle). `env` answers the range and handle queries;
+// none is stale when it has no range query.
+std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records, DeviceEnv& env);
+inline std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>& records) {
+  return AuditInPlace(records, DefaultDeviceEnv());
+}
 
 // AuditInPlace's walk: the names of `records` whose mapping is stale, in record order, asking
 // `stale_at(record)` (the driver's queries at its pointer) once per mapping: the records of one

@@ -9,11 +9,11 @@ absl::StatusOr<InPlaceExport> ExportInPlace(const std::vector<DevicePtrParam>& p
                                                "' is CUDA memory, but this library was built without CUDA"));
 }
 
-absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void*) {
+absl::StatusOr<VmmExport> ExportVmmAllocation(const std::string& name, const void*, DeviceEnv&) {
   return absl::UnimplementedError(
       absl::StrCat("parameter '", name, "' is CUDA memory, but this library was built without CUDA"));
 }
 
-std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>&) { return {}; }
+std::vector<std::string> AuditInPlace(const std::vector<InPlaceRecord>&, DeviceEnv&) { return {}; }
 
 }  // namespace refit::client

@@ -51,6 +51,14 @@ class CudaDeviceEnv final : public DeviceEnv {
 
   uint64_t VmmMappedBytes(const void* p, uint64_t limit, uint32_t max_pieces) override;
 
+  uint64_t MappedVmmHandle(const void* p) override {
+    const CudaVmmDriver& d = VmmDriver();
+    CUmemGenericAllocationHandle h;
+    if (d.retain == nullptr || d.release == nullptr || d.retain(&h, const_cast<void*>(p)) != CUDA_SUCCESS) return 0;
+    d.release(h);
+    return static_cast<uint64_t>(h);
+  }
+
   absl::StatusOr<int> CurrentDevice() override {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) {

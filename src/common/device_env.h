@@ -1,10 +1,10 @@
 // DeviceEnv: the one seam between refitd's C++ and the CUDA runtime and driver for questions about
 // memory: what a pointer is (host, device, managed; which device), which allocation holds it (base,
-// size, buffer id, whether CUDA IPC can share it), how far CUDA virtual memory runs from it, and
-// the calling thread's device. The client, the server, storage and the data planes ask through it
-// instead of calling cudaPointerGetAttributes / cuPointerGetAttributes / cuMemGetAddressRange
-// themselves, so that they compile without CUDA conditionals and tests can inject an env whose
-// queries fail (LevelDB's Env and its fault-injection tests).
+// size, buffer id, whether CUDA IPC can share it), which virtual-memory allocation is mapped at it
+// and how far CUDA virtual memory runs from it, and the calling thread's device. The client, the
+// server, storage and the data planes ask through it instead of calling cudaPointerGetAttributes /
+// cuPointerGetAttributes / cuMemGetAddressRange / cuMemRetainAllocationHandle themselves, so that they compile without
+// CUDA conditionals and tests can inject an env whose queries fail (LevelDB's Env and its fault-injection tests).
 //
 // Implementations: the CUDA one (cuda_device_env.cc, CUDA builds; its driver calls come from the
 // one driver table, common/cuda_vmm.h) and the no-CUDA one (no_cuda_device_env.cc, every build),
@@ -70,6 +70,11 @@ class DeviceEnv {
   // the one holding `p` (looking no further than `limit` bytes, nor past `max_pieces` pieces); 0
   // when `p` is not in virtual memory or there is no CUDA.
   virtual uint64_t VmmMappedBytes(const void* p, uint64_t limit, uint32_t max_pieces) = 0;
+
+  // The handle of the CUDA virtual-memory allocation mapped at `p` (cuMemRetainAllocationHandle,
+  // its reference released at once: an identity to compare, not one to use); 0 when `p` is not in
+  // virtual memory or there is no CUDA.
+  virtual uint64_t MappedVmmHandle(const void* p) = 0;
 
   // The calling thread's current CUDA device; Unavailable without CUDA or a device.
   virtual absl::StatusOr<int> CurrentDevice() = 0;

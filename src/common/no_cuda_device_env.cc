@@ -20,6 +20,7 @@ class NoCudaDeviceEnv final : public DeviceEnv {
     return absl::UnavailableError("this build has no CUDA: cannot query an allocation's address range");
   }
   uint64_t VmmMappedBytes(const void*, uint64_t, uint32_t) override { return 0; }
+  uint64_t MappedVmmHandle(const void*) override { return 0; }
   absl::StatusOr<int> CurrentDevice() override {
     return absl::UnavailableError("this build has no CUDA: no CUDA device");
   }

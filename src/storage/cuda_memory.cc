@@ -1,4 +1,6 @@
-// Device and pinned-host implementations of refit::Memory (built with CUDA only).
+// Device and pinned-host implementations of refit::Memory, the device checksum and the copy from
+// device memory (memory_device.h): memory.h's CUDA half (built with CUDA only; no_cuda_memory.cc
+// without).
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "common/device_env.h"
 #include "kernels/checksum.h"
 #include "storage/memory.h"
+#include "storage/memory_device.h"
 
 namespace refit::storage {
 
@@ -146,15 +149,5 @@ absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {
   }
   return std::unique_ptr<Memory>(std::make_unique<DeviceMemory>(device));
 }
-
-absl::Status CheckDeviceMemory(const void* p) {
-  absl::StatusOr<PointerInfo> info = DefaultDeviceEnv().QueryPointer(p);
-  if (!info.ok())
-    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", info.status().message(), ")"));
-  if (info->memory != PointerMemory::kDevice) return absl::InvalidArgumentError("not CUDA device memory");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int> CurrentDevice() { return DefaultDeviceEnv().CurrentDevice(); }
 
 }  // namespace refit::storage

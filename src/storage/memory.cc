@@ -5,19 +5,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/device_env.h"
+#include "storage/memory_device.h"
 
 namespace refit::storage {
-
-#if REFIT_HAVE_CUDA
-// cuda_memory.cc: a device source is copied by the CUDA runtime, a host one with memcpy.
-absl::Status CopyAnyToHost(void* dst, const void* src, uint64_t bytes);
-#else
-absl::Status CopyAnyToHost(void* dst, const void* src, uint64_t bytes) {
-  std::memcpy(dst, src, bytes);
-  return absl::OkStatus();
-}
-#endif
-
 namespace {
 
 class HostMemory final : public Memory {
@@ -42,18 +33,17 @@ class HostMemory final : public Memory {
 
 std::unique_ptr<Memory> NewHostMemory() { return std::make_unique<HostMemory>(); }
 
-#if !REFIT_HAVE_CUDA
-std::unique_ptr<Memory> NewPinnedHostMemory() { return NewHostMemory(); }
-absl::StatusOr<std::unique_ptr<Memory>> NewDeviceMemory(int device) {
-  return absl::UnavailableError("refitd was built without CUDA: no device staging");
+absl::Status CheckDeviceMemory(const void* p) {
+  DeviceEnv& env = DefaultDeviceEnv();
+  if (!env.has_cuda()) return absl::UnimplementedError("this client was built without CUDA and sends host memory only");
+  absl::StatusOr<PointerInfo> info = env.QueryPointer(p);
+  if (!info.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("not CUDA device memory (", info.status().message(), ")"));
+  }
+  if (info->memory != PointerMemory::kDevice) return absl::InvalidArgumentError("not CUDA device memory");
+  return absl::OkStatus();
 }
-absl::Status CheckDeviceMemory(const void*) {
-  return absl::UnimplementedError("this client was built without CUDA and sends host memory only");
-}
-absl::StatusOr<int> CurrentDevice() { return absl::UnavailableError("this build has no CUDA: no CUDA device"); }
-absl::StatusOr<uint64_t> DeviceChecksum64(int, const void*, uint64_t, void*, DeviceAllocation&) {
-  return absl::UnimplementedError("this build has no CUDA: no device checksum");
-}
-#endif
+
+absl::StatusOr<int> CurrentDevice() { return DefaultDeviceEnv().CurrentDevice(); }
 
 }  // namespace refit::storage

@@ -1,15 +1,12 @@
 #include "transport/builtin_transports.h"
 
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 
-#include "transport/ucx/ucx_transport.h"
-#if REFIT_HAVE_NCCL
-#include "transport/nccl/nccl_transport.h"
-#endif
-#if REFIT_HAVE_CUDA_IPC
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
-#endif
+#include "transport/nccl/nccl_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace refit::transport {
 namespace {
@@ -21,17 +18,18 @@ void Register(TransportRegistry& r, TransportDescriptor d) {
   }
 }
 
+// A transport that needs what this build lacks (CUDA, NCCL) has no descriptor: not registered.
+void Register(TransportRegistry& r, std::optional<TransportDescriptor> d) {
+  if (d.has_value()) Register(r, *std::move(d));
+}
+
 }  // namespace
 
 TransportRegistry BuiltinTransports() {
   TransportRegistry r;
   Register(r, UcxTransport());  // the default
-#if REFIT_HAVE_NCCL
   Register(r, NcclTransport());
-#endif
-#if REFIT_HAVE_CUDA_IPC
   Register(r, CudaIpcTransport());
-#endif
   return r;
 }
 

@@ -30,6 +30,7 @@ class FakeDeviceEnv final : public DeviceEnv {
     return range;
   }
   uint64_t VmmMappedBytes(const void*, uint64_t, uint32_t) override { return vmm_mapped_bytes; }
+  uint64_t MappedVmmHandle(const void*) override { return vmm_handle; }
   absl::StatusOr<int> CurrentDevice() override { return current_device; }
 
   bool has_cuda_answer = true;
@@ -37,6 +38,7 @@ class FakeDeviceEnv final : public DeviceEnv {
   absl::StatusOr<AllocationInfo> allocation = absl::UnavailableError("FakeDeviceEnv: no allocation answer set");
   absl::StatusOr<AddressRange> range = absl::UnavailableError("FakeDeviceEnv: no address range answer set");
   uint64_t vmm_mapped_bytes = 0;
+  uint64_t vmm_handle = 0;  // nonzero: every address is in this virtual-memory allocation
   absl::StatusOr<int> current_device = absl::UnavailableError("FakeDeviceEnv: no device");
 
   std::atomic<int> pointer_queries{0};

@@ -5,7 +5,7 @@
 
 namespace refit::transport {
 
-TransportDescriptor CudaIpcTransport() {
+std::optional<TransportDescriptor> CudaIpcTransport() {
   TransportDescriptor d;
   d.name = "cuda_ipc";
   d.scheme = "cuda_ipc:";

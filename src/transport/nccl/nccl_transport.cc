@@ -6,7 +6,7 @@
 
 namespace refit::transport {
 
-TransportDescriptor NcclTransport() {
+std::optional<TransportDescriptor> NcclTransport() {
   TransportDescriptor d;
   d.name = "nccl";
   d.scheme = "nccl:";

@@ -1,7 +1,7 @@
 // The engine's in-place registration (client/cuda_export.h) when the DeviceEnv's queries fail or
-// refuse: each parameter is refused with an error that names it and what failed, without a GPU
-// (the queries are a FakeDeviceEnv's). The registration of real GPU memory: tests/unit/storage/
-// vmm_storage_test.cc and the GPU integration tests.
+// refuse, for CUDA allocations and virtual-memory mappings alike: each parameter is refused with an
+// error that names it and what failed, without a GPU (the queries are a FakeDeviceEnv's). The registration of real GPU
+// memory: tests/unit/storage/ vmm_storage_test.cc and the GPU integration tests.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -90,6 +90,40 @@ TEST_F(InPlaceExportTest, AParameterRunningPastItsAllocationIsRefused) {
   EXPECT_EQ(exported.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(exported.status().message(),
               HasSubstr("parameter 'layers.0.w': 16 bytes at offset 64 run past its CUDA allocation of 72 bytes"));
+}
+
+// Virtual memory (a handle mapped at the pointer): its mapping's range is the env's answer too.
+TEST_F(InPlaceExportTest, AFailedMappingQueryRefusesAVirtualMemoryParameterNamingTheQuery) {
+  env_.pointer = PointerInfo{PointerMemory::kDevice, 0};
+  env_.vmm_handle = 0x1234;
+  env_.range = absl::InvalidArgumentError("cuMemGetAddressRange: injected failure");
+  absl::StatusOr<InPlaceExport> exported = ExportInPlace(Params(), env_);
+  if (ExpectBuiltWithoutCuda(exported)) return;
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(exported.status().message(),
+              HasSubstr("parameter 'layers.0.w': cannot query its CUDA virtual-memory mapping "
+                        "(cuMemGetAddressRange: injected failure)"));
+  EXPECT_EQ(env_.range_queries, 1);
+
+  env_.range = absl::UnavailableError("the CUDA driver has no cuMemGetAddressRange");
+  exported = ExportInPlace(Params(), env_);
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(exported.status().message(), HasSubstr("cuMemGetAddressRange"));
+}
+
+TEST_F(InPlaceExportTest, AVirtualMemoryParameterRunningPastItsMappingIsRefused) {
+  // The mapping holds the parameter's first 8 bytes; the range at its end is that same mapping,
+  // not a further one.
+  env_.pointer = PointerInfo{PointerMemory::kDevice, 0};
+  env_.vmm_handle = 0x1234;
+  env_.range = AddressRange{kAddress, 8};
+  absl::StatusOr<InPlaceExport> exported = ExportInPlace(Params(), env_);
+  if (ExpectBuiltWithoutCuda(exported)) return;
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(exported.status().message(),
+              HasSubstr("parameter 'layers.0.w' cannot be registered in place: its 16 bytes run past its CUDA "
+                        "virtual-memory mapping at 0x7f0000100000 (8 bytes)"));
+  EXPECT_EQ(env_.range_queries, 2);
 }
 
 }  // namespace

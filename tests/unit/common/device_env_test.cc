@@ -32,6 +32,7 @@ TEST(NoCudaDeviceEnvTest, SaysThereIsNoCudaToEveryQuery) {
   EXPECT_THAT(range.status().message(), HasSubstr("no CUDA"));
 
   EXPECT_EQ(env->VmmMappedBytes(&host, 1 << 20, 64), 0u);
+  EXPECT_EQ(env->MappedVmmHandle(&host), 0u);
 
   absl::StatusOr<int> device = env->CurrentDevice();
   EXPECT_EQ(device.status().code(), absl::StatusCode::kUnavailable);
@@ -67,6 +68,7 @@ TEST(DefaultDeviceEnvTest, HostMemoryIsNeverDeviceMemory) {
     EXPECT_EQ(allocation.status().code(), absl::StatusCode::kUnavailable) << allocation.status();
   }
   EXPECT_EQ(env.VmmMappedBytes(&host, 1 << 20, 64), 0u);
+  EXPECT_EQ(env.MappedVmmHandle(&host), 0u);
 }
 
 }  // namespace
