@@ -194,7 +194,21 @@ bool Compatible(int a, int b) {
 }  // namespace
 
 bool NamePattern::Overlaps(const NamePattern& other) const {
-  auto build = [](const NamePattern& p) {
+  // One branch per choice from `from`, each spelling its choice, all ending in one state (returned).
+  auto add_choices = [](Nfa& n, int from, const std::vector<std::string>& choices) {
+    int end = n.Add();
+    for (const std::string& choice : choices) {
+      int s = from;
+      for (char c : choice) {
+        int next = n.Add();
+        n.edges.push_back({s, 256 + static_cast<unsigned char>(c), next});
+        s = next;
+      }
+      n.edges.push_back({s, 0, end});
+    }
+    return end;
+  };
+  auto build = [&add_choices](const NamePattern& p) {
     Nfa n;
     int cur = 0;
     for (const Token& t : p.tokens_) {
@@ -217,17 +231,7 @@ bool NamePattern::Overlaps(const NamePattern& other) const {
         }
         case Kind::kCapture: {
           if (!t.choices.empty()) {
-            int end = n.Add();
-            for (const std::string& choice : t.choices) {
-              int s = cur;
-              for (char c : choice) {
-                int next = n.Add();
-                n.edges.push_back({s, 256 + static_cast<unsigned char>(c), next});
-                s = next;
-              }
-              n.edges.push_back({s, 0, end});
-            }
-            cur = end;
+            cur = add_choices(n, cur, t.choices);
             break;
           }
           int next = n.Add();
@@ -236,20 +240,7 @@ bool NamePattern::Overlaps(const NamePattern& other) const {
           cur = next;
           break;
         }
-        case Kind::kAlternation: {
-          int end = n.Add();
-          for (const std::string& choice : t.choices) {
-            int s = cur;
-            for (char c : choice) {
-              int next = n.Add();
-              n.edges.push_back({s, 256 + static_cast<unsigned char>(c), next});
-              s = next;
-            }
-            n.edges.push_back({s, 0, end});
-          }
-          cur = end;
-          break;
-        }
+        case Kind::kAlternation: cur = add_choices(n, cur, t.choices); break;
       }
     }
     n.accept = cur;
