@@ -124,11 +124,21 @@ struct WireOutput {
   shape @2 :List(Int64);    # the whole tensor's output (refitd keeps its own shard)
 }
 
+# How a bucket's checksum is computed. checksum64 (src/common/checksum.h) is sequential;
+# parallel64 (src/common/parallel_checksum.h) splits over threads on both ends. A trainer sends
+# parallel64 only to a daemon whose begin or join answered parallelChecksum (daemons older than the
+# field verify checksum64).
+enum ChecksumKind {
+  checksum64 @0;
+  parallel64 @1;
+}
+
 struct BucketHeader {
   seq @0 :UInt32;           # 0, 1, 2, ... in send order
   nbytes @1 :UInt64;        # payload bytes on the data plane
-  checksum @2 :UInt64;      # Checksum64 of the payload
+  checksum @2 :UInt64;      # of the payload, by checksumKind (0 on data planes that check integrity)
   tensors @3 :List(TensorDesc);
+  checksumKind @4 :ChecksumKind;
 }
 
 struct PhaseTimes {
@@ -336,7 +346,8 @@ struct EngineRankStatus {
 interface Daemon {
   begin @0 (manifest :Manifest, manifestKey :UInt64, sessionId :UInt64)
       -> (session :Session, sessionId :UInt64, dataEndpoint :Text, bucketBytes :UInt64, status :Status,
-          wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool, manifestKey :UInt64, needManifest :Bool);
+          wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool, manifestKey :UInt64, needManifest :Bool,
+          parallelChecksum :Bool);
   # One session at a time: fails with "busy" while another runs. Data-plane tags of this session
   # are (sessionId << 32) | seq. `wirePlan`: with manifest.wireFormat "checkpoint", what the
   # trainer converts before sending (empty otherwise). `ownSeqs` (false from daemons older than
@@ -356,7 +367,8 @@ interface Daemon {
   # session as promised (Cap'n Proto promise pipelining: refitd takes the announce once the begin
   # is answered) and, on a data plane with early sends (CUDA IPC), send a bucket's bytes at once;
   # refitd holds them for the session, and drops them if the begin is refused. The answer's
-  # `sessionId` is the chosen one.
+  # `sessionId` is the chosen one. `parallelChecksum` (false from daemons older than the field):
+  # the session verifies buckets announced with checksumKind parallel64.
 
   registerEngine @1 (params :List(EngineParam), control :EngineControl, version :UInt64, dirty :Bool,
                      tag :Text, tpRank :Int32, tpSize :Int32, epRank :Int32, epSize :Int32,
@@ -381,7 +393,7 @@ interface Daemon {
   abortActive @3 (reason :Text) -> (aborted :Bool);
 
   join @5 (sessionId :UInt64) -> (session :Session, dataEndpoint :Text, bucketBytes :UInt64, status :Status,
-                                  wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool);
+                                  wirePlan :WirePlan, seqBase :UInt32, ownSeqs :Bool, parallelChecksum :Bool);
   # Another trainer rank (a pipeline stage, an expert-parallel or tensor-parallel rank) pushes
   # into the active session `sessionId`: its buckets are numbered from its own `seqBase` (see
   # begin), and it detaches when done (or aborts the refit). Only the rank that began the session

@@ -56,6 +56,8 @@ absl::StatusOr<BucketHeader> FromWire(proto::BucketHeader::Reader r) {
   h.seq = r.getSeq();
   h.nbytes = r.getNbytes();
   h.checksum = r.getChecksum();
+  h.checksum_kind =
+      r.getChecksumKind() == proto::ChecksumKind::PARALLEL64 ? ChecksumKind::kParallel64 : ChecksumKind::kChecksum64;
   for (auto t : r.getTensors()) {
     absl::StatusOr<TensorDesc> d = FromWire(t);
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("bucket ", h.seq, ": ", d.status().message()));
@@ -178,6 +180,8 @@ void ToWire(const BucketHeader& h, proto::BucketHeader::Builder b) {
   b.setSeq(h.seq);
   b.setNbytes(h.nbytes);
   b.setChecksum(h.checksum);
+  b.setChecksumKind(h.checksum_kind == ChecksumKind::kParallel64 ? proto::ChecksumKind::PARALLEL64
+                                                                 : proto::ChecksumKind::CHECKSUM64);
   auto list = b.initTensors(static_cast<unsigned>(h.tensors.size()));
   for (size_t i = 0; i < h.tensors.size(); ++i) ToWire(h.tensors[i], list[static_cast<unsigned>(i)]);
 }

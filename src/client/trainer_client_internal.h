@@ -202,6 +202,7 @@ struct TrainerClient::Impl {
     std::string endpoint;
     uint64_t bucket_bytes = 0;
     WireFormat wire_format = WireFormat::kBf16;  // the begin's (its plan depends on it)
+    bool parallel_checksum = false;
   } answered;
   std::mt19937_64 session_ids{std::random_device{}()};
   std::optional<RefitReport> last_commit_report;  // of the last CommitVersion or Rollback
@@ -223,6 +224,9 @@ struct RefitSession::Impl {
     // waiting for its announce's answer. next_seq: the next bucket's number.
     bool own_seqs = false;
     uint32_t next_seq = 0;
+    // The daemon verifies ParallelChecksum64 (Daemon.begin's parallelChecksum; false from a daemon
+    // older than that): buckets sent to it, and to every other member as well, carry that kind.
+    bool parallel_checksum = false;
   };
   std::vector<Member> members;
   // How the session ended on each member, as its commit's answer reported it (none before, or

@@ -7,6 +7,7 @@
 
 #include "client/trainer_client_internal.h"
 #include "common/device_env.h"
+#include "common/parallel_checksum.h"
 #include "transport/cuda_ipc/cuda_ipc_wire.h"
 
 namespace refit::client {
@@ -341,7 +342,15 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
   h.nbytes = nbytes;
   // A transport that checks integrity itself gets no checksum (its payloads may be on the device,
   // where reading them back would cost a copy); registry.h guarantees host payloads otherwise.
-  h.checksum = data->transport->checks_integrity ? 0 : Checksum64(payload, h.nbytes);
+  // The parallel checksum (on several threads) when every daemon of the session verifies it.
+  const bool parallel =
+      std::all_of(members.begin(), members.end(), [](const Member& m) { return m.parallel_checksum; });
+  h.checksum_kind = parallel ? ChecksumKind::kParallel64 : ChecksumKind::kChecksum64;
+  if (data->transport->checks_integrity) {
+    h.checksum = 0;
+  } else {
+    h.checksum = parallel ? ParallelChecksum64Threads(payload, h.nbytes) : Checksum64(payload, h.nbytes);
+  }
   std::vector<uint64_t> tags(members.size());
   absl::StatusOr<uint32_t> first_seq = Announce(h, tags);
   if (!first_seq.ok()) return first_seq.status();

@@ -91,6 +91,7 @@ bool PipelinedBegin(RefitSession::Impl& s, TrainerClient::Impl& c, DataPlane& da
                  m.id = id;
                  m.own_seqs = true;
                  m.next_seq = 0;
+                 m.parallel_checksum = c.answered.parallel_checksum;
                  s.pending_begin = std::move(call);
                  sent = true;
                })) {
@@ -114,6 +115,7 @@ absl::Status TakeMember(RefitSession::Impl& s, size_t i, uint64_t id, const Answ
   s.members[i].id = id;
   s.members[i].own_seqs = resp.getOwnSeqs();
   s.members[i].next_seq = resp.getSeqBase();
+  s.members[i].parallel_checksum = resp.getParallelChecksum();
   bucket_bytes[i] = resp.getBucketBytes();
   endpoints[i] = resp.getDataEndpoint().cStr();
   return UseWirePlan(s, i, resp.hasWirePlan(), resp.getWirePlan());
@@ -164,7 +166,8 @@ absl::Status BeginOnAll(RefitSession::Impl& s, const std::vector<TrainerClient::
         // What a pipelined begin by this key may expect next time (one daemon only).
         clients[i]->answered = {clients.size() == 1 && clients[i]->manifest_key != 0 && resp.getOwnSeqs() &&
                                     resp.getSeqBase() == 0 && resp.getWirePlan().getTensors().size() == 0,
-                                resp.getDataEndpoint().cStr(), resp.getBucketBytes(), manifest.wire_format};
+                                resp.getDataEndpoint().cStr(), resp.getBucketBytes(), manifest.wire_format,
+                                resp.getParallelChecksum()};
         if (absl::Status st = TakeMember(s, i, resp.getSessionId(), resp, endpoints, bucket_bytes); !st.ok()) {
           return st;
         }
@@ -289,11 +292,12 @@ absl::Status RefitSession::Impl::CheckBegun() {
     if (absl::Status st = wire::FromWire(resp.getStatus()); !st.ok()) return st;
     if (resp.getSessionId() != id || !resp.getOwnSeqs() || resp.getSeqBase() != 0 ||
         resp.getWirePlan().getTensors().size() != 0 || resp.getBucketBytes() != bucket_bytes ||
-        c.answered.endpoint != resp.getDataEndpoint().cStr()) {
+        c.answered.endpoint != resp.getDataEndpoint().cStr() ||
+        resp.getParallelChecksum() != c.answered.parallel_checksum) {
       c.answered.ok = false;
       return absl::InternalError(
-          "refitd answered the begin unlike the one before it (session id, bucket numbers, bucket size, data plane or "
-          "wire plan), which this trainer had taken as promised; begin again");
+          "refitd answered the begin unlike the one before it (session id, bucket numbers, bucket size, data plane, "
+          "wire plan or checksum kind), which this trainer had taken as promised; begin again");
     }
     return true;
   });

@@ -25,6 +25,9 @@ constexpr uint64_t ParallelChecksumMix(uint64_t x) {
 
 // `seed` chains ranges: ParallelChecksum64(b, n2, ParallelChecksum64(a, n1)).
 uint64_t ParallelChecksum64(const void* data, size_t bytes, uint64_t seed = 0);
+// The same value, the range split over up to `threads` host threads (common/parallel_copy.h
+// ForEachPiece: each sums its words, the sums are added); 0 threads: ParallelCopyThreads().
+uint64_t ParallelChecksum64Threads(const void* data, size_t bytes, uint64_t seed = 0, size_t threads = 0);
 
 }  // namespace refit
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel_copy.h"
 
 namespace refit {
 
@@ -14,7 +15,7 @@ absl::Status CpuConverter::Convert(const TensorPlan& plan, const TensorDesc& des
         absl::StrCat("tensor '", desc.name, "' arrived in GPU memory; this daemon converts on the CPU (staging: host)"));
   }
   if (plan.kind == ConvertKind::kCopy) {
-    std::memcpy(outs[0].data, src, desc.nbytes);
+    ParallelCopy(outs[0].data, src, desc.nbytes);
     return absl::OkStatus();
   }
   return formats::Quantize(plan.format, formats::ConstTensor{desc.dtype, desc.shape, src}, options, std::nullopt,

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
 #include "common/hot_wait.h"
+#include "common/parallel_checksum.h"
 #include "common/trace.h"
 
 namespace refit {
@@ -189,7 +190,9 @@ void Session::ReceiveLoop() {
     if (status.ok() && !receiver_.ChecksIntegrity()) {
       // A transport that checks integrity itself announces no checksum (its slots may be on the
       // device, where reading them back would cost a device-to-host copy).
-      uint64_t sum = Checksum64(item.data, item.header.nbytes);
+      const uint64_t sum = item.header.checksum_kind == ChecksumKind::kParallel64
+                               ? ParallelChecksum64Threads(item.data, item.header.nbytes)
+                               : Checksum64(item.data, item.header.nbytes);
       if (sum != item.header.checksum) {
         status = absl::DataLossError(absl::StrCat("bucket ", item.header.seq, ": checksum ", ChecksumHex(sum),
                                                   " does not match the announced ", ChecksumHex(item.header.checksum)));

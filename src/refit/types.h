@@ -46,10 +46,15 @@ struct TensorDesc {
 // A BucketHeader seq asking refitd to number the bucket (several trainer ranks per session).
 inline constexpr uint32_t kAssignBucketSeq = 0xFFFFFFFFu;
 
+// How a bucket's checksum was computed (proto ChecksumKind): Checksum64 (common/checksum.h), or
+// ParallelChecksum64 (common/parallel_checksum.h), which both ends compute on several threads.
+enum class ChecksumKind : uint8_t { kChecksum64, kParallel64 };
+
 struct BucketHeader {
   uint32_t seq = 0;  // or kAssignBucketSeq
   uint64_t nbytes = 0;
   uint64_t checksum = 0;
+  ChecksumKind checksum_kind = ChecksumKind::kChecksum64;
   std::vector<TensorDesc> tensors;
 };
 

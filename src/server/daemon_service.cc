@@ -163,6 +163,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     results.setOwnSeqs(true);
     results.setDataEndpoint(state->receiver->Endpoint());
     results.setBucketBytes(state->config.limits.bucket_bytes);
+    results.setParallelChecksum(true);
     if (begun->wire != nullptr) wire::ToWire(begun->wire->plan(), results.initWirePlan());
     if (!begun->pause_first) return kj::READY_NOW;
     // staging: direct: the engine pauses before the trainer is answered (its buckets are then
@@ -217,6 +218,7 @@ class DaemonImpl final : public proto::Daemon::Server {
     results.setOwnSeqs(true);
     results.setDataEndpoint(state_.receiver->Endpoint());
     results.setBucketBytes(state_.config.limits.bucket_bytes);
+    results.setParallelChecksum(true);
     if (std::shared_ptr<const WireTable> plan = state_.node.wire(); plan != nullptr) {
       wire::ToWire(plan->plan(), results.initWirePlan());
     }

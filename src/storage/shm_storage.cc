@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/parallel_copy.h"
 #include "common/status_macros.h"
 
 namespace refit::storage {
@@ -41,7 +42,7 @@ absl::StatusOr<std::unique_ptr<ShmEngineStorage>> ShmEngineStorage::Open(std::ve
 
 absl::Status ShmEngineStorage::WriteFromHost(size_t index, const void* src) {
   if (index >= infos_.size()) return absl::OutOfRangeError(absl::StrCat("parameter index ", index));
-  std::memcpy(addrs_[index], src, infos_[index].nbytes);
+  ParallelCopy(addrs_[index], src, infos_[index].nbytes);  // the commit copy, inside the pause
   return absl::OkStatus();
 }
 

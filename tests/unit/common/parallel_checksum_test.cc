@@ -61,5 +61,26 @@ TEST(ParallelChecksumTest, SwappedWordsDiffer) {
   EXPECT_NE(ParallelChecksum64(e.data(), e.size()), base);
 }
 
+// The threaded value equals the definition (checked against ByDefinition, not the single-thread
+// code) at sizes around the split: several pieces, a ragged last word, every seed.
+TEST(ParallelChecksumTest, ThreadsGiveTheDefinitionsValue) {
+  std::mt19937_64 rng(42);
+  const size_t piece = size_t{8} << 20;  // kParallelCopyMinPiece
+  for (size_t n : {size_t{0}, size_t{13}, 2 * piece - 1, 2 * piece + 5, 3 * piece + 4097}) {
+    std::vector<uint8_t> d(n);
+    for (auto& b : d) b = static_cast<uint8_t>(rng());
+    const uint64_t seed = rng();
+    const uint64_t want = ByDefinition(d, seed);
+    for (size_t threads : {1, 2, 3, 5}) {
+      EXPECT_EQ(ParallelChecksum64Threads(d.data(), n, seed, threads), want)
+          << n << " bytes, " << threads << " threads";
+    }
+    if (n > 0) {
+      d[n - 1] ^= 0x80;  // the last piece's ragged word counts
+      EXPECT_NE(ParallelChecksum64Threads(d.data(), n, seed, 3), want) << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace refit

@@ -1,5 +1,7 @@
 // Statuses across the control plane: code, message and cause arrive as sent, and a cause this
-// build does not know (a newer daemon's) says nothing more than the code.
+// build does not know (a newer daemon's) says nothing more than the code. A bucket header's
+// checksum and its kind arrive as sent; a header of a trainer older than the kind reads as
+// Checksum64.
 #include "proto/wire.h"
 
 #include "capnp/message.h"
@@ -40,6 +42,32 @@ TEST(WireStatusTest, AnUnknownCauseIsDropped) {
   absl::Status got = FromWire(b.asReader());
   EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(CauseOf(got), EndCause::kNone);
+}
+
+TEST(WireBucketHeaderTest, ChecksumAndKindArriveAsSent) {
+  for (ChecksumKind kind : {ChecksumKind::kChecksum64, ChecksumKind::kParallel64}) {
+    BucketHeader h;
+    h.seq = 7;
+    h.nbytes = 4096;
+    h.checksum = 0x0123456789ABCDEFull;
+    h.checksum_kind = kind;
+    h.tensors.push_back({"w", DType::kBF16, {2048}, 0, 4096});
+    capnp::MallocMessageBuilder message;
+    ToWire(h, message.initRoot<proto::BucketHeader>());
+    absl::StatusOr<BucketHeader> got = FromWire(message.getRoot<proto::BucketHeader>().asReader());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->checksum, h.checksum);
+    EXPECT_EQ(got->checksum_kind, kind);
+    EXPECT_EQ(got->nbytes, 4096u);
+  }
+  // An older trainer's header has no kind: its checksum is a Checksum64.
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<proto::BucketHeader>();
+  b.setNbytes(8);
+  b.setChecksum(1);
+  absl::StatusOr<BucketHeader> got = FromWire(b.asReader());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->checksum_kind, ChecksumKind::kChecksum64);
 }
 
 }  // namespace

@@ -6,8 +6,6 @@
 #ifndef REFIT_TESTS_UNIT_REFIT_NODE_FIXTURE_H_
 #define REFIT_TESTS_UNIT_REFIT_NODE_FIXTURE_H_
 
-#include "refit/node.h"
-
 #include <unistd.h>
 
 #include <atomic>
@@ -17,17 +15,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "common/checksum.h"
 #include "common/fake_clock.h"
+#include "common/parallel_checksum.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "refit/cpu_converter.h"
+#include "refit/node.h"
 #include "spec/model_spec.h"
 #include "storage/memory.h"
 #include "storage/shm_region.h"
 #include "storage/shm_storage.h"
 #include "transport/memory/memory_receiver.h"
-
 
 namespace refit {
 namespace node_test {

@@ -273,6 +273,42 @@ TEST_F(NodeTest, InvalidBucketEndsTheSessionAsInvalidInput) {
   EXPECT_EQ(reports_.back().cause, EndCause::kInvalidInput);
 }
 
+// A trainer told parallelChecksum (Daemon.begin) announces ParallelChecksum64, an older one
+// Checksum64: each bucket is verified by the kind it names, and a sum of the other kind (or of
+// other bytes) ends the session as invalid input with the engine untouched.
+TEST_F(NodeTest, BucketsAreVerifiedByTheChecksumKindTheyName) {
+  Register();
+  uint8_t seed = 40;
+  for (ChecksumKind kind : {ChecksumKind::kChecksum64, ChecksumKind::kParallel64}) {
+    for (bool right : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(kind == ChecksumKind::kParallel64 ? "parallel64" : "checksum64",
+                                right ? ", its own sum" : ", the other kind's sum"));
+      const std::vector<uint8_t> before = EngineBytes();
+      const std::vector<uint8_t> payload = Payload(++seed);
+      absl::StatusOr<BeginResult> begun = node_->Begin(ManifestOf(kParams), absl::Now());
+      ASSERT_TRUE(begun.ok()) << begun.status();
+      BucketHeader h = Bucket(begun->session_id, payload, kParams);
+      const uint64_t parallel = ParallelChecksum64(payload.data(), h.nbytes);
+      const uint64_t serial = Checksum64(payload.data(), h.nbytes);
+      ASSERT_NE(parallel, serial);
+      h.checksum_kind = kind;
+      h.checksum = (kind == ChecksumKind::kParallel64) == right ? parallel : serial;
+      ASSERT_TRUE(node_->Announce(begun->session_id, h).ok());
+      const RefitReport& r = CommitNow(begun->session_id);
+      if (right) {
+        EXPECT_EQ(r.outcome, Outcome::kCommitted) << r.reason;
+        EXPECT_EQ(EngineBytes(), payload);
+      } else {
+        // The bucket is refused as bad input: the session ends before any commit.
+        EXPECT_EQ(r.outcome, Outcome::kAborted);
+        EXPECT_EQ(r.cause, EndCause::kInvalidInput);
+        EXPECT_THAT(r.reason, HasSubstr("bucket 0: checksum"));
+        EXPECT_THAT(r.reason, HasSubstr("does not match the announced"));
+        EXPECT_EQ(EngineBytes(), before);
+      }
+    }
+  }
+}
 
 TEST_F(NodeTest, RefitWhileAsleepIsStagedAndCommitsAtTheWakeAtNewAddresses) {
   ScriptedControl* control = nullptr;
