@@ -100,6 +100,7 @@ def main():
         print(f"{fmt}: " + ("loads with the package's decompressor; bytes equal its compressors'" if not problems
                             else "; ".join(problems)))
         failed += bool(problems)
+    print(f"ct_load_check: {len(FORMATS) - failed} passed, {failed} failed of {len(FORMATS)} formats")
     return 1 if failed else 0
 
 

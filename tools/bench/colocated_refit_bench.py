@@ -248,7 +248,8 @@ def main() -> int:
                     help="model spec (its tensor_parallel is set to size 1); 'demo' for the embedded demo spec")
     ap.add_argument("--engine-tps", default="1",
                     help="comma-separated engine tensor-parallel sizes: each run is repeated for an engine of that "
-                         "many rank processes, all on GPU 0 (labels _tpN for N > 1; e.g. 1,4)")
+                         "many rank processes, all on GPU 0 (labels _tpN for N > 1; e.g. 1,4); with --workload moe "
+                         "the experts are split too (expert_parallel of the same size: TP=N x EP=N)")
     ap.add_argument("--workload", choices=["llama8b", "moe"], default="llama8b",
                     help="llama8b (Llama-3-8B shapes, --spec), or moe (Qwen3-30B-A3B shapes under the shipped "
                          "qwen3_moe_nvfp4.yaml, --moe-layers of its 48 layers)")
@@ -275,8 +276,6 @@ def main() -> int:
     shape, model_config = nb.LLAMA8B, ""
     out["workload"] = a.workload
     if a.workload == "moe":
-        if tps != [1]:
-            raise SystemExit("--workload moe runs a one-process engine (--engine-tps 1)")
         if a.spec.endswith("llama3_fp8.yaml"):
             a.spec = str(HERE.parent.parent / "deploy/models/qwen3_moe_nvfp4.yaml")
         config = dict(QWEN3_30B_A3B, num_hidden_layers=a.moe_layers)
@@ -290,8 +289,11 @@ def main() -> int:
         import re
 
         for tp in tps:
-            text = re.sub(r"^tensor_parallel:.*$", f"tensor_parallel: {{size: {tp}}}", Path(a.spec).read_text(),
-                          flags=re.M)
+            text = re.sub(r"^(tensor|expert)_parallel:.*\n", "", Path(a.spec).read_text(), flags=re.M)
+            text += f"tensor_parallel: {{size: {tp}}}\n"
+            if a.workload == "moe" and tp > 1:
+                # TP=N x EP=N: attention split by heads, each rank holding 128/N whole experts.
+                text += f"expert_parallel: {{size: {tp}}}\n"
             spec_path = tmp / f"spec.tp{tp}.yaml"
             spec_path.write_text(text)
             specs[tp] = str(spec_path)

@@ -314,6 +314,14 @@ int main(int argc, char** argv) {
   run_format("nvfp4_te (amax given, 1 pass)", Format::kNvfp4Te, DType::kBF16, in, 1, 0.85);
   run_format("nvfp4_te (amax computed, 2 pass)", Format::kNvfp4Te, DType::kBF16, in, 2, 0.55);
   run_format("fp16 cast", Format::kFp16, DType::kBF16, in, 0, 0);
+  // compressed-tensors: per-channel FP8 and W4A16 need no global amax (one CTA per row, one thread
+  // per group); per-tensor FP8 and NVFP4 packed take the tensor's amax like nvfp4.
+  run_format("ct_fp8_channel", Format::kCtFp8Channel, DType::kBF16, in, 0, 0.85);
+  run_format("ct_fp8_tensor (amax given, 1 pass)", Format::kCtFp8Tensor, DType::kBF16, in, 1, 0.85);
+  run_format("ct_fp8_tensor (amax computed, 2 pass)", Format::kCtFp8Tensor, DType::kBF16, in, 2, 0.55);
+  run_format("ct_nvfp4 (amax given, 1 pass)", Format::kCtNvfp4, DType::kBF16, in, 1, 0.85);
+  run_format("ct_nvfp4 (amax computed, 2 pass)", Format::kCtNvfp4, DType::kBF16, in, 2, 0.55);
+  run_format("ct_w4a16", Format::kCtW4a16, DType::kBF16, in, 0, 0.85);
   {
     // Amax pass alone (read only; logical bytes = input).
     const double ms = TimeMs([&](int c) {
@@ -346,9 +354,9 @@ int main(int argc, char** argv) {
     copies = saved;
   }
 
-  std::printf("\n%-36s %9s %8s %9s %7s %6s\n", "kernel", "ms", "host_us", "GB/s", "ratio", "goal");
+  std::printf("\n%-40s %9s %8s %9s %7s %6s\n", "kernel", "ms", "host_us", "GB/s", "ratio", "goal");
   for (const Row& r : table) {
-    std::printf("%-36s %9.4f %8.1f %9.1f %7.3f %6s%s\n", r.name.c_str(), r.ms, r.host_us, r.gbps, r.ratio,
+    std::printf("%-40s %9.4f %8.1f %9.1f %7.3f %6s%s\n", r.name.c_str(), r.ms, r.host_us, r.gbps, r.ratio,
                 r.goal > 0 ? std::to_string(r.goal).substr(0, 4).c_str() : "",
                 r.goal > 0 ? (r.ratio >= r.goal ? "  ok" : "  BELOW") : "");
   }

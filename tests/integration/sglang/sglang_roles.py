@@ -60,9 +60,20 @@ def start_engine(ckpt: str):
     # FlashAttention-3 from sglang-kernel, not from the Hub (the GPU machine has no network).
     os.environ.setdefault("SGLANG_USE_SGL_FA3_KERNEL", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # DeepGEMM compiles each GEMM shape when first run instead of warming up every batch size at
+    # start (about 5 minutes on an H100); every SGLang of the test runs the same kernels either way.
+    os.environ.setdefault("SGLANG_JIT_DEEPGEMM_PRECOMPILE", "0")
     import sglang as sgl
 
-    return sgl.Engine(model_path=ckpt, **engine_kwargs())
+    import refit.sglang as rs
+
+    engine = sgl.Engine(model_path=ckpt, **engine_kwargs())
+    BLOCK_SCALES_SET[:] = rs.run(engine, "sglang_roles:worker_load_block_scales", ckpt)[0]
+    return engine
+
+
+# The scale parameters start_engine set after SGLang's own load (worker_load_block_scales).
+BLOCK_SCALES_SET: list = []
 
 
 def generate(engine):
@@ -76,6 +87,38 @@ def generate(engine):
 
 
 # In SGLang's scheduler process, through refit.sglang.run(engine, "sglang_roles:worker_...").
+
+FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+def worker_load_block_scales(runner, ckpt):
+    """Loads the block-FP8 scales SGLang's own load drops. SGLang 0.5.16's
+    LlamaForCausalLM.load_weights (sglang/srt/models/llama.py) renames every `.weight_scale_inv`
+    to `.weight_scale`, while its block-FP8 linear method (Fp8LinearMethod.create_weights,
+    layers/quantization/fp8.py) registers `weight_scale_inv`: each scale is skipped with a
+    "not found in params_dict" warning and the layers keep uninitialized scales. The same holds
+    for update_weights_from_tensor, which goes through load_weights. Here each scale parameter
+    gets the checkpoint's scales, a fused parameter's (qkv_proj, gate_up_proj) its parts' rows
+    one after another, as SGLang's weight loader stacks the weights. Returns the names set."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(Path(ckpt).glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    done = []
+    with torch.no_grad():
+        for name, p in runner.model.named_parameters():
+            if not name.endswith(".weight_scale_inv"):
+                continue
+            parent, leaf = name[: -len(".weight_scale_inv")].rsplit(".", 1)
+            parts = [tensors[f"{parent}.{x}.weight_scale_inv"] for x in FUSED.get(leaf, [leaf])]
+            whole = torch.cat(parts, dim=0)
+            assert whole.shape == p.shape and whole.dtype == p.dtype, (name, whole.shape, p.shape, whole.dtype)
+            p.copy_(whole.to(p.device))
+            done.append(name)
+    torch.cuda.synchronize()
+    return done
 
 def worker_digests(runner):
     """The registered parameters' bytes (refit.sglang.registered_params: less the KV-cache scales)."""
@@ -107,7 +150,8 @@ def role_reference(ckpt: str, out: str) -> None:
     engine = start_engine(ckpt)
     started = time.monotonic() - t0
     try:
-        Path(out).write_text(json.dumps({"outputs": generate(engine), "start_s": started}))
+        Path(out).write_text(json.dumps({"outputs": generate(engine), "start_s": started,
+                                         "block_scales_set": len(BLOCK_SCALES_SET)}))
     finally:
         engine.shutdown()
 
@@ -134,6 +178,7 @@ def role_engine(plan_file: str, out: str) -> None:
     engine = start_engine(plan["fp8"][0])
     try:
         record["start_s"] = time.monotonic() - t0
+        record["block_scales_set"] = list(BLOCK_SCALES_SET)
         record["layout"] = worker("worker_layout")
         save()
         expected0, loaded = expected(0), worker("worker_digests")
@@ -180,7 +225,11 @@ def role_engine(plan_file: str, out: str) -> None:
             ok, message = engine.update_weights_from_tensor(weights)[:2]
             ms = (time.monotonic() - t1) * 1e3
             entry = {"k": k, "ok": ok, "message": message, "update_ms": ms, "outputs": generate(engine)}
-            entry["params_equal_engine_layout"] = worker("worker_digests") == expected(k)
+            want, got = expected(k), worker("worker_digests")
+            entry["params_equal_engine_layout"] = got == want
+            # The parameters its update left as they were (SGLang 0.5.16: the block-FP8 scales,
+            # worker_load_block_scales).
+            entry["params_differing"] = sorted(n for n in want if got.get(n) != want[n])
             entry["addresses_unchanged"] = rs.param_addresses(engine)[0] == addresses
             entry["graphs_unchanged"] = worker("worker_graphs") == graphs
             record["sglang_update"].append(entry)

@@ -12,6 +12,12 @@ process pushing BF16 tensors from the GPU, while SGLang keeps generating. After 
 Then the same versions through SGLang's own update_weights_from_tensor (the converted FP8
 tensors on the GPU), checked the same way; both paths' times are printed.
 
+SGLang 0.5.16 drops a block-FP8 Llama's `weight_scale_inv` tensors in its own load and in
+update_weights_from_tensor (its Llama loader renames them to `weight_scale`, a name its block-FP8
+linear does not register; sglang_roles.worker_load_block_scales). Every fresh SGLang of the test
+gets them from its checkpoint right after start; after SGLang's own update the stale parameters
+must be exactly those scales (counted in the summary, its outputs then not compared).
+
 The spec is deploy/models/llama3_fp8.yaml as shipped (an engine of one rank). Skips, saying why, without
 SGLang, a CUDA device or a CUDA build of refitd. SGLang does not come from the project's setup: on
 a GPU machine, tools/sglang/bundle's site directory on PYTHONPATH provides it. On Blackwell
@@ -130,7 +136,11 @@ def test_sglang_refitted_in_place_equals_a_fresh_sglang_of_the_converted_weights
     assert not ref_errors, ref_errors
     assert record.get("done"), record
 
-    # SGLang's own load of the converted checkpoint is the spec's engine layout, byte for byte.
+    # SGLang's own load of the converted checkpoint (its block-FP8 scales, which SGLang 0.5.16's
+    # Llama loader drops, set from the checkpoint: sglang_roles.worker_load_block_scales) is the
+    # spec's engine layout, byte for byte.
+    assert record["block_scales_set"], "no weight_scale_inv parameter in SGLang's model: not block FP8?"
+    assert all(refs[k]["block_scales_set"] == len(record["block_scales_set"]) for k in refs), refs
     assert record["loaded_equals_engine_layout"], (record["loaded_differing"], record["layout"])
     assert record["graphs_after_start"] > 0, "SGLang holds no CUDA graph: the test would not show graphs staying valid"
     versions = record["versions"]
@@ -144,10 +154,16 @@ def test_sglang_refitted_in_place_equals_a_fresh_sglang_of_the_converted_weights
         assert v["graphs_unchanged"], k
         _same_outputs(v["outputs"], refs[k]["outputs"], f"refitd refit to v{k} vs a fresh SGLang of v{k}")
         assert v["outputs"] != record["outputs0"], f"v{k} generates what v0 did: the refit changed nothing visible"
+    stale_after_sglang_update = {}
     for v in record["sglang_update"]:
         k = v["k"]
         assert v["ok"], (k, v["message"])
-        assert v["params_equal_engine_layout"], k
+        if v["params_differing"]:
+            # SGLang's own update goes through the loader that drops block-FP8 scales: what it
+            # leaves stale must be those scales and nothing else; its outputs are then not v{k}'s.
+            assert all(n.endswith(".weight_scale_inv") for n in v["params_differing"]), (k, v["params_differing"])
+            stale_after_sglang_update[k] = len(v["params_differing"])
+            continue
         _same_outputs(v["outputs"], refs[k]["outputs"], f"SGLang's own update_weights_from_tensor of v{k} vs a fresh SGLang of v{k}")
     summary = {"refitd_refit_wall_ms": [v["trainer"]["wall_ms"] for v in versions],
                "refitd_times_ms": [v["trainer"]["times_ms"] for v in versions],
@@ -156,5 +172,6 @@ def test_sglang_refitted_in_place_equals_a_fresh_sglang_of_the_converted_weights
                "sglang_update_ms": [v["update_ms"] for v in record["sglang_update"]],
                "sglang_update_addresses_unchanged": [v["addresses_unchanged"] for v in record["sglang_update"]],
                "sglang_update_graphs_unchanged": [v["graphs_unchanged"] for v in record["sglang_update"]],
+               "sglang_update_stale_scales": stale_after_sglang_update,
                "sglang_start_s": record["start_s"], "reference_start_s": [refs[k]["start_s"] for k in sorted(refs)]}
     print("sglang-refit-summary " + json.dumps(summary))
