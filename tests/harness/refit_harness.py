@@ -36,6 +36,21 @@ def wait_for(pred, timeout=30.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def nccl_placement(gpus: int, monkeypatch) -> dict:
+    """Where an NCCL test puts refitd and its trainers on a machine with `gpus` GPUs (at least one):
+    {"device": refitd's GPU, "trainer_gpu": the trainers', "env": refitd's extra environment or
+    None}. With two or more, GPU 1 and GPU 0. With one, both on GPU 0, each process with its own
+    NCCL_HOSTID over loopback sockets (NCCL_SOCKET_IFNAME=lo), so that NCCL takes them for separate
+    hosts and uses its socket transport instead of refusing several ranks on one device: such runs
+    check correctness only, their times are socket times. The trainers inherit this process's
+    environment, which `monkeypatch` (pytest's) sets for the test; refitd gets its own host id."""
+    if gpus >= 2:
+        return {"device": 1, "trainer_gpu": 0, "env": None}
+    monkeypatch.setenv("NCCL_HOSTID", f"refit-trainer-{os.getpid()}")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    return {"device": 0, "trainer_gpu": 0, "env": {"NCCL_HOSTID": f"refit-daemon-{os.getpid()}"}}
+
+
 def json_lines(text: str) -> list:
     """The JSON objects among `text`'s lines (the example programs' reports)."""
     return [json.loads(l) for l in text.splitlines() if l.startswith("{")]

@@ -5,7 +5,6 @@ scenario counts the forward steps that mixed versions across ranks: none is allo
 killed (or stalled) at each phase by failpoints, the trainer killed between the phases, a member
 restarted: each ends with the group consistent again by the next group refit, and nothing hangs
 past the members' deadlines."""
-import os
 import shutil
 import signal
 import subprocess
@@ -378,10 +377,10 @@ def test_a_member_held_while_its_peer_is_down_runs_once_the_restarted_peer_knows
 
 @pytest.fixture
 def nccl_group(monkeypatch):
-    """Where the NCCL variant puts the members and the trainer: GPU 1 and GPU 0 with two GPUs; with
-    one, all on GPU 0, each process with its own NCCL_HOSTID (loopback sockets), so that NCCL takes
-    them for separate hosts instead of refusing several ranks on one device: correctness only.
-    Skips without a GPU or without NCCL in the build."""
+    """Where the NCCL variant puts the members and the trainer (refit_harness.nccl_placement: GPU 1
+    and GPU 0 with two GPUs; with one, all on GPU 0, each process with its own NCCL_HOSTID, and
+    each member's refitd its own again, group_lockstep.py). Skips without a GPU or without NCCL in
+    the build."""
     smi = shutil.which("nvidia-smi")
     gpus = 0
     if smi is not None:
@@ -392,11 +391,7 @@ def nccl_group(monkeypatch):
     cache = h.BIN / "CMakeCache.txt"
     if "REFIT_NCCL_LIBRARY:FILEPATH=/" not in (cache.read_text() if cache.exists() else ""):
         pytest.skip("refitd was built without NCCL")
-    if gpus >= 2:
-        return {"device": 1, "trainer_gpu": 0, "env": None}
-    monkeypatch.setenv("NCCL_HOSTID", f"refit-trainer-{os.getpid()}")
-    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
-    return {"device": 0, "trainer_gpu": 0, "env": {"NCCL_HOSTID": f"refit-daemon-{os.getpid()}"}}
+    return h.nccl_placement(gpus, monkeypatch)
 
 
 @pytest.mark.parametrize("members,ranks", [(3, 1), (2, 2)], ids=["3x1", "2x2"])

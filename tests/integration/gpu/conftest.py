@@ -66,21 +66,15 @@ def require_two_gpus():
 
 @pytest.fixture
 def nccl_placement(monkeypatch):
-    """Where an NCCL test puts refitd and its trainers: GPU 1 and GPU 0 with two GPUs; with one,
-    both on GPU 0, each process with its own NCCL_HOSTID (over loopback), so that NCCL takes them
-    for two hosts and uses its socket transport instead of refusing two ranks on one device. The
-    trainers inherit this process's environment; refitd gets its own host id. Such runs check
-    correctness only: their times are socket times. Skips without a GPU or without NCCL."""
+    """Where an NCCL test puts refitd and its trainers (refit_harness.nccl_placement: GPU 1 and
+    GPU 0 with two GPUs; with one, both on GPU 0, each process with its own NCCL_HOSTID over
+    loopback; correctness only). Skips without a GPU or without NCCL."""
     n, why = gpu_count()
     if n == 0:
         pytest.skip(f"no CUDA device: {why}")
     if not built_with_nccl():
         pytest.skip("refitd was built without NCCL")
-    if n >= 2:
-        return {"device": 1, "trainer_gpu": 0, "env": None}
-    monkeypatch.setenv("NCCL_HOSTID", f"refit-trainer-{os.getpid()}")
-    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
-    return {"device": 0, "trainer_gpu": 0, "env": {"NCCL_HOSTID": f"refit-daemon-{os.getpid()}"}}
+    return h.nccl_placement(n, monkeypatch)
 
 
 class GpuNode:
