@@ -94,6 +94,25 @@ std::optional<int64_t> RowsPerRank(const TensorPlan& plan, const TensorDesc& des
   return rows;
 }
 
+// `outs` (one per distinct target) in output order when every output of `plan` has exactly one
+// distinct target holding the whole output (not a shard part): what Converter::Convert takes.
+// nullopt otherwise.
+std::optional<std::vector<formats::MutableBytes>> WholeOutputs(const TensorPlan& plan,
+                                                               std::span<const Target* const> distinct,
+                                                               std::span<const formats::MutableBytes> outs) {
+  if (plan.shard_dim.has_value() && plan.shard_parts > 1) return std::nullopt;
+  std::vector<formats::MutableBytes> whole(distinct.size(), formats::MutableBytes{nullptr, 0});
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    const Target& t = *distinct[i];
+    if (t.output >= whole.size() || whole[t.output].data != nullptr || outs[i].data == nullptr ||
+        t.spec.shape != t.full_shape) {
+      return std::nullopt;
+    }
+    whole[t.output] = outs[i];
+  }
+  return whole;
+}
+
 }  // namespace
 
 absl::Status Session::ConvertRowsPerRank(const TensorDesc& desc, const uint8_t* src, storage::MemoryKind src_kind,
@@ -166,6 +185,14 @@ absl::Status Session::StageOnRanks(const TensorDesc& desc, const uint8_t* src, s
         apart = !order.empty() && !InOneRun(order, outs, outs[order.front()].bytes * order.size());
       }
       if (apart) return ConvertRowsPerRank(desc, src, src_kind, plan, *rows, distinct, outs);
+    }
+  }
+  // A tensor whose every output lands whole in one place (an expert of one EP rank's range, a
+  // tensor every rank shares, staged once): the converter writes straight into staging, as for an
+  // engine of one rank, in its batched runs.
+  if (!global_amax && device_amax == nullptr && !claim && !plan.transpose) {
+    if (std::optional<std::vector<formats::MutableBytes>> whole = WholeOutputs(plan, distinct, outs)) {
+      return converter_.Convert(plan, desc, src, src_kind, *whole, planner_.spec().options);
     }
   }
   // Several engine ranks: the tensor is converted whole once, then each rank's part (or the
