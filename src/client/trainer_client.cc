@@ -263,9 +263,9 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
   }
   if (!sent.ok()) {
     // A send failed: the data plane is dropped, which fails refitd's session (and the commit
-    // waiting for its buckets); this reports the send.
+    // waiting for its buckets). The commit's answer then says why the session ended (often what
+    // failed the send: refitd aborted it and dropped the connection).
     impl_->data->Drop();
-    return sent;
   }
   std::vector<RefitReport> reports;
   absl::Status failed;
@@ -288,6 +288,8 @@ absl::StatusOr<std::vector<RefitReport>> RefitSession::CommitAll() {
       outcomes.push_back(absl::StrCat(impl_->Who(i), r.status().message()));
     }
   }
+  // An answer lost with the connection says less than the failed send.
+  if (!sent.ok() && absl::IsUnavailable(failed)) return sent;
   if (!failed.ok()) {
     // The session ended without committing; refitd may have dropped this trainer's data-plane
     // connection meanwhile (a deadline passed while the commit waited): the next session

@@ -135,9 +135,10 @@ struct DataPlane {
   // life: a refit of many buckets starts no thread per bucket.
   KeptThreads send_threads;
 
-  // Device buckets: packing is asynchronous, so a bucket is sent in the background while the
-  // next one is packed into the other buffer. Host buckets are sent at once.
-  bool overlapped() const { return memory->kind() == storage::MemoryKind::kDevice; }
+  // A bucket is sent in the background while the next one is packed into the other buffer:
+  // device buckets pack by asynchronous copies; a host bucket's send overlaps the next one's
+  // copies and checksum (docs/operations.md "Host copies"). One send at a time per lane.
+  bool overlapped() const { return true; }
 
   // After a failed send: the next session connects afresh.
   void Drop() {

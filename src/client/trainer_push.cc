@@ -361,8 +361,16 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
     tamper(*first_seq, tampered);
     payload = tampered.data();
   }
-  absl::Status sent = data->overlapped() ? SendInBackground(std::move(tags), *first_seq, payload, h.nbytes, packed)
-                                         : data->Send(0, tags, payload, h.nbytes);
+  absl::Status sent;
+  if (!tampered.empty()) {
+    // Test builds' tampered copy lives only in this call: sent here, after the sends before it.
+    sent = WaitInFlight();
+    if (sent.ok()) sent = data->Send(0, tags, payload, h.nbytes);
+  } else if (data->overlapped()) {
+    sent = SendInBackground(std::move(tags), *first_seq, payload, h.nbytes, packed);
+  } else {
+    sent = data->Send(0, tags, payload, h.nbytes);
+  }
   if (!sent.ok()) {
     // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
     // session connects afresh (once the other lane's send, if any, has ended). An announce
