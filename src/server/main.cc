@@ -30,6 +30,7 @@
 #include "capnp/rpc-twoparty.h"
 #include "common/bounded_file.h"
 #include "common/busy_poll.h"
+#include "common/cpu_profile.h"
 #include "common/failpoint.h"
 #include "common/hot_wait.h"
 #include "common/tls_context.h"
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
   // (parsing the config and the model spec) their default action ends refitd at once.
   kj::UnixEventPort::captureSignal(SIGHUP);  // re-reads the log level, reloads the TLS files
   signal(SIGPIPE, SIG_IGN);
+  StartCpuProfileFromEnv();  // REFIT_CPU_PROFILE: written at exit (common/cpu_profile.h)
   const server::CommandLine command_line = server::ParseCommandLine(argc, argv);
   if (command_line.exit_code) return *command_line.exit_code;
   const std::string& config_path = command_line.config_path;

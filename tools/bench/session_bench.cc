@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/checksum.h"
+#include "common/cpu_profile.h"
 #include "demo_model.h"
 #include "formats/format.h"
 #include "refit/bucket_ring.h"
@@ -337,4 +338,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace refit
 
-int main(int argc, char** argv) { return refit::Run(argc, argv); }
+int main(int argc, char** argv) {
+  refit::StartCpuProfileFromEnv();  // REFIT_CPU_PROFILE (common/cpu_profile.h)
+  return refit::Run(argc, argv);
+}

@@ -1,0 +1,141 @@
+#include "common/cpu_profile.h"
+
+#include <execinfo.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+namespace refit {
+namespace {
+
+constexpr int kFrames = 48;
+constexpr uint64_t kMaxSamples = uint64_t{1} << 16;  // 65 s of CPU time at 1 kHz; 27 MB
+
+struct Sample {
+  uint32_t tid;
+  uint32_t depth;
+  char thread[16];  // the thread's name when sampled (threads may end before the profile is written)
+  void* pc[kFrames];
+};
+
+// The profile in progress (null when none). The samples are allocated before the timer starts
+// and freed only after it stopped and the handler was reset, so the handler never sees them go.
+Sample* samples = nullptr;
+std::atomic<uint64_t> next_sample{0};
+std::atomic<bool> running{false};
+std::string* path = nullptr;
+
+void OnProf(int, siginfo_t*, void* context) {
+  if (!running.load(std::memory_order_relaxed)) return;
+  const uint64_t i = next_sample.fetch_add(1, std::memory_order_relaxed);
+  if (i >= kMaxSamples) return;
+  Sample& s = samples[i];
+  s.tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  std::memset(s.thread, 0, sizeof(s.thread));
+  prctl(PR_GET_NAME, s.thread);
+  void* frames[kFrames];
+  const int n = backtrace(frames, kFrames);
+  // The handler's own frames and the signal trampoline come first: the sample starts at the
+  // interrupted instruction (the context's pc), which the unwinder reports after them.
+  const auto* uc = static_cast<const ucontext_t*>(context);
+  void* pc = reinterpret_cast<void*>(uc->uc_mcontext.gregs[REG_RIP]);
+  int first = 0;
+  while (first < n && frames[first] != pc) ++first;
+  if (first == n) {  // not found (an unwinder that skips it): keep the pc and the whole stack
+    s.pc[0] = pc;
+    const int rest = n < kFrames - 1 ? n : kFrames - 1;
+    std::memcpy(&s.pc[1], frames, sizeof(void*) * static_cast<size_t>(rest));
+    s.depth = static_cast<uint32_t>(rest + 1);
+    return;
+  }
+  std::memcpy(s.pc, frames + first, sizeof(void*) * static_cast<size_t>(n - first));
+  s.depth = static_cast<uint32_t>(n - first);
+}
+
+std::string ReadFile(const std::string& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+bool StartCpuProfileFromEnv() {
+  const char* file = std::getenv("REFIT_CPU_PROFILE");
+  if (file == nullptr || *file == '\0' || samples != nullptr) return false;
+  long hz = 1000;
+  if (const char* h = std::getenv("REFIT_CPU_PROFILE_HZ"); h != nullptr && std::atol(h) > 0) hz = std::atol(h);
+  samples = new Sample[kMaxSamples];
+  // "%p" in the name becomes the process id: the refitd processes of one benchmark run each write
+  // their own profile.
+  std::string name(file);
+  if (size_t at = name.find("%p"); at != std::string::npos) name.replace(at, 2, std::to_string(getpid()));
+  path = new std::string(std::move(name));
+  void* warm[4];
+  (void)backtrace(warm, 4);  // loads the unwinder now, not inside the first signal
+  struct sigaction sa {};
+  sa.sa_sigaction = OnProf;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGPROF, &sa, nullptr);
+  running.store(true);
+  itimerval t{};
+  t.it_interval.tv_sec = 0;
+  t.it_interval.tv_usec = static_cast<suseconds_t>(hz >= 1000000 ? 1 : 1000000 / hz);
+  t.it_value = t.it_interval;
+  setitimer(ITIMER_PROF, &t, nullptr);
+  std::atexit(StopCpuProfile);
+  return true;
+}
+
+void StopCpuProfile() {
+  if (samples == nullptr || !running.exchange(false)) return;
+  itimerval off{};
+  setitimer(ITIMER_PROF, &off, nullptr);
+  signal(SIGPROF, SIG_IGN);
+  const uint64_t n = next_sample.load() < kMaxSamples ? next_sample.load() : kMaxSamples;
+  std::FILE* f = std::fopen(path->c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "REFIT_CPU_PROFILE: cannot write %s\n", path->c_str());
+    return;
+  }
+  // Text: the samples ("s <tid> <thread name> <pc> ..."), then the threads' names and the mappings.
+  std::fprintf(f, "refit-cpu-profile 1\nsamples %llu dropped %llu\n", static_cast<unsigned long long>(n),
+               static_cast<unsigned long long>(next_sample.load() - n));
+  for (uint64_t i = 0; i < n; ++i) {
+    const Sample& s = samples[i];
+    char name[sizeof(s.thread) + 1] = {};
+    std::memcpy(name, s.thread, sizeof(s.thread));
+    for (char* c = name; *c != '\0'; ++c) {
+      if (*c == ' ') *c = '_';
+    }
+    std::fprintf(f, "s %u %s", s.tid, name[0] != '\0' ? name : "-");
+    for (uint32_t d = 0; d < s.depth; ++d)
+      std::fprintf(f, " %llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s.pc[d])));
+    std::fputc('\n', f);
+  }
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::string comm = ReadFile(task.path().string() + "/comm");
+    if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    std::fprintf(f, "t %s %s\n", task.path().filename().c_str(), comm.c_str());
+  }
+  std::fputs("maps\n", f);
+  std::fputs(ReadFile("/proc/self/maps").c_str(), f);
+  std::fclose(f);
+}
+
+}  // namespace refit
