@@ -9,14 +9,13 @@ the same run (goal: pause <= copy + 1 ms).
 """
 import argparse
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_procs import start_node, stop
 
 LLAMA8B = ["--layers", "32", "--hidden", "4096", "--intermediate", "14336", "--kv-hidden", "1024", "--vocab", "128256"]
 
@@ -31,25 +30,12 @@ def main():
     a = ap.parse_args()
     build = Path(a.build)
     tmp = Path(tempfile.mkdtemp())
+    daemon, engine = start_node(
+        build, tmp, f"listen: unix:{tmp / 'refitd.sock'}\nstaging: {a.staging}\nlimits:\n"
+        f"  bucket_bytes: {a.bucket_bytes}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n",
+        ["--gpu", "0", "--idle", *a.shape])
     sock = tmp / "refitd.sock"
-    (tmp / "refitd.yaml").write_text(
-        f"listen: unix:{sock}\nstaging: {a.staging}\nlimits:\n  bucket_bytes: {a.bucket_bytes}\n"
-        f"  bucket_slots: 2\n  session_deadline_ms: 600000\n")
-    daemon = subprocess.Popen([str(build / "src/server/refitd"), "--config", str(tmp / "refitd.yaml")],
-                              stdout=open(tmp / "refitd.log", "w"), stderr=subprocess.STDOUT)
-    engine = None
     try:
-        for _ in range(400):
-            if sock.exists():
-                break
-            time.sleep(0.05)
-        engine = subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", f"unix:{sock}",
-                                   "--gpu", "0", "--idle", *a.shape],
-                                  stdout=open(tmp / "engine.log", "w"), stderr=subprocess.STDOUT)
-        for _ in range(1200):
-            if "registered" in (tmp / "engine.log").read_text() or engine.poll() is not None:
-                break
-            time.sleep(0.05)
         reg = json.loads((tmp / "engine.log").read_text().splitlines()[0])
         t0 = time.time()
         p = subprocess.run([str(build / "tools/examples/example_trainer"), "--address", f"unix:{sock}",
@@ -78,13 +64,7 @@ def main():
               f"{pauses[len(pauses)//2] - (copy['d2d_ms'] if a.staging == 'device' else copy['h2d_ms']):.2f} ms")
         return 0
     finally:
-        for proc in (engine, daemon):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop(engine, daemon)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bench_procs import start_node, stop
+
 PASSTHROUGH_SPEC = """model: demo-llama
 defaults:
   format: passthrough
@@ -75,29 +77,15 @@ def perftest(tls: str, bucket: int, total: int) -> dict:
 
 
 def refits(build: Path, shape: list, bucket: int, count: int, tmp: Path) -> list:
-    sock = tmp / "refitd.sock"
-    address = f"unix:{sock}"
+    address = f"unix:{tmp / 'refitd.sock'}"
     spec = tmp / "spec.yaml"
     spec.write_text(PASSTHROUGH_SPEC)
-    (tmp / "refitd.yaml").write_text(
-        f"listen: {address}\nstaging: host\nmodel_spec: {spec}\n"
-        f"limits:\n  bucket_bytes: {bucket}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n")
     shm = f"/refit-ucxbench-{uuid.uuid4().hex[:8]}"
-    daemon = subprocess.Popen([str(build / "src/server/refitd"), "--config", str(tmp / "refitd.yaml")],
-                              stdout=open(tmp / "refitd.log", "w"), stderr=subprocess.STDOUT)
-    engine = None
+    daemon, engine = start_node(
+        build, tmp, f"listen: {address}\nstaging: host\nmodel_spec: {spec}\n"
+        f"limits:\n  bucket_bytes: {bucket}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n",
+        ["--shm", shm, "--spec", str(spec), "--idle", *shape], engine_wait_s=120)
     try:
-        for _ in range(400):
-            if sock.exists():
-                break
-            time.sleep(0.05)
-        engine = subprocess.Popen([str(build / "tools/examples/example_engine"), "--address", address, "--shm", shm,
-                                   "--spec", str(spec), "--idle", *shape],
-                                  stdout=open(tmp / "engine.log", "w"), stderr=subprocess.STDOUT)
-        for _ in range(2400):
-            if "registered" in (tmp / "engine.log").read_text() or engine.poll() is not None:
-                break
-            time.sleep(0.05)
         p = subprocess.run([str(build / "tools/examples/example_trainer"), "--address", address, "--spec", str(spec),
                             "--refits", str(count), "--no-verify", *shape],
                            capture_output=True, text=True, timeout=3000)
@@ -112,13 +100,7 @@ def refits(build: Path, shape: list, bucket: int, count: int, tmp: Path) -> list
             r["data_plane"] = data.group(1) if data else ""
         return reports
     finally:
-        for proc in (engine, daemon):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop(engine, daemon)
         Path("/dev/shm" + shm).unlink(missing_ok=True)
 
 
