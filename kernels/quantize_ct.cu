@@ -3,8 +3,10 @@
 // 16-byte input chunks, and the lanes sharing a 16-block (NVFP4) or 128-group (W4A16) reduce its
 // amax with shuffles. Per-channel FP8 needs the whole row's amax first: a warp (short rows) or a
 // CTA (long rows) owns a row, keeps up to kRowRegs chunks per thread in registers and re-reads
-// the rest of a longer row (from L2) to encode it. Divisions and products use the _rn
-// intrinsics, so nothing is contracted or approximated.
+// the rest of a longer row (from L2) to encode it. Products and the scales' divisions use the _rn
+// intrinsics, so nothing is contracted or approximated; the elements' quotients x / s are
+// correctly rounded too (DivChunk: one reciprocal per chunk and Markstein's correction where
+// that is exact, a true division elsewhere).
 #include "kernels/flat_kernels.cuh"
 #include "kernels/launch.h"
 
@@ -25,13 +27,35 @@ __device__ __forceinline__ float SymmetricScale(float amax, float half_range) {
   return s == 0.0f ? kBf16Eps : s;
 }
 
-// E4m3Byte is formats::bits::F32ToE4m3 for every input, in hardware.
-__device__ __forceinline__ uint32_t Fp8Code(float x, float s) {
-  return E4m3Byte(__fadd_rn(Bf16(__fdiv_rn(x, s)), 0.0f));
-}
+// The code of y = RN(x / s). E4m3Byte is formats::bits::F32ToE4m3 for every input, in hardware.
+__device__ __forceinline__ uint32_t Fp8Code(float y) { return E4m3Byte(__fadd_rn(Bf16(y), 0.0f)); }
 
 // The reference's E2M1 code: sign y < 0, NaN -> 0 (E2m1Mag is bits::E2m1Magnitude).
 __device__ __forceinline__ uint32_t E2m1Code(float y) { return bits::IsNan(y) ? 0u : E2m1SignLt(y); }
+
+// y[i] = RN(x[i] / d) for a chunk whose max|x| has the bits `amax`, with r = RN(1 / d): one
+// reciprocal per divisor instead of a division per element. Markstein's correction of x * r (as
+// in Nvfp4Op) is the correctly rounded quotient while d lies in [2^-100, 2^100], no x is
+// non-finite and every nonzero |x| is at least d * 2^-125 (the quotient is normal) and 2^-101
+// (the remainder x - q0 * d is a multiple of 2^-148, so the fma computes it exactly); |x| below
+// d * 2^120 keeps the quotient finite. Other chunks divide. The fast path turns -0 / d into +0,
+// which every caller encodes as it encodes -0 (+0 is added, or the sign rule is y < 0).
+template <int kC>
+__device__ __forceinline__ void DivChunk(const float (&x)[kC], uint32_t amax, float d, float r, float (&y)[kC]) {
+  const float lo = fmaxf(d * 0x1p-125f, 0x1p-101f);
+  bool slow = !(d >= 0x1p-100f && d <= 0x1p100f) || amax >= kInfBits || F(amax) > d * 0x1p120f;
+#pragma unroll
+  for (int i = 0; i < kC; ++i) {
+    const float q0 = x[i] * r;
+    y[i] = fmaf(fmaf(-q0, d, x[i]), r, q0);
+    const float ax = fabsf(x[i]);
+    slow |= (ax < lo) & (ax > 0.0f);
+  }
+  if (slow) {
+#pragma unroll
+    for (int i = 0; i < kC; ++i) y[i] = __fdiv_rn(x[i], d);
+  }
+}
 
 // The kC FP8 codes of a chunk at q + elem: one vector store on the vector path (q + elem is then
 // aligned to it), otherwise bytes for the elements before `n`.
@@ -51,12 +75,16 @@ __device__ __forceinline__ void StoreFp8(uint8_t* q, int64_t elem, int64_t n, co
   }
 }
 
+// The FP8 codes of a chunk (max|x| bits `amax`) under the scale s, r = RN(1 / s).
 template <int kC>
-__device__ __forceinline__ void EncodeFp8(const float (&v)[kC], float s, uint32_t (&w)[kC / 4]) {
+__device__ __forceinline__ void EncodeFp8(const float (&v)[kC], uint32_t amax, float s, float r,
+                                          uint32_t (&w)[kC / 4]) {
+  float y[kC];
+  DivChunk<kC>(v, amax, s, r, y);
 #pragma unroll
   for (int i = 0; i < kC / 4; ++i) {
-    w[i] = Fp8Code(v[4 * i], s) | (Fp8Code(v[4 * i + 1], s) << 8) | (Fp8Code(v[4 * i + 2], s) << 16) |
-           (Fp8Code(v[4 * i + 3], s) << 24);
+    w[i] = Fp8Code(y[4 * i]) | (Fp8Code(y[4 * i + 1]) << 8) | (Fp8Code(y[4 * i + 2]) << 16) |
+           (Fp8Code(y[4 * i + 3]) << 24);
   }
 }
 
@@ -69,15 +97,16 @@ struct CtFp8TensorOp {
   float claim;
   unsigned long long* claim_word;
 
-  __device__ __forceinline__ float Prepare() const {
-    return SymmetricScale(amax_dev != nullptr ? *amax_dev : amax_host, 448.0f);
+  __device__ __forceinline__ float2 Prepare() const {
+    const float s = SymmetricScale(amax_dev != nullptr ? *amax_dev : amax_host, 448.0f);
+    return make_float2(s, __frcp_rn(s));
   }
 
   template <launch::Input kIn, bool kVec>
-  __device__ __forceinline__ void Process(float s, int64_t chunk, int64_t elem, const uint4& raw, bool valid,
+  __device__ __forceinline__ void Process(float2 sr, int64_t chunk, int64_t elem, const uint4& raw, bool valid,
                                           int64_t n) const {
     constexpr int kC = Elems<kIn>::kCount;
-    if (chunk == 0) *scale = bits::F32ToBf16(s);  // written even for an empty tensor
+    if (chunk == 0) *scale = bits::F32ToBf16(sr.x);  // written even for an empty tensor
     if (!valid) return;
     float v[kC];
     const uint32_t lane_amax = Decode<kIn>(raw, v);
@@ -91,7 +120,7 @@ struct CtFp8TensorOp {
       if (first < kC) atomicMin(claim_word, (1ULL << 63) | static_cast<unsigned long long>(elem + first));
     }
     uint32_t w[kC / 4];
-    EncodeFp8<kC>(v, s, w);
+    EncodeFp8<kC>(v, lane_amax, sr.x, sr.y, w);
     StoreFp8<kC, kVec>(q, elem, n, w);
   }
 };
@@ -130,11 +159,14 @@ struct CtNvfp4Op {
       atomicMin(claim_word, (1ULL << 63) | static_cast<unsigned long long>(elem));
     }
     uint32_t sc = E4m3Byte(__fmul_rn(g, Bf16(__fdiv_rn(bmax, 6.0f))));
-    if (bits::E4m3ToF32(static_cast<uint8_t>(sc)) == 0.0f) sc = kE4m3Eighth;
-    const float d = __fdiv_rn(bits::E4m3ToF32(static_cast<uint8_t>(sc)), g);
+    // E4m3Value is bits::E4m3ToF32 up to the NaN payload, which no code depends on (NaN -> 0).
+    if (E4m3Value(sc) == 0.0f) sc = kE4m3Eighth;
+    const float d = __fdiv_rn(E4m3Value(sc), g);
+    float y[kC];
+    DivChunk<kC>(v, lane_amax, d, __frcp_rn(d), y);
     uint32_t codes = 0;
 #pragma unroll
-    for (int i = 0; i < kC; ++i) codes |= E2m1Code(__fdiv_rn(v[i], d)) << (4 * i);
+    for (int i = 0; i < kC; ++i) codes |= E2m1Code(y[i]) << (4 * i);
     StorePackedNibbles<kC, kVec>(packed, elem, codes);
     if (block_first) scales[elem / 16] = static_cast<uint8_t>(sc);
   }
@@ -160,10 +192,12 @@ struct CtW4a16Op {
     const uint32_t lane_amax = Decode<kIn>(raw, v);
     const float s = SymmetricScale(F(GroupMax<kLanes>(lane_amax)), 7.5f);
     // Word w of a group holds elements 8w..8w+7, element 8w+j in nibble j as q + 8.
+    float quot[kC];
+    DivChunk<kC>(v, lane_amax, s, __frcp_rn(s), quot);
     uint32_t nibbles = 0;
 #pragma unroll
     for (int i = 0; i < kC; ++i) {
-      float y = __fadd_rn(Bf16(__fdiv_rn(v[i], s)), 0.0f);
+      float y = __fadd_rn(Bf16(quot[i]), 0.0f);
       y = y < -8.0f ? -8.0f : (y > 7.0f ? 7.0f : y);
       const int qv = bits::IsNan(y) ? 0 : static_cast<int>(rintf(y));
       nibbles |= static_cast<uint32_t>(qv + 8) << (4 * i);
@@ -241,7 +275,7 @@ __global__ void __launch_bounds__(kRowThreads)
       m = __reduce_max_sync(0xFFFFFFFFu, lane < kWarps ? warp_max[parity][lane] : 0u);
       parity ^= 1;
     }
-    const float s = SymmetricScale(F(m), 448.0f);
+    const float s = SymmetricScale(F(m), 448.0f), rs = __frcp_rn(s);
     if (t == 0) scales[r] = bits::F32ToBf16(s);
     uint8_t* qrow = q + r * k;
 #pragma unroll
@@ -249,16 +283,16 @@ __global__ void __launch_bounds__(kRowThreads)
       const int64_t c = t + j * kTeam;
       if (c >= n_chunks) break;
       float v[kC];
-      Decode<kIn>(raw[j], v);
+      const uint32_t a = Decode<kIn>(raw[j], v);
       uint32_t w[kC / 4];
-      EncodeFp8<kC>(v, s, w);
+      EncodeFp8<kC>(v, a, s, rs, w);
       StoreFp8<kC, kVec>(qrow, c * kC, k, w);
     }
     for (int64_t c = t + kRowRegs * kTeam; c < n_chunks; c += kTeam) {
       float v[kC];
-      Decode<kIn>(LoadRowChunk<kIn, kVec>(row, c, k), v);
+      const uint32_t a = Decode<kIn>(LoadRowChunk<kIn, kVec>(row, c, k), v);
       uint32_t w[kC / 4];
-      EncodeFp8<kC>(v, s, w);
+      EncodeFp8<kC>(v, a, s, rs, w);
       StoreFp8<kC, kVec>(qrow, c * kC, k, w);
     }
   }
