@@ -112,9 +112,13 @@ def main():
     a = ap.parse_args()
     samples, threads, maps = parse(a.profile)
     names = symbolize(samples, maps, Path(a.build).resolve())
+    per_name = collections.Counter(threads.get(t, "?") for t, _ in samples)
     per_thread = collections.Counter(f"{threads.get(t, '?')} [{t}]" for t, _ in samples)
-    print(f"{len(samples)} samples; per thread:")
-    for t, n in per_thread.most_common():
+    print(f"{len(samples)} samples; per thread name:")
+    for t, n in per_name.most_common():
+        print(f"  {n:7d} {100.0 * n / max(len(samples), 1):5.1f}%  {t}")
+    print(f"the {min(a.top, len(per_thread))} busiest threads of {len(per_thread)}:")
+    for t, n in per_thread.most_common(a.top):
         print(f"  {n:7d} {100.0 * n / max(len(samples), 1):5.1f}%  {t}")
     chosen = [(t, s) for t, s in samples if a.thread in threads.get(t, f"tid {t}")]
     if a.under:
