@@ -120,6 +120,9 @@ struct DataPlane {
   const transport::TransportDescriptor* transport = nullptr;  // of the connected endpoints
   std::unique_ptr<storage::Memory> memory;                    // where the buckets live
   int memory_device = -1;                                     // for device memory
+  // Two buckets: one is sent in the background while the next is packed into the other (device
+  // buckets by asynchronous copies; host buckets' copies and checksum overlap the send,
+  // docs/operations.md "Host copies"). One send at a time per lane.
   std::shared_ptr<uint8_t> bucket[2];
   uint64_t bucket_capacity = 0;
   int current = 0;  // the bucket Push packs into
@@ -134,11 +137,6 @@ struct DataPlane {
   // The background sends (RefitSession::Impl::in_flight) run on threads kept for the data plane's
   // life: a refit of many buckets starts no thread per bucket.
   KeptThreads send_threads;
-
-  // A bucket is sent in the background while the next one is packed into the other buffer:
-  // device buckets pack by asynchronous copies; a host bucket's send overlaps the next one's
-  // copies and checksum (docs/operations.md "Host copies"). One send at a time per lane.
-  bool overlapped() const { return true; }
 
   // After a failed send: the next session connects afresh.
   void Drop() {
@@ -260,7 +258,7 @@ struct RefitSession::Impl {
   }
   uint64_t bucket_bytes = 0;
   uint64_t used = 0;  // bytes packed into the data plane's current bucket
-  // Sends in the background (overlapped data planes), one per lane: lane 0 sends buckets (the
+  // Sends in the background, one per lane: lane 0 sends buckets (the
   // previous one while the next is packed) and runs; the other lanes, runs sent in place while
   // the daemon still reads the ones before (DataPlane::run_lanes()).
   struct InFlight {
@@ -310,9 +308,9 @@ struct RefitSession::Impl {
   uint64_t run_limit = 0;       // bytes from run_base to the end of its allocation
   uint64_t in_place_bytes = 0;  // pushed_in_place_bytes()
   BucketHeader run_header;
-  // Announces `h` (payload: `nbytes` at `payload`) on every daemon and sends it: in the background
-  // on an overlapped data plane (after the previous send ended); `packed` (a bucket buffer): the
-  // next one packs into the other buffer.
+  // Announces `h` (payload: `nbytes` at `payload`) on every daemon and sends it in the background
+  // (after the previous send ended); `packed` (a bucket buffer): the next one packs into the
+  // other buffer.
   absl::Status SendBucket(BucketHeader& h, const uint8_t* payload, uint64_t nbytes, bool packed);
   // SendBucket's steps. Announce sends `h`'s announce to every daemon and fills `tags` (daemon i's
   // tag for the bucket's bytes); its bucket number on the first daemon, or the first error.
@@ -322,7 +320,7 @@ struct RefitSession::Impl {
   absl::StatusOr<uint32_t> Announce(BucketHeader& h, std::vector<uint64_t>& tags);
   absl::StatusOr<uint32_t> AnnounceOwnSeqs(std::vector<AnnounceCall>& calls, std::vector<uint64_t>& tags);
   absl::StatusOr<uint32_t> AwaitAnnouncedSeqs(std::vector<AnnounceCall>& calls, std::vector<uint64_t>& tags);
-  // An overlapped data plane's send of the announced bucket: on a lane's kept thread, after the
+  // The send of the announced bucket: on a lane's kept thread, after the
   // send before it on that lane ended.
   absl::Status SendInBackground(std::vector<uint64_t> tags, uint32_t first_seq, const uint8_t* payload, uint64_t nbytes,
                                 bool packed);

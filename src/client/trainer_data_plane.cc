@@ -86,7 +86,7 @@ absl::Status DataPlane::ReserveBuckets(uint64_t bucket_bytes) {
   bucket[1].reset();
   bucket_capacity = 0;
   current = 0;
-  for (int i = 0; i < (overlapped() ? 2 : 1); ++i) {
+  for (int i = 0; i < 2; ++i) {
     absl::StatusOr<std::shared_ptr<uint8_t>> b = memory->Allocate(bucket_bytes);
     if (!b.ok()) {
       bucket[0].reset();

@@ -135,7 +135,7 @@ absl::Status RefitSession::PushInPlace(const TensorRef& t) {
   Impl& r = *impl_;
   const bool converts =
       !r.convert.empty() && (t.dtype == DType::kBF16 || t.dtype == DType::kF32) && r.convert.Find(t.name) != nullptr;
-  if (!r.data->overlapped() || !r.data->transport->sends_in_place || r.amax != nullptr || converts) return Push(t);
+  if (!r.data->transport->sends_in_place || r.amax != nullptr || converts) return Push(t);
   DeviceEnv& env = DefaultDeviceEnv();
   if (!env.has_cuda()) return Push(t);
   if (absl::Status st = CheckSlice(t); !st.ok()) return st;
@@ -366,10 +366,8 @@ absl::Status RefitSession::Impl::SendBucket(BucketHeader& h, const uint8_t* payl
     // Test builds' tampered copy lives only in this call: sent here, after the sends before it.
     sent = WaitInFlight();
     if (sent.ok()) sent = data->Send(0, tags, payload, h.nbytes);
-  } else if (data->overlapped()) {
-    sent = SendInBackground(std::move(tags), *first_seq, payload, h.nbytes, packed);
   } else {
-    sent = data->Send(0, tags, payload, h.nbytes);
+    sent = SendInBackground(std::move(tags), *first_seq, payload, h.nbytes, packed);
   }
   if (!sent.ok()) {
     // refitd dropped the data-plane connection (the session was aborted) or it failed: the next
