@@ -27,8 +27,22 @@ __device__ __forceinline__ float SymmetricScale(float amax, float half_range) {
   return s == 0.0f ? kBf16Eps : s;
 }
 
-// The code of y = RN(x / s). E4m3Byte is formats::bits::F32ToE4m3 for every input, in hardware.
-__device__ __forceinline__ uint32_t Fp8Code(float y) { return E4m3Byte(__fadd_rn(Bf16(y), 0.0f)); }
+// Bf16(lo) and Bf16(hi) + 0 by one hardware conversion (cvt.rn.bf16x2.f32: RNE, overflow to Inf,
+// subnormals kept), equal to bits::RoundToBf16 but for the sign and payload of a NaN, which no
+// caller's code depends on (FP8: the conversion gives 0x7F for every NaN; W4A16: NaN -> 0).
+__device__ __forceinline__ float2 Bf16x2Plus0(float lo, float hi) {
+  uint32_t p;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo));
+  return make_float2(__fadd_rn(F(p << 16), 0.0f), __fadd_rn(F(p & 0xFFFF0000u), 0.0f));
+}
+
+// The FP8 codes of y0 = RN(x0 / s) and y1 in bytes 0 and 1. The hardware conversion (RNE,
+// saturation to 448, NaN -> 0x7F) is bits::F32ToE4m3 for every input but -0 and a negative NaN,
+// which the + 0 rules out (it also gives 0x7F for the reference's NaN, whose BF16 is positive).
+__device__ __forceinline__ uint32_t Fp8Codes(float y0, float y1) {
+  const float2 b = Bf16x2Plus0(y0, y1);
+  return E4m3x2(b.x, b.y);
+}
 
 // The reference's E2M1 code: sign y < 0, NaN -> 0 (E2m1Mag is bits::E2m1Magnitude).
 __device__ __forceinline__ uint32_t E2m1Code(float y) { return bits::IsNan(y) ? 0u : E2m1SignLt(y); }
@@ -41,7 +55,7 @@ __device__ __forceinline__ uint32_t E2m1Code(float y) { return bits::IsNan(y) ? 
 // d * 2^120 keeps the quotient finite. Other chunks divide. The fast path turns -0 / d into +0,
 // which every caller encodes as it encodes -0 (+0 is added, or the sign rule is y < 0).
 template <int kC>
-__device__ __forceinline__ void DivChunk(const float (&x)[kC], uint32_t amax, float d, float r, float (&y)[kC]) {
+__device__ __forceinline__ bool DivChunk(const float (&x)[kC], uint32_t amax, float d, float r, float (&y)[kC]) {
   const float lo = fmaxf(d * 0x1p-125f, 0x1p-101f);
   bool slow = !(d >= 0x1p-100f && d <= 0x1p100f) || amax >= kInfBits || F(amax) > d * 0x1p120f;
 #pragma unroll
@@ -55,6 +69,7 @@ __device__ __forceinline__ void DivChunk(const float (&x)[kC], uint32_t amax, fl
 #pragma unroll
     for (int i = 0; i < kC; ++i) y[i] = __fdiv_rn(x[i], d);
   }
+  return slow;
 }
 
 // The kC FP8 codes of a chunk at q + elem: one vector store on the vector path (q + elem is then
@@ -83,8 +98,7 @@ __device__ __forceinline__ void EncodeFp8(const float (&v)[kC], uint32_t amax, f
   DivChunk<kC>(v, amax, s, r, y);
 #pragma unroll
   for (int i = 0; i < kC / 4; ++i) {
-    w[i] = Fp8Code(y[4 * i]) | (Fp8Code(y[4 * i + 1]) << 8) | (Fp8Code(y[4 * i + 2]) << 16) |
-           (Fp8Code(y[4 * i + 3]) << 24);
+    w[i] = Fp8Codes(y[4 * i], y[4 * i + 1]) | (Fp8Codes(y[4 * i + 2], y[4 * i + 3]) << 16);
   }
 }
 
@@ -163,14 +177,26 @@ struct CtNvfp4Op {
     if (E4m3Value(sc) == 0.0f) sc = kE4m3Eighth;
     const float d = __fdiv_rn(E4m3Value(sc), g);
     float y[kC];
-    DivChunk<kC>(v, lane_amax, d, __frcp_rn(d), y);
     uint32_t codes = 0;
+    if (DivChunk<kC>(v, lane_amax, d, __frcp_rn(d), y)) {
 #pragma unroll
-    for (int i = 0; i < kC; ++i) codes |= E2m1Code(y[i]) << (4 * i);
+      for (int i = 0; i < kC; ++i) codes |= E2m1Code(y[i]) << (4 * i);
+    } else {
+      // Finite quotients with x's sign that are zero only for x = +-0 (giving +0): the sign bit
+      // is the sign rule y < 0.
+      codes = PackE2m1SignBit(y);
+    }
     StorePackedNibbles<kC, kVec>(packed, elem, codes);
     if (block_first) scales[elem / 16] = static_cast<uint8_t>(sc);
   }
 };
+
+// q + 8 of y = Bf16(x / s) + 0: clamped to [-8, 7], rounded half to even; NaN -> q = 0.
+__device__ __forceinline__ uint32_t W4Nibble(float y) {
+  y = y < -8.0f ? -8.0f : (y > 7.0f ? 7.0f : y);
+  const int qv = bits::IsNan(y) ? 0 : static_cast<int>(rintf(y));
+  return static_cast<uint32_t>(qv + 8);
+}
 
 struct CtW4a16Op {
   int rank;
@@ -196,11 +222,9 @@ struct CtW4a16Op {
     DivChunk<kC>(v, lane_amax, s, __frcp_rn(s), quot);
     uint32_t nibbles = 0;
 #pragma unroll
-    for (int i = 0; i < kC; ++i) {
-      float y = __fadd_rn(Bf16(quot[i]), 0.0f);
-      y = y < -8.0f ? -8.0f : (y > 7.0f ? 7.0f : y);
-      const int qv = bits::IsNan(y) ? 0 : static_cast<int>(rintf(y));
-      nibbles |= static_cast<uint32_t>(qv + 8) << (4 * i);
+    for (int i = 0; i < kC; i += 2) {
+      const float2 b = Bf16x2Plus0(quot[i], quot[i + 1]);
+      nibbles |= (W4Nibble(b.x) << (4 * i)) | (W4Nibble(b.y) << (4 * i + 4));
     }
     if constexpr (kC == 4) {
       // FP32: a chunk is half a word; the even chunk (lane) stores it with its odd neighbour's half.
