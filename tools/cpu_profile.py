@@ -44,7 +44,7 @@ def parse(path):
                 threads.setdefault(int(parts[1]), parts[2] if len(parts) > 2 else "")
             elif line.startswith("maps"):
                 section = "maps"
-            elif line.startswith("samples "):
+            elif line.startswith("samples ") or line.startswith("clock "):
                 print(line.strip())
     return samples, threads, maps
 

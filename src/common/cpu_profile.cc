@@ -2,6 +2,7 @@
 
 #include <execinfo.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,12 +20,15 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace refit {
 namespace {
 
 constexpr int kFrames = 48;
-constexpr uint64_t kMaxSamples = uint64_t{1} << 16;  // 65 s of CPU time at 1 kHz; 27 MB
+constexpr uint64_t kCpuSamples = uint64_t{1} << 16;   // 65 s of CPU time at 1 kHz; 27 MB
+constexpr uint64_t kWallSamples = uint64_t{1} << 18;  // e.g. 20 threads for 65 s at 200 Hz; 107 MB
 
 struct Sample {
   uint32_t tid;
@@ -35,14 +40,20 @@ struct Sample {
 // The profile in progress (null when none). The samples are allocated before the timer starts
 // and freed only after it stopped and the handler was reset, so the handler never sees them go.
 Sample* samples = nullptr;
+uint64_t max_samples = 0;
 std::atomic<uint64_t> next_sample{0};
 std::atomic<bool> running{false};
 std::string* path = nullptr;
+// REFIT_CPU_PROFILE_CLOCK=wall: a thread of its own signals every other thread at each tick, so
+// that blocked threads are sampled too (where they wait).
+std::thread* ticker = nullptr;
+const char* clock_name = "cpu";
+std::atomic<bool> ticking{false};
 
 void OnProf(int, siginfo_t*, void* context) {
   if (!running.load(std::memory_order_relaxed)) return;
   const uint64_t i = next_sample.fetch_add(1, std::memory_order_relaxed);
-  if (i >= kMaxSamples) return;
+  if (i >= max_samples) return;
   Sample& s = samples[i];
   s.tid = static_cast<uint32_t>(syscall(SYS_gettid));
   std::memset(s.thread, 0, sizeof(s.thread));
@@ -71,14 +82,40 @@ std::string ReadFile(const std::string& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// Each tick, SIGPROF to every thread of the process but this one (the list read again each tick:
+// threads come and go).
+void Tick(long hz) {
+  const pid_t pid = getpid();
+  const auto self = static_cast<pid_t>(syscall(SYS_gettid));
+  const auto period = std::chrono::nanoseconds(1000000000 / hz);
+  pthread_setname_np(pthread_self(), "refit-profiler");
+  std::vector<pid_t> tids;
+  auto next = std::chrono::steady_clock::now();
+  while (ticking.load(std::memory_order_relaxed)) {
+    tids.clear();
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+      const auto tid = static_cast<pid_t>(std::atol(task.path().filename().c_str()));
+      if (tid > 0 && tid != self) tids.push_back(tid);
+    }
+    for (pid_t tid : tids) syscall(SYS_tgkill, pid, tid, SIGPROF);
+    next += period;
+    std::this_thread::sleep_until(next);
+  }
+}
+
 }  // namespace
 
 bool StartCpuProfileFromEnv() {
   const char* file = std::getenv("REFIT_CPU_PROFILE");
   if (file == nullptr || *file == '\0' || samples != nullptr) return false;
-  long hz = 1000;
+  const char* clock = std::getenv("REFIT_CPU_PROFILE_CLOCK");
+  const bool wall = clock != nullptr && std::strcmp(clock, "wall") == 0;
+  long hz = wall ? 200 : 1000;
   if (const char* h = std::getenv("REFIT_CPU_PROFILE_HZ"); h != nullptr && std::atol(h) > 0) hz = std::atol(h);
-  samples = new Sample[kMaxSamples];
+  if (wall && hz > 10000) hz = 10000;
+  max_samples = wall ? kWallSamples : kCpuSamples;
+  samples = new Sample[max_samples];
   // "%p" in the name becomes the process id: the refitd processes of one benchmark run each write
   // their own profile.
   std::string name(file);
@@ -92,29 +129,41 @@ bool StartCpuProfileFromEnv() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGPROF, &sa, nullptr);
   running.store(true);
-  itimerval t{};
-  t.it_interval.tv_sec = 0;
-  t.it_interval.tv_usec = static_cast<suseconds_t>(hz >= 1000000 ? 1 : 1000000 / hz);
-  t.it_value = t.it_interval;
-  setitimer(ITIMER_PROF, &t, nullptr);
+  if (wall) {
+    clock_name = "wall";
+    ticking.store(true);
+    ticker = new std::thread(Tick, hz);
+  } else {
+    itimerval t{};
+    t.it_interval.tv_sec = 0;
+    t.it_interval.tv_usec = static_cast<suseconds_t>(hz >= 1000000 ? 1 : 1000000 / hz);
+    t.it_value = t.it_interval;
+    setitimer(ITIMER_PROF, &t, nullptr);
+  }
   std::atexit(StopCpuProfile);
   return true;
 }
 
 void StopCpuProfile() {
   if (samples == nullptr || !running.exchange(false)) return;
+  if (ticker != nullptr) {
+    ticking.store(false);
+    ticker->join();
+    delete ticker;
+    ticker = nullptr;
+  }
   itimerval off{};
   setitimer(ITIMER_PROF, &off, nullptr);
   signal(SIGPROF, SIG_IGN);
-  const uint64_t n = next_sample.load() < kMaxSamples ? next_sample.load() : kMaxSamples;
+  const uint64_t n = next_sample.load() < max_samples ? next_sample.load() : max_samples;
   std::FILE* f = std::fopen(path->c_str(), "w");
   if (f == nullptr) {
     std::fprintf(stderr, "REFIT_CPU_PROFILE: cannot write %s\n", path->c_str());
     return;
   }
   // Text: the samples ("s <tid> <thread name> <pc> ..."), then the threads' names and the mappings.
-  std::fprintf(f, "refit-cpu-profile 1\nsamples %llu dropped %llu\n", static_cast<unsigned long long>(n),
-               static_cast<unsigned long long>(next_sample.load() - n));
+  std::fprintf(f, "refit-cpu-profile 1\nclock %s\nsamples %llu dropped %llu\n", clock_name,
+               static_cast<unsigned long long>(n), static_cast<unsigned long long>(next_sample.load() - n));
   for (uint64_t i = 0; i < n; ++i) {
     const Sample& s = samples[i];
     char name[sizeof(s.thread) + 1] = {};

@@ -4,6 +4,10 @@
 // (ITIMER_PROF, so an idle thread costs nothing and is never sampled); the samples, the threads'
 // names and the process's memory mappings are written to the file when refitd exits ("%p" in the
 // name is replaced by the process id).
+// REFIT_CPU_PROFILE_CLOCK=wall samples wall-clock time instead: a thread of its own sends SIGPROF to
+// every other thread REFIT_CPU_PROFILE_HZ (default 200) times a second, so a thread blocked in a
+// wait (a lock, a CUDA synchronization, a syscall) is sampled where it waits. The signals
+// interrupt blocking syscalls (SA_RESTART restarts most of them).
 // tools/cpu_profile.py symbolizes them against the build and prints where the CPU time went,
 // per thread and per function (self and inclusive). docs/operations.md "Profiling the host".
 //

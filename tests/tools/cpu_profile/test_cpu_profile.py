@@ -45,6 +45,24 @@ def test_a_profiled_process_names_its_threads_and_functions(tmp_path):
     assert 0 < kept < len(samples), under.stdout
 
 
+def test_the_wall_clock_samples_threads_where_they_wait(tmp_path):
+    # The session's receive loop spends most of a run blocked (waiting for an announce or a ring
+    # slot): on the CPU clock it is hardly sampled, on the wall clock it is, inside its waits.
+    run_bench(tmp_path, {"REFIT_CPU_PROFILE": str(tmp_path / "wall.%p.prof"), "REFIT_CPU_PROFILE_CLOCK": "wall",
+                         "REFIT_CPU_PROFILE_HZ": "2000"})
+    files = list(tmp_path.glob("wall.*.prof"))
+    assert len(files) == 1, files
+    assert files[0].read_text().startswith("refit-cpu-profile 1\nclock wall\n")
+    under = subprocess.run([sys.executable, str(TOOL), str(files[0]), "--build", str(BUILD), "--under",
+                            "Session::ReceiveLoop", "--top", "50"], capture_output=True, text=True, timeout=120)
+    assert under.returncode == 0, under.stderr
+    assert "clock wall" in under.stdout
+    kept = int(under.stdout.split(" samples of all threads, under")[0].rsplit("\n", 1)[-1])
+    assert kept >= 10, under.stdout
+    inclusive = under.stdout.split("by inclusive time:")[1]
+    assert "BucketRing::Acquire" in inclusive or "libabsl_synchronization" in inclusive, inclusive
+
+
 def test_without_the_variable_nothing_is_written(tmp_path):
     run_bench(tmp_path, {})
     assert not list(tmp_path.iterdir())
