@@ -2,7 +2,7 @@
 """The host data plane against UCX's own ceiling on the same machine: `ucx_perftest` (tag_bw, one
 message per bucket, the same UCX_TLS) next to refitd host refits of the same bytes, in one run.
 
-A refit here is refitd (`staging: host`, the UCX data plane as shipped: `ucx_tls` tcp,sm,self),
+A refit here is refitd (`staging: host`, or `direct` with --staging direct; the UCX data plane as shipped: `ucx_tls` tcp,sm,self),
 an idle example engine in shared memory, and the example trainer pushing BF16 over loopback. The
 spec passes every tensor through (`format: passthrough`), so the bytes the trainer sends are the
 bytes the engine holds and no conversion competes with the transport; the model is the demo
@@ -76,13 +76,13 @@ def perftest(tls: str, bucket: int, total: int) -> dict:
             server.kill()
 
 
-def refits(build: Path, shape: list, bucket: int, count: int, tmp: Path) -> list:
+def refits(build: Path, shape: list, bucket: int, count: int, tmp: Path, staging: str = "host") -> list:
     address = f"unix:{tmp / 'refitd.sock'}"
     spec = tmp / "spec.yaml"
     spec.write_text(PASSTHROUGH_SPEC)
     shm = f"/refit-ucxbench-{uuid.uuid4().hex[:8]}"
     daemon, engine = start_node(
-        build, tmp, f"listen: {address}\nstaging: host\nmodel_spec: {spec}\n"
+        build, tmp, f"listen: {address}\nstaging: {staging}\nmodel_spec: {spec}\n"
         f"limits:\n  bucket_bytes: {bucket}\n  bucket_slots: 2\n  session_deadline_ms: 600000\n",
         ["--shm", shm, "--spec", str(spec), "--idle", *shape], engine_wait_s=120)
     try:
@@ -114,6 +114,9 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--bucket-mib", type=int, default=256, help="bucket size; every tensor must fit one")
     ap.add_argument("--refits", type=int, default=4)
+    ap.add_argument("--staging", choices=["host", "direct"], default="host",
+                    help="refitd's staging: host (a staged commit copies into the engine in its pause) or direct "
+                         "(the buckets are converted into the paused engine's memory; no commit copy)")
     ap.add_argument("--tls", default="tcp", help="UCX_TLS for ucx_perftest (refitd's lanes: tcp, see docs/transports.md)")
     a = ap.parse_args()
     build = Path(a.build).resolve()
@@ -121,7 +124,7 @@ def main() -> int:
              "--kv-hidden", str(a.kv_hidden), "--vocab", str(a.vocab)]
     bucket = a.bucket_mib << 20
     with tempfile.TemporaryDirectory() as d:
-        reports = refits(build, shape, bucket, a.refits, Path(d))
+        reports = refits(build, shape, bucket, a.refits, Path(d), a.staging)
     total = reports[-1]["bytes_in"]
     pt = perftest(a.tls, bucket, total)
     rows = []
@@ -133,7 +136,7 @@ def main() -> int:
                      "receive_ratio": recv / pt["gb_s"], "e2e_ratio": e2e / pt["gb_s"],
                      **{k: r.get(k, 0.0) for k in PHASES}})
     steady = rows[1:] or rows
-    out = {"perftest": pt, "data_plane": reports[-1]["data_plane"], "refits": rows,
+    out = {"perftest": pt, "staging": a.staging, "data_plane": reports[-1]["data_plane"], "refits": rows,
            "median_e2e_ratio": statistics.median(r["e2e_ratio"] for r in steady),
            "median_receive_ratio": statistics.median(r["receive_ratio"] for r in steady)}
     print(json.dumps(out))
