@@ -1,4 +1,5 @@
 // The engine setup's CUDA half in builds with CUDA (engine_setup_device.h).
+#include <cstdlib>
 #include <memory>
 #include <utility>
 
@@ -20,7 +21,13 @@ absl::Status MakeDeviceStaging(EngineSetup& setup) {
   const storage::EngineStorage& storage = *setup.storage;
   absl::StatusOr<std::unique_ptr<storage::Memory>> memory = storage::NewDeviceMemory(storage.device());
   if (!memory.ok()) return memory.status();
-  absl::StatusOr<std::unique_ptr<Converter>> converter = NewGpuConverter(storage.device());
+  GpuConverterOptions options;
+  // Benchmark knob (docs/operations.md "Tuning the GPU converter"): the input bytes of a batched
+  // NVFP4 run.
+  if (const char* mib = std::getenv("REFIT_NVFP4_RUN_MIB"); mib != nullptr && std::atoll(mib) > 0) {
+    options.max_nvfp4_run_bytes = static_cast<uint64_t>(std::atoll(mib)) << 20;
+  }
+  absl::StatusOr<std::unique_ptr<Converter>> converter = NewGpuConverter(storage.device(), options);
   if (!converter.ok()) return converter.status();
   setup.pool = std::make_unique<StagingPool>(std::move(*memory));
   setup.converter = std::move(*converter);
