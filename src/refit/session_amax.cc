@@ -224,16 +224,18 @@ absl::Status Session::HoldPendingMembers() {
       if (m.held != nullptr) continue;
       // The group is incomplete at the end of the bucket: the member's bytes leave the slot for
       // a device buffer of their own, counted against the staging limit until the group converts.
+      // The pool keeps that buffer for the member's next refit: no allocation per bucket, and no
+      // free (a device-wide synchronization) when the group retires.
       REFIT_RETURN_IF_ERROR(staging_->Reserve(m.desc.nbytes, m.desc.name));
-      absl::StatusOr<std::shared_ptr<uint8_t>> buf =
-          staging_->pool().memory().Allocate(std::max<uint64_t>(m.desc.nbytes, 1));
+      absl::StatusOr<uint8_t*> buf =
+          staging_->pool().Get(absl::StrCat("held:", m.desc.name), std::max<uint64_t>(m.desc.nbytes, 1));
       if (!buf.ok()) {
         staging_->Unreserve(m.desc.nbytes);
         return absl::ResourceExhaustedError(
             absl::StrCat("tensor '", m.desc.name, "': holding a fused member on the device: ", buf.status().message()));
       }
-      REFIT_RETURN_IF_ERROR(ops->Copy(buf->get(), m.src, m.desc.nbytes, m.src_kind));
-      m.held = std::move(*buf);
+      REFIT_RETURN_IF_ERROR(ops->Copy(*buf, m.src, m.desc.nbytes, m.src_kind));
+      m.held = std::shared_ptr<uint8_t>(std::shared_ptr<uint8_t>(), *buf);  // the pool owns it
       m.reserved = m.desc.nbytes;
       m.src = m.held.get();
       m.src_kind = storage::MemoryKind::kDevice;
