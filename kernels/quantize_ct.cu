@@ -22,8 +22,26 @@ constexpr uint8_t kE4m3Eighth = 0x20;         // 0.125
 
 __device__ __forceinline__ float Bf16(float v) { return bits::RoundToBf16(v); }
 
+// RN(x / d) for a divisor d in [2^-60, 2^60] with r = RN(1 / d): Markstein's correction of x * r
+// where x is +0 or in [2^-60, 2^60] (the conditions of DivChunk below hold: the quotient is normal
+// and the remainder exact), else a true division (negative, tiny, huge or non-finite x).
+__device__ __forceinline__ float DivByNormal(float x, float d, float r) {
+  if (B(x) - 0x21800000u <= 0x3C000000u || B(x) == 0u) {
+    const float q0 = x * r;
+    return fmaf(fmaf(-q0, d, x), r, q0);
+  }
+  return __fdiv_rn(x, d);
+}
+
 __device__ __forceinline__ float SymmetricScale(float amax, float half_range) {
   const float s = Bf16(__fdiv_rn(amax, half_range));
+  return s == 0.0f ? kBf16Eps : s;
+}
+
+// SymmetricScale for W4A16's half range 7.5, per group: the division by the constant through
+// DivByNormal.
+__device__ __forceinline__ float W4Scale(float amax) {
+  const float s = Bf16(DivByNormal(amax, 7.5f, 0x1.111112p-3f /* RN(1 / 7.5) */));
   return s == 0.0f ? kBf16Eps : s;
 }
 
@@ -150,16 +168,24 @@ struct CtNvfp4Op {
   unsigned long long* claim_word;
   int64_t n_full;  // elements in whole 16-blocks; a partial last block is not encoded
 
-  __device__ __forceinline__ float Prepare() const {
+  struct State {
+    float g;      // the global scale
+    float rg;     // RN(1 / g)
+    bool g_fast;  // g in [2^-60, 2^60]: a block's E4M3 scale / g through DivByNormal
+  };
+
+  __device__ __forceinline__ State Prepare() const {
     float a = amax_dev != nullptr ? *amax_dev : amax_host;
     a = a < kBf16Tiny ? kBf16Tiny : a;
-    const float g = Bf16(__fmul_rn(Bf16(__frcp_rn(a)), 2688.0f));
-    return bits::IsFinite(g) ? g : 1.0f;
+    float g = Bf16(__fmul_rn(Bf16(__frcp_rn(a)), 2688.0f));
+    g = bits::IsFinite(g) ? g : 1.0f;
+    return State{g, __frcp_rn(g), B(g) - 0x21800000u <= 0x3C000000u};
   }
 
   template <launch::Input kIn, bool kVec>
-  __device__ __forceinline__ void Process(float g, int64_t chunk, int64_t elem, const uint4& raw, bool valid,
+  __device__ __forceinline__ void Process(const State& st, int64_t chunk, int64_t elem, const uint4& raw, bool valid,
                                           int64_t n) const {
+    const float g = st.g;
     constexpr int kC = Elems<kIn>::kCount;
     constexpr int kLanes = 16 / kC;
     float v[kC];
@@ -172,10 +198,11 @@ struct CtNvfp4Op {
     if (claim_word != nullptr && block_first && bmax > claim) {
       atomicMin(claim_word, (1ULL << 63) | static_cast<unsigned long long>(elem));
     }
-    uint32_t sc = E4m3Byte(__fmul_rn(g, Bf16(__fdiv_rn(bmax, 6.0f))));
+    uint32_t sc = E4m3Byte(__fmul_rn(g, Bf16(DivByNormal(bmax, 6.0f, 0x1.555556p-3f /* RN(1 / 6) */))));
     // E4m3Value is bits::E4m3ToF32 up to the NaN payload, which no code depends on (NaN -> 0).
     if (E4m3Value(sc) == 0.0f) sc = kE4m3Eighth;
-    const float d = __fdiv_rn(E4m3Value(sc), g);
+    // The E4M3 value is positive and normal (2^-9 to 448).
+    const float d = st.g_fast ? DivByNormal(E4m3Value(sc), g, st.rg) : __fdiv_rn(E4m3Value(sc), g);
     float y[kC];
     uint32_t codes = 0;
     if (DivChunk<kC>(v, lane_amax, d, __frcp_rn(d), y)) {
@@ -216,7 +243,7 @@ struct CtW4a16Op {
     constexpr int kLanes = 128 / kC;
     float v[kC];
     const uint32_t lane_amax = Decode<kIn>(raw, v);
-    const float s = SymmetricScale(F(GroupMax<kLanes>(lane_amax)), 7.5f);
+    const float s = W4Scale(F(GroupMax<kLanes>(lane_amax)));
     // Word w of a group holds elements 8w..8w+7, element 8w+j in nibble j as q + 8.
     float quot[kC];
     DivChunk<kC>(v, lane_amax, s, __frcp_rn(s), quot);
