@@ -14,10 +14,10 @@
 namespace refit {
 
 bool IsKnownFailpoint(const std::string& name) {
-  for (const char* known :
-       {failpoints::kBeginReceived, failpoints::kAfterReceive, failpoints::kAfterConvert, failpoints::kBeforeCommit,
-        failpoints::kMidCommit, failpoints::kAfterCopy, failpoints::kCorruptCopy, failpoints::kAfterCommit,
-        failpoints::kGroupCopied, failpoints::kGroupResume, failpoints::kDataPlaneClosing}) {
+  for (const char* known : {failpoints::kBeginReceived, failpoints::kAfterReceive, failpoints::kAfterConvert,
+                            failpoints::kBeforeCommit, failpoints::kMidCommit, failpoints::kAfterCopy,
+                            failpoints::kCorruptCopy, failpoints::kAfterCommit, failpoints::kGroupCopied,
+                            failpoints::kGroupResume, failpoints::kGroupJoinHold, failpoints::kDataPlaneClosing}) {
     if (name == known) return true;
   }
   return false;

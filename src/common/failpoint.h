@@ -46,6 +46,8 @@ inline constexpr char kAfterCommit[] = "after_commit";    // engine resumed, tra
 // resume, its engine not resumed yet.
 inline constexpr char kGroupCopied[] = "group_copied";
 inline constexpr char kGroupResume[] = "group_resume";
+// Late join: a joining member is about to pause an engine (rank) it holds, on a worker thread.
+inline constexpr char kGroupJoinHold[] = "group_join_hold";
 // refitd is exiting: its data plane stopped accepting connections and its connections are not
 // closed yet (UCX: the listener's step of UcxReceiver::CloseForExit is done).
 inline constexpr char kDataPlaneClosing[] = "data_plane_closing";

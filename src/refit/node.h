@@ -322,7 +322,8 @@ class Node {
   // it holds), and each that holds another version than the group's is marked dirty and stays
   // paused (nothing returned: paused already).
   struct JoinHold {
-    std::string who;  // "the engine", "engine rank 1"
+    std::string who;      // "the engine", "engine rank 1"
+    uint64_t engine = 0;  // its registration (EngineRecord::id, RankRecord::id)
     std::shared_ptr<EngineControl> control;
     bool release = false;
     uint64_t version = 0;

@@ -13,15 +13,17 @@
 namespace refit {
 namespace {
 
-Node::JoinHold HoldOf(std::string who, std::shared_ptr<EngineControl> control) {
+Node::JoinHold HoldOf(std::string who, uint64_t engine, std::shared_ptr<EngineControl> control) {
   Node::JoinHold hold;
   hold.who = std::move(who);
+  hold.engine = engine;
   hold.control = std::move(control);
   return hold;
 }
 
-Node::JoinHold ReleaseOf(std::string who, std::shared_ptr<EngineControl> control, uint64_t version, std::string tag) {
-  Node::JoinHold release = HoldOf(std::move(who), std::move(control));
+Node::JoinHold ReleaseOf(std::string who, uint64_t engine, std::shared_ptr<EngineControl> control, uint64_t version,
+                         std::string tag) {
+  Node::JoinHold release = HoldOf(std::move(who), engine, std::move(control));
   release.release = true;
   release.version = version;
   release.tag = std::move(tag);
@@ -116,7 +118,8 @@ void Node::HoldUnanswered(std::vector<JoinHold>& holds) {
   if (!ranked_) {
     if (engine_ != nullptr && !engine_->gone && !engine_->dirty && unanswered_engine_ != engine_) {
       unanswered_engine_ = engine_;
-      holds.push_back(HoldOf("the engine", std::shared_ptr<EngineControl>(engine_, engine_->control.get())));
+      holds.push_back(
+          HoldOf("the engine", engine_->id, std::shared_ptr<EngineControl>(engine_, engine_->control.get())));
     }
     return;
   }
@@ -124,7 +127,7 @@ void Node::HoldUnanswered(std::vector<JoinHold>& holds) {
     if (rank == nullptr || rank->gone || rank->dirty) continue;
     if (std::find(unanswered_ranks_.begin(), unanswered_ranks_.end(), rank) != unanswered_ranks_.end()) continue;
     unanswered_ranks_.push_back(rank);
-    holds.push_back(HoldOf(absl::StrCat("engine rank ", rank->placement.tp_rank), rank->control));
+    holds.push_back(HoldOf(absl::StrCat("engine rank ", rank->placement.tp_rank), rank->id, rank->control));
   }
 }
 
@@ -147,7 +150,8 @@ void Node::HoldOthers(std::vector<JoinHold>& holds) {
         return;
       }
       // The record keeps the control alive while the pause is in flight.
-      holds.push_back(HoldOf("the engine", std::shared_ptr<EngineControl>(engine_, engine_->control.get())));
+      holds.push_back(
+          HoldOf("the engine", engine_->id, std::shared_ptr<EngineControl>(engine_, engine_->control.get())));
     }
     return;
   }
@@ -160,7 +164,7 @@ void Node::HoldOthers(std::vector<JoinHold>& holds) {
       unanswered_ranks_.erase(held);
       continue;
     }
-    holds.push_back(HoldOf(absl::StrCat("engine rank ", rank->placement.tp_rank), rank->control));
+    holds.push_back(HoldOf(absl::StrCat("engine rank ", rank->placement.tp_rank), rank->id, rank->control));
   }
 }
 
@@ -168,14 +172,14 @@ void Node::ReleaseUnanswered(std::vector<JoinHold>& holds) {
   if (group_.MustHoldUnanswered()) return;
   if (unanswered_engine_ != nullptr && !unanswered_engine_->gone && !unanswered_engine_->dirty) {
     EngineRecord& e = *unanswered_engine_;
-    holds.push_back(
-        ReleaseOf("the engine", std::shared_ptr<EngineControl>(unanswered_engine_, e.control.get()), e.version, e.tag));
+    holds.push_back(ReleaseOf("the engine", e.id, std::shared_ptr<EngineControl>(unanswered_engine_, e.control.get()),
+                              e.version, e.tag));
   }
   unanswered_engine_.reset();
   for (const std::shared_ptr<RankRecord>& rank : unanswered_ranks_) {
     if (rank->gone || rank->dirty) continue;
-    holds.push_back(
-        ReleaseOf(absl::StrCat("engine rank ", rank->placement.tp_rank), rank->control, rank->version, rank->tag));
+    holds.push_back(ReleaseOf(absl::StrCat("engine rank ", rank->placement.tp_rank), rank->id, rank->control,
+                              rank->version, rank->tag));
   }
   unanswered_ranks_.clear();
 }

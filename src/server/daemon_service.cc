@@ -272,16 +272,16 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("tag", e.tag);
     context.getResults().setRegistration(MakeRegistration(state_, *id));
     context.getResults().setVersion(e.version);
-    return JoinOnRegister();
+    return JoinOnRegister(*id);
   }
 
   // A joining member of an engine group answers a registration once its peers said which version
-  // the group serves and an engine (rank) that runs another one was paused (group_join.h): the
-  // engine never serves a step of it.
-  kj::Promise<void> JoinOnRegister() {
+  // the group serves and an engine (rank) that runs another one was paused (group_join.h), by this
+  // registration's ask or a concurrent one: the engine never serves a step of it.
+  kj::Promise<void> JoinOnRegister(uint64_t engine) {
     const GroupMember& group = state_.node.group();
     if (!group.enabled() || group.phase() != GroupPhase::kJoining) return kj::READY_NOW;
-    return JoinGroup(&state_);
+    return JoinGroup(&state_, engine);
   }
 
   // One rank of an engine of several ranks: its storage and control; the node builds the engine
@@ -315,7 +315,7 @@ class DaemonImpl final : public proto::Daemon::Server {
         .Add("all_ranks_in", group != nullptr);
     context.getResults().setRegistration(MakeRegistration(state_, *id));
     context.getResults().setVersion(group != nullptr ? group->version : params.getVersion());
-    return JoinOnRegister();
+    return JoinOnRegister(*id);
   }
 
   kj::Promise<void> status(StatusContext context) override {

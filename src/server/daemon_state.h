@@ -11,6 +11,8 @@
 #ifndef REFIT_SERVER_DAEMON_STATE_H_
 #define REFIT_SERVER_DAEMON_STATE_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -53,6 +55,9 @@ class DaemonState {
   // Late join (group_join.h): a task asks the peers again every kGroupPeerRetryMs (none answered
   // the last ask). Event loop only.
   bool group_asking = false;
+  // Late join: the pauses and resumes of HoldJoiningRanks not answered yet, counted by the
+  // registration of the engine (rank) each is for. Event loop only.
+  std::map<uint64_t, int> join_holds_in_flight;
 
   // Shutting down: ends a session that is not committing, then waits (bounded by the engine
   // timeouts) for a commit in its window to finish. False if one is still running.
@@ -70,10 +75,11 @@ class DaemonState {
   bool Hot() const;
 
   // What a call waiting on the node checks again (a rank detached, a session ended, an early
-  // pause's undo or a commit finished): Changed fulfills every promise OnChange gave out since.
-  // Waiters are a session's commit waiting for its joined ranks or for a kept version's commit,
-  // and a wake waiting for a commit. A waiter still checks on a timer too (a session a deadline
-  // ends). Event loop only.
+  // pause's undo, a commit or a late join's pause finished): Changed fulfills every promise
+  // OnChange gave out since. Waiters are a session's commit waiting for its joined ranks or for a
+  // kept version's commit, a wake waiting for a commit, and a registration waiting for its
+  // engine's late-join pause (group_join.h). A waiter still checks on a timer too (a session a
+  // deadline ends). Event loop only.
   void Changed();
   kj::Promise<void> OnChange();
 

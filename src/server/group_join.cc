@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/failpoint.h"
 #include "kj/vector.h"
 #include "server/group_peers.h"
 #include "server/log.h"
@@ -46,7 +47,18 @@ kj::Promise<bool> LearnGroupVersion(DaemonState* state, bool again) {
       });
 }
 
-kj::Promise<void> HoldJoiningRanks(DaemonState* state) {
+namespace {
+
+// Resolves once no pause or resume that HoldJoiningRanks sent to the registration `engine` (0:
+// none) is in flight.
+kj::Promise<void> JoinHoldsAnswered(DaemonState* state, uint64_t engine) {
+  if (!state->join_holds_in_flight.contains(engine)) return kj::READY_NOW;
+  return state->OnChange().then([state, engine] { return JoinHoldsAnswered(state, engine); });
+}
+
+}  // namespace
+
+kj::Promise<void> HoldJoiningRanks(DaemonState* state, uint64_t engine) {
   const bool joining = state->node.group().phase() == GroupPhase::kJoining;
   std::vector<Node::JoinHold> holds = state->node.GroupJoinHolds();
   if (joining && state->node.group().phase() == GroupPhase::kIdle) {
@@ -60,22 +72,33 @@ kj::Promise<void> HoldJoiningRanks(DaemonState* state) {
   for (Node::JoinHold& hold : holds) {
     auto result = std::make_shared<absl::Status>();
     const bool release = hold.release;
-    calls.add(
-        state->blocking
-            .Run([hold, timeout, result] {
-              *result =
-                  hold.release ? hold.control->Resume(hold.version, hold.tag, timeout) : hold.control->Pause(timeout);
-            })
-            .then([state, who = hold.who, release, result] {
+    kj::Promise<void> run = state->blocking.Run([hold, timeout, result, armed = state->failpoints.get()] {
+      if (!hold.release) {
+        *result = REFIT_FAILPOINT(armed, failpoints::kGroupJoinHold);
+        if (!result->ok()) return;
+      }
+      *result = hold.release ? hold.control->Resume(hold.version, hold.tag, timeout) : hold.control->Pause(timeout);
+    });
+    ++state->join_holds_in_flight[hold.engine];
+    // A daemon task: the call is logged and counted out even if the registration waiting for it
+    // goes away.
+    kj::ForkedPromise<void> call =
+        run.catch_([result](kj::Exception&& e) { *result = absl::InternalError(e.getDescription().cStr()); })
+            .then([state, who = hold.who, engine = hold.engine, release, result] {
               const LogLevel level = !result->ok() ? LogLevel::kError : release ? LogLevel::kInfo : LogLevel::kWarn;
               LogEvent(level, release ? "group_join_release" : "group_join_hold")
                   .Add("engine", who)
                   .Add(release ? "resumed" : "paused", result->ok())
                   .Add("error", result->ok() ? "" : std::string(result->message()))
                   .Add("reason", state->node.group().reason());
-            }));
+              if (--state->join_holds_in_flight[engine] == 0) state->join_holds_in_flight.erase(engine);
+              state->Changed();
+            })
+            .fork();
+    state->tasks.add(call.addBranch());
+    calls.add(call.addBranch());
   }
-  return kj::joinPromises(calls.releaseAsArray());
+  return kj::joinPromises(calls.releaseAsArray()).then([state, engine] { return JoinHoldsAnswered(state, engine); });
 }
 
 namespace {
@@ -86,9 +109,9 @@ bool WaitingForPeers(const DaemonState& state) {
 
 }  // namespace
 
-kj::Promise<void> JoinGroup(DaemonState* state) {
-  return LearnGroupVersion(state).then([state](bool answered) {
-    kj::Promise<void> held = HoldJoiningRanks(state);
+kj::Promise<void> JoinGroup(DaemonState* state, uint64_t engine) {
+  return LearnGroupVersion(state).then([state, engine](bool answered) {
+    kj::Promise<void> held = HoldJoiningRanks(state, engine);
     if (!answered && WaitingForPeers(*state) && !state->group_asking) {
       // No peer answered this registration's ask: ask again until one does, as at start, so that
       // what was held meanwhile (group.peers_unreachable: hold) learns the group's version.

@@ -8,6 +8,8 @@
 #ifndef REFIT_SERVER_GROUP_JOIN_H_
 #define REFIT_SERVER_GROUP_JOIN_H_
 
+#include <cstdint>
+
 #include "kj/async.h"
 #include "server/daemon_state.h"
 
@@ -23,12 +25,16 @@ inline constexpr int64_t kGroupPeerRetryMs = 1000;
 // `again`: a start-up retry, whose unusable peers are logged at debug level (once at warn).
 kj::Promise<bool> LearnGroupVersion(DaemonState* state, bool again = false);
 
-// Pauses (and leaves paused) what Node::GroupJoinHolds names; resolves once every pause returned.
-kj::Promise<void> HoldJoiningRanks(DaemonState* state);
+// Pauses (and leaves paused) what Node::GroupJoinHolds names; resolves once every pause returned,
+// and, `engine` being a registration (not 0), once no pause or resume of that engine (rank) is in
+// flight either: a concurrent call (the start-up task's ask, ended first) may have held it, in which
+// case GroupJoinHolds names it no more.
+kj::Promise<void> HoldJoiningRanks(DaemonState* state, uint64_t engine = 0);
 
-// Both, in order: the start-up task and what a registration waits for before it is answered (so
-// that an engine rank that runs another version than the group's is paused before it serves).
-kj::Promise<void> JoinGroup(DaemonState* state);
+// Both, in order: the start-up task and what the registration `engine` waits for before it is
+// answered (so that an engine rank that runs another version than the group's is paused before it
+// serves).
+kj::Promise<void> JoinGroup(DaemonState* state, uint64_t engine = 0);
 
 // The start-up task: JoinGroup, again every kGroupPeerRetryMs while the member is joining and no
 // peer answered at all (they were unreachable when it started), so that it learns the group's

@@ -197,10 +197,10 @@ class EngineGroup:
         n.start_daemon(failpoints)
         n.wait_registered()
 
-    def restart_with_fresh_engine(self, i, daemon=True):
+    def restart_with_fresh_engine(self, i, daemon=True, failpoints=""):
         """Kills member i's engine rank processes and (`daemon`) its refitd (SIGKILL), then starts
-        them again: the new ranks hold their initial weights (no tag) while the group is at its
-        version."""
+        them again (refitd with `failpoints`): the new ranks hold their initial weights (no tag)
+        while the group is at its version."""
         n = self.nodes[i]
         for p in getattr(n, "rank_engines", []) or [n.engine]:
             h.kill(p)
@@ -208,7 +208,7 @@ class EngineGroup:
             n.rank_engines = []
         if daemon:
             h.kill(n.daemon)
-            n.start_daemon()
+            n.start_daemon(failpoints)
         n.start_engine()
 
     def close(self):

@@ -349,6 +349,36 @@ def test_a_member_started_while_its_peers_are_unreachable_holds_its_ranks_until_
     assert "-" not in _steps_after(g, 0, before)
 
 
+def test_a_registration_is_answered_once_the_start_up_ask_held_its_engine(engine_group):
+    """Late join, two asks at once: member 0 restarts fresh while its peer's refitd is stopped
+    (SIGSTOP), so the ask it starts with is still waiting for the peer when its engine registers and
+    asks too. The start-up ask ends first and holds the engine, its pause slowed down
+    (group_join_hold); the registration's own ask finds the engine held already, and the
+    registration is answered only once that pause was: the fresh engine runs no step."""
+    g = engine_group(members=2, peers=True)
+    g.refit(tag="v")
+    g.wait_steps_with("v-0")
+    before = {r: max(rows) for (m, r), rows in g.steps().items() if m == 0}
+    g.nodes[1].daemon.send_signal(signal.SIGSTOP)
+    try:
+        g.restart_with_fresh_engine(0, failpoints="group_join_hold=delay:1500")
+        # Registered: the start-up ask's pause (1.5 s late) was answered first.
+        assert 'event=group_join_hold engine="the engine" paused=true' in g.nodes[0].log()
+        count = g.step_count()
+        time.sleep(1.0)
+        assert g.step_count() == count
+        assert g.mixed_steps() == []
+    finally:
+        g.nodes[1].daemon.send_signal(signal.SIGCONT)
+    wait_for(lambda: g.status(0)["group"]["group_version"] == "v-0", timeout=30,
+             what="member 0 learning the group's version once its peer answered")
+    _, lines = g.refit(tag="w")
+    assert lines[0]["group"] == "committed", lines
+    g.wait_steps_with("w-0")
+    assert g.mixed_steps() == []
+    assert "-" not in _steps_after(g, 0, before)
+
+
 def test_a_member_held_while_its_peer_is_down_runs_once_the_restarted_peer_knows_nothing(engine_group):
     """The whole group restarts (hold, the default): member 0 comes back while member 1 is down and
     holds its fresh engine; member 1 comes back fresh too and answers that it knows no group
