@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace refit {
@@ -49,6 +50,7 @@ std::string* path = nullptr;
 std::thread* ticker = nullptr;
 const char* clock_name = "cpu";
 std::atomic<bool> ticking{false};
+std::atomic<bool> written{false};
 
 void OnProf(int, siginfo_t*, void* context) {
   if (!running.load(std::memory_order_relaxed)) return;
@@ -82,21 +84,36 @@ std::string ReadFile(const std::string& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Each tick, SIGPROF to every thread of the process but this one (the list read again each tick:
-// threads come and go).
-void Tick(long hz) {
+void WriteProfile();
+
+// Each tick, SIGPROF to every thread of the process but this one and the CUDA driver's own
+// ("cuda*": the driver's threads are left uninterrupted); the list is read again each tick
+// (threads come and go). With a duration (REFIT_CPU_PROFILE_SECONDS), the profile is written here
+// once it has passed, so that it exists even if the process never exits cleanly.
+void Tick(long hz, double seconds) {
   const pid_t pid = getpid();
   const auto self = static_cast<pid_t>(syscall(SYS_gettid));
   const auto period = std::chrono::nanoseconds(1000000000 / hz);
   pthread_setname_np(pthread_self(), "refit-profiler");
   std::vector<pid_t> tids;
-  auto next = std::chrono::steady_clock::now();
+  std::unordered_map<pid_t, bool> skip;  // by thread: the CUDA driver's
+  const auto start = std::chrono::steady_clock::now();
+  auto next = start;
   while (ticking.load(std::memory_order_relaxed)) {
+    if (seconds > 0 && std::chrono::steady_clock::now() - start >= std::chrono::duration<double>(seconds)) {
+      running.store(false);                                        // handlers that start now return at once
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // those running finish
+      WriteProfile();
+      return;
+    }
     tids.clear();
     std::error_code ec;
     for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
       const auto tid = static_cast<pid_t>(std::atol(task.path().filename().c_str()));
-      if (tid > 0 && tid != self) tids.push_back(tid);
+      if (tid <= 0 || tid == self) continue;
+      auto [it, fresh] = skip.try_emplace(tid, false);
+      if (fresh) it->second = ReadFile(task.path().string() + "/comm").rfind("cuda", 0) == 0;
+      if (!it->second) tids.push_back(tid);
     }
     for (pid_t tid : tids) syscall(SYS_tgkill, pid, tid, SIGPROF);
     next += period;
@@ -132,7 +149,9 @@ bool StartCpuProfileFromEnv() {
   if (wall) {
     clock_name = "wall";
     ticking.store(true);
-    ticker = new std::thread(Tick, hz);
+    double seconds = 0;
+    if (const char* d = std::getenv("REFIT_CPU_PROFILE_SECONDS"); d != nullptr) seconds = std::atof(d);
+    ticker = new std::thread(Tick, hz, seconds);
   } else {
     itimerval t{};
     t.it_interval.tv_sec = 0;
@@ -145,16 +164,24 @@ bool StartCpuProfileFromEnv() {
 }
 
 void StopCpuProfile() {
-  if (samples == nullptr || !running.exchange(false)) return;
+  if (samples == nullptr) return;
   if (ticker != nullptr) {
     ticking.store(false);
-    ticker->join();
+    ticker->join();  // it may have written the profile already (REFIT_CPU_PROFILE_SECONDS)
     delete ticker;
     ticker = nullptr;
   }
+  running.store(false);
   itimerval off{};
   setitimer(ITIMER_PROF, &off, nullptr);
   signal(SIGPROF, SIG_IGN);
+  WriteProfile();
+}
+
+namespace {
+
+void WriteProfile() {
+  if (written.exchange(true)) return;
   const uint64_t n = next_sample.load() < max_samples ? next_sample.load() : max_samples;
   std::FILE* f = std::fopen(path->c_str(), "w");
   if (f == nullptr) {
@@ -186,5 +213,7 @@ void StopCpuProfile() {
   std::fputs(ReadFile("/proc/self/maps").c_str(), f);
   std::fclose(f);
 }
+
+}  // namespace
 
 }  // namespace refit

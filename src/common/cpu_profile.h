@@ -7,7 +7,9 @@
 // REFIT_CPU_PROFILE_CLOCK=wall samples wall-clock time instead: a thread of its own sends SIGPROF to
 // every other thread REFIT_CPU_PROFILE_HZ (default 200) times a second, so a thread blocked in a
 // wait (a lock, a CUDA synchronization, a syscall) is sampled where it waits. The signals
-// interrupt blocking syscalls (SA_RESTART restarts most of them).
+// interrupt blocking syscalls (SA_RESTART restarts most of them); the CUDA driver's own threads
+// ("cuda*") are not signalled. REFIT_CPU_PROFILE_SECONDS=S (wall clock) writes the profile S seconds
+// after the start instead of at exit, so that a process that never exits cleanly still leaves it.
 // tools/cpu_profile.py symbolizes them against the build and prints where the CPU time went,
 // per thread and per function (self and inclusive). docs/operations.md "Profiling the host".
 //

@@ -63,6 +63,20 @@ def test_the_wall_clock_samples_threads_where_they_wait(tmp_path):
     assert "BucketRing::Acquire" in inclusive or "libabsl_synchronization" in inclusive, inclusive
 
 
+def test_a_profile_with_a_duration_is_written_when_it_has_passed(tmp_path):
+    # REFIT_CPU_PROFILE_SECONDS: the ticker writes the profile itself once the time has passed
+    # (the exit then writes nothing more): the samples of the first 0.02 s only.
+    run_bench(tmp_path, {"REFIT_CPU_PROFILE": str(tmp_path / "d.%p.prof"), "REFIT_CPU_PROFILE_CLOCK": "wall",
+                         "REFIT_CPU_PROFILE_HZ": "2000", "REFIT_CPU_PROFILE_SECONDS": "0.02"})
+    files = list(tmp_path.glob("d.*.prof"))
+    assert len(files) == 1, files
+    text = files[0].read_text()
+    n = int(text.split("\nsamples ")[1].split()[0])
+    # At 2 kHz, 0.02 s is 40 ticks of at most ~20 threads; the whole run gives over 2000.
+    assert 0 < n < 1200, n
+    assert "\nmaps\n" in text
+
+
 def test_without_the_variable_nothing_is_written(tmp_path):
     run_bench(tmp_path, {})
     assert not list(tmp_path.iterdir())
