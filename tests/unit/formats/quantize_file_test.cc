@@ -6,13 +6,14 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../temp_path.h"
 #include "gtest/gtest.h"
 #include "oracle.h"
 #include "run_quantize.h"
@@ -22,9 +23,7 @@ namespace {
 
 namespace o = oracle;
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(::testing::TempDir()) / name).string();
-}
+using ::refit::test_util::TempPath;
 
 struct Input {
   std::vector<uint16_t> w = o::ToBf16(o::Weights(64 * 96, 91));  // K = 96: mxfp8 ok, fp8 partial

@@ -1,11 +1,15 @@
 // Checkpoints with hundreds of thousands of tensors: writing and parsing the header stays
 // linear in the tensor count (the ctest TIMEOUT catches a quadratic regression: before, 200k
 // tensors took over 5 CPU-minutes), and the header keeps its order and bytes.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "../temp_path.h"
 #include "absl/strings/str_cat.h"
 #include "formats/quantize_file.h"
 #include "formats/safetensors.h"
@@ -14,9 +18,7 @@
 namespace refit::formats {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(::testing::TempDir()) / name).string();
-}
+using ::refit::test_util::TempPath;
 
 TEST(SafetensorsScaleTest, HundredThousandTensorsRoundTripInOrder) {
   constexpr int kTensors = 100000;

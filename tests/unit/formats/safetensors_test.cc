@@ -2,21 +2,23 @@
 // name the problem and the tensor.
 #include "formats/safetensors.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "../temp_path.h"
 #include "gtest/gtest.h"
 
 namespace refit::formats {
 namespace {
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(::testing::TempDir()) / name).string();
-}
+using ::refit::test_util::TempPath;
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -74,7 +74,7 @@ TEST(GroupPeersTest, AQueryOfPeersWhereNothingListensNamesEachAndSkipsItself) {
 TEST(GroupPeersTest, APeerThatNeverAnswersIsBoundedByTheTimeout) {
   // A socket that listens but never accepts: the connect succeeds (the backlog), the status call
   // is never answered.
-  const std::string path = ::testing::TempDir() + "/silent.sock";
+  const std::string path = ::testing::TempDir() + "/silent." + std::to_string(::getpid()) + ".sock";
   ::unlink(path.c_str());
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
