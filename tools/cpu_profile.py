@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints where a process's CPU time went, from a REFIT_CPU_PROFILE file (src/common/cpu_profile.h).
 
-    tools/cpu_profile.py PROFILE [--build build] [--thread NAME] [--top 25] [--under FUNC]
+    tools/cpu_profile.py PROFILE [--build build] [--thread NAME] [--top 25] [--under FUNC] [--exclude FUNC]
 
 Each sample is one thread's stack at a tick of the process's CPU time. The report: samples per
 thread, then the functions by self time (the sampled instruction's function) and by inclusive time
@@ -108,6 +108,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--thread", default="", help="only threads whose name contains this")
     ap.add_argument("--under", default="", help="only samples with this function on the stack; below it")
+    ap.add_argument("--exclude", action="append", default=[],
+                    help="drop samples with this function on the stack (e.g. a first refit's allocations); repeatable")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
     samples, threads, maps = parse(a.profile)
@@ -130,17 +132,25 @@ def main():
                     kept.append((t, s[:k + 1]))
                     break
         chosen = kept
+    if a.exclude:
+        chosen = [(t, s) for t, s in chosen if not any(x in names[pc] for pc in s for x in a.exclude)]
     total = max(len(chosen), 1)
-    self_c, incl_c = collections.Counter(), collections.Counter()
+    self_c, incl_c, own_c = collections.Counter(), collections.Counter(), collections.Counter()
     for _, s in chosen:
         if not s:
             continue
         self_c[names[s[0]]] += 1
+        # The innermost of refitd's own functions: where a wait in a library (libc, the driver) was
+        # entered from.
+        own_c[next((names[pc] for pc in s if names[pc].startswith("refit::")), names[s[-1]])] += 1
         for fn in {names[pc] for pc in s}:
             incl_c[fn] += 1
     what = (f"threads '{a.thread}'" if a.thread else "all threads") + (f", under '{a.under}'" if a.under else "")
     print(f"\n{len(chosen)} samples of {what}; by self time:")
     for fn, n in self_c.most_common(a.top):
+        print(f"  {n:7d} {100.0 * n / total:5.1f}%  {short(fn)}")
+    print("\nby the innermost refit:: function (where time in libraries was entered from):")
+    for fn, n in own_c.most_common(a.top):
         print(f"  {n:7d} {100.0 * n / total:5.1f}%  {short(fn)}")
     print("\nby inclusive time:")
     for fn, n in incl_c.most_common(a.top):

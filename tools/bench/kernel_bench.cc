@@ -1,7 +1,9 @@
 // kernel_bench: GB/s of the refitd quantize kernels on a Llama-8B-like weight (14336x4096 bf16,
 // several input copies rotated so that L2 never holds the next input), against a plain
 // device-to-device cudaMemcpy measured in the same run. Logical traffic = input read once +
-// every output written once. Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C] [--iters N]
+// every output written once. The "nvfp4 batch, MoE layer" rows run one Qwen3-30B-A3B layer's
+// experts (384 tensors of 768x2048, gate/up sharing an amax) through the batched two-pass NVFP4
+// path in runs of 16, 64 and 256 MiB, as refitd's GPU converter issues a MoE bucket. Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C] [--iters N]
 //
 // kernel_bench --sequence: a whole Llama-3-8B-shaped refit's conversion (224 FP8 block-128
 // projections, BF16 embedding, head and norms; 16.06 GB in, 9.08 GB out) as refitd's converter
@@ -26,6 +28,7 @@
 
 #include "formats/format.h"
 #include "bench_memory.h"
+#include "kernels/batch_quantize.h"
 #include "kernels/checksum.h"
 #include "kernels/derive.h"
 #include "kernels/quantize.h"
@@ -216,6 +219,81 @@ int RunSequence(const char* argv0, int iters) {
   return 0;
 }
 
+// One Qwen3-30B-A3B MoE layer's experts (128 x gate, up, down of 768 x 2048 BF16: 1.21 GB, about
+// one 1.2 GB bucket) through the batched NVFP4 path as refitd's GPU converter issues it: each
+// expert's gate and up share one amax (a fused group), down has its own; runs of at most
+// `run_mib` MiB, each one table upload and two launches (QuantizeNvfp4Batch). Inputs lie in one
+// allocation (a bucket), outputs in an allocation per tensor (staging). Two-pass: amax computed.
+void AddMoeBatchRows(const std::vector<uint16_t>& host, double copy_gbps, std::vector<Row>& table) {
+  constexpr int kExperts = 128;
+  constexpr int64_t kElems = 768 * 2048;
+  constexpr int kTensors = kExperts * 3;
+  const uint64_t in_bytes = static_cast<uint64_t>(kTensors) * kElems * 2;
+  Buf in(in_bytes);
+  for (int t = 0; t < kTensors; ++t) {
+    const size_t off = static_cast<size_t>(t % 16) * kElems;  // the host weight has 37 tensors' worth
+    CHECK_CUDA(cudaMemcpy(static_cast<char*>(in.p) + static_cast<uint64_t>(t) * kElems * 2, host.data() + off,
+                          kElems * 2, cudaMemcpyHostToDevice));
+  }
+  std::vector<std::unique_ptr<Buf>> q(kTensors), sc(kTensors), s2(kTensors);
+  Buf amax(kTensors * 4);
+  std::vector<refit::kernels::Nvfp4BatchItem> items;
+  for (int t = 0; t < kTensors; ++t) {
+    q[t] = std::make_unique<Buf>(kElems / 2);
+    sc[t] = std::make_unique<Buf>(kElems / 16);
+    s2[t] = std::make_unique<Buf>(4);
+    const int expert = t / 3, which = t % 3;  // gate, up, down
+    float* a = static_cast<float*>(amax.p) + (which == 2 ? kExperts + expert : expert);
+    items.push_back({static_cast<char*>(in.p) + static_cast<uint64_t>(t) * kElems * 2, kElems,
+                     static_cast<uint8_t*>(q[t]->p), static_cast<uint8_t*>(sc[t]->p), static_cast<float*>(s2[t]->p),
+                     a, nullptr});
+  }
+  const refit::kernels::Nvfp4BatchKind kind{Format::kNvfp4, DType::kBF16, {}};
+  const double logical = static_cast<double>(in_bytes) + kTensors * (kElems / 2.0 + kElems / 16.0 + 4);
+  for (int run_mib : {16, 64, 256}) {
+    // Runs as the converter cuts them: a group never split, a run closed when it reaches run_mib.
+    std::vector<std::pair<size_t, size_t>> runs;
+    size_t first = 0;
+    uint64_t bytes = 0;
+    for (size_t t = 0; t < items.size(); ++t) {
+      const bool group_start = t % 3 != 1;  // up stays with its gate
+      if (group_start && bytes >= (static_cast<uint64_t>(run_mib) << 20)) {
+        runs.push_back({first, t});
+        first = t;
+        bytes = 0;
+      }
+      bytes += kElems * 2;
+    }
+    runs.push_back({first, items.size()});
+    std::vector<void*> host_tables, device_tables;
+    for (const auto& [b, e] : runs) {
+      void* h = nullptr;
+      void* d = nullptr;
+      CHECK_CUDA(cudaMallocHost(&h, refit::kernels::Nvfp4BatchTableBytes(e - b)));
+      CHECK_CUDA(cudaMalloc(&d, refit::kernels::Nvfp4BatchTableBytes(e - b)));
+      host_tables.push_back(h);
+      device_tables.push_back(d);
+    }
+    const double ms = TimeMs([&](int) {
+      CHECK_CUDA(cudaMemsetAsync(amax.p, 0, kTensors * 4));
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const auto [b, e] = runs[r];
+        CHECK_OK(refit::kernels::QuantizeNvfp4Batch(
+            kind, std::span<const refit::kernels::Nvfp4BatchItem>(items.data() + b, e - b), host_tables[r],
+            device_tables[r], nullptr));
+      }
+    }, 1);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      cudaFreeHost(host_tables[r]);
+      cudaFree(device_tables[r]);
+    }
+    const double gbps = logical / ms / 1e6;
+    table.push_back({"nvfp4 batch, MoE layer (" + std::to_string(run_mib) + " MiB runs, " +
+                         std::to_string(runs.size()) + ")",
+                     ms, gbps, gbps / copy_gbps, 0});
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -274,6 +352,7 @@ int main(int argc, char** argv) {
   }, copies);
   const double copy_gbps = 2.0 * n * 2 / copy_ms / 1e6;
   table.push_back({"d2d copy (read+write)", copy_ms, copy_gbps, 1.0, 0});
+  AddMoeBatchRows(host, copy_gbps, table);
 
   auto run_format = [&](const std::string& name, Format f, DType dtype, std::vector<std::unique_ptr<Buf>>& inputs,
                         int mode /*0 plain, 1 host amax, 2 device amax two-pass*/, double goal) {
