@@ -82,29 +82,32 @@ __global__ void __launch_bounds__(kFlatThreads) BatchAmaxKernel(const Nvfp4Desc*
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(reinterpret_cast<uint32_t*>(it.amax), m);
 }
 
-// FlatKernel over the concatenated tile space of the batch: persistent CTAs walk the tiles from
-// the last item's end back to the first item's start (after the forward amax pass the tail of
-// the batch is still in L2), prefetching the next tile, which may belong to another item. The
-// op and its per-thread state are rebuilt only when the walk enters another item.
+// FlatKernel over the concatenated tile space of the batch: each persistent CTA owns one
+// contiguous range of tiles and walks it from its end to its start, prefetching the next tile,
+// which may belong to another item. The op and its per-thread state are rebuilt, and the item
+// looked up, only when the walk enters another item: with contiguous ranges that is at most once
+// per item a range touches, where a grid-stride walk over items smaller than the grid's stride
+// (a MoE layer's 3 MiB experts) entered another item at every tile and put the lookup's
+// dependent loads before every prefetch.
 template <launch::Input kIn, bool kTe>
 __global__ void __launch_bounds__(kFlatThreads) BatchNvfp4Kernel(const Nvfp4Desc* __restrict__ table, int count,
                                                                   int64_t n_tiles) {
   constexpr int kC = Elems<kIn>::kCount;
-  int64_t i = blockIdx.x;
-  if (i >= n_tiles) return;
-  int t = FindNvfp4(table, count - 1, n_tiles - 1 - i);
+  const int64_t per = (n_tiles + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * per;
+  if (begin >= n_tiles) return;
+  int64_t g = min(n_tiles, begin + per) - 1;
+  int t = FindNvfp4(table, count - 1, g);
   launch::Nvfp4Item it = table[t].item;
   int64_t base = table[t].first_tile;
   Nvfp4Op<kTe> op{it.amax, 0.0f, it.q, it.scales, it.scale_2, it.first_bad};
   Nvfp4State st = op.Prepare();
   uint4 cur[kUnroll], nxt[kUnroll];
-  LoadTile<kIn, true>(it.in, it.n, it.n / kC, n_tiles - 1 - i - base, cur);
-  for (; i < n_tiles; i += gridDim.x) {
-    const int64_t g = n_tiles - 1 - i;
-    const int64_t i_next = i + gridDim.x;
+  LoadTile<kIn, true>(it.in, it.n, it.n / kC, g - base, cur);
+  for (; g >= begin; --g) {
+    const int64_t g_next = g - 1;
     int t_next = t;
-    if (i_next < n_tiles) {
-      const int64_t g_next = n_tiles - 1 - i_next;
+    if (g_next >= begin) {
       if (base > g_next) t_next = FindNvfp4(table, t - 1, g_next);  // the walk only goes down
       LoadTile<kIn, true>(table[t_next].item.in, table[t_next].item.n, table[t_next].item.n / kC,
                           g_next - table[t_next].first_tile, nxt);

@@ -6,6 +6,7 @@
 #define REFIT_KERNELS_FLAT_KERNELS_CUH_
 
 #include <type_traits>
+#include <vector>
 
 #include "kernels/numerics.cuh"
 
@@ -67,13 +68,32 @@ __global__ void __launch_bounds__(kFlatThreads) FlatKernel(const void* in, int64
 }
 
 // CTAs to launch for a persistent kernel: as many as fit on the device at once, at most `work`.
+// The resident count depends only on the kernel, the block size and the device, so each thread
+// asks the runtime once per (kernel, block size, device): the occupancy query and the attribute
+// read cost several microseconds, against a launch's few, on the batched converter's path that
+// launches per run of small tensors.
 template <class Kernel>
 inline int64_t PersistentGrid(Kernel kernel, int threads, int64_t work) {
-  int device = 0, sms = 132, per_sm = 1;
+  struct Known {
+    const void* kernel;
+    int threads, device;
+    int64_t resident;
+  };
+  thread_local std::vector<Known> known;
+  int device = 0;
   cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
-  const int64_t resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int64_t resident = 0;
+  for (const Known& k : known) {
+    if (k.kernel == key && k.threads == threads && k.device == device) resident = k.resident;
+  }
+  if (resident == 0) {
+    int sms = 132, per_sm = 1;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+    resident = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    known.push_back({key, threads, device, resident});
+  }
   return work < resident ? (work > 0 ? work : 1) : resident;
 }
 

@@ -181,6 +181,22 @@ TEST_F(KernelsBatchTest, ManySmallTensorsMatchReference) {
   for (size_t k = 0; k < batch.size(); ++k) batch.ExpectMatchesReference(k, "seed=" + std::to_string(seed));
 }
 
+// More tiles than resident CTAs, in tensors of several tiles each: every CTA's range of the
+// encode walk starts, ends or crosses tensors mid-range, and the tensors' sizes differ so that
+// range and tensor boundaries fall everywhere.
+TEST_F(KernelsBatchTest, TensorsSpanningSeveralCtaRangesMatchReference) {
+  const uint64_t seed = FreshSeed();
+  std::mt19937_64 rng(seed);
+  Batch batch(Format::kNvfp4, DType::kBF16, {});
+  for (int i = 0; i < 160; ++i) {
+    const Shape s = i % 5 == 4 ? Shape{96, 1040} : Shape{128, 1024};
+    const int64_t n = *NumElements(s);
+    batch.Add("x" + std::to_string(i), s, testing::RandomValues(n, rng, 0.01f + 0.002f * (i % 13)));
+  }
+  batch.Run();
+  for (size_t k = 0; k < batch.size(); ++k) batch.ExpectMatchesReference(k, "seed=" + std::to_string(seed));
+}
+
 // A NaN in the middle tensor of a run (and an Inf after it) is recorded in that tensor's word
 // only, at its first bad flat index; the other tensors still equal the reference.
 TEST_F(KernelsBatchTest, NonfiniteRecordedForItsTensorOnly) {
