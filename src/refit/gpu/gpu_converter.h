@@ -39,9 +39,12 @@ struct GpuConverterStats {
 struct GpuConverterOptions {
   // A run is launched when it reaches this many tensors...
   size_t max_run_tensors = 256;
-  // ... or, for NVFP4, this many input bytes: the encode pass re-reads the run right after the
-  // amax pass, from L2 while the run is small enough.
-  uint64_t max_nvfp4_run_bytes = uint64_t{16} << 20;
+  // ... or, for NVFP4, this many input bytes. Each run costs a table upload and two launches
+  // with their tails: a Qwen3-30B-A3B layer's experts (1.21 GB) took 2.20 ms in 16 MiB runs,
+  // 1.75 ms in 64 MiB and 1.50 ms in 256 MiB on an H100 (kernel_bench, docs/benchmarks.md run 47),
+  // though 16 MiB runs re-read their input from L2. 64 MiB keeps most of that and a short tail
+  // (the GPU starts a bucket once one run is issued).
+  uint64_t max_nvfp4_run_bytes = uint64_t{64} << 20;
   // Copies up to this size go into copy runs; larger ones are one cudaMemcpyAsync each.
   uint64_t max_batched_copy_bytes = uint64_t{4} << 20;
   uint64_t max_copy_run_bytes = uint64_t{64} << 20;
