@@ -3,7 +3,8 @@
 // device-to-device cudaMemcpy measured in the same run. Logical traffic = input read once +
 // every output written once. The "nvfp4 batch, MoE layer" rows run one Qwen3-30B-A3B layer's
 // experts (384 tensors of 768x2048, gate/up sharing an amax) through the batched two-pass NVFP4
-// path in runs of 16, 64 and 256 MiB, as refitd's GPU converter issues a MoE bucket. Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C] [--iters N]
+// path in runs of 16, 64 and 256 MiB, as refitd's GPU converter issues a MoE bucket. Usage: kernel_bench [--json PATH]
+// [--rows R] [--cols K] [--copies C] [--iters N]
 //
 // kernel_bench --sequence: a whole Llama-3-8B-shaped refit's conversion (224 FP8 block-128
 // projections, BF16 embedding, head and norms; 16.06 GB in, 9.08 GB out) as refitd's converter
@@ -26,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "formats/format.h"
 #include "bench_memory.h"
+#include "formats/format.h"
 #include "kernels/batch_quantize.h"
 #include "kernels/checksum.h"
 #include "kernels/derive.h"
@@ -245,8 +246,8 @@ void AddMoeBatchRows(const std::vector<uint16_t>& host, double copy_gbps, std::v
     const int expert = t / 3, which = t % 3;  // gate, up, down
     float* a = static_cast<float*>(amax.p) + (which == 2 ? kExperts + expert : expert);
     items.push_back({static_cast<char*>(in.p) + static_cast<uint64_t>(t) * kElems * 2, kElems,
-                     static_cast<uint8_t*>(q[t]->p), static_cast<uint8_t*>(sc[t]->p), static_cast<float*>(s2[t]->p),
-                     a, nullptr});
+                     static_cast<uint8_t*>(q[t]->p), static_cast<uint8_t*>(sc[t]->p), static_cast<float*>(s2[t]->p), a,
+                     nullptr});
   }
   const refit::kernels::Nvfp4BatchKind kind{Format::kNvfp4, DType::kBF16, {}};
   const double logical = static_cast<double>(in_bytes) + kTensors * (kElems / 2.0 + kElems / 16.0 + 4);
@@ -274,23 +275,25 @@ void AddMoeBatchRows(const std::vector<uint16_t>& host, double copy_gbps, std::v
       host_tables.push_back(h);
       device_tables.push_back(d);
     }
-    const double ms = TimeMs([&](int) {
-      CHECK_CUDA(cudaMemsetAsync(amax.p, 0, kTensors * 4));
-      for (size_t r = 0; r < runs.size(); ++r) {
-        const auto [b, e] = runs[r];
-        CHECK_OK(refit::kernels::QuantizeNvfp4Batch(
-            kind, std::span<const refit::kernels::Nvfp4BatchItem>(items.data() + b, e - b), host_tables[r],
-            device_tables[r], nullptr));
-      }
-    }, 1);
+    const double ms = TimeMs(
+        [&](int) {
+          CHECK_CUDA(cudaMemsetAsync(amax.p, 0, kTensors * 4));
+          for (size_t r = 0; r < runs.size(); ++r) {
+            const auto [b, e] = runs[r];
+            CHECK_OK(refit::kernels::QuantizeNvfp4Batch(
+                kind, std::span<const refit::kernels::Nvfp4BatchItem>(items.data() + b, e - b), host_tables[r],
+                device_tables[r], nullptr));
+          }
+        },
+        1);
     for (size_t r = 0; r < runs.size(); ++r) {
       cudaFreeHost(host_tables[r]);
       cudaFree(device_tables[r]);
     }
     const double gbps = logical / ms / 1e6;
-    table.push_back({"nvfp4 batch, MoE layer (" + std::to_string(run_mib) + " MiB runs, " +
-                         std::to_string(runs.size()) + ")",
-                     ms, gbps, gbps / copy_gbps, 0});
+    table.push_back(
+        {"nvfp4 batch, MoE layer (" + std::to_string(run_mib) + " MiB runs, " + std::to_string(runs.size()) + ")", ms,
+         gbps, gbps / copy_gbps, 0});
   }
 }
 
