@@ -4,9 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/checksum.h"
 #include "common/hot_wait.h"
-#include "common/parallel_checksum.h"
 #include "common/trace.h"
 
 namespace refit {
@@ -187,17 +185,10 @@ void Session::ReceiveLoop() {
       status = absl::DataLossError(
           absl::StrCat("bucket ", item.header.seq, ": received ", got->bytes, " bytes, announced ", item.header.nbytes));
     }
-    if (status.ok() && !receiver_.ChecksIntegrity()) {
-      // A transport that checks integrity itself announces no checksum (its slots may be on the
-      // device, where reading them back would cost a device-to-host copy).
-      const uint64_t sum = item.header.checksum_kind == ChecksumKind::kParallel64
-                               ? ParallelChecksum64Threads(item.data, item.header.nbytes)
-                               : Checksum64(item.data, item.header.nbytes);
-      if (sum != item.header.checksum) {
-        status = absl::DataLossError(absl::StrCat("bucket ", item.header.seq, ": checksum ", ChecksumHex(sum),
-                                                  " does not match the announced ", ChecksumHex(item.header.checksum)));
-      }
-    }
+    // A transport that checks integrity itself announces no checksum (its slots may be on the
+    // device, where reading them back would cost a device-to-host copy). Otherwise the converter
+    // checks it (VerifyChecksum) while this loop receives the next bucket.
+    item.verify = status.ok() && !receiver_.ChecksIntegrity();
     if (status.ok()) status = REFIT_FAILPOINT(options_.failpoints, failpoints::kAfterReceive);
     absl::ReleasableMutexLock lock(&mu_);
     receive_time_ += took;

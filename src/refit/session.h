@@ -140,6 +140,10 @@ class Session {
     int slot;
     const uint8_t* data;  // the slot, or the bytes the transport lent (then `loan` != 0)
     uint64_t loan;
+    // The announced checksum is still to be checked (a transport that does not check integrity
+    // itself): by the converter, before anything of the bucket is read, so that the receive
+    // loop posts the next bucket's receive at once (the wire does not wait for a checksum).
+    bool verify = false;
   };
   // Gives `r`'s loan (if any) back to the transport and its slot back to the ring.
   void Done(const Received& r);
@@ -169,6 +173,9 @@ class Session {
   // A failure that ends the session, once nothing of the bucket is read any more (Sync): what it
   // staged is counted and the session fails with `status`.
   void FailBucket(BucketWork& w, absl::Status status);
+  // DataLoss naming the bucket when `r` is to be verified and its bytes do not match the
+  // announced checksum.
+  static absl::Status VerifyChecksum(const Received& r);
   // A SliceAssembler result: staging exhausted fails the bucket (true: stop converting it); another
   // error fails the tensor `name` in the ledger (the caller skips it, as it does a tensor whose
   // slices are still incomplete).

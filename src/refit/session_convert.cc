@@ -10,6 +10,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checksum.h"
+#include "common/parallel_checksum.h"
 #include "formats/format.h"
 #include "refit/megatron_source.h"
 #include "refit/session.h"
@@ -63,9 +65,25 @@ bool Session::SliceFailed(BucketWork& w, const absl::StatusOr<std::optional<Slic
   return false;
 }
 
+absl::Status Session::VerifyChecksum(const Received& r) {
+  if (!r.verify) return absl::OkStatus();
+  const BucketHeader& h = r.header;
+  const uint64_t sum = h.checksum_kind == ChecksumKind::kParallel64 ? ParallelChecksum64Threads(r.data, h.nbytes)
+                                                                    : Checksum64(r.data, h.nbytes);
+  if (sum == h.checksum) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("bucket ", h.seq, ": checksum ", ChecksumHex(sum),
+                                          " does not match the announced ", ChecksumHex(h.checksum)));
+}
+
 void Session::Convert(Converting& c) {
   const BucketHeader& header = c.item.header;
   BucketWork w(c, c.item.data);
+  // Nothing of a bucket whose bytes do not match its checksum is read: the session fails with
+  // the bucket's number, before any of its tensors is staged.
+  if (absl::Status sum = VerifyChecksum(c.item); !sum.ok()) {
+    FailBucket(w, std::move(sum));
+    return;
+  }
   // Per-format bytes are counted as tensors are staged (also when the bucket then fails), and
   // reported to on_converted once the lock is released (the caller, ConvertLoop).
   bucket_out_by_format_.clear();

@@ -97,10 +97,12 @@ def start(args, log: Path, ready, what: str, env=None, timeout=30.0, logs=()) ->
 
 
 def start_refitd(config: Path, log: Path, *args, env=None, ready=None, timeout=30.0) -> subprocess.Popen:
-    """refitd --config `config` `args`; ready once it logs event=listening, or when `ready()` holds."""
-    if ready is None:
-        ready = lambda: "event=listening" in log.read_text()  # noqa: E731
-    return start([REFITD, "--config", config, *args], log, ready, "refitd listening", env=env, timeout=timeout)
+    """refitd --config `config` `args`; ready once it logs event=listening and `ready()` (if given)
+    holds. The log line comes first because a unix socket's file exists from its bind on, a moment
+    before the listen: a connect in between is refused."""
+    listening = lambda: "event=listening" in log.read_text()  # noqa: E731
+    both = listening if ready is None else (lambda: listening() and ready())
+    return start([REFITD, "--config", config, *args], log, both, "refitd listening", env=env, timeout=timeout)
 
 
 def start_engine(address: str, log: Path, *args, env=None, marker="registered", timeout=30.0,
