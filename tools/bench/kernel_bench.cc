@@ -3,8 +3,8 @@
 // device-to-device cudaMemcpy measured in the same run. Logical traffic = input read once +
 // every output written once. The "nvfp4 batch, MoE layer" rows run one Qwen3-30B-A3B layer's
 // experts (384 tensors of 768x2048, gate/up sharing an amax) through the batched two-pass NVFP4
-// path in runs of 16, 64 and 256 MiB, as refitd's GPU converter issues a MoE bucket. Usage: kernel_bench [--json PATH]
-// [--rows R] [--cols K] [--copies C] [--iters N]
+// path in runs of 16, 64 and 256 MiB, as refitd's GPU converter issues a MoE bucket.
+// Usage: kernel_bench [--json PATH] [--rows R] [--cols K] [--copies C] [--iters N]
 //
 // kernel_bench --sequence: a whole Llama-3-8B-shaped refit's conversion (224 FP8 block-128
 // projections, BF16 embedding, head and norms; 16.06 GB in, 9.08 GB out) as refitd's converter
