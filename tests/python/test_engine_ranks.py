@@ -155,7 +155,8 @@ class RankNode:
         self.log = tmp / "refitd.log"
         self.daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(self.log, "w"),
                                        stderr=subprocess.STDOUT, env=env)
-        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
+        wait_for(lambda: "event=listening" in self.log.read_text() or self.daemon.poll() is not None,
+                 what="refitd listening")
         assert self.daemon.poll() is None, self.log.read_text()
         self.barrier = f"/dev/shm/refit-barrier-{uuid.uuid4().hex[:12]}"
         if serve:

@@ -124,7 +124,8 @@ class Node:
         self.engines = None
         self.daemon = subprocess.Popen([str(BIN / "src/server/refitd"), "--config", str(cfg), "--model-spec", str(spec)],
                                        stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: self.sock.exists() or self.daemon.poll() is not None, what="refitd socket")
+        wait_for(lambda: "event=listening" in self.log.read_text() or self.daemon.poll() is not None,
+                 what="refitd listening")
         assert self.daemon.poll() is None, self.log.read_text()
         self.engines = ExampleEngines(tmp, self.address, spec, ckpt, name="mg")
 

@@ -57,7 +57,8 @@ def test_checkpoint_wire_from_python_equals_bf16_wire(tmp_path):
         procs.append(subprocess.Popen([str(REFITD), "--config", str(tmp_path / "refitd.yaml"), "--model-spec",
                                        str(SPEC)], stdout=open(tmp_path / "refitd.log", "w"),
                                       stderr=subprocess.STDOUT))
-        wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
+        wait_for(lambda: "event=listening" in (tmp_path / "refitd.log").read_text() or procs[0].poll() is not None,
+                 what="refitd listening")
         engines = ExampleEngines(tmp_path, address, SPEC, ckpts[0])  # two engine ranks (the spec leaves TP to them)
         digest = engines.digest
 
@@ -114,7 +115,8 @@ def test_nvfp4_slices_from_two_ranks_equal_bf16_wire(tmp_path):
         procs.append(subprocess.Popen([str(REFITD), "--config", str(tmp_path / "refitd.yaml"), "--model-spec",
                                        str(spec)], stdout=open(tmp_path / "refitd.log", "w"),
                                       stderr=subprocess.STDOUT))
-        wait_for(lambda: sock.exists() or procs[0].poll() is not None, what="refitd socket")
+        wait_for(lambda: "event=listening" in (tmp_path / "refitd.log").read_text() or procs[0].poll() is not None,
+                 what="refitd listening")
         engines = ExampleEngines(tmp_path, address, spec, ckpts[0], name="pynvfp4")
         digest = engines.digest
 

@@ -107,9 +107,11 @@ def test_version_shows_the_daemon_version(tmp_path):
                               stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while not sock.exists() and daemon.poll() is None and time.monotonic() < deadline:
+        # Listening once it says so: the socket's file exists a moment before the listen.
+        listening = lambda: "event=listening" in (tmp_path / "refitd.log").read_text()  # noqa: E731
+        while not listening() and daemon.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert sock.exists(), (tmp_path / "refitd.log").read_text()
+        assert listening(), (tmp_path / "refitd.log").read_text()
         client = run(REFITCTL, "--version").stdout.split()[1]
         daemon_version = run(REFITD, "--version").stdout
         p = run(REFITCTL, "version", "--json", "--address", f"unix:{sock}")

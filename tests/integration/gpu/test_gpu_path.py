@@ -24,7 +24,7 @@ def test_three_gpu_refits_match_offline_conversion(require_gpu, tmp_path, stagin
     engine_log = tmp_path / "engine.log"
     engine = None
     try:
-        wait_for(lambda: sock.exists() or daemon.poll() is not None, what="refitd socket")
+        wait_for(lambda: "event=listening" in log.read_text() or daemon.poll() is not None, what="refitd listening")
         assert daemon.poll() is None, log.read_text()
         engine = subprocess.Popen([str(ENGINE), "--address", f"unix:{sock}", "--gpu", "0"],
                                   stdout=open(engine_log, "w"), stderr=subprocess.STDOUT)

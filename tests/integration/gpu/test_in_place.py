@@ -70,7 +70,7 @@ def daemon(tmp_path):
     cfg.write_text(f"listen: unix:{sock}\nlog_level: debug\nmodel_spec: {spec}\n")
     log = tmp_path / "refitd.log"
     proc = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    wait_for(lambda: sock.exists() or proc.poll() is not None, what="refitd socket")
+    wait_for(lambda: "event=listening" in log.read_text() or proc.poll() is not None, what="refitd listening")
     assert proc.poll() is None, log.read_text()
     proc.address, proc.spec, proc.tmp, proc.logfile = f"unix:{sock}", spec, tmp_path, log
     yield proc

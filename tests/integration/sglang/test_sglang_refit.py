@@ -109,7 +109,7 @@ def test_sglang_refitted_in_place_equals_a_fresh_sglang_of_the_converted_weights
     daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     record = {}
     try:
-        h.wait_for(lambda: sock.exists() or daemon.poll() is not None, 30, "refitd socket")
+        h.wait_for(lambda: "event=listening" in log.read_text() or daemon.poll() is not None, 30, "refitd listening")
         assert daemon.poll() is None, log.read_text()
         plan = tmp_path / "plan.json"
         plan.write_text(json.dumps({"address": f"unix:{sock}", "model": "llama3-fp8", "bf16": bf16, "fp8": fp8,

@@ -102,7 +102,7 @@ def test_vllm_refitted_in_place_equals_a_fresh_vllm_of_the_converted_weights(tmp
     log = tmp_path / "refitd.log"
     daemon = subprocess.Popen([str(REFITD), "--config", str(cfg)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
-        h.wait_for(lambda: sock.exists() or daemon.poll() is not None, 30, "refitd socket")
+        h.wait_for(lambda: "event=listening" in log.read_text() or daemon.poll() is not None, 30, "refitd listening")
         assert daemon.poll() is None, log.read_text()
         plan = tmp_path / "plan.json"
         plan.write_text(json.dumps({"address": f"unix:{sock}", "model": "llama3-fp8-ue8m0", "bf16": bf16, "fp8": fp8,
