@@ -241,6 +241,22 @@ class Session {
                                   std::span<const formats::MutableBytes> outs);
   absl::Status AllocateRuns(const TensorPlan& plan, std::span<const Target* const> distinct,
                             std::span<formats::MutableBytes> outs);
+  // Over engine ranks: stages one buffer per distinct staging key of `plan` (a part every rank
+  // shares is staged once; rows split over the ranks as one run where they can be, AllocateRuns)
+  // and counts them: `distinct[i]` into `outs[i]`. ResourceExhausted past the staging limit.
+  absl::Status AllocateOnRanks(const TensorPlan& plan, absl::InlinedVector<const Target*, 4>& distinct,
+                               absl::InlinedVector<formats::MutableBytes, 4>& outs, uint64_t& out_bytes);
+  // A member of a complete fused group on the GPU, its targets staged: `outs` one per target (one
+  // engine rank), or one per `distinct` key (several).
+  struct StagedMember {
+    absl::InlinedVector<const Target*, 4> distinct;
+    absl::InlinedVector<formats::MutableBytes, 4> outs;
+  };
+  // The member's outputs in output order when each lands whole in one buffer (one engine rank's
+  // unsharded tensor; over ranks, an expert of one rank's range or a tensor the ranks share):
+  // what the batched group conversion takes. nullopt otherwise.
+  std::optional<std::vector<formats::MutableBytes>> WholeMemberOutputs(const TensorPlan& plan,
+                                                                       const StagedMember& staged) const;
   // `bytes` staged in `plan`'s format (or as copies) in the bucket being converted.
   void CountFormatBytes(const TensorPlan& plan, uint64_t bytes);
   // Single-pass NVFP4 (trainer-supplied amax): {amax to encode against, the tensor's own claim}

@@ -138,33 +138,55 @@ absl::Status Session::DeferOnDevice(DeviceOps& ops, const TensorDesc& desc, cons
 
 absl::Status Session::ConvertDeviceGroup(DeviceOps& ops, DeviceGroup& group, uint64_t& out_bytes) {
   const formats::QuantizeOptions& options = planner_.spec().options;
-  // A group of plain members (one engine rank, whole untransposed device tensors, no supplied
-  // amax to check) goes into the converter's batched NVFP4 run, its amax computed there.
-  bool plain = planner_.ranks() <= 1;
+  const bool ranks = planner_.ranks() > 1;
+  // A group of plain members (whole untransposed device tensors, no supplied amax to check) is
+  // staged first, then goes into the converter's batched NVFP4 run with its amax computed there,
+  // when every member's outputs land whole: over engine ranks too (an expert of one rank's range,
+  // a tensor the ranks share), so that an engine of several ranks takes the path one rank does.
+  bool plain = true;
   for (const DeviceMember& m : group.members) {
     const TensorPlan& p = *m.plan;
     plain = plain && m.src_kind == storage::MemoryKind::kDevice && !m.claim && !p.transpose &&
             !(p.shard_dim.has_value() && p.shard_parts > 1) && p.kind == ConvertKind::kQuantize;
   }
   absl::Status result;
-  if (plain) {
-    std::vector<absl::InlinedVector<formats::MutableBytes, 4>> outs(group.members.size());
-    bool all = true;
-    for (size_t i = 0; i < group.members.size(); ++i) {
-      const DeviceMember& m = group.members[i];
-      absl::Status st = AllocateTargets(*m.plan, outs[i], out_bytes);
-      if (st.ok()) continue;
-      all = false;
-      if (st.code() == absl::StatusCode::kResourceExhausted) {
-        result = st;
-      } else {
-        ledger_.Fail(m.desc.name, st);
+  if (!plain) {
+    if (!AccumulateGroupAmax(ops, group)) return absl::OkStatus();
+    for (const DeviceMember& m : group.members) {
+      absl::Status staged = Stage(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, out_bytes, group.amax, m.claim);
+      if (staged.code() == absl::StatusCode::kResourceExhausted) {
+        result = staged;
+      } else if (!staged.ok()) {
+        ledger_.Fail(m.desc.name, staged);
       }
     }
-    if (!all) return result;  // the session fails: nothing of the group is encoded
+    return result;
+  }
+  std::vector<StagedMember> staged(group.members.size());
+  bool all = true;
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    const DeviceMember& m = group.members[i];
+    absl::Status st = ranks ? AllocateOnRanks(*m.plan, staged[i].distinct, staged[i].outs, out_bytes)
+                            : AllocateTargets(*m.plan, staged[i].outs, out_bytes);
+    if (st.ok()) continue;
+    all = false;
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      result = st;
+    } else {
+      ledger_.Fail(m.desc.name, st);
+    }
+  }
+  if (!all) return result;  // the session fails: nothing of the group is encoded
+  std::vector<std::vector<formats::MutableBytes>> whole;
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    std::optional<std::vector<formats::MutableBytes>> w = WholeMemberOutputs(*group.members[i].plan, staged[i]);
+    if (!w) break;
+    whole.push_back(*std::move(w));
+  }
+  if (whole.size() == group.members.size()) {
     std::vector<DeviceOps::GroupMember> members;
     for (size_t i = 0; i < group.members.size(); ++i) {
-      members.push_back({&group.members[i].desc, group.members[i].src, outs[i]});
+      members.push_back({&group.members[i].desc, group.members[i].src, whole[i]});
     }
     absl::StatusOr<bool> batched = ops.ConvertAmaxGroup(group.members[0].plan->format, members, options);
     if (batched.ok() && *batched) return absl::OkStatus();
@@ -172,26 +194,19 @@ absl::Status Session::ConvertDeviceGroup(DeviceOps& ops, DeviceGroup& group, uin
       for (const DeviceMember& m : group.members) ledger_.Fail(m.desc.name, batched.status());
       return absl::OkStatus();
     }
-    // Not batched: the group's amax in a device float, then each member against it.
-    if (!AccumulateGroupAmax(ops, group)) return absl::OkStatus();
-    for (size_t i = 0; i < group.members.size(); ++i) {
-      const DeviceMember& m = group.members[i];
-      absl::Status st = ops.ConvertPlanned(*m.plan, m.desc, m.src, m.src_kind, outs[i], options,
-                                           PlannedAmax{group.amax, std::nullopt, std::nullopt});
-      if (!st.ok()) ledger_.Fail(m.desc.name, st);
-    }
-    return absl::OkStatus();
   }
+  // Not batched: the group's amax in a device float, then each member against it into its staged
+  // targets (over engine ranks, each distinct part).
   if (!AccumulateGroupAmax(ops, group)) return absl::OkStatus();
-  for (const DeviceMember& m : group.members) {
-    absl::Status staged = Stage(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, out_bytes, group.amax, m.claim);
-    if (staged.code() == absl::StatusCode::kResourceExhausted) {
-      result = staged;
-    } else if (!staged.ok()) {
-      ledger_.Fail(m.desc.name, staged);
-    }
+  for (size_t i = 0; i < group.members.size(); ++i) {
+    const DeviceMember& m = group.members[i];
+    absl::Status st = ranks ? StageOnRanks(m.desc, m.src, m.src_kind, *m.plan, std::nullopt, group.amax, std::nullopt,
+                                           staged[i].distinct, staged[i].outs)
+                            : ops.ConvertPlanned(*m.plan, m.desc, m.src, m.src_kind, staged[i].outs, options,
+                                                 PlannedAmax{group.amax, std::nullopt, std::nullopt});
+    if (!st.ok()) ledger_.Fail(m.desc.name, st);
   }
-  return result;
+  return absl::OkStatus();
 }
 
 bool Session::AccumulateGroupAmax(DeviceOps& ops, DeviceGroup& group) {

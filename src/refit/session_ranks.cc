@@ -244,28 +244,9 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
                             const float* device_amax, std::optional<float> claim) {
   const bool sharded = plan.shard_dim.has_value() && plan.shard_parts > 1;
   absl::InlinedVector<formats::MutableBytes, 4> outs;
-  uint64_t tensor_bytes = 0;
-  const bool ranks = planner_.ranks() > 1;
-  absl::InlinedVector<const Target*, 4> distinct;  // over engine ranks: one per staging key
-  for (const Target& t : plan.targets) {
-    if (ranks && std::any_of(distinct.begin(), distinct.end(), [&](const Target* d) { return d->key == t.key; })) {
-      continue;  // a part every rank shares: staged once
-    }
-    distinct.push_back(&t);
-  }
-  if (ranks) {
-    outs.assign(distinct.size(), formats::MutableBytes{nullptr, 0});
-    REFIT_RETURN_IF_ERROR(AllocateRuns(plan, distinct, outs));
-    for (size_t i = 0; i < distinct.size(); ++i) {
-      const Target& t = *distinct[i];
-      if (outs[i].data == nullptr) {
-        REFIT_ASSIGN_OR_RETURN(uint8_t * buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
-        outs[i] = {buf, t.spec.bytes};
-      }
-      out_bytes += t.spec.bytes;
-      tensor_bytes += t.spec.bytes;
-    }
-    CountFormatBytes(plan, tensor_bytes);
+  if (planner_.ranks() > 1) {
+    absl::InlinedVector<const Target*, 4> distinct;
+    REFIT_RETURN_IF_ERROR(AllocateOnRanks(plan, distinct, outs, out_bytes));
     return StageOnRanks(desc, src, src_kind, plan, global_amax, device_amax, claim, distinct, outs);
   }
   REFIT_RETURN_IF_ERROR(AllocateTargets(plan, outs, out_bytes));
@@ -280,6 +261,38 @@ absl::Status Session::Stage(const TensorDesc& desc, const uint8_t* src, storage:
                                PlannedAmax{device_amax, device_amax == nullptr ? global_amax : std::nullopt, claim});
   }
   return StageWholeOnHost(desc, src, src_kind, plan, global_amax, claim, outs);
+}
+
+absl::Status Session::AllocateOnRanks(const TensorPlan& plan, absl::InlinedVector<const Target*, 4>& distinct,
+                                      absl::InlinedVector<formats::MutableBytes, 4>& outs, uint64_t& out_bytes) {
+  distinct.clear();
+  for (const Target& t : plan.targets) {
+    if (std::any_of(distinct.begin(), distinct.end(), [&](const Target* d) { return d->key == t.key; })) {
+      continue;  // a part every rank shares: staged once
+    }
+    distinct.push_back(&t);
+  }
+  outs.assign(distinct.size(), formats::MutableBytes{nullptr, 0});
+  REFIT_RETURN_IF_ERROR(AllocateRuns(plan, distinct, outs));
+  uint64_t tensor_bytes = 0;
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    const Target& t = *distinct[i];
+    if (outs[i].data == nullptr) {
+      REFIT_ASSIGN_OR_RETURN(uint8_t * buf, staging_->Allocate(t.key, t.spec.dtype, t.spec.shape, t.spec.bytes));
+      outs[i] = {buf, t.spec.bytes};
+    }
+    out_bytes += t.spec.bytes;
+    tensor_bytes += t.spec.bytes;
+  }
+  CountFormatBytes(plan, tensor_bytes);
+  return absl::OkStatus();
+}
+
+std::optional<std::vector<formats::MutableBytes>> Session::WholeMemberOutputs(const TensorPlan& plan,
+                                                                              const StagedMember& staged) const {
+  if (planner_.ranks() > 1) return WholeOutputs(plan, staged.distinct, staged.outs);
+  if (plan.shard_dim.has_value() && plan.shard_parts > 1) return std::nullopt;
+  return std::vector<formats::MutableBytes>(staged.outs.begin(), staged.outs.end());
 }
 
 absl::Status Session::AllocateTargets(const TensorPlan& plan, absl::InlinedVector<formats::MutableBytes, 4>& outs,
