@@ -11,7 +11,9 @@ functions below it.
 
 Addresses are symbolized with addr2line against the binaries of --build (a profile taken on another
 machine names its own paths: a module is looked up by its file name in the build tree, then at its
-own path). Modules found in neither are reported by name only (e.g. the GPU machine's libc).
+own path). A system library found at its own path without debug information (the GPU machine's
+libc, the CUDA driver; run the tool there) is named by its exported functions: [libc.so.6:NAME],
+or [libc.so.6:after NAME] inside a function it does not export. Others are named by module only.
 """
 import argparse
 import collections
@@ -61,6 +63,45 @@ def local_module(device_path, build):
     return device_path if os.path.exists(device_path) and device_path.startswith(str(build)) else None
 
 
+def exported_symbols(path):
+    """A lookup from a file offset of `path` (a system library without debug information, such as
+    the GPU machine's libc or CUDA driver) to the exported function it falls in, by the library's
+    dynamic symbol table: "[libc.so.6:memcpy]". An offset past the function's size (a function the
+    library does not export) gets "[lib:after NAME]", which only bounds where it is. None when
+    the tools cannot read the library."""
+    try:
+        segs = []  # (file offset, virtual address, file size) of each LOAD segment
+        for line in subprocess.run(["readelf", "-lW", path], capture_output=True, text=True,
+                                   check=True).stdout.splitlines():
+            f = line.split()
+            if f and f[0] == "LOAD":
+                segs.append((int(f[1], 16), int(f[2], 16), int(f[4], 16)))
+        syms = []
+        for line in subprocess.run(["nm", "-D", "-S", "--defined-only", path], capture_output=True, text=True,
+                                   check=True).stdout.splitlines():
+            f = line.split()
+            if len(f) == 4 and f[2] in "TtWi":
+                syms.append((int(f[0], 16), int(f[1], 16), f[3].split("@")[0]))
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return None
+    if not syms:
+        return None
+    syms.sort()
+    starts = [a for a, _, _ in syms]
+    base = os.path.basename(path)
+    import bisect
+
+    def lookup(off):
+        vaddr = next((v + off - o for o, v, n in segs if o <= off < o + n), off)
+        i = bisect.bisect_right(starts, vaddr) - 1
+        if i < 0:
+            return f"[{base}]"
+        a, size, name = syms[i]
+        return f"[{base}:{name}]" if vaddr < a + max(size, 1) else f"[{base}:after {name}]"
+
+    return lookup
+
+
 def symbolize(samples, maps, build):
     """{pc: function name} for every pc of the samples."""
     maps.sort()
@@ -86,8 +127,9 @@ def symbolize(samples, maps, build):
     for mod, offs in by_module.items():
         local = local_module(mod, build)
         if local is None:
+            exported = exported_symbols(mod) if os.path.exists(mod) else None
             for o in offs:
-                names[(mod, o)] = f"[{os.path.basename(mod) or mod}]"
+                names[(mod, o)] = exported(o) if exported else f"[{os.path.basename(mod) or mod}]"
             continue
         offs = sorted(offs)
         out = subprocess.run(["addr2line", "-f", "-C", "-e", local] + [hex(o) for o in offs], capture_output=True,
