@@ -96,7 +96,8 @@ class HostDeviceStagingTest : public ::testing::Test {
     // Payloads arrive in "device" memory on the device path, as from a GPU data plane: a fused
     // group of whole device tensors is what the converter's batched run takes.
     ring_memory_ = device ? host_device::NewHostBackedDeviceMemory() : storage::NewHostMemory();
-    ring_ = *BucketRing::Create(2, 1 << 20, *ring_memory_);
+    // One slot: the second bucket lands where the first was, over any held member still there.
+    ring_ = *BucketRing::Create(1, 1 << 20, *ring_memory_);
     receiver_ = device ? std::make_unique<transport::MemoryReceiver>(ring_memory_.get())
                        : std::make_unique<transport::MemoryReceiver>();
     auto new_pool = [device] {
@@ -374,8 +375,9 @@ rules:
 )";
 
 TEST_F(HostDeviceStagingTest, TwoRanksStageTheirPartsOfAFusedGroupAsOnTheCpu) {
-  const std::vector<Input> inputs = {{"l.0.gate.weight", {128, 64}, 1.0f, 0},
-                                     {"l.0.up.weight", {128, 64}, 3.0f, 1},
+  // The member that arrives first has the larger max|x|: the group's amax is not the last member's.
+  const std::vector<Input> inputs = {{"l.0.gate.weight", {128, 64}, 3.0f, 0},
+                                     {"l.0.up.weight", {128, 64}, 1.0f, 1},
                                      {"l.0.down.weight", {64, 128}, 2.0f, 0}};
   ExpectDevicePathAsCpu(kTp2, inputs);
   ASSERT_EQ(stats_.size(), 2u);
