@@ -5,6 +5,7 @@
 // the same refit on the CPU path with host staging, and to the offline converter's engine layout.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
