@@ -361,7 +361,8 @@ TEST_F(HostDeviceStagingTest, FusedGroupsSplitAcrossBucketsAreHeldAndStageAsOnTh
   for (const PathStats& s : stats_) EXPECT_EQ(s.held_peak_bytes, (128 * 64 + 64 * 64) * 2u);
 }
 
-// Two engine ranks: gate/up column-parallel (each rank its rows of both), down row-parallel.
+// Two engine ranks: gate/up column-parallel (each rank its rows of both), q/k/v replicated
+// (both ranks share its parts, staged once), down row-parallel.
 constexpr char kTp2[] = R"(model: m
 tensor_parallel: {size: 2}
 rules:
@@ -370,6 +371,10 @@ rules:
     format: nvfp4
     fuse: {capture: p, order: [gate, up]}
     shard: {dim: 0}
+  - match: "l.{L}.{p:q,k,v}.weight"
+    target: "l.{L}.qkv.weight"
+    format: nvfp4
+    fuse: {capture: p, order: [q, k, v]}
   - match: "l.{L}.down.weight"
     format: nvfp4
     shard: {dim: 1}
@@ -379,15 +384,20 @@ TEST_F(HostDeviceStagingTest, TwoRanksStageTheirPartsOfAFusedGroupAsOnTheCpu) {
   // The member that arrives first has the larger max|x|: the group's amax is not the last member's.
   const std::vector<Input> inputs = {{"l.0.gate.weight", {128, 64}, 3.0f, 0},
                                      {"l.0.up.weight", {128, 64}, 1.0f, 1},
+                                     {"l.0.q.weight", {64, 64}, 2.0f, 0},
+                                     {"l.0.k.weight", {32, 64}, 0.5f, 1},
+                                     {"l.0.v.weight", {32, 64}, 1.0f, 1},
                                      {"l.0.down.weight", {64, 128}, 2.0f, 0}};
   ExpectDevicePathAsCpu(kTp2, inputs);
   ASSERT_EQ(stats_.size(), 2u);
-  // Over ranks a group takes the session's amax pass and each member the device ops' whole plan.
-  for (const PathStats& s : stats_) {
-    EXPECT_EQ(s.batched, 0);
-    EXPECT_EQ(s.resets, 1);
-    EXPECT_GE(s.planned, 2);
-  }
+  // The sharded gate/up takes the session's amax pass and each member's distinct parts through
+  // the device ops' whole plan; the shared q/k/v lands whole, so it takes the batched run when
+  // the converter has one.
+  EXPECT_EQ(stats_[0].batched, 1);
+  EXPECT_EQ(stats_[0].resets, 1);
+  EXPECT_EQ(stats_[1].batched, 0);
+  EXPECT_EQ(stats_[1].resets, 2);
+  for (const PathStats& s : stats_) EXPECT_GE(s.planned, 2);
 }
 
 // Two ranks of two experts each: each rank holds its experts' fused gate/up whole.
@@ -416,7 +426,11 @@ TEST_F(HostDeviceStagingTest, ExpertParallelRanksStageTheirExpertsFusedGroupsAsO
   inputs.push_back({"attn", {64, 64}, 1.0f, 1});
   ExpectDevicePathAsCpu(kMoeEp2, inputs);
   ASSERT_EQ(stats_.size(), 2u);
-  for (const PathStats& s : stats_) EXPECT_EQ(s.resets, 4) << "one amax pass per expert's gate/up";
+  // Each expert's gate/up lands whole on its rank: the batched run takes the group, as on one rank.
+  EXPECT_EQ(stats_[0].batched, 4);
+  EXPECT_EQ(stats_[0].resets, 0);
+  EXPECT_EQ(stats_[1].batched, 0);
+  EXPECT_EQ(stats_[1].resets, 4) << "one amax pass per expert's gate/up";
 }
 
 }  // namespace
