@@ -382,12 +382,9 @@ rules:
 
 TEST_F(HostDeviceStagingTest, TwoRanksStageTheirPartsOfAFusedGroupAsOnTheCpu) {
   // The member that arrives first has the larger max|x|: the group's amax is not the last member's.
-  const std::vector<Input> inputs = {{"l.0.gate.weight", {128, 64}, 3.0f, 0},
-                                     {"l.0.up.weight", {128, 64}, 1.0f, 1},
-                                     {"l.0.q.weight", {64, 64}, 2.0f, 0},
-                                     {"l.0.k.weight", {32, 64}, 0.5f, 1},
-                                     {"l.0.v.weight", {32, 64}, 1.0f, 1},
-                                     {"l.0.down.weight", {64, 128}, 2.0f, 0}};
+  const std::vector<Input> inputs = {{"l.0.gate.weight", {128, 64}, 3.0f, 0}, {"l.0.up.weight", {128, 64}, 1.0f, 1},
+                                     {"l.0.q.weight", {64, 64}, 2.0f, 0},     {"l.0.k.weight", {32, 64}, 0.5f, 1},
+                                     {"l.0.v.weight", {32, 64}, 1.0f, 1},     {"l.0.down.weight", {64, 128}, 2.0f, 0}};
   ExpectDevicePathAsCpu(kTp2, inputs);
   ASSERT_EQ(stats_.size(), 2u);
   // The sharded gate/up takes the session's amax pass and each member's distinct parts through
