@@ -3,8 +3,10 @@
 // member as soon as every member of its group has one (no member is held for its group), checks
 // each supplied amax against the tensor's real max|x| in the same pass (too small: refused,
 // naming the tensor) and, for a larger one, stages exactly the bytes that amax defines.
-// Built twice: with the CPU converter and host staging (CI), and with REFIT_SUPPLIED_AMAX_GPU
-// against the GPU converter and device staging from device payloads (skips without a GPU).
+// Built three times: with the CPU converter and host staging (CI), with REFIT_SUPPLIED_AMAX_GPU
+// against the GPU converter and device staging from device payloads (skips without a GPU), and
+// with REFIT_SUPPLIED_AMAX_HOST_DEVICE against the host-backed stand-in for the GPU converter
+// (host_device.h: the device staging path, run on the CPU in CI).
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -32,6 +34,8 @@
 #include "../cuda_device.h"
 
 #include "refit/gpu/gpu_converter.h"
+#elif defined(REFIT_SUPPLIED_AMAX_HOST_DEVICE)
+#include "host_device.h"
 #else
 #include "refit/cpu_converter.h"
 #endif
@@ -83,6 +87,12 @@ class SuppliedAmaxTest : public ::testing::Test {
     converter_ = std::move(*c);
     ASSERT_NE(converter_->device_ops(), nullptr);
     pool_ = std::make_unique<StagingPool>(*storage::NewDeviceMemory(0));
+    ring_ = *BucketRing::Create(2, 64 << 10, *device_);
+    receiver_ = std::make_unique<transport::MemoryReceiver>(device_.get());
+#elif defined(REFIT_SUPPLIED_AMAX_HOST_DEVICE)
+    device_ = host_device::NewHostBackedDeviceMemory();
+    converter_ = std::make_unique<host_device::HostDeviceConverter>();
+    pool_ = std::make_unique<StagingPool>(host_device::NewHostBackedDeviceMemory());
     ring_ = *BucketRing::Create(2, 64 << 10, *device_);
     receiver_ = std::make_unique<transport::MemoryReceiver>(device_.get());
 #else
@@ -217,6 +227,9 @@ class SuppliedAmaxTest : public ::testing::Test {
 #ifdef REFIT_SUPPLIED_AMAX_GPU
 using SuppliedAmaxDeviceStaging = SuppliedAmaxTest;
 #define SUPPLIED_AMAX SuppliedAmaxDeviceStaging
+#elif defined(REFIT_SUPPLIED_AMAX_HOST_DEVICE)
+using SuppliedAmaxHostDeviceStaging = SuppliedAmaxTest;
+#define SUPPLIED_AMAX SuppliedAmaxHostDeviceStaging
 #else
 using SuppliedAmax = SuppliedAmaxTest;
 #define SUPPLIED_AMAX SuppliedAmax
@@ -305,7 +318,7 @@ TEST_F(SUPPLIED_AMAX, AnAmaxBelowTheTensorsMaxIsRefusedWhenTheMemberWasHeld) {
 }
 
 TEST_F(SUPPLIED_AMAX, ALargerAmaxGivesTheBytesThatAmaxDefinesWhenTheMemberWasHeld) {
-#ifdef REFIT_SUPPLIED_AMAX_GPU
+#if defined(REFIT_SUPPLIED_AMAX_GPU) || defined(REFIT_SUPPLIED_AMAX_HOST_DEVICE)
   GTEST_SKIP() << "device staging: a held member's group encodes against the members' measured amax "
                   "(docs/formats.md, Trainer-supplied amax); only the too-small check applies there";
 #endif
