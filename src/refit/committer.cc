@@ -146,16 +146,18 @@ absl::StatusOr<DeviceBuilt> AssembleOnDevice(const Planner& planner, size_t inde
   const ParamSource& src = planner.source(index);
   const std::string& name = planner.params()[index].name;
   std::vector<const StagedTensor*> pieces;
-  std::vector<Shape> shapes;
+  if (size_t missing = staging.GetAll(src.slots, pieces); missing < src.slots.size()) {
+    return absl::InternalError(
+        absl::StrCat("engine parameter '", name, "': '", src.slots[missing], "' was not staged"));
+  }
+  std::vector<const Shape*> shapes;
+  shapes.reserve(pieces.size());
   uint64_t total = 0;
-  for (const std::string& k : src.slots) {
-    const StagedTensor* t = staging.Get(k);
-    if (t == nullptr) return absl::InternalError(absl::StrCat("engine parameter '", name, "': '", k, "' was not staged"));
-    if (!pieces.empty() && t->dtype != pieces[0]->dtype) {
+  for (const StagedTensor* t : pieces) {
+    if (t->dtype != pieces[0]->dtype) {
       return absl::InvalidArgumentError(absl::StrCat("engine parameter '", name, "': pieces of different dtypes"));
     }
-    pieces.push_back(t);
-    shapes.push_back(t->shape);
+    shapes.push_back(&t->shape);
     total += t->nbytes;
   }
   REFIT_ASSIGN_OR_RETURN(Shape shape, AssembledShape(*src.rule, shapes));
@@ -183,26 +185,23 @@ absl::StatusOr<const uint8_t*> BuildOnDevice(const Planner& planner, size_t inde
   const storage::ParamInfo& p = planner.params()[index];
   const spec::Rule& rule = *src.rule;
   REFIT_ASSIGN_OR_RETURN(DeviceBuilt cur, AssembleOnDevice(planner, index, staging, ops, "pre:" + p.name));
-  int64_t data_rows = -1;
-  if (src.data_index >= 0) {
-    std::vector<Shape> shapes;
-    bool all = true;
-    for (const std::string& key : planner.source(static_cast<size_t>(src.data_index)).slots) {
-      const StagedTensor* t = staging.Get(key);
-      if (t == nullptr) {
-        all = false;
-        break;
-      }
-      shapes.push_back(t->shape);
-    }
-    if (all) {
-      absl::StatusOr<Shape> s = AssembledShape(rule, shapes);
-      if (s.ok() && s->size() >= 2) data_rows = (*s)[s->size() - 2];
-    }
-  }
   std::vector<const spec::LayoutStep*> steps;
   for (const spec::LayoutStep& step : rule.layout) {
     if (step.AppliesTo(src.suffix)) steps.push_back(&step);
+  }
+  // The data parameter's rows: only UE8M0 packing reads them (a scale's rows are in 128-row blocks).
+  int64_t data_rows = -1;
+  const bool packs = std::any_of(steps.begin(), steps.end(),
+                                 [](const spec::LayoutStep* step) { return step->op == spec::LayoutOp::kPackUe8m0; });
+  if (packs && src.data_index >= 0) {
+    const std::vector<std::string>& keys = planner.source(static_cast<size_t>(src.data_index)).slots;
+    std::vector<const StagedTensor*> data;
+    if (staging.GetAll(keys, data) == keys.size()) {
+      std::vector<const Shape*> shapes;
+      for (const StagedTensor* t : data) shapes.push_back(&t->shape);
+      absl::StatusOr<Shape> s = AssembledShape(rule, shapes);
+      if (s.ok() && s->size() >= 2) data_rows = (*s)[s->size() - 2];
+    }
   }
   for (size_t k = 0; k < steps.size(); ++k) {
     const spec::LayoutStep& step = *steps[k];
@@ -312,14 +311,14 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
   std::vector<bool> staged(params.size(), false);
   for (size_t i : produced) staged[i] = true;
   prepared.writes.reserve(produced.size() + planner.derived().size());
+  std::vector<const StagedTensor*> pieces;  // reused: a stacked parameter has a piece per expert
+  std::vector<const Shape*> shapes;
   for (size_t i : produced) {
     const ParamSource& src = planner.source(i);
     const storage::ParamInfo& p = params[i];
-    std::vector<const StagedTensor*> pieces;
-    for (const std::string& key : src.slots) {
-      const StagedTensor* t = staging.Get(key);
-      if (t == nullptr) return absl::InternalError(absl::StrCat("engine parameter '", p.name, "': '", key, "' was not staged"));
-      pieces.push_back(t);
+    if (size_t missing = staging.GetAll(src.slots, pieces); missing < src.slots.size()) {
+      return absl::InternalError(
+          absl::StrCat("engine parameter '", p.name, "': '", src.slots[missing], "' was not staged"));
     }
     const bool laid_out = std::any_of(src.rule->layout.begin(), src.rule->layout.end(),
                                       [&](const spec::LayoutStep& step) { return step.AppliesTo(src.suffix); });
@@ -334,14 +333,14 @@ absl::StatusOr<PreparedCommit> PrepareCommit(const Planner& planner, const Stagi
         continue;
       }
       // Assembly only (fused/stacked slots are concatenated in slot order): copy within staging memory.
-      std::vector<Shape> shapes;
+      shapes.clear();
       uint64_t total = 0;
       for (const StagedTensor* t : pieces) {
         if (t->dtype != p.dtype) {
           return absl::InvalidArgumentError(absl::StrCat("engine parameter '", p.name, "': pieces of dtype ",
                                                          DTypeName(t->dtype), ", registered as ", DTypeName(p.dtype)));
         }
-        shapes.push_back(t->shape);
+        shapes.push_back(&t->shape);
         total += t->nbytes;
       }
       REFIT_ASSIGN_OR_RETURN(Shape shape, AssembledShape(*src.rule, shapes));

@@ -79,6 +79,13 @@ void SliceDim(const uint8_t* src, const Shape& shape, size_t elem, int dim, int6
 }
 
 absl::StatusOr<Shape> AssembledShape(const spec::Rule& rule, const std::vector<Shape>& slot_shapes) {
+  std::vector<const Shape*> shapes;
+  shapes.reserve(slot_shapes.size());
+  for (const Shape& s : slot_shapes) shapes.push_back(&s);
+  return AssembledShape(rule, shapes);
+}
+
+absl::StatusOr<Shape> AssembledShape(const spec::Rule& rule, std::span<const Shape* const> slot_shapes) {
   const int64_t members = rule.fuse ? static_cast<int64_t>(rule.fuse->order.size()) : 1;
   // Stacked: the rank's experts (all of them, or its share under expert_parallel).
   const int64_t entries = rule.stack ? static_cast<int64_t>(slot_shapes.size()) / members : 1;
@@ -87,25 +94,36 @@ absl::StatusOr<Shape> AssembledShape(const spec::Rule& rule, const std::vector<S
     return absl::InternalError(absl::StrCat(rule.Describe(), ": ", slot_shapes.size(), " slots, expected ",
                                             members * entries));
   }
+  // A fused member of no dimensions counts as one row. Compared in place: a stacked parameter has
+  // a slot per expert, and this runs for every parameter of every commit.
+  static const Shape kOneRow = {1};
+  auto member = [&](int64_t e, int64_t m) -> const Shape& {
+    const Shape& s = *slot_shapes[static_cast<size_t>(e * members + m)];
+    return rule.fuse && s.empty() ? kOneRow : s;
+  };
   Shape entry_shape;
   for (int64_t e = 0; e < entries; ++e) {
-    Shape fused;
-    for (int64_t m = 0; m < members; ++m) {
-      Shape s = slot_shapes[static_cast<size_t>(e * members + m)];
-      if (rule.fuse && s.empty()) s = {1};
-      if (m == 0) {
-        fused = s;
-        continue;
-      }
-      if (s.size() != fused.size() || !std::equal(s.begin() + 1, s.end(), fused.begin() + 1)) {
+    const Shape& first = member(e, 0);
+    int64_t rows = members > 1 ? first[0] : 0;  // a fused member has a dim 0 (kOneRow at least)
+    for (int64_t m = 1; m < members; ++m) {
+      const Shape& s = member(e, m);
+      if (s.size() != first.size() || !std::equal(s.begin() + 1, s.end(), first.begin() + 1)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            rule.Describe(), ": fused members disagree beyond dim 0: ", ShapeString(fused), " and ", ShapeString(s)));
+            rule.Describe(), ": fused members disagree beyond dim 0: ", ShapeString(first), " and ", ShapeString(s)));
       }
-      fused[0] += s[0];
+      rows += s[0];
     }
     if (e == 0) {
-      entry_shape = fused;
-    } else if (fused != entry_shape) {
+      entry_shape = first;
+      if (members > 1) entry_shape[0] = rows;
+      continue;
+    }
+    const bool same = members > 1 ? first.size() == entry_shape.size() && rows == entry_shape[0] &&
+                                        std::equal(first.begin() + 1, first.end(), entry_shape.begin() + 1)
+                                  : first == entry_shape;
+    if (!same) {
+      Shape fused = first;
+      if (members > 1) fused[0] = rows;
       return absl::InvalidArgumentError(absl::StrCat(rule.Describe(), ": stacked entry ", e, " is ", ShapeString(fused),
                                                      ", entry 0 is ", ShapeString(entry_shape)));
     }

@@ -8,6 +8,7 @@
 #define REFIT_REFIT_PARAM_BUILD_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ void SliceDim(const uint8_t* src, const Shape& shape, size_t elem_bytes, int dim
 // order): fused members are concatenated along dim 0 (0-d members become one element each),
 // stacked entries gain a leading dimension. Error when members' trailing dims differ.
 absl::StatusOr<Shape> AssembledShape(const spec::Rule& rule, const std::vector<Shape>& slot_shapes);
+absl::StatusOr<Shape> AssembledShape(const spec::Rule& rule, std::span<const Shape* const> slot_shapes);
 
 struct Built {
   DType dtype;

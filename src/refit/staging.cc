@@ -108,6 +108,18 @@ const StagedTensor* Staging::Get(const std::string& key) const {
   return it == staged_.end() ? nullptr : &it->second;
 }
 
+size_t Staging::GetAll(std::span<const std::string> keys, std::vector<const StagedTensor*>& out) const {
+  out.clear();
+  out.reserve(keys.size());
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = staged_.find(keys[i]);
+    if (it == staged_.end()) return i;
+    out.push_back(&it->second);
+  }
+  return keys.size();
+}
+
 void Staging::Release(const std::string& key) {
   absl::MutexLock lock(&mu_);
   auto it = staged_.find(key);

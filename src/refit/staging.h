@@ -117,6 +117,9 @@ class Staging {
   void Unreserve(uint64_t nbytes);
   // The staged tensor, or nullptr.
   const StagedTensor* Get(const std::string& key) const;
+  // The staged tensors of `keys`, in order, into `out` (under one lock: a stacked parameter has a
+  // key per expert). The index of the first key not staged, or keys.size() when all are.
+  size_t GetAll(std::span<const std::string> keys, std::vector<const StagedTensor*>& out) const;
   // Forgets `key` for this session (no-op when absent); the pool keeps its buffer.
   void Release(const std::string& key);
   uint64_t bytes() const;

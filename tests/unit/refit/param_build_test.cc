@@ -137,5 +137,29 @@ TEST(ParamBuildTest, AssembledShapeOfFusedAndStackedSlots) {
   EXPECT_FALSE(AssembledShape(r, {{3, 4}, {5, 2}, {3, 4}, {5, 4}}).ok());
 }
 
+TEST(ParamBuildTest, AssembledShapeNamesWhatDisagrees) {
+  spec::Rule fused = RuleWith({});
+  fused.fuse = spec::Fuse{"p", {"gate", "up"}};
+  fused.stack = spec::Stack{"E", 2};
+  absl::StatusOr<Shape> s = AssembledShape(fused, {{3, 4}, {5, 2}, {3, 4}, {5, 4}});
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("fused members disagree beyond dim 0: [3,4] and [5,2]"));
+  // Entry 1's gate and up agree with each other, not with entry 0's total rows.
+  s = AssembledShape(fused, {{3, 4}, {5, 4}, {3, 4}, {4, 4}});
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("stacked entry 1 is [7,4], entry 0 is [8,4]"));
+  // Unfused stacked slots: a leading dim, each slot whole; 0-d slots stack into a vector.
+  spec::Rule stacked = RuleWith({});
+  stacked.stack = spec::Stack{"E", 2};
+  EXPECT_EQ(*AssembledShape(stacked, {{2, 3}, {2, 3}}), (Shape{2, 2, 3}));
+  EXPECT_EQ(*AssembledShape(stacked, {{}, {}}), (Shape{2}));
+  s = AssembledShape(stacked, {{2, 3}, {3, 3}});
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("stacked entry 1 is [3,3], entry 0 is [2,3]"));
+  s = AssembledShape(stacked, {{2, 3}, {2, 3, 1}});
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("stacked entry 1 is [2,3,1], entry 0 is [2,3]"));
+  // The slot shapes by pointer (what the commit passes) give the same answers.
+  const Shape a{3, 4}, b{5, 4};
+  const std::vector<const Shape*> slots{&a, &b, &a, &b};
+  EXPECT_EQ(*AssembledShape(fused, slots), (Shape{2, 8, 4}));
+}
+
 }  // namespace
 }  // namespace refit
