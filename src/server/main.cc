@@ -22,11 +22,13 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/debugging/failure_signal_handler.h"
 #include "absl/debugging/symbolize.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "capnp/rpc-twoparty.h"
 #include "common/bounded_file.h"
 #include "common/busy_poll.h"
@@ -97,6 +99,13 @@ int main(int argc, char** argv) {
   // (parsing the config and the model spec) their default action ends refitd at once.
   kj::UnixEventPort::captureSignal(SIGHUP);  // re-reads the log level, reloads the TLS files
   signal(SIGPIPE, SIG_IGN);
+  // The system's Abseil is built without NDEBUG, so each absl::Mutex lock and unlock would also
+  // update the deadlock detector's graph of lock orders, a process-wide structure under a lock of
+  // its own; staging one tensor takes several locks, a MoE refit tens of thousands of tensors.
+  // The test suite keeps the check (REFIT_LOCK_ORDER_CHECK=1, tests/harness); refitd skips it.
+  if (const char* check = std::getenv("REFIT_LOCK_ORDER_CHECK"); check == nullptr || std::string_view(check) != "1") {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   StartCpuProfileFromEnv();  // REFIT_CPU_PROFILE: written at exit (common/cpu_profile.h)
   const server::CommandLine command_line = server::ParseCommandLine(argc, argv);
   if (command_line.exit_code) return *command_line.exit_code;

@@ -87,6 +87,11 @@ def unlink_shm(*shms: str):
         Path("/dev/shm" + shm).unlink(missing_ok=True)
 
 
+# refitd skips Abseil's lock-order (deadlock) detector unless this is set (src/server/main.cc); the
+# tests' daemons keep it, so that a lock taken out of order aborts a test run.
+os.environ.setdefault("REFIT_LOCK_ORDER_CHECK", "1")
+
+
 def start(args, log: Path, ready, what: str, env=None, timeout=30.0, logs=()) -> subprocess.Popen:
     """Starts `args` with stdout and stderr in `log` and waits until `ready()` holds; fails the test,
     showing `log` (then `logs`), when the process exits first."""
