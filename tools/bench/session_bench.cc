@@ -15,6 +15,13 @@
 // --spec nvfp4 quantizes every expert projection to NVFP4 (three staged outputs each), as
 // tools/bench/moe_nvfp4_spec.yaml does; passthrough copies everything as sent. --amax: every
 // tensor's announcement carries its amax (single-pass NVFP4, as RefitSession::MeasureAmax sends).
+// --spec nvfp4-stacked: the expert rules of deploy/models/qwen3_moe_nvfp4.yaml (gate/up fused into
+// one NVFP4 amax group, every layer's experts stacked into w13/w2, block scales swizzled), so the
+// commit assembles stacked parameters as a MoE engine's does. --device-path: staging "on the
+// device" through the host-backed stand-in of tests/unit/refit/host_device.h (device memory that
+// is host memory, DeviceOps running the CPU reference code): the session's and the committer's
+// device path (fused groups into the converter's batched run, held members, device builds), with
+// its bookkeeping measured on the CPU; not a GPU's launch or kernel time.
 // Prints milliseconds and microseconds per tensor for each phase (median of --iters sessions,
 // after one warm-up session that fills the staging pool and the planner's memo), and the
 // converter's own work (copies, reference quantizers) timed alone on the same tensors, so that
@@ -31,6 +38,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -41,6 +49,7 @@
 #include "refit/bucket_ring.h"
 #include "refit/committer.h"
 #include "refit/cpu_converter.h"
+#include "refit/offline.h"
 #include "refit/planner.h"
 #include "refit/resolve.h"
 #include "refit/session.h"
@@ -52,12 +61,36 @@
 #include "transport/memory/memory_receiver.h"
 #include "transport/transport.h"
 
+#ifdef REFIT_SESSION_BENCH_DEVICE
+#include "host_device.h"
+#endif
+
 namespace refit {
 namespace {
 
 constexpr char kPassthroughSpec[] = R"(model: bench
 defaults:
   format: passthrough
+)";
+
+// The expert rules of deploy/models/qwen3_moe_nvfp4.yaml; `@` is the stack count (--experts).
+constexpr char kNvfp4StackedSpec[] = R"(model: bench
+defaults:
+  format: auto
+rules:
+  - match: "model.layers.{L}.mlp.experts.{E}.{p:gate,up}_proj.weight"
+    target: "model.layers.{L}.mlp.experts.w13_weight"
+    format: nvfp4
+    fuse: {capture: p, order: [gate, up]}
+    stack: {capture: E, count: @}
+    layout:
+      - {op: swizzle_128x4, on: _scale}
+  - match: "model.layers.{L}.mlp.experts.{E}.down_proj.weight"
+    target: "model.layers.{L}.mlp.experts.w2_weight"
+    format: nvfp4
+    stack: {capture: E, count: @}
+    layout:
+      - {op: swizzle_128x4, on: _scale}
 )";
 
 constexpr char kNvfp4Spec[] = R"(model: bench
@@ -138,7 +171,7 @@ absl::StatusOr<double> ConverterWorkMs(const Planner& planner, Converter& conver
 int Run(int argc, char** argv) {
   std::string model = "moe", spec_arg = "nvfp4";
   int buckets = 0, iters = 10;
-  bool amax = false;
+  bool amax = false, device_path = false;
   demo::ModelShape shape;
   shape.hidden = 64;
   shape.kv_hidden = 32;
@@ -156,6 +189,8 @@ int Run(int argc, char** argv) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--amax") {
       amax = true;
+    } else if (a == "--device-path") {
+      device_path = true;
     } else {
       shape_args.push_back(argv[i]);
     }
@@ -180,9 +215,22 @@ int Run(int argc, char** argv) {
     }
   }
 
-  absl::StatusOr<spec::ModelSpec> spec = spec_arg == "passthrough" ? spec::ParseModelSpec(kPassthroughSpec)
-                                         : spec_arg == "nvfp4"     ? spec::ParseModelSpec(kNvfp4Spec)
-                                                                   : spec::LoadModelSpecFile(spec_arg);
+#ifndef REFIT_SESSION_BENCH_DEVICE
+  if (device_path) {
+    std::fprintf(stderr, "--device-path needs a build with the test suite (REFIT_TESTING)\n");
+    return 2;
+  }
+#endif
+  const bool stacked = spec_arg == "nvfp4-stacked";
+  if (stacked && shape.experts == 0) {
+    std::fprintf(stderr, "--spec nvfp4-stacked needs --model moe\n");
+    return 2;
+  }
+  absl::StatusOr<spec::ModelSpec> spec =
+      spec_arg == "passthrough" ? spec::ParseModelSpec(kPassthroughSpec)
+      : spec_arg == "nvfp4"     ? spec::ParseModelSpec(kNvfp4Spec)
+      : stacked ? spec::ParseModelSpec(absl::StrReplaceAll(kNvfp4StackedSpec, {{"@", absl::StrCat(shape.experts)}}))
+                : spec::LoadModelSpecFile(spec_arg);
   if (!spec.ok()) {
     std::fprintf(stderr, "spec: %s\n", std::string(spec.status().message()).c_str());
     return 1;
@@ -193,7 +241,23 @@ int Run(int argc, char** argv) {
   const std::string region_name = absl::StrCat("/refit_session_bench_", getpid());
   std::vector<storage::ShmParam> shm;
   uint64_t region_bytes = 0;
-  for (const demo::HfTensor& t : tensors) {
+  if (stacked) {
+    // Stacked and fused parameters: what the engine registers is the spec's engine layout.
+    std::vector<storage::ParamInfo> inputs;
+    for (const demo::HfTensor& t : tensors) {
+      inputs.push_back({t.name, DType::kBF16, t.shape, *DenseBytes(DType::kBF16, t.shape)});
+    }
+    absl::StatusOr<std::vector<storage::ParamInfo>> params = EngineParamInfos(*spec, inputs);
+    if (!params.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(params.status().message()).c_str());
+      return 1;
+    }
+    for (const storage::ParamInfo& p : *params) {
+      shm.push_back({p, region_name, region_bytes});
+      region_bytes += (p.nbytes + 63) / 64 * 64;
+    }
+  }
+  for (const demo::HfTensor& t : stacked ? std::vector<demo::HfTensor>{} : tensors) {
     absl::StatusOr<Resolution> r = Resolve(*spec, t.name, DType::kBF16, t.shape);
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", std::string(r.status().message()).c_str());
@@ -210,12 +274,27 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "shm: %s\n", std::string(region.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> engine = storage::ShmEngineStorage::Open(shm);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "engine storage: %s\n", std::string(engine.status().message()).c_str());
+  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> shm_engine = storage::ShmEngineStorage::Open(shm);
+  if (!shm_engine.ok()) {
+    std::fprintf(stderr, "engine storage: %s\n", std::string(shm_engine.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<Planner> planner = Planner::Create(*spec, (*engine)->params());
+  std::unique_ptr<storage::EngineStorage> engine_storage = *std::move(shm_engine);
+  std::unique_ptr<storage::Memory> ring_memory = storage::NewHostMemory();
+  std::unique_ptr<StagingPool> pool_owner = std::make_unique<StagingPool>(storage::NewHostMemory());
+  std::unique_ptr<Converter> converter_owner = std::make_unique<CpuConverter>();
+#ifdef REFIT_SESSION_BENCH_DEVICE
+  if (device_path) {
+    engine_storage = std::make_unique<host_device::HostDeviceEngineStorage>(std::move(engine_storage));
+    ring_memory = host_device::NewHostBackedDeviceMemory();
+    pool_owner = std::make_unique<StagingPool>(host_device::NewHostBackedDeviceMemory());
+    converter_owner = std::make_unique<host_device::HostDeviceConverter>();
+  }
+#endif
+  storage::EngineStorage* engine = engine_storage.get();
+  StagingPool& pool = *pool_owner;
+  Converter& converter = *converter_owner;
+  absl::StatusOr<Planner> planner = Planner::Create(*spec, engine->params());
   if (!planner.ok()) {
     std::fprintf(stderr, "planner: %s\n", std::string(planner.status().message()).c_str());
     return 1;
@@ -227,18 +306,17 @@ int Run(int argc, char** argv) {
     slot_bytes = std::max<uint64_t>(slot_bytes, b.payload.size());
     total_bytes += b.payload.size();
   }
-  std::unique_ptr<storage::Memory> ring_memory = storage::NewHostMemory();
   absl::StatusOr<std::unique_ptr<BucketRing>> ring = BucketRing::Create(2, slot_bytes, *ring_memory);
   if (!ring.ok()) return 1;
-  StagingPool pool(storage::NewHostMemory());
-  CpuConverter converter;
-  transport::MemoryReceiver receiver;
+  // On the device path the payloads arrive in "device" memory, as from a GPU data plane.
+  transport::MemoryReceiver receiver(device_path ? ring_memory.get() : nullptr);
   Manifest manifest;
   for (const Bucket& b : data) manifest.tensors.insert(manifest.tensors.end(), b.header.tensors.begin(), b.header.tensors.end());
 
-  std::printf("model %s: %zu tensors, %zu buckets, %.1f MiB in, %zu engine parameters, spec %s, amax %s\n",
-              model.c_str(), tensors.size(), data.size(), total_bytes / 1048576.0, (*engine)->params().size(),
-              spec_arg.c_str(), amax ? "supplied" : "computed by refitd");
+  std::printf("model %s: %zu tensors, %zu buckets, %.1f MiB in, %zu engine parameters, spec %s, amax %s, %s\n",
+              model.c_str(), tensors.size(), data.size(), total_bytes / 1048576.0, engine->params().size(),
+              spec_arg.c_str(), amax ? "supplied" : "computed by refitd",
+              device_path ? "device path (host-backed)" : "host path");
 
   std::vector<Phases> runs;
   for (int it = 0; it <= iters; ++it) {  // run 0 warms the staging pool
@@ -271,13 +349,17 @@ int Run(int argc, char** argv) {
       return 1;
     }
     const absl::Time t4 = absl::Now();
-    absl::StatusOr<PreparedCommit> prepared = PrepareCommit(*planner, session->staging(), session->ledger().Produced());
+    absl::StatusOr<PreparedCommit> prepared =
+        PrepareCommit(*planner, session->staging(), session->ledger().Produced(), converter.device_ops());
+    if (prepared.ok()) {
+      if (absl::Status st = PrepareStorageWrites(*prepared, *engine); !st.ok()) prepared = st;
+    }
     if (!prepared.ok()) {
       std::fprintf(stderr, "prepare: %s\n", std::string(prepared.status().message()).c_str());
       return 1;
     }
     const absl::Time t5 = absl::Now();
-    absl::StatusOr<CommitStats> written = WritePrepared(*planner, *prepared, **engine);
+    absl::StatusOr<CommitStats> written = WritePrepared(*planner, *prepared, *engine);
     if (!written.ok()) {
       std::fprintf(stderr, "write: %s\n", std::string(written.status().message()).c_str());
       return 1;
