@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "common/checksum.h"
 #include "common/cpu_profile.h"
+#include "common/status_macros.h"
 #include "demo_model.h"
 #include "formats/format.h"
 #include "refit/bucket_ring.h"
@@ -168,6 +169,34 @@ absl::StatusOr<double> ConverterWorkMs(const Planner& planner, Converter& conver
   return absl::ToDoubleMilliseconds(took);
 }
 
+// The engine parameters the spec makes of `tensors`, back to back in shm region `region`
+// (`bytes` in all): the spec's engine layout when it stacks and fuses, else each tensor's outputs.
+absl::StatusOr<std::vector<storage::ShmParam>> EngineParams(const spec::ModelSpec& spec,
+                                                            const std::vector<demo::HfTensor>& tensors, bool stacked,
+                                                            const std::string& region, uint64_t& bytes) {
+  std::vector<storage::ParamInfo> params;
+  if (stacked) {
+    std::vector<storage::ParamInfo> inputs;
+    for (const demo::HfTensor& t : tensors) {
+      inputs.push_back({t.name, DType::kBF16, t.shape, *DenseBytes(DType::kBF16, t.shape)});
+    }
+    REFIT_ASSIGN_OR_RETURN(params, EngineParamInfos(spec, inputs));
+  } else {
+    for (const demo::HfTensor& t : tensors) {
+      REFIT_ASSIGN_OR_RETURN(Resolution r, Resolve(spec, t.name, DType::kBF16, t.shape));
+      for (const ResolvedOutput& o : r.outputs) {
+        params.push_back({o.engine_name, o.dtype, o.shape, *DenseBytes(o.dtype, o.shape)});
+      }
+    }
+  }
+  std::vector<storage::ShmParam> shm;
+  for (const storage::ParamInfo& p : params) {
+    shm.push_back({p, region, bytes});
+    bytes += (p.nbytes + 63) / 64 * 64;
+  }
+  return shm;
+}
+
 int Run(int argc, char** argv) {
   std::string model = "moe", spec_arg = "nvfp4";
   int buckets = 0, iters = 10;
@@ -239,42 +268,18 @@ int Run(int argc, char** argv) {
 
   // The engine registers what the spec makes of every tensor, in shared memory.
   const std::string region_name = absl::StrCat("/refit_session_bench_", getpid());
-  std::vector<storage::ShmParam> shm;
   uint64_t region_bytes = 0;
-  if (stacked) {
-    // Stacked and fused parameters: what the engine registers is the spec's engine layout.
-    std::vector<storage::ParamInfo> inputs;
-    for (const demo::HfTensor& t : tensors) {
-      inputs.push_back({t.name, DType::kBF16, t.shape, *DenseBytes(DType::kBF16, t.shape)});
-    }
-    absl::StatusOr<std::vector<storage::ParamInfo>> params = EngineParamInfos(*spec, inputs);
-    if (!params.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(params.status().message()).c_str());
-      return 1;
-    }
-    for (const storage::ParamInfo& p : *params) {
-      shm.push_back({p, region_name, region_bytes});
-      region_bytes += (p.nbytes + 63) / 64 * 64;
-    }
-  }
-  for (const demo::HfTensor& t : stacked ? std::vector<demo::HfTensor>{} : tensors) {
-    absl::StatusOr<Resolution> r = Resolve(*spec, t.name, DType::kBF16, t.shape);
-    if (!r.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(r.status().message()).c_str());
-      return 1;
-    }
-    for (const ResolvedOutput& o : r->outputs) {
-      uint64_t n = *DenseBytes(o.dtype, o.shape);
-      shm.push_back({{o.engine_name, o.dtype, o.shape, n}, region_name, region_bytes});
-      region_bytes += (n + 63) / 64 * 64;
-    }
+  absl::StatusOr<std::vector<storage::ShmParam>> shm = EngineParams(*spec, tensors, stacked, region_name, region_bytes);
+  if (!shm.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(shm.status().message()).c_str());
+    return 1;
   }
   absl::StatusOr<std::unique_ptr<storage::ShmRegion>> region = storage::ShmRegion::Create(region_name, region_bytes);
   if (!region.ok()) {
     std::fprintf(stderr, "shm: %s\n", std::string(region.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> shm_engine = storage::ShmEngineStorage::Open(shm);
+  absl::StatusOr<std::unique_ptr<storage::ShmEngineStorage>> shm_engine = storage::ShmEngineStorage::Open(*shm);
   if (!shm_engine.ok()) {
     std::fprintf(stderr, "engine storage: %s\n", std::string(shm_engine.status().message()).c_str());
     return 1;
